@@ -1,0 +1,28 @@
+# Every target creates .venv from pyproject.toml on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test soak bench bench-peers clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m iop_edge.local_stack
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+soak: $(STAMP)
+	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest tests/admission
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,37 @@
+"""iop_admission: provider-wide leases, one fair global queue, connectivity
+generations, live refresh and an honest snapshot -- plus the node-local gate.
+
+See ``docs/admission.md`` for the semantics.
+"""
+
+from ._config import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from ._errors import (
+    AdmissionError,
+    ConcurrencyLimitExceeded,
+    ConfigError,
+    LeaseRevoked,
+    ModelNotFound,
+    QueueFull,
+    QueueTimeout,
+    Unavailable,
+)
+from ._gate import GateStatistics, LocalGate, Permit
+
+__all__ = [
+    "AdmissionError",
+    "ConcurrencyLimitExceeded",
+    "ConfigError",
+    "GateStatistics",
+    "LeaseRevoked",
+    "LocalGate",
+    "ModelGroup",
+    "ModelNotFound",
+    "Permit",
+    "PoolConfig",
+    "ProviderKey",
+    "ProviderSpec",
+    "QueueFull",
+    "QueuePolicy",
+    "QueueTimeout",
+    "Unavailable",
+]

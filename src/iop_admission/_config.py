@@ -1,0 +1,207 @@
+"""Configuration values of an admission pool.
+
+These are frozen attrs values. A :class:`ProviderSpec` or :class:`QueuePolicy`
+checks its own fields when constructed; cross-references (candidates that name
+a provider) are checked by :func:`validate_pool`, which :class:`Admission` and
+:meth:`Admission.refresh` call before anything changes. Every check reports all
+problems at once through :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Mapping
+from typing import final
+
+import attrs
+
+from ._errors import ConfigError
+
+
+@final
+@attrs.frozen(order=True)
+class ProviderKey:
+    """Identity of one backend resource: ``(node_id, provider_id)``."""
+
+    node_id: str
+    provider_id: str
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/{self.provider_id}"
+
+
+@final
+@attrs.frozen
+class ProviderSpec:
+    """Per-provider execution properties (never queue settings: see QueuePolicy).
+
+    Attributes:
+        capacity: max concurrent leases on the provider, all model groups together.
+        long_context_capacity: max concurrent *long* leases; each also holds one
+            capacity unit. 0 means the provider never runs long requests.
+        context_window_tokens: context window of one long slot.
+        total_context_tokens: static check only; when given it must equal
+            ``context_window_tokens * long_context_capacity``.
+        priority: higher wins among dispatchable candidates.
+        enabled: a disabled provider is not eligible; running leases continue.
+    """
+
+    capacity: int
+    long_context_capacity: int = 0
+    context_window_tokens: int = 0
+    total_context_tokens: int | None = None
+    priority: int = 0
+    enabled: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+
+    def problems(self, where: str = "provider") -> list[str]:
+        """Return every problem of this spec, each prefixed with ``where``."""
+        out: list[str] = []
+        for name in ("capacity", "long_context_capacity", "context_window_tokens", "priority"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                out.append(f"{where}.{name}: must be an integer, got {value!r}")
+        if self.total_context_tokens is not None and not _is_int(self.total_context_tokens):
+            out.append(
+                f"{where}.total_context_tokens: must be an integer, got {self.total_context_tokens!r}"
+            )
+        if not isinstance(self.enabled, bool):
+            out.append(f"{where}.enabled: must be true or false, got {self.enabled!r}")
+        if out:
+            return out
+        if self.capacity < 1:
+            out.append(f"{where}.capacity: must be >= 1, got {self.capacity}")
+        if self.long_context_capacity < 0:
+            out.append(
+                f"{where}.long_context_capacity: must be >= 0, got {self.long_context_capacity}"
+            )
+        if self.long_context_capacity > self.capacity:
+            out.append(
+                f"{where}.long_context_capacity: must be <= capacity "
+                f"({self.long_context_capacity} > {self.capacity})"
+            )
+        if self.context_window_tokens < 0:
+            out.append(
+                f"{where}.context_window_tokens: must be >= 0, got {self.context_window_tokens}"
+            )
+        if self.total_context_tokens is not None:
+            expected = self.context_window_tokens * self.long_context_capacity
+            if self.total_context_tokens != expected:
+                out.append(
+                    f"{where}.total_context_tokens: must equal context_window_tokens * "
+                    f"long_context_capacity = {self.context_window_tokens} * "
+                    f"{self.long_context_capacity} = {expected}, got {self.total_context_tokens}"
+                )
+        return out
+
+
+@final
+@attrs.frozen
+class QueuePolicy:
+    """The one Edge-wide queue policy, shared by every waiter of every model group.
+
+    Attributes:
+        max_queue: max waiters at once; 0 means never queue.
+        queue_timeout: seconds a waiter may wait, counted from its enqueue time.
+    """
+
+    max_queue: int = 64
+    queue_timeout: float = 30.0
+
+    def __attrs_post_init__(self) -> None:
+        out: list[str] = []
+        if not _is_int(self.max_queue) or self.max_queue < 0:
+            out.append(f"policy.max_queue: must be an integer >= 0, got {self.max_queue!r}")
+        if (
+            isinstance(self.queue_timeout, bool)
+            or not isinstance(self.queue_timeout, int | float)
+            or not math.isfinite(self.queue_timeout)
+            or self.queue_timeout <= 0
+        ):
+            out.append(
+                f"policy.queue_timeout: must be a finite number of seconds > 0, "
+                f"got {self.queue_timeout!r}"
+            )
+        if out:
+            raise ConfigError(out)
+
+
+def _candidates(value: object) -> tuple[ProviderKey, ...]:
+    return tuple(value)  # type: ignore[arg-type]
+
+
+@final
+@attrs.frozen
+class ModelGroup:
+    """An external model key's candidate providers, in preference order."""
+
+    candidates: tuple[ProviderKey, ...] = attrs.field(converter=_candidates)
+
+
+def _frozen_mapping(value: Mapping) -> Mapping:  # type: ignore[type-arg]
+    return types.MappingProxyType(dict(value))
+
+
+@final
+@attrs.frozen
+class PoolConfig:
+    """Everything an :class:`Admission` needs: queue policy, providers, model groups.
+
+    ``providers`` and ``models`` are copied into read-only mappings; their order
+    is the order the snapshot reports.
+    """
+
+    policy: QueuePolicy = attrs.field(factory=QueuePolicy)
+    providers: Mapping[ProviderKey, ProviderSpec] = attrs.field(
+        factory=dict, converter=_frozen_mapping, eq=attrs.cmp_using(eq=lambda a, b: dict(a) == dict(b))
+    )
+    models: Mapping[str, ModelGroup] = attrs.field(
+        factory=dict, converter=_frozen_mapping, eq=attrs.cmp_using(eq=lambda a, b: dict(a) == dict(b))
+    )
+
+
+def validate_pool(config: object) -> None:
+    """Check a whole :class:`PoolConfig`; raise :class:`ConfigError` listing every problem."""
+    if not isinstance(config, PoolConfig):
+        raise TypeError(f"expected PoolConfig, got {type(config).__name__}")
+    problems: list[str] = []
+    if not isinstance(config.policy, QueuePolicy):
+        problems.append(f"policy: expected QueuePolicy, got {type(config.policy).__name__}")
+    for key, spec in config.providers.items():
+        if not isinstance(key, ProviderKey):
+            problems.append(f"providers: key {key!r} is not a ProviderKey")
+            continue
+        if not isinstance(spec, ProviderSpec):
+            problems.append(f"providers[{key}]: expected ProviderSpec, got {type(spec).__name__}")
+            continue
+        # Specs validate themselves on construction; re-check in case of evolve() tricks.
+        problems.extend(spec.problems(f"providers[{key}]"))
+    for name, group in config.models.items():
+        if not isinstance(name, str) or not name:
+            problems.append(f"models: key {name!r} must be a non-empty string")
+            continue
+        if not isinstance(group, ModelGroup):
+            problems.append(f"models[{name!r}]: expected ModelGroup, got {type(group).__name__}")
+            continue
+        if not group.candidates:
+            problems.append(f"models[{name!r}].candidates: must list at least one provider")
+        seen: set[ProviderKey] = set()
+        for i, key in enumerate(group.candidates):
+            if key in seen:
+                problems.append(f"models[{name!r}].candidates[{i}]: {key} is listed twice")
+            seen.add(key)
+            if key not in config.providers:
+                problems.append(
+                    f"models[{name!r}].candidates[{i}]: provider {key} is not configured"
+                )
+    if problems:
+        raise ConfigError(problems)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
