@@ -4,6 +4,7 @@ generations, live refresh and an honest snapshot -- plus the node-local gate.
 See ``docs/admission.md`` for the semantics.
 """
 
+from ._admission import Admission, AdmissionEvent, LeaseScope
 from ._config import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from ._errors import (
     AdmissionError,
@@ -16,8 +17,16 @@ from ._errors import (
     Unavailable,
 )
 from ._gate import GateStatistics, LocalGate, Permit
+from ._snapshot import ProviderSnapshot, Snapshot
+from ._state import Lease
 
 __all__ = [
+    "Admission",
+    "AdmissionEvent",
+    "Lease",
+    "LeaseScope",
+    "ProviderSnapshot",
+    "Snapshot",
     "AdmissionError",
     "ConcurrencyLimitExceeded",
     "ConfigError",

@@ -1,0 +1,409 @@
+"""The trio layer of admission: parks, wakes, times out and cancels.
+
+It never decides: :class:`~iop_admission._state.AdmissionState` does, and this
+module carries the decisions out.
+
+Rules this module implements (and why):
+
+* **Hand-off.** A queued request parks in ``wait_task_rescheduled``. The core
+  grants it synchronously when capacity appears and we reschedule the task
+  with the lease as its value. Trio calls the abort function only for a task
+  that is still parked, so a waiter is either granted *or* withdrawn, never
+  both -- there is no window where a grant can be lost.
+
+* **Cancellation-atomic.** ``__aenter__`` either returns a lease or leaves no
+  change behind. Cancellation (or the queue deadline) while parked withdraws
+  the waiter in the abort function. After the grant there is no await before
+  the lease is handed to the caller; should anything between the grant and the
+  return raise, the grant is released before the exception propagates.
+
+* **Release is synchronous and happens once.** ``__aexit__`` never awaits; it
+  releases through the core, which ignores a lease that fencing already
+  released. Release is by scope exit only -- never by a callback that an event
+  fan-out could drop.
+
+* **Fencing cancels the body.** Each lease body runs inside its own cancel
+  scope. When the core revokes a lease (its node generation was fenced) the
+  scope is cancelled, and the ``async with`` raises :class:`LeaseRevoked`.
+
+* **Deadlines live in the core.** The waiter's cancel scope only mirrors
+  ``waiter.deadline``; a refresh that changes the queue timeout moves every
+  parked waiter's scope deadline to ``enqueue_time + new timeout``.
+
+* **Events are best effort.** Subscribers get lifecycle events through
+  bounded memory channels; a full channel drops the event and counts it. No
+  correctness path reads events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import final
+
+import attrs
+import outcome
+import trio
+
+from ._config import PoolConfig, ProviderKey
+from ._errors import LeaseRevoked, QueueTimeout
+from ._snapshot import Snapshot
+from ._state import AdmissionState, Decision, Failed, Granted, Lease, Revoked, Waiter
+
+__all__ = ["Admission", "AdmissionEvent", "Lease"]
+
+
+@final
+@attrs.frozen
+class AdmissionEvent:
+    """One lifecycle event, as delivered by :meth:`Admission.subscribe`.
+
+    Attributes:
+        kind: ``granted``, ``queued``, ``released``, ``revoked``, ``timed_out``,
+            ``rejected``, ``connected``,
+            ``disconnected`` or ``refreshed``.
+        time: ``trio.current_time()`` when emitted, or None outside trio.
+        model, provider, lease_id, generation, node_id, long: what it concerns.
+        reason: for ``rejected`` and failed waiters, the error class name
+            (``QueueFull``, ``Unavailable``, ``ModelNotFound``).
+        waited: seconds queued, for ``granted`` and ``timed_out``.
+    """
+
+    kind: str
+    time: float | None = None
+    model: str | None = None
+    provider: ProviderKey | None = None
+    lease_id: int | None = None
+    generation: int | None = None
+    node_id: str | None = None
+    long: bool = False
+    reason: str | None = None
+    waited: float | None = None
+
+
+def _now() -> float | None:
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return None
+
+
+@final
+class Admission:
+    """Provider-wide leases, one fair global queue, connectivity generations.
+
+    Args:
+        config: the pool configuration.
+
+    Raises:
+        ConfigError: listing every problem of ``config``.
+
+    ``connect``, ``disconnect``, ``refresh`` and ``snapshot`` are synchronous
+    and work with or without a running trio loop; ``lease`` and ``subscribe``
+    need one.
+    """
+
+    def __init__(self, config: PoolConfig) -> None:
+        self._core = AdmissionState(config)
+        self._subscribers: list[trio.MemorySendChannel[AdmissionEvent]] = []
+        self._events_dropped = 0
+
+    # ------------------------------------------------------------------ leases
+
+    def lease(self, model: str, *, long: bool = False) -> LeaseScope:
+        """Ask for a lease on one of ``model``'s candidates.
+
+        Use as ``async with admission.lease(model, long=...) as lease:``. The
+        lease is released when the block exits, whichever way it exits.
+
+        Entering checkpoints. It returns at once when a candidate is
+        dispatchable, otherwise waits in the global queue. Cancelled while
+        waiting, it leaves the queue and nothing else changes.
+
+        Raises (on entry):
+            ModelNotFound: unknown model (also if a refresh removes it while waiting).
+            Unavailable: no eligible candidate, now or after a disconnect/refresh
+                while waiting.
+            QueueFull: the global queue holds ``max_queue`` waiters.
+            QueueTimeout: no grant before the queue deadline.
+
+        Raises (on exit):
+            LeaseRevoked: the lease's node generation was fenced while the body ran.
+        """
+        return LeaseScope(self, model, long)
+
+    def connect(self, node_id: str) -> int:
+        """Start a new generation of ``node_id`` and bring its providers online.
+
+        If the node was already connected, the old generation is fenced first.
+        Waiters are re-evaluated at once.
+
+        Returns:
+            The new generation.
+        """
+        generation, decisions = self._core.connect(node_id)
+        self._apply(decisions)
+        if self._subscribers:
+            self._emit(AdmissionEvent("connected", _now(), node_id=node_id, generation=generation))
+        return generation
+
+    def disconnect(self, node_id: str, generation: int) -> bool:
+        """Take ``node_id`` offline if ``generation`` is its current generation.
+
+        Fences the generation: every lease on the node's providers is released
+        at once (counters read 0 immediately) and its body is cancelled. Waiters
+        fall back to remaining providers or fail with :class:`Unavailable` at once.
+
+        Returns:
+            False, with no effect, for a stale generation or a node not connected.
+        """
+        done, decisions = self._core.disconnect(node_id, generation)
+        if done:
+            self._apply(decisions)
+            if self._subscribers:
+                self._emit(
+                    AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation)
+                )
+        return done
+
+    def refresh(self, config: PoolConfig) -> None:
+        """Replace the configuration atomically; existing leases are kept.
+
+        Raises:
+            ConfigError: listing every problem; nothing changed.
+        """
+        decisions = self._core.refresh(config)
+        for waiter in self._core.waiters():
+            timer = waiter.token
+            if isinstance(timer, _Parked):
+                timer.scope.deadline = waiter.deadline
+        self._apply(decisions)
+        if self._subscribers:
+            self._emit(AdmissionEvent("refreshed", _now()))
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def config(self) -> PoolConfig:
+        """The configuration in force."""
+        return self._core.config
+
+    def snapshot(self) -> Snapshot:
+        """Read the state admission uses: counters, candidate pressure, queue depth."""
+        policy = self._core.config.policy
+        return Snapshot(
+            queue_depth=self._core.queue_depth,
+            max_queue=policy.max_queue,
+            queue_timeout=policy.queue_timeout,
+            events_dropped=self._events_dropped,
+            providers=self._core.provider_snapshots(),
+        )
+
+    def generation(self, node_id: str) -> int:
+        """The node's current generation (0 if it never connected)."""
+        return self._core.generation(node_id)
+
+    def is_connected(self, node_id: str) -> bool:
+        """Whether the node is connected in its current generation."""
+        return self._core.is_connected(node_id)
+
+    # ------------------------------------------------------------------ events
+
+    @asynccontextmanager
+    async def subscribe(self, buffer: int = 256) -> AsyncIterator[trio.MemoryReceiveChannel[AdmissionEvent]]:
+        """Receive lifecycle events through a channel holding up to ``buffer`` events.
+
+        When the channel is full, new events are dropped and counted in
+        :attr:`Snapshot.events_dropped`; admission never waits for a subscriber.
+
+        Entering and leaving do not block (leaving closes the channel).
+        """
+        send, receive = trio.open_memory_channel[AdmissionEvent](buffer)
+        self._subscribers.append(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            self._subscribers.remove(send)
+            send.close()
+
+    def _emit(self, event: AdmissionEvent) -> None:
+        for channel in self._subscribers:
+            try:
+                channel.send_nowait(event)
+            except trio.WouldBlock:
+                self._events_dropped += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    def _lease_event(self, kind: str, lease: Lease, **extra: object) -> None:
+        self._emit(
+            AdmissionEvent(
+                kind,
+                _now(),
+                model=lease.model,
+                provider=lease.provider,
+                lease_id=lease.id,
+                generation=lease.generation,
+                node_id=lease.provider.node_id,
+                long=lease.long,
+                **extra,  # type: ignore[arg-type]
+            )
+        )
+
+    # -------------------------------------------------------------- decisions
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        """Carry out core decisions: wake granted/failed waiters, cancel revoked bodies."""
+        for d in decisions:
+            if type(d) is Granted:
+                parked = d.waiter.token
+                assert isinstance(parked, _Parked)
+                trio.lowlevel.reschedule(parked.task, outcome.Value(d.lease))
+            elif type(d) is Failed:
+                parked = d.waiter.token
+                assert isinstance(parked, _Parked)
+                trio.lowlevel.reschedule(parked.task, outcome.Error(d.error))
+            else:
+                assert type(d) is Revoked
+                scope = d.lease._scope
+                if scope is not None:
+                    scope.cancel()  # type: ignore[attr-defined]
+                if self._subscribers:
+                    self._lease_event("revoked", d.lease)
+
+    def __repr__(self) -> str:
+        return f"<Admission {self._core!r}>"
+
+
+@attrs.define(eq=False, slots=True)
+class _Parked:
+    """What the trio layer keeps on a queued waiter: its task and its deadline scope."""
+
+    task: trio.lowlevel.Task
+    scope: trio.CancelScope
+
+
+@final
+class LeaseScope:
+    """The async context manager returned by :meth:`Admission.lease`. Single use."""
+
+    __slots__ = ("_admission", "_model", "_long", "_lease", "_scope")
+
+    def __init__(self, admission: Admission, model: str, long: bool) -> None:
+        self._admission = admission
+        self._model = model
+        self._long = long
+        self._lease: Lease | None = None
+        self._scope: trio.CancelScope | None = None
+
+    async def __aenter__(self) -> Lease:
+        if self._scope is not None:
+            raise RuntimeError("a lease scope can only be entered once")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        admission = self._admission
+        core = admission._core
+        try:
+            result = core.request(self._model, self._long, trio.current_time())
+        except Exception as exc:
+            if admission._subscribers:
+                admission._emit(
+                    AdmissionEvent(
+                        "rejected",
+                        _now(),
+                        model=self._model,
+                        long=self._long,
+                        reason=type(exc).__name__,
+                    )
+                )
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise
+        if type(result) is Lease:
+            lease = result
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            assert type(result) is Waiter
+            lease = await self._wait(result)
+        # Cancellation-atomic: from here to the return nothing awaits; if
+        # anything raises, the grant goes back before the error propagates.
+        try:
+            scope = trio.CancelScope()
+            scope.__enter__()
+        except BaseException:
+            admission._apply(core.release(lease))
+            raise
+        lease._scope = scope
+        self._scope = scope
+        self._lease = lease
+        if admission._subscribers:
+            admission._lease_event("granted", lease, waited=lease.queue_wait)
+        return lease
+
+    async def _wait(self, waiter: Waiter) -> Lease:
+        """Park until granted, failed, cancelled or past the deadline.
+
+        Checkpoints (it blocks). Cancelled or timed out, the waiter is
+        withdrawn from the queue and nothing else changes.
+        """
+        admission = self._admission
+        core = admission._core
+        if admission._subscribers:
+            admission._emit(
+                AdmissionEvent("queued", _now(), model=waiter.model, long=waiter.long)
+            )
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            core.withdraw(waiter)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        with trio.CancelScope(deadline=waiter.deadline) as timer:
+            waiter.token = _Parked(trio.lowlevel.current_task(), timer)
+            try:
+                lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
+            except BaseException as exc:
+                if admission._subscribers and not isinstance(exc, trio.Cancelled):
+                    admission._emit(
+                        AdmissionEvent(
+                            "rejected",
+                            _now(),
+                            model=waiter.model,
+                            long=waiter.long,
+                            reason=type(exc).__name__,
+                        )
+                    )
+                raise
+            finally:
+                waiter.token = None
+            lease.queue_wait = trio.current_time() - waiter.enqueue_time
+            return lease
+        waited = trio.current_time() - waiter.enqueue_time
+        if admission._subscribers:
+            admission._emit(
+                AdmissionEvent(
+                    "timed_out", _now(), model=waiter.model, long=waiter.long, waited=waited
+                )
+            )
+        raise QueueTimeout(waiter.model, waited)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        # Synchronous on purpose: a cancelled task cannot skip the release.
+        lease = self._lease
+        scope = self._scope
+        assert lease is not None and scope is not None, "lease scope was not entered"
+        admission = self._admission
+        try:
+            suppressed = scope.__exit__(exc_type, exc, tb)
+        finally:
+            admission._apply(admission._core.release(lease))
+            lease._scope = None
+            if admission._subscribers:
+                admission._lease_event("released", lease)
+        if lease._revoked and (suppressed or exc_type is None):
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation) from None
+        return bool(suppressed)

@@ -1,0 +1,66 @@
+"""Frozen views of admission state, as served by the Edge's ``/status``.
+
+``cattrs.unstructure(snapshot)`` is the JSON document; field names are a contract.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+
+
+@final
+@attrs.frozen
+class ProviderSnapshot:
+    """One provider as admission sees it right now.
+
+    ``queued`` / ``long_queued`` are *candidate pressure*: the number of waiters
+    (all / long only) for which this provider is an eligible candidate. A waiter
+    with three eligible candidates counts at each of them, so the sum over
+    providers can exceed :attr:`Snapshot.queue_depth`, the true queue length.
+    An offline or disabled provider reports 0 for effective capacities and
+    pressure; ``in_flight`` always equals its live leases.
+    """
+
+    node_id: str
+    provider_id: str
+    connected: bool
+    status: str  # "available" | "unavailable" | "disabled"
+    health: str  # "online" | "offline"
+    generation: int
+    capacity: int
+    long_context_capacity: int
+    effective_capacity: int
+    effective_long_capacity: int
+    in_flight: int
+    long_in_flight: int
+    queued: int
+    long_queued: int
+    priority: int
+
+
+@final
+@attrs.frozen
+class Snapshot:
+    """The whole pool: the true global queue depth, the policy, and every configured provider.
+
+    Providers appear in configuration order, including disconnected and disabled ones.
+    """
+
+    queue_depth: int
+    max_queue: int
+    queue_timeout: float
+    events_dropped: int
+    providers: tuple[ProviderSnapshot, ...]
+
+    def provider(self, node_id: str, provider_id: str) -> ProviderSnapshot:
+        """Return the snapshot of one provider.
+
+        Raises:
+            KeyError: the provider is not configured.
+        """
+        for p in self.providers:
+            if p.node_id == node_id and p.provider_id == provider_id:
+                return p
+        raise KeyError(f"{node_id}/{provider_id}")
