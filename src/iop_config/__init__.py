@@ -1,0 +1,14 @@
+"""iop_config: YAML config files into frozen attrs classes, every error with file:line.
+
+Both daemons load their config through :func:`load_config`::
+
+    cfg = load_config("edge.yaml", EdgeConfig)   # raises ConfigFileError
+
+Each error reads ``FILE:LINE: FIELD.PATH: message``, e.g.
+``edge.yaml:14: nodes[0].providers[1].capacity: must be >= 1``.
+"""
+
+from ._converter import make_converter
+from ._loader import ConfigFileError, format_path, load_config, load_config_text, parse_path
+
+__all__ = ["ConfigFileError", "format_path", "load_config", "load_config_text", "make_converter", "parse_path"]

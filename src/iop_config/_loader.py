@@ -1,0 +1,244 @@
+"""Load a YAML config file into frozen attrs classes, with file:line errors.
+
+How a problem finds its line: the file is read with ruamel.yaml's round-trip
+loader, whose mappings and sequences remember where each key and item starts
+(``CommentedMap.lc.key(k)``, ``CommentedSeq.lc.item(i)``, 0-based). The tree is
+copied into plain ``dict``/``list``/scalars for cattrs, and the original tree is
+kept only to look lines up. Every problem carries a *path* -- a tuple of mapping
+keys and list indexes such as ``("nodes", 0, "providers", 1, "capacity")`` --
+built from cattrs' exception notes or parsed from a ``problems()`` hook's path
+string. The line of a path is the line of its deepest part that exists in the
+file, so a missing key points at its parent.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any, Literal, TypeVar, final, get_args, get_origin
+
+import cattrs
+from cattrs.errors import (
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+)
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from ._converter import make_converter, yaml_kind
+
+T = TypeVar("T")
+
+Path = tuple[str | int, ...]
+
+_default_converter: cattrs.Converter | None = None
+
+
+@final
+class ConfigFileError(Exception):
+    """A config file could not be loaded; ``errors`` lists every problem found.
+
+    Each entry reads ``FILE:LINE: FIELD.PATH: message`` (the path is left out
+    for problems of the document as a whole). ``str(err)`` joins them with
+    newlines.
+    """
+
+    def __init__(self, errors: Iterable[str]) -> None:
+        self.errors: tuple[str, ...] = tuple(errors)
+        super().__init__("\n".join(self.errors))
+
+
+def load_config(
+    path: str | os.PathLike[str], cls: type[T], *, converter: cattrs.Converter | None = None
+) -> T:
+    """Read the YAML file at ``path`` and structure it into ``cls``.
+
+    Args:
+        path: the file; it is named in every error exactly as given.
+        cls: a frozen attrs class describing the file.
+        converter: defaults to a shared :func:`make_converter` converter.
+
+    Returns:
+        The structured, validated object.
+
+    Raises:
+        ConfigFileError: the file cannot be read, is not valid YAML, or does
+            not match ``cls`` (see :func:`load_config_text`).
+    """
+    filename = os.fspath(path)
+    try:
+        with open(filename, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigFileError([f"{filename}: cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError([f"{filename}: not UTF-8 text: {exc.reason}"]) from None
+    return load_config_text(text, cls, filename=filename, converter=converter)
+
+
+def load_config_text(
+    text: str,
+    cls: type[T],
+    *,
+    filename: str = "<config>",
+    converter: cattrs.Converter | None = None,
+) -> T:
+    """Parse YAML ``text`` and structure it into ``cls``, reporting every problem.
+
+    Unknown keys, missing required keys, wrong types and errors raised by the
+    classes themselves (a validator, or ``__attrs_post_init__`` raising
+    ``ValueError``; an error with a ``problems`` tuple counts each) are all
+    collected. A class may carry a ``config_key_hints: ClassVar[Mapping[str, str]]``
+    giving the message for a key it does not accept (used instead of
+    "unknown key 'k'"). After structuring, if the object has a method
+    ``problems() -> Iterable[tuple[str, str]]`` of ``(path, message)`` pairs,
+    each problem is reported the same way; this is where cross-field rules live.
+
+    Raises:
+        ConfigFileError: any problem at all; no partial object is returned.
+    """
+    tree = _parse(text, filename)
+    if converter is None:
+        converter = _shared_converter()
+    found: list[tuple[Path, str]] = []
+    try:
+        obj = converter.structure(_plain(tree), cls)
+    except Exception as exc:  # every structuring failure is a config problem
+        _collect(exc, (), None, found)
+    else:
+        hook = getattr(obj, "problems", None)
+        if callable(hook):
+            found.extend((parse_path(where), message) for where, message in hook())
+    if found:
+        located = sorted(((_line_of(tree, where), where, message) for where, message in found),
+                         key=lambda item: item[0])
+        raise ConfigFileError(
+            f"{filename}:{line}: {format_path(where)}: {message}"
+            if where
+            else f"{filename}:{line}: {message}"
+            for line, where, message in located
+        )
+    return obj
+
+
+def format_path(path: Path) -> str:
+    """Render a path as ``nodes[0].providers[1].capacity``."""
+    out: list[str] = []
+    for part in path:
+        if isinstance(part, int):
+            out.append(f"[{part}]")
+        elif _PLAIN_KEY.fullmatch(part):
+            out.append(f".{part}" if out else part)
+        else:
+            out.append(f"[{part!r}]")
+    return "".join(out)
+
+
+def parse_path(text: str) -> Path:
+    """Parse a path written by :func:`format_path` (or by a ``problems()`` hook)."""
+    parts: list[str | int] = []
+    for name, index, quoted in _PATH_PART.findall(text):
+        if index:
+            parts.append(int(index))
+        elif quoted:
+            parts.append(quoted[1:-1])
+        else:
+            parts.append(name)
+    return tuple(parts)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
+_PATH_PART = re.compile(r"\.?([^.\[\]]+)|\[(\d+)\]|\[('[^']*'|\"[^\"]*\")\]")
+
+
+def _shared_converter() -> cattrs.Converter:
+    global _default_converter
+    if _default_converter is None:
+        _default_converter = make_converter()
+    return _default_converter
+
+
+def _parse(text: str, filename: str) -> Any:
+    try:
+        return YAML(typ="rt").load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        what = exc.problem or exc.context or "invalid YAML"
+        raise ConfigFileError([f"{filename}:{line}: YAML syntax error: {what}"]) from None
+    except YAMLError as exc:
+        raise ConfigFileError([f"{filename}:1: YAML error: {exc}"]) from None
+
+
+def _plain(node: Any) -> Any:
+    """Copy ruamel's round-trip tree into plain dict/list/str/int/float/bool."""
+    if isinstance(node, Mapping):
+        return {_plain(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, bool) or type(node).__name__ == "ScalarBoolean":
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+def _line_of(tree: Any, path: Path) -> int:
+    """1-based line of the deepest part of ``path`` present in the file."""
+    line = 1
+    if isinstance(tree, CommentedMap | CommentedSeq) and tree.lc.line is not None:
+        line = tree.lc.line + 1
+    node = tree
+    for part in path:
+        try:
+            if isinstance(node, CommentedMap) and part in node:
+                line = node.lc.key(part)[0] + 1
+            elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
+                line = node.lc.item(part)[0] + 1
+            else:
+                break
+        except (KeyError, TypeError, IndexError):  # merged (<<) keys have no position
+            break
+        node = node[part]
+    return line
+
+
+def _collect(exc: BaseException, path: Path, type_: Any, found: list[tuple[Path, str]]) -> None:
+    """Flatten cattrs' exception tree into ``(path, message)`` problems."""
+    if isinstance(exc, ClassValidationError | IterableValidationError):
+        with_notes, without = exc.group_exceptions()
+        for sub, note in with_notes:
+            # A class note names an attribute; a list or mapping note an index or key.
+            part = note.name if isinstance(exc, ClassValidationError) else note.index
+            _collect(sub, (*path, part), note.type, found)
+        for sub in without:
+            _collect(sub, path, None, found)
+    elif isinstance(exc, ForbiddenExtraKeysError):
+        hints: Mapping[str, str] = getattr(exc.cl, "config_key_hints", {})
+        for key in sorted(exc.extra_fields, key=str):
+            found.append(((*path, key), hints.get(key) or f"unknown key {key!r}"))
+    elif isinstance(exc, KeyError):
+        found.append((path, "required key missing"))
+    elif isinstance(exc, ValueError) and isinstance(getattr(exc, "problems", None), tuple):
+        found.extend((path, str(problem)) for problem in exc.problems)  # type: ignore[attr-defined]
+    elif get_origin(type_) is Literal:
+        choices = ", ".join(repr(choice) for choice in get_args(type_))
+        found.append((path, f"must be one of {choices}"))
+    elif isinstance(type_, type) and issubclass(type_, Enum):
+        choices = ", ".join(repr(member.value) for member in type_)
+        found.append((path, f"must be one of {choices}"))
+    elif isinstance(exc, ValueError | TypeError):
+        found.append((path, str(exc)))
+    else:
+        found.append((path, f"{type(exc).__name__}: {exc}"))
+
+
+__all__ = ["ConfigFileError", "format_path", "load_config", "load_config_text", "parse_path", "yaml_kind"]
