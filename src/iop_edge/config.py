@@ -1,0 +1,474 @@
+"""The Edge config file (``edge.yaml``): structure, validation, and mapping to a PoolConfig.
+
+The key names are a contract (DESIGN.md section 5, docs/edge-config.md). The
+classes below describe the file one to one; :meth:`EdgeConfig.problems` holds
+every cross-field rule, so each problem is reported as ``FILE:LINE: path:
+message`` by :mod:`iop_config`. :func:`load_edge_config` then resolves the
+secrets the file only names (``token_env``, ``admin_token_env``,
+``api_keys_env``) from the environment.
+
+Secrets: node tokens and the admin token are ``repr=False``. API keys never
+exist in the loaded config in plain form: each is structured straight into an
+:class:`ApiKeyDigest` (SHA-256 hex) and compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import ClassVar, NamedTuple, final
+
+import attrs
+import cattrs
+
+from iop_admission import (
+    ConfigError,
+    ModelGroup,
+    PoolConfig,
+    ProviderKey,
+    ProviderSpec,
+    QueuePolicy,
+)
+from iop_admission._config import validate_pool
+from iop_config import load_config, make_converter
+
+__all__ = [
+    "ApiKeyDigest",
+    "EdgeCandidate",
+    "EdgeConfig",
+    "EdgeModel",
+    "EdgeNode",
+    "EdgeProvider",
+    "HostPort",
+    "ProviderPool",
+    "load_edge_config",
+    "parse_host_port",
+]
+
+
+def _queue_hints(owner: str) -> Mapping[str, str]:
+    """[queue-ownership] messages for queue keys written where they do not belong."""
+    message = f"queue settings belong to provider_pool (Edge-wide), not to {owner}"
+    return {"max_queue": message, "queue_timeout_ms": message}
+
+
+@final
+class HostPort(NamedTuple):
+    """A listen address parsed from ``"host:port"`` (``"[::1]:8080"`` for IPv6).
+
+    A NamedTuple rather than an attrs class so that ``host, port = cfg.listen``
+    works where a socket API wants the pair.
+    """
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def parse_host_port(text: str) -> HostPort:
+    """Parse ``"host:port"``; raise ``ValueError`` with a human message if malformed."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError("must be 'host:port', e.g. '127.0.0.1:8080'")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("an IPv6 host goes in brackets, e.g. '[::1]:8080'")
+    if not host:
+        raise ValueError("must be 'host:port' with a non-empty host")
+    if not _PORT.fullmatch(port) or int(port) > 65535:
+        raise ValueError("port must be an integer from 0 to 65535")
+    return HostPort(host, int(port))
+
+
+@final
+@attrs.frozen
+class ApiKeyDigest:
+    """SHA-256 hex digest of one HTTP API key; the plain key is never stored."""
+
+    hexdigest: str
+
+    @classmethod
+    def of(cls, key: str) -> ApiKeyDigest:
+        """Digest a plain key."""
+        return cls(hashlib.sha256(key.encode("utf-8")).hexdigest())
+
+    def matches(self, key: str) -> bool:
+        """Compare a presented key with this digest in constant time."""
+        return hmac.compare_digest(self.hexdigest, ApiKeyDigest.of(key).hexdigest)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ProviderPool:
+    """``provider_pool``: the one Edge-wide queue policy ([queue-ownership])."""
+
+    max_queue: int = 64
+    queue_timeout_ms: int = 30000
+
+    def policy(self) -> QueuePolicy:
+        """The library's policy (milliseconds become seconds)."""
+        return QueuePolicy(max_queue=self.max_queue, queue_timeout=self.queue_timeout_ms / 1000)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EdgeProvider:
+    """``nodes[].providers[]``: per-provider execution properties, never queue settings."""
+
+    id: str
+    capacity: int
+    long_context_capacity: int = 0
+    context_window_tokens: int = 0
+    total_context_tokens: int | None = None
+    priority: int = 0
+    enabled: bool = True
+
+    config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a provider")
+
+    def spec(self) -> ProviderSpec:
+        """The library's spec. Raises ``ConfigError`` on bad values."""
+        return ProviderSpec(
+            capacity=self.capacity,
+            long_context_capacity=self.long_context_capacity,
+            context_window_tokens=self.context_window_tokens,
+            total_context_tokens=self.total_context_tokens,
+            priority=self.priority,
+            enabled=self.enabled,
+        )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EdgeNode:
+    """``nodes[]``: a node allowed to register, its token and its providers.
+
+    In the file exactly one of ``token`` / ``token_env`` is given. After
+    :func:`load_edge_config`, ``token`` holds the effective token either way
+    (``token_env`` still names where it came from).
+    """
+
+    id: str
+    providers: tuple[EdgeProvider, ...]
+    token: str | None = attrs.field(default=None, repr=False)
+    token_env: str | None = None
+
+    config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a node")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EdgeCandidate:
+    """``models[].candidates[]``: one provider that may serve the model."""
+
+    node: str
+    provider: str
+    upstream_model: str | None = None
+
+    config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a candidate")
+
+    @property
+    def key(self) -> ProviderKey:
+        """The provider's identity."""
+        return ProviderKey(self.node, self.provider)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EdgeModel:
+    """``models[]``: an external model key and its candidates, in preference order."""
+
+    id: str
+    candidates: tuple[EdgeCandidate, ...]
+    long_context_threshold_tokens: int | None = None
+
+    config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a model")
+
+
+_DEFAULT_LISTEN = HostPort("127.0.0.1", 8080)
+_DEFAULT_NODE_LISTEN = HostPort("127.0.0.1", 8081)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EdgeConfig:
+    """The whole ``edge.yaml``. See docs/edge-config.md for every key.
+
+    Load it with :func:`load_edge_config`; it is valid by construction then.
+    """
+
+    nodes: tuple[EdgeNode, ...]
+    models: tuple[EdgeModel, ...]
+    listen: HostPort = _DEFAULT_LISTEN
+    node_listen: HostPort = _DEFAULT_NODE_LISTEN
+    heartbeat_timeout_ms: int = 15000
+    provider_pool: ProviderPool = attrs.field(factory=ProviderPool)
+    admin_token: str | None = attrs.field(default=None, repr=False)
+    admin_token_env: str | None = None
+    api_keys: tuple[ApiKeyDigest, ...] | None = attrs.field(default=None, repr=False)
+    api_keys_env: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_ws_message_bytes: int = 8 * 1024 * 1024
+
+    config_key_hints: ClassVar[Mapping[str, str]] = {
+        "max_queue": "belongs under provider_pool (provider_pool: {max_queue: ...})",
+        "queue_timeout_ms": "belongs under provider_pool (provider_pool: {queue_timeout_ms: ...})",
+    }
+
+    # -- what the Edge asks of its config -------------------------------------
+
+    def pool_config(self) -> PoolConfig:
+        """Map the file to the admission library's :class:`PoolConfig`."""
+        return PoolConfig(
+            policy=self.provider_pool.policy(),
+            providers={
+                ProviderKey(node.id, provider.id): provider.spec()
+                for node in self.nodes
+                for provider in node.providers
+            },
+            models={
+                model.id: ModelGroup(candidates=tuple(c.key for c in model.candidates))
+                for model in self.models
+            },
+        )
+
+    def upstream_model(self, model: str, key: ProviderKey) -> str:
+        """The model name to send upstream when ``model`` runs on ``key``.
+
+        Raises:
+            KeyError: ``key`` is not a candidate of ``model``.
+        """
+        for candidate in self._model(model).candidates:
+            if candidate.key == key:
+                return candidate.upstream_model or model
+        raise KeyError(f"provider {key} is not a candidate of model {model!r}")
+
+    def node_token(self, node_id: str) -> str | None:
+        """The token node ``node_id`` must register with; None if it is not configured."""
+        for node in self.nodes:
+            if node.id == node_id:
+                return node.token
+        return None
+
+    def long_threshold(self, model: str) -> int | None:
+        """Tokens above which a request for ``model`` is long; None: never long (or unknown)."""
+        for entry in self.models:
+            if entry.id == model:
+                return entry.long_context_threshold_tokens
+        return None
+
+    @property
+    def api_keys_required(self) -> bool:
+        """True when the HTTP API demands one of the configured API keys."""
+        return bool(self.api_keys)
+
+    def accepts_api_key(self, key: str) -> bool:
+        """True if ``key`` is one of the configured API keys (constant-time compare)."""
+        # A list, not a generator: compare against every digest, whichever matches.
+        return any([digest.matches(key) for digest in self.api_keys or ()])
+
+    def accepts_admin_token(self, token: str) -> bool:
+        """True if an admin token is configured and ``token`` equals it (constant time)."""
+        if not self.admin_token:
+            return False
+        return hmac.compare_digest(self.admin_token.encode(), token.encode())
+
+    def _model(self, model: str) -> EdgeModel:
+        for entry in self.models:
+            if entry.id == model:
+                return entry
+        raise KeyError(f"model {model!r} is not configured")
+
+    # -- validation -------------------------------------------------------------
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        """Every cross-field problem as ``(path, message)``; reads ``os.environ``.
+
+        Called by :func:`iop_config.load_config` on the file as written (before
+        :func:`load_edge_config` resolves the environment).
+        """
+        found = [
+            *_at_least("heartbeat_timeout_ms", self.heartbeat_timeout_ms, 100),
+            *_at_least("provider_pool.max_queue", self.provider_pool.max_queue, 0),
+            *_at_least("provider_pool.queue_timeout_ms", self.provider_pool.queue_timeout_ms, 1),
+            *_at_least("max_body_bytes", self.max_body_bytes, 1),
+            *_at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
+            *self._listen_problems(),
+            *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env,
+                              required=False),
+            *self._api_key_problems(),
+            *self._node_problems(),
+            *self._model_problems(),
+        ]
+        if not found:
+            # Backstop: the library's own whole-pool check must agree.
+            try:
+                validate_pool(self.pool_config())
+            except ConfigError as exc:
+                found.extend(("", problem) for problem in exc.problems)
+        return iter(found)
+
+    def _listen_problems(self) -> Iterator[tuple[str, str]]:
+        if self.listen == self.node_listen and self.listen.port != 0:
+            yield "node_listen", f"must differ from listen ({self.listen})"
+
+    def _api_key_problems(self) -> Iterator[tuple[str, str]]:
+        if self.api_keys is not None and self.api_keys_env is not None:
+            yield "api_keys_env", "give at most one of api_keys or api_keys_env"
+        if self.api_keys is not None and not self.api_keys:
+            yield "api_keys", "must list at least one key (leave the key out to disable API keys)"
+        if self.api_keys_env is not None:
+            if not self.api_keys_env:
+                yield "api_keys_env", "must name an environment variable"
+            elif not _split_keys(os.environ.get(self.api_keys_env, "")):
+                yield "api_keys_env", (
+                    f"environment variable {self.api_keys_env!r} is not set or holds no keys "
+                    "(expected a comma-separated list)"
+                )
+
+    def _node_problems(self) -> Iterator[tuple[str, str]]:
+        yield from _duplicates("nodes", "node id", [node.id for node in self.nodes])
+        for i, node in enumerate(self.nodes):
+            where = f"nodes[{i}]"
+            yield from _secret_problems(f"{where}.token", node.token, f"{where}.token_env",
+                                        node.token_env, required=True)
+            yield from _duplicates(f"{where}.providers", "provider id",
+                                   [provider.id for provider in node.providers])
+            for j, provider in enumerate(node.providers):
+                yield from _spec_problems(f"{where}.providers[{j}]", provider)
+
+    def _model_problems(self) -> Iterator[tuple[str, str]]:
+        # reversed: with a duplicate node id (reported elsewhere) the first entry wins.
+        providers = {node.id: {p.id for p in node.providers} for node in reversed(self.nodes)}
+        yield from _duplicates("models", "model id", [model.id for model in self.models])
+        for i, model in enumerate(self.models):
+            where = f"models[{i}]"
+            if model.long_context_threshold_tokens is not None:
+                yield from _at_least(f"{where}.long_context_threshold_tokens",
+                                     model.long_context_threshold_tokens, 1)
+            if not model.candidates:
+                yield f"{where}.candidates", "must list at least one provider"
+            seen: dict[ProviderKey, int] = {}
+            for j, candidate in enumerate(model.candidates):
+                at = f"{where}.candidates[{j}]"
+                if candidate.node not in providers:
+                    yield f"{at}.node", f"node {candidate.node!r} is not configured under nodes"
+                elif candidate.provider not in providers[candidate.node]:
+                    yield f"{at}.provider", (
+                        f"node {candidate.node!r} has no provider {candidate.provider!r}"
+                    )
+                if candidate.key in seen:
+                    yield at, f"{candidate.key} is listed twice (first at candidates[{seen[candidate.key]}])"
+                seen.setdefault(candidate.key, j)
+                if candidate.upstream_model == "":
+                    yield f"{at}.upstream_model", "must not be empty (leave it out to use the model id)"
+
+
+def _at_least(path: str, value: int, minimum: int) -> Iterator[tuple[str, str]]:
+    if value < minimum:
+        yield path, f"must be >= {minimum}, got {value}"
+
+
+def _duplicates(path: str, what: str, ids: list[str]) -> Iterator[tuple[str, str]]:
+    """Empty ids and repeated ids among ``ids`` (the ``id`` keys of the list at ``path``)."""
+    first: dict[str, int] = {}
+    for i, ident in enumerate(ids):
+        if not ident:
+            yield f"{path}[{i}].id", "must not be empty"
+        elif ident in first:
+            yield f"{path}[{i}].id", f"duplicate {what} {ident!r} (first at {path}[{first[ident]}])"
+        else:
+            first[ident] = i
+
+
+def _secret_problems(
+    path: str, value: str | None, env_path: str, env_name: str | None, *, required: bool
+) -> Iterator[tuple[str, str]]:
+    """A secret given inline (``value``) or by environment variable name (``env_name``)."""
+    key, env_key = path.rpartition(".")[2], env_path.rpartition(".")[2]
+    if value is not None and env_name is not None:
+        yield env_path, f"give exactly one of {key} or {env_key}, not both"
+    elif value is None and env_name is None:
+        if required:
+            yield path.rpartition(".")[0], f"required: one of {key} or {env_key}"
+    elif value is not None and not value:
+        yield path, "must not be empty"
+    elif env_name is not None and not env_name:
+        yield env_path, "must name an environment variable"
+    elif env_name is not None and not os.environ.get(env_name):
+        yield env_path, f"environment variable {env_name!r} is not set or empty"
+
+
+def _spec_problems(where: str, provider: EdgeProvider) -> Iterator[tuple[str, str]]:
+    """The library's own ProviderSpec rules ([long-state], capacity), at this provider's keys."""
+    try:
+        provider.spec()
+    except ConfigError as exc:
+        for problem in exc.problems:
+            field, sep, message = problem.removeprefix("provider.").partition(": ")
+            if sep and field.isidentifier():
+                yield f"{where}.{field}", message
+            else:
+                yield where, problem
+
+
+def _split_keys(text: str) -> list[str]:
+    return [key.strip() for key in text.split(",") if key.strip()]
+
+
+def _structure_host_port(value: object, _: type) -> HostPort:
+    if not isinstance(value, str):
+        raise ValueError("must be a 'host:port' string, e.g. '127.0.0.1:8080'")
+    return parse_host_port(value)
+
+
+def _structure_api_key(value: object, _: type) -> ApiKeyDigest:
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be a non-empty string")
+    return ApiKeyDigest.of(value)
+
+
+def _edge_converter() -> cattrs.Converter:
+    converter = make_converter()
+    converter.register_structure_hook(HostPort, _structure_host_port)
+    converter.register_structure_hook(ApiKeyDigest, _structure_api_key)
+    return converter
+
+
+_CONVERTER = _edge_converter()
+
+
+def load_edge_config(path: str | os.PathLike[str]) -> EdgeConfig:
+    """Load and validate ``edge.yaml``, resolving ``*_env`` secrets from ``os.environ``.
+
+    Raises:
+        iop_config.ConfigFileError: listing every problem as ``FILE:LINE: path: message``.
+    """
+    return _with_environment(load_config(path, EdgeConfig, converter=_CONVERTER), os.environ)
+
+
+def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeConfig:
+    """Replace each secret the file names by environment variable with its value."""
+    nodes = tuple(
+        attrs.evolve(node, token=environ.get(node.token_env, ""))
+        if node.token_env is not None
+        else node
+        for node in config.nodes
+    )
+    changes: dict[str, object] = {"nodes": nodes}
+    if config.admin_token_env is not None:
+        changes["admin_token"] = environ.get(config.admin_token_env, "")
+    if config.api_keys_env is not None:
+        keys = _split_keys(environ.get(config.api_keys_env, ""))
+        changes["api_keys"] = tuple(ApiKeyDigest.of(key) for key in keys)
+    return attrs.evolve(config, **changes)
+

@@ -1,0 +1,397 @@
+"""The Edge config file: contract keys, defaults, every validation rule, errors with file:line."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import textwrap
+
+import pytest
+
+from iop_admission import Admission, ModelGroup, ProviderKey, ProviderSpec, QueuePolicy
+from iop_admission._config import validate_pool
+from iop_config import ConfigFileError
+from iop_edge.config import EdgeConfig, HostPort, load_edge_config, parse_host_port
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "edge.yaml"
+GPU0 = ProviderKey("node-a", "gpu0")
+GPU1 = ProviderKey("node-a", "gpu1")
+
+# Line numbers matter: tests below name them.
+BASE = """\
+listen: 127.0.0.1:8080
+node_listen: 127.0.0.1:8081
+heartbeat_timeout_ms: 15000
+provider_pool: {max_queue: 64, queue_timeout_ms: 30000}
+nodes:
+  - id: node-a
+    token: dev-token
+    providers:
+      - id: gpu0
+        capacity: 1
+        long_context_capacity: 1
+        context_window_tokens: 32768
+        total_context_tokens: 32768
+      - {id: gpu1, capacity: 2}
+models:
+  - id: "ornith:35b"
+    long_context_threshold_tokens: 8192
+    candidates: [{node: node-a, provider: gpu0, upstream_model: "qwen3:35b"}]
+  - id: ornith-fast
+    candidates:
+      - {node: node-a, provider: gpu0}
+"""
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("IOP_TEST_TOKEN", "IOP_TEST_ADMIN", "IOP_TEST_KEYS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def load(text: str) -> EdgeConfig:
+    pathlib.Path("edge.yaml").write_text(textwrap.dedent(text), encoding="utf-8")
+    return load_edge_config("edge.yaml")
+
+
+def errors_of(text: str) -> tuple[str, ...]:
+    with pytest.raises(ConfigFileError) as info:
+        load(text)
+    return info.value.errors
+
+
+def edit(old: str, new: str, text: str = BASE) -> str:
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+def test_example_edge_yaml_maps_to_a_valid_pool_config() -> None:
+    """examples/edge.yaml: the local stack of DESIGN section 5, [cross-model-tests] models."""
+    config = load_edge_config(EXAMPLE)
+    pool = config.pool_config()
+    validate_pool(pool)
+    assert pool.policy == QueuePolicy(max_queue=64, queue_timeout=30.0)
+    assert dict(pool.providers) == {
+        GPU0: ProviderSpec(capacity=1, long_context_capacity=1, context_window_tokens=32768,
+                           total_context_tokens=32768, priority=0),
+        GPU1: ProviderSpec(capacity=2, long_context_capacity=1, context_window_tokens=32768,
+                           total_context_tokens=32768, priority=-1),
+    }
+    assert dict(pool.models) == {
+        "ornith:35b": ModelGroup(candidates=(GPU0, GPU1)),
+        "ornith-fast": ModelGroup(candidates=(GPU0,)),
+    }
+    assert config.listen == HostPort("127.0.0.1", 8080)
+    assert config.node_listen == ("127.0.0.1", 8081)
+    assert config.node_token("node-a") == "dev-token"
+    assert config.long_threshold("ornith:35b") == 8192
+    assert config.long_threshold("ornith-fast") is None
+    assert config.upstream_model("ornith:35b", GPU1) == "qwen3:35b"
+    assert len(Admission(pool).snapshot().providers) == 2
+
+
+def test_defaults() -> None:
+    config = load("""\
+        nodes: [{id: n, token: t, providers: [{id: p, capacity: 3}]}]
+        models: [{id: m, candidates: [{node: n, provider: p}]}]
+        """)
+    assert config.listen == HostPort("127.0.0.1", 8080)
+    assert config.node_listen == HostPort("127.0.0.1", 8081)
+    assert config.heartbeat_timeout_ms == 15000
+    assert config.provider_pool.policy() == QueuePolicy(max_queue=64, queue_timeout=30.0)
+    assert config.max_body_bytes == 4194304
+    assert config.max_ws_message_bytes == 8388608
+    assert config.admin_token is None and not config.accepts_admin_token("")
+    assert config.api_keys is None and not config.api_keys_required
+    spec = config.pool_config().providers[ProviderKey("n", "p")]
+    assert spec == ProviderSpec(capacity=3, long_context_capacity=0, context_window_tokens=0,
+                                total_context_tokens=None, priority=0, enabled=True)
+    assert config.upstream_model("m", ProviderKey("n", "p")) == "m"  # default: the model id
+    assert config.long_threshold("m") is None
+    assert config.node_token("nobody") is None
+
+
+def test_queue_timeout_ms_becomes_seconds() -> None:
+    config = load(edit("{max_queue: 64, queue_timeout_ms: 30000}", "{max_queue: 0, queue_timeout_ms: 1500}"))
+    assert config.pool_config().policy == QueuePolicy(max_queue=0, queue_timeout=1.5)
+
+
+def test_upstream_model_of_a_non_candidate_is_a_key_error() -> None:
+    config = load(BASE)
+    assert config.upstream_model("ornith-fast", GPU0) == "ornith-fast"
+    with pytest.raises(KeyError):
+        config.upstream_model("ornith-fast", GPU1)
+    with pytest.raises(KeyError):
+        config.upstream_model("nope", GPU0)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            edit("        capacity: 1\n", "        capacity: 1\n        max_queue: 8\n"),
+            "edge.yaml:11: nodes[0].providers[0].max_queue: queue settings belong to "
+            "provider_pool (Edge-wide), not to a provider",
+        ),
+        (
+            edit("{id: gpu1, capacity: 2}", "{id: gpu1, capacity: 2, queue_timeout_ms: 5}"),
+            "edge.yaml:14: nodes[0].providers[1].queue_timeout_ms: queue settings belong to "
+            "provider_pool (Edge-wide), not to a provider",
+        ),
+        (
+            edit("  - id: ornith-fast\n", "  - id: ornith-fast\n    max_queue: 3\n"),
+            "edge.yaml:20: models[1].max_queue: queue settings belong to provider_pool "
+            "(Edge-wide), not to a model",
+        ),
+        (
+            edit("{node: node-a, provider: gpu0}", "{node: node-a, provider: gpu0, max_queue: 1}"),
+            "edge.yaml:21: models[1].candidates[0].max_queue: queue settings belong to "
+            "provider_pool (Edge-wide), not to a candidate",
+        ),
+        (
+            edit("    token: dev-token\n", "    token: dev-token\n    queue_timeout_ms: 10\n"),
+            "edge.yaml:8: nodes[0].queue_timeout_ms: queue settings belong to provider_pool "
+            "(Edge-wide), not to a node",
+        ),
+        (
+            "max_queue: 10\n" + BASE,
+            "edge.yaml:1: max_queue: belongs under provider_pool (provider_pool: {max_queue: ...})",
+        ),
+    ],
+)
+def test_queue_settings_outside_provider_pool_point_to_provider_pool(text: str, expected: str) -> None:
+    """[queue-ownership] the message names provider_pool, not a generic unknown key."""
+    assert errors_of(text) == (expected,)
+
+
+def test_unknown_key_is_an_error_with_its_line() -> None:
+    assert errors_of(edit("        capacity: 1\n", "        capacity: 1\n        gpus: 2\n")) == (
+        "edge.yaml:11: nodes[0].providers[0].gpus: unknown key 'gpus'",
+    )
+
+
+def test_capacity_must_be_at_least_one() -> None:
+    assert errors_of(edit("{id: gpu1, capacity: 2}", "{id: gpu1, capacity: 0}")) == (
+        "edge.yaml:14: nodes[0].providers[1].capacity: must be >= 1, got 0",
+    )
+
+
+def test_long_context_capacity_at_most_capacity() -> None:
+    """[long-state] long_context_capacity <= capacity."""
+    text = edit("        long_context_capacity: 1\n", "        long_context_capacity: 2\n")
+    text = edit("        total_context_tokens: 32768\n", "", text)
+    assert errors_of(text) == (
+        "edge.yaml:11: nodes[0].providers[0].long_context_capacity: must be <= capacity (2 > 1)",
+    )
+
+
+def test_total_context_tokens_must_equal_window_times_long_capacity() -> None:
+    """[long-state] total_context_tokens == context_window_tokens * long_context_capacity."""
+    (error,) = errors_of(edit("total_context_tokens: 32768", "total_context_tokens: 65536"))
+    assert error.startswith("edge.yaml:13: nodes[0].providers[0].total_context_tokens: must equal")
+    assert "32768 * 1 = 32768, got 65536" in error
+
+
+def test_wrong_type_is_reported() -> None:
+    assert errors_of(edit("{id: gpu1, capacity: 2}", "{id: gpu1, capacity: two}")) == (
+        "edge.yaml:14: nodes[0].providers[1].capacity: must be an integer, got a string",
+    )
+
+
+def test_duplicate_ids() -> None:
+    text = BASE + "  - id: ornith-fast\n    candidates: [{node: node-a, provider: gpu1}]\n"
+    text = edit("      - {id: gpu1, capacity: 2}\n",
+                "      - {id: gpu1, capacity: 2}\n      - {id: gpu0, capacity: 1}\n", text)
+    text = text.replace("models:\n", "  - id: node-a\n    token: x\n    providers: []\nmodels:\n")
+    assert errors_of(text) == (
+        "edge.yaml:15: nodes[0].providers[2].id: duplicate provider id 'gpu0' "
+        "(first at nodes[0].providers[0])",
+        "edge.yaml:16: nodes[1].id: duplicate node id 'node-a' (first at nodes[0])",
+        "edge.yaml:26: models[2].id: duplicate model id 'ornith-fast' (first at models[1])",
+    )
+
+
+def test_empty_ids_are_rejected() -> None:
+    assert errors_of(edit("  - id: ornith-fast\n", '  - id: ""\n')) == (
+        "edge.yaml:19: models[1].id: must not be empty",
+    )
+
+
+def test_candidates_must_name_configured_node_and_provider() -> None:
+    text = edit("      - {node: node-a, provider: gpu0}\n",
+                "      - {node: node-b, provider: gpu0}\n      - {node: node-a, provider: gpu7}\n")
+    assert errors_of(text) == (
+        "edge.yaml:21: models[1].candidates[0].node: node 'node-b' is not configured under nodes",
+        "edge.yaml:22: models[1].candidates[1].provider: node 'node-a' has no provider 'gpu7'",
+    )
+
+
+def test_duplicate_candidate_in_a_model() -> None:
+    text = edit("      - {node: node-a, provider: gpu0}\n",
+                "      - {node: node-a, provider: gpu0}\n      - {node: node-a, provider: gpu0}\n")
+    assert errors_of(text) == (
+        "edge.yaml:22: models[1].candidates[1]: node-a/gpu0 is listed twice (first at candidates[0])",
+    )
+
+
+def test_model_needs_a_candidate_and_a_positive_threshold() -> None:
+    text = edit("    candidates:\n      - {node: node-a, provider: gpu0}\n", "    candidates: []\n")
+    text = edit("long_context_threshold_tokens: 8192", "long_context_threshold_tokens: 0", text)
+    assert errors_of(text) == (
+        "edge.yaml:17: models[0].long_context_threshold_tokens: must be >= 1, got 0",
+        "edge.yaml:20: models[1].candidates: must list at least one provider",
+    )
+
+
+def test_global_bounds() -> None:
+    text = edit("heartbeat_timeout_ms: 15000", "heartbeat_timeout_ms: 99")
+    text = edit("{max_queue: 64, queue_timeout_ms: 30000}", "{max_queue: -1, queue_timeout_ms: 0}", text)
+    text = "max_body_bytes: 0\nmax_ws_message_bytes: 0\n" + text
+    assert errors_of(text) == (
+        "edge.yaml:1: max_body_bytes: must be >= 1, got 0",
+        "edge.yaml:2: max_ws_message_bytes: must be >= 1, got 0",
+        "edge.yaml:5: heartbeat_timeout_ms: must be >= 100, got 99",
+        "edge.yaml:6: provider_pool.max_queue: must be >= 0, got -1",
+        "edge.yaml:6: provider_pool.queue_timeout_ms: must be >= 1, got 0",
+    )
+
+
+def test_heartbeat_and_limits_accept_their_minimum() -> None:
+    text = edit("heartbeat_timeout_ms: 15000", "heartbeat_timeout_ms: 100")
+    text = "max_body_bytes: 1\nmax_ws_message_bytes: 1\n" + text
+    config = load(edit("{max_queue: 64, queue_timeout_ms: 30000}", "{max_queue: 0, queue_timeout_ms: 1}", text))
+    assert (config.heartbeat_timeout_ms, config.max_body_bytes, config.max_ws_message_bytes) == (100, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("8080", "must be a 'host:port' string, e.g. '127.0.0.1:8080'"),
+        ("'localhost'", "must be 'host:port', e.g. '127.0.0.1:8080'"),
+        ("':8080'", "must be 'host:port', e.g. '127.0.0.1:8080'"),
+        ("'localhost:http'", "port must be an integer from 0 to 65535"),
+        ("'localhost:65536'", "port must be an integer from 0 to 65535"),
+        ("'::1:8080'", "an IPv6 host goes in brackets, e.g. '[::1]:8080'"),
+    ],
+)
+def test_listen_must_be_host_port(value: str, message: str) -> None:
+    assert errors_of(edit("listen: 127.0.0.1:8080", f"listen: {value}")) == (
+        f"edge.yaml:1: listen: {message}",
+    )
+
+
+def test_listen_parsing() -> None:
+    assert parse_host_port("[::1]:0") == HostPort("::1", 0)
+    assert str(HostPort("::1", 0)) == "[::1]:0"
+    assert parse_host_port("0.0.0.0:65535") == ("0.0.0.0", 65535)
+    assert errors_of(edit("127.0.0.1:8081", "127.0.0.1:8080")) == (
+        "edge.yaml:2: node_listen: must differ from listen (127.0.0.1:8080)",
+    )
+
+
+def test_token_exactly_one_of_token_or_token_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOP_TEST_TOKEN", "from-env")
+    both = edit("    token: dev-token\n", "    token: dev-token\n    token_env: IOP_TEST_TOKEN\n")
+    assert errors_of(both) == (
+        "edge.yaml:8: nodes[0].token_env: give exactly one of token or token_env, not both",
+    )
+    assert errors_of(edit("    token: dev-token\n", "")) == (
+        "edge.yaml:6: nodes[0]: required: one of token or token_env",
+    )
+    assert errors_of(edit("token: dev-token", 'token: ""')) == (
+        "edge.yaml:7: nodes[0].token: must not be empty",
+    )
+
+
+def test_token_env_is_resolved_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = edit("token: dev-token", "token_env: IOP_TEST_TOKEN")
+    assert errors_of(text) == (
+        "edge.yaml:7: nodes[0].token_env: environment variable 'IOP_TEST_TOKEN' is not set or empty",
+    )
+    monkeypatch.setenv("IOP_TEST_TOKEN", "")
+    assert len(errors_of(text)) == 1
+    monkeypatch.setenv("IOP_TEST_TOKEN", "s3cret-node")
+    config = load(text)
+    assert config.node_token("node-a") == "s3cret-node"
+    assert "s3cret-node" not in repr(config)
+    assert "s3cret-node" not in repr(config.nodes[0])
+
+
+def test_tokens_never_appear_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOP_TEST_ADMIN", "admin-s3cret")
+    config = load("admin_token_env: IOP_TEST_ADMIN\napi_keys: [key-s3cret]\n" + BASE)
+    assert config.node_token("node-a") == "dev-token"
+    for obj in (config, *config.nodes):
+        assert "dev-token" not in repr(obj)
+        assert "admin-s3cret" not in repr(obj)
+        assert "key-s3cret" not in repr(obj)
+
+
+def test_admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = load("admin_token: adm\n" + BASE)
+    assert config.accepts_admin_token("adm")
+    assert not config.accepts_admin_token("adm2")
+    assert errors_of("admin_token: adm\nadmin_token_env: IOP_TEST_ADMIN\n" + BASE) == (
+        "edge.yaml:2: admin_token_env: give exactly one of admin_token or admin_token_env, not both",
+    )
+    assert errors_of("admin_token_env: IOP_TEST_ADMIN\n" + BASE) == (
+        "edge.yaml:1: admin_token_env: environment variable 'IOP_TEST_ADMIN' is not set or empty",
+    )
+    monkeypatch.setenv("IOP_TEST_ADMIN", "from-env")
+    assert load("admin_token_env: IOP_TEST_ADMIN\n" + BASE).accepts_admin_token("from-env")
+
+
+def test_api_keys_are_stored_as_sha256_digests() -> None:
+    config = load("api_keys: [alpha, beta]\n" + BASE)
+    assert config.api_keys_required
+    assert [d.hexdigest for d in config.api_keys or ()] == [
+        hashlib.sha256(b"alpha").hexdigest(),
+        hashlib.sha256(b"beta").hexdigest(),
+    ]
+    assert config.accepts_api_key("beta")
+    assert not config.accepts_api_key("gamma")
+    assert "alpha" not in repr(config.api_keys)
+
+
+def test_api_keys_env_is_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "api_keys_env: IOP_TEST_KEYS\n" + BASE
+    assert errors_of(text) == (
+        "edge.yaml:1: api_keys_env: environment variable 'IOP_TEST_KEYS' is not set or holds no "
+        "keys (expected a comma-separated list)",
+    )
+    monkeypatch.setenv("IOP_TEST_KEYS", " one, two ,,")
+    config = load(text)
+    assert [d.hexdigest for d in config.api_keys or ()] == [
+        hashlib.sha256(b"one").hexdigest(),
+        hashlib.sha256(b"two").hexdigest(),
+    ]
+    assert config.accepts_api_key("two")
+
+
+def test_api_keys_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOP_TEST_KEYS", "one")
+    assert errors_of("api_keys: [a]\napi_keys_env: IOP_TEST_KEYS\n" + BASE) == (
+        "edge.yaml:2: api_keys_env: give at most one of api_keys or api_keys_env",
+    )
+    assert errors_of("api_keys: []\n" + BASE) == (
+        "edge.yaml:1: api_keys: must list at least one key (leave the key out to disable API keys)",
+    )
+    assert errors_of("api_keys: [a, '']\n" + BASE) == (
+        "edge.yaml:1: api_keys[1]: must be a non-empty string",
+    )
+
+
+def test_every_problem_is_reported_at_once_with_its_line() -> None:
+    text = edit("heartbeat_timeout_ms: 15000", "heartbeat_timeout_ms: 10")
+    text = edit("{id: gpu1, capacity: 2}", "{id: gpu1, capacity: 0}", text)
+    text = edit("provider: gpu0}\n", "provider: gpu9}\n", text)
+    text = edit("    token: dev-token\n", "    token: dev-token\n    colour: red\n", text)
+    # The structural error (unknown key) stops before cross-field rules run: no partial object.
+    assert errors_of(text) == ("edge.yaml:8: nodes[0].colour: unknown key 'colour'",)
+    text = edit("    colour: red\n", "", text)
+    assert errors_of(text) == (
+        "edge.yaml:3: heartbeat_timeout_ms: must be >= 100, got 10",
+        "edge.yaml:14: nodes[0].providers[1].capacity: must be >= 1, got 0",
+        "edge.yaml:21: models[1].candidates[0].provider: node 'node-a' has no provider 'gpu9'",
+    )
