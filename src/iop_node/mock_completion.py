@@ -1,0 +1,267 @@
+"""Fake OpenAI- and Ollama-shaped completion objects, for the mock backend and the mock adapter.
+
+Pure functions: no I/O, no clock, no randomness. The caller passes the identity (``id``,
+``created``, ``created_at``) so that output is deterministic and the caller decides how ids and
+timestamps are made. Every generated token is the text ``"tok "``; a reply of ``n`` tokens is
+``"tok " * n`` and always ends because the token limit was reached (``finish_reason="length"``,
+Ollama ``done_reason="length"``), which is what a real server reports when it stops at
+``max_tokens`` / ``num_predict``.
+
+The shapes follow the public APIs closely enough for the official ``openai`` Python client to
+parse them (``ChatCompletion``, ``ChatCompletionChunk``, ``Completion``) and for an Ollama client
+to read ``/api/chat`` replies. Each call returns fresh dicts, so callers may mutate them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "TOKEN_TEXT",
+    "chat_chunks",
+    "chat_response",
+    "completion_chunks",
+    "completion_response",
+    "ollama_chat_lines",
+    "ollama_chat_response",
+    "token_count",
+]
+
+TOKEN_TEXT = "tok "
+"""The text of every generated token."""
+
+DEFAULT_MAX_TOKENS = 16
+"""Tokens generated when a request sets no limit (the OpenAI completions default)."""
+
+_FINISH_REASON = "length"
+
+
+def token_count(body: dict[str, Any]) -> int:
+    """How many tokens to generate for a request body.
+
+    Reads ``max_tokens``, then ``max_completion_tokens``, then Ollama's ``options.num_predict``;
+    a missing, null or zero value falls through to the next one and finally to
+    :data:`DEFAULT_MAX_TOKENS`. Negative values (Ollama's ``-1`` means "unlimited") count as 0.
+
+    Args:
+        body: the decoded JSON request body.
+
+    Returns:
+        The number of tokens, ``>= 0``.
+
+    Raises:
+        ValueError: the limit is not an integer (a bool, a string, a float with a fraction).
+    """
+    options = body.get("options")
+    num_predict = options.get("num_predict") if isinstance(options, dict) else None
+    value = (
+        body.get("max_tokens")
+        or body.get("max_completion_tokens")
+        or num_predict
+        or DEFAULT_MAX_TOKENS
+    )
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ValueError(f"token limit must be an integer, got {value!r}")
+    return max(0, int(value))
+
+
+def _usage(n_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": 0, "completion_tokens": n_tokens, "total_tokens": n_tokens}
+
+
+def _chat_chunk(
+    model: str,
+    *,
+    id: str,
+    created: int,
+    delta: dict[str, str],
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        ],
+    }
+
+
+def chat_chunks(
+    model: str, n_tokens: int, *, id: str, created: int, include_usage: bool = False
+) -> Iterator[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of one streamed chat completion.
+
+    First a chunk whose delta is ``{"role": "assistant"}``, then one chunk per token with delta
+    ``{"content": "tok "}``, then a chunk with an empty delta and ``finish_reason="length"``.
+
+    Args:
+        model: echoed in every chunk.
+        n_tokens: number of content chunks.
+        id: the completion id shared by all chunks (``chatcmpl-...``).
+        created: Unix time in seconds shared by all chunks.
+        include_usage: as OpenAI's ``stream_options.include_usage``: every chunk carries
+            ``"usage": null`` and one last chunk with no choices carries the usage.
+
+    Yields:
+        Fresh chunk dicts, ``n_tokens + 2`` of them (``+ 3`` with ``include_usage``).
+    """
+    extra: dict[str, Any] = {"usage": None} if include_usage else {}
+    yield _chat_chunk(model, id=id, created=created, delta={"role": "assistant"}) | extra
+    for _ in range(n_tokens):
+        yield _chat_chunk(model, id=id, created=created, delta={"content": TOKEN_TEXT}) | extra
+    yield _chat_chunk(model, id=id, created=created, delta={}, finish_reason=_FINISH_REASON) | extra
+    if include_usage:
+        usage_chunk = _chat_chunk(model, id=id, created=created, delta={})
+        usage_chunk["choices"] = []
+        usage_chunk["usage"] = _usage(n_tokens)
+        yield usage_chunk
+
+
+def chat_response(model: str, n_tokens: int, *, id: str, created: int) -> dict[str, Any]:
+    """A non-streamed ``chat.completion`` object with ``usage``.
+
+    Args:
+        model: echoed in the response.
+        n_tokens: number of tokens in the message content.
+        id: the completion id (``chatcmpl-...``).
+        created: Unix time in seconds.
+
+    Returns:
+        A fresh dict.
+    """
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": TOKEN_TEXT * n_tokens, "refusal": None},
+                "logprobs": None,
+                "finish_reason": _FINISH_REASON,
+            }
+        ],
+        "usage": _usage(n_tokens),
+    }
+
+
+def _completion(
+    model: str, text: str, *, id: str, created: int, finish_reason: str | None
+) -> dict[str, Any]:
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        ],
+    }
+
+
+def completion_chunks(
+    model: str, n_tokens: int, *, id: str, created: int
+) -> Iterator[dict[str, Any]]:
+    """The ``text_completion`` chunks of one streamed legacy completion.
+
+    One chunk per token with text ``"tok "``, then one with empty text and
+    ``finish_reason="length"``.
+
+    Args:
+        model: echoed in every chunk.
+        n_tokens: number of text chunks.
+        id: the completion id shared by all chunks (``cmpl-...``).
+        created: Unix time in seconds shared by all chunks.
+
+    Yields:
+        Fresh chunk dicts, ``n_tokens + 1`` of them.
+    """
+    for _ in range(n_tokens):
+        yield _completion(model, TOKEN_TEXT, id=id, created=created, finish_reason=None)
+    yield _completion(model, "", id=id, created=created, finish_reason=_FINISH_REASON)
+
+
+def completion_response(model: str, n_tokens: int, *, id: str, created: int) -> dict[str, Any]:
+    """A non-streamed ``text_completion`` object with ``usage``.
+
+    Args:
+        model: echoed in the response.
+        n_tokens: number of tokens in the text.
+        id: the completion id (``cmpl-...``).
+        created: Unix time in seconds.
+
+    Returns:
+        A fresh dict.
+    """
+    response = _completion(
+        model, TOKEN_TEXT * n_tokens, id=id, created=created, finish_reason=_FINISH_REASON
+    )
+    response["usage"] = _usage(n_tokens)
+    return response
+
+
+def _ollama_message(model: str, content: str, *, created_at: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "created_at": created_at,
+        "message": {"role": "assistant", "content": content},
+        "done": False,
+    }
+
+
+def _ollama_done(message: dict[str, Any], n_tokens: int) -> dict[str, Any]:
+    # The mock has no clock: the durations (nanoseconds in Ollama) are reported as 0.
+    message.update(
+        done=True,
+        done_reason=_FINISH_REASON,
+        total_duration=0,
+        load_duration=0,
+        prompt_eval_count=0,
+        prompt_eval_duration=0,
+        eval_count=n_tokens,
+        eval_duration=0,
+    )
+    return message
+
+
+def ollama_chat_lines(model: str, n_tokens: int, *, created_at: str) -> Iterator[dict[str, Any]]:
+    """The NDJSON objects of one streamed Ollama ``/api/chat`` reply.
+
+    One object per token (``done: false``, message content ``"tok "``), then a last object with
+    empty content, ``done: true``, ``done_reason: "length"`` and the eval counters.
+
+    Args:
+        model: echoed in every object.
+        n_tokens: number of content objects.
+        created_at: RFC 3339 timestamp shared by all objects (``2024-01-01T00:00:00.000000Z``).
+
+    Yields:
+        Fresh dicts, ``n_tokens + 1`` of them.
+    """
+    for _ in range(n_tokens):
+        yield _ollama_message(model, TOKEN_TEXT, created_at=created_at)
+    yield _ollama_done(_ollama_message(model, "", created_at=created_at), n_tokens)
+
+
+def ollama_chat_response(model: str, n_tokens: int, *, created_at: str) -> dict[str, Any]:
+    """A non-streamed Ollama ``/api/chat`` reply (``done: true``, the whole message).
+
+    Args:
+        model: echoed in the reply.
+        n_tokens: number of tokens in the message content.
+        created_at: RFC 3339 timestamp.
+
+    Returns:
+        A fresh dict.
+    """
+    return _ollama_done(
+        _ollama_message(model, TOKEN_TEXT * n_tokens, created_at=created_at), n_tokens
+    )
