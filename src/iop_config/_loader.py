@@ -241,4 +241,4 @@ def _collect(exc: BaseException, path: Path, type_: Any, found: list[tuple[Path,
         found.append((path, f"{type(exc).__name__}: {exc}"))
 
 
-__all__ = ["ConfigFileError", "format_path", "load_config", "load_config_text", "parse_path", "yaml_kind"]
+__all__ = ["ConfigFileError", "format_path", "load_config", "load_config_text", "parse_path"]
