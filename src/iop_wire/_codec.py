@@ -1,0 +1,241 @@
+"""JSON codec of the wire protocol: one cattrs converter, built once at import.
+
+Design notes:
+
+- The converter comes from :func:`make_converter` only. Messages are a tagged
+  union on ``"type"`` (cattrs ``configure_tagged_union``) — the type is never
+  guessed from the shape of the data — and unknown keys are errors
+  (``forbid_extra_keys``).
+- cattrs' default hooks *convert* (``str(5) == "5"``, ``int("5")``, ``bool("no")``,
+  any iterable to a tuple). A protocol must not: the strict hooks below accept
+  exactly the JSON type (a bool is not an int, an array is not a string) and raise
+  :class:`_WrongJsonType`, whose message is used verbatim in the error reason.
+- JSON objects held by messages (``RunEvent.data``, ``Run.body``) pass through
+  without copying in either direction: they are the bulk of every streamed chunk.
+- :func:`decode` turns every failure into :class:`ProtocolError`; the reason comes
+  from ``cattrs.transform_error`` and names the field (``@ $.providers[0].capacity``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, Final, get_args, get_origin
+
+import cattrs
+from cattrs.errors import IterableValidationError, IterableValidationNote
+from cattrs.strategies import configure_tagged_union
+
+from ._errors import CLOSE_TOO_BIG, ProtocolError
+from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message
+
+_CLASS_OF_TAG: Final = {tag: cls for cls, tag in MESSAGE_TYPES.items()}
+
+_JSON_TYPE_NAMES: Final = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+    list: "array",
+    dict: "object",
+}
+
+
+class _WrongJsonType(TypeError):
+    """A value has the wrong JSON type; the message is the readable reason."""
+
+    def __init__(self, expected: str, value: object) -> None:
+        super().__init__(f"expected {expected}, got {_json_type_name(value)}")
+
+
+def _json_type_name(value: object) -> str:
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+class _WrongArrayLength(ValueError):
+    """A fixed-size array (a header pair) has the wrong length."""
+
+
+def _structure_str(value: object, _: type) -> str:
+    if type(value) is not str:
+        raise _WrongJsonType("a string", value)
+    return value  # type: ignore[return-value]
+
+
+def _structure_int(value: object, _: type) -> int:
+    if type(value) is not int:  # bool is a subclass of int: excluded on purpose
+        raise _WrongJsonType("an integer", value)
+    return value  # type: ignore[return-value]
+
+
+def _structure_bool(value: object, _: type) -> bool:
+    if type(value) is not bool:
+        raise _WrongJsonType("a boolean", value)
+    return value  # type: ignore[return-value]
+
+
+def _is_json_object(cl: Any) -> bool:
+    return cl == dict[str, Any]
+
+
+def _structure_json_object(value: object, _: type) -> dict[str, Any]:
+    # json.loads only produces str keys, so the check stops at the container.
+    if type(value) is not dict:
+        raise _WrongJsonType("an object", value)
+    return value  # type: ignore[return-value]
+
+
+def _make_tuple_hook(cl: Any, converter: cattrs.Converter) -> Callable[[object, type], tuple[Any, ...]]:
+    """Structure ``tuple[X, ...]`` and ``tuple[X, Y]`` from a JSON array only."""
+    args = get_args(cl)
+    homogeneous = len(args) == 2 and args[1] is Ellipsis
+    item_types: Sequence[Any] = args[:1] if homogeneous else args
+    hooks = [converter.get_structure_hook(t) for t in item_types]
+
+    def structure(value: object, _: type) -> tuple[Any, ...]:
+        if type(value) is not list and type(value) is not tuple:
+            raise _WrongJsonType("an array", value)
+        items: Sequence[Any] = value  # type: ignore[assignment]
+        if not homogeneous and len(items) != len(item_types):
+            raise _WrongArrayLength(f"expected an array of {len(item_types)} items, got {len(items)}")
+        result = []
+        errors: list[Exception] = []
+        for index, item in enumerate(items):
+            slot = 0 if homogeneous else index
+            try:
+                result.append(hooks[slot](item, item_types[slot]))
+            except Exception as exc:
+                exc.__notes__ = [
+                    *getattr(exc, "__notes__", []),
+                    IterableValidationNote(f"Structuring {cl} @ index {index}", index, item_types[slot]),
+                ]
+                errors.append(exc)
+        if errors:
+            raise IterableValidationError(f"While structuring {cl!r}", errors, cl)
+        return tuple(result)
+
+    return structure
+
+
+def make_converter() -> cattrs.Converter:
+    """Build the one converter of the protocol (called once, at import).
+
+    Returns:
+        A converter that structures :data:`Message` from decoded JSON strictly and
+        unstructures messages to JSON-ready dicts with their ``"type"`` tag.
+    """
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    converter.register_structure_hook(str, _structure_str)
+    converter.register_structure_hook(int, _structure_int)
+    converter.register_structure_hook(bool, _structure_bool)
+    converter.register_structure_hook_func(_is_json_object, _structure_json_object)
+    converter.register_unstructure_hook_func(_is_json_object, lambda value: value)
+    converter.register_structure_hook_factory(lambda t: get_origin(t) is tuple, _make_tuple_hook)
+    configure_tagged_union(Message, converter, tag_generator=MESSAGE_TYPES.__getitem__, tag_name="type")
+    # The strategy appends the tag after the fields; put it first instead, so a
+    # frame in a log or a capture says what it is before it says anything else.
+    member_hooks = {cls: converter.get_unstructure_hook(cls) for cls in MESSAGE_TYPES}
+
+    def unstructure_message(message: Message) -> dict[str, Any]:
+        cls = type(message)
+        return {"type": MESSAGE_TYPES[cls], **member_hooks[cls](message)}
+
+    converter.register_unstructure_hook(Message, unstructure_message)
+    return converter
+
+
+_CONVERTER: Final = make_converter()
+_structure_message: Final = _CONVERTER.get_structure_hook(Message)
+_unstructure_message: Final = _CONVERTER.get_unstructure_hook(Message)
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def encode(message: Message) -> str:
+    """Encode one message as a compact JSON text frame.
+
+    Every field is emitted, optional ones as ``null`` when unset.
+
+    Args:
+        message: Any message class of this package.
+
+    Returns:
+        The JSON text, with ``"type"`` set to the message's tag.
+
+    Raises:
+        TypeError: ``message`` is not a wire message, or a JSON object it holds
+            contains a value JSON cannot represent.
+        ValueError: a JSON object it holds contains NaN or infinity.
+    """
+    if type(message) not in MESSAGE_TYPES:
+        raise TypeError(f"encode() expects a wire message, got {type(message).__name__}")
+    return _ENCODER.encode(_unstructure_message(message))
+
+
+def _format_exception(exc: BaseException, type_: type | None) -> str:
+    if isinstance(exc, (_WrongJsonType, _WrongArrayLength)):
+        return str(exc)
+    if isinstance(exc, ValueError) and type_ is None:
+        # Raised by a message validator (value rules); its text names the field.
+        return str(exc)
+    return cattrs.v.format_exception(exc, type_)
+
+
+def _problems(exc: Exception) -> str:
+    try:
+        return "; ".join(cattrs.transform_error(exc, format_exception=_format_exception))
+    except Exception:  # an error shape transform_error does not know: still readable
+        return f"{type(exc).__name__}: {exc}"
+
+
+def decode(data: str | bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Decode one frame into a message.
+
+    Checks, in order: size (UTF-8 bytes), UTF-8 (for ``bytes``), JSON syntax,
+    a JSON object, a known ``"type"``, then every field (required, no extra keys,
+    exact JSON types) and the value rules of the message class.
+
+    Args:
+        data: One WebSocket frame.
+        max_bytes: The largest frame accepted, in UTF-8 bytes.
+
+    Returns:
+        The message.
+
+    Raises:
+        ProtocolError: The frame is not a valid message; ``reason`` says why and
+            names the field, ``close_code`` is 1009 when too large, else 1002.
+            No other exception escapes.
+    """
+    size = len(data)
+    if isinstance(data, str) and size * 4 > max_bytes:
+        # UTF-8 needs 1 to 4 bytes per code point: only measure when it can matter.
+        size = len(data.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ProtocolError(f"message too large: {size} bytes > {max_bytes}", close_code=CLOSE_TOO_BIG)
+    try:
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"frame is not valid UTF-8: {exc.reason} at byte {exc.start}") from None
+    try:
+        obj = _DECODER.decode(text)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"malformed JSON: {exc}") from None
+    if type(obj) is not dict:
+        raise ProtocolError(f"expected a JSON object, got {_json_type_name(obj)}")
+    if "type" not in obj:
+        raise ProtocolError("missing message type (field 'type')")
+    tag = obj["type"]
+    if type(tag) is not str or tag not in _CLASS_OF_TAG:
+        raise ProtocolError(f"unknown message type {tag!r} (field 'type')")
+    try:
+        return _structure_message(obj, Message)  # type: ignore[no-any-return]
+    except Exception as exc:
+        raise ProtocolError(f"invalid {tag} message: {_problems(exc)}") from None

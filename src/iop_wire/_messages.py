@@ -1,0 +1,295 @@
+"""The messages of the Edge–Node wire protocol v1 (contract: ``docs/wire.md``).
+
+Every message is a frozen attrs value. Field types are checked by the codec when
+a frame is decoded; the rules that involve values (allowed statuses, endpoints and
+codes, "code required iff status != ok") are attrs validators, so they hold both
+for decoded messages and for messages built in Python: an invalid message cannot
+be constructed, hence never encoded.
+
+Base64 payloads (``TunnelChunk.data``, ``TunnelRequest.body``) are *not* checked
+when decoding, to keep the per-chunk cost low; :meth:`TunnelChunk.payload` and
+:meth:`TunnelRequest.body_bytes` check them when the bytes are needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Final, Union, final
+
+import attrs
+
+from ._errors import ProtocolError
+
+PROTOCOL_VERSION: Final = 1
+"""The protocol version a node announces in :class:`Register`."""
+
+MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
+"""Default limit for one text frame, in UTF-8 bytes."""
+
+ERROR_CODES: Final = (
+    "concurrency_limit",
+    "upstream_error",
+    "upstream_unreachable",
+    "bad_request",
+    "cancelled",
+)
+"""The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries."""
+
+REJECT_CODES: Final = ("bad_token", "protocol_mismatch", "unknown_node", "duplicate", "bad_message")
+"""The codes of a ``rejected`` answer to ``register``."""
+
+END_STATUSES: Final = ("ok", "error", "cancelled")
+"""The statuses of ``run_end`` and ``tunnel_end``."""
+
+ENDPOINTS: Final = ("chat/completions", "completions")
+"""The OpenAI endpoints a ``run`` can target."""
+
+
+def _one_of(allowed: tuple[str, ...]) -> Any:
+    """An attrs validator: the value is one of ``allowed``."""
+
+    def validate(instance: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value not in allowed:
+            raise ValueError(f"{attribute.name} must be one of {', '.join(allowed)}; got {value!r}")
+
+    return validate
+
+
+def _validate_end_code(instance: RunEnd | TunnelEnd, attribute: attrs.Attribute[Any], code: str | None) -> None:
+    """The ``code`` of a ``run_end`` / ``tunnel_end``: required iff ``status != "ok"``."""
+    status = instance.status
+    if status == "ok":
+        if code is not None:
+            raise ValueError(f"code must be omitted when status is 'ok'; got {code!r}")
+    elif code is None:
+        raise ValueError(f"code is required when status is {status!r}")
+    elif code not in ERROR_CODES:
+        raise ValueError(f"code must be one of {', '.join(ERROR_CODES)}; got {code!r}")
+    elif status == "cancelled" and code != "cancelled":
+        raise ValueError(f"code must be 'cancelled' when status is 'cancelled'; got {code!r}")
+
+
+def _encode_base64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _decode_base64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        # ValueError: non-ASCII characters in ``text``.
+        raise ProtocolError(f"{what} is not valid base64: {exc}") from None
+
+
+# --------------------------------------------------------------------------- Node -> Edge
+
+
+@final
+@attrs.frozen
+class ProviderInfo:
+    """One provider a node offers, as announced in :class:`Register` (untagged)."""
+
+    id: str
+    adapter: str
+    capacity: int
+
+
+@final
+@attrs.frozen
+class Register:
+    """``register``: the node's first message on every connection.
+
+    ``token`` never appears in ``repr()``.
+    """
+
+    node_id: str
+    token: str = attrs.field(repr=False)
+    protocol: int
+    providers: tuple[ProviderInfo, ...]
+
+
+@final
+@attrs.frozen
+class Heartbeat:
+    """``heartbeat``: sent by the node every heartbeat interval after ``registered``."""
+
+    seq: int
+
+
+@final
+@attrs.frozen
+class RunEvent:
+    """``run_event``: one upstream chunk (stream) or the whole response (non-stream)."""
+
+    run_id: str
+    data: dict[str, Any]
+
+
+@final
+@attrs.frozen
+class RunEnd:
+    """``run_end``: the last message of a run.
+
+    ``status`` is ``"ok"``, ``"error"`` or ``"cancelled"``; ``code`` (one of
+    :data:`ERROR_CODES`) is required iff ``status != "ok"``, and is
+    ``"cancelled"`` when ``status`` is ``"cancelled"``.
+    """
+
+    run_id: str
+    status: str = attrs.field(validator=_one_of(END_STATUSES))
+    code: str | None = attrs.field(default=None, validator=_validate_end_code)
+    message: str | None = None
+    upstream_status: int | None = None
+
+
+@final
+@attrs.frozen
+class TunnelStart:
+    """``tunnel_start``: the upstream answered a tunnel request with this status and headers."""
+
+    run_id: str
+    status: int
+    headers: tuple[tuple[str, str], ...]
+
+
+@final
+@attrs.frozen
+class TunnelChunk:
+    """``tunnel_chunk``: raw upstream body bytes, base64 in ``data``."""
+
+    run_id: str
+    data: str
+
+    @classmethod
+    def from_bytes(cls, run_id: str, raw: bytes) -> TunnelChunk:
+        """Build a chunk carrying ``raw`` (base64-encodes it)."""
+        return cls(run_id, _encode_base64(raw))
+
+    def payload(self) -> bytes:
+        """The raw bytes of this chunk.
+
+        Raises:
+            ProtocolError: ``data`` is not valid base64.
+        """
+        return _decode_base64(self.data, f"tunnel_chunk {self.run_id!r}: data")
+
+
+@final
+@attrs.frozen
+class TunnelEnd:
+    """``tunnel_end``: the last message of a tunnel request (same status/code rules as :class:`RunEnd`)."""
+
+    run_id: str
+    status: str = attrs.field(validator=_one_of(END_STATUSES))
+    code: str | None = attrs.field(default=None, validator=_validate_end_code)
+    message: str | None = None
+
+
+# --------------------------------------------------------------------------- Edge -> Node
+
+
+@final
+@attrs.frozen
+class Registered:
+    """``registered``: the Edge accepted the registration as ``generation``.
+
+    The node heartbeats every ``min(its configured interval, heartbeat_interval_ms)``.
+    """
+
+    node_id: str
+    generation: int
+    heartbeat_interval_ms: int
+
+
+@final
+@attrs.frozen
+class Rejected:
+    """``rejected``: the Edge refused the registration, then closes with 1008."""
+
+    code: str = attrs.field(validator=_one_of(REJECT_CODES))
+    reason: str
+    retryable: bool
+
+
+@final
+@attrs.frozen
+class Run:
+    """``run``: execute one OpenAI request on ``provider``.
+
+    ``body["model"]`` is already the upstream model name and ``body["stream"]`` equals ``stream``.
+    """
+
+    run_id: str
+    provider: str
+    endpoint: str = attrs.field(validator=_one_of(ENDPOINTS))
+    body: dict[str, Any]
+    stream: bool
+
+
+@final
+@attrs.frozen
+class Cancel:
+    """``cancel``: stop the run or tunnel ``run_id`` (ignored if it already ended)."""
+
+    run_id: str
+
+
+@final
+@attrs.frozen
+class TunnelRequest:
+    """``tunnel_request``: one raw HTTP request to a provider's native API; ``body`` is base64."""
+
+    run_id: str
+    provider: str
+    method: str
+    path: str
+    headers: tuple[tuple[str, str], ...] = ()
+    body: str = ""
+
+    @classmethod
+    def from_bytes(
+        cls,
+        run_id: str,
+        provider: str,
+        method: str,
+        path: str,
+        headers: tuple[tuple[str, str], ...] = (),
+        body: bytes = b"",
+    ) -> TunnelRequest:
+        """Build a tunnel request whose body is ``body`` (base64-encodes it)."""
+        return cls(run_id, provider, method, path, headers, _encode_base64(body))
+
+    def body_bytes(self) -> bytes:
+        """The raw request body.
+
+        Raises:
+            ProtocolError: ``body`` is not valid base64.
+        """
+        return _decode_base64(self.body, f"tunnel_request {self.run_id!r}: body")
+
+
+NodeMessage = Union[Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd]
+"""Every message a node sends."""
+
+EdgeMessage = Union[Registered, Rejected, Run, Cancel, TunnelRequest]
+"""Every message the Edge sends."""
+
+Message = Union[NodeMessage, EdgeMessage]
+"""Every message of the protocol."""
+
+MESSAGE_TYPES: Final[dict[type[Any], str]] = {
+    Register: "register",
+    Heartbeat: "heartbeat",
+    RunEvent: "run_event",
+    RunEnd: "run_end",
+    TunnelStart: "tunnel_start",
+    TunnelChunk: "tunnel_chunk",
+    TunnelEnd: "tunnel_end",
+    Registered: "registered",
+    Rejected: "rejected",
+    Run: "run",
+    Cancel: "cancel",
+    TunnelRequest: "tunnel_request",
+}
+"""The ``"type"`` tag of each message class."""
