@@ -25,6 +25,7 @@ from typing import Any, Final, get_args, get_origin
 import cattrs
 from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.strategies import configure_tagged_union
+from cattrs.v import format_exception as cattrs_format_exception
 
 from ._errors import CLOSE_TOO_BIG, ProtocolError
 from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message
@@ -185,7 +186,7 @@ def _format_exception(exc: BaseException, type_: type | None) -> str:
     if isinstance(exc, ValueError) and type_ is None:
         # Raised by a message validator (value rules); its text names the field.
         return str(exc)
-    return cattrs.v.format_exception(exc, type_)
+    return cattrs_format_exception(exc, type_)
 
 
 def _problems(exc: Exception) -> str:
@@ -234,7 +235,8 @@ def decode(data: str | bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise ProtocolError("missing message type (field 'type')")
     tag = obj["type"]
     if type(tag) is not str or tag not in _CLASS_OF_TAG:
-        raise ProtocolError(f"unknown message type {tag!r} (field 'type')")
+        shown = repr(tag) if len(repr(tag)) <= 40 else repr(tag)[:37] + "..."
+        raise ProtocolError(f"unknown message type {shown} (field 'type')")
     try:
         return _structure_message(obj, Message)  # type: ignore[no-any-return]
     except Exception as exc:

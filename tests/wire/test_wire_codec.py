@@ -180,6 +180,7 @@ BAD_FRAMES = [
     ('{"type":"Cancel","run_id":"r"}', "unknown message type 'Cancel'"),
     ('{"type":5,"run_id":"r"}', "unknown message type 5"),
     ('{"type":["cancel"],"run_id":"r"}', "unknown message type ['cancel']"),
+    ('{"type":"' + "x" * 1000 + '"}', "unknown message type 'xxxxxxxx"),
     # missing field
     ('{"type":"heartbeat"}', "invalid heartbeat message: required field missing @ $.seq"),
     (_register(providers=[{"id": "gpu0", "adapter": "openai"}]), "required field missing @ $.providers[0].capacity"),
@@ -231,6 +232,12 @@ def test_bad_frame_raises_protocol_error_naming_the_problem(frame: str | bytes, 
     assert reason_part in info.value.reason
     assert str(info.value) == info.value.reason
     assert info.value.close_code == CLOSE_PROTOCOL_ERROR
+
+
+def test_unknown_type_reason_stays_short() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(json.dumps({"type": "x" * 10_000}))
+    assert len(info.value.reason) < 100
 
 
 def test_every_field_error_is_reported_at_once() -> None:
