@@ -1,0 +1,93 @@
+"""``iop-node --config node.yaml``: the Node daemon.
+
+Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM; on Windows also
+SIGBREAK, which Python raises for Ctrl+Break and console close); 2 when the
+config cannot be loaded (any problem, including a missing token); 3 when the
+Edge rejects the registration for good (bad token, protocol mismatch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+from iop_config import ConfigFileError
+
+from ._client import EdgeClient
+from ._errors import RegistrationRejected
+from ._runtime import NodeRuntime
+from .config import NodeConfig, load_node_config
+
+logger = logging.getLogger("iop_node")
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_REJECTED = 3
+HARD_STOP_AFTER = 1.5
+"""Seconds after a shutdown signal before everything is cancelled regardless."""
+
+
+def shutdown_signals() -> tuple[signal.Signals, ...]:
+    """The signals that shut the node down gracefully on this platform."""
+    names = ("SIGINT", "SIGTERM", "SIGBREAK")
+    return tuple(getattr(signal, name) for name in names if hasattr(signal, name))
+
+
+async def serve_node(config: NodeConfig) -> int:
+    """Run the node until a shutdown signal or a final rejection; return the exit code.
+
+    Checkpoints. On a shutdown signal every run is cancelled, a close 1001 is
+    sent to the Edge, the upstream pools are closed, and 0 is returned.
+    """
+    exit_code = EXIT_OK
+    with trio.open_signal_receiver(*shutdown_signals()) as signals:
+        async with NodeRuntime.from_config(config) as runtime:
+            client = EdgeClient(config, runtime)
+            async with trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        logger.info("%s received, shutting down", signal.Signals(signum).name)
+                        client.shutdown()
+                        # Hard stop if the graceful path somehow hangs.
+                        await trio.sleep(HARD_STOP_AFTER)
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(stop_on_signal)
+                try:
+                    await client.run()
+                except RegistrationRejected as exc:
+                    logger.error("giving up: %s", exc)
+                    exit_code = EXIT_REJECTED
+                nursery.cancel_scope.cancel()
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point of ``iop-node``."""
+    parser = argparse.ArgumentParser(prog="iop-node", description="IOP node daemon: serves local backends to the Edge.")
+    parser.add_argument("--config", required=True, help="path to node.yaml")
+    parser.add_argument("--log-level", default="INFO", help="python logging level (default INFO)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = load_node_config(args.config)
+    except ConfigFileError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    except OSError as exc:
+        print(f"{args.config}: cannot read config: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(trio.run(serve_node, config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The one interface every adapter implements.
+
+An adapter turns a normalized run (an OpenAI request body for
+``chat/completions`` or ``completions``) or a raw tunnel request into upstream
+I/O. It never touches the gate or the wire: the session takes the permit before
+calling it and maps its :class:`~iop_node.RunFailed` errors to wire codes.
+
+Both methods are async generators. Callers must iterate them inside
+``contextlib.aclosing`` so the upstream request is closed at once when the run
+ends early (cancel, connection drop, send failure). Adapters never yield from
+inside a cancel scope or nursery, which keeps that pattern safe under trio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, final
+
+import attrs
+from iop_wire import ENDPOINTS
+
+from ._errors import BadRunRequest
+
+
+@final
+@attrs.frozen
+class TunnelHead:
+    """The status line and headers of a tunnelled upstream response."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+
+
+class Adapter(Protocol):
+    """What the session and the runtime need from an adapter."""
+
+    def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[dict[str, Any]]:
+        """Yield the upstream's response objects for one normalized run.
+
+        A streamed run yields one OpenAI chunk object per upstream event; a
+        non-stream run yields exactly one complete response object. Every
+        ``await`` inside checkpoints; cancellation closes the upstream request.
+
+        Raises:
+            BadRunRequest: unknown endpoint or unusable body.
+            UpstreamUnreachable: connection error or timeout.
+            UpstreamFailed: non-2xx answer or unreadable body.
+        """
+        ...
+
+    def tunnel(
+        self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> AsyncIterator[TunnelHead | bytes]:
+        """Forward one raw request to the upstream's native API.
+
+        Yields one :class:`TunnelHead` first, then the raw response body in
+        chunks. Any upstream status is passed through; only transport failures
+        raise. Cancellation closes the upstream request.
+
+        Raises:
+            BadRunRequest: unusable method or path.
+            UpstreamUnreachable: connection error or timeout.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release the adapter's resources (its HTTP connection pool).
+
+        Checkpoints; meant to run once at shutdown.
+        """
+        ...
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Raise :class:`~iop_node.BadRunRequest` unless ``endpoint`` is a run endpoint."""
+    if endpoint not in ENDPOINTS:
+        raise BadRunRequest(f"unknown endpoint {endpoint!r}; expected one of {', '.join(ENDPOINTS)}")

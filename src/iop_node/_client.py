@@ -1,0 +1,210 @@
+"""The reconnect loop: open a connection, serve it with an EdgeSession, back off, repeat.
+
+:class:`EdgeClient` is deliberately thin. How a connection is opened is
+injectable (``connect``), so tests and simulations can hand it in-memory
+WebSocket connections; everything that happens on a connection lives in
+:class:`~iop_node.EdgeSession`.
+
+Backoff: after any failed attempt or drop the client waits
+``min(max_ms, initial_ms * 2**attempt)`` with +-``jitter`` relative jitter
+(defaults 0.1 s doubling to 5 s, +-20 %), so a fleet of nodes does not
+reconnect in lockstep after an Edge restart. A successful registration resets
+the attempt counter. A non-retryable rejection (bad token, protocol mismatch)
+ends the loop with :class:`~iop_node.RegistrationRejected`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import final
+
+import attrs
+import trio
+from iop_wire import MAX_MESSAGE_BYTES
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
+
+from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout
+from ._runtime import NodeRuntime
+from ._session import CLOSE_TIMEOUT, EdgeSession
+from .config import NodeConfig, ReconnectConfig
+
+logger = logging.getLogger("iop_node")
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds to open the TCP connection and, again, for the WebSocket handshake."""
+
+Connector = Callable[[trio.Nursery], AbstractAsyncContextManager[WebSocketConnection]]
+"""Opens one WebSocket connection to the Edge as an async context manager.
+
+It is given a nursery for the connection's background task (trio-websocket's
+reader), like ``trio_websocket.wrap_client_stream(nursery, stream, ...)``. That
+nursery outlives the session, so the reader can still complete the closing
+handshake after a shutdown cancelled the session. A simulation can wrap
+``trio.testing.memory_stream_pair`` streams with ``wrap_client_stream`` here.
+"""
+
+
+def backoff_delay(attempt: int, policy: ReconnectConfig, rng: random.Random) -> float:
+    """Seconds to wait before connection attempt ``attempt + 1`` (``attempt`` >= 0).
+
+    ``min(max_ms, initial_ms * 2**attempt)`` scaled by a uniform factor in
+    ``[1 - jitter, 1 + jitter]``.
+    """
+    base = min(policy.max_ms, policy.initial_ms * 2 ** min(attempt, 62)) / 1000
+    return base * rng.uniform(1 - policy.jitter, 1 + policy.jitter)
+
+
+def websocket_connector(url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -> Connector:
+    """Return a connector that opens ``url`` (``ws://`` or ``wss://``).
+
+    The connector owns the TCP stream and always closes it on exit. (With
+    ``open_websocket_url``, a client whose peer closed the WebSocket first
+    never closes its own socket: trio-websocket 0.12 leaves that to the
+    garbage collector.) Frames up to :data:`iop_wire.MAX_MESSAGE_BYTES` are
+    accepted.
+
+    Raises (on entering the returned context manager):
+        OSError: the TCP connection failed.
+        trio.TooSlowError: connecting and the handshake took longer than
+            ``connect_timeout`` seconds.
+        trio_websocket.HandshakeError: the server refused the WebSocket handshake.
+    """
+    parts = urllib.parse.urlsplit(url)
+    secure = parts.scheme == "wss"
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if secure else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+    @asynccontextmanager
+    async def connect(nursery: trio.Nursery) -> AsyncIterator[WebSocketConnection]:
+        with trio.fail_after(connect_timeout):
+            if secure:
+                stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=ssl.create_default_context()
+                )
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+        try:
+            with trio.fail_after(connect_timeout):
+                ws = await wrap_client_stream(
+                    nursery, stream, host, resource, max_message_size=MAX_MESSAGE_BYTES  # type: ignore[arg-type]
+                )
+            try:
+                yield ws
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                    await ws.aclose()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                await stream.aclose()
+
+    return connect
+
+
+@final
+@attrs.define(eq=False)
+class EdgeClient:
+    """Keeps the node connected and registered to the Edge.
+
+    Attributes:
+        config: the node's config.
+        runtime: gate and adapters, shared by every connection.
+        connect: opens one connection; defaults to ``config.edge_url``.
+        rng: jitter source (seed it in tests).
+        session: the session of the current connection, if any.
+        connections: number of connections opened so far.
+        session_registered: whether the last connection got ``registered``.
+    """
+
+    config: NodeConfig
+    runtime: NodeRuntime
+    connect: Connector | None = None
+    rng: random.Random = attrs.field(factory=random.Random)
+    session: EdgeSession | None = attrs.field(default=None, init=False)
+    connections: int = attrs.field(default=0, init=False)
+    session_registered: bool = attrs.field(default=False, init=False)
+    _stopping: bool = attrs.field(default=False, init=False)
+    _current: trio.CancelScope | None = attrs.field(default=None, init=False)
+
+    async def run(self) -> None:
+        """Connect, register and serve, reconnecting with backoff, until :meth:`shutdown`.
+
+        Checkpoints. :meth:`shutdown` cancels the current session (its runs are
+        cancelled, a close 1001 goes to the Edge while the connection's reader
+        is still alive to complete the closing handshake) and makes this
+        return. Cancelling the caller instead also ends everything, but the
+        closing handshake then waits out :data:`CLOSE_TIMEOUT`.
+
+        Raises:
+            RegistrationRejected: the Edge rejected the registration and said
+                retrying will not help.
+        """
+        connect = self.connect or websocket_connector(self.config.edge_url)
+        token = self.config.resolved_token()
+        attempt = 0
+        rejected: RegistrationRejected | None = None
+        async with trio.open_nursery() as connection_tasks:
+            try:
+                while not self._stopping:
+                    problem = await self._attempt(connect, connection_tasks, token)
+                    if self.session_registered:
+                        attempt = 0
+                    if self._stopping:
+                        break
+                    delay = backoff_delay(attempt, self.config.reconnect, self.rng)
+                    attempt += 1
+                    logger.info("%s; reconnecting in %.2f s", problem, delay)
+                    with self._phase():
+                        await trio.sleep(delay)
+            except RegistrationRejected as exc:
+                rejected = exc  # re-raised below, outside the nursery (no ExceptionGroup)
+            connection_tasks.cancel_scope.cancel()
+        if rejected is not None:
+            raise rejected
+
+    async def _attempt(self, connect: Connector, connection_tasks: trio.Nursery, token: str) -> str:
+        """One connection: connect, serve, close. Returns why it ended (for the log)."""
+        logger.info("connecting to %s", self.config.edge_url)
+        self.session_registered = False
+        try:
+            with self._phase():
+                async with connect(connection_tasks) as ws:
+                    self.connections += 1
+                    self.session = EdgeSession(ws, self.config, self.runtime, token)
+                    try:
+                        await self.session.serve()
+                    finally:
+                        self.session_registered = self.session.registered is not None
+                        self.session = None
+            return "connection closed"
+        except RegistrationRejected as exc:
+            if not exc.retryable:
+                raise
+            return str(exc)
+        except (
+            OSError,
+            trio.TooSlowError,
+            HandshakeError,
+            ConnectionClosed,
+            EdgeProtocolViolation,
+            RegistrationTimeout,
+        ) as exc:
+            return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+    def shutdown(self) -> None:
+        """Stop :meth:`run`: cancel the current session or backoff and return. Idempotent."""
+        self._stopping = True
+        if self._current is not None:
+            self._current.cancel()
+
+    def _phase(self) -> trio.CancelScope:
+        """A fresh cancel scope that :meth:`shutdown` cancels (already cancelled if stopping)."""
+        self._current = trio.CancelScope()
+        if self._stopping:
+            self._current.cancel()
+        return self._current

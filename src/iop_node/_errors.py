@@ -1,0 +1,81 @@
+"""Errors of the Node daemon, each named for what happened.
+
+A run fails with one :class:`RunFailed` subclass; its ``code`` is the wire
+error code the session puts into ``run_end`` / ``tunnel_end`` (one mapping, in
+one place). Registration outcomes are separate: they end a connection, not a run.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, final
+
+
+class NodeError(Exception):
+    """Base class of every error :mod:`iop_node` raises on purpose."""
+
+
+class RunFailed(NodeError):
+    """A run or tunnel request failed; ``code`` is its wire error code."""
+
+    code: ClassVar[str]
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+@final
+class BadRunRequest(RunFailed):
+    """The run cannot be served as asked (unknown provider, endpoint or path)."""
+
+    code = "bad_request"
+
+
+@final
+class UpstreamUnreachable(RunFailed):
+    """The upstream could not be reached, timed out, or dropped the connection."""
+
+    code = "upstream_unreachable"
+
+
+@final
+class UpstreamFailed(RunFailed):
+    """The upstream answered with a non-2xx status or an unreadable body.
+
+    Attributes:
+        status: the upstream's HTTP status, or None when the status was 2xx
+            but the body could not be understood.
+    """
+
+    code = "upstream_error"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@final
+class RegistrationRejected(NodeError):
+    """The Edge answered ``rejected``.
+
+    Attributes:
+        code: the reject code (``bad_token``, ``protocol_mismatch``, ...).
+        reason: the Edge's human-readable reason.
+        retryable: whether reconnecting later may succeed.
+    """
+
+    def __init__(self, code: str, reason: str, retryable: bool) -> None:
+        self.code = code
+        self.reason = reason
+        self.retryable = retryable
+        super().__init__(f"registration rejected: {code}: {reason}")
+
+
+@final
+class RegistrationTimeout(NodeError):
+    """The Edge did not answer ``register`` in time."""
+
+
+@final
+class EdgeProtocolViolation(NodeError):
+    """The Edge sent something the protocol does not allow; the node closed the socket."""

@@ -1,0 +1,301 @@
+"""HTTP upstream access shared by the ``openai`` and ``ollama`` adapters.
+
+One :class:`HttpUpstream` per provider owns one ``httpx.AsyncClient`` whose pool
+is sized to the provider's capacity. A single pool shared by all providers was
+measured on this project to collapse from ~2,200 to ~230 requests/s at 64
+concurrent requests, and the gate never lets more than ``capacity`` requests
+reach one provider anyway, so a per-provider pool never makes a request wait.
+
+Error mapping lives here, once: transport errors and timeouts become
+:class:`UpstreamUnreachable`; a non-2xx answer becomes :class:`UpstreamFailed`
+carrying the status and the upstream's own message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing, asynccontextmanager, contextmanager
+from typing import Any, final
+
+import attrs
+import httpx
+
+from ._adapter import TunnelHead
+from ._errors import BadRunRequest, UpstreamFailed, UpstreamUnreachable
+from .config import ProviderConfig
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# httpx sets these itself from the URL and the body it sends.
+_REQUEST_OWNED = _HOP_BY_HOP | {"host", "content-length"}
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+@final
+@attrs.define(eq=False)
+class HttpUpstream:
+    """One provider's HTTP client plus the server root for tunnel requests.
+
+    Attributes:
+        client: the provider's own ``httpx.AsyncClient``.
+        root: the server root that tunnel paths are appended to (no trailing slash).
+    """
+
+    client: httpx.AsyncClient
+    root: str
+
+    @classmethod
+    def for_provider(
+        cls,
+        provider: ProviderConfig,
+        root: str,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> HttpUpstream:
+        """Build the client for ``provider``: pool sized to its capacity, its timeouts.
+
+        Args:
+            provider: the provider's config.
+            root: server root for tunnel paths.
+            transport: replaces the network transport (tests use ``httpx.MockTransport``).
+        """
+        timeout = httpx.Timeout(
+            provider.timeout_ms / 1000,
+            connect=provider.connect_timeout_ms / 1000,
+            pool=provider.connect_timeout_ms / 1000,
+        )
+        limits = httpx.Limits(
+            max_connections=provider.capacity,
+            max_keepalive_connections=provider.capacity,
+        )
+        client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        return cls(client=client, root=root.rstrip("/"))
+
+    @asynccontextmanager
+    async def post_json(self, url: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
+        """Open a streaming ``POST url`` with a JSON body; yield the 2xx response.
+
+        Checkpoints. Transport errors raised while the caller reads the body are
+        mapped too. Leaving the block (also by cancellation) closes the request.
+
+        Raises:
+            UpstreamUnreachable: connection error or timeout.
+            UpstreamFailed: the upstream answered non-2xx.
+        """
+        with _transport_errors_mapped():
+            async with self.client.stream("POST", url, json=body) as response:
+                if not response.is_success:
+                    raise await _failure_of(response)
+                yield response
+
+    async def tunnel(
+        self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> AsyncIterator[TunnelHead | bytes]:
+        """Forward a raw request to ``root + path``; yield the head, then raw body chunks.
+
+        Any upstream status is passed through. The body is relayed as received
+        (``aiter_raw``), so ``content-encoding`` stays true. Hop-by-hop headers
+        are dropped both ways. Checkpoints; closing or cancelling the generator
+        closes the upstream request.
+
+        Raises:
+            BadRunRequest: the method is not an HTTP token or the path is not
+                an absolute path on the server root.
+            UpstreamUnreachable: connection error or timeout.
+        """
+        if not method.isascii() or not method.isalpha():
+            raise BadRunRequest(f"bad tunnel method {method!r}")
+        if not path.startswith("/") or path.startswith("//"):
+            raise BadRunRequest(f"tunnel path must start with a single '/', got {path!r}")
+        request = self.client.build_request(
+            method.upper(),
+            self.root + path,
+            headers=[(k, v) for k, v in headers if k.lower() not in _REQUEST_OWNED],
+            content=body,
+        )
+        with _transport_errors_mapped():
+            response = await self.client.send(request, stream=True)
+            async with aclosing(BodyStream(response, raw=True)) as body:
+                yield TunnelHead(
+                    status=response.status_code,
+                    headers=tuple(
+                        (k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_BY_HOP
+                    ),
+                )
+                while (chunk := await body.next_chunk()) is not None:
+                    yield chunk
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Checkpoints."""
+        await self.client.aclose()
+
+
+@final
+class BodyStream:
+    """Reads a streaming ``httpx`` response body by chunks or by lines.
+
+    Why not ``response.aiter_lines()`` directly: httpx implements its body
+    iterators as nested async generators (encode/httpx#3686). Leaving one early
+    -- a cancelled run, ``[DONE]``, a send failure -- abandons the inner ones
+    half-run, and trio's async-generator finalizer then warns and closes them
+    later from a system task. :meth:`aclose` instead closes the response and
+    steps the httpx iterator until it ends, so every generator of the chain
+    finishes at once, in this task. Use it as ``async with aclosing(body):``.
+
+    Args:
+        response: a response opened with ``stream=True``.
+        raw: yield the bytes as received (no content decoding), for tunnels.
+    """
+
+    def __init__(self, response: httpx.Response, *, raw: bool = False) -> None:
+        self._response = response
+        self._chunks = response.aiter_raw() if raw else response.aiter_bytes()
+        self._buffer = b""
+        self._lines: deque[bytes] = deque()
+        self._ended = False
+
+    async def next_chunk(self) -> bytes | None:
+        """Return the next body chunk, or None at the end. Checkpoints.
+
+        Raises:
+            httpx.TransportError: the upstream connection failed.
+        """
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    async def next_line(self) -> str | None:
+        """Return the next line without its line ending, or None at the end. Checkpoints.
+
+        Raises:
+            httpx.TransportError: the upstream connection failed.
+        """
+        while not self._lines:
+            if self._ended:
+                return None
+            chunk = await self.next_chunk()
+            if chunk is None:
+                self._ended = True
+                if self._buffer:
+                    self._lines.append(self._buffer)
+                    self._buffer = b""
+                continue
+            *lines, self._buffer = (self._buffer + chunk).split(b"\n")
+            self._lines.extend(lines)
+        return self._lines.popleft().rstrip(b"\r").decode("utf-8", "replace")
+
+    async def aclose(self) -> None:
+        """Close the response and finish httpx's body iterator.
+
+        Checkpoints. If the caller is cancelled, ``Cancelled`` is raised from
+        inside the iterator chain, which finishes it too, and propagates.
+        """
+        await self._response.aclose()
+        while True:
+            try:
+                await self._chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except Exception:  # the closed connection fails the read: the chain is finished
+                return
+
+
+class HttpAdapter:
+    """Base of the HTTP adapters: tunnel and close through :attr:`http`."""
+
+    http: HttpUpstream
+
+    def tunnel(
+        self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> AsyncIterator[TunnelHead | bytes]:
+        """Forward a raw request to the server root. See :meth:`iop_node.Adapter.tunnel`."""
+        return self.http.tunnel(method, path, headers, body)
+
+    async def aclose(self) -> None:
+        """Close the provider's connection pool. Checkpoints."""
+        await self.http.aclose()
+
+
+async def read_object(response: httpx.Response) -> dict[str, Any]:
+    """Read the whole body and return it as a JSON object. Checkpoints.
+
+    Raises:
+        UpstreamFailed: the body is not a JSON object.
+    """
+    return parse_object(await response.aread())
+
+
+def parse_object(data: str | bytes) -> dict[str, Any]:
+    """Parse one upstream JSON object.
+
+    Raises:
+        UpstreamFailed: ``data`` is not a JSON object.
+    """
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise UpstreamFailed(f"upstream sent invalid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UpstreamFailed(f"upstream sent JSON {type(value).__name__}, expected an object")
+    return value
+
+
+def error_message(value: dict[str, Any]) -> str | None:
+    """Return the message of an OpenAI (``{"error": {"message"}}``) or Ollama
+    (``{"error": "..."}``) error object, or None when ``value`` is not one."""
+    error = value.get("error")
+    if isinstance(error, dict):
+        message = error.get("message")
+        return str(message) if message is not None else json.dumps(error)
+    if isinstance(error, str):
+        return error
+    return None
+
+
+async def _failure_of(response: httpx.Response) -> UpstreamFailed:
+    body = bytearray()
+    async with aclosing(BodyStream(response)) as stream:
+        while len(body) < _ERROR_BODY_LIMIT and (chunk := await stream.next_chunk()) is not None:
+            body += chunk
+    text = body[:_ERROR_BODY_LIMIT].decode("utf-8", "replace").strip()
+    message = None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        pass
+    else:
+        if isinstance(value, dict):
+            message = error_message(value)
+    if not message:
+        message = text or response.reason_phrase or f"HTTP {response.status_code}"
+    return UpstreamFailed(message, status=response.status_code)
+
+
+@contextmanager
+def _transport_errors_mapped() -> Iterator[None]:
+    """Map ``httpx`` transport errors and timeouts to :class:`UpstreamUnreachable`.
+
+    A sync context manager: it may wrap a ``yield`` of an async generator
+    without holding a cancel scope across it.
+    """
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise UpstreamUnreachable(f"upstream timed out ({type(exc).__name__})") from None
+    except httpx.TransportError as exc:
+        raise UpstreamUnreachable(f"upstream unreachable: {exc or type(exc).__name__}") from None

@@ -1,0 +1,172 @@
+"""The ``ollama`` adapter: Ollama's native ``/api/chat``, answered in OpenAI shapes.
+
+A normalized ``chat/completions`` run becomes POST ``{base_url}/api/chat``; the
+OpenAI sampling fields are moved into Ollama ``options``. The NDJSON stream is
+mapped line by line to ``chat.completion.chunk`` objects (the first carries the
+assistant role, the last the finish reason and usage); a non-stream answer
+becomes one ``chat.completion`` object. Legacy ``completions`` runs are refused
+with ``bad_request``: use the tunnel for ``/api/generate``. Tunnel requests go
+to ``base_url`` itself, the server root.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any, final
+
+import attrs
+import httpx
+
+from ._adapter import check_endpoint
+from ._errors import BadRunRequest, UpstreamFailed
+from ._http import BodyStream, HttpAdapter, HttpUpstream, error_message, parse_object, read_object
+from .config import ProviderConfig
+
+# OpenAI body field -> Ollama options field.
+_OPTION_FIELDS = {
+    "max_tokens": "num_predict",
+    "max_completion_tokens": "num_predict",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "seed": "seed",
+    "stop": "stop",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+_ids = itertools.count(1)
+
+
+@final
+@attrs.define(eq=False)
+class OllamaAdapter(HttpAdapter):
+    """Adapter for an Ollama server.
+
+    Attributes:
+        http: the provider's client; its root is the Ollama server root.
+    """
+
+    http: HttpUpstream
+
+    @classmethod
+    def from_config(
+        cls, provider: ProviderConfig, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> OllamaAdapter:
+        """Build the adapter and its pool from a provider's config."""
+        assert provider.base_url is not None  # checked by NodeConfig.problems
+        return cls(http=HttpUpstream.for_provider(provider, provider.base_url, transport=transport))
+
+    async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[dict[str, Any]]:
+        """Yield OpenAI chunks (stream) or one ``chat.completion`` (non-stream).
+
+        See :meth:`iop_node.Adapter.run`.
+        """
+        check_endpoint(endpoint)
+        if endpoint != "chat/completions":
+            raise BadRunRequest("the ollama adapter serves chat/completions only; tunnel /api/generate instead")
+        request = ollama_chat_request(body, stream=stream)
+        completion_id = f"chatcmpl-ollama-{next(_ids)}"
+        created = int(time.time())
+        async with self.http.post_json(f"{self.http.root}/api/chat", request) as response:
+            if not stream:
+                yield chat_completion_of(_checked(await read_object(response)), completion_id, created)
+                return
+            first = True
+            async with aclosing(BodyStream(response)) as body:
+                while (line := await body.next_line()) is not None:
+                    if line.strip():
+                        yield chat_chunk_of(_checked(parse_object(line)), completion_id, created, first=first)
+                        first = False
+
+
+def ollama_chat_request(body: dict[str, Any], *, stream: bool) -> dict[str, Any]:
+    """Map an OpenAI chat request body to an Ollama ``/api/chat`` body.
+
+    Raises:
+        BadRunRequest: ``messages`` is missing or not a list.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise BadRunRequest("chat run body needs a 'messages' list")
+    request: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": stream}
+    options = {
+        target: body[source]
+        for source, target in _OPTION_FIELDS.items()
+        if body.get(source) is not None
+    }
+    if options:
+        request["options"] = options
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_object":
+        request["format"] = "json"
+    if body.get("tools") is not None:
+        request["tools"] = body["tools"]
+    return request
+
+
+def chat_chunk_of(line: dict[str, Any], completion_id: str, created: int, *, first: bool) -> dict[str, Any]:
+    """Map one Ollama ``/api/chat`` stream line to a ``chat.completion.chunk``."""
+    message = line.get("message") or {}
+    delta: dict[str, Any] = {}
+    if first:
+        delta["role"] = "assistant"
+    content = message.get("content")
+    if content:
+        delta["content"] = content
+    done = bool(line.get("done"))
+    chunk: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": line.get("model", ""),
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": _finish_reason(line) if done else None,
+            }
+        ],
+    }
+    if done:
+        chunk["usage"] = _usage(line)
+    return chunk
+
+
+def chat_completion_of(reply: dict[str, Any], completion_id: str, created: int) -> dict[str, Any]:
+    """Map a non-stream Ollama ``/api/chat`` reply to a ``chat.completion``."""
+    message = reply.get("message") or {}
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": reply.get("model", ""),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": message.get("content", "")},
+                "logprobs": None,
+                "finish_reason": _finish_reason(reply),
+            }
+        ],
+        "usage": _usage(reply),
+    }
+
+
+def _checked(line: dict[str, Any]) -> dict[str, Any]:
+    message = error_message(line)
+    if message is not None:
+        raise UpstreamFailed(message)
+    return line
+
+
+def _finish_reason(line: dict[str, Any]) -> str:
+    return "length" if line.get("done_reason") == "length" else "stop"
+
+
+def _usage(line: dict[str, Any]) -> dict[str, int]:
+    prompt = int(line.get("prompt_eval_count") or 0)
+    completion = int(line.get("eval_count") or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

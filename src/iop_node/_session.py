@@ -1,0 +1,334 @@
+"""One Edge connection: register, heartbeat, serve runs, cancel them all at the end.
+
+:class:`EdgeSession` serves ONE already-open ``trio_websocket.WebSocketConnection``;
+it never connects. That keeps it usable over in-memory streams (a simulation can
+wrap ``trio.testing.memory_stream_pair`` with ``trio_websocket.wrap_client_stream``)
+and leaves reconnecting to :class:`~iop_node.EdgeClient`.
+
+Design notes:
+
+- One nursery per connection; every run task lives in it. When the connection
+  closes or drops, or the session is cancelled (shutdown), the nursery is
+  cancelled, which cancels every run that came over this connection and
+  closes its upstream request (adapters are iterated inside ``aclosing``).
+- Permits are taken synchronously in the message dispatch, before the run
+  task is spawned, and returned by the task with ``with permit:``. The permit
+  is returned *before* the ``run_end`` / ``tunnel_end`` is sent, so when the
+  Edge sees the end and dispatches the next run, the permit is already free.
+- Sending. trio-websocket serializes ``send_message`` (an internal lock), but a
+  send cancelled half-way could leave a partial frame on the socket, and runs
+  are cancelled all the time. So run tasks never write to the socket: they hand
+  frames to one writer task through an unbuffered memory channel, whose
+  ``send`` is cancellation-atomic. Only the writer touches the socket, and it is
+  cancelled only when the whole connection is being torn down. A failed write
+  (``ConnectionClosed``) ends the connection and with it every run.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from typing import final
+
+import attrs
+import trio
+from iop_admission import ConcurrencyLimitExceeded, Permit
+from iop_wire import (
+    CLOSE_GOING_AWAY,
+    CLOSE_PROTOCOL_ERROR,
+    PROTOCOL_VERSION,
+    Cancel,
+    Heartbeat,
+    NodeMessage,
+    ProtocolError,
+    ProviderInfo,
+    Register,
+    Registered,
+    Rejected,
+    Run,
+    RunEnd,
+    RunEvent,
+    TunnelChunk,
+    TunnelEnd,
+    TunnelRequest,
+    TunnelStart,
+    decode,
+    encode,
+)
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from ._adapter import Adapter, TunnelHead
+from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout, RunFailed, UpstreamFailed
+from ._runtime import NodeRuntime
+from .config import NodeConfig
+
+logger = logging.getLogger("iop_node")
+
+REGISTER_TIMEOUT = 10.0
+"""Seconds to wait for ``registered`` / ``rejected`` after sending ``register``."""
+CLOSE_TIMEOUT = 1.0
+"""Seconds the closing handshake may take before the socket is dropped."""
+
+_EndFactory = Callable[[str, str | None, str | None, int | None], RunEnd | TunnelEnd]
+
+
+def _run_end(status: str, code: str | None, message: str | None, upstream_status: int | None, *, run_id: str) -> RunEnd:
+    return RunEnd(run_id, status, code, message, upstream_status)
+
+
+def _tunnel_end(status: str, code: str | None, message: str | None, upstream_status: int | None, *, run_id: str) -> TunnelEnd:
+    return TunnelEnd(run_id, status, code, message)
+
+
+@final
+@attrs.define(eq=False)
+class EdgeSession:
+    """Serves one open WebSocket connection to the Edge.
+
+    Attributes:
+        ws: the open connection; the session closes it when it ends.
+        config: the node's config (node id, token, heartbeat interval, providers).
+        runtime: the gate and adapters shared by every connection of the node.
+        token: the registration token (never logged).
+        registered: the Edge's ``registered`` answer, once received.
+        heartbeats_sent: number of heartbeats sent on this connection.
+    """
+
+    ws: WebSocketConnection
+    config: NodeConfig
+    runtime: NodeRuntime
+    token: str = attrs.field(repr=False)
+    registered: Registered | None = attrs.field(default=None, init=False)
+    heartbeats_sent: int = attrs.field(default=0, init=False)
+    _active: dict[str, trio.CancelScope] = attrs.field(factory=dict, init=False)
+    _outbox: trio.MemorySendChannel[str] | None = attrs.field(default=None, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _close_code: int = attrs.field(default=CLOSE_GOING_AWAY, init=False)
+    _close_reason: str = attrs.field(default="node going away", init=False)
+
+    @property
+    def active_runs(self) -> int:
+        """Runs and tunnel requests of this connection that have not ended yet."""
+        return len(self._active)
+
+    async def serve(self) -> None:
+        """Register, then serve the connection until it closes; always close it.
+
+        Returns when the Edge closes the connection or it drops (every run of
+        the connection is cancelled first), or after a protocol violation by the
+        Edge (closed with 1002). Checkpoints. Cancellation (shutdown) cancels
+        every run, then sends a close 1001 to the Edge (shielded, bounded by
+        :data:`CLOSE_TIMEOUT`) and re-raises.
+
+        Raises:
+            RegistrationRejected: the Edge answered ``rejected``.
+            RegistrationTimeout: no answer to ``register`` in time.
+            EdgeProtocolViolation: the answer to ``register`` was not valid.
+            trio_websocket.ConnectionClosed: the connection closed during registration.
+        """
+        try:
+            self.registered = await self._register()
+            interval = min(self.config.heartbeat_interval_ms, self.registered.heartbeat_interval_ms) / 1000
+            logger.info(
+                "registered as %s, generation %d, heartbeat every %.3f s",
+                self.registered.node_id,
+                self.registered.generation,
+                interval,
+            )
+            outbox, frames = trio.open_memory_channel[str](0)
+            self._outbox = outbox
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._write, frames, nursery.cancel_scope)
+                nursery.start_soon(self._heartbeat, interval)
+                await self._read()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                await self.ws.aclose(self._close_code, self._close_reason)
+            close = self.ws.closed
+            if self.registered is not None:
+                logger.info(
+                    "disconnected from edge (%s)",
+                    f"code {close.code} {close.reason or ''}".strip() if close else "no close frame",
+                )
+
+    async def _register(self) -> Registered:
+        providers = tuple(ProviderInfo(p.id, p.adapter, p.capacity) for p in self.config.providers)
+        await self.ws.send_message(encode(Register(self.config.node_id, self.token, PROTOCOL_VERSION, providers)))
+        data: str | bytes | None = None
+        with trio.move_on_after(REGISTER_TIMEOUT):
+            data = await self.ws.get_message()
+        if data is None:
+            raise RegistrationTimeout(f"no answer to register within {REGISTER_TIMEOUT:g} s")
+        try:
+            answer = decode(data)
+        except ProtocolError as exc:
+            self._protocol_error(exc.close_code, exc.close_reason)
+            raise EdgeProtocolViolation(f"bad answer to register: {exc.reason}") from None
+        if isinstance(answer, Rejected):
+            logger.warning(
+                "registration rejected: %s: %s (%s)",
+                answer.code,
+                answer.reason,
+                "retryable" if answer.retryable else "not retryable",
+            )
+            self._close_code, self._close_reason = 1000, "rejected"
+            raise RegistrationRejected(answer.code, answer.reason, answer.retryable)
+        if not isinstance(answer, Registered):
+            self._protocol_error(CLOSE_PROTOCOL_ERROR, f"expected registered, got {type(answer).__name__}")
+            raise EdgeProtocolViolation(f"expected registered or rejected, got {type(answer).__name__}")
+        return answer
+
+    def _protocol_error(self, code: int, reason: str) -> None:
+        logger.warning("protocol error from edge, closing with %d: %s", code, reason)
+        self._close_code, self._close_reason = code, reason
+
+    async def _read(self) -> None:
+        """Dispatch Edge messages until the connection closes or breaks the protocol."""
+        handlers: dict[type, Callable[..., Awaitable[None]]] = {
+            Run: self._on_run,
+            TunnelRequest: self._on_tunnel_request,
+            Cancel: self._on_cancel,
+        }
+        while True:
+            try:
+                data = await self.ws.get_message()
+            except ConnectionClosed:
+                return
+            try:
+                message = decode(data)
+            except ProtocolError as exc:
+                self._protocol_error(exc.close_code, exc.close_reason)
+                return
+            handler = handlers.get(type(message))
+            if handler is None:
+                self._protocol_error(CLOSE_PROTOCOL_ERROR, f"unexpected {type(message).__name__} after registered")
+                return
+            if isinstance(message, Run | TunnelRequest) and message.run_id in self._active:
+                self._protocol_error(CLOSE_PROTOCOL_ERROR, f"duplicate run_id {message.run_id!r}")
+                return
+            await handler(message)
+
+    async def _on_run(self, run: Run) -> None:
+        end = functools.partial(_run_end, run_id=run.run_id)
+        admitted = await self._admit(run.provider, end)
+        if admitted is not None:
+            permit, adapter = admitted
+            relay = functools.partial(self._relay_run, run, adapter)
+            self._spawn(run.run_id, permit, relay, end)
+
+    async def _on_tunnel_request(self, request: TunnelRequest) -> None:
+        end = functools.partial(_tunnel_end, run_id=request.run_id)
+        try:
+            body = request.body_bytes()
+        except ProtocolError as exc:
+            await self._send(end("error", "bad_request", exc.reason, None))
+            return
+        admitted = await self._admit(request.provider, end)
+        if admitted is not None:
+            permit, adapter = admitted
+            relay = functools.partial(self._relay_tunnel, request, body, adapter)
+            self._spawn(request.run_id, permit, relay, end)
+
+    async def _on_cancel(self, cancel: Cancel) -> None:
+        scope = self._active.get(cancel.run_id)
+        if scope is None:
+            logger.debug("cancel for %s ignored: no such run", cancel.run_id)
+        else:
+            scope.cancel()
+        await trio.lowlevel.checkpoint()
+
+    async def _admit(self, provider: str, end: _EndFactory) -> tuple[Permit, Adapter] | None:
+        """Take the permit synchronously; on refusal answer the end at once."""
+        try:
+            return self.runtime.admit(provider)
+        except (RunFailed, ConcurrencyLimitExceeded) as exc:
+            code = exc.code if isinstance(exc, RunFailed) else "concurrency_limit"
+            logger.info("run refused on %s: %s: %s", provider, code, exc)
+            await self._send(end("error", code, str(exc), None))
+            return None
+
+    def _spawn(self, run_id: str, permit: Permit, relay: Callable[[], Awaitable[None]], end: _EndFactory) -> None:
+        # The scope exists before the task runs, so a cancel that arrives
+        # before the task's first checkpoint still takes effect.
+        scope = self._active[run_id] = trio.CancelScope()
+        assert self._nursery is not None
+        self._nursery.start_soon(self._serve_one, run_id, permit, scope, relay, end)
+
+    async def _serve_one(
+        self,
+        run_id: str,
+        permit: Permit,
+        scope: trio.CancelScope,
+        relay: Callable[[], Awaitable[None]],
+        end: _EndFactory,
+    ) -> None:
+        """Run one relay under its permit and cancel scope, then send its end.
+
+        The permit is returned before the end is sent. Cancellation of the
+        session (drop, shutdown) propagates: no end is sent then.
+        """
+        try:
+            with permit, scope:
+                await relay()
+            if scope.cancelled_caught:
+                final = end("cancelled", "cancelled", "cancelled by the edge", None)
+            else:
+                final = end("ok", None, None, None)
+        except RunFailed as exc:
+            status = exc.status if isinstance(exc, UpstreamFailed) else None
+            logger.warning("run %s failed: %s: %s", run_id, exc.code, exc.message)
+            final = end("error", exc.code, exc.message, status)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the writer is gone: the connection is ending, so is this run
+        finally:
+            del self._active[run_id]
+        try:
+            await self._send(final)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
+    async def _relay_run(self, run: Run, adapter: Adapter) -> None:
+        async with aclosing(adapter.run(run.endpoint, run.body, stream=run.stream)) as events:
+            async for data in events:
+                await self._send(RunEvent(run.run_id, data))
+
+    async def _relay_tunnel(self, request: TunnelRequest, body: bytes, adapter: Adapter) -> None:
+        parts = adapter.tunnel(request.method, request.path, request.headers, body)
+        async with aclosing(parts):
+            async for part in parts:
+                if isinstance(part, TunnelHead):
+                    await self._send(TunnelStart(request.run_id, part.status, part.headers))
+                elif part:
+                    await self._send(TunnelChunk.from_bytes(request.run_id, part))
+
+    async def _send(self, message: NodeMessage) -> None:
+        """Hand one message to the writer task.
+
+        Checkpoints; cancellation-atomic (the message is either handed over
+        whole or not at all).
+
+        Raises:
+            trio.BrokenResourceError: the writer is gone (the connection is ending).
+        """
+        assert self._outbox is not None
+        await self._outbox.send(encode(message))
+
+    async def _write(self, frames: trio.MemoryReceiveChannel[str], connection: trio.CancelScope) -> None:
+        """The only task that writes to the socket; a failed write ends the connection."""
+        async with frames:
+            async for frame in frames:
+                try:
+                    await self.ws.send_message(frame)
+                except ConnectionClosed:
+                    connection.cancel()
+                    return
+
+    async def _heartbeat(self, interval: float) -> None:
+        while True:
+            await trio.sleep(interval)
+            self.heartbeats_sent += 1
+            await self._send(Heartbeat(self.heartbeats_sent))

@@ -1,0 +1,212 @@
+"""The Node's configuration file (``node.yaml``) as frozen attrs values.
+
+The key names are a contract (DESIGN.md section 5)::
+
+    node_id: node-a
+    edge_url: ws://127.0.0.1:8081
+    token: dev-token                # or token_env: NAME (exactly one)
+    heartbeat_interval_ms: 5000
+    runtime: {concurrency: 4}
+    providers:
+      - {id: gpu0, adapter: openai, base_url: "http://127.0.0.1:9100/v1", capacity: 1}
+
+Every other key is optional and documented in ``docs/node.md``. Loading goes
+through :func:`iop_config.load_config`, so every problem is reported as
+``FILE:LINE: field.path: message`` and unknown keys are errors. Cross-field rules
+live in :meth:`NodeConfig.problems`, which the loader calls after structuring.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import final
+
+import attrs
+from iop_config import load_config
+
+ADAPTERS = ("openai", "ollama", "mock")
+"""Adapter names a provider may use."""
+
+_HTTP_ADAPTERS = ("openai", "ollama")
+
+
+@final
+@attrs.frozen
+class RuntimeConfig:
+    """Node-wide runtime limits.
+
+    Attributes:
+        concurrency: max concurrent runs across all providers (>= 1); runs over
+            the limit are rejected at once with ``concurrency_limit``.
+    """
+
+    concurrency: int = 4
+
+    def field_problems(self, path: str) -> Iterator[tuple[str, str]]:
+        """Yield ``(path, message)`` for every invalid value below ``path``."""
+        if self.concurrency < 1:
+            yield f"{path}.concurrency", f"must be >= 1, got {self.concurrency}"
+
+
+@final
+@attrs.frozen
+class ReconnectConfig:
+    """Backoff between connection attempts: doubling from ``initial_ms`` to ``max_ms``.
+
+    Attributes:
+        initial_ms: first delay after a failed attempt or a drop.
+        max_ms: cap of the doubling delay.
+        jitter: relative jitter, 0.2 means +-20 %.
+    """
+
+    initial_ms: int = 100
+    max_ms: int = 5000
+    jitter: float = 0.2
+
+    def field_problems(self, path: str) -> Iterator[tuple[str, str]]:
+        """Yield ``(path, message)`` for every invalid value below ``path``."""
+        if self.initial_ms < 1:
+            yield f"{path}.initial_ms", f"must be >= 1, got {self.initial_ms}"
+        if self.max_ms < self.initial_ms:
+            yield f"{path}.max_ms", f"must be >= initial_ms ({self.initial_ms}), got {self.max_ms}"
+        if not 0.0 <= self.jitter < 1.0:
+            yield f"{path}.jitter", f"must be in [0, 1), got {self.jitter}"
+
+
+@final
+@attrs.frozen
+class ProviderConfig:
+    """One backend exposed by this node.
+
+    Attributes:
+        id: provider id, unique on this node (the Edge names it ``node/id``).
+        adapter: ``openai``, ``ollama`` or ``mock``.
+        capacity: max concurrent runs on this provider (>= 1); also the size of
+            its HTTP connection pool.
+        base_url: upstream URL; required for ``openai`` (e.g.
+            ``http://127.0.0.1:9100/v1``) and ``ollama`` (e.g.
+            ``http://127.0.0.1:11434``); unused by ``mock``.
+        timeout_ms: max wait for the upstream between two reads (and for the
+            whole non-stream response body to start).
+        connect_timeout_ms: max wait to open a TCP connection to the upstream.
+        latency_ms: ``mock`` only: delay before the first chunk.
+        tokens_per_second: ``mock`` only: streaming rate; 0 means no delay.
+        fail_after_chunks: ``mock`` only: fault knob; after this many chunks the
+            run fails with ``upstream_error`` (None: never).
+    """
+
+    id: str
+    adapter: str
+    capacity: int = 1
+    base_url: str | None = None
+    timeout_ms: int = 300_000
+    connect_timeout_ms: int = 5_000
+    latency_ms: int = 0
+    tokens_per_second: float = 0.0
+    fail_after_chunks: int | None = None
+
+    def field_problems(self, path: str) -> Iterator[tuple[str, str]]:
+        """Yield ``(path, message)`` for every invalid value below ``path``."""
+        if not self.id:
+            yield f"{path}.id", "must not be empty"
+        if self.adapter not in ADAPTERS:
+            yield f"{path}.adapter", f"must be one of {', '.join(ADAPTERS)}, got {self.adapter!r}"
+        if self.capacity < 1:
+            yield f"{path}.capacity", f"must be >= 1, got {self.capacity}"
+        if self.adapter in _HTTP_ADAPTERS:
+            if self.base_url is None:
+                yield f"{path}.base_url", f"is required for adapter {self.adapter!r}"
+            elif not self.base_url.startswith(("http://", "https://")):
+                yield f"{path}.base_url", f"must start with http:// or https://, got {self.base_url!r}"
+        for name in ("timeout_ms", "connect_timeout_ms"):
+            if getattr(self, name) < 1:
+                yield f"{path}.{name}", f"must be >= 1, got {getattr(self, name)}"
+        if self.latency_ms < 0:
+            yield f"{path}.latency_ms", f"must be >= 0, got {self.latency_ms}"
+        if self.tokens_per_second < 0:
+            yield f"{path}.tokens_per_second", f"must be >= 0, got {self.tokens_per_second}"
+        if self.fail_after_chunks is not None and self.fail_after_chunks < 0:
+            yield f"{path}.fail_after_chunks", f"must be >= 0, got {self.fail_after_chunks}"
+
+
+@final
+@attrs.frozen
+class NodeConfig:
+    """The whole ``node.yaml``.
+
+    Attributes:
+        node_id: this node's id as configured on the Edge.
+        edge_url: ``ws://`` or ``wss://`` URL of the Edge's node socket.
+        providers: the backends this node serves (at least one, unique ids).
+        token: the registration token (never logged, never in repr).
+        token_env: name of an environment variable holding the token instead.
+        heartbeat_interval_ms: heartbeat period; the node uses the smaller of
+            this and the Edge's ``registered.heartbeat_interval_ms``.
+        runtime: node-wide limits.
+        reconnect: backoff between connection attempts.
+    """
+
+    node_id: str
+    edge_url: str
+    providers: tuple[ProviderConfig, ...]
+    token: str | None = attrs.field(default=None, repr=False)
+    token_env: str | None = None
+    heartbeat_interval_ms: int = 5000
+    runtime: RuntimeConfig = RuntimeConfig()
+    reconnect: ReconnectConfig = ReconnectConfig()
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        """Yield ``(field path, message)`` for every cross-field problem.
+
+        Called by :func:`iop_config.load_config` after structuring. The
+        ``token_env`` variable is looked up in ``os.environ`` here, so a missing
+        token is reported with its file and line like any other problem.
+        """
+        if not self.node_id:
+            yield "node_id", "must not be empty"
+        if not self.edge_url.startswith(("ws://", "wss://")):
+            yield "edge_url", f"must start with ws:// or wss://, got {self.edge_url!r}"
+        if self.token is not None and self.token_env is not None:
+            yield "token_env", "give either token or token_env, not both"
+        elif self.token is None and self.token_env is None:
+            yield "token", "missing: give token or token_env"
+        elif self.token is not None and not self.token:
+            yield "token", "must not be empty"
+        elif self.token_env is not None and not os.environ.get(self.token_env):
+            yield "token_env", f"environment variable {self.token_env!r} is not set or empty"
+        if self.heartbeat_interval_ms < 1:
+            yield "heartbeat_interval_ms", f"must be >= 1, got {self.heartbeat_interval_ms}"
+        yield from self.runtime.field_problems("runtime")
+        yield from self.reconnect.field_problems("reconnect")
+        if not self.providers:
+            yield "providers", "must list at least one provider"
+        seen: set[str] = set()
+        for index, provider in enumerate(self.providers):
+            yield from provider.field_problems(f"providers[{index}]")
+            if provider.id in seen:
+                yield f"providers[{index}].id", f"duplicate provider id {provider.id!r}"
+            seen.add(provider.id)
+
+    def resolved_token(self, environ: Mapping[str, str] | None = None) -> str:
+        """Return the registration token, reading ``token_env`` if that is set.
+
+        Raises:
+            LookupError: neither ``token`` nor a set ``token_env`` variable gives one.
+        """
+        if self.token:
+            return self.token
+        env = os.environ if environ is None else environ
+        if self.token_env and env.get(self.token_env):
+            return env[self.token_env]
+        raise LookupError("no registration token: set token or token_env")
+
+
+def load_node_config(path: str | os.PathLike[str]) -> NodeConfig:
+    """Read and validate a ``node.yaml``.
+
+    Raises:
+        iop_config.ConfigFileError: every problem, each ``FILE:LINE: path: message``.
+        OSError: the file cannot be read.
+    """
+    return load_config(path, NodeConfig)

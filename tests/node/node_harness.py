@@ -1,0 +1,179 @@
+"""Test harness for the Node tests: a fake Edge speaking the wire protocol, the mock backend,
+and helpers that run a node in-process. Fixtures live in conftest.py.
+
+The fake Edge is a real ``trio_websocket`` server on 127.0.0.1 port 0. Each accepted
+connection is handed to the test as an :class:`EdgeConn` once the node registered.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
+from iop_node.mock_backend import MockBackend, serve_mock_backend
+from iop_wire import Message, Register, Registered, Rejected, decode, encode
+from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+
+TOKEN = "s3cret-node-token"
+
+
+@attrs.define(eq=False)
+class EdgeConn:
+    """One node connection as the fake Edge sees it."""
+
+    ws: WebSocketConnection
+    register: Register
+    inbox: trio.MemoryReceiveChannel[Message]
+    closed: trio.Event = attrs.field(factory=trio.Event)
+    close_reason: CloseReason | None = None
+
+    async def send(self, message: Message) -> None:
+        await self.ws.send_message(encode(message))
+
+    async def receive(self) -> Message:
+        return await self.inbox.receive()
+
+    async def receive_until_end(self, run_id: str) -> list[Message]:
+        """Collect every message of ``run_id`` up to and including its end; skip heartbeats."""
+        messages: list[Message] = []
+        while True:
+            message = await self.receive()
+            if getattr(message, "run_id", None) != run_id:
+                continue
+            messages.append(message)
+            if type(message).__name__ in ("RunEnd", "TunnelEnd"):
+                return messages
+
+    async def receive_for(self, run_id: str) -> Message:
+        """The next message of ``run_id`` (heartbeats and other runs' messages skipped)."""
+        while True:
+            message = await self.receive()
+            if getattr(message, "run_id", None) == run_id:
+                return message
+
+
+@attrs.define(eq=False)
+class FakeEdge:
+    """A wire-protocol Edge with scripted answers to ``register``.
+
+    Attributes:
+        heartbeat_interval_ms: sent in ``registered``.
+        reject: when set, every registration is answered with this ``rejected``.
+        registers: every ``register`` received, in order.
+    """
+
+    heartbeat_interval_ms: int = 60_000
+    reject: Rejected | None = None
+    port: int = 0
+    registers: list[Register] = attrs.field(factory=list)
+    generation: int = 0
+    _conns_send: trio.MemorySendChannel[EdgeConn] = attrs.field(init=False)
+    _conns_receive: trio.MemoryReceiveChannel[EdgeConn] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._conns_send, self._conns_receive = trio.open_memory_channel[EdgeConn](16)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(serve_websocket, self._handle, "127.0.0.1", 0, None)
+            self.port = server.port
+            task_status.started()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    async def next_connection(self) -> EdgeConn:
+        return await self._conns_receive.receive()
+
+    async def _handle(self, request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        await self.serve_connection(ws)
+
+    async def serve_connection(self, ws: WebSocketConnection) -> None:
+        """Answer ``register``, then queue every node message until the connection closes."""
+        try:
+            register = decode(await ws.get_message())
+        except ConnectionClosed:
+            return
+        assert isinstance(register, Register)
+        self.registers.append(register)
+        if self.reject is not None:
+            await ws.send_message(encode(self.reject))
+            await ws.aclose(1008, "rejected")
+            return
+        self.generation += 1
+        await ws.send_message(encode(Registered(register.node_id, self.generation, self.heartbeat_interval_ms)))
+        inbox_send, inbox_receive = trio.open_memory_channel[Message](1000)
+        conn = EdgeConn(ws, register, inbox_receive)
+        await self._conns_send.send(conn)
+        try:
+            while True:
+                inbox_send.send_nowait(decode(await ws.get_message()))
+        except ConnectionClosed as exc:
+            conn.close_reason = exc.reason
+        finally:
+            inbox_send.close()
+            conn.closed.set()
+
+
+def node_config(
+    edge_url: str,
+    *providers: ProviderConfig,
+    concurrency: int = 4,
+    heartbeat_interval_ms: int = 60_000,
+) -> NodeConfig:
+    """A NodeConfig for tests: fast reconnects, a long heartbeat unless asked otherwise."""
+    return NodeConfig(
+        node_id="node-a",
+        edge_url=edge_url,
+        providers=tuple(providers),
+        token=TOKEN,
+        heartbeat_interval_ms=heartbeat_interval_ms,
+        runtime=RuntimeConfig(concurrency=concurrency),
+        reconnect=ReconnectConfig(initial_ms=10, max_ms=50, jitter=0.2),
+    )
+
+
+def openai_provider(port: int, id: str = "gpu0", capacity: int = 1, **kw: Any) -> ProviderConfig:
+    return ProviderConfig(id=id, adapter="openai", base_url=f"http://127.0.0.1:{port}/v1", capacity=capacity, **kw)
+
+
+@attrs.define(eq=False)
+class RunningNode:
+    client: EdgeClient
+    runtime: NodeRuntime
+
+
+@asynccontextmanager
+async def running_node(config: NodeConfig) -> AsyncIterator[RunningNode]:
+    """Run an in-process node (EdgeClient over real sockets) for the duration of the block."""
+    async with NodeRuntime.from_config(config) as runtime:
+        client = EdgeClient(config, runtime, rng=random.Random(0))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.run)
+            yield RunningNode(client, runtime)
+            client.shutdown()
+
+
+@attrs.define(eq=False)
+class Backend:
+    backend: MockBackend
+    port: int
+
+    async def wait_idle(self) -> None:
+        """Poll until no request is in flight (callers bound this with fail_after)."""
+        while self.backend.stats()["in_flight"]:
+            await trio.sleep(0.01)
+
+    async def wait_in_flight(self, n: int) -> None:
+        while self.backend.stats()["in_flight"] < n:
+            await trio.sleep(0.01)
+
+

@@ -1,0 +1,201 @@
+"""The node against a fake Edge over real sockets, with the mock backend upstream."""
+
+from __future__ import annotations
+
+import trio
+from node_harness import TOKEN, Backend, FakeEdge, node_config, openai_provider, running_node
+from iop_node import ProviderConfig
+from iop_wire import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Heartbeat,
+    ProviderInfo,
+    Run,
+    RunEnd,
+    RunEvent,
+    TunnelEnd,
+    TunnelRequest,
+    TunnelStart,
+)
+
+CHAT = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def chat_run(run_id: str, provider: str = "gpu0", *, stream: bool = True, max_tokens: int = 3) -> Run:
+    return Run(run_id, provider, "chat/completions", {**CHAT, "max_tokens": max_tokens, "stream": stream}, stream)
+
+
+async def test_register_then_registered(edge: FakeEdge, backend: Backend) -> None:
+    """The first message is register with node id, token, protocol and providers."""
+    config = node_config(edge.url, openai_provider(backend.port, capacity=2))
+    with trio.fail_after(5):
+        async with running_node(config) as node:
+            conn = await edge.next_connection()
+            assert conn.register.node_id == "node-a"
+            assert conn.register.token == TOKEN
+            assert conn.register.protocol == PROTOCOL_VERSION
+            assert conn.register.providers == (ProviderInfo("gpu0", "openai", 2),)
+            assert TOKEN not in repr(conn.register)
+            while node.client.session is None or node.client.session.registered is None:
+                await trio.sleep(0.01)
+            assert node.client.session.registered.generation == 1
+
+
+async def test_heartbeat_uses_the_edge_interval_when_smaller(edge: FakeEdge, backend: Backend) -> None:
+    """min(config 60 s, registered 20 ms): heartbeats with seq 1, 2, 3 arrive."""
+    edge.heartbeat_interval_ms = 20
+    config = node_config(edge.url, openai_provider(backend.port))
+    with trio.fail_after(5):
+        async with running_node(config):
+            conn = await edge.next_connection()
+            assert [await conn.receive() for _ in range(3)] == [Heartbeat(1), Heartbeat(2), Heartbeat(3)]
+
+
+async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend) -> None:
+    """A streamed chat run through the openai adapter: one run_event per SSE chunk, then ok."""
+    with trio.fail_after(5):
+        async with running_node(node_config(edge.url, openai_provider(backend.port))):
+            conn = await edge.next_connection()
+            await conn.send(chat_run("r1", max_tokens=3))
+            messages = await conn.receive_until_end("r1")
+    events = [m for m in messages if isinstance(m, RunEvent)]
+    assert messages[-1] == RunEnd("r1", "ok")
+    assert len(events) == 3 + 2  # role chunk, 3 tokens, finish chunk
+    assert all(e.data["object"] == "chat.completion.chunk" for e in events)
+    assert "".join(e.data["choices"][0]["delta"].get("content", "") for e in events) == "tok " * 3
+    assert events[-1].data["choices"][0]["finish_reason"] == "length"
+    assert backend.backend.stats()["total"] == 1
+
+
+async def test_non_stream_run(edge: FakeEdge, backend: Backend) -> None:
+    """A non-stream run: exactly one run_event holding the whole chat.completion."""
+    with trio.fail_after(5):
+        async with running_node(node_config(edge.url, openai_provider(backend.port))):
+            conn = await edge.next_connection()
+            await conn.send(chat_run("r1", stream=False, max_tokens=4))
+            event, end = await conn.receive_until_end("r1")
+    assert end == RunEnd("r1", "ok")
+    assert isinstance(event, RunEvent)
+    assert event.data["object"] == "chat.completion"
+    assert event.data["choices"][0]["message"]["content"] == "tok " * 4
+
+
+async def test_completions_endpoint(edge: FakeEdge, backend: Backend) -> None:
+    """The legacy completions endpoint goes to {base_url}/completions."""
+    with trio.fail_after(5):
+        async with running_node(node_config(edge.url, openai_provider(backend.port))):
+            conn = await edge.next_connection()
+            body = {"model": "m", "prompt": "x", "max_tokens": 2, "stream": True}
+            await conn.send(Run("r1", "gpu0", "completions", body, True))
+            messages = await conn.receive_until_end("r1")
+    assert messages[-1] == RunEnd("r1", "ok")
+    assert [m.data["object"] for m in messages[:-1]] == ["text_completion"] * 3
+
+
+async def test_cancel_closes_the_upstream_request(edge: FakeEdge, backend: Backend) -> None:
+    """cancel -> run_end cancelled, the mock backend sees the request go away, permit returned."""
+    backend.backend.tokens_per_second = 20
+    with trio.fail_after(10):
+        async with running_node(node_config(edge.url, openai_provider(backend.port))) as node:
+            conn = await edge.next_connection()
+            await conn.send(chat_run("r1", max_tokens=1000))
+            assert isinstance(await conn.receive_for("r1"), RunEvent)
+            assert backend.backend.stats()["in_flight"] == 1
+            await conn.send(Cancel("r1"))
+            messages = await conn.receive_until_end("r1")
+            assert messages[-1] == RunEnd("r1", "cancelled", "cancelled", "cancelled by the edge")
+            assert node.runtime.gate.statistics().total_in_use == 0
+            await backend.wait_idle()
+            # A cancel for a run that already ended is ignored; the connection still works.
+            await conn.send(Cancel("r1"))
+            backend.backend.tokens_per_second = 0
+            await conn.send(chat_run("r2"))
+            assert (await conn.receive_until_end("r2"))[-1] == RunEnd("r2", "ok")
+
+
+async def test_edge_close_cancels_every_run_of_the_connection(edge: FakeEdge, backend: Backend) -> None:
+    """Closing the connection cancels all its runs (two providers), closes their upstream
+    requests and returns their permits; the node then reconnects."""
+    backend.backend.tokens_per_second = 20
+    config = node_config(
+        edge.url, openai_provider(backend.port, "gpu0"), openai_provider(backend.port, "gpu1")
+    )
+    with trio.fail_after(10):
+        async with running_node(config) as node:
+            conn = await edge.next_connection()
+            await conn.send(chat_run("a", "gpu0", max_tokens=1000))
+            await conn.send(chat_run("b", "gpu1", max_tokens=1000))
+            await conn.receive_for("a")
+            await conn.receive_for("b")
+            assert node.runtime.gate.statistics().total_in_use == 2
+            await conn.ws.aclose(1000, "edge says bye")
+            await backend.wait_idle()
+            assert node.runtime.gate.statistics().total_in_use == 0
+            second = await edge.next_connection()
+            assert second.register.node_id == "node-a"
+            assert node.client.connections == 2
+
+
+async def test_unknown_provider_is_a_bad_request(edge: FakeEdge, backend: Backend) -> None:
+    with trio.fail_after(5):
+        async with running_node(node_config(edge.url, openai_provider(backend.port))):
+            conn = await edge.next_connection()
+            await conn.send(chat_run("r1", provider="nope"))
+            (end,) = await conn.receive_until_end("r1")
+            await conn.send(TunnelRequest("t1", "nope", "GET", "/v1/models"))
+            (tunnel_end,) = await conn.receive_until_end("t1")
+    assert isinstance(end, RunEnd) and (end.status, end.code) == ("error", "bad_request")
+    assert isinstance(tunnel_end, TunnelEnd) and tunnel_end.code == "bad_request"
+
+
+async def test_upstream_error_keeps_status_and_message(edge: FakeEdge, backend: Backend) -> None:
+    """A non-2xx answer -> run_end error upstream_error with upstream_status and its message."""
+    with trio.fail_after(5):
+        async with running_node(node_config(edge.url, openai_provider(backend.port))):
+            conn = await edge.next_connection()
+            await conn.send(Run("r1", "gpu0", "chat/completions", {**CHAT, "max_tokens": "many"}, False))
+            (end,) = await conn.receive_until_end("r1")
+    assert isinstance(end, RunEnd)
+    assert (end.status, end.code, end.upstream_status) == ("error", "upstream_error", 400)
+    assert end.message and "many" in end.message
+
+
+async def test_unreachable_upstream(edge: FakeEdge) -> None:
+    """Connection refused -> upstream_unreachable."""
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound but not listening: connections are refused
+        with trio.fail_after(5):
+            async with running_node(node_config(edge.url, openai_provider(port))):
+                conn = await edge.next_connection()
+                await conn.send(chat_run("r1"))
+                (end,) = await conn.receive_until_end("r1")
+    assert isinstance(end, RunEnd) and (end.status, end.code) == ("error", "upstream_unreachable")
+
+
+async def test_tunnel_to_the_server_root(edge: FakeEdge, backend: Backend) -> None:
+    """A tunnel request goes to base_url without /v1; the response is relayed raw."""
+    with trio.fail_after(5):
+        async with running_node(node_config(edge.url, openai_provider(backend.port))):
+            conn = await edge.next_connection()
+            await conn.send(TunnelRequest("t1", "gpu0", "GET", "/v1/models"))
+            messages = await conn.receive_until_end("t1")
+    start, *chunks, end = messages
+    assert isinstance(start, TunnelStart) and start.status == 200
+    assert end == TunnelEnd("t1", "ok")
+    assert b'"mock"' in b"".join(c.payload() for c in chunks)
+
+
+async def test_tunnel_streams_an_ollama_chat(edge: FakeEdge, backend: Backend) -> None:
+    """POST /api/chat through the tunnel of an ollama provider: NDJSON relayed as sent."""
+    provider = ProviderConfig(id="llm", adapter="ollama", base_url=f"http://127.0.0.1:{backend.port}")
+    body = b'{"model": "m", "messages": [], "options": {"num_predict": 2}}'
+    with trio.fail_after(5):
+        async with running_node(node_config(edge.url, provider)):
+            conn = await edge.next_connection()
+            await conn.send(TunnelRequest.from_bytes("t1", "llm", "POST", "/api/chat", (("content-type", "application/json"),), body))
+            start, *chunks, end = await conn.receive_until_end("t1")
+    assert isinstance(start, TunnelStart) and start.status == 200
+    lines = b"".join(c.payload() for c in chunks).splitlines()
+    assert len(lines) == 3 and b'"done":true' in lines[-1].replace(b" ", b"")
+    assert end == TunnelEnd("t1", "ok")
