@@ -289,7 +289,7 @@ class _Parked:
 class LeaseScope:
     """The async context manager returned by :meth:`Admission.lease`. Single use."""
 
-    __slots__ = ("_admission", "_model", "_long", "_lease", "_scope")
+    __slots__ = ("_admission", "_model", "_long", "_lease", "_scope", "_entered")
 
     def __init__(self, admission: Admission, model: str, long: bool) -> None:
         self._admission = admission
@@ -297,10 +297,12 @@ class LeaseScope:
         self._long = long
         self._lease: Lease | None = None
         self._scope: trio.CancelScope | None = None
+        self._entered = False
 
     async def __aenter__(self) -> Lease:
-        if self._scope is not None:
+        if self._entered:
             raise RuntimeError("a lease scope can only be entered once")
+        self._entered = True
         await trio.lowlevel.checkpoint_if_cancelled()
         admission = self._admission
         core = admission._core
@@ -325,6 +327,10 @@ class LeaseScope:
         else:
             assert type(result) is Waiter
             lease = await self._wait(result)
+        if lease._revoked:
+            # Fenced between the grant and now (same tick): the body never runs
+            # on an offline generation. Fencing already released the lease.
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
         # Cancellation-atomic: from here to the return nothing awaits; if
         # anything raises, the grant goes back before the error propagates.
         try:

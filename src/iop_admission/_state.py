@@ -564,12 +564,13 @@ class AdmissionState:
             candidates = self._models.get(w.model)
             if candidates is None:
                 decisions.append(self._fail_unindexed(w, ModelNotFound(w.model)))
-            elif not _any_eligible(candidates, w.long):
-                decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
-            else:
-                w._candidates = candidates
-                w.deadline = w.enqueue_time + self._timeout
+                continue
+            w._candidates = candidates
+            w.deadline = w.enqueue_time + self._timeout
+            if _any_eligible(candidates, w.long):
                 self._index(w)
+            else:
+                decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
         decisions.extend(self._dispatch(self._configured))
         return decisions
 

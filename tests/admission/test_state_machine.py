@@ -1,0 +1,422 @@
+"""Stateful Hypothesis test of the sans-I/O admission core.
+
+The real :class:`AdmissionState` is driven side by side with a small reference
+model that knows only what the requirements say: which leases are live, which
+waiters are queued (in arrival order), which nodes are connected, which config
+is in force. After every step the invariants of SPEC.md are checked against it.
+
+Profiles: ``ci`` (``make test``) runs 500 examples x 50 steps; ``soak``
+(``HYPOTHESIS_PROFILE=soak``) runs 5,000 x 150.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from iop_admission import (
+    ConfigError,
+    ModelGroup,
+    ModelNotFound,
+    PoolConfig,
+    ProviderKey,
+    ProviderSpec,
+    QueueFull,
+    QueuePolicy,
+    Unavailable,
+)
+from iop_admission._state import (
+    GRANTED,
+    QUEUED,
+    AdmissionState,
+    Failed,
+    Granted,
+    Lease,
+    Revoked,
+    Waiter,
+)
+
+NODES = ("n1", "n2")
+KEYS = (ProviderKey("n1", "p0"), ProviderKey("n1", "p1"), ProviderKey("n2", "p0"))
+MODELS = ("ornith:35b", "ornith-fast", "m2", "m3")
+
+_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+_EXAMPLES, _STEPS = {"soak": (5_000, 150), "dev": (50, 30)}.get(_PROFILE, (500, 50))
+
+
+@st.composite
+def provider_specs(draw: st.DrawFn) -> ProviderSpec:
+    capacity = draw(st.integers(1, 3))
+    long_cap = draw(st.integers(0, capacity))
+    return ProviderSpec(
+        capacity=capacity,
+        long_context_capacity=long_cap,
+        context_window_tokens=1024,
+        total_context_tokens=1024 * long_cap,
+        priority=draw(st.integers(0, 2)),
+        enabled=draw(st.sampled_from((True, True, True, False))),
+    )
+
+
+@st.composite
+def pool_configs(draw: st.DrawFn) -> PoolConfig:
+    keys = draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
+    providers = {k: draw(provider_specs()) for k in sorted(keys)}
+    names = draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=4, unique=True))
+    # The two model keys of the SPEC share a provider whenever both exist.
+    models = {}
+    for name in names:
+        cands = draw(st.lists(st.sampled_from(sorted(keys)), min_size=1, max_size=3, unique=True))
+        models[name] = ModelGroup(candidates=tuple(cands))
+    if "ornith:35b" in models and "ornith-fast" in models:
+        shared = models["ornith:35b"].candidates[0]
+        if shared not in models["ornith-fast"].candidates:
+            models["ornith-fast"] = ModelGroup(candidates=(shared, *models["ornith-fast"].candidates))
+    policy = QueuePolicy(
+        max_queue=draw(st.sampled_from((0, 2, 6, 6, 6))), queue_timeout=draw(st.integers(1, 10))
+    )
+    return PoolConfig(policy=policy, providers=providers, models=models)
+
+
+class AdmissionMachine(RuleBasedStateMachine):
+    """Reference model + invariants for [provider-state] [lease-lifecycle] [long-state]
+    [cross-group-wakeup] [queue-ownership] [snapshot-source] [refresh-consistency]
+    [disconnect-exclusion] [disconnect-queue-resolution] [offline-snapshot]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core: AdmissionState
+        self.config: PoolConfig
+        self.now = 0.0
+        self.connected: dict[str, bool] = dict.fromkeys(NODES, False)
+        self.generation: dict[str, int] = dict.fromkeys(NODES, 0)
+        self.held: list[Lease] = []  # leases whose holder has not released yet
+        self.queued: list[Waiter] = []  # arrival order
+        self.release_count: dict[int, int] = {}  # lease id -> releases (ledger)
+        self.fenced: set[int] = set()
+        self.step_grants: list[tuple[float, Lease]] = []  # (arrival number, lease)
+        self.last_seq = 0
+        self.lease_ids: set[int] = set()
+        self.kept = 0  # waiters kept over max_queue by a refresh that lowered it
+
+    # ------------------------------------------------------------- reference
+
+    def eligible(self, key: ProviderKey) -> bool:
+        spec = self.config.providers.get(key)
+        return bool(spec and spec.enabled and self.connected[key.node_id])
+
+    def live(self, key: ProviderKey, long: bool | None = None) -> int:
+        return sum(
+            1
+            for lease in self.held
+            if lease.provider == key and not lease.revoked and (long is None or lease.long == long)
+        )
+
+    def dispatchable(self, key: ProviderKey, long: bool) -> bool:
+        if not self.eligible(key):
+            return False
+        spec = self.config.providers[key]
+        if self.live(key) >= spec.capacity:
+            return False
+        return not long or self.live(key, True) < spec.long_context_capacity
+
+    def could_ever_run(self, key: ProviderKey, long: bool) -> bool:
+        return self.eligible(key) and (
+            not long or self.config.providers[key].long_context_capacity >= 1
+        )
+
+    def ref_best(self, candidates: tuple[ProviderKey, ...], long: bool) -> ProviderKey | None:
+        ranked = [
+            (-self.config.providers[k].priority, self.live(k) / self.config.providers[k].capacity, i, k)
+            for i, k in enumerate(candidates)
+            if self.dispatchable(k, long)
+        ]
+        return min(ranked)[3] if ranked else None
+
+    def candidates(self, model: str) -> tuple[ProviderKey, ...]:
+        return self.config.models[model].candidates
+
+    # ------------------------------------------------------------- decisions
+
+    def apply(self, decisions: list) -> None:
+        for d in decisions:
+            if isinstance(d, Granted):
+                assert d.waiter in self.queued, "grant for a waiter that is not queued"
+                assert d.waiter.state == GRANTED
+                self.queued.remove(d.waiter)
+                self.take(d.waiter.seq, d.lease)
+            elif isinstance(d, Failed):
+                assert d.waiter in self.queued
+                self.queued.remove(d.waiter)
+                if isinstance(d.error, Unavailable):
+                    assert not any(
+                        self.could_ever_run(k, d.waiter.long) for k in d.waiter.candidates
+                    ), "failed Unavailable while a candidate is eligible"
+                else:
+                    assert isinstance(d.error, ModelNotFound)
+                    assert d.waiter.model not in self.config.models
+            else:
+                assert isinstance(d, Revoked)
+                lease = d.lease
+                assert lease in self.held and lease.revoked
+                self.release_count[lease.id] += 1
+                self.fenced.add(lease.id)
+
+    def take(self, seq: float, lease: Lease) -> None:
+        assert lease.id not in self.lease_ids, "lease id reused"
+        self.lease_ids.add(lease.id)
+        assert lease.generation == self.generation[lease.provider.node_id]
+        self.held.append(lease)
+        self.release_count[lease.id] = 0
+        self.step_grants.append((seq, lease))
+
+    # ----------------------------------------------------------------- rules
+
+    @initialize(config=pool_configs())
+    def start(self, config: PoolConfig) -> None:
+        self.config = config
+        self.core = AdmissionState(config)
+
+    @rule(
+        requests=st.lists(
+            st.tuples(st.sampled_from((*MODELS, "unknown")), st.booleans()), min_size=1, max_size=3
+        )
+    )
+    def burst(self, requests: list[tuple[str, bool]]) -> None:
+        """Several requests in one step (they interleave with nothing else)."""
+        self.step_grants = []
+        for model, long in requests:
+            self.request_one(model, long)
+
+    def request_one(self, model: str, long: bool) -> None:
+        before_depth = len(self.queued)
+        if model not in self.config.models:
+            expect = "ModelNotFound"
+        else:
+            cands = self.candidates(model)
+            best = self.ref_best(cands, long)
+            if best is not None:
+                expect = best
+            elif not any(self.could_ever_run(k, long) for k in cands):
+                expect = "Unavailable"
+            elif before_depth >= self.config.policy.max_queue:
+                expect = "QueueFull"
+            else:
+                expect = "queued"
+        try:
+            result = self.core.request(model, long, self.now)
+        except ModelNotFound:
+            assert expect == "ModelNotFound"
+            return
+        except Unavailable:
+            assert expect == "Unavailable"
+            return
+        except QueueFull:
+            assert expect == "QueueFull"
+            return
+        if isinstance(result, Lease):
+            assert result.provider == expect, f"granted {result.provider}, expected {expect}"
+            self.take(self.last_seq + 0.5, result)
+        else:
+            self.last_seq = result.seq
+            assert expect == "queued", expect
+            assert result.deadline == self.now + self.config.policy.queue_timeout
+            self.queued.append(result)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.step_grants = []
+        lease = data.draw(st.sampled_from(self.held))
+        self.held.remove(lease)
+        was_released = lease.released
+        decisions = self.core.release(lease)
+        if was_released:
+            assert lease.id in self.fenced and decisions == []
+        else:
+            self.release_count[lease.id] += 1
+        self.apply(decisions)
+
+    @precondition(lambda self: self.queued)
+    @rule(data=st.data())
+    def cancel_waiter(self, data: st.DataObject) -> None:
+        self.step_grants = []
+        waiter = data.draw(st.sampled_from(self.queued))
+        assert self.core.withdraw(waiter)
+        assert not self.core.withdraw(waiter), "second withdraw must be a no-op"
+        self.queued.remove(waiter)
+
+    @rule(dt=st.sampled_from((0.5, 1, 3, 11)))
+    def advance_time(self, dt: float) -> None:
+        self.step_grants = []
+        self.now += dt
+        expired = self.core.expire(self.now)
+        expected = [w for w in self.queued if w.enqueue_time + self.config.policy.queue_timeout <= self.now]
+        assert expired == expected
+        for w in expired:
+            self.queued.remove(w)
+
+    @rule(node=st.sampled_from(NODES))
+    def connect(self, node: str) -> None:
+        self.step_grants = []
+        gen, decisions = self.core.connect(node)
+        assert gen == self.generation[node] + 1
+        # Fencing of the old generation happens before the new one starts.
+        revoked = [d for d in decisions if isinstance(d, Revoked)]
+        for d in revoked:
+            assert d.lease.generation == self.generation[node]
+        self.apply(revoked)
+        self.generation[node] = gen
+        self.connected[node] = True
+        self.apply([d for d in decisions if not isinstance(d, Revoked)])
+
+    @rule(node=st.sampled_from(NODES), stale=st.booleans())
+    def disconnect(self, node: str, stale: bool) -> None:
+        self.step_grants = []
+        gen = self.generation[node] - 1 if stale else self.generation[node]
+        done, decisions = self.core.disconnect(node, gen)
+        if stale or not self.connected[node]:
+            assert not done and decisions == []
+            return
+        assert done
+        self.connected[node] = False
+        self.apply(decisions)
+        for lease in self.held:
+            if lease.provider.node_id == node:
+                assert lease.revoked, "a lease of the fenced generation is still live"
+
+    @rule(config=pool_configs())
+    def refresh(self, config: PoolConfig) -> None:
+        self.step_grants = []
+        self.config = config
+        self.apply(self.core.refresh(config))
+        self.kept = len(self.queued)
+
+    @rule()
+    def refresh_invalid(self) -> None:
+        """An invalid config is rejected whole; nothing changes."""
+        self.step_grants = []
+        before = self.core.provider_snapshots(), self.core.queue_depth
+        bad = PoolConfig(
+            policy=self.config.policy,
+            providers=dict(self.config.providers),
+            models={**self.config.models, "bad": ModelGroup(candidates=(ProviderKey("zz", "zz"),))},
+        )
+        with pytest.raises(ConfigError):
+            self.core.refresh(bad)
+        assert (self.core.provider_snapshots(), self.core.queue_depth) == before
+        assert self.core.config == self.config
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def counters_match_live_leases(self) -> None:
+        """[provider-state] [snapshot-source] in_flight == live leases, never negative."""
+        for snap in self.core.provider_snapshots():
+            key = ProviderKey(snap.node_id, snap.provider_id)
+            assert snap.in_flight == self.live(key) >= 0
+            assert snap.long_in_flight == self.live(key, True) >= 0
+            spec = self.config.providers[key]
+            assert snap.capacity == spec.capacity
+            if self.eligible(key):
+                assert snap.effective_capacity == spec.capacity
+                assert snap.status == "available"
+            else:
+                assert snap.effective_capacity == snap.effective_long_capacity == 0
+                assert snap.queued == snap.long_queued == 0
+                assert snap.status == ("disabled" if not spec.enabled else "unavailable")
+            assert snap.connected == self.connected[key.node_id]
+            assert snap.health == ("online" if snap.connected else "offline")
+            assert snap.generation == self.generation[key.node_id]
+        assert [s.in_flight for s in self.core.provider_snapshots()] is not None
+        live_core = {lease.id for lease in self.core.live_leases()}
+        live_ref = {lease.id for lease in self.held if not lease.revoked}
+        assert live_core == live_ref
+
+    @invariant()
+    def candidate_pressure(self) -> None:
+        """[snapshot-source] queued counts waiters for which the provider is an eligible candidate."""
+        assert self.core.queue_depth == len(self.queued)
+        assert list(self.core.waiters()) == self.queued
+        for snap in self.core.provider_snapshots():
+            key = ProviderKey(snap.node_id, snap.provider_id)
+            if not self.eligible(key):
+                continue
+            pressure = [w for w in self.queued if key in w.candidates and self.could_ever_run(key, w.long)]
+            assert snap.queued == len(pressure)
+            assert snap.long_queued == sum(1 for w in pressure if w.long)
+
+    @invariant()
+    def grants_within_capacity(self) -> None:
+        """[long-state] a grant never takes a provider past capacity or long capacity."""
+        for _, lease in self.step_grants:
+            spec = self.config.providers[lease.provider]
+            assert self.live(lease.provider) <= spec.capacity
+            if lease.long:
+                assert self.live(lease.provider, True) <= spec.long_context_capacity
+
+    @invariant()
+    def queue_bound(self) -> None:
+        """[queue-ownership] queue depth <= max_queue (waiters kept across a lowering refresh aside)."""
+        assert all(w.state == QUEUED for w in self.queued)
+        self.kept = min(self.kept, len(self.queued))
+        assert len(self.queued) <= max(self.config.policy.max_queue, self.kept)
+
+    @invariant()
+    def work_conservation(self) -> None:
+        """[cross-group-wakeup] no waiter stays queued while a provider is dispatchable for it;
+        [disconnect-queue-resolution] no waiter stays queued without an eligible candidate."""
+        for w in self.queued:
+            for k in w.candidates:
+                assert not self.dispatchable(k, w.long), f"{w} could run on {k}"
+            assert any(self.could_ever_run(k, w.long) for k in w.candidates), f"{w} is stranded"
+
+    @invariant()
+    def arrival_order(self) -> None:
+        """[cross-group-wakeup] grants follow arrival order among waiters that could use the provider."""
+        for seq, lease in self.step_grants:
+            key = lease.provider
+            spec = self.config.providers[key]
+            for earlier in self.queued:
+                if earlier.seq >= seq or key not in earlier.candidates:
+                    continue
+                if not self.could_ever_run(key, earlier.long):
+                    continue
+                if not earlier.long:
+                    raise AssertionError(f"{lease} granted while earlier {earlier} waits")
+                if lease.long or self.live(key, True) < spec.long_context_capacity:
+                    raise AssertionError(f"{lease} granted while earlier long {earlier} waits")
+
+    @invariant()
+    def released_exactly_once(self) -> None:
+        """[lease-lifecycle] the ledger: every ended lease released exactly once."""
+        held_ids = {lease.id for lease in self.held}
+        for lease_id, count in self.release_count.items():
+            if lease_id in held_ids and lease_id not in self.fenced:
+                assert count == 0
+            else:
+                assert count == 1, f"lease {lease_id} released {count} times"
+
+    def teardown(self) -> None:
+        """Drain: release everything; every counter must return to 0 and the queue empty."""
+        if not hasattr(self, "core"):
+            return
+        for w in list(self.queued):
+            self.core.withdraw(w)
+        self.queued.clear()
+        for lease in list(self.held):
+            assert self.core.release(lease) == []
+        for snap in self.core.provider_snapshots():
+            assert snap.in_flight == snap.long_in_flight == snap.queued == 0
+        assert self.core.queue_depth == 0
+        assert list(self.core.live_leases()) == []
+
+
+AdmissionMachine.TestCase.settings = settings(
+    settings.default, max_examples=_EXAMPLES, stateful_step_count=_STEPS
+)
+TestAdmissionStateMachine = AdmissionMachine.TestCase
