@@ -18,7 +18,15 @@ import trio.testing
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
 from iop_node.mock_backend import MockBackend, serve_mock_backend
 from iop_wire import Message, Register, Registered, Rejected, decode, encode
-from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+from trio_websocket import (
+    CloseReason,
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    serve_websocket,
+    wrap_client_stream,
+    wrap_server_stream,
+)
 
 TOKEN = "s3cret-node-token"
 
@@ -128,6 +136,7 @@ def node_config(
     *providers: ProviderConfig,
     concurrency: int = 4,
     heartbeat_interval_ms: int = 60_000,
+    reconnect: ReconnectConfig = ReconnectConfig(initial_ms=10, max_ms=50, jitter=0.2),
 ) -> NodeConfig:
     """A NodeConfig for tests: fast reconnects, a long heartbeat unless asked otherwise."""
     return NodeConfig(
@@ -137,7 +146,7 @@ def node_config(
         token=TOKEN,
         heartbeat_interval_ms=heartbeat_interval_ms,
         runtime=RuntimeConfig(concurrency=concurrency),
-        reconnect=ReconnectConfig(initial_ms=10, max_ms=50, jitter=0.2),
+        reconnect=reconnect,
     )
 
 
@@ -177,3 +186,42 @@ class Backend:
             await trio.sleep(0.01)
 
 
+
+
+@attrs.define(eq=False)
+class MemoryLink:
+    """A connector over in-memory streams to a :class:`FakeEdge` (no sockets; MockClock-safe).
+
+    Attributes:
+        edge: serves each connection that gets through.
+        failures: the first ``failures`` attempts raise ConnectionRefusedError.
+        attempts: trio.current_time() of every attempt.
+        server_streams: the Edge side of each connection (close one to drop it abruptly).
+    """
+
+    edge: FakeEdge
+    edge_nursery: trio.Nursery
+    failures: int = 0
+    attempts: list[float] = attrs.field(factory=list)
+    server_streams: list[trio.abc.Stream] = attrs.field(factory=list)
+
+    @asynccontextmanager
+    async def connect(self, nursery: trio.Nursery) -> AsyncIterator[WebSocketConnection]:
+        self.attempts.append(trio.current_time())
+        if len(self.attempts) <= self.failures:
+            raise ConnectionRefusedError("refused by the test")
+        client_stream, server_stream = trio.testing.memory_stream_pair()
+        self.server_streams.append(server_stream)
+        self.edge_nursery.start_soon(self._serve, server_stream)
+        ws = await wrap_client_stream(nursery, client_stream, "edge", "/")
+        try:
+            yield ws
+        finally:
+            await client_stream.aclose()
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        async with trio.open_nursery() as nursery:
+            request = await wrap_server_stream(nursery, stream)
+            ws = await request.accept()
+            await self.edge.serve_connection(ws)
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,83 @@
+"""node.yaml: the contract keys, defaults, and errors with file:line: path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from iop_config import ConfigFileError, load_config_text
+from iop_node import NodeConfig, load_node_config
+
+GOOD = """\
+node_id: node-a
+edge_url: ws://127.0.0.1:8081
+token: dev-token
+heartbeat_interval_ms: 5000
+runtime: {concurrency: 4}
+providers:
+  - {id: gpu0, adapter: openai, base_url: "http://127.0.0.1:9100/v1", capacity: 1}
+"""
+
+
+def errors_of(text: str) -> tuple[str, ...]:
+    with pytest.raises(ConfigFileError) as caught:
+        load_config_text(text, NodeConfig, filename="node.yaml")
+    return caught.value.errors
+
+
+def test_the_contract_example_loads_with_defaults() -> None:
+    config = load_config_text(GOOD, NodeConfig, filename="node.yaml")
+    assert (config.node_id, config.runtime.concurrency, config.heartbeat_interval_ms) == ("node-a", 4, 5000)
+    (provider,) = config.providers
+    assert (provider.adapter, provider.capacity, provider.timeout_ms) == ("openai", 1, 300_000)
+    assert (config.reconnect.initial_ms, config.reconnect.max_ms, config.reconnect.jitter) == (100, 5000, 0.2)
+    assert config.resolved_token() == "dev-token"
+    assert "dev-token" not in repr(config)
+
+
+def test_examples_node_yaml_loads() -> None:
+    path = Path(__file__).parents[2] / "examples" / "node.yaml"
+    assert load_node_config(path).providers[0].id == "gpu0"
+
+
+def test_unknown_key_names_file_line_and_path() -> None:
+    text = GOOD.replace("capacity: 1}", "capacity: 1, gpu: true}")
+    assert errors_of(text) == ("node.yaml:7: providers[0].gpu: unknown key 'gpu'",)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("capacity: 1}", "capacity: 0}", "node.yaml:7: providers[0].capacity: must be >= 1, got 0"),
+        ("capacity: 1}", "capacity: lots}", "node.yaml:7: providers[0].capacity: "),
+        ("adapter: openai", "adapter: vllm", "node.yaml:7: providers[0].adapter: must be one of openai, ollama, mock"),
+        ('base_url: "http://127.0.0.1:9100/v1", ', "", "node.yaml:7: providers[0].base_url: is required"),
+        ("{concurrency: 4}", "{concurrency: 0}", "node.yaml:5: runtime.concurrency: must be >= 1"),
+        ("ws://127.0.0.1:8081", "http://127.0.0.1:8081", "node.yaml:2: edge_url: must start with ws://"),
+    ],
+)
+def test_bad_values(old: str, new: str, expected: str) -> None:
+    errors = errors_of(GOOD.replace(old, new))
+    assert any(error.startswith(expected) for error in errors), errors
+
+
+def test_missing_token_is_an_error() -> None:
+    assert errors_of(GOOD.replace("token: dev-token\n", "")) == ("node.yaml:1: token: missing: give token or token_env",)
+
+
+def test_token_and_token_env_are_exclusive() -> None:
+    errors = errors_of(GOOD.replace("token: dev-token\n", "token: a\ntoken_env: B\n"))
+    assert errors == ("node.yaml:4: token_env: give either token or token_env, not both",)
+
+
+def test_token_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = GOOD.replace("token: dev-token", "token_env: IOP_TEST_TOKEN")
+    monkeypatch.delenv("IOP_TEST_TOKEN", raising=False)
+    assert errors_of(text) == ("node.yaml:3: token_env: environment variable 'IOP_TEST_TOKEN' is not set or empty",)
+    monkeypatch.setenv("IOP_TEST_TOKEN", "from-env")
+    assert load_config_text(text, NodeConfig).resolved_token() == "from-env"
+
+
+def test_duplicate_provider_ids() -> None:
+    text = GOOD + "  - {id: gpu0, adapter: mock}\n"
+    assert errors_of(text) == ("node.yaml:8: providers[1].id: duplicate provider id 'gpu0'",)
