@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from iop_wire import Rejected
+from iop_wire import Rejected, Run, TunnelRequest, TunnelStart
 from node_harness import TOKEN, FakeEdge
 
 NODE_YAML = """\
@@ -20,7 +20,7 @@ token_env: IOP_TEST_NODE_TOKEN
 heartbeat_interval_ms: 5000
 runtime: {{concurrency: 2}}
 providers:
-  - {{id: m0, adapter: mock, capacity: 1}}
+  - {{id: m0, adapter: mock, capacity: 2, latency_ms: 60000}}
 """
 
 
@@ -43,6 +43,13 @@ async def wait_and_read_stderr(process: trio.Process) -> str:
     return b"".join(chunks).decode()
 
 
+async def stop(process: trio.Process) -> None:
+    """Always called in finally: kill the child if it still runs, and reap it."""
+    process.kill()
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        await process.wait()
+
+
 def write_config(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "node.yaml"
     path.write_text(text)
@@ -53,17 +60,21 @@ def write_config(tmp_path: Path, text: str) -> Path:
 async def test_shutdown_signal_sends_close_1001_and_exits_0(
     edge: FakeEdge, tmp_path: Path, signum: signal.Signals
 ) -> None:
-    """[disconnect-exclusion] A graceful shutdown sends a WebSocket close the Edge sees."""
+    """[disconnect-exclusion] A graceful shutdown with a run in flight cancels it, sends a
+    WebSocket close 1001 the Edge sees, and exits 0."""
     process = await start_node(write_config(tmp_path, NODE_YAML.format(url=edge.url)))
     try:
         with trio.fail_after(15):
             conn = await edge.next_connection()
             assert conn.register.token == TOKEN
+            await conn.send(Run("r1", "m0", "chat/completions", {"max_tokens": 1}, True))
+            await conn.send(TunnelRequest("r2", "m0", "GET", "/v1/models"))
+            assert isinstance(await conn.receive_for("r2"), TunnelStart)  # r1 was dispatched before it
             process.send_signal(signum)
             stderr = await wait_and_read_stderr(process)
             await conn.closed.wait()
     finally:
-        process.kill()
+        await stop(process)
     assert process.returncode == 0, stderr
     assert conn.close_reason is not None and conn.close_reason.code == 1001
     assert TOKEN not in stderr
@@ -77,7 +88,7 @@ async def test_final_rejection_exits_3(edge: FakeEdge, tmp_path: Path) -> None:
         with trio.fail_after(15):
             stderr = await wait_and_read_stderr(process)
     finally:
-        process.kill()
+        await stop(process)
     assert process.returncode == 3, stderr
     assert "bad_token" in stderr and "token does not match node-a" in stderr
     assert TOKEN not in stderr
@@ -99,6 +110,6 @@ async def test_config_problems_exit_2(tmp_path: Path, text: str, expected: str) 
         with trio.fail_after(15):
             stderr = await wait_and_read_stderr(process)
     finally:
-        process.kill()
+        await stop(process)
     assert process.returncode == 2
     assert expected in stderr
