@@ -284,6 +284,9 @@ class EdgeSession:
             final = end("error", exc.code, exc.message, status)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the writer is gone: the connection is ending, so is this run
+        except Exception as exc:  # a bug or an upstream shape we did not expect: end this run only
+            logger.exception("run %s failed unexpectedly", run_id)
+            final = end("error", "upstream_error", f"node error: {type(exc).__name__}: {exc}"[:500], None)
         finally:
             del self._active[run_id]
         try:

@@ -48,7 +48,7 @@ class EdgeConn:
         return await self.inbox.receive()
 
     async def receive_until_end(self, run_id: str) -> list[Message]:
-        """Collect every message of ``run_id`` up to and including its end; skip heartbeats."""
+        """Collect every message of ``run_id`` up to and including its end (other messages are dropped)."""
         messages: list[Message] = []
         while True:
             message = await self.receive()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import pytest
 import trio
 from node_harness import TOKEN, Backend, FakeEdge, node_config, openai_provider, running_node
-from iop_node import ProviderConfig
+from iop_node import MockAdapter, ProviderConfig
 from iop_wire import (
     PROTOCOL_VERSION,
     Cancel,
@@ -199,3 +204,30 @@ async def test_tunnel_streams_an_ollama_chat(edge: FakeEdge, backend: Backend) -
     lines = b"".join(c.payload() for c in chunks).splitlines()
     assert len(lines) == 3 and b'"done":true' in lines[-1].replace(b" ", b"")
     assert end == TunnelEnd("t1", "ok")
+
+
+async def test_an_unexpected_adapter_error_ends_only_that_run(
+    edge: FakeEdge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception the adapter did not map (a bug, an unexpected upstream shape) ends
+    that run with upstream_error; the connection and the node go on."""
+    original = MockAdapter.run
+
+    async def run(self: MockAdapter, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[dict[str, Any]]:
+        if body.get("explode"):
+            raise KeyError("choices")
+        async with aclosing(original(self, endpoint, body, stream=stream)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    monkeypatch.setattr(MockAdapter, "run", run)
+    with trio.fail_after(5):
+        async with running_node(node_config(edge.url, ProviderConfig(id="m0", adapter="mock"))) as node:
+            conn = await edge.next_connection()
+            await conn.send(Run("r1", "m0", "chat/completions", {"explode": True}, True))
+            (end,) = await conn.receive_until_end("r1")
+            await conn.send(Run("r2", "m0", "chat/completions", {"max_tokens": 1}, False))
+            assert (await conn.receive_until_end("r2"))[-1] == RunEnd("r2", "ok")
+            assert node.client.connections == 1
+    assert isinstance(end, RunEnd) and (end.status, end.code) == ("error", "upstream_error")
+    assert end.message is not None and "KeyError" in end.message
