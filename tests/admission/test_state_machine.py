@@ -181,14 +181,12 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.config = config
         self.core = AdmissionState(config)
 
-    @rule(
-        requests=st.lists(
-            st.tuples(st.sampled_from((*MODELS, "unknown")), st.booleans()), min_size=1, max_size=3
-        )
-    )
-    def burst(self, requests: list[tuple[str, bool]]) -> None:
-        """Several requests in one step (they interleave with nothing else)."""
+    @rule(data=st.data())
+    def burst(self, data: st.DataObject) -> None:
+        """Several requests in one step, mostly for configured models."""
         self.step_grants = []
+        names = st.sampled_from((*self.config.models, "unknown"))
+        requests = data.draw(st.lists(st.tuples(names, st.booleans()), min_size=1, max_size=3))
         for model, long in requests:
             self.request_one(model, long)
 
@@ -263,6 +261,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(node=st.sampled_from(NODES))
     def connect(self, node: str) -> None:
         self.step_grants = []
+        was_connected = self.connected[node]
         gen, decisions = self.core.connect(node)
         assert gen == self.generation[node] + 1
         # Fencing of the old generation happens before the new one starts.
@@ -273,6 +272,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.generation[node] = gen
         self.connected[node] = True
         self.apply([d for d in decisions if not isinstance(d, Revoked)])
+        if was_connected:  # connect on a connected node fences the old generation
+            for lease in self.held:
+                if lease.provider.node_id == node and lease.generation < gen:
+                    assert lease.revoked, f"{lease} of the old generation is still live"
 
     @rule(node=st.sampled_from(NODES), stale=st.booleans())
     def disconnect(self, node: str, stale: bool) -> None:
@@ -294,6 +297,23 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.step_grants = []
         self.config = config
         self.apply(self.core.refresh(config))
+        self.kept = len(self.queued)
+
+    @rule(data=st.data())
+    def refresh_tweak(self, data: st.DataObject) -> None:
+        """A refresh that changes one thing: the queue policy or one provider's spec."""
+        self.step_grants = []
+        providers = dict(self.config.providers)
+        policy = self.config.policy
+        if data.draw(st.booleans()):
+            policy = QueuePolicy(
+                max_queue=data.draw(st.integers(0, 6)), queue_timeout=data.draw(st.integers(1, 10))
+            )
+        else:
+            key = data.draw(st.sampled_from(sorted(providers)))
+            providers[key] = data.draw(provider_specs())
+        self.config = PoolConfig(policy=policy, providers=providers, models=self.config.models)
+        self.apply(self.core.refresh(self.config))
         self.kept = len(self.queued)
 
     @rule()
@@ -342,6 +362,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         """[snapshot-source] queued counts waiters for which the provider is an eligible candidate."""
         assert self.core.queue_depth == len(self.queued)
         assert list(self.core.waiters()) == self.queued
+        timeout = self.config.policy.queue_timeout
+        for w in self.queued:  # [refresh-consistency] deadline = enqueue time + current timeout
+            assert w.deadline == w.enqueue_time + timeout
         for snap in self.core.provider_snapshots():
             key = ProviderKey(snap.node_id, snap.provider_id)
             if not self.eligible(key):

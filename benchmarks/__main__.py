@@ -1,0 +1,44 @@
+"""Run the benchmarks: ``python -m benchmarks [admission] [--runs N]``.
+
+Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import sys
+import time
+
+from . import admission
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+SUITES = {"admission": admission}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
+    parser.add_argument("--runs", type=int, default=5, help="runs per figure (median)")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+    RESULTS.mkdir(exist_ok=True)
+    for name in args.suites or list(SUITES):
+        suite = SUITES[name]
+        print(f"== {name} (median of {args.runs} runs) ...", file=sys.stderr, flush=True)
+        result = suite.run(runs=args.runs)
+        result["python"] = platform.python_version()
+        result["machine"] = platform.machine()
+        result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(suite.table(result))
+        print(f"(JSON: {RESULTS / (name + '.json')})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
