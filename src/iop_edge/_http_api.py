@@ -1,0 +1,469 @@
+"""The Edge's HTTP API: a raw ASGI app served by hypercorn's trio worker.
+
+Endpoints (contract: ``docs/openai-api.md``): ``GET /v1/models``, ``POST
+/v1/chat/completions``, ``POST /v1/completions``, ``GET /status``, ``GET
+/healthz``, ``GET /metrics``, ``POST /admin/reload``.
+
+Every completion request runs inside one admission lease, from before the run
+is sent to the node until the last byte reaches the client or the client goes
+away. A watcher task turns the client's ``http.disconnect`` into cancellation
+of the handler: a queued request leaves the queue, a running one releases its
+lease and cancels its run on the node. This module decides nothing about
+admission; it maps the library's outcomes to HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import TYPE_CHECKING, Any, final
+
+import trio
+from iop_admission import (
+    AdmissionError,
+    LeaseRevoked,
+    ModelNotFound,
+    QueueFull,
+    QueueTimeout,
+    Unavailable,
+)
+from iop_wire import Run, RunEnd, RunEvent
+
+from ._links import NodeGone
+
+if TYPE_CHECKING:
+    from ._service import EdgeService
+
+logger = logging.getLogger("iop_edge.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+CHARS_PER_TOKEN = 4
+"""Prompt characters per estimated token, for the long-request classification."""
+
+_JSON = (b"content-type", b"application/json")
+_SSE = (b"content-type", b"text/event-stream")
+
+
+class RequestRejected(Exception):
+    """An error answer in the OpenAI shape (status, type, code, message)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        reason: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.type = type
+        self.reason = reason or code
+        self.retry_after = retry_after
+
+    def body(self) -> bytes:
+        return _dumps({"error": {"message": self.message, "type": self.type, "code": self.code}})
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [_JSON, (b"x-iop-reject-reason", self.reason.encode())]
+        if self.retry_after is not None:
+            headers.append((b"retry-after", str(self.retry_after).encode()))
+        return headers
+
+
+def admission_rejection(exc: AdmissionError) -> RequestRejected:
+    """Map an admission outcome to its HTTP answer."""
+    if isinstance(exc, ModelNotFound):
+        return RequestRejected(404, "model_not_found", str(exc))
+    if isinstance(exc, QueueFull):
+        return RequestRejected(429, "queue_full", str(exc), type="rate_limit_error", retry_after=1)
+    if isinstance(exc, QueueTimeout):
+        return RequestRejected(429, "queue_timeout", str(exc), type="rate_limit_error", retry_after=1)
+    if isinstance(exc, Unavailable):
+        return RequestRejected(503, "unavailable", str(exc), type="service_unavailable")
+    if isinstance(exc, LeaseRevoked):
+        return node_disconnected(str(exc))
+    return RequestRejected(500, "internal_error", str(exc), type="server_error")
+
+
+def node_disconnected(message: str) -> RequestRejected:
+    return RequestRejected(502, "node_disconnected", message, type="upstream_error")
+
+
+def run_failure(end: RunEnd) -> RequestRejected:
+    """Map a node's ``run_end`` error to its HTTP answer."""
+    detail = end.message or end.code or "run failed"
+    if end.code == "concurrency_limit":
+        return RequestRejected(
+            503, "provider_busy", f"provider busy: {detail}", type="service_unavailable", reason="provider_busy"
+        )
+    if end.status == "cancelled":
+        return node_disconnected(f"run cancelled by the node: {detail}")
+    if end.upstream_status is not None:
+        detail = f"upstream answered {end.upstream_status}: {detail}"
+    return RequestRejected(502, "upstream_error", detail, type="upstream_error", reason=end.code or "upstream_error")
+
+
+def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
+    """Estimated context of a request: prompt characters / 4 plus the output budget."""
+    chars = 0
+    if endpoint == "chat/completions":
+        for message in body.get("messages") or ():
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        chars += len(part["text"])
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            chars += len(prompt)
+        elif isinstance(prompt, list):
+            chars += sum(len(p) for p in prompt if isinstance(p, str))
+    budget = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        budget = 0
+    return chars // CHARS_PER_TOKEN + budget
+
+
+@final
+class Responder:
+    """Sends one HTTP response; knows whether the head is out already."""
+
+    __slots__ = ("_send", "started", "finished")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.finished = False
+
+    async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": list(headers)})
+
+    async def chunk(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def finish(self, data: bytes = b"") -> None:
+        self.finished = True
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def whole(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
+        await self.start(status, headers)
+        await self.finish(body)
+
+    async def reject(self, rejection: RequestRejected) -> None:
+        """Answer with an error: a JSON response, or a final SSE error event mid-stream."""
+        if self.finished:
+            return
+        if not self.started:
+            await self.whole(rejection.status, rejection.headers(), rejection.body())
+        else:
+            await self.finish(b"data: " + rejection.body() + b"\n\n")
+
+
+@final
+class EdgeAPI:
+    """The ASGI application of one :class:`~iop_edge.EdgeService`."""
+
+    def __init__(self, service: EdgeService) -> None:
+        self.service = service
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Responder], Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/status"): self._status,
+            ("GET", "/healthz"): self._healthz,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/admin/reload"): self._reload,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        responder = Responder(send)
+        handler = self._routes.get((scope["method"], scope["path"]))
+        try:
+            if handler is None:
+                if scope["path"] in self._paths:
+                    raise RequestRejected(405, "method_not_allowed", f"{scope['method']} is not allowed here")
+                raise RequestRejected(404, "not_found", f"no route for {scope['path']}")
+            await handler(scope, receive, responder)
+        except _ClientGone:
+            return
+        except RequestRejected as rejection:
+            await responder.reject(rejection)
+
+    # ------------------------------------------------------------ completions
+
+    async def _chat(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        await self._completion(scope, receive, responder, "chat/completions")
+
+    async def _completions(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        await self._completion(scope, receive, responder, "completions")
+
+    async def _completion(
+        self, scope: Scope, receive: Receive, responder: Responder, endpoint: str
+    ) -> None:
+        service = self.service
+        self._authorize(scope)
+        body = await self._read_json(scope, receive)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise RequestRejected(400, "bad_request", "'model' is required and must be a string")
+        if endpoint == "chat/completions":
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise RequestRejected(400, "bad_request", "'messages' is required and must be a non-empty list")
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str | list):
+                raise RequestRejected(400, "bad_request", "'prompt' is required and must be a string or a list")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise RequestRejected(400, "bad_request", "'stream' must be true or false")
+        config = service.config
+        threshold = config.long_threshold(model)
+        long = threshold is not None and estimate_tokens(endpoint, body) > threshold
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            await self._admit_and_run(model, long, endpoint, body, stream, responder)
+            nursery.cancel_scope.cancel()
+
+    async def _admit_and_run(
+        self,
+        model: str,
+        long: bool,
+        endpoint: str,
+        body: dict[str, Any],
+        stream: bool,
+        responder: Responder,
+    ) -> None:
+        service = self.service
+        metrics = service.metrics
+        started_at = trio.current_time()
+        outcome = "error"
+        leased = False
+        try:
+            async with service.admission.lease(model, long=long) as lease:
+                leased = True
+                outcome = await self._run(lease, model, endpoint, body, stream, responder)
+        except AdmissionError as exc:
+            if isinstance(exc, LeaseRevoked):
+                outcome = "revoked"
+            await responder.reject(admission_rejection(exc))
+        except RequestRejected as rejection:
+            if rejection.code == "provider_busy":
+                metrics.request_rejected(model, "provider_busy")
+            await responder.reject(rejection)
+        except trio.Cancelled:
+            outcome = "cancelled"
+            raise
+        finally:
+            if leased:
+                metrics.lease_ended(model, outcome, trio.current_time() - started_at)
+
+    async def _run(
+        self,
+        lease: Any,
+        model: str,
+        endpoint: str,
+        body: dict[str, Any],
+        stream: bool,
+        responder: Responder,
+    ) -> str:
+        """Send the run to the lease's node and relay its answer. Returns the outcome."""
+        service = self.service
+        key = lease.provider
+        try:
+            link = service.registry.link(key.node_id, lease.generation)
+            upstream = dict(body)
+            upstream["model"] = service.config.upstream_model(model, key)
+            upstream["stream"] = stream
+            run = link.open_run(Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream))
+        except (NodeGone, KeyError) as exc:
+            raise node_disconnected(str(exc)) from None
+        head = [
+            (b"x-iop-provider", str(key).encode()),
+            (b"x-iop-queue-ms", str(round(lease.queue_wait * 1000)).encode()),
+        ]
+        with run:
+            result: dict[str, Any] | None = None
+            while True:
+                try:
+                    message = await run.next()
+                except NodeGone as exc:
+                    if run.overflowed:
+                        raise RequestRejected(
+                            502, "client_too_slow", str(exc), type="upstream_error"
+                        ) from None
+                    raise node_disconnected(str(exc)) from None
+                if type(message) is RunEvent:
+                    if stream:
+                        if not responder.started:
+                            await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
+                        await responder.chunk(b"data: " + _dumps(message.data) + b"\n\n")
+                    else:
+                        result = message.data
+                    continue
+                if type(message) is not RunEnd:
+                    raise RequestRejected(502, "upstream_error", "unexpected tunnel message for a run", type="upstream_error")
+                if message.status != "ok":
+                    raise run_failure(message)
+                if stream:
+                    if not responder.started:
+                        await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
+                    await responder.finish(b"data: [DONE]\n\n")
+                else:
+                    if result is None:
+                        raise RequestRejected(502, "upstream_error", "the node ended the run without a response", type="upstream_error")
+                    await responder.whole(200, [_JSON, *head], _dumps(result))
+                return "ok"
+
+    # ------------------------------------------------------------ other routes
+
+    async def _models(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        self._authorize(scope)
+        data = [
+            {"id": m.id, "object": "model", "created": 0, "owned_by": "iop"}
+            for m in self.service.config.models
+        ]
+        await responder.whole(200, [_JSON], _dumps({"object": "list", "data": data}))
+
+    async def _status(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        await responder.whole(200, [_JSON], _dumps(self.service.status()))
+
+    async def _healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        await responder.whole(200, [_JSON], b'{"status":"ok"}')
+
+    async def _metrics(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        body, content_type = self.service.metrics.render()
+        await responder.whole(200, [(b"content-type", content_type.encode())], body)
+
+    async def _reload(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        config = self.service.config
+        if not config.admin_token:
+            raise RequestRejected(404, "not_found", "no route for /admin/reload")
+        if not config.accepts_admin_token(_bearer(scope) or ""):
+            raise RequestRejected(401, "unauthorized", "a valid admin token is required", type="authentication_error")
+        errors = self.service.reload()
+        if errors:
+            body = {
+                "error": {
+                    "message": "config rejected; the old config stays in force",
+                    "type": "invalid_request_error",
+                    "code": "config_rejected",
+                },
+                "errors": errors,
+            }
+            await responder.whole(400, [_JSON, (b"x-iop-reject-reason", b"config_rejected")], _dumps(body))
+            return
+        await responder.whole(200, [_JSON], b'{"status":"reloaded"}')
+
+    # ------------------------------------------------------------------ input
+
+    def _authorize(self, scope: Scope) -> None:
+        config = self.service.config
+        if not config.api_keys_required:
+            return
+        key = _bearer(scope)
+        if key is None or not config.accepts_api_key(key):
+            raise RequestRejected(
+                401, "invalid_api_key", "a valid API key is required (Authorization: Bearer ...)",
+                type="authentication_error",
+            )
+
+    async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+        limit = self.service.config.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    raise RequestRejected(400, "bad_request", "invalid content-length") from None
+                if declared > limit:
+                    raise _too_large(limit)
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        try:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestRejected(400, "bad_request", f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise RequestRejected(400, "bad_request", "request body must be a JSON object")
+        return body
+
+
+class _ClientGone(RequestRejected):
+    """The client disconnected before its request body arrived; nothing to answer."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client_closed", "client closed the connection")
+
+
+def _too_large(limit: int) -> RequestRejected:
+    return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip()
+            return None
+    return None
+
+
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` when the client goes away."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+

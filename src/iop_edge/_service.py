@@ -1,0 +1,158 @@
+"""One Edge: config, the admission pool, the node socket and the HTTP API, wired.
+
+:class:`EdgeService` holds no admission state of its own: it builds one
+:class:`~iop_admission.Admission` from the config and hands it to the node
+registry (connect/disconnect) and the HTTP API (leases). ``reload`` re-reads the
+config file and applies it with ``admission.refresh``, all or nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, final
+
+import cattrs
+import hypercorn.config
+import hypercorn.trio
+import trio
+import trio_websocket
+from iop_admission import Admission, ConfigError
+from iop_config import ConfigFileError
+
+from ._http_api import EdgeAPI
+from ._links import NodeRegistry
+from .config import EdgeConfig, load_edge_config
+from .metrics import EdgeMetrics
+
+logger = logging.getLogger("iop_edge")
+
+
+@final
+class EdgeService:
+    """The Edge daemon's parts, ready to serve.
+
+    Args:
+        config: the loaded edge config.
+        config_path: the file ``reload`` re-reads (None: reload is refused).
+    """
+
+    def __init__(self, config: EdgeConfig, *, config_path: str | os.PathLike[str] | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.admission = Admission(config.pool_config())
+        self.metrics = EdgeMetrics(self.admission)
+        self.registry = NodeRegistry(
+            self.admission,
+            token_for=lambda node_id: self.config.node_token(node_id),
+            heartbeat_timeout=config.heartbeat_timeout_ms / 1000,
+            max_message_bytes=config.max_ws_message_bytes,
+            on_connect=lambda node_id, generation: self.metrics.node_connected(node_id),
+            on_disconnect=lambda node_id, generation, cause: self.metrics.node_disconnected(
+                node_id, cause
+            ),
+        )
+        self.api = EdgeAPI(self)
+        self.http_port: int | None = None
+        self.node_port: int | None = None
+
+    # ----------------------------------------------------------------- refresh
+
+    def reload(self) -> list[str]:
+        """Re-read the config file and apply it; return every error (empty: applied).
+
+        An invalid file changes nothing. ``listen``, ``node_listen`` and the
+        size limits apply at the next start only; tokens, queue policy,
+        providers, models and the heartbeat timeout apply at once.
+        """
+        if self.config_path is None:
+            return ["this Edge was started without a config file"]
+        try:
+            config = load_edge_config(self.config_path)
+            self.admission.refresh(config.pool_config())
+        except ConfigFileError as exc:
+            errors = list(exc.errors)
+        except ConfigError as exc:
+            errors = [f"{self.config_path}: {problem}" for problem in exc.problems]
+        except OSError as exc:
+            errors = [f"{self.config_path}: cannot read: {exc.strerror or exc}"]
+        else:
+            self.config = config
+            self.registry.heartbeat_timeout = config.heartbeat_timeout_ms / 1000
+            self.metrics.refresh_result("ok")
+            logger.info("config reloaded from %s", self.config_path)
+            return []
+        self.metrics.refresh_result("rejected")
+        for error in errors:
+            logger.error("config reload rejected: %s", error)
+        return errors
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        """``/status``: the admission snapshot plus per-node connection info."""
+        body: dict[str, Any] = cattrs.unstructure(self.admission.snapshot())
+        body["nodes"] = self.registry.node_status([node.id for node in self.config.nodes])
+        return body
+
+    # ------------------------------------------------------------------- serve
+
+    async def serve(self, *, task_status: trio.TaskStatus[tuple[int, int]] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the node socket and the HTTP API until cancelled.
+
+        Reports ``(http_port, node_port)`` through ``task_status`` once both
+        listen. Cancellation closes every node connection (each node is
+        disconnected, so leases are fenced) and stops the HTTP server.
+        """
+        config = self.config
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.metrics.run)
+            ws_server = await nursery.start(
+                _serve_nodes, self.registry, config.node_listen.host, config.node_listen.port,
+                config.max_ws_message_bytes,
+            )
+            self.node_port = ws_server.port
+            hyper = hypercorn.config.Config()
+            hyper.bind = [f"{config.listen.host}:{config.listen.port}"]
+            hyper.accesslog = None
+            hyper.errorlog = logging.getLogger("hypercorn.error")
+            hyper.loglevel = "WARNING"
+            hyper.keep_alive_timeout = 75
+            hyper.read_timeout = 30
+            binds = await nursery.start(
+                lambda task_status: hypercorn.trio.serve(
+                    self.api, hyper, task_status=task_status  # type: ignore[arg-type]
+                )
+            )
+            self.http_port = _port_of(binds[0])
+            logger.info(
+                "iop-edge listening: http://%s:%d (API), ws://%s:%d (nodes)",
+                config.listen.host, self.http_port, config.node_listen.host, self.node_port,
+            )
+            task_status.started((self.http_port, self.node_port))
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.registry.close_all()
+
+
+async def _serve_nodes(
+    registry: NodeRegistry,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    *,
+    task_status: trio.TaskStatus[trio_websocket.WebSocketServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await trio_websocket.serve_websocket(
+        registry.serve,
+        host,
+        port,
+        ssl_context=None,
+        max_message_size=max_message_bytes,
+        task_status=task_status,
+    )
+
+
+def _port_of(bind: str) -> int:
+    return int(bind.rsplit(":", 1)[1].rstrip("/"))
