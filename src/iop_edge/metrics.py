@@ -1,0 +1,263 @@
+"""Prometheus metrics of one Edge: ``GET /metrics``.
+
+Three sources, each with its own honesty rule (documented in ``docs/metrics.md``):
+
+* **Gauges are read, never kept.** Per-provider and Edge-wide gauges are
+  computed at scrape time from :meth:`Admission.snapshot` by a custom
+  collector, so they are the numbers admission itself uses and cannot drift.
+* **Event counters are best effort.** ``iop_admitted_total``, most of
+  ``iop_rejected_total`` and ``iop_queue_wait_seconds`` are fed by
+  :meth:`Admission.subscribe`. A subscriber that falls behind loses events;
+  they then undercount, and ``iop_events_dropped_total`` (from the snapshot)
+  shows that it happened. Nothing in admission ever reads a metric.
+* **Hook counters are exact.** What admission events cannot see (API-level
+  rejections, lease outcomes, node connection causes, config refreshes) the
+  Edge reports through the explicit methods of :class:`EdgeMetrics`.
+
+Every :class:`EdgeMetrics` has its own :class:`~prometheus_client.CollectorRegistry`
+(never the process-global default), so several Edges or tests can coexist in
+one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Final, final
+
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from iop_admission import Admission, AdmissionEvent, ProviderSnapshot
+
+__all__ = [
+    "DISCONNECT_CAUSES",
+    "LEASE_OUTCOMES",
+    "REFRESH_RESULTS",
+    "REJECTION_REASONS",
+    "EdgeMetrics",
+]
+
+#: ``reason`` label values of ``iop_rejected_total``.
+REJECTION_REASONS: Final = frozenset(
+    {"queue_full", "queue_timeout", "unavailable", "model_not_found", "provider_busy"}
+)
+#: ``outcome`` label values of ``iop_lease_endings_total``.
+LEASE_OUTCOMES: Final = ("ok", "error", "cancelled", "revoked")
+#: ``cause`` label values of ``iop_node_disconnects_total``.
+DISCONNECT_CAUSES: Final = frozenset({"graceful", "heartbeat_timeout", "error"})
+#: ``result`` label values of ``iop_config_refreshes_total``.
+REFRESH_RESULTS: Final = ("ok", "rejected")
+
+#: Admission error class names (``AdmissionEvent.reason``) to ``reason`` codes.
+_REASON_CODES: Final = {
+    "QueueFull": "queue_full",
+    "QueueTimeout": "queue_timeout",
+    "Unavailable": "unavailable",
+    "ModelNotFound": "model_not_found",
+}
+
+#: The queue timeout defaults to 30 s; waits beyond a minute are off the scale anyway.
+_QUEUE_WAIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: LLM requests run from well under a second to many minutes (long streamed generations).
+_REQUEST_DURATION_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+#: Per-provider gauges: metric name suffix, help text, and how to read it from a ProviderSnapshot.
+_PROVIDER_GAUGES: Final = (
+    ("capacity", "Configured capacity of the provider (all model groups together).",
+     lambda p: p.capacity),
+    ("effective_capacity", "Capacity admission may use now: 0 while offline or disabled.",
+     lambda p: p.effective_capacity),
+    ("long_context_capacity", "Configured long-context slots of the provider.",
+     lambda p: p.long_context_capacity),
+    ("effective_long_context_capacity", "Long-context slots admission may use now: 0 while offline or disabled.",
+     lambda p: p.effective_long_capacity),
+    ("in_flight", "Live leases on the provider.",
+     lambda p: p.in_flight),
+    ("long_in_flight", "Live long-context leases on the provider.",
+     lambda p: p.long_in_flight),
+    ("queued", "Candidate pressure: waiters for which this provider is an eligible candidate "
+     "(a waiter counts at each of its candidates; see iop_queue_depth for the true queue length).",
+     lambda p: p.queued),
+    ("long_queued", "Candidate pressure of long-context waiters.",
+     lambda p: p.long_queued),
+    ("connected", "1 if the provider's node is connected in its current generation, else 0.",
+     lambda p: int(p.connected)),
+    ("generation", "Current connection generation of the provider's node (0: never connected).",
+     lambda p: p.generation),
+)
+
+
+def _check(value: str, allowed: Iterable[str], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(sorted(allowed))}")
+
+
+@final
+class _SnapshotCollector(Collector):
+    """Gauges read from ``admission.snapshot()`` at every scrape."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families(None)
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self._admission)
+
+    @staticmethod
+    def _families(admission: Admission | None) -> Iterator[Metric]:
+        """The gauge families, with samples from ``admission`` (none for ``describe``)."""
+        snap = admission.snapshot() if admission is not None else None
+        providers: tuple[ProviderSnapshot, ...] = snap.providers if snap is not None else ()
+        for suffix, documentation, read in _PROVIDER_GAUGES:
+            family = GaugeMetricFamily(f"iop_{suffix}", documentation, labels=("node", "provider"))
+            for p in providers:
+                family.add_metric((p.node_id, p.provider_id), read(p))
+            yield family
+        edge_wide = (
+            ("iop_queue_depth", "Waiters in the Edge-wide queue (the true queue length).",
+             snap.queue_depth if snap else None),
+            ("iop_max_queue", "Edge-wide bound on waiters (provider_pool.max_queue).",
+             snap.max_queue if snap else None),
+            ("iop_queue_timeout_seconds", "Edge-wide queue timeout (provider_pool.queue_timeout_ms / 1000).",
+             snap.queue_timeout if snap else None),
+        )
+        for name, documentation, value in edge_wide:
+            yield GaugeMetricFamily(name, documentation, value=value)
+        yield CounterMetricFamily(
+            "iop_events_dropped",
+            "Admission events dropped because a subscriber's buffer was full (all subscribers). "
+            "While it grows, event-fed counters undercount.",
+            value=snap.events_dropped if snap else None,
+        )
+
+
+@final
+class EdgeMetrics:
+    """The Edge's Prometheus metrics: scrape-time gauges, event counters and hook counters.
+
+    Args:
+        admission: the Edge's admission; read by snapshot at scrape time and
+            followed by :meth:`run`. Metrics never feed back into it.
+    """
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        registry.register(_SnapshotCollector(admission))
+        self._admitted = Counter(
+            "iop_admitted", "Leases granted (from admission events).",
+            ("model", "node", "provider"), registry=registry,
+        )
+        self._rejected = Counter(
+            "iop_rejected", "Requests refused: admission errors (from events) and provider_busy (from the Edge).",
+            ("model", "reason"), registry=registry,
+        )
+        self._lease_endings = Counter(
+            "iop_lease_endings", "Admitted requests that ended, by outcome.",
+            ("outcome",), registry=registry,
+        )
+        self._node_connects = Counter(
+            "iop_node_connects", "Accepted node registrations.", ("node",), registry=registry,
+        )
+        self._node_disconnects = Counter(
+            "iop_node_disconnects", "Authoritative node disconnects, by cause.",
+            ("node", "cause"), registry=registry,
+        )
+        self._refreshes = Counter(
+            "iop_config_refreshes", "Live config refreshes, by result.", ("result",), registry=registry,
+        )
+        self._queue_wait = Histogram(
+            "iop_queue_wait_seconds", "Time granted requests spent queued (0 when admitted at once).",
+            ("model",), buckets=_QUEUE_WAIT_BUCKETS, registry=registry,
+        )
+        self._request_duration = Histogram(
+            "iop_request_duration_seconds", "Duration of admitted requests, lease grant to lease end.",
+            ("model",), buckets=_REQUEST_DURATION_BUCKETS, registry=registry,
+        )
+        # Closed label sets start at 0, so rate() and absence alerts work from the first scrape.
+        for outcome in LEASE_OUTCOMES:
+            self._lease_endings.labels(outcome)
+        for result in REFRESH_RESULTS:
+            self._refreshes.labels(result)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Follow admission events and count them, until cancelled.
+
+        Subscribes with a 4096-event buffer, calls ``task_status.started()``
+        once subscribed (use ``await nursery.start(metrics.run)``), then
+        consumes events. Checkpoints while waiting for events; cancellation
+        ends it and closes the subscription, losing nothing but future events.
+        """
+        async with self._admission.subscribe(buffer=4096) as events:
+            task_status.started()
+            async for event in events:
+                self._observe(event)
+
+    def _observe(self, event: AdmissionEvent) -> None:
+        kind = event.kind
+        if kind == "granted":
+            assert event.model is not None and event.provider is not None
+            self._admitted.labels(event.model, event.provider.node_id, event.provider.provider_id).inc()
+            self._queue_wait.labels(event.model).observe(event.waited or 0.0)
+        elif kind == "rejected":
+            reason = event.reason or "unknown"
+            self._rejected.labels(event.model or "", _REASON_CODES.get(reason, reason)).inc()
+        elif kind == "timed_out":
+            self._rejected.labels(event.model or "", "queue_timeout").inc()
+
+    # ------------------------------------------------------------------ hooks
+
+    def request_rejected(self, model: str, reason: str) -> None:
+        """Count a refusal that admission events do not show, e.g. ``provider_busy``.
+
+        Raises:
+            ValueError: ``reason`` is not one of :data:`REJECTION_REASONS`.
+        """
+        _check(reason, REJECTION_REASONS, "rejection reason")
+        self._rejected.labels(model, reason).inc()
+
+    def lease_ended(self, model: str, outcome: str, duration: float) -> None:
+        """Count an admitted request that ended, and observe its duration in seconds.
+
+        Raises:
+            ValueError: ``outcome`` is not one of :data:`LEASE_OUTCOMES`.
+        """
+        _check(outcome, LEASE_OUTCOMES, "lease outcome")
+        self._lease_endings.labels(outcome).inc()
+        self._request_duration.labels(model).observe(duration)
+
+    def node_connected(self, node_id: str) -> None:
+        """Count an accepted registration of ``node_id``."""
+        self._node_connects.labels(node_id).inc()
+
+    def node_disconnected(self, node_id: str, cause: str) -> None:
+        """Count an authoritative disconnect of ``node_id`` (not a stale or rejected one).
+
+        Raises:
+            ValueError: ``cause`` is not one of :data:`DISCONNECT_CAUSES`.
+        """
+        _check(cause, DISCONNECT_CAUSES, "disconnect cause")
+        self._node_disconnects.labels(node_id, cause).inc()
+
+    def refresh_result(self, result: str) -> None:
+        """Count a config refresh: ``ok`` (applied) or ``rejected`` (old config kept).
+
+        Raises:
+            ValueError: ``result`` is not one of :data:`REFRESH_RESULTS`.
+        """
+        _check(result, REFRESH_RESULTS, "refresh result")
+        self._refreshes.labels(result).inc()
+
+    # ---------------------------------------------------------------- scrape
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition of every metric, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def __repr__(self) -> str:
+        return f"<EdgeMetrics of {self._admission!r}>"

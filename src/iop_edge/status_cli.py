@@ -1,0 +1,230 @@
+"""``iop status``: the Edge's admission state as a table, once or live.
+
+::
+
+    iop status --edge http://127.0.0.1:8080 [--watch] [--interval 1] [--api-key KEY]
+
+It reads ``GET {edge}/status`` -- ``cattrs.unstructure(admission.snapshot())``
+plus a ``nodes`` list -- and prints one row per provider and a summary line.
+Exit codes: 0 shown (or ``--watch`` ended by Ctrl-C), 1 the Edge is
+unreachable, answered other than 200, or sent a document this tool cannot
+read (one line on stderr), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, final
+
+import attrs
+import cattrs
+import httpx
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from iop_admission import Snapshot
+
+__all__ = ["EdgeStatus", "NodeStatus", "StatusUnavailable", "fetch_status", "main", "render_status"]
+
+DEFAULT_EDGE = "http://127.0.0.1:8080"
+
+
+@final
+@attrs.frozen
+class NodeStatus:
+    """One configured node as ``/status`` reports it.
+
+    Attributes:
+        last_heartbeat_age: seconds since the last frame from the node, or None
+            (never heard from / not connected).
+    """
+
+    node_id: str
+    connected: bool
+    generation: int
+    last_heartbeat_age: float | None = None
+
+
+@final
+@attrs.frozen
+class EdgeStatus:
+    """The ``/status`` document: the admission snapshot and the nodes."""
+
+    snapshot: Snapshot
+    nodes: tuple[NodeStatus, ...]
+
+
+@final
+class StatusUnavailable(Exception):
+    """The Edge could not be read: unreachable, a non-200 answer, or an unreadable document."""
+
+
+_converter = cattrs.Converter()
+
+
+def fetch_status(client: httpx.Client, edge: str) -> EdgeStatus:
+    """GET ``{edge}/status`` and structure it.
+
+    Raises:
+        StatusUnavailable: with a one-line message saying what went wrong.
+    """
+    url = f"{edge.rstrip('/')}/status"
+    try:
+        response = client.get(url)
+    except httpx.HTTPError as exc:
+        raise StatusUnavailable(f"cannot reach the Edge at {url}: {exc or type(exc).__name__}") from exc
+    if response.status_code != 200:
+        raise StatusUnavailable(f"the Edge at {url} answered HTTP {response.status_code}")
+    try:
+        document: Any = response.json()
+        nodes = document.get("nodes", []) if isinstance(document, dict) else None
+        return EdgeStatus(
+            snapshot=_converter.structure(document, Snapshot),
+            nodes=_converter.structure(nodes, tuple[NodeStatus, ...]),
+        )
+    except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
+        if isinstance(exc, cattrs.BaseValidationError):
+            detail = "; ".join(cattrs.transform_error(exc))
+        else:
+            detail = str(exc) or type(exc).__name__
+        raise StatusUnavailable(f"unreadable /status document from {url}: {detail}") from exc
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _node_summary(node: NodeStatus) -> str:
+    if not node.connected:
+        return f"{node.node_id} (disconnected, gen {node.generation})"
+    age = "" if node.last_heartbeat_age is None else f", heartbeat {node.last_heartbeat_age:.1f}s ago"
+    return f"{node.node_id} (connected, gen {node.generation}{age})"
+
+
+_LEGEND = Text(
+    "in-flight: live leases/capacity; long: long-context leases/slots; "
+    "queued: candidate pressure (a waiter counts at each of its candidates), long ones in ()",
+    style="dim",
+)
+_STATUS_STYLES = {"available": "green", "unavailable": "red", "disabled": "yellow"}
+
+
+def render_status(status: EdgeStatus) -> Group:
+    """The provider table and the summary lines, ready to print or to show live."""
+    snap = status.snapshot
+    table = Table(
+        title="IOP Edge providers",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("node", overflow="fold")
+    table.add_column("provider", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("health", no_wrap=True)
+    for name in ("in-flight", "long", "queued", "priority"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for p in snap.providers:
+        table.add_row(
+            p.node_id,
+            p.provider_id,
+            Text(p.status, style=_STATUS_STYLES.get(p.status, "")),
+            Text(p.health, style="green" if p.health == "online" else "red"),
+            f"{p.in_flight}/{p.capacity}",
+            f"{p.long_in_flight}/{p.long_context_capacity}",
+            f"{p.queued} ({p.long_queued})",
+            str(p.priority),
+        )
+    queue = Text(
+        f"queue {snap.queue_depth}/{snap.max_queue}  timeout {_seconds(snap.queue_timeout)}  "
+        f"events dropped {snap.events_dropped}"
+    )
+    nodes = Text("nodes: " + (", ".join(map(_node_summary, status.nodes)) or "none"))
+    return Group(table, queue, nodes, _LEGEND)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="iop", description="IOP admission tools.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    status = commands.add_parser("status", help="show the Edge's providers, queue and nodes")
+    status.add_argument("--edge", default=DEFAULT_EDGE, help=f"Edge base URL (default {DEFAULT_EDGE})")
+    status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    status.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between refreshes with --watch (default 1)"
+    )
+    status.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout in seconds (default 5)")
+    status.add_argument(
+        "--api-key",
+        default=os.environ.get("IOP_API_KEY"),
+        help="bearer key, if the Edge requires one (default: $IOP_API_KEY)",
+    )
+    # Tests end --watch after N refreshes instead of waiting for Ctrl-C.
+    status.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    console: Console | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Run ``iop``; return the exit code.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+        transport: HTTP transport for the client (tests pass an
+            ``httpx.MockTransport``); default: the network.
+        console: where the table goes (default: stdout).
+        sleep: how ``--watch`` waits between refreshes.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.interval < 0 or args.timeout <= 0 or (args.count is not None and args.count < 1):
+        parser.error("--interval must be >= 0, --timeout > 0 and --count >= 1")
+    console = console or Console()
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    with httpx.Client(transport=transport, timeout=args.timeout, headers=headers) as client:
+        try:
+            if not args.watch:
+                console.print(render_status(fetch_status(client, args.edge)))
+                return 0
+            return _watch(client, args.edge, args.interval, args.count, console, sleep)
+        except StatusUnavailable as exc:
+            print(f"iop status: {exc}", file=sys.stderr)
+            return 1
+
+
+def _watch(
+    client: httpx.Client,
+    edge: str,
+    interval: float,
+    count: int | None,
+    console: Console,
+    sleep: Callable[[float], None],
+) -> int:
+    """Show the status live, refreshing every ``interval`` seconds, until Ctrl-C (or ``count`` refreshes)."""
+    try:
+        first = render_status(fetch_status(client, edge))
+        with Live(first, console=console, auto_refresh=False) as live:
+            shown = 1
+            while count is None or shown < count:
+                sleep(interval)
+                live.update(render_status(fetch_status(client, edge)), refresh=True)
+                shown += 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
