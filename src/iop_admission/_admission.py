@@ -237,6 +237,11 @@ class Admission:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
+    def _emit_rejected(self, model: str, long: bool, exc: BaseException) -> None:
+        self._emit(
+            AdmissionEvent("rejected", _now(), model=model, long=long, reason=type(exc).__name__)
+        )
+
     def _lease_event(self, kind: str, lease: Lease, **extra: object) -> None:
         self._emit(
             AdmissionEvent(
@@ -310,15 +315,7 @@ class LeaseScope:
             result = core.request(self._model, self._long, trio.current_time())
         except Exception as exc:
             if admission._subscribers:
-                admission._emit(
-                    AdmissionEvent(
-                        "rejected",
-                        _now(),
-                        model=self._model,
-                        long=self._long,
-                        reason=type(exc).__name__,
-                    )
-                )
+                admission._emit_rejected(self._model, self._long, exc)
             await trio.lowlevel.cancel_shielded_checkpoint()
             raise
         if type(result) is Lease:
@@ -369,15 +366,7 @@ class LeaseScope:
                 lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
             except BaseException as exc:
                 if admission._subscribers and not isinstance(exc, trio.Cancelled):
-                    admission._emit(
-                        AdmissionEvent(
-                            "rejected",
-                            _now(),
-                            model=waiter.model,
-                            long=waiter.long,
-                            reason=type(exc).__name__,
-                        )
-                    )
+                    admission._emit_rejected(waiter.model, waiter.long, exc)
                 raise
             finally:
                 waiter.token = None
