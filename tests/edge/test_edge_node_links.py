@@ -1,0 +1,275 @@
+"""The Edge's node socket over real WebSockets: registration, close, heartbeat timeout, generations.
+
+[disconnect-exclusion] [disconnect-queue-resolution] [offline-snapshot]
+[cross-model-tests]: fake nodes written with ``trio_websocket`` drive every
+connection event exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import trio
+from edge_harness import (
+    BIG,
+    FAST,
+    TOKEN_A,
+    Edge,
+    EdgeLayout,
+    chat_response,
+    eventually,
+    fake_node,
+    running_edge,
+)
+from iop_wire import Rejected, RunEvent
+
+
+def _start_chat(nursery: trio.Nursery, edge: Edge, results: dict[str, httpx.Response], name: str, model: str) -> None:
+    async def post() -> None:
+        results[name] = await edge.chat(model, name)
+
+    nursery.start_soon(post)
+
+
+def _offline(entry: dict[str, object]) -> bool:
+    return (entry["connected"], entry["status"], entry["health"]) == (False, "unavailable", "offline")
+
+
+async def test_graceful_close_answers_waiters_at_once(tmp_path: Path) -> None:
+    """[disconnect-exclusion] [disconnect-queue-resolution] [offline-snapshot] close 1001 from the
+    node: the running request gets 502, the waiter with no other candidate 503 unavailable at once
+    (long before queue_timeout), /status shows the provider offline."""
+    layout = EdgeLayout(queue_timeout_ms=600_000)
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge:
+            results: dict[str, httpx.Response] = {}
+            async with fake_node(edge) as node, trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "running", BIG)
+                await node.next_run()
+                _start_chat(nursery, edge, results, "waiter", FAST)
+                await eventually(lambda: edge.queue_depth == 1)
+                await node.ws.aclose(1001, "node shutting down")
+            assert results["waiter"].status_code == 503
+            assert results["waiter"].json()["error"] == {
+                "message": results["waiter"].json()["error"]["message"],
+                "type": "service_unavailable",
+                "code": "unavailable",
+            }
+            assert results["waiter"].headers["x-iop-reject-reason"] == "unavailable"
+            assert results["running"].status_code == 502
+            status = await edge.status()
+            gpu0 = next(p for p in status["providers"] if p["provider_id"] == "gpu0")
+            assert _offline(gpu0)
+            assert (gpu0["effective_capacity"], gpu0["in_flight"], gpu0["queued"]) == (0, 0, 0)
+            node_a = next(n for n in status["nodes"] if n["node_id"] == "node-a")
+            assert node_a == {
+                "node_id": "node-a",
+                "connected": False,
+                "generation": 1,
+                "last_heartbeat_age": None,
+                "active_runs": 0,
+            }
+            # a new request for a model with no eligible candidate: 503 at once, never queued
+            response = await edge.chat(FAST)
+            assert response.status_code == 503
+            assert response.json()["error"]["code"] == "unavailable"
+            await edge.assert_drained()
+
+
+async def test_graceful_close_waiter_falls_back_to_gpu1(tmp_path: Path) -> None:
+    """[disconnect-queue-resolution] [cross-model-tests] a waiter of ornith:35b falls back to
+    node-b/gpu1 when node-a closes, while the ornith-fast waiter is answered unavailable."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge, "node-b", providers=["gpu1"]) as node_b:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "b-busy", BIG)
+                async with fake_node(edge) as node_a:
+                    _start_chat(nursery, edge, results, "a-busy", FAST)
+                    a_run = await node_a.next_run()
+                    # gpu0 busy: this one runs on gpu1 (lower priority but free) or waits for it
+                    b_run = await node_b.next_run()
+                    assert {a_run.body["messages"][0]["content"], b_run.body["messages"][0]["content"]} == {
+                        "b-busy",
+                        "a-busy",
+                    }
+                    _start_chat(nursery, edge, results, "big-waiter", BIG)
+                    _start_chat(nursery, edge, results, "fast-waiter", FAST)
+                    await eventually(lambda: edge.queue_depth == 2)
+                    await node_a.ws.aclose(1001, "bye")
+                await eventually(lambda: "fast-waiter" in results)
+                assert results["fast-waiter"].status_code == 503
+                await node_b.answer(b_run)
+                fallback = await node_b.next_run()
+                assert fallback.body["messages"][0]["content"] == "big-waiter"
+                assert fallback.body["model"] == "qwen3:35b-b"
+                await node_b.answer(fallback)
+            assert results["big-waiter"].status_code == 200
+            assert results["big-waiter"].headers["x-iop-provider"] == "node-b/gpu1"
+            await edge.assert_drained()
+
+
+async def test_heartbeat_timeout_drops_silent_node(tmp_path: Path) -> None:
+    """[disconnect-exclusion] [cross-model-tests] a node that goes silent (TCP still open) is dropped
+    after heartbeat_timeout_ms; a duplicate registration meanwhile is rejected (duplicate,
+    retryable) and changes nothing; afterwards the node registers as generation 2."""
+    layout = EdgeLayout(heartbeat_timeout_ms=300)
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge:
+            results: dict[str, httpx.Response] = {}
+            async with fake_node(edge) as silent, trio.open_nursery() as nursery:
+                assert silent.registered is not None
+                assert silent.registered.heartbeat_interval_ms == 100
+                _start_chat(nursery, edge, results, "running", BIG)
+                await silent.next_run()
+                async with fake_node(edge, register=False) as duplicate:
+                    answer = await duplicate.register(TOKEN_A, ["gpu0"])
+                    assert answer == Rejected("duplicate", answer.reason, True)
+                assert edge.service.admission.generation("node-a") == 1
+                assert edge.provider("node-a", "gpu0")["connected"] is True
+                assert edge.provider("node-a", "gpu0")["in_flight"] == 1
+                # say nothing: the Edge drops the node by itself
+                await eventually(lambda: "running" in results)
+                assert edge.provider("node-a", "gpu0")["connected"] is False
+            assert results["running"].status_code == 502
+            assert results["running"].json()["error"]["code"] == "node_disconnected"
+            async with fake_node(edge) as again:
+                assert again.registered is not None
+                assert again.registered.generation == 2
+                status = await edge.status()
+                gpu0 = next(p for p in status["providers"] if p["provider_id"] == "gpu0")
+                assert (gpu0["connected"], gpu0["status"], gpu0["health"], gpu0["generation"]) == (
+                    True,
+                    "available",
+                    "online",
+                    2,
+                )
+            await edge.assert_drained()
+
+
+async def test_heartbeats_keep_a_node_alive(tmp_path: Path) -> None:
+    """[disconnect-exclusion] any message counts as liveness: heartbeats every 100 ms keep the node."""
+    layout = EdgeLayout(heartbeat_timeout_ms=300)
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
+            for seq in range(8):  # 0.8 s, well past the timeout
+                await node.heartbeat(seq)
+                await trio.sleep(0.1)
+            assert edge.service.admission.is_connected("node-a")
+            assert edge.service.admission.generation("node-a") == 1
+
+
+async def test_stale_close_and_reconnect(tmp_path: Path) -> None:
+    """[disconnect-exclusion] [offline-snapshot] reconnect restores the same provider identity with a
+    new generation; a late disconnect of the old generation (stale) changes nothing."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge:
+            async with fake_node(edge) as first:
+                assert first.registered is not None and first.registered.generation == 1
+            await eventually(lambda: not edge.service.admission.is_connected("node-a"))
+            assert edge.provider("node-a", "gpu0")["status"] == "unavailable"
+            async with fake_node(edge) as second:
+                assert second.registered is not None and second.registered.generation == 2
+                before = edge.service.admission.snapshot()
+                # the old generation's close arriving late is ignored
+                assert edge.service.admission.disconnect("node-a", 1) is False
+                assert edge.service.admission.snapshot() == before
+                results: dict[str, httpx.Response] = {}
+                async with trio.open_nursery() as nursery:
+                    _start_chat(nursery, edge, results, "after", FAST)
+                    run = await second.next_run()
+                    await second.answer(run)
+                assert results["after"].status_code == 200
+                gpu0 = edge.provider("node-a", "gpu0")
+                assert (gpu0["status"], gpu0["generation"], gpu0["node_id"], gpu0["provider_id"]) == (
+                    "available",
+                    2,
+                    "node-a",
+                    "gpu0",
+                )
+            await edge.assert_drained()
+
+
+async def test_rejected_duplicate_close_changes_nothing(tmp_path: Path) -> None:
+    """[disconnect-exclusion] the close of a rejected duplicate leaves the owner's run and generation."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as owner:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "owner-run", FAST)
+                run = await owner.next_run()
+                for close in ("graceful", "drop"):
+                    async with fake_node(edge, register=False) as dup:
+                        answer = await dup.register(TOKEN_A, ["gpu0"])
+                        assert isinstance(answer, Rejected) and answer.code == "duplicate" and answer.retryable
+                        if close == "drop":
+                            await dup.drop()
+                assert edge.service.admission.generation("node-a") == 1
+                assert edge.provider("node-a", "gpu0")["in_flight"] == 1
+                await owner.answer(run)
+            assert results["owner-run"].status_code == 200
+            await edge.assert_drained()
+
+
+async def test_bad_and_missing_token_rejected_without_state_change(tmp_path: Path) -> None:
+    """[disconnect-exclusion] wrong or empty token: rejected bad_token (not retryable); generation
+    stays 0, the provider stays offline; an unknown node is rejected unknown_node."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge:
+            for token in ("wrong-token", ""):
+                async with fake_node(edge, register=False) as node:
+                    answer = await node.register(token, ["gpu0"])
+                    assert isinstance(answer, Rejected)
+                    assert (answer.code, answer.retryable) == ("bad_token", False)
+                    assert TOKEN_A not in answer.reason
+            async with fake_node(edge, "node-z", register=False) as stranger:
+                answer = await stranger.register(TOKEN_A, ["gpu0"])
+                assert isinstance(answer, Rejected) and answer.code == "unknown_node"
+            assert edge.service.admission.generation("node-a") == 0
+            assert _offline(edge.provider("node-a", "gpu0"))
+
+
+async def test_oversize_ws_message_closes_that_node_only(tmp_path: Path) -> None:
+    """[disconnect-exclusion] a frame over max_ws_message_bytes from one node closes that connection
+    only; the other node keeps serving."""
+    layout = EdgeLayout(max_ws_message_bytes=4096)
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge, "node-b", providers=["gpu1"]) as node_b:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                async with fake_node(edge) as node_a:
+                    _start_chat(nursery, edge, results, "on-a", FAST)
+                    run_a = await node_a.next_run()
+                    await node_a.send(RunEvent(run_a.run_id, chat_response("z" * 10_000)))
+                    await eventually(lambda: "on-a" in results)
+                assert results["on-a"].status_code == 502
+                assert not edge.service.admission.is_connected("node-a")
+                assert edge.service.admission.is_connected("node-b")
+                _start_chat(nursery, edge, results, "on-b", BIG)
+                run_b = await node_b.next_run()
+                await node_b.answer(run_b)
+            assert results["on-b"].status_code == 200
+            assert results["on-b"].headers["x-iop-provider"] == "node-b/gpu1"
+            await edge.assert_drained()
+
+
+async def test_saturated_event_subscriber_changes_nothing(tmp_path: Path) -> None:
+    """[lease-lifecycle] [cross-model-tests] a subscriber with buffer 1 that is never read: requests,
+    a disconnect and a reconnect all behave the same; events are only counted as dropped."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge:
+            async with edge.service.admission.subscribe(buffer=1):
+                results: dict[str, httpx.Response] = {}
+                async with fake_node(edge) as node, trio.open_nursery() as nursery:
+                    for name, model in (("one", BIG), ("two", FAST), ("three", BIG)):
+                        _start_chat(nursery, edge, results, name, model)
+                    for _ in range(3):
+                        run = await node.next_run()
+                        await node.answer(run)
+                assert {r.status_code for r in results.values()} == {200}
+                await eventually(lambda: not edge.service.admission.is_connected("node-a"))
+                async with fake_node(edge) as again:
+                    assert again.registered is not None and again.registered.generation == 2
+                assert edge.service.admission.snapshot().events_dropped > 0
+                await edge.assert_drained()
