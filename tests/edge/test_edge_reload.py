@@ -1,0 +1,207 @@
+"""Live config refresh of a running Edge: POST /admin/reload and EdgeService.reload().
+
+[refresh-consistency] [cross-model-tests]: the YAML file in ``tmp_path`` is
+rewritten while requests of both model keys are queued or running on the
+shared provider ``node-a/gpu0``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import trio
+from edge_harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge
+
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def _start_chat(nursery: trio.Nursery, edge: Edge, results: dict[str, httpx.Response], name: str, model: str) -> None:
+    async def post() -> None:
+        results[name] = await edge.chat(model, name)
+
+    nursery.start_soon(post)
+
+
+async def _reload(edge: Edge, layout: EdgeLayout) -> None:
+    edge.rewrite(layout)
+    response = await edge.http.post("/admin/reload", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"status": "reloaded"}
+
+
+async def test_capacity_up_dispatches_queued_waiter_at_once(tmp_path: Path) -> None:
+    """[refresh-consistency] raising gpu0's capacity grants the queued request of the other key at once."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "first", BIG)
+                first = await node.next_run()
+                _start_chat(nursery, edge, results, "second", FAST)
+                await eventually(lambda: edge.queue_depth == 1)
+                await _reload(edge, EdgeLayout(gpu0_capacity=2, gpu0_long_capacity=1))
+                second = await node.next_run()  # while the first still runs
+                assert edge.provider("node-a", "gpu0")["in_flight"] == 2
+                await node.answer(second)
+                await node.answer(first)
+            assert {r.status_code for r in results.values()} == {200}
+            await edge.assert_drained()
+
+
+async def test_capacity_down_keeps_running_and_blocks_new(tmp_path: Path) -> None:
+    """[refresh-consistency] lowering capacity below in-flight keeps both running requests; a new
+    one waits until in-flight falls below the new capacity."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, EdgeLayout(gpu0_capacity=2)) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "a", BIG)
+                _start_chat(nursery, edge, results, "b", FAST)
+                runs = [await node.next_run(), await node.next_run()]
+                edge.rewrite(EdgeLayout(gpu0_capacity=1))
+                assert edge.service.reload() == []
+                assert edge.provider("node-a", "gpu0")["capacity"] == 1
+                assert edge.provider("node-a", "gpu0")["in_flight"] == 2
+                _start_chat(nursery, edge, results, "c", FAST)
+                await eventually(lambda: edge.queue_depth == 1)
+                await node.answer(runs[0])
+                await eventually(lambda: "a" in results)
+                await trio.testing.wait_all_tasks_blocked()
+                assert edge.queue_depth == 1  # in_flight 1 is not below capacity 1
+                await node.answer(runs[1])
+                third = await node.next_run()
+                assert third.body["messages"][0]["content"] == "c"
+                await node.answer(third)
+            assert {r.status_code for r in results.values()} == {200}
+            await edge.assert_drained()
+
+
+async def test_disable_and_enable(tmp_path: Path) -> None:
+    """[refresh-consistency] disabling gpu0: its running request is kept, the waiter with no other
+    candidate is answered unavailable at once; re-enabling brings gpu0 back for new requests."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, EdgeLayout(queue_timeout_ms=600_000)) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "running", BIG)
+                running = await node.next_run()
+                _start_chat(nursery, edge, results, "waiter", FAST)
+                await eventually(lambda: edge.queue_depth == 1)
+                edge.rewrite(EdgeLayout(gpu0_enabled=False, queue_timeout_ms=600_000))
+                assert edge.service.reload() == []
+                await eventually(lambda: "waiter" in results)
+                assert results["waiter"].status_code == 503
+                assert results["waiter"].json()["error"]["code"] == "unavailable"
+                gpu0 = edge.provider("node-a", "gpu0")
+                assert (gpu0["status"], gpu0["in_flight"]) == ("disabled", 1)
+                await node.answer(running)
+            assert results["running"].status_code == 200
+            assert (await edge.chat(FAST)).status_code == 503
+            await _reload(edge, EdgeLayout(queue_timeout_ms=600_000))
+            assert edge.provider("node-a", "gpu0")["status"] == "available"
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "again", FAST)
+                await node.answer(await node.next_run())
+            assert results["again"].status_code == 200
+            await edge.assert_drained()
+
+
+async def test_new_queue_timeout_applies_to_queued_waiters(tmp_path: Path) -> None:
+    """[refresh-consistency] [queue-ownership] a shorter queue timeout applies to a waiter already
+    queued (deadline = enqueue time + new timeout): it gets 429 queue_timeout."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, EdgeLayout(queue_timeout_ms=600_000)) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "running", BIG)
+                running = await node.next_run()
+                _start_chat(nursery, edge, results, "waiter", FAST)
+                await eventually(lambda: edge.queue_depth == 1)
+                await _reload(edge, EdgeLayout(queue_timeout_ms=150))
+                await eventually(lambda: "waiter" in results)
+                await node.answer(running)
+            waiter = results["waiter"]
+            assert waiter.status_code == 429
+            assert waiter.json()["error"]["code"] == "queue_timeout"
+            assert waiter.headers["retry-after"] == "1"
+            assert (await edge.status())["queue_timeout"] == 0.15
+            await edge.assert_drained()
+
+
+async def test_lower_max_queue_applies_to_new_requests(tmp_path: Path) -> None:
+    """[refresh-consistency] [queue-ownership] max_queue lowered to 1 with one waiter queued: the
+    waiter stays, the next request of either key gets 429 queue_full."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "running", BIG)
+                running = await node.next_run()
+                _start_chat(nursery, edge, results, "waiter", FAST)
+                await eventually(lambda: edge.queue_depth == 1)
+                await _reload(edge, EdgeLayout(max_queue=1))
+                for model in (BIG, FAST):
+                    full = await edge.chat(model)
+                    assert full.status_code == 429
+                    assert full.json()["error"]["code"] == "queue_full"
+                    assert full.headers["retry-after"] == "1"
+                assert edge.queue_depth == 1
+                await node.answer(running)
+                await node.answer(await node.next_run())
+            assert results["waiter"].status_code == 200
+            await edge.assert_drained()
+
+
+async def test_invalid_file_rejected_with_every_error(tmp_path: Path) -> None:
+    """[refresh-consistency] an invalid file: 400 config_rejected listing every error; nothing changes."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            before = edge.service.admission.snapshot()
+            config_before = edge.service.config
+            text = EdgeLayout().yaml()
+            text = text.replace("capacity: 1, long_context_capacity: 1", "capacity: 0, long_context_capacity: 1", 1)
+            text = text.replace("heartbeat_timeout_ms: 15000", "heartbeat_timeout_ms: 50")
+            text = text.replace("provider_pool: {max_queue: 8,", "provider_pool: {max_queue: -1,")
+            edge.config_path.write_text(text)
+            response = await edge.http.post("/admin/reload", headers=ADMIN)
+            assert response.status_code == 400
+            body = response.json()
+            assert body["error"]["code"] == "config_rejected"
+            assert response.headers["x-iop-reject-reason"] == "config_rejected"
+            errors = body["errors"]
+            joined = "\n".join(errors)
+            assert len(errors) >= 3, errors
+            assert "heartbeat_timeout_ms" in joined
+            assert "max_queue" in joined
+            assert "capacity" in joined
+            assert all(str(edge.config_path) in error for error in errors)
+            assert edge.service.admission.snapshot() == before
+            assert edge.service.config is config_before
+            # the old config still serves
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "still", FAST)
+                await node.answer(await node.next_run())
+            assert results["still"].status_code == 200
+            # service.reload() reports the same errors
+            assert edge.service.reload() == errors
+            # an unknown key is reported with its line
+            edge.config_path.write_text(EdgeLayout().yaml() + "bogus_key: 1\n")
+            response = await edge.http.post("/admin/reload", headers=ADMIN)
+            assert response.status_code == 400
+            assert any("bogus_key" in error for error in response.json()["errors"])
+            assert edge.service.config is config_before
+
+
+async def test_reload_endpoint_auth(tmp_path: Path) -> None:
+    """/admin/reload: 401 for a wrong or missing bearer; 404 when no admin_token is configured."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge:
+            for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": ADMIN_TOKEN}):
+                response = await edge.http.post("/admin/reload", headers=headers)
+                assert response.status_code == 401
+                assert response.json()["error"]["code"] == "unauthorized"
+        async with running_edge(tmp_path, EdgeLayout(admin_token=None)) as edge:
+            response = await edge.http.post("/admin/reload", headers=ADMIN)
+            assert response.status_code == 404
