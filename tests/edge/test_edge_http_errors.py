@@ -1,0 +1,282 @@
+"""The Edge's HTTP error contract (docs/openai-api.md): every status and code, auth, limits.
+
+[contract-spec-sync] [offline-snapshot] [cross-model-tests]. Each error body is
+the OpenAI shape ``{"error": {"message", "type", "code"}}`` with
+``x-iop-reject-reason``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from edge_harness import (
+    ADMIN_TOKEN,
+    BIG,
+    FAST,
+    TOKEN_A,
+    TOKEN_B,
+    Edge,
+    EdgeLayout,
+    chat_chunk,
+    eventually,
+    fake_node,
+    mock_provider,
+    node_config,
+    real_node,
+    running_edge,
+    sse_events,
+)
+from iop_wire import RunEnd, RunEvent
+
+
+def _start_chat(
+    nursery: trio.Nursery, edge: Edge, results: dict[str, httpx.Response], name: str, model: str, **fields: Any
+) -> None:
+    async def post() -> None:
+        results[name] = await edge.chat(model, name, **fields)
+
+    nursery.start_soon(post)
+
+
+def assert_error(response: httpx.Response, status: int, code: str, type_: str, reason: str | None = None) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "code"}
+    assert (body["error"]["code"], body["error"]["type"]) == (code, type_)
+    assert body["error"]["message"]
+    assert response.headers["x-iop-reject-reason"] == (reason or code)
+    assert response.headers["content-type"] == "application/json"
+
+
+async def test_model_not_found_and_unavailable(tmp_path: Path) -> None:
+    """404 model_not_found; 503 unavailable at once when no candidate's node is connected."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge:
+            assert_error(await edge.chat("no-such-model"), 404, "model_not_found", "invalid_request_error")
+            assert_error(await edge.chat(BIG), 503, "unavailable", "service_unavailable")
+            assert_error(await edge.chat(FAST, stream=True), 503, "unavailable", "service_unavailable")
+            assert edge.queue_depth == 0
+
+
+async def test_queue_full_and_queue_timeout(tmp_path: Path) -> None:
+    """[queue-ownership] 429 queue_full (Retry-After) when the Edge-wide queue is full, for either
+    key; 429 queue_timeout after queue_timeout_ms."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, EdgeLayout(max_queue=1, queue_timeout_ms=300)) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "running", BIG)
+                running = await node.next_run()
+                _start_chat(nursery, edge, results, "waiter", FAST)
+                await eventually(lambda: edge.queue_depth == 1)
+                for model in (BIG, FAST):
+                    full = await edge.chat(model)
+                    assert_error(full, 429, "queue_full", "rate_limit_error")
+                    assert full.headers["retry-after"] == "1"
+                await eventually(lambda: "waiter" in results)
+                await node.answer(running)
+            assert_error(results["waiter"], 429, "queue_timeout", "rate_limit_error")
+            assert results["waiter"].headers["retry-after"] == "1"
+            await edge.assert_drained()
+
+
+async def test_provider_busy_when_node_rejects_concurrency(tmp_path: Path) -> None:
+    """503 provider_busy: the node answers run_end error concurrency_limit; the lease is released."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "busy", FAST)
+                run = await node.next_run()
+                await node.send(RunEnd(run.run_id, "error", "concurrency_limit", "gate full"))
+            assert_error(results["busy"], 503, "provider_busy", "service_unavailable")
+            await edge.assert_drained()
+
+
+@pytest.mark.parametrize(
+    ("code", "upstream_status"),
+    [("upstream_error", 500), ("upstream_unreachable", None), ("bad_request", None)],
+)
+async def test_upstream_errors_from_fake_node(tmp_path: Path, code: str, upstream_status: int | None) -> None:
+    """502 upstream_error for every node-side run failure; x-iop-reject-reason carries the wire code."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "x", BIG)
+                run = await node.next_run()
+                await node.send(RunEnd(run.run_id, "error", code, "boom", upstream_status))
+            assert_error(results["x"], 502, "upstream_error", "upstream_error", reason=code)
+            if upstream_status is not None:
+                assert "500" in results["x"].json()["error"]["message"]
+            await edge.assert_drained()
+
+
+async def test_node_side_cancel_and_missing_response(tmp_path: Path) -> None:
+    """502 node_disconnected for a run the node cancelled; 502 upstream_error for an ok run_end
+    without a response (non-stream)."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "cancelled", BIG)
+                run = await node.next_run()
+                await node.send(RunEnd(run.run_id, "cancelled", "cancelled"))
+                await eventually(lambda: "cancelled" in results)
+                _start_chat(nursery, edge, results, "empty", FAST)
+                run = await node.next_run()
+                await node.send(RunEnd(run.run_id, "ok"))
+            assert_error(results["cancelled"], 502, "node_disconnected", "upstream_error")
+            assert_error(results["empty"], 502, "upstream_error", "upstream_error")
+            await edge.assert_drained()
+
+
+async def test_mid_stream_error_event(tmp_path: Path) -> None:
+    """A run failing after streamed chunks ends the SSE stream with one error event, no [DONE]."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                _start_chat(nursery, edge, results, "s", FAST, stream=True)
+                run = await node.next_run()
+                await node.send(RunEvent(run.run_id, chat_chunk("a")))
+                await node.send(RunEvent(run.run_id, chat_chunk("b")))
+                await node.send(RunEnd(run.run_id, "error", "upstream_error", "backend died", 500))
+            response = results["s"]
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "text/event-stream"
+            assert response.headers["x-iop-provider"] == "node-a/gpu0"
+            events = sse_events(response.text)
+            assert [e["choices"][0]["delta"]["content"] for e in events[:2]] == ["a", "b"]
+            assert events[2]["error"]["code"] == "upstream_error"
+            assert events[2]["error"]["type"] == "upstream_error"
+            assert len(events) == 3
+            await edge.assert_drained()
+
+
+async def test_upstream_error_from_real_mock_node(tmp_path: Path) -> None:
+    """502 upstream_error from a real Node's mock adapter (fail_after_chunks), non-stream and stream."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge:
+            config = node_config(edge, "node-a", [mock_provider("gpu0", fail_after_chunks=2)])
+            async with real_node(edge, config):
+                response = await edge.chat(FAST, max_tokens=4)
+                assert_error(response, 502, "upstream_error", "upstream_error")
+                streamed = await edge.chat(FAST, max_tokens=4, stream=True)
+                events = sse_events(streamed.text)
+                assert streamed.status_code == 200
+                assert len(events) == 3
+                assert events[-1]["error"]["code"] == "upstream_error"
+                await edge.assert_drained()
+
+
+async def test_bad_requests(tmp_path: Path) -> None:
+    """400 bad_request (bad JSON, not an object, missing/invalid fields), 405, 404 route, 413."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, EdgeLayout(max_body_bytes=1024)) as edge, fake_node(edge):
+            http = edge.http
+            bad = [
+                ("/v1/chat/completions", b"{not json"),
+                ("/v1/chat/completions", b"[1, 2]"),
+                ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}'),
+                ("/v1/chat/completions", b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}'),
+                ("/v1/chat/completions", b'{"model": "ornith-fast"}'),
+                ("/v1/chat/completions", b'{"model": "ornith-fast", "messages": []}'),
+                ("/v1/chat/completions",
+                 b'{"model": "ornith-fast", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}'),
+                ("/v1/completions", b'{"model": "ornith-fast"}'),
+                ("/v1/completions", b'{"model": "ornith-fast", "prompt": 7}'),
+            ]
+            for path, content in bad:
+                response = await http.post(path, content=content, headers={"content-type": "application/json"})
+                assert_error(response, 400, "bad_request", "invalid_request_error")
+            assert_error(await http.get("/v1/chat/completions"), 405, "method_not_allowed", "invalid_request_error")
+            assert_error(await http.post("/v1/models"), 405, "method_not_allowed", "invalid_request_error")
+            assert_error(await http.get("/v2/nothing"), 404, "not_found", "invalid_request_error")
+            big = {"model": FAST, "messages": [{"role": "user", "content": "x" * 2000}]}
+            assert_error(await http.post("/v1/chat/completions", json=big), 413, "request_too_large",
+                         "invalid_request_error")
+            # a chunked body (no content-length) over the limit is refused too
+            async def chunks() -> Any:
+                for _ in range(4):
+                    yield b" " * 400
+            assert_error(await http.post("/v1/chat/completions", content=chunks()), 413, "request_too_large",
+                         "invalid_request_error")
+            await edge.assert_drained()
+
+
+async def test_api_keys(tmp_path: Path) -> None:
+    """API keys: without or with a wrong key 401 invalid_api_key (OpenAI shape); the right key 200."""
+    layout = EdgeLayout(api_keys=("key-one-sentinel", "key-two-sentinel"))
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "key-one-sentinel"}):
+                assert_error(await edge.chat(FAST, headers=headers), 401, "invalid_api_key", "authentication_error")
+                assert_error(await edge.http.get("/v1/models", headers=headers), 401, "invalid_api_key",
+                             "authentication_error")
+            assert edge.queue_depth == 0
+            results: dict[str, httpx.Response] = {}
+
+            async def post() -> None:
+                results["ok"] = await edge.chat(FAST, headers={"authorization": "Bearer key-two-sentinel"})
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post)
+                await node.answer(await node.next_run())
+            assert results["ok"].status_code == 200
+            models = await edge.http.get("/v1/models", headers={"authorization": "Bearer key-one-sentinel"})
+            assert models.status_code == 200
+            for path in ("/status", "/healthz", "/metrics"):
+                text = (await edge.http.get(path)).text
+                assert "key-one-sentinel" not in text and "key-two-sentinel" not in text
+            await edge.assert_drained()
+
+
+async def test_status_healthz_metrics_never_show_secrets(tmp_path: Path) -> None:
+    """/status, /healthz and /metrics never contain a node token or the admin token."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge), fake_node(edge, "node-b", providers=["gpu1"]):
+            status = await edge.http.get("/status")
+            assert status.status_code == 200
+            body = status.json()
+            assert set(body) >= {"queue_depth", "max_queue", "queue_timeout", "events_dropped", "providers", "nodes"}
+            assert {n["node_id"] for n in body["nodes"]} == {"node-a", "node-b"}
+            assert all(n["connected"] for n in body["nodes"])
+            health = await edge.http.get("/healthz")
+            assert (health.status_code, health.json()) == (200, {"status": "ok"})
+            metrics = await edge.http.get("/metrics")
+            assert metrics.status_code == 200
+            assert metrics.headers["content-type"].startswith("text/plain")
+            for response in (status, health, metrics):
+                for secret in (TOKEN_A, TOKEN_B, ADMIN_TOKEN):
+                    assert secret not in response.text
+            assert TOKEN_A not in repr(edge.service.config)
+
+
+async def test_models_listed_while_offline(tmp_path: Path) -> None:
+    """[offline-snapshot] /v1/models lists every model before any node connects and after a disconnect."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge:
+            expected = [BIG, FAST]
+
+            async def listed() -> list[str]:
+                response = await edge.http.get("/v1/models")
+                assert response.status_code == 200
+                body = response.json()
+                assert body["object"] == "list"
+                assert all(m["object"] == "model" for m in body["data"])
+                return [m["id"] for m in body["data"]]
+
+            assert await listed() == expected
+            async with fake_node(edge):
+                assert await listed() == expected
+            await eventually(lambda: not edge.service.admission.is_connected("node-a"))
+            assert await listed() == expected
+            status = await edge.status()
+            assert len(status["providers"]) == 2
+            assert all(p["connected"] is False and p["health"] == "offline" for p in status["providers"])
