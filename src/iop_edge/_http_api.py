@@ -306,7 +306,7 @@ class EdgeAPI:
             (b"x-iop-provider", str(key).encode()),
             (b"x-iop-queue-ms", str(round(lease.queue_wait * 1000)).encode()),
         ]
-        with run:
+        async with run:
             result: dict[str, Any] | None = None
             while True:
                 try:

@@ -68,6 +68,8 @@ OUTBOX_SIZE = 1024
 """Frames queued for one node before it counts as stalled and is dropped."""
 RUN_BUFFER = 1024
 """Messages buffered for one run before its client counts as too slow."""
+CANCEL_SETTLE_TIMEOUT = 2.0
+"""Seconds a run left before its end waits for the node to confirm the cancel."""
 
 RunMessage = RunEvent | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
 
@@ -81,7 +83,10 @@ class RunChannel:
     """One run's messages from its node, and its cancellation.
 
     Use as a context manager: leaving it before the end message arrived sends
-    ``cancel`` to the node (without waiting) and forgets the run.
+    ``cancel`` to the node and forgets the run. The sync form (``with``) does not
+    wait; the async form (``async with``) waits, bounded, for the node to confirm
+    the cancel, so a lease held around it is released only once the node has
+    freed the provider (see :meth:`__aexit__`).
     """
 
     __slots__ = ("run_id", "link", "receive", "ended", "overflowed")
@@ -107,6 +112,46 @@ class RunChannel:
         self.receive.close()
         if not self.ended:
             self.link._forget_run(self.run_id, cancel=True)
+
+    async def __aenter__(self) -> RunChannel:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Leave the run; a run left before its end is cancelled and its end awaited.
+
+        The node frees a provider slot (its local permit, its upstream request)
+        only when a cancelled run has unwound. A lease released as soon as
+        ``cancel`` is queued lets the next waiter's run reach the node first,
+        where it is refused with ``concurrency_limit`` (503 provider_busy). So
+        this sends ``cancel`` and waits for the node's ``run_end`` or the end
+        of the connection, then forgets the run.
+
+        Checkpoints only for a run that had not ended. The wait is shielded
+        from the caller's cancellation (a client that went away is the usual
+        reason to be here) and bounded by :data:`CANCEL_SETTLE_TIMEOUT`.
+        """
+        if not self.ended and self.run_id in self.link._runs:
+            try:
+                self.link._queue(encode(Cancel(self.run_id)))
+            except NodeGone:
+                pass  # the connection is ending; the node cancels every run itself
+            else:
+                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SETTLE_TIMEOUT):
+                    while not self.ended:
+                        try:
+                            await self.next()
+                        except NodeGone:
+                            break
+                self.receive.close()
+                if not self.ended:
+                    self.link._forget_run(self.run_id, cancel=False)
+                return
+        self.__exit__(exc_type, exc, tb)
 
     async def next(self) -> RunMessage:
         """The next message of this run.
