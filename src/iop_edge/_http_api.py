@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, final
 
@@ -162,7 +163,9 @@ class Responder:
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def whole(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
-        await self.start(status, headers)
+        # With a content-length the server frames the body as is; without one it
+        # chunk-encodes it and writes the terminating chunk as one more socket send.
+        await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
         await self.finish(body)
 
     async def reject(self, rejection: RequestRejected) -> None:
@@ -416,8 +419,8 @@ class EdgeAPI:
             if not message.get("more_body", False):
                 break
         try:
-            body = json.loads(b"".join(chunks))
-        except (ValueError, UnicodeDecodeError) as exc:
+            body = json.loads(b"".join(chunks), parse_constant=_reject_constant, parse_float=_finite_float)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise RequestRejected(400, "bad_request", f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise RequestRejected(400, "bad_request", "request body must be a JSON object")
@@ -429,6 +432,18 @@ class _ClientGone(RequestRejected):
 
     def __init__(self) -> None:
         super().__init__(499, "client_closed", "client closed the connection")
+
+
+def _reject_constant(name: str) -> None:
+    # The stdlib reads NaN/Infinity; the node link (strict JSON) could not carry them.
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as infinity
+        raise ValueError(f"number {text[:30]} is out of range")
+    return value
 
 
 def _too_large(limit: int) -> RequestRejected:
