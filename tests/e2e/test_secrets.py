@@ -91,7 +91,7 @@ async def test_tokens_never_appear_in_logs_status_or_error_bodies(tmp_path: Path
     assert len(rejected.json()["errors"]) == 2
     assert applied.status_code == 200
     assert [r.status_code for r in errors] == [404, 400, 404]
-    assert "iop_edge" in seen[-1] or any("iop_edge" in text for text in seen)  # logs were read
+    assert sum("DEBUG" in text for text in seen) >= 3  # the Edge, node and intruder logs were read
     for text in seen:
         for secret in SECRETS:
             assert secret not in text
