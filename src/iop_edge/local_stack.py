@@ -4,7 +4,7 @@ Uses ``examples/edge.yaml`` and ``examples/node.yaml`` (two model keys,
 ``ornith:35b`` and ``ornith-fast``, sharing the capacity-1 provider
 ``node-a/gpu0``; ``ornith:35b`` can fall back to ``node-a/gpu1``). Waits until
 the node is registered, prints a curl line and the ``/status`` URL, and stops
-all three cleanly on Ctrl-C.
+all three cleanly on Ctrl-C (SIGINT) or SIGTERM.
 """
 
 from __future__ import annotations
@@ -60,8 +60,15 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
                 proc.wait()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Start the local stack and keep it running until Ctrl-C."""
+    """Start the local stack and keep it running until Ctrl-C or SIGTERM."""
+    # SIGTERM takes the Ctrl-C path: without it the process would die at once and
+    # leave the backend, the Edge and the Node running.
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(prog="python -m iop_edge.local_stack", description=__doc__)
     parser.add_argument("--edge-config", default=str(EXAMPLES / "edge.yaml"))
     parser.add_argument("--node-config", default=str(EXAMPLES / "node.yaml"))

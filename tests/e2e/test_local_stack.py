@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -58,10 +59,12 @@ def alive(pid: int) -> bool:
     return fields[0] != "Z"
 
 
-async def test_make_run_local_stack_serves_printed_request_and_stops_on_sigint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_make_run_local_stack_serves_printed_request_and_stops(tmp_path: Path, signum: signal.Signals) -> None:
     """[capacity-smoke] ``make run``'s program on the example configs (ports rewritten):
     it prints a curl line once the node is registered; that request streams to [DONE];
-    SIGINT stops it with exit 0 and none of its three children survives."""
+    SIGINT (Ctrl-C) or SIGTERM stops it with exit 0 and none of its three children
+    survives (SIGTERM used to kill it at once and leave all three running)."""
     http_port, node_port, backend_port = free_ports(3)
     edge_yaml = tmp_path / "edge.yaml"
     node_yaml = tmp_path / "node.yaml"
@@ -94,7 +97,7 @@ async def test_make_run_local_stack_serves_printed_request_and_stops_on_sigint(t
             kids = children(process.pid)
             async with httpx.AsyncClient(timeout=10) as client:
                 response = await client.post(url, json=body)
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signum)
             code = await process.wait()
     finally:
         for pid in [*kids, process.pid]:
