@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, final
 
@@ -31,7 +32,7 @@ from iop_admission import (
 )
 from iop_wire import Run, RunEnd, RunEvent
 
-from ._links import NodeGone
+from ._links import NodeGone, RunMessage
 
 if TYPE_CHECKING:
     from ._service import EdgeService
@@ -311,20 +312,30 @@ class EdgeAPI:
         ]
         async with run:
             result: dict[str, Any] | None = None
+            backlog: deque[RunMessage] = deque()
             while True:
-                try:
-                    message = await run.next()
-                except NodeGone as exc:
-                    if run.overflowed:
-                        raise RequestRejected(
-                            502, "client_too_slow", str(exc), type="upstream_error"
-                        ) from None
-                    raise node_disconnected(str(exc)) from None
+                if backlog:
+                    message = backlog.popleft()
+                else:
+                    try:
+                        message = await run.next()
+                    except NodeGone as exc:
+                        if run.overflowed:
+                            raise RequestRejected(
+                                502, "client_too_slow", str(exc), type="upstream_error"
+                            ) from None
+                        raise node_disconnected(str(exc)) from None
                 if type(message) is RunEvent:
                     if stream:
+                        # Every event that has arrived already goes out in the same
+                        # send: one socket write per burst, not one per token.
+                        frames = [b"data: " + _dumps(message.data) + b"\n\n"]
+                        backlog.extend(run.buffered())
+                        while backlog and type(backlog[0]) is RunEvent:
+                            frames.append(b"data: " + _dumps(backlog.popleft().data) + b"\n\n")  # type: ignore[union-attr]
                         if not responder.started:
                             await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
-                        await responder.chunk(b"data: " + _dumps(message.data) + b"\n\n")
+                        await responder.chunk(b"".join(frames))
                     else:
                         result = message.data
                     continue

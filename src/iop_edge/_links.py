@@ -172,6 +172,23 @@ class RunChannel:
             self.ended = True
         return message
 
+    def buffered(self) -> list[RunMessage]:
+        """The messages of this run that have arrived already, up to its end (never waits).
+
+        Lets a relay write a burst of stream events to its client in one send.
+        A lost connection is left for the next :meth:`next` to raise.
+        """
+        messages: list[RunMessage] = []
+        while not self.ended:
+            try:
+                message = self.receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if type(message) is RunEnd or type(message) is TunnelEnd:
+                self.ended = True
+            messages.append(message)
+        return messages
+
 
 @final
 class NodeLink:
