@@ -97,7 +97,7 @@ async def test_capacity_smoke_with_fallback(tmp_path: Path) -> None:
             async with stack.http.stream(
                 "POST",
                 f"{stack.base_url}/v1/chat/completions",
-                json={"model": FAST, "stream": True, "max_tokens": 60,
+                json={"model": FAST, "stream": True, "max_tokens": 150,
                       "messages": [{"role": "user", "content": "hold gpu0"}]},
             ) as held:
                 assert held.headers["x-iop-provider"] == "node-a/gpu0"
