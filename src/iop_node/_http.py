@@ -1,10 +1,17 @@
 """HTTP upstream access shared by the ``openai`` and ``ollama`` adapters.
 
-One :class:`HttpUpstream` per provider owns one ``httpx.AsyncClient`` whose pool
-is sized to the provider's capacity. A single pool shared by all providers was
-measured on this project to collapse from ~2,200 to ~230 requests/s at 64
-concurrent requests, and the gate never lets more than ``capacity`` requests
-reach one provider anyway, so a per-provider pool never makes a request wait.
+One :class:`HttpUpstream` per provider owns a stack of ``httpx.AsyncClient`` objects,
+each holding ONE keep-alive connection; a request borrows an idle client (or
+makes one) and gives it back when its response is closed. Why not one client
+with a pool of ``capacity`` connections: httpcore scans every connection of a
+pool on each request (``_assign_requests_to_connections``, ``is_idle``,
+``has_expired``, which polls each idle socket), so the cost per request grows
+with the pool. A single pool shared by all providers was measured on this
+project to collapse from ~2,200 to ~230 requests/s at 64 concurrent requests,
+and a 256-connection provider pool spent 15 % of the node's CPU in that scan
+(benchmarks/e2e.py, concurrency 64). The gate never lets more than ``capacity``
+requests reach one provider, so there are never more than ``capacity`` clients,
+and no request ever waits for one. The clients share one SSL context.
 
 Error mapping lives here, once: transport errors and timeouts become
 :class:`UpstreamUnreachable`; a non-2xx answer becomes :class:`UpstreamFailed`
@@ -15,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from typing import Any, final
 
@@ -48,15 +55,17 @@ _ERROR_BODY_LIMIT = 64 * 1024
 @final
 @attrs.define(eq=False)
 class HttpUpstream:
-    """One provider's HTTP client plus the server root for tunnel requests.
+    """One provider's HTTP clients plus the server root for tunnel requests.
 
     Attributes:
-        client: the provider's own ``httpx.AsyncClient``.
         root: the server root that tunnel paths are appended to (no trailing slash).
+        new_client: makes one single-connection ``httpx.AsyncClient``.
     """
 
-    client: httpx.AsyncClient
     root: str
+    new_client: Callable[[], httpx.AsyncClient]
+    _idle: list[httpx.AsyncClient] = attrs.field(factory=list, init=False)
+    _all: list[httpx.AsyncClient] = attrs.field(factory=list, init=False)
 
     @classmethod
     def for_provider(
@@ -66,7 +75,7 @@ class HttpUpstream:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> HttpUpstream:
-        """Build the client for ``provider``: pool sized to its capacity, its timeouts.
+        """Build the client factory for ``provider``: one connection per client, its timeouts.
 
         Args:
             provider: the provider's config.
@@ -78,12 +87,26 @@ class HttpUpstream:
             connect=provider.connect_timeout_ms / 1000,
             pool=provider.connect_timeout_ms / 1000,
         )
-        limits = httpx.Limits(
-            max_connections=provider.capacity,
-            max_keepalive_connections=provider.capacity,
-        )
-        client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
-        return cls(client=client, root=root.rstrip("/"))
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        verify = httpx.create_ssl_context() if transport is None else True
+
+        def new_client() -> httpx.AsyncClient:
+            return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport, verify=verify)
+
+        return cls(root=root.rstrip("/"), new_client=new_client)
+
+    @contextmanager
+    def _client(self) -> Iterator[httpx.AsyncClient]:
+        """Borrow an idle client (or make one); it goes back when the block ends."""
+        if self._idle:
+            client = self._idle.pop()
+        else:
+            client = self.new_client()
+            self._all.append(client)
+        try:
+            yield client
+        finally:
+            self._idle.append(client)
 
     @asynccontextmanager
     async def post_json(self, url: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
@@ -96,8 +119,8 @@ class HttpUpstream:
             UpstreamUnreachable: connection error or timeout.
             UpstreamFailed: the upstream answered non-2xx.
         """
-        with _transport_errors_mapped():
-            async with self.client.stream("POST", url, json=body) as response:
+        with _transport_errors_mapped(), self._client() as client:
+            async with client.stream("POST", url, json=body) as response:
                 if not response.is_success:
                     raise await _failure_of(response)
                 yield response
@@ -121,14 +144,14 @@ class HttpUpstream:
             raise BadRunRequest(f"bad tunnel method {method!r}")
         if not path.startswith("/") or path.startswith("//"):
             raise BadRunRequest(f"tunnel path must start with a single '/', got {path!r}")
-        request = self.client.build_request(
-            method.upper(),
-            self.root + path,
-            headers=[(k, v) for k, v in headers if k.lower() not in _REQUEST_OWNED],
-            content=body,
-        )
-        with _transport_errors_mapped():
-            response = await self.client.send(request, stream=True)
+        with _transport_errors_mapped(), self._client() as client:
+            request = client.build_request(
+                method.upper(),
+                self.root + path,
+                headers=[(k, v) for k, v in headers if k.lower() not in _REQUEST_OWNED],
+                content=body,
+            )
+            response = await client.send(request, stream=True)
             async with aclosing(BodyStream(response, raw=True)) as body:
                 yield TunnelHead(
                     status=response.status_code,
@@ -140,8 +163,9 @@ class HttpUpstream:
                     yield chunk
 
     async def aclose(self) -> None:
-        """Close the connection pool. Checkpoints."""
-        await self.client.aclose()
+        """Close every client's connection. Checkpoints."""
+        for client in self._all:
+            await client.aclose()
 
 
 @final
