@@ -255,6 +255,11 @@ class Stack:
 
     Build it with :func:`open_stack`. ``backend``, ``edge`` and ``node`` are the
     latest daemon of each kind; ``daemons`` holds every one ever started.
+
+    Every async method checkpoints. Cancellation just stops the waiting (or the HTTP
+    call); a process already started stays in ``daemons`` and :meth:`aclose` reaps it.
+    ``start_*`` raise :class:`DaemonExited` or ``trio.TooSlowError`` when a daemon dies
+    or stays silent instead of getting ready.
     """
 
     directory: Path
