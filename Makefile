@@ -24,5 +24,9 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
+# Also measures a LiteLLM proxy, installed on first use into benchmarks/.peers.
+bench-peers: $(STAMP)
+	$(BIN)/python -m benchmarks e2e --runs 3 --peers
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

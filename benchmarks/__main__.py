@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [--runs N]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [--runs N] [--peers]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,16 +12,20 @@ import platform
 import sys
 import time
 
-from . import admission
+from . import admission, e2e
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-SUITES = {"admission": admission}
+SUITES = {"admission": admission, "e2e": e2e}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
     parser.add_argument("--runs", type=int, default=5, help="runs per figure (median)")
+    parser.add_argument(
+        "--peers", action="store_true",
+        help="e2e: also measure a LiteLLM proxy (installed on first use into benchmarks/.peers)",
+    )
     args = parser.parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
@@ -30,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.suites or list(SUITES):
         suite = SUITES[name]
         print(f"== {name} (median of {args.runs} runs) ...", file=sys.stderr, flush=True)
-        result = suite.run(runs=args.runs)
+        result = e2e.run(runs=args.runs, with_peers=args.peers) if suite is e2e else suite.run(runs=args.runs)
         result["python"] = platform.python_version()
         result["machine"] = platform.machine()
         result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
