@@ -14,11 +14,13 @@ to read ``/api/chat`` replies. Each call returns fresh dicts, so callers may mut
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "MAX_TOKENS_LIMIT",
     "TOKEN_TEXT",
     "chat_chunks",
     "chat_response",
@@ -34,6 +36,11 @@ TOKEN_TEXT = "tok "
 
 DEFAULT_MAX_TOKENS = 16
 """Tokens generated when a request sets no limit (the OpenAI completions default)."""
+
+MAX_TOKENS_LIMIT = 65_536
+"""The largest token limit the mock accepts. A bigger one is refused (``ValueError``) rather
+than served: building ``"tok " * n`` for a huge ``n`` would hold the process (and the GIL) in
+one allocation for seconds, or exhaust memory, on a single request."""
 
 _FINISH_REASON = "length"
 
@@ -52,7 +59,8 @@ def token_count(body: dict[str, Any]) -> int:
         The number of tokens, ``>= 0``.
 
     Raises:
-        ValueError: the limit is not an integer (a bool, a string, a float with a fraction).
+        ValueError: the limit is not an integer (a bool, a string, a float with a fraction,
+            infinity or NaN) or is above :data:`MAX_TOKENS_LIMIT`.
     """
     options = body.get("options")
     num_predict = options.get("num_predict") if isinstance(options, dict) else None
@@ -62,9 +70,15 @@ def token_count(body: dict[str, Any]) -> int:
         or num_predict
         or DEFAULT_MAX_TOKENS
     )
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _is_integral(value):
         raise ValueError(f"token limit must be an integer, got {value!r}")
+    if value > MAX_TOKENS_LIMIT:
+        raise ValueError(f"token limit is above the mock's maximum of {MAX_TOKENS_LIMIT}")
     return max(0, int(value))
+
+
+def _is_integral(value: int | float) -> bool:
+    return isinstance(value, int) or (math.isfinite(value) and value == int(value))
 
 
 def _usage(n_tokens: int) -> dict[str, int]:
