@@ -486,6 +486,15 @@ def table(result: dict[str, Any]) -> str:
                 f"| {path} | concurrency {c} | {f['chunks_per_s']:,.0f} | {f['rps']:,.1f} | {f['p50_ms']:.1f} "
                 f"| {f['events_per_stream']:.0f} |"
             )
+    failed = [
+        f"{kind} {path} concurrency {c}: {f['errors']}"
+        for kind, table_ in (("non-stream", chat), ("stream", stream))
+        for path, by_c in table_.items()
+        for c, f in by_c.items()
+        if f["errors"]
+    ]
+    if failed:
+        lines += ["", "Answers that were not 200 (or streams without `[DONE]`), not counted above: " + "; ".join(failed) + "."]
     lines += [
         "",
         "CPU per answered request (ms, user + system, from /proc), non-stream, concurrency 64:",

@@ -18,7 +18,8 @@ requests/s at 64 concurrency; here no connection is ever shared.
 
 Only answers completed inside the measurement window (after ``warmup``, for
 ``duration`` seconds) count; latency is from the first byte sent to the last byte
-received. A non-200 answer counts as an error, not as a request.
+received. A non-200 answer counts as an error, not as a request, and so does a stream that
+does not end with ``data: [DONE]`` (status ``0`` in ``error_statuses``).
 """
 
 from __future__ import annotations
@@ -180,6 +181,8 @@ async def measure(
                     return
                 status, data = await connection.request(raw)
                 t1 = clock()
+                if stream and status == 200 and not data.rstrip().endswith(b"data: [DONE]"):
+                    status = 0  # a stream that ended with an error event, or cut short
                 if stream and status == 200:
                     # A stream's chunks are spread over [t0, t1]; count the share that
                     # fell inside the window, so a stream longer than the window counts.

@@ -50,6 +50,9 @@ ENV = {
     "NO_DOCS": "True",
     "NO_REDOC": "True",
     "DISABLE_ADMIN_UI": "True",
+    # LiteLLM ends a stream with an error after 100 identical chunks ("the model is
+    # repeating the same chunk"); every token of the mock is "tok ".
+    "REPEATED_STREAMING_CHUNK_LIMIT": "1000000",
 }
 
 
