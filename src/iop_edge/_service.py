@@ -8,19 +8,20 @@ config file and applies it with ``admission.refresh``, all or nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any, final
 
 import cattrs
 import hypercorn.config
-import hypercorn.trio
 import trio
 import trio_websocket
 from iop_admission import Admission, ConfigError
 from iop_config import ConfigFileError
 
 from ._http_api import EdgeAPI
+from ._http_server import serve_http
 from ._links import NodeRegistry
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
@@ -113,18 +114,17 @@ class EdgeService:
             )
             self.node_port = ws_server.port
             hyper = hypercorn.config.Config()
-            hyper.bind = [f"{config.listen.host}:{config.listen.port}"]
             hyper.accesslog = None
             hyper.errorlog = logging.getLogger("hypercorn.error")
             hyper.loglevel = "WARNING"
             hyper.keep_alive_timeout = 75
             hyper.read_timeout = 30
-            binds = await nursery.start(
-                lambda task_status: hypercorn.trio.serve(
-                    self.api, hyper, task_status=task_status  # type: ignore[arg-type]
+            self.http_port = await nursery.start(
+                functools.partial(
+                    serve_http, self.api, hyper, config.listen.host, config.listen.port,
+                    header_timeout=config.header_timeout_ms / 1000,
                 )
             )
-            self.http_port = _port_of(binds[0])
             logger.info(
                 "iop-edge listening: http://%s:%d (API), ws://%s:%d (nodes)",
                 config.listen.host, self.http_port, config.node_listen.host, self.node_port,
@@ -152,7 +152,3 @@ async def _serve_nodes(
         max_message_size=max_message_bytes,
         task_status=task_status,
     )
-
-
-def _port_of(bind: str) -> int:
-    return int(bind.rsplit(":", 1)[1].rstrip("/"))

@@ -218,6 +218,7 @@ class EdgeConfig:
     api_keys_env: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     max_ws_message_bytes: int = 8 * 1024 * 1024
+    header_timeout_ms: int = 10000
 
     config_key_hints: ClassVar[Mapping[str, str]] = {
         "max_queue": "belongs under provider_pool (provider_pool: {max_queue: ...})",
@@ -302,6 +303,7 @@ class EdgeConfig:
             *_at_least("provider_pool.queue_timeout_ms", self.provider_pool.queue_timeout_ms, 1),
             *_at_least("max_body_bytes", self.max_body_bytes, 1),
             *_at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
+            *_at_least("header_timeout_ms", self.header_timeout_ms, 1),
             *self._listen_problems(),
             *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env,
                               required=False),
