@@ -526,6 +526,10 @@ def table(result: dict[str, Any]) -> str:
         f"| graceful close → queued request answered 503 < 100 ms (median of {close['samples']}) "
         f"| {close['queued_503_ms']:.1f} ms (max {close['queued_503_ms_max']:.1f}) | {'yes' if close['queued_503_ms'] < 100 else 'no'} |"
     )
+    lines.append(
+        "\nAnswers during the graceful close (running request / queued request): "
+        + ", ".join(close["statuses_running_queued"]) + "."
+    )
     return "\n".join(lines)
 
 
