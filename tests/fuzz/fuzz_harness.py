@@ -239,8 +239,10 @@ def oversized_frames(limit: int) -> st.SearchStrategy[str]:
     )
 
 
-def frames(limit: int) -> st.SearchStrategy[str | bytes]:
-    """Frames for a wire-protocol receiver: garbage, wrong shapes, truncated, oversized, valid."""
+def frames(limit: int | None) -> st.SearchStrategy[str | bytes]:
+    """Frames for a wire-protocol receiver: garbage, wrong shapes, truncated, valid, and
+    (unless ``limit`` is None) oversized."""
+    oversized = [] if limit is None else [oversized_frames(limit)]
     return st.one_of(
         st.text(max_size=64),
         st.binary(max_size=64),
@@ -250,6 +252,6 @@ def frames(limit: int) -> st.SearchStrategy[str | bytes]:
         ),
         mutated_messages(),
         truncated_messages(),
-        oversized_frames(limit),
+        *oversized,
         st.sampled_from(_VALID_MESSAGES).map(encode),
     )
