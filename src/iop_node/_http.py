@@ -1,17 +1,14 @@
 """HTTP upstream access shared by the ``openai`` and ``ollama`` adapters.
 
-One :class:`HttpUpstream` per provider owns a stack of ``httpx.AsyncClient`` objects,
-each holding ONE keep-alive connection; a request borrows an idle client (or
-makes one) and gives it back when its response is closed. Why not one client
-with a pool of ``capacity`` connections: httpcore scans every connection of a
-pool on each request (``_assign_requests_to_connections``, ``is_idle``,
-``has_expired``, which polls each idle socket), so the cost per request grows
-with the pool. A single pool shared by all providers was measured on this
-project to collapse from ~2,200 to ~230 requests/s at 64 concurrent requests,
-and a 256-connection provider pool spent 15 % of the node's CPU in that scan
-(benchmarks/e2e.py, concurrency 64). The gate never lets more than ``capacity``
-requests reach one provider, so there are never more than ``capacity`` clients,
-and no request ever waits for one. The clients share one SSL context.
+One :class:`HttpUpstream` per provider owns ONE ``httpx.AsyncClient``. For a
+plain ``http://`` upstream (the usual case: a backend on loopback or the LAN)
+its transport is :class:`~iop_node._transport.H11Transport` (h11 over trio
+sockets, a keep-alive pool of at most ``capacity`` connections, the request
+head and body in one send); for ``https://`` it is httpx's default transport
+with a pool of ``capacity`` connections. Why not httpcore for plain HTTP: it
+scans every pooled connection on each request and sends head and body
+separately, which together were a third of the Node's CPU under load
+(benchmarks/e2e.py, concurrency 64; see docs/node.md).
 
 Error mapping lives here, once: transport errors and timeouts become
 :class:`UpstreamUnreachable`; a non-2xx answer becomes :class:`UpstreamFailed`
@@ -22,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from typing import Any, final
 
@@ -31,6 +28,7 @@ import httpx
 
 from ._adapter import TunnelHead
 from ._errors import BadRunRequest, UpstreamFailed, UpstreamUnreachable
+from ._transport import H11Transport
 from .config import ProviderConfig
 
 _HOP_BY_HOP = frozenset(
@@ -55,17 +53,15 @@ _ERROR_BODY_LIMIT = 64 * 1024
 @final
 @attrs.define(eq=False)
 class HttpUpstream:
-    """One provider's HTTP clients plus the server root for tunnel requests.
+    """One provider's HTTP client plus the server root for tunnel requests.
 
     Attributes:
         root: the server root that tunnel paths are appended to (no trailing slash).
-        new_client: makes one single-connection ``httpx.AsyncClient``.
+        client: the provider's one client (its pool holds at most ``capacity`` connections).
     """
 
     root: str
-    new_client: Callable[[], httpx.AsyncClient]
-    _idle: list[httpx.AsyncClient] = attrs.field(factory=list, init=False)
-    _all: list[httpx.AsyncClient] = attrs.field(factory=list, init=False)
+    client: httpx.AsyncClient
 
     @classmethod
     def for_provider(
@@ -75,7 +71,7 @@ class HttpUpstream:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> HttpUpstream:
-        """Build the client factory for ``provider``: one connection per client, its timeouts.
+        """Build the provider's client: its transport, pool size and timeouts.
 
         Args:
             provider: the provider's config.
@@ -87,26 +83,13 @@ class HttpUpstream:
             connect=provider.connect_timeout_ms / 1000,
             pool=provider.connect_timeout_ms / 1000,
         )
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        verify = httpx.create_ssl_context() if transport is None else True
-
-        def new_client() -> httpx.AsyncClient:
-            return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport, verify=verify)
-
-        return cls(root=root.rstrip("/"), new_client=new_client)
-
-    @contextmanager
-    def _client(self) -> Iterator[httpx.AsyncClient]:
-        """Borrow an idle client (or make one); it goes back when the block ends."""
-        if self._idle:
-            client = self._idle.pop()
-        else:
-            client = self.new_client()
-            self._all.append(client)
-        try:
-            yield client
-        finally:
-            self._idle.append(client)
+        if transport is None:
+            if root.startswith("http://"):
+                transport = H11Transport(provider.capacity)
+            else:
+                limits = httpx.Limits(max_connections=provider.capacity, max_keepalive_connections=provider.capacity)
+                transport = httpx.AsyncHTTPTransport(limits=limits)
+        return cls(root=root.rstrip("/"), client=httpx.AsyncClient(timeout=timeout, transport=transport))
 
     @asynccontextmanager
     async def post_json(self, url: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
@@ -119,8 +102,8 @@ class HttpUpstream:
             UpstreamUnreachable: connection error or timeout.
             UpstreamFailed: the upstream answered non-2xx.
         """
-        with _transport_errors_mapped(), self._client() as client:
-            async with client.stream("POST", url, json=body) as response:
+        with _transport_errors_mapped():
+            async with self.client.stream("POST", url, json=body) as response:
                 if not response.is_success:
                     raise await _failure_of(response)
                 yield response
@@ -144,7 +127,8 @@ class HttpUpstream:
             raise BadRunRequest(f"bad tunnel method {method!r}")
         if not path.startswith("/") or path.startswith("//"):
             raise BadRunRequest(f"tunnel path must start with a single '/', got {path!r}")
-        with _transport_errors_mapped(), self._client() as client:
+        client = self.client
+        with _transport_errors_mapped():
             request = client.build_request(
                 method.upper(),
                 self.root + path,
@@ -163,9 +147,8 @@ class HttpUpstream:
                     yield chunk
 
     async def aclose(self) -> None:
-        """Close every client's connection. Checkpoints."""
-        for client in self._all:
-            await client.aclose()
+        """Close the client and its connections. Checkpoints."""
+        await self.client.aclose()
 
 
 @final

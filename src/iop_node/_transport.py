@@ -1,0 +1,378 @@
+"""A lean HTTP/1.1 transport for ``httpx``: h11 over ``trio.SocketStream``, one keep-alive pool.
+
+:class:`H11Transport` replaces httpcore under the Node's ``httpx.AsyncClient``
+for plain ``http://`` upstreams (the backends are on loopback or the LAN).
+Why: under load httpcore was a third of the Node's CPU -- it scans every pooled
+connection on each request (``is_idle``, ``has_expired``, a readability poll
+per idle socket) and writes the request head and body as two socket sends.
+Here one request costs one ``send_all`` (head and body together), one poll of
+the ONE idle connection it takes, and the reads of the answer; HTTP itself is
+h11's (a sans-I/O state machine), this module only moves bytes.
+
+Design notes:
+
+- Pool. Idle connections are kept per origin on a LIFO stack; a request takes
+  the most recently used one or opens a new one on demand. At most ``capacity``
+  requests hold a connection at once (a ``trio.Semaphore``; waiting longer than
+  the pool timeout is ``httpx.PoolTimeout``), and opening one when ``capacity``
+  connections exist closes an idle one first, so never more than ``capacity``
+  sockets are open. The Node's gate already keeps a provider's requests at or
+  under its capacity, so in practice nobody waits.
+- Reuse. A connection goes back to the pool only when h11 says both sides
+  finished the exchange; anything else (``connection: close``, an error, a body
+  not read to its end because the run was cancelled or stopped early) closes it.
+  An idle connection that became readable (the server closed it, or sent
+  something unasked) is closed instead of used. A reused connection that fails
+  before the first byte of the answer (the server closed it while our request
+  was on its way) is retried once on a fresh connection.
+- Errors are httpx's, so ``iop_node._http`` maps them as before: connect
+  failure ``ConnectError``, timeouts ``ConnectTimeout`` / ``WriteTimeout`` /
+  ``ReadTimeout`` / ``PoolTimeout``, a broken socket ``WriteError`` / ``ReadError``,
+  bad HTTP or a connection closed mid-answer ``RemoteProtocolError``.
+- Cancellation. Closing a socket is synchronous in trio, so a request or a body
+  cancelled half-way closes its connection without awaiting and returns its
+  pool slot; nothing half-read is ever reused.
+"""
+
+from __future__ import annotations
+
+import math
+import select
+import sys
+from typing import Any, final
+
+import attrs
+import h11
+import httpx
+import trio
+
+_RECEIVE_SIZE = 64 * 1024
+
+_Origin = tuple[bytes, bytes, int]
+
+
+def _is_readable(sock: trio.socket.SocketType) -> bool:
+    """True when a read would not block: for an idle connection, EOF or unasked data."""
+    fd = sock.fileno()
+    if fd < 0:
+        return True
+    if sys.platform == "win32" or not hasattr(select, "poll"):
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _seconds(value: float | None) -> float:
+    return math.inf if value is None else value
+
+
+@attrs.define(eq=False)
+class _Connection:
+    """One socket and its h11 state machine."""
+
+    origin: _Origin
+    stream: trio.SocketStream
+    h11: h11.Connection = attrs.field(factory=lambda: h11.Connection(h11.CLIENT))
+    requests: int = 0
+    """Requests sent on this connection so far (more than 1: it was reused)."""
+
+    def close(self) -> None:
+        """Close the socket now. Synchronous: safe in a cancelled task."""
+        self.stream.socket.close()
+
+    async def receive(self, timeout: float, request: httpx.Request) -> bytes:
+        """Read some bytes (``b""`` at EOF). Checkpoints.
+
+        Raises:
+            httpx.ReadTimeout: nothing arrived for ``timeout`` seconds.
+            httpx.ReadError: the socket failed.
+        """
+        try:
+            with trio.fail_after(timeout):
+                return await self.stream.receive_some(_RECEIVE_SIZE)
+        except trio.TooSlowError:
+            raise httpx.ReadTimeout(f"no data from the upstream for {timeout:g} s", request=request) from None
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpx.ReadError(f"upstream read failed: {exc or type(exc).__name__}", request=request) from None
+
+    async def next_event(self, timeout: float, request: httpx.Request) -> Any:
+        """The next h11 event of the answer, reading as needed. Checkpoints if it reads.
+
+        Raises:
+            httpx.RemoteProtocolError: the answer is not valid HTTP/1.1, or the
+                connection closed in the middle of it.
+            httpx.ReadTimeout, httpx.ReadError: see :meth:`receive`.
+        """
+        try:
+            while (event := self.h11.next_event()) is h11.NEED_DATA:
+                self.h11.receive_data(await self.receive(timeout, request))
+        except h11.RemoteProtocolError as exc:
+            raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}", request=request) from None
+        return event
+
+
+class _StaleConnection(Exception):
+    """A reused connection failed before any byte of the answer: retry on a fresh one."""
+
+
+@final
+class H11Transport(httpx.AsyncBaseTransport):
+    """``httpx`` transport over h11 and trio sockets with a bounded keep-alive pool.
+
+    Plain ``http://`` only (``https://`` URLs raise ``httpx.UnsupportedProtocol``).
+
+    Args:
+        capacity: the most requests (and connections) at once.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._slots = trio.Semaphore(capacity)
+        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._closed = False
+        self.opened = 0
+        """Connections opened so far (a reused connection is not counted again)."""
+
+    def __repr__(self) -> str:
+        idle = sum(len(stack) for stack in self._idle.values())
+        return f"<H11Transport {len(self._open)}/{self.capacity} connections, {idle} idle>"
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now, idle or in use."""
+        return len(self._open)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a pool slot (all ``capacity`` in use)."""
+        return self._slots.statistics().tasks_waiting
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` and return the response with its body still to read.
+
+        Checkpoints. The response's stream holds a pool slot and the connection
+        until it is read to the end or closed. Cancellation closes the
+        connection in use and returns the slot.
+
+        Raises:
+            httpx.UnsupportedProtocol: not an ``http://`` URL.
+            httpx.PoolTimeout: no slot free within the pool timeout.
+            httpx.ConnectError, httpx.ConnectTimeout: the connection could not be opened.
+            httpx.WriteError, httpx.WriteTimeout, httpx.ReadError, httpx.ReadTimeout,
+            httpx.RemoteProtocolError: the exchange failed.
+        """
+        url = request.url
+        if url.raw_scheme != b"http":
+            raise httpx.UnsupportedProtocol(f"H11Transport serves http:// only, not {url.scheme}://", request=request)
+        if self._closed:
+            raise RuntimeError("H11Transport is closed")
+        timeouts = request.extensions.get("timeout", {})
+        try:
+            body = request.content
+        except httpx.RequestNotRead:
+            body = await request.aread()
+        origin = (url.raw_scheme, url.raw_host, url.port or 80)
+        await self._acquire_slot(_seconds(timeouts.get("pool")), request)
+        try:
+            connect_timeout = _seconds(timeouts.get("connect"))
+            connection = await self._connection(origin, connect_timeout, request)
+            try:
+                return await self._exchange(connection, request, body, timeouts)
+            except _StaleConnection:
+                self._discard(connection)
+            except BaseException:
+                self._discard(connection)
+                raise
+            connection = await self._connection(origin, connect_timeout, request, fresh=True)
+            try:
+                return await self._exchange(connection, request, body, timeouts)
+            except BaseException:
+                self._discard(connection)
+                raise
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _acquire_slot(self, timeout: float, request: httpx.Request) -> None:
+        """Take a pool slot. Checkpoints only when it has to wait (the request checkpoints
+        anyway when it sends); a cancelled wait takes no slot."""
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.move_on_after(timeout) as scope:
+                await self._slots.acquire()
+            if scope.cancelled_caught:
+                raise httpx.PoolTimeout(
+                    f"all {self.capacity} upstream connections busy for {timeout:g} s", request=request
+                ) from None
+
+    async def _connection(
+        self, origin: _Origin, timeout: float, request: httpx.Request, *, fresh: bool = False
+    ) -> _Connection:
+        """Take a usable idle connection for ``origin`` (unless ``fresh``) or open a new one.
+
+        Checkpoints if it opens one; cancellation then leaves nothing open.
+        """
+        stack = None if fresh else self._idle.get(origin)
+        while stack:
+            connection = stack.pop()
+            if not _is_readable(connection.stream.socket):
+                return connection
+            self._discard(connection)  # the server closed it (or sent something unasked)
+        if len(self._open) >= self.capacity:
+            self._close_one_idle()
+        host = origin[1].decode("ascii")
+        try:
+            with trio.fail_after(timeout):
+                stream = await trio.open_tcp_stream(host, origin[2])
+        except trio.TooSlowError:
+            raise httpx.ConnectTimeout(f"connecting to {host}:{origin[2]} took over {timeout:g} s", request=request) from None
+        except OSError as exc:
+            raise httpx.ConnectError(f"cannot connect to {host}:{origin[2]}: {exc}", request=request) from None
+        connection = _Connection(origin, stream)
+        self._open.add(connection)
+        self.opened += 1
+        return connection
+
+    def _close_one_idle(self) -> None:
+        for stack in self._idle.values():
+            if stack:
+                self._discard(stack.pop(0))
+                return
+
+    async def _exchange(
+        self, connection: _Connection, request: httpx.Request, body: bytes, timeouts: dict[str, Any]
+    ) -> httpx.Response:
+        """Send the request in one write, read the answer's head. Checkpoints.
+
+        Raises:
+            _StaleConnection: a reused connection failed before any answer byte.
+        """
+        reused = connection.requests > 0
+        connection.requests += 1
+        state = connection.h11
+        data = state.send(h11.Request(method=request.method, target=request.url.raw_path, headers=request.headers.raw))
+        assert data is not None
+        if body:
+            data += state.send(h11.Data(data=body)) or b""
+        data += state.send(h11.EndOfMessage()) or b""
+        timeout = _seconds(timeouts.get("write"))
+        try:
+            with trio.fail_after(timeout):
+                await connection.stream.send_all(data)
+        except trio.TooSlowError:
+            raise httpx.WriteTimeout(f"sending to the upstream took over {timeout:g} s", request=request) from None
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if reused:
+                raise _StaleConnection from None
+            raise httpx.WriteError(f"upstream write failed: {exc or type(exc).__name__}", request=request) from None
+        read_timeout = _seconds(timeouts.get("read"))
+        if reused and not state.trailing_data[0]:
+            # Nothing of the answer yet: EOF or a reset here means the server
+            # closed the idle connection while our request was on its way.
+            state.receive_data(await self._receive_first(connection, read_timeout, request))
+        while True:
+            event = await connection.next_event(read_timeout, request)
+            if isinstance(event, h11.Response):
+                break
+            if isinstance(event, h11.ConnectionClosed):
+                raise httpx.RemoteProtocolError("the upstream closed the connection without answering", request=request)
+            # an InformationalResponse (1xx): the final answer follows
+        return httpx.Response(
+            status_code=event.status_code,
+            headers=event.headers.raw_items(),
+            stream=_ResponseBody(self, connection, read_timeout, request),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": event.reason},
+        )
+
+    @staticmethod
+    async def _receive_first(connection: _Connection, timeout: float, request: httpx.Request) -> bytes:
+        try:
+            data = await connection.receive(timeout, request)
+        except httpx.ReadError:
+            raise _StaleConnection from None
+        if not data:
+            raise _StaleConnection
+        return data
+
+    def _release(self, connection: _Connection) -> None:
+        """The answer was read to its end: keep the connection if h11 allows, free the slot."""
+        state = connection.h11
+        if not self._closed and state.our_state is h11.DONE and state.their_state is h11.DONE:
+            state.start_next_cycle()
+            self._idle.setdefault(connection.origin, []).append(connection)
+        else:
+            self._discard(connection)
+        self._slots.release()
+
+    def _abandon(self, connection: _Connection) -> None:
+        """The answer was not read to its end (cancel, early stop, error): close it, free the slot."""
+        self._discard(connection)
+        self._slots.release()
+
+    def _discard(self, connection: _Connection) -> None:
+        connection.close()
+        self._open.discard(connection)
+
+    async def aclose(self) -> None:
+        """Close every connection, idle or in use. Checkpoints."""
+        self._closed = True
+        for connection in list(self._open):
+            self._discard(connection)
+        self._idle.clear()
+        await trio.lowlevel.checkpoint()
+
+
+@final
+class _ResponseBody(httpx.AsyncByteStream):
+    """A response body read from h11 ``Data`` events, chunk by chunk as they arrive.
+
+    A plain async iterator (no async generator: nothing is left half-run when
+    the reader stops early). The end of the body returns the connection to the
+    pool; :meth:`aclose` before the end closes it.
+    """
+
+    def __init__(self, transport: H11Transport, connection: _Connection, timeout: float, request: httpx.Request) -> None:
+        self._transport = transport
+        self._connection: _Connection | None = connection
+        self._timeout = timeout
+        self._request = request
+
+    def __aiter__(self) -> _ResponseBody:  # type: ignore[override]
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The next body chunk. Checkpoints when it reads; cancellation closes the connection.
+
+        Raises:
+            StopAsyncIteration: the body ended (or the stream was closed).
+            httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError: reading failed.
+        """
+        connection = self._connection
+        if connection is None:
+            raise StopAsyncIteration
+        try:
+            event = await connection.next_event(self._timeout, self._request)
+        except BaseException:
+            self._connection = None
+            self._transport._abandon(connection)
+            raise
+        if type(event) is h11.Data:
+            return bytes(event.data)
+        self._connection = None
+        if type(event) is h11.EndOfMessage:
+            self._transport._release(connection)
+            raise StopAsyncIteration
+        self._transport._abandon(connection)
+        raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__} in the answer body", request=self._request)
+
+    async def aclose(self) -> None:
+        """Close the body; if it was not read to its end, close the connection. Does not checkpoint."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._transport._abandon(connection)
+

@@ -1,0 +1,297 @@
+"""H11Transport: the Node's lean httpx transport (h11 over trio sockets, keep-alive pool).
+
+Real sockets on 127.0.0.1 port 0: the mock backend, or a scripted raw HTTP/1.1
+server (h11 on the server side) when a test needs the server to misbehave on cue.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from contextlib import aclosing
+from typing import Any
+
+import attrs
+import h11
+import httpx
+import pytest
+import trio
+import trio.testing
+from iop_node import OpenAIAdapter, UpstreamUnreachable
+from iop_node._http import BodyStream, HttpUpstream
+from iop_node._transport import H11Transport
+from node_harness import Backend, openai_provider
+
+CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+STREAM = {**CHAT, "max_tokens": 50, "stream": True}
+
+
+def client_for(transport: H11Transport, port: int, **timeouts: float) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(timeouts.pop("default", 5.0), **timeouts)
+    return httpx.AsyncClient(transport=transport, base_url=f"http://127.0.0.1:{port}", timeout=timeout)
+
+
+# A scripted server: for the n-th request on the c-th connection, what to do.
+#   "ok": answer 200 with a keep-alive body;  "ok-close": answer, then close the socket;
+#   "drop": close without answering;  "hang": never answer (wait for the client to go);  "partial": half a body, then close.
+Script = Callable[[int, int], str]
+
+
+@attrs.define(eq=False)
+class ScriptedServer:
+    script: Script
+    port: int = 0
+    connections: int = 0
+    requests: int = 0
+    closed: trio.Event = attrs.field(factory=trio.Event)
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.port)
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        index, self.connections = self.connections, self.connections + 1
+        conn = h11.Connection(h11.SERVER)
+        try:
+            for n in range(1_000):
+                if not await self._read_request(stream, conn):
+                    return
+                self.requests += 1
+                action = self.script(index, n)
+                if action == "hang":  # until the client goes
+                    while await stream.receive_some(65536):
+                        pass
+                    return
+                if action == "drop":
+                    return
+                body = b'{"ok":true}'
+                if action == "partial":
+                    head = h11.Response(status_code=200, headers=[("content-length", "100")])
+                    await stream.send_all(conn.send(head) + conn.send(h11.Data(data=body)))
+                    return
+                head = h11.Response(status_code=200, headers=[("content-length", str(len(body)))])
+                await stream.send_all(conn.send(head) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+                if action == "ok-close":
+                    return
+                conn.start_next_cycle()
+        finally:
+            await stream.aclose()
+            self.closed.set()
+
+    @staticmethod
+    async def _read_request(stream: trio.SocketStream, conn: h11.Connection) -> bool:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(65536))
+            elif isinstance(event, h11.EndOfMessage):
+                return True
+            elif isinstance(event, h11.ConnectionClosed):
+                return False
+
+
+async def scripted(nursery: trio.Nursery, script: Script) -> ScriptedServer:
+    server = ScriptedServer(script)
+    await nursery.start(server.serve)
+    return server
+
+
+async def test_keep_alive_connection_is_reused(backend: Backend) -> None:
+    """Sequential requests share one connection; the whole body is read each time."""
+    transport = H11Transport(4)
+    with trio.fail_after(10):
+        async with client_for(transport, backend.port) as client:
+            for _ in range(3):
+                response = await client.post("/v1/chat/completions", json=CHAT)
+                assert response.status_code == 200
+                assert response.json()["object"] == "chat.completion"
+            assert (transport.opened, transport.open_connections) == (1, 1)
+    assert backend.backend.stats()["total"] == 3
+    assert transport.open_connections == 0  # the client closed it
+
+
+async def test_stream_is_relayed_chunk_by_chunk(backend: Backend) -> None:
+    """A slow SSE stream: the first event is readable before the rest is generated."""
+    backend.backend.tokens_per_second = 20.0
+    transport = H11Transport(1)
+    with trio.fail_after(10):
+        async with client_for(transport, backend.port) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+                async with aclosing(BodyStream(response, raw=True)) as body:
+                    first = await body.next_chunk()
+                    assert first is not None and first.startswith(b"data: ")
+                    assert backend.backend.stats()["in_flight"] == 1  # still generating
+                    rest = b""
+                    while (chunk := await body.next_chunk()) is not None:
+                        rest += chunk
+            assert (first + rest).endswith(b"data: [DONE]\n\n")
+            assert transport.open_connections == 1  # read to the end: kept
+
+
+async def test_pool_is_bounded_by_capacity(backend: Backend, nursery: trio.Nursery) -> None:
+    """[tunnel-guard] At most ``capacity`` connections: a third request waits for a free one."""
+    backend.backend.tokens_per_second = 1.0  # the held streams stay in flight
+    transport = H11Transport(2)
+    results: list[int] = []
+    async with client_for(transport, backend.port) as client:
+
+        async def hold(scope: trio.CancelScope, task_status: trio.TaskStatus[None]) -> None:
+            with scope:
+                async with client.stream("POST", "/v1/chat/completions", json=STREAM):
+                    task_status.started()
+                    await trio.sleep_forever()
+
+        async def whole() -> None:
+            results.append((await client.post("/v1/chat/completions", json=CHAT)).status_code)
+
+        with trio.fail_after(10):
+            holders = [trio.CancelScope(), trio.CancelScope()]
+            async with trio.open_nursery() as inner:
+                for scope in holders:
+                    await inner.start(hold, scope)
+                inner.start_soon(whole)
+                inner.start_soon(whole)
+                await trio.testing.wait_all_tasks_blocked()
+                assert transport.waiting == 2
+                assert transport.open_connections == 2
+                assert backend.backend.stats()["in_flight"] == 2
+                backend.backend.tokens_per_second = 0.0
+                for scope in holders:
+                    scope.cancel()
+            assert results == [200, 200]
+            assert backend.backend.stats()["peak_in_flight"] == 2
+            assert transport.open_connections <= 2
+            await backend.wait_idle()
+
+
+async def test_cancel_mid_body_discards_the_connection(backend: Backend) -> None:
+    """[runtime-concurrency] Leaving a stream half-read closes its connection: the backend
+    sees the client go (in_flight back to 0) and the connection is never reused."""
+    backend.backend.tokens_per_second = 5.0
+    transport = H11Transport(2)
+    with trio.fail_after(10):
+        async with client_for(transport, backend.port) as client:
+            with trio.CancelScope() as scope:
+                async with client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
+                    async with aclosing(BodyStream(response, raw=True)) as body:
+                        assert await body.next_chunk()
+                        scope.cancel()
+                        await trio.sleep_forever()
+            assert scope.cancelled_caught
+            assert transport.open_connections == 0
+            await backend.wait_idle()
+            backend.backend.tokens_per_second = 0.0
+            assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            assert transport.opened == 2
+
+
+async def test_server_closed_idle_connection_reconnects(nursery: trio.Nursery) -> None:
+    """The server answers and closes a keep-alive connection: the next request opens a new one."""
+    server = await scripted(nursery, lambda c, n: "ok-close")
+    transport = H11Transport(2)
+    with trio.fail_after(10):
+        async with client_for(transport, server.port) as client:
+            assert (await client.get("/")).status_code == 200
+            await server.closed.wait()
+            assert (await client.get("/")).status_code == 200
+    assert (transport.opened, server.connections, server.requests) == (2, 2, 2)
+
+
+async def test_reused_connection_dropped_before_answer_is_retried_once(nursery: trio.Nursery) -> None:
+    """The server closes a reused connection on receiving the request, unanswered: the
+    request is sent again on a fresh connection (the server had dropped it unseen)."""
+    server = await scripted(nursery, lambda c, n: "drop" if (c, n) == (0, 1) else "ok")
+    transport = H11Transport(2)
+    with trio.fail_after(10):
+        async with client_for(transport, server.port) as client:
+            assert (await client.post("/", content=b"one")).status_code == 200
+            assert (await client.post("/", content=b"two")).status_code == 200
+    assert (transport.opened, server.requests) == (2, 3)
+
+
+@pytest.mark.parametrize("action", ["drop", "partial"])
+async def test_connection_closed_mid_answer_is_an_error(nursery: trio.Nursery, action: str) -> None:
+    """A new connection closed before the answer ("drop": not retried) or in the middle of
+    its body ("partial"): RemoteProtocolError, the connection gone, the slot free."""
+    server = await scripted(nursery, lambda c, n: action)
+    transport = H11Transport(1)
+    with trio.fail_after(10):
+        async with client_for(transport, server.port) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post("/", content=b"x")
+    assert (transport.opened, transport.open_connections, transport.waiting) == (1, 0, 0)
+    assert server.requests == 1
+
+
+async def test_read_timeout(nursery: trio.Nursery) -> None:
+    """No answer within the read timeout: httpx.ReadTimeout; the connection is closed."""
+    server = await scripted(nursery, lambda c, n: "hang")
+    transport = H11Transport(1)
+    with trio.fail_after(10):
+        async with client_for(transport, server.port, read=0.05) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.get("/")
+            assert transport.open_connections == 0
+            await server.closed.wait()  # the server saw the connection go
+
+
+async def test_pool_timeout(nursery: trio.Nursery) -> None:
+    """Every connection busy past the pool timeout: httpx.PoolTimeout."""
+    server = await scripted(nursery, lambda c, n: "hang")
+    transport = H11Transport(1)
+    with trio.fail_after(10):
+        async with client_for(transport, server.port, pool=0.05) as client:
+            async with trio.open_nursery() as inner:
+                inner.start_soon(client.get, "/")
+                await trio.testing.wait_all_tasks_blocked()
+                with pytest.raises(httpx.PoolTimeout):
+                    await client.get("/")
+                inner.cancel_scope.cancel()
+            assert transport.open_connections == 0
+
+
+async def test_connect_timeout(monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock) -> None:
+    """Connecting takes longer than the connect timeout: httpx.ConnectTimeout, slot returned."""
+
+    async def never_connects(*args: Any, **kwargs: Any) -> trio.SocketStream:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(trio, "open_tcp_stream", never_connects)
+    transport = H11Transport(1)
+    async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30, connect=2)) as client:
+        with pytest.raises(httpx.ConnectTimeout):
+            await client.get("http://upstream.test/")
+    assert trio.current_time() == 2
+    assert (transport.open_connections, transport.waiting) == (0, 0)
+
+
+async def test_connection_refused_is_upstream_unreachable() -> None:
+    """Nothing listens on the port: the adapter raises UpstreamUnreachable (upstream_unreachable)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    adapter = OpenAIAdapter.from_config(openai_provider(port))
+    assert isinstance(adapter.http.client._transport, H11Transport)
+    with trio.fail_after(10), pytest.raises(UpstreamUnreachable) as caught:
+        async with aclosing(adapter.run("chat/completions", CHAT, stream=False)) as run:
+            async for _ in run:
+                pass
+    assert caught.value.code == "upstream_unreachable"
+    await adapter.aclose()
+
+
+def test_https_uses_httpx_default_transport() -> None:
+    """https:// upstreams keep httpx's own transport (TLS); http:// ones get H11Transport."""
+    provider = attrs.evolve(openai_provider(1), base_url="https://gpu.example/v1")
+    upstream = HttpUpstream.for_provider(provider, "https://gpu.example")
+    assert isinstance(upstream.client._transport, httpx.AsyncHTTPTransport)
+
+
+async def test_https_url_is_refused_by_h11_transport() -> None:
+    """H11Transport serves plain http:// only."""
+    async with httpx.AsyncClient(transport=H11Transport(1)) as client:
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await client.get("https://upstream.test/")
