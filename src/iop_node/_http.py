@@ -17,6 +17,7 @@ carrying the status and the upstream's own message.
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -62,6 +63,7 @@ class HttpUpstream:
 
     root: str
     client: httpx.AsyncClient
+    _urls: dict[str, httpx.URL] = attrs.field(factory=dict, init=False)
 
     @classmethod
     def for_provider(
@@ -89,7 +91,8 @@ class HttpUpstream:
             else:
                 limits = httpx.Limits(max_connections=provider.capacity, max_keepalive_connections=provider.capacity)
                 transport = httpx.AsyncHTTPTransport(limits=limits)
-        return cls(root=root.rstrip("/"), client=httpx.AsyncClient(timeout=timeout, transport=transport))
+        client = httpx.AsyncClient(timeout=timeout, transport=transport, cookies=_NoCookies())
+        return cls(root=root.rstrip("/"), client=client)
 
     @asynccontextmanager
     async def post_json(self, url: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
@@ -102,8 +105,12 @@ class HttpUpstream:
             UpstreamUnreachable: connection error or timeout.
             UpstreamFailed: the upstream answered non-2xx.
         """
+        # The run URLs are few and fixed: parse each once (httpx would parse the string every time).
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = httpx.URL(url)
         with _transport_errors_mapped():
-            async with self.client.stream("POST", url, json=body) as response:
+            async with self.client.stream("POST", parsed, json=body) as response:
                 if not response.is_success:
                     raise await _failure_of(response)
                 yield response
@@ -149,6 +156,22 @@ class HttpUpstream:
     async def aclose(self) -> None:
         """Close the client and its connections. Checkpoints."""
         await self.client.aclose()
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing.
+
+    The provider's one client carries the runs of every Edge client: a cookie
+    set by the upstream for one run must not be sent with the next. (It also
+    spares httpx's cookie parsing on every response.) Cookies a tunnel request
+    carries in its own headers still pass through.
+    """
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        pass
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        pass
 
 
 @final

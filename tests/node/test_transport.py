@@ -295,3 +295,21 @@ async def test_https_url_is_refused_by_h11_transport() -> None:
     async with httpx.AsyncClient(transport=H11Transport(1)) as client:
         with pytest.raises(httpx.UnsupportedProtocol):
             await client.get("https://upstream.test/")
+
+
+async def test_upstream_cookies_are_not_kept() -> None:
+    """A cookie set by the upstream for one run is not sent with the next (one client
+    carries every Edge client's runs)."""
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("cookie"))
+        return httpx.Response(200, json={"choices": []}, headers={"set-cookie": "session=alice; Path=/"})
+
+    provider = openai_provider(1)
+    upstream = HttpUpstream.for_provider(provider, "http://upstream.test", transport=httpx.MockTransport(handler))
+    for _ in range(2):
+        async with upstream.post_json("http://upstream.test/v1/chat/completions", CHAT) as response:
+            assert response.status_code == 200
+    assert seen == [None, None]
+    await upstream.aclose()
