@@ -60,6 +60,7 @@ class HeaderDeadlineStream(trio.abc.HalfCloseableStream):
         self._awaiting_head = True
         self._deadline = math.inf
         self._tail = b""
+        self._held_head = b""
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Receive like the socket stream; checkpoints.
@@ -92,7 +93,21 @@ class HeaderDeadlineStream(trio.abc.HalfCloseableStream):
             self._tail = window[-3:]
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """Send like the socket stream; a final response re-arms the head check. Checkpoints."""
+        """Send like the socket stream; a final response re-arms the head check. Checkpoints.
+
+        Coalescing: a complete response head that announces a non-empty
+        ``content-length`` body is held back and goes out with the next write
+        (hypercorn writes the head and the body separately: one send -- one
+        syscall -- saved per response). The next write always comes: the body,
+        or, when the body is suppressed (a HEAD request), the empty write
+        hypercorn makes at the end of every message.
+        """
+        if self._held_head:
+            data = self._held_head + data
+            self._held_head = b""
+        elif _holds_body(data):
+            self._held_head = bytes(data)
+            return
         await self.transport_stream.send_all(data)
         if not bytes(data[: len(_INTERIM)]) == _INTERIM:
             self._awaiting_head = True
@@ -103,10 +118,26 @@ class HeaderDeadlineStream(trio.abc.HalfCloseableStream):
         await self.transport_stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
+        if self._held_head:
+            await self.send_all(b"")
         await self.transport_stream.send_eof()
 
     async def aclose(self) -> None:
+        self._held_head = b""  # the connection is going away; a lone head helps no one
         await self.transport_stream.aclose()
+
+
+def _holds_body(data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` is exactly one final response head announcing a body."""
+    head = bytes(data)
+    if not head.startswith(b"HTTP/1.1 ") or head.startswith(_INTERIM) or not head.endswith(_HEAD_END):
+        return False
+    start = head.lower().find(b"\r\ncontent-length:")
+    if start < 0:
+        return False
+    end = head.find(b"\r\n", start + 2)
+    value = head[start + len(b"\r\ncontent-length:") : end].strip()
+    return value.isdigit() and int(value) > 0
 
 
 async def serve_http(
