@@ -82,11 +82,10 @@ class NodeGone(Exception):
 class RunChannel:
     """One run's messages from its node, and its cancellation.
 
-    Use as a context manager: leaving it before the end message arrived sends
-    ``cancel`` to the node and forgets the run. The sync form (``with``) does not
-    wait; the async form (``async with``) waits, bounded, for the node to confirm
-    the cancel, so a lease held around it is released only once the node has
-    freed the provider (see :meth:`__aexit__`).
+    Use as ``async with``: leaving it before the end message arrived sends
+    ``cancel`` to the node and waits, bounded, for the node to confirm it, so a
+    lease held around it is released only once the node has freed the provider
+    (see :meth:`__aexit__`).
     """
 
     __slots__ = ("run_id", "link", "receive", "ended", "overflowed")
@@ -99,19 +98,6 @@ class RunChannel:
         self.receive = receive
         self.ended = False
         self.overflowed = False
-
-    def __enter__(self) -> RunChannel:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.receive.close()
-        if not self.ended:
-            self.link._forget_run(self.run_id, cancel=True)
 
     async def __aenter__(self) -> RunChannel:
         return self
@@ -151,7 +137,9 @@ class RunChannel:
                 if not self.ended:
                     self.link._forget_run(self.run_id, cancel=False)
                 return
-        self.__exit__(exc_type, exc, tb)
+        self.receive.close()
+        if not self.ended:
+            self.link._forget_run(self.run_id, cancel=True)
 
     async def next(self) -> RunMessage:
         """The next message of this run.
