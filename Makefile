@@ -20,7 +20,7 @@ test: $(STAMP)
 
 # The long runs: Hypothesis soak profile (state machine 5,000 x 150) and 10,000 simulation seeds.
 soak: $(STAMP)
-	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest tests/admission tests/wire
+	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -o faulthandler_timeout=0 tests/admission tests/wire
 	$(BIN)/python -m tests.sim --seeds 10000 --first-seed 0
 
 bench: $(STAMP)
