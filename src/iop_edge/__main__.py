@@ -38,6 +38,7 @@ async def serve_edge(service: EdgeService) -> int:
                     service.reload()
                     continue
                 logger.info("%s received, shutting down", signal.Signals(signum).name)
+                await service.registry.aclose_all()
                 nursery.cancel_scope.cancel()
                 break
     return EXIT_OK

@@ -514,8 +514,20 @@ class NodeRegistry:
         return out
 
     def close_all(self) -> None:
-        """Drop every node connection (Edge shutdown)."""
+        """Drop every node connection at once (the fallback when the Edge is cancelled)."""
         for link in tuple(self._links.values()):
             link.cause = "graceful"
             link.abort()
+
+    async def aclose_all(self) -> None:
+        """Close every node connection with 1001 (going away), all at once.
+
+        Call it before cancelling the server: the close handshake needs the
+        connections' reader tasks alive to see each node's reply. Checkpoints;
+        each close is bounded (1 s) and shielded.
+        """
+        async with trio.open_nursery() as nursery:
+            for link in tuple(self._links.values()):
+                link.cause = "graceful"
+                nursery.start_soon(_close, link.ws, CLOSE_GOING_AWAY, "edge shutting down")
 
