@@ -200,6 +200,17 @@ async def running_edge(tmp_path: Path, layout: EdgeLayout | None = None) -> Asyn
         nursery.cancel_scope.cancel()
 
 
+
+def start_chat(
+    nursery: trio.Nursery, edge: Edge, results: dict[str, httpx.Response], name: str, model: str, **fields: Any
+) -> None:
+    """Start ``edge.chat(model, name, **fields)`` in ``nursery``; its response lands in ``results[name]``."""
+
+    async def post() -> None:
+        results[name] = await edge.chat(model, name, **fields)
+
+    nursery.start_soon(post)
+
 # ---------------------------------------------------------------------------- fake node
 
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import trio
 from edge_harness import (
+    start_chat,
     ADMIN_TOKEN,
     BIG,
     FAST,
@@ -31,15 +32,6 @@ from edge_harness import (
     sse_events,
 )
 from iop_wire import RunEnd, RunEvent
-
-
-def _start_chat(
-    nursery: trio.Nursery, edge: Edge, results: dict[str, httpx.Response], name: str, model: str, **fields: Any
-) -> None:
-    async def post() -> None:
-        results[name] = await edge.chat(model, name, **fields)
-
-    nursery.start_soon(post)
 
 
 def assert_error(response: httpx.Response, status: int, code: str, type_: str, reason: str | None = None) -> None:
@@ -70,9 +62,9 @@ async def test_queue_full_and_queue_timeout(tmp_path: Path) -> None:
         async with running_edge(tmp_path, EdgeLayout(max_queue=1, queue_timeout_ms=300)) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "running", BIG)
+                start_chat(nursery, edge, results, "running", BIG)
                 running = await node.next_run()
-                _start_chat(nursery, edge, results, "waiter", FAST)
+                start_chat(nursery, edge, results, "waiter", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 for model in (BIG, FAST):
                     full = await edge.chat(model)
@@ -91,7 +83,7 @@ async def test_provider_busy_when_node_rejects_concurrency(tmp_path: Path) -> No
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "busy", FAST)
+                start_chat(nursery, edge, results, "busy", FAST)
                 run = await node.next_run()
                 await node.send(RunEnd(run.run_id, "error", "concurrency_limit", "gate full"))
             assert_error(results["busy"], 503, "provider_busy", "service_unavailable")
@@ -108,7 +100,7 @@ async def test_upstream_errors_from_fake_node(tmp_path: Path, code: str, upstrea
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "x", BIG)
+                start_chat(nursery, edge, results, "x", BIG)
                 run = await node.next_run()
                 await node.send(RunEnd(run.run_id, "error", code, "boom", upstream_status))
             assert_error(results["x"], 502, "upstream_error", "upstream_error", reason=code)
@@ -124,11 +116,11 @@ async def test_node_side_cancel_and_missing_response(tmp_path: Path) -> None:
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "cancelled", BIG)
+                start_chat(nursery, edge, results, "cancelled", BIG)
                 run = await node.next_run()
                 await node.send(RunEnd(run.run_id, "cancelled", "cancelled"))
                 await eventually(lambda: "cancelled" in results)
-                _start_chat(nursery, edge, results, "empty", FAST)
+                start_chat(nursery, edge, results, "empty", FAST)
                 run = await node.next_run()
                 await node.send(RunEnd(run.run_id, "ok"))
             assert_error(results["cancelled"], 502, "node_disconnected", "upstream_error")
@@ -142,7 +134,7 @@ async def test_mid_stream_error_event(tmp_path: Path) -> None:
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "s", FAST, stream=True)
+                start_chat(nursery, edge, results, "s", FAST, stream=True)
                 run = await node.next_run()
                 await node.send(RunEvent(run.run_id, chat_chunk("a")))
                 await node.send(RunEvent(run.run_id, chat_chunk("b")))

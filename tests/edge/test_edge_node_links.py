@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import trio
 from edge_harness import (
+    start_chat,
     BIG,
     FAST,
     TOKEN_A,
@@ -23,13 +24,6 @@ from edge_harness import (
     running_edge,
 )
 from iop_wire import Rejected, RunEvent
-
-
-def _start_chat(nursery: trio.Nursery, edge: Edge, results: dict[str, httpx.Response], name: str, model: str) -> None:
-    async def post() -> None:
-        results[name] = await edge.chat(model, name)
-
-    nursery.start_soon(post)
 
 
 def _offline(entry: dict[str, object]) -> bool:
@@ -45,9 +39,9 @@ async def test_graceful_close_answers_waiters_at_once(tmp_path: Path) -> None:
         async with running_edge(tmp_path, layout) as edge:
             results: dict[str, httpx.Response] = {}
             async with fake_node(edge) as node, trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "running", BIG)
+                start_chat(nursery, edge, results, "running", BIG)
                 await node.next_run()
-                _start_chat(nursery, edge, results, "waiter", FAST)
+                start_chat(nursery, edge, results, "waiter", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 await node.ws.aclose(1001, "node shutting down")
             assert results["waiter"].status_code == 503
@@ -84,9 +78,9 @@ async def test_graceful_close_waiter_falls_back_to_gpu1(tmp_path: Path) -> None:
         async with running_edge(tmp_path) as edge, fake_node(edge, "node-b", providers=["gpu1"]) as node_b:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "b-busy", BIG)
+                start_chat(nursery, edge, results, "b-busy", BIG)
                 async with fake_node(edge) as node_a:
-                    _start_chat(nursery, edge, results, "a-busy", FAST)
+                    start_chat(nursery, edge, results, "a-busy", FAST)
                     a_run = await node_a.next_run()
                     # gpu0 busy: this one runs on gpu1 (lower priority but free) or waits for it
                     b_run = await node_b.next_run()
@@ -94,8 +88,8 @@ async def test_graceful_close_waiter_falls_back_to_gpu1(tmp_path: Path) -> None:
                         "b-busy",
                         "a-busy",
                     }
-                    _start_chat(nursery, edge, results, "big-waiter", BIG)
-                    _start_chat(nursery, edge, results, "fast-waiter", FAST)
+                    start_chat(nursery, edge, results, "big-waiter", BIG)
+                    start_chat(nursery, edge, results, "fast-waiter", FAST)
                     await eventually(lambda: edge.queue_depth == 2)
                     await node_a.ws.aclose(1001, "bye")
                 await eventually(lambda: "fast-waiter" in results)
@@ -121,7 +115,7 @@ async def test_heartbeat_timeout_drops_silent_node(tmp_path: Path) -> None:
             async with fake_node(edge) as silent, trio.open_nursery() as nursery:
                 assert silent.registered is not None
                 assert silent.registered.heartbeat_interval_ms == 100
-                _start_chat(nursery, edge, results, "running", BIG)
+                start_chat(nursery, edge, results, "running", BIG)
                 await silent.next_run()
                 async with fake_node(edge, register=False) as duplicate:
                     answer = await duplicate.register(TOKEN_A, ["gpu0"])
@@ -177,7 +171,7 @@ async def test_stale_close_and_reconnect(tmp_path: Path) -> None:
                 assert edge.service.admission.snapshot() == before
                 results: dict[str, httpx.Response] = {}
                 async with trio.open_nursery() as nursery:
-                    _start_chat(nursery, edge, results, "after", FAST)
+                    start_chat(nursery, edge, results, "after", FAST)
                     run = await second.next_run()
                     await second.answer(run)
                 assert results["after"].status_code == 200
@@ -197,7 +191,7 @@ async def test_rejected_duplicate_close_changes_nothing(tmp_path: Path) -> None:
         async with running_edge(tmp_path) as edge, fake_node(edge) as owner:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "owner-run", FAST)
+                start_chat(nursery, edge, results, "owner-run", FAST)
                 run = await owner.next_run()
                 for close in ("graceful", "drop"):
                     async with fake_node(edge, register=False) as dup:
@@ -239,14 +233,14 @@ async def test_oversize_ws_message_closes_that_node_only(tmp_path: Path) -> None
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
                 async with fake_node(edge) as node_a:
-                    _start_chat(nursery, edge, results, "on-a", FAST)
+                    start_chat(nursery, edge, results, "on-a", FAST)
                     run_a = await node_a.next_run()
                     await node_a.send(RunEvent(run_a.run_id, chat_response("z" * 10_000)))
                     await eventually(lambda: "on-a" in results)
                 assert results["on-a"].status_code == 502
                 assert not edge.service.admission.is_connected("node-a")
                 assert edge.service.admission.is_connected("node-b")
-                _start_chat(nursery, edge, results, "on-b", BIG)
+                start_chat(nursery, edge, results, "on-b", BIG)
                 run_b = await node_b.next_run()
                 await node_b.answer(run_b)
             assert results["on-b"].status_code == 200
@@ -263,7 +257,7 @@ async def test_saturated_event_subscriber_changes_nothing(tmp_path: Path) -> Non
                 results: dict[str, httpx.Response] = {}
                 async with fake_node(edge) as node, trio.open_nursery() as nursery:
                     for name, model in (("one", BIG), ("two", FAST), ("three", BIG)):
-                        _start_chat(nursery, edge, results, name, model)
+                        start_chat(nursery, edge, results, name, model)
                     for _ in range(3):
                         run = await node.next_run()
                         await node.answer(run)

@@ -11,16 +11,9 @@ from pathlib import Path
 
 import httpx
 import trio
-from edge_harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge
+from edge_harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge, start_chat
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-def _start_chat(nursery: trio.Nursery, edge: Edge, results: dict[str, httpx.Response], name: str, model: str) -> None:
-    async def post() -> None:
-        results[name] = await edge.chat(model, name)
-
-    nursery.start_soon(post)
 
 
 async def _reload(edge: Edge, layout: EdgeLayout) -> None:
@@ -36,9 +29,9 @@ async def test_capacity_up_dispatches_queued_waiter_at_once(tmp_path: Path) -> N
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "first", BIG)
+                start_chat(nursery, edge, results, "first", BIG)
                 first = await node.next_run()
-                _start_chat(nursery, edge, results, "second", FAST)
+                start_chat(nursery, edge, results, "second", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 await _reload(edge, EdgeLayout(gpu0_capacity=2, gpu0_long_capacity=1))
                 second = await node.next_run()  # while the first still runs
@@ -56,14 +49,14 @@ async def test_capacity_down_keeps_running_and_blocks_new(tmp_path: Path) -> Non
         async with running_edge(tmp_path, EdgeLayout(gpu0_capacity=2)) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "a", BIG)
-                _start_chat(nursery, edge, results, "b", FAST)
+                start_chat(nursery, edge, results, "a", BIG)
+                start_chat(nursery, edge, results, "b", FAST)
                 runs = [await node.next_run(), await node.next_run()]
                 edge.rewrite(EdgeLayout(gpu0_capacity=1))
                 assert edge.service.reload() == []
                 assert edge.provider("node-a", "gpu0")["capacity"] == 1
                 assert edge.provider("node-a", "gpu0")["in_flight"] == 2
-                _start_chat(nursery, edge, results, "c", FAST)
+                start_chat(nursery, edge, results, "c", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 await node.answer(runs[0])
                 done = runs[0].body["messages"][0]["content"]  # "a" or "b": they race
@@ -85,9 +78,9 @@ async def test_disable_and_enable(tmp_path: Path) -> None:
         async with running_edge(tmp_path, EdgeLayout(queue_timeout_ms=600_000)) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "running", BIG)
+                start_chat(nursery, edge, results, "running", BIG)
                 running = await node.next_run()
-                _start_chat(nursery, edge, results, "waiter", FAST)
+                start_chat(nursery, edge, results, "waiter", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 edge.rewrite(EdgeLayout(gpu0_enabled=False, queue_timeout_ms=600_000))
                 assert edge.service.reload() == []
@@ -102,7 +95,7 @@ async def test_disable_and_enable(tmp_path: Path) -> None:
             await _reload(edge, EdgeLayout(queue_timeout_ms=600_000))
             assert edge.provider("node-a", "gpu0")["status"] == "available"
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "again", FAST)
+                start_chat(nursery, edge, results, "again", FAST)
                 await node.answer(await node.next_run())
             assert results["again"].status_code == 200
             await edge.assert_drained()
@@ -115,9 +108,9 @@ async def test_new_queue_timeout_applies_to_queued_waiters(tmp_path: Path) -> No
         async with running_edge(tmp_path, EdgeLayout(queue_timeout_ms=600_000)) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "running", BIG)
+                start_chat(nursery, edge, results, "running", BIG)
                 running = await node.next_run()
-                _start_chat(nursery, edge, results, "waiter", FAST)
+                start_chat(nursery, edge, results, "waiter", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 await _reload(edge, EdgeLayout(queue_timeout_ms=150))
                 await eventually(lambda: "waiter" in results)
@@ -137,9 +130,9 @@ async def test_lower_max_queue_applies_to_new_requests(tmp_path: Path) -> None:
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "running", BIG)
+                start_chat(nursery, edge, results, "running", BIG)
                 running = await node.next_run()
-                _start_chat(nursery, edge, results, "waiter", FAST)
+                start_chat(nursery, edge, results, "waiter", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 await _reload(edge, EdgeLayout(max_queue=1))
                 for model in (BIG, FAST):
@@ -182,7 +175,7 @@ async def test_invalid_file_rejected_with_every_error(tmp_path: Path) -> None:
             # the old config still serves
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                _start_chat(nursery, edge, results, "still", FAST)
+                start_chat(nursery, edge, results, "still", FAST)
                 await node.answer(await node.next_run())
             assert results["still"].status_code == 200
             # service.reload() reports the same errors
