@@ -129,8 +129,11 @@ class HeaderDeadlineStream(trio.abc.HalfCloseableStream):
 
 def _holds_body(data: bytes | bytearray | memoryview) -> bool:
     """Whether ``data`` is exactly one final response head announcing a body."""
+    # Cheap prefix test first: every body chunk of every response passes through here.
+    if bytes(data[:9]) != b"HTTP/1.1 ":
+        return False
     head = bytes(data)
-    if not head.startswith(b"HTTP/1.1 ") or head.startswith(_INTERIM) or not head.endswith(_HEAD_END):
+    if head.startswith(_INTERIM) or not head.endswith(_HEAD_END):
         return False
     start = head.lower().find(b"\r\ncontent-length:")
     if start < 0:
