@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
     parser.add_argument("--runs", type=int, default=5, help="runs per figure (median)")
     parser.add_argument(
-        "--peers", action="store_true",
+        "--peers",
+        action="store_true",
         help="e2e: also measure a LiteLLM proxy (installed on first use into benchmarks/.peers)",
     )
     args = parser.parse_args(argv)

@@ -109,9 +109,7 @@ def _contended(use_lease: bool, tasks: int, cycles: int) -> float:
 def _scaling(waiters: int, ops: int, seed: int = 7) -> float:
     rng = random.Random(seed)
     keys = [ProviderKey(f"node-{i % 5}", f"gpu{i}") for i in range(20)]
-    models = {
-        f"model-{m}": ModelGroup(tuple(rng.sample(keys, rng.randint(1, 3)))) for m in range(50)
-    }
+    models = {f"model-{m}": ModelGroup(tuple(rng.sample(keys, rng.randint(1, 3)))) for m in range(50)}
     config = PoolConfig(
         policy=QueuePolicy(max_queue=waiters + 1_000, queue_timeout=3600.0),
         providers={k: ProviderSpec(capacity=2) for k in keys},

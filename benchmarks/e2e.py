@@ -117,8 +117,12 @@ class Daemon:
         self.log = workdir / f"{name}.log"
         self._log_file = self.log.open("wb")
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})}, cwd=workdir,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=workdir,
         )
 
     def tail(self, lines: int = 15) -> str:
@@ -197,8 +201,11 @@ class LoadGenerator:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            _python("-m", "benchmarks.loadgen"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            cwd=ROOT, text=True,
+            _python("-m", "benchmarks.loadgen"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            text=True,
         )
 
     def cpu_seconds(self) -> float:
@@ -243,9 +250,7 @@ def _median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-async def _measure_with_cpu(
-    loadgen: LoadGenerator, processes: dict[str, Daemon], **command: Any
-) -> dict[str, Any]:
+async def _measure_with_cpu(loadgen: LoadGenerator, processes: dict[str, Daemon], **command: Any) -> dict[str, Any]:
     """One measurement plus each process's CPU time per answered request (whole run, warm-up too)."""
     before = {name: d.cpu_seconds() for name, d in processes.items()}
     before["loadgen"] = loadgen.cpu_seconds()
@@ -289,7 +294,8 @@ async def _graceful_close(edge: Daemon, http_port: int, node_port: int, workdir:
     config = workdir / "close-node.yaml"
     config.write_text(CLOSE_NODE_YAML.format(node_port=node_port))
     probe = HttpConnection.build(
-        "POST", CHAT_PATH,
+        "POST",
+        CHAT_PATH,
         json.dumps({"model": "close-probe", "messages": [{"role": "user", "content": "x"}]}).encode(),
     )
     poller = HttpConnection("127.0.0.1", http_port)
@@ -304,7 +310,9 @@ async def _graceful_close(edge: Daemon, http_port: int, node_port: int, workdir:
         return next(p for p in snapshot["providers"] if (p["node_id"], p["provider_id"]) == ("close-node", "slow"))
 
     for i in range(CLOSE_SAMPLES):
-        node = Daemon(f"close-node-{i}", _python("-m", "iop_node", "--config", str(config), "--log-level", "WARNING"), workdir)
+        node = Daemon(
+            f"close-node-{i}", _python("-m", "iop_node", "--config", str(config), "--log-level", "WARNING"), workdir
+        )
         try:
             await _wait_until("close-node to register", lambda: _connected(status, "close-node"), node, edge)
             answers: dict[str, tuple[int, float]] = {}
@@ -384,7 +392,9 @@ async def _main(runs: int, with_peers: bool, workdir: pathlib.Path) -> dict[str,
     daemons: list[Daemon] = []
     loadgen: LoadGenerator | None = None
     try:
-        backend = Daemon("mock-backend", _python("-m", "iop_node.mock_backend", "--port", "0", "--latency-ms", "0"), workdir)
+        backend = Daemon(
+            "mock-backend", _python("-m", "iop_node.mock_backend", "--port", "0", "--latency-ms", "0"), workdir
+        )
         daemons.append(backend)
         backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
         (workdir / "edge.yaml").write_text(EDGE_YAML)
@@ -494,7 +504,10 @@ def table(result: dict[str, Any]) -> str:
         if f["errors"]
     ]
     if failed:
-        lines += ["", "Answers that were not 200 (or streams without `[DONE]`), not counted above: " + "; ".join(failed) + "."]
+        lines += [
+            "",
+            "Answers that were not 200 (or streams without `[DONE]`), not counted above: " + "; ".join(failed) + ".",
+        ]
     lines += [
         "",
         "CPU per answered request (ms, user + system, from /proc), non-stream, concurrency 64:",
@@ -515,7 +528,9 @@ def table(result: dict[str, Any]) -> str:
     ]
     if "litellm" in chat:
         ratio = chat["edge"]["64"]["rps"] / chat["litellm"]["64"]["rps"]
-        lines.append(f"| throughput at concurrency 64 ≥ 5x LiteLLM's | {ratio:.2f}x | {'yes' if ratio >= 5 else 'no'} |")
+        lines.append(
+            f"| throughput at concurrency 64 ≥ 5x LiteLLM's | {ratio:.2f}x | {'yes' if ratio >= 5 else 'no'} |"
+        )
     else:
         lines.append(f"| throughput at concurrency 64 ≥ 5x LiteLLM's | {result['litellm']} | — |")
     lines.append(
@@ -528,7 +543,8 @@ def table(result: dict[str, Any]) -> str:
     )
     lines.append(
         "\nAnswers during the graceful close (running request / queued request): "
-        + ", ".join(close["statuses_running_queued"]) + "."
+        + ", ".join(close["statuses_running_queued"])
+        + "."
     )
     return "\n".join(lines)
 

@@ -33,8 +33,7 @@ def plot(result: dict[str, Any], path: pathlib.Path) -> None:
     left.set_title("throughput")
     right.set_title("p50 latency")
     fig.suptitle(
-        f"non-stream chat completion, loopback, {result.get('cpus', '?')} CPUs shared by "
-        "load generator and servers"
+        f"non-stream chat completion, loopback, {result.get('cpus', '?')} CPUs shared by load generator and servers"
     )
     fig.tight_layout()
     fig.savefig(path)

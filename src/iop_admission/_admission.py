@@ -162,9 +162,7 @@ class Admission:
         if done:
             self._apply(decisions)
             if self._subscribers:
-                self._emit(
-                    AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation)
-                )
+                self._emit(AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation))
         return done
 
     def refresh(self, config: PoolConfig) -> None:
@@ -238,9 +236,7 @@ class Admission:
                 pass
 
     def _emit_rejected(self, model: str, long: bool, exc: BaseException) -> None:
-        self._emit(
-            AdmissionEvent("rejected", _now(), model=model, long=long, reason=type(exc).__name__)
-        )
+        self._emit(AdmissionEvent("rejected", _now(), model=model, long=long, reason=type(exc).__name__))
 
     def _lease_event(self, kind: str, lease: Lease, **extra: object) -> None:
         self._emit(
@@ -352,9 +348,7 @@ class LeaseScope:
         admission = self._admission
         core = admission._core
         if admission._subscribers:
-            admission._emit(
-                AdmissionEvent("queued", _now(), model=waiter.model, long=waiter.long)
-            )
+            admission._emit(AdmissionEvent("queued", _now(), model=waiter.model, long=waiter.long))
 
         def abort(_: object) -> trio.lowlevel.Abort:
             core.withdraw(waiter)
@@ -374,11 +368,7 @@ class LeaseScope:
             return lease
         waited = trio.current_time() - waiter.enqueue_time
         if admission._subscribers:
-            admission._emit(
-                AdmissionEvent(
-                    "timed_out", _now(), model=waiter.model, long=waiter.long, waited=waited
-                )
-            )
+            admission._emit(AdmissionEvent("timed_out", _now(), model=waiter.model, long=waiter.long, waited=waited))
         raise QueueTimeout(waiter.model, waited)
 
     async def __aexit__(

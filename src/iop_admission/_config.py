@@ -67,9 +67,7 @@ class ProviderSpec:
             if not _is_int(value):
                 out.append(f"{where}.{name}: must be an integer, got {value!r}")
         if self.total_context_tokens is not None and not _is_int(self.total_context_tokens):
-            out.append(
-                f"{where}.total_context_tokens: must be an integer, got {self.total_context_tokens!r}"
-            )
+            out.append(f"{where}.total_context_tokens: must be an integer, got {self.total_context_tokens!r}")
         if not isinstance(self.enabled, bool):
             out.append(f"{where}.enabled: must be true or false, got {self.enabled!r}")
         if out:
@@ -77,18 +75,13 @@ class ProviderSpec:
         if self.capacity < 1:
             out.append(f"{where}.capacity: must be >= 1, got {self.capacity}")
         if self.long_context_capacity < 0:
-            out.append(
-                f"{where}.long_context_capacity: must be >= 0, got {self.long_context_capacity}"
-            )
+            out.append(f"{where}.long_context_capacity: must be >= 0, got {self.long_context_capacity}")
         if self.long_context_capacity > self.capacity:
             out.append(
-                f"{where}.long_context_capacity: must be <= capacity "
-                f"({self.long_context_capacity} > {self.capacity})"
+                f"{where}.long_context_capacity: must be <= capacity ({self.long_context_capacity} > {self.capacity})"
             )
         if self.context_window_tokens < 0:
-            out.append(
-                f"{where}.context_window_tokens: must be >= 0, got {self.context_window_tokens}"
-            )
+            out.append(f"{where}.context_window_tokens: must be >= 0, got {self.context_window_tokens}")
         if self.total_context_tokens is not None:
             expected = self.context_window_tokens * self.long_context_capacity
             if self.total_context_tokens != expected:
@@ -123,10 +116,7 @@ class QueuePolicy:
             or not math.isfinite(self.queue_timeout)
             or self.queue_timeout <= 0
         ):
-            out.append(
-                f"policy.queue_timeout: must be a finite number of seconds > 0, "
-                f"got {self.queue_timeout!r}"
-            )
+            out.append(f"policy.queue_timeout: must be a finite number of seconds > 0, got {self.queue_timeout!r}")
         if out:
             raise ConfigError(out)
 
@@ -196,9 +186,7 @@ def validate_pool(config: object) -> None:
                 problems.append(f"models[{name!r}].candidates[{i}]: {key} is listed twice")
             seen.add(key)
             if key not in config.providers:
-                problems.append(
-                    f"models[{name!r}].candidates[{i}]: provider {key} is not configured"
-                )
+                problems.append(f"models[{name!r}].candidates[{i}]: provider {key} is not configured")
     if problems:
         raise ConfigError(problems)
 

@@ -75,9 +75,7 @@ class LeaseRevoked(AdmissionError):
         self.lease_id = lease_id
         self.node_id = node_id
         self.generation = generation
-        super().__init__(
-            f"lease {lease_id} revoked: node {node_id!r} generation {generation} was fenced"
-        )
+        super().__init__(f"lease {lease_id} revoked: node {node_id!r} generation {generation} was fenced")
 
 
 @final

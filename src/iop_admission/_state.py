@@ -91,9 +91,7 @@ class Lease:
         "_scope",
     )
 
-    def __init__(
-        self, id: int, slot: _Provider, generation: int, long: bool, model: str
-    ) -> None:
+    def __init__(self, id: int, slot: _Provider, generation: int, long: bool, model: str) -> None:
         self.id = id
         self.provider: ProviderKey = slot.key
         self.generation = generation
@@ -118,10 +116,7 @@ class Lease:
     def __repr__(self) -> str:
         state = "revoked" if self._revoked else "released" if self._released else "live"
         kind = " long" if self.long else ""
-        return (
-            f"<Lease {self.id} {self.provider} gen {self.generation}{kind} "
-            f"model {self.model!r} {state}>"
-        )
+        return f"<Lease {self.id} {self.provider} gen {self.generation}{kind} model {self.model!r} {state}>"
 
 
 @final
@@ -154,9 +149,7 @@ class Waiter:
         "_indexed",
     )
 
-    def __init__(
-        self, seq: int, model: str, long: bool, now: float, deadline: float
-    ) -> None:
+    def __init__(self, seq: int, model: str, long: bool, now: float, deadline: float) -> None:
         self.seq = seq
         self.model = model
         self.long = long
@@ -593,8 +586,7 @@ class AdmissionState:
         for p in self._providers.values():
             p.update_eligibility()
         self._models = {
-            name: tuple(self._providers[k] for k in group.candidates)
-            for name, group in config.models.items()
+            name: tuple(self._providers[k] for k in group.candidates) for name, group in config.models.items()
         }
 
     def _node(self, node_id: str) -> _Node:

@@ -87,9 +87,7 @@ def _structure_bool(value: object, _: type) -> bool:
     raise ValueError(f"must be true or false, got {yaml_kind(value)}")
 
 
-def _guarded(
-    shape: type, noun: str, inner: Callable[[Any, Any], T]
-) -> Callable[[Any, Any], T]:
+def _guarded(shape: type, noun: str, inner: Callable[[Any, Any], T]) -> Callable[[Any, Any], T]:
     def structure(value: Any, type_: Any) -> T:
         if not isinstance(value, shape):
             raise ValueError(f"must be {noun}, got {yaml_kind(value)}")

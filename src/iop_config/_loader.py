@@ -52,9 +52,7 @@ class ConfigFileError(Exception):
         super().__init__("\n".join(self.errors))
 
 
-def load_config(
-    path: str | os.PathLike[str], cls: type[T], *, converter: cattrs.Converter | None = None
-) -> T:
+def load_config(path: str | os.PathLike[str], cls: type[T], *, converter: cattrs.Converter | None = None) -> T:
     """Read the YAML file at ``path`` and structure it into ``cls``.
 
     Args:
@@ -114,12 +112,11 @@ def load_config_text(
         if callable(hook):
             found.extend((parse_path(where), message) for where, message in hook())
     if found:
-        located = sorted(((_line_of(tree, where), where, message) for where, message in found),
-                         key=lambda item: item[0])
+        located = sorted(
+            ((_line_of(tree, where), where, message) for where, message in found), key=lambda item: item[0]
+        )
         raise ConfigFileError(
-            f"{filename}:{line}: {format_path(where)}: {message}"
-            if where
-            else f"{filename}:{line}: {message}"
+            f"{filename}:{line}: {format_path(where)}: {message}" if where else f"{filename}:{line}: {message}"
             for line, where, message in located
         )
     return obj

@@ -224,9 +224,7 @@ class EdgeAPI:
     async def _completions(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await self._completion(scope, receive, responder, "completions")
 
-    async def _completion(
-        self, scope: Scope, receive: Receive, responder: Responder, endpoint: str
-    ) -> None:
+    async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
         self._authorize(scope)
         body = await self._read_json(scope, receive)
@@ -321,9 +319,7 @@ class EdgeAPI:
                         message = await run.next()
                     except NodeGone as exc:
                         if run.overflowed:
-                            raise RequestRejected(
-                                502, "client_too_slow", str(exc), type="upstream_error"
-                            ) from None
+                            raise RequestRejected(502, "client_too_slow", str(exc), type="upstream_error") from None
                         raise node_disconnected(str(exc)) from None
                 if type(message) is RunEvent:
                     if stream:
@@ -340,7 +336,9 @@ class EdgeAPI:
                         result = message.data
                     continue
                 if type(message) is not RunEnd:
-                    raise RequestRejected(502, "upstream_error", "unexpected tunnel message for a run", type="upstream_error")
+                    raise RequestRejected(
+                        502, "upstream_error", "unexpected tunnel message for a run", type="upstream_error"
+                    )
                 if message.status != "ok":
                     raise run_failure(message)
                 if stream:
@@ -349,7 +347,9 @@ class EdgeAPI:
                     await responder.finish(b"data: [DONE]\n\n")
                 else:
                     if result is None:
-                        raise RequestRejected(502, "upstream_error", "the node ended the run without a response", type="upstream_error")
+                        raise RequestRejected(
+                            502, "upstream_error", "the node ended the run without a response", type="upstream_error"
+                        )
                     await responder.whole(200, [_JSON, *head], _dumps(result))
                 return "ok"
 
@@ -357,10 +357,7 @@ class EdgeAPI:
 
     async def _models(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         self._authorize(scope)
-        data = [
-            {"id": m.id, "object": "model", "created": 0, "owned_by": "iop"}
-            for m in self.service.config.models
-        ]
+        data = [{"id": m.id, "object": "model", "created": 0, "owned_by": "iop"} for m in self.service.config.models]
         await responder.whole(200, [_JSON], _dumps({"object": "list", "data": data}))
 
     async def _status(self, scope: Scope, receive: Receive, responder: Responder) -> None:
@@ -402,7 +399,9 @@ class EdgeAPI:
         key = _bearer(scope)
         if key is None or not config.accepts_api_key(key):
             raise RequestRejected(
-                401, "invalid_api_key", "a valid API key is required (Authorization: Bearer ...)",
+                401,
+                "invalid_api_key",
+                "a valid API key is required (Authorization: Bearer ...)",
                 type="authentication_error",
             )
 
@@ -492,4 +491,3 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
-

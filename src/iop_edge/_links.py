@@ -90,9 +90,7 @@ class RunChannel:
 
     __slots__ = ("run_id", "link", "receive", "ended", "overflowed")
 
-    def __init__(
-        self, run_id: str, link: NodeLink, receive: trio.MemoryReceiveChannel[RunMessage]
-    ) -> None:
+    def __init__(self, run_id: str, link: NodeLink, receive: trio.MemoryReceiveChannel[RunMessage]) -> None:
         self.run_id = run_id
         self.link = link
         self.receive = receive
@@ -153,9 +151,7 @@ class RunChannel:
         try:
             message = await self.receive.receive()
         except trio.EndOfChannel:
-            raise NodeGone(
-                "run dropped: client too slow" if self.overflowed else "node connection lost"
-            ) from None
+            raise NodeGone("run dropped: client too slow" if self.overflowed else "node connection lost") from None
         if type(message) is RunEnd or type(message) is TunnelEnd:
             self.ended = True
         return message
@@ -301,9 +297,7 @@ class NodeLink:
                     return
             if timer.cancelled_caught:
                 self.cause = "heartbeat_timeout"
-                logger.warning(
-                    "node %s sent nothing for %.1fs: dropping it", self.node_id, heartbeat_timeout
-                )
+                logger.warning("node %s sent nothing for %.1fs: dropping it", self.node_id, heartbeat_timeout)
                 return
             self.last_seen = trio.current_time()
             try:
@@ -447,9 +441,7 @@ class NodeRegistry:
             if not hmac.compare_digest(expected.encode(), message.token.encode()):
                 return await self._reject(ws, "bad_token", "invalid token", node_id)
             if node_id in self._links:
-                return await self._reject(
-                    ws, "duplicate", f"node {node_id!r} already has a live connection", node_id
-                )
+                return await self._reject(ws, "duplicate", f"node {node_id!r} already has a live connection", node_id)
             generation = self.admission.connect(node_id)
             link = NodeLink(self, node_id, generation, ws)
             link.providers = tuple(p.id for p in message.providers)
@@ -468,9 +460,7 @@ class NodeRegistry:
         await _close(ws, CLOSE_POLICY, "register timeout")
         return None
 
-    async def _reject(
-        self, ws: WebSocketConnection, code: str, reason: str, node_id: str | None
-    ) -> None:
+    async def _reject(self, ws: WebSocketConnection, code: str, reason: str, node_id: str | None) -> None:
         logger.warning("rejected node registration %s: %s (%s)", node_id or "?", reason, code)
         retryable = code == "duplicate"
         with trio.move_on_after(1.0) as scope:
@@ -488,9 +478,7 @@ class NodeRegistry:
             del self._links[link.node_id]
         link._end_runs()
         if self.admission.disconnect(link.node_id, link.generation):
-            logger.info(
-                "node %s generation %d disconnected (%s)", link.node_id, link.generation, link.cause
-            )
+            logger.info("node %s generation %d disconnected (%s)", link.node_id, link.generation, link.cause)
             if self._on_disconnect is not None:
                 self._on_disconnect(link.node_id, link.generation, link.cause)
 
@@ -505,9 +493,7 @@ class NodeRegistry:
                     "node_id": node_id,
                     "connected": link is not None,
                     "generation": self.admission.generation(node_id),
-                    "last_heartbeat_age": None
-                    if link is None
-                    else round(max(0.0, now - link.last_seen), 3),
+                    "last_heartbeat_age": None if link is None else round(max(0.0, now - link.last_seen), 3),
                     "active_runs": 0 if link is None else link.active_runs,
                 }
             )
@@ -530,4 +516,3 @@ class NodeRegistry:
             for link in tuple(self._links.values()):
                 link.cause = "graceful"
                 nursery.start_soon(_close, link.ws, CLOSE_GOING_AWAY, "edge shutting down")
-

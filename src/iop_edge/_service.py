@@ -49,9 +49,7 @@ class EdgeService:
             heartbeat_timeout=config.heartbeat_timeout_ms / 1000,
             max_message_bytes=config.max_ws_message_bytes,
             on_connect=lambda node_id, generation: self.metrics.node_connected(node_id),
-            on_disconnect=lambda node_id, generation, cause: self.metrics.node_disconnected(
-                node_id, cause
-            ),
+            on_disconnect=lambda node_id, generation, cause: self.metrics.node_disconnected(node_id, cause),
         )
         self.api = EdgeAPI(self)
         self.http_port: int | None = None
@@ -109,7 +107,10 @@ class EdgeService:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.metrics.run)
             ws_server = await nursery.start(
-                _serve_nodes, self.registry, config.node_listen.host, config.node_listen.port,
+                _serve_nodes,
+                self.registry,
+                config.node_listen.host,
+                config.node_listen.port,
                 config.max_ws_message_bytes,
             )
             self.node_port = ws_server.port
@@ -121,13 +122,20 @@ class EdgeService:
             hyper.read_timeout = 30
             self.http_port = await nursery.start(
                 functools.partial(
-                    serve_http, self.api, hyper, config.listen.host, config.listen.port,
+                    serve_http,
+                    self.api,
+                    hyper,
+                    config.listen.host,
+                    config.listen.port,
                     header_timeout=config.header_timeout_ms / 1000,
                 )
             )
             logger.info(
                 "iop-edge listening: http://%s:%d (API), ws://%s:%d (nodes)",
-                config.listen.host, self.http_port, config.node_listen.host, self.node_port,
+                config.listen.host,
+                self.http_port,
+                config.node_listen.host,
+                self.node_port,
             )
             task_status.started((self.http_port, self.node_port))
             try:

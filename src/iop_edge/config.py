@@ -232,14 +232,9 @@ class EdgeConfig:
         return PoolConfig(
             policy=self.provider_pool.policy(),
             providers={
-                ProviderKey(node.id, provider.id): provider.spec()
-                for node in self.nodes
-                for provider in node.providers
+                ProviderKey(node.id, provider.id): provider.spec() for node in self.nodes for provider in node.providers
             },
-            models={
-                model.id: ModelGroup(candidates=tuple(c.key for c in model.candidates))
-                for model in self.models
-            },
+            models={model.id: ModelGroup(candidates=tuple(c.key for c in model.candidates)) for model in self.models},
         )
 
     def upstream_model(self, model: str, key: ProviderKey) -> str:
@@ -305,8 +300,7 @@ class EdgeConfig:
             *_at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
             *_at_least("header_timeout_ms", self.header_timeout_ms, 1),
             *self._listen_problems(),
-            *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env,
-                              required=False),
+            *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env, required=False),
             *self._api_key_problems(),
             *self._node_problems(),
             *self._model_problems(),
@@ -332,19 +326,22 @@ class EdgeConfig:
             if not self.api_keys_env:
                 yield "api_keys_env", "must name an environment variable"
             elif not _split_keys(os.environ.get(self.api_keys_env, "")):
-                yield "api_keys_env", (
-                    f"environment variable {self.api_keys_env!r} is not set or holds no keys "
-                    "(expected a comma-separated list)"
+                yield (
+                    "api_keys_env",
+                    (
+                        f"environment variable {self.api_keys_env!r} is not set or holds no keys "
+                        "(expected a comma-separated list)"
+                    ),
                 )
 
     def _node_problems(self) -> Iterator[tuple[str, str]]:
         yield from _duplicates("nodes", "node id", [node.id for node in self.nodes])
         for i, node in enumerate(self.nodes):
             where = f"nodes[{i}]"
-            yield from _secret_problems(f"{where}.token", node.token, f"{where}.token_env",
-                                        node.token_env, required=True)
-            yield from _duplicates(f"{where}.providers", "provider id",
-                                   [provider.id for provider in node.providers])
+            yield from _secret_problems(
+                f"{where}.token", node.token, f"{where}.token_env", node.token_env, required=True
+            )
+            yield from _duplicates(f"{where}.providers", "provider id", [provider.id for provider in node.providers])
             for j, provider in enumerate(node.providers):
                 yield from _spec_problems(f"{where}.providers[{j}]", provider)
 
@@ -355,8 +352,7 @@ class EdgeConfig:
         for i, model in enumerate(self.models):
             where = f"models[{i}]"
             if model.long_context_threshold_tokens is not None:
-                yield from _at_least(f"{where}.long_context_threshold_tokens",
-                                     model.long_context_threshold_tokens, 1)
+                yield from _at_least(f"{where}.long_context_threshold_tokens", model.long_context_threshold_tokens, 1)
             if not model.candidates:
                 yield f"{where}.candidates", "must list at least one provider"
             seen: dict[ProviderKey, int] = {}
@@ -365,9 +361,7 @@ class EdgeConfig:
                 if candidate.node not in providers:
                     yield f"{at}.node", f"node {candidate.node!r} is not configured under nodes"
                 elif candidate.provider not in providers[candidate.node]:
-                    yield f"{at}.provider", (
-                        f"node {candidate.node!r} has no provider {candidate.provider!r}"
-                    )
+                    yield f"{at}.provider", (f"node {candidate.node!r} has no provider {candidate.provider!r}")
                 if candidate.key in seen:
                     yield at, f"{candidate.key} is listed twice (first at candidates[{seen[candidate.key]}])"
                 seen.setdefault(candidate.key, j)
@@ -461,9 +455,7 @@ def load_edge_config(path: str | os.PathLike[str]) -> EdgeConfig:
 def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeConfig:
     """Replace each secret the file names by environment variable with its value."""
     nodes = tuple(
-        attrs.evolve(node, token=environ.get(node.token_env, ""))
-        if node.token_env is not None
-        else node
+        attrs.evolve(node, token=environ.get(node.token_env, "")) if node.token_env is not None else node
         for node in config.nodes
     )
     changes: dict[str, object] = {"nodes": nodes}
@@ -473,4 +465,3 @@ def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeCon
         keys = _split_keys(environ.get(config.api_keys_env, ""))
         changes["api_keys"] = tuple(ApiKeyDigest.of(key) for key in keys)
     return attrs.evolve(config, **changes)
-

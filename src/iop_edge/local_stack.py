@@ -41,7 +41,9 @@ def _wait_until(what: str, check: object, procs: list[subprocess.Popen[bytes]]) 
     while time.monotonic() < deadline:
         for proc in procs:
             if proc.poll() is not None:
-                raise SystemExit(f"{proc.args[2] if len(proc.args) > 2 else proc.args}: exited with {proc.returncode} while waiting for {what}")  # type: ignore[index]
+                raise SystemExit(
+                    f"{proc.args[2] if len(proc.args) > 2 else proc.args}: exited with {proc.returncode} while waiting for {what}"
+                )  # type: ignore[index]
         if check():  # type: ignore[operator]
             return
         time.sleep(0.1)
@@ -87,8 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         procs.append(
             subprocess.Popen(
-                [py, "-m", "iop_node.mock_backend", "--port", str(args.backend_port),
-                 "--latency-ms", str(args.latency_ms), "--tokens-per-second", str(args.tokens_per_second)]
+                [
+                    py,
+                    "-m",
+                    "iop_node.mock_backend",
+                    "--port",
+                    str(args.backend_port),
+                    "--latency-ms",
+                    str(args.latency_ms),
+                    "--tokens-per-second",
+                    str(args.tokens_per_second),
+                ]
             )
         )
         _wait_until(
@@ -106,8 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         _wait_until("the node to register", node_registered, procs)
         body = json.dumps(
-            {"model": "ornith:35b", "stream": True, "max_tokens": 16,
-             "messages": [{"role": "user", "content": "Hello"}]}
+            {
+                "model": "ornith:35b",
+                "stream": True,
+                "max_tokens": 16,
+                "messages": [{"role": "user", "content": "Hello"}],
+            }
         )
         print(
             "\nIOP local stack is up (mock backend, Edge, Node). Try:\n\n"

@@ -40,9 +40,7 @@ __all__ = [
 ]
 
 #: ``reason`` label values of ``iop_rejected_total``.
-REJECTION_REASONS: Final = frozenset(
-    {"queue_full", "queue_timeout", "unavailable", "model_not_found", "provider_busy"}
-)
+REJECTION_REASONS: Final = frozenset({"queue_full", "queue_timeout", "unavailable", "model_not_found", "provider_busy"})
 #: ``outcome`` label values of ``iop_lease_endings_total``.
 LEASE_OUTCOMES: Final = ("ok", "error", "cancelled", "revoked")
 #: ``cause`` label values of ``iop_node_disconnects_total``.
@@ -65,27 +63,37 @@ _REQUEST_DURATION_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 6
 
 #: Per-provider gauges: metric name suffix, help text, and how to read it from a ProviderSnapshot.
 _PROVIDER_GAUGES: Final = (
-    ("capacity", "Configured capacity of the provider (all model groups together).",
-     lambda p: p.capacity),
-    ("effective_capacity", "Capacity admission may use now: 0 while offline or disabled.",
-     lambda p: p.effective_capacity),
-    ("long_context_capacity", "Configured long-context slots of the provider.",
-     lambda p: p.long_context_capacity),
-    ("effective_long_context_capacity", "Long-context slots admission may use now: 0 while offline or disabled.",
-     lambda p: p.effective_long_capacity),
-    ("in_flight", "Live leases on the provider.",
-     lambda p: p.in_flight),
-    ("long_in_flight", "Live long-context leases on the provider.",
-     lambda p: p.long_in_flight),
-    ("queued", "Candidate pressure: waiters for which this provider is an eligible candidate "
-     "(a waiter counts at each of its candidates; see iop_queue_depth for the true queue length).",
-     lambda p: p.queued),
-    ("long_queued", "Candidate pressure of long-context waiters.",
-     lambda p: p.long_queued),
-    ("connected", "1 if the provider's node is connected in its current generation, else 0.",
-     lambda p: int(p.connected)),
-    ("generation", "Current connection generation of the provider's node (0: never connected).",
-     lambda p: p.generation),
+    ("capacity", "Configured capacity of the provider (all model groups together).", lambda p: p.capacity),
+    (
+        "effective_capacity",
+        "Capacity admission may use now: 0 while offline or disabled.",
+        lambda p: p.effective_capacity,
+    ),
+    ("long_context_capacity", "Configured long-context slots of the provider.", lambda p: p.long_context_capacity),
+    (
+        "effective_long_context_capacity",
+        "Long-context slots admission may use now: 0 while offline or disabled.",
+        lambda p: p.effective_long_capacity,
+    ),
+    ("in_flight", "Live leases on the provider.", lambda p: p.in_flight),
+    ("long_in_flight", "Live long-context leases on the provider.", lambda p: p.long_in_flight),
+    (
+        "queued",
+        "Candidate pressure: waiters for which this provider is an eligible candidate "
+        "(a waiter counts at each of its candidates; see iop_queue_depth for the true queue length).",
+        lambda p: p.queued,
+    ),
+    ("long_queued", "Candidate pressure of long-context waiters.", lambda p: p.long_queued),
+    (
+        "connected",
+        "1 if the provider's node is connected in its current generation, else 0.",
+        lambda p: int(p.connected),
+    ),
+    (
+        "generation",
+        "Current connection generation of the provider's node (0: never connected).",
+        lambda p: p.generation,
+    ),
 )
 
 
@@ -118,12 +126,21 @@ class _SnapshotCollector(Collector):
                 family.add_metric((p.node_id, p.provider_id), read(p))
             yield family
         edge_wide = (
-            ("iop_queue_depth", "Waiters in the Edge-wide queue (the true queue length).",
-             snap.queue_depth if snap else None),
-            ("iop_max_queue", "Edge-wide bound on waiters (provider_pool.max_queue).",
-             snap.max_queue if snap else None),
-            ("iop_queue_timeout_seconds", "Edge-wide queue timeout (provider_pool.queue_timeout_ms / 1000).",
-             snap.queue_timeout if snap else None),
+            (
+                "iop_queue_depth",
+                "Waiters in the Edge-wide queue (the true queue length).",
+                snap.queue_depth if snap else None,
+            ),
+            (
+                "iop_max_queue",
+                "Edge-wide bound on waiters (provider_pool.max_queue).",
+                snap.max_queue if snap else None,
+            ),
+            (
+                "iop_queue_timeout_seconds",
+                "Edge-wide queue timeout (provider_pool.queue_timeout_ms / 1000).",
+                snap.queue_timeout if snap else None,
+            ),
         )
         for name, documentation, value in edge_wide:
             yield GaugeMetricFamily(name, documentation, value=value)
@@ -150,34 +167,54 @@ class EdgeMetrics:
         registry = self.registry
         registry.register(_SnapshotCollector(admission))
         self._admitted = Counter(
-            "iop_admitted", "Leases granted (from admission events).",
-            ("model", "node", "provider"), registry=registry,
+            "iop_admitted",
+            "Leases granted (from admission events).",
+            ("model", "node", "provider"),
+            registry=registry,
         )
         self._rejected = Counter(
-            "iop_rejected", "Requests refused: admission errors (from events) and provider_busy (from the Edge).",
-            ("model", "reason"), registry=registry,
+            "iop_rejected",
+            "Requests refused: admission errors (from events) and provider_busy (from the Edge).",
+            ("model", "reason"),
+            registry=registry,
         )
         self._lease_endings = Counter(
-            "iop_lease_endings", "Admitted requests that ended, by outcome.",
-            ("outcome",), registry=registry,
+            "iop_lease_endings",
+            "Admitted requests that ended, by outcome.",
+            ("outcome",),
+            registry=registry,
         )
         self._node_connects = Counter(
-            "iop_node_connects", "Accepted node registrations.", ("node",), registry=registry,
+            "iop_node_connects",
+            "Accepted node registrations.",
+            ("node",),
+            registry=registry,
         )
         self._node_disconnects = Counter(
-            "iop_node_disconnects", "Authoritative node disconnects, by cause.",
-            ("node", "cause"), registry=registry,
+            "iop_node_disconnects",
+            "Authoritative node disconnects, by cause.",
+            ("node", "cause"),
+            registry=registry,
         )
         self._refreshes = Counter(
-            "iop_config_refreshes", "Live config refreshes, by result.", ("result",), registry=registry,
+            "iop_config_refreshes",
+            "Live config refreshes, by result.",
+            ("result",),
+            registry=registry,
         )
         self._queue_wait = Histogram(
-            "iop_queue_wait_seconds", "Time granted requests spent queued (0 when admitted at once).",
-            ("model",), buckets=_QUEUE_WAIT_BUCKETS, registry=registry,
+            "iop_queue_wait_seconds",
+            "Time granted requests spent queued (0 when admitted at once).",
+            ("model",),
+            buckets=_QUEUE_WAIT_BUCKETS,
+            registry=registry,
         )
         self._request_duration = Histogram(
-            "iop_request_duration_seconds", "Duration of admitted requests, lease grant to lease end.",
-            ("model",), buckets=_REQUEST_DURATION_BUCKETS, registry=registry,
+            "iop_request_duration_seconds",
+            "Duration of admitted requests, lease grant to lease end.",
+            ("model",),
+            buckets=_REQUEST_DURATION_BUCKETS,
+            registry=registry,
         )
         # Closed label sets start at 0, so rate() and absence alerts work from the first scrape.
         for outcome in LEASE_OUTCOMES:

@@ -92,7 +92,11 @@ def websocket_connector(url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -
         try:
             with trio.fail_after(connect_timeout):
                 ws = await wrap_client_stream(
-                    nursery, stream, host, resource, max_message_size=MAX_MESSAGE_BYTES  # type: ignore[arg-type]
+                    nursery,
+                    stream,
+                    host,
+                    resource,
+                    max_message_size=MAX_MESSAGE_BYTES,  # type: ignore[arg-type]
                 )
             try:
                 yield ws

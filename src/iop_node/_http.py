@@ -146,9 +146,7 @@ class HttpUpstream:
             async with aclosing(BodyStream(response, raw=True)) as body:
                 yield TunnelHead(
                     status=response.status_code,
-                    headers=tuple(
-                        (k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_BY_HOP
-                    ),
+                    headers=tuple((k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_BY_HOP),
                 )
                 while (chunk := await body.next_chunk()) is not None:
                     yield chunk

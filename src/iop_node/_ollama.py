@@ -91,11 +91,7 @@ def ollama_chat_request(body: dict[str, Any], *, stream: bool) -> dict[str, Any]
     if not isinstance(messages, list):
         raise BadRunRequest("chat run body needs a 'messages' list")
     request: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": stream}
-    options = {
-        target: body[source]
-        for source, target in _OPTION_FIELDS.items()
-        if body.get(source) is not None
-    }
+    options = {target: body[source] for source, target in _OPTION_FIELDS.items() if body.get(source) is not None}
     if options:
         request["options"] = options
     response_format = body.get("response_format")

@@ -78,7 +78,9 @@ def _run_end(status: str, code: str | None, message: str | None, upstream_status
     return RunEnd(run_id, status, code, message, upstream_status)
 
 
-def _tunnel_end(status: str, code: str | None, message: str | None, upstream_status: int | None, *, run_id: str) -> TunnelEnd:
+def _tunnel_end(
+    status: str, code: str | None, message: str | None, upstream_status: int | None, *, run_id: str
+) -> TunnelEnd:
     return TunnelEnd(run_id, status, code, message)
 
 

@@ -230,7 +230,9 @@ class H11Transport(httpx.AsyncBaseTransport):
             with trio.fail_after(timeout):
                 stream = await trio.open_tcp_stream(host, origin[2])
         except trio.TooSlowError:
-            raise httpx.ConnectTimeout(f"connecting to {host}:{origin[2]} took over {timeout:g} s", request=request) from None
+            raise httpx.ConnectTimeout(
+                f"connecting to {host}:{origin[2]} took over {timeout:g} s", request=request
+            ) from None
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {host}:{origin[2]}: {exc}", request=request) from None
         connection = _Connection(origin, stream)
@@ -336,7 +338,9 @@ class _ResponseBody(httpx.AsyncByteStream):
     pool; :meth:`aclose` before the end closes it.
     """
 
-    def __init__(self, transport: H11Transport, connection: _Connection, timeout: float, request: httpx.Request) -> None:
+    def __init__(
+        self, transport: H11Transport, connection: _Connection, timeout: float, request: httpx.Request
+    ) -> None:
         self._transport = transport
         self._connection: _Connection | None = connection
         self._timeout = timeout
@@ -375,4 +379,3 @@ class _ResponseBody(httpx.AsyncByteStream):
         connection, self._connection = self._connection, None
         if connection is not None:
             self._transport._abandon(connection)
-

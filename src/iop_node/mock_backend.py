@@ -70,9 +70,7 @@ def _ndjson_frame(line: dict[str, Any]) -> bytes:
     return _encode(line).encode() + b"\n"
 
 
-def _frames(
-    objects: Iterable[dict[str, Any]], frame: Callable[[dict[str, Any]], bytes]
-) -> Iterator[bytes]:
+def _frames(objects: Iterable[dict[str, Any]], frame: Callable[[dict[str, Any]], bytes]) -> Iterator[bytes]:
     """Encode each object once; an object equal to the previous one reuses its bytes."""
     previous: dict[str, Any] | None = None
     encoded = b""
@@ -83,9 +81,7 @@ def _frames(
 
 
 def _error_body(message: str, code: str, error_type: str = "invalid_request_error") -> bytes:
-    return _encode(
-        {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-    ).encode()
+    return _encode({"error": {"message": message, "type": error_type, "param": None, "code": code}}).encode()
 
 
 async def _send_json(send: Send, status: int, body: bytes) -> None:
@@ -133,9 +129,7 @@ class MockBackend:
 
     latency: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
     tokens_per_second: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
-    models: tuple[str, ...] = attrs.field(
-        default=("mock",), converter=tuple, validator=attrs.validators.min_len(1)
-    )
+    models: tuple[str, ...] = attrs.field(default=("mock",), converter=tuple, validator=attrs.validators.min_len(1))
     _in_flight: int = attrs.field(default=0, init=False)
     _peak_in_flight: int = attrs.field(default=0, init=False)
     _total: int = attrs.field(default=0, init=False)
@@ -268,9 +262,7 @@ class MockBackend:
         model, n_tokens = generation.model, generation.n_tokens
         identity = self._openai_identity("chatcmpl")
         if generation.stream:
-            chunks = mock_completion.chat_chunks(
-                model, n_tokens, include_usage=generation.include_usage, **identity
-            )
+            chunks = mock_completion.chat_chunks(model, n_tokens, include_usage=generation.include_usage, **identity)
             await self._stream(send, _SSE_HEADERS, _frames(chunks, _sse_frame), n_tokens, head=1)
         else:
             response = mock_completion.chat_response(model, n_tokens, **identity)
@@ -293,9 +285,7 @@ class MockBackend:
             frames = _frames(lines, _ndjson_frame)
             await self._stream(send, _NDJSON_HEADERS, frames, n_tokens, trailer=b"")
         else:
-            response = mock_completion.ollama_chat_response(
-                model, n_tokens, created_at=_created_at()
-            )
+            response = mock_completion.ollama_chat_response(model, n_tokens, created_at=_created_at())
             await self._respond_whole(send, n_tokens, response)
 
     async def _respond_whole(self, send: Send, n_tokens: int, response: dict[str, Any]) -> None:
@@ -447,9 +437,7 @@ async def serve_mock_backend(
     config.errorlog = logging.getLogger("hypercorn.error")
     config.backlog = 1024  # the benchmark opens many connections at once
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            functools.partial(hypercorn.trio.serve, backend.app, config, mode="asgi")
-        )
+        binds = await nursery.start(functools.partial(hypercorn.trio.serve, backend.app, config, mode="asgi"))
         bound_port = urllib.parse.urlsplit(binds[0]).port
         if bound_port is None:
             raise RuntimeError(f"hypercorn reported no port in its binds {binds!r}")
@@ -463,15 +451,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9100, help="TCP port, 0 = any (default 9100)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="time to first token (default 0)")
     parser.add_argument(
-        "--latency-ms", type=float, default=0.0, help="time to first token (default 0)"
-    )
-    parser.add_argument(
-        "--tokens-per-second", type=float, default=0.0,
+        "--tokens-per-second",
+        type=float,
+        default=0.0,
         help="generation speed, 0 = as fast as possible (default 0)",
     )
     parser.add_argument(
-        "--model", action="append", dest="models",
+        "--model",
+        action="append",
+        dest="models",
         help="model id listed by /v1/models; repeatable (default: mock)",
     )
     args = parser.parse_args(argv)
@@ -487,12 +477,9 @@ async def _run(backend: MockBackend, host: str, port: int) -> None:
     """
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            bound = await nursery.start(
-                functools.partial(serve_mock_backend, backend, host=host, port=port)
-            )
+            bound = await nursery.start(functools.partial(serve_mock_backend, backend, host=host, port=port))
             url_host = f"[{host}]" if ":" in host else host
-            print(f"iop-mock-backend listening on http://{url_host}:{bound}", file=sys.stderr,
-                  flush=True)
+            print(f"iop-mock-backend listening on http://{url_host}:{bound}", file=sys.stderr, flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 return
@@ -501,9 +488,7 @@ async def _run(backend: MockBackend, host: str, port: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point ``iop-mock-backend``; exits 0 on SIGINT or SIGTERM."""
     args = _parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     backend = MockBackend(
         latency=args.latency_ms / 1000.0,
         tokens_per_second=args.tokens_per_second,

@@ -64,12 +64,7 @@ def token_count(body: dict[str, Any]) -> int:
     """
     options = body.get("options")
     num_predict = options.get("num_predict") if isinstance(options, dict) else None
-    value = (
-        body.get("max_tokens")
-        or body.get("max_completion_tokens")
-        or num_predict
-        or DEFAULT_MAX_TOKENS
-    )
+    value = body.get("max_tokens") or body.get("max_completion_tokens") or num_predict or DEFAULT_MAX_TOKENS
     if isinstance(value, bool) or not isinstance(value, int | float) or not _is_integral(value):
         raise ValueError(f"token limit must be an integer, got {value!r}")
     if value > MAX_TOKENS_LIMIT:
@@ -99,9 +94,7 @@ def _chat_chunk(
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        ],
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
     }
 
 
@@ -166,24 +159,18 @@ def chat_response(model: str, n_tokens: int, *, id: str, created: int) -> dict[s
     }
 
 
-def _completion(
-    model: str, text: str, *, id: str, created: int, finish_reason: str | None
-) -> dict[str, Any]:
+def _completion(model: str, text: str, *, id: str, created: int, finish_reason: str | None) -> dict[str, Any]:
     return {
         "id": id,
         "object": "text_completion",
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [
-            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        ],
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
     }
 
 
-def completion_chunks(
-    model: str, n_tokens: int, *, id: str, created: int
-) -> Iterator[dict[str, Any]]:
+def completion_chunks(model: str, n_tokens: int, *, id: str, created: int) -> Iterator[dict[str, Any]]:
     """The ``text_completion`` chunks of one streamed legacy completion.
 
     One chunk per token with text ``"tok "``, then one with empty text and
@@ -215,9 +202,7 @@ def completion_response(model: str, n_tokens: int, *, id: str, created: int) -> 
     Returns:
         A fresh dict.
     """
-    response = _completion(
-        model, TOKEN_TEXT * n_tokens, id=id, created=created, finish_reason=_FINISH_REASON
-    )
+    response = _completion(model, TOKEN_TEXT * n_tokens, id=id, created=created, finish_reason=_FINISH_REASON)
     response["usage"] = _usage(n_tokens)
     return response
 
@@ -276,6 +261,4 @@ def ollama_chat_response(model: str, n_tokens: int, *, created_at: str) -> dict[
     Returns:
         A fresh dict.
     """
-    return _ollama_done(
-        _ollama_message(model, TOKEN_TEXT * n_tokens, created_at=created_at), n_tokens
-    )
+    return _ollama_done(_ollama_message(model, TOKEN_TEXT * n_tokens, created_at=created_at), n_tokens)

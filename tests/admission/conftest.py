@@ -48,9 +48,7 @@ class Pool:
     fast: str = FAST
 
     @staticmethod
-    def spec(
-        capacity: int = 1, long_cap: int = 1, *, priority: int = 0, enabled: bool = True
-    ) -> ProviderSpec:
+    def spec(capacity: int = 1, long_cap: int = 1, *, priority: int = 0, enabled: bool = True) -> ProviderSpec:
         """A valid provider spec (total_context_tokens = window * long_cap)."""
         return ProviderSpec(
             capacity=capacity,

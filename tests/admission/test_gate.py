@@ -59,9 +59,7 @@ def test_release_is_idempotent_and_statistics():
     with pytest.raises(ConcurrencyLimitExceeded):
         gate.try_acquire("gpu0")
     stats = gate.statistics()
-    assert stats == GateStatistics(
-        in_use={"gpu0": 1}, limits={"gpu0": 1}, total_in_use=1, global_limit=4, rejected=1
-    )
+    assert stats == GateStatistics(in_use={"gpu0": 1}, limits={"gpu0": 1}, total_in_use=1, global_limit=4, rejected=1)
     permit.release()
     permit.release()
     with permit:  # leaving a with block after release is a no-op too

@@ -76,9 +76,7 @@ def pool_configs(draw: st.DrawFn) -> PoolConfig:
         shared = models["ornith:35b"].candidates[0]
         if shared not in models["ornith-fast"].candidates:
             models["ornith-fast"] = ModelGroup(candidates=(shared, *models["ornith-fast"].candidates))
-    policy = QueuePolicy(
-        max_queue=draw(st.sampled_from((0, 2, 6, 6, 6))), queue_timeout=draw(st.integers(1, 10))
-    )
+    policy = QueuePolicy(max_queue=draw(st.sampled_from((0, 2, 6, 6, 6))), queue_timeout=draw(st.integers(1, 10)))
     return PoolConfig(policy=policy, providers=providers, models=models)
 
 
@@ -125,9 +123,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         return not long or self.live(key, True) < spec.long_context_capacity
 
     def could_ever_run(self, key: ProviderKey, long: bool) -> bool:
-        return self.eligible(key) and (
-            not long or self.config.providers[key].long_context_capacity >= 1
-        )
+        return self.eligible(key) and (not long or self.config.providers[key].long_context_capacity >= 1)
 
     def ref_best(self, candidates: tuple[ProviderKey, ...], long: bool) -> ProviderKey | None:
         ranked = [
@@ -153,9 +149,9 @@ class AdmissionMachine(RuleBasedStateMachine):
                 assert d.waiter in self.queued
                 self.queued.remove(d.waiter)
                 if isinstance(d.error, Unavailable):
-                    assert not any(
-                        self.could_ever_run(k, d.waiter.long) for k in d.waiter.candidates
-                    ), "failed Unavailable while a candidate is eligible"
+                    assert not any(self.could_ever_run(k, d.waiter.long) for k in d.waiter.candidates), (
+                        "failed Unavailable while a candidate is eligible"
+                    )
                 else:
                     assert isinstance(d.error, ModelNotFound)
                     assert d.waiter.model not in self.config.models
@@ -306,9 +302,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         providers = dict(self.config.providers)
         policy = self.config.policy
         if data.draw(st.booleans()):
-            policy = QueuePolicy(
-                max_queue=data.draw(st.integers(0, 6)), queue_timeout=data.draw(st.integers(1, 10))
-            )
+            policy = QueuePolicy(max_queue=data.draw(st.integers(0, 6)), queue_timeout=data.draw(st.integers(1, 10)))
         else:
             key = data.draw(st.sampled_from(sorted(providers)))
             providers[key] = data.draw(provider_specs())
@@ -439,7 +433,5 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert list(self.core.live_leases()) == []
 
 
-AdmissionMachine.TestCase.settings = settings(
-    settings.default, max_examples=_EXAMPLES, stateful_step_count=_STEPS
-)
+AdmissionMachine.TestCase.settings = settings(settings.default, max_examples=_EXAMPLES, stateful_step_count=_STEPS)
 TestAdmissionStateMachine = AdmissionMachine.TestCase

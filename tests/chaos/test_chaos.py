@@ -213,7 +213,9 @@ async def test_fault_heals_without_hangs_or_leaks(tmp_path: Path, fault: str) ->
 
             # healed: fresh requests (stream and not) succeed
             rng = random.Random(seed)
-            with openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="chaos", max_retries=0, timeout=REQUEST_TIMEOUT) as client:
+            with openai.OpenAI(
+                base_url=f"{stack.base_url}/v1", api_key="chaos", max_retries=0, timeout=REQUEST_TIMEOUT
+            ) as client:
                 fresh = [await trio.to_thread.run_sync(one_request, client, rng, 0.0) for _ in range(4)]
             status = await stack.wait_status(drained, timeout=DRAIN_TIMEOUT)
             stats = await stack.backend_stats()

@@ -73,10 +73,12 @@ def test_example_edge_yaml_maps_to_a_valid_pool_config() -> None:
     validate_pool(pool)
     assert pool.policy == QueuePolicy(max_queue=64, queue_timeout=30.0)
     assert dict(pool.providers) == {
-        GPU0: ProviderSpec(capacity=1, long_context_capacity=1, context_window_tokens=32768,
-                           total_context_tokens=32768, priority=0),
-        GPU1: ProviderSpec(capacity=2, long_context_capacity=1, context_window_tokens=32768,
-                           total_context_tokens=32768, priority=-1),
+        GPU0: ProviderSpec(
+            capacity=1, long_context_capacity=1, context_window_tokens=32768, total_context_tokens=32768, priority=0
+        ),
+        GPU1: ProviderSpec(
+            capacity=2, long_context_capacity=1, context_window_tokens=32768, total_context_tokens=32768, priority=-1
+        ),
     }
     assert dict(pool.models) == {
         "ornith:35b": ModelGroup(candidates=(GPU0, GPU1)),
@@ -105,8 +107,14 @@ def test_defaults() -> None:
     assert config.admin_token is None and not config.accepts_admin_token("")
     assert config.api_keys is None and not config.api_keys_required
     spec = config.pool_config().providers[ProviderKey("n", "p")]
-    assert spec == ProviderSpec(capacity=3, long_context_capacity=0, context_window_tokens=0,
-                                total_context_tokens=None, priority=0, enabled=True)
+    assert spec == ProviderSpec(
+        capacity=3,
+        long_context_capacity=0,
+        context_window_tokens=0,
+        total_context_tokens=None,
+        priority=0,
+        enabled=True,
+    )
     assert config.upstream_model("m", ProviderKey("n", "p")) == "m"  # default: the model id
     assert config.long_threshold("m") is None
     assert config.node_token("nobody") is None
@@ -141,8 +149,7 @@ def test_upstream_model_of_a_non_candidate_is_a_key_error() -> None:
         ),
         (
             edit("  - id: ornith-fast\n", "  - id: ornith-fast\n    max_queue: 3\n"),
-            "edge.yaml:20: models[1].max_queue: queue settings belong to provider_pool "
-            "(Edge-wide), not to a model",
+            "edge.yaml:20: models[1].max_queue: queue settings belong to provider_pool (Edge-wide), not to a model",
         ),
         (
             edit("{node: node-a, provider: gpu0}", "{node: node-a, provider: gpu0, max_queue: 1}"),
@@ -151,8 +158,7 @@ def test_upstream_model_of_a_non_candidate_is_a_key_error() -> None:
         ),
         (
             edit("    token: dev-token\n", "    token: dev-token\n    queue_timeout_ms: 10\n"),
-            "edge.yaml:8: nodes[0].queue_timeout_ms: queue settings belong to provider_pool "
-            "(Edge-wide), not to a node",
+            "edge.yaml:8: nodes[0].queue_timeout_ms: queue settings belong to provider_pool (Edge-wide), not to a node",
         ),
         (
             "max_queue: 10\n" + BASE,
@@ -201,12 +207,12 @@ def test_wrong_type_is_reported() -> None:
 
 def test_duplicate_ids() -> None:
     text = BASE + "  - id: ornith-fast\n    candidates: [{node: node-a, provider: gpu1}]\n"
-    text = edit("      - {id: gpu1, capacity: 2}\n",
-                "      - {id: gpu1, capacity: 2}\n      - {id: gpu0, capacity: 1}\n", text)
+    text = edit(
+        "      - {id: gpu1, capacity: 2}\n", "      - {id: gpu1, capacity: 2}\n      - {id: gpu0, capacity: 1}\n", text
+    )
     text = text.replace("models:\n", "  - id: node-a\n    token: x\n    providers: []\nmodels:\n")
     assert errors_of(text) == (
-        "edge.yaml:15: nodes[0].providers[2].id: duplicate provider id 'gpu0' "
-        "(first at nodes[0].providers[0])",
+        "edge.yaml:15: nodes[0].providers[2].id: duplicate provider id 'gpu0' (first at nodes[0].providers[0])",
         "edge.yaml:16: nodes[1].id: duplicate node id 'node-a' (first at nodes[0])",
         "edge.yaml:26: models[2].id: duplicate model id 'ornith-fast' (first at models[1])",
     )
@@ -219,8 +225,10 @@ def test_empty_ids_are_rejected() -> None:
 
 
 def test_candidates_must_name_configured_node_and_provider() -> None:
-    text = edit("      - {node: node-a, provider: gpu0}\n",
-                "      - {node: node-b, provider: gpu0}\n      - {node: node-a, provider: gpu7}\n")
+    text = edit(
+        "      - {node: node-a, provider: gpu0}\n",
+        "      - {node: node-b, provider: gpu0}\n      - {node: node-a, provider: gpu7}\n",
+    )
     assert errors_of(text) == (
         "edge.yaml:21: models[1].candidates[0].node: node 'node-b' is not configured under nodes",
         "edge.yaml:22: models[1].candidates[1].provider: node 'node-a' has no provider 'gpu7'",
@@ -228,8 +236,10 @@ def test_candidates_must_name_configured_node_and_provider() -> None:
 
 
 def test_duplicate_candidate_in_a_model() -> None:
-    text = edit("      - {node: node-a, provider: gpu0}\n",
-                "      - {node: node-a, provider: gpu0}\n      - {node: node-a, provider: gpu0}\n")
+    text = edit(
+        "      - {node: node-a, provider: gpu0}\n",
+        "      - {node: node-a, provider: gpu0}\n      - {node: node-a, provider: gpu0}\n",
+    )
     assert errors_of(text) == (
         "edge.yaml:22: models[1].candidates[1]: node-a/gpu0 is listed twice (first at candidates[0])",
     )
@@ -276,9 +286,7 @@ def test_heartbeat_and_limits_accept_their_minimum() -> None:
     ],
 )
 def test_listen_must_be_host_port(value: str, message: str) -> None:
-    assert errors_of(edit("listen: 127.0.0.1:8080", f"listen: {value}")) == (
-        f"edge.yaml:1: listen: {message}",
-    )
+    assert errors_of(edit("listen: 127.0.0.1:8080", f"listen: {value}")) == (f"edge.yaml:1: listen: {message}",)
 
 
 def test_listen_parsing() -> None:
@@ -293,15 +301,11 @@ def test_listen_parsing() -> None:
 def test_token_exactly_one_of_token_or_token_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IOP_TEST_TOKEN", "from-env")
     both = edit("    token: dev-token\n", "    token: dev-token\n    token_env: IOP_TEST_TOKEN\n")
-    assert errors_of(both) == (
-        "edge.yaml:8: nodes[0].token_env: give exactly one of token or token_env, not both",
-    )
+    assert errors_of(both) == ("edge.yaml:8: nodes[0].token_env: give exactly one of token or token_env, not both",)
     assert errors_of(edit("    token: dev-token\n", "")) == (
         "edge.yaml:6: nodes[0]: required: one of token or token_env",
     )
-    assert errors_of(edit("token: dev-token", 'token: ""')) == (
-        "edge.yaml:7: nodes[0].token: must not be empty",
-    )
+    assert errors_of(edit("token: dev-token", 'token: ""')) == ("edge.yaml:7: nodes[0].token: must not be empty",)
 
 
 def test_token_env_is_resolved_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -377,9 +381,7 @@ def test_api_keys_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     assert errors_of("api_keys: []\n" + BASE) == (
         "edge.yaml:1: api_keys: must list at least one key (leave the key out to disable API keys)",
     )
-    assert errors_of("api_keys: [a, '']\n" + BASE) == (
-        "edge.yaml:1: api_keys[1]: must be a non-empty string",
-    )
+    assert errors_of("api_keys: [a, '']\n" + BASE) == ("edge.yaml:1: api_keys[1]: must be a non-empty string",)
 
 
 def test_every_problem_is_reported_at_once_with_its_line() -> None:

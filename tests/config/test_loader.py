@@ -98,9 +98,7 @@ labels: {k: 1}
 def test_valid_document_structures() -> None:
     doc = load(GOOD)
     assert doc == Doc(
-        groups=(
-            Group("a", (Limit("x", 2, 3.0), Limit("y", 1, enabled=False, mode="slow"))),
-        ),
+        groups=(Group("a", (Limit("x", 2, 3.0), Limit("y", 1, enabled=False, mode="slow"))),),
         pool=Pool(4),
         tags=["one", "two"],
         labels={"k": 1},
@@ -138,9 +136,7 @@ def test_unknown_key_reports_its_own_line() -> None:
 
 def test_key_hint_replaces_unknown_key_message() -> None:
     text = "groups:\n  - name: a\n    limits:\n      - id: x\n        capacity: 1\n        max_queue: 3\n"
-    assert errors_of(text) == (
-        "doc.yaml:6: groups[0].limits[0].max_queue: belongs to pool, not to a limit",
-    )
+    assert errors_of(text) == ("doc.yaml:6: groups[0].limits[0].max_queue: belongs to pool, not to a limit",)
 
 
 @pytest.mark.parametrize(

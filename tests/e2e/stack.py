@@ -100,9 +100,7 @@ def edge_config(
         "models": [
             {
                 "id": model,
-                "candidates": [
-                    {"node": NODE_ID, "provider": pid, "upstream_model": "qwen3:35b"} for pid in pids
-                ],
+                "candidates": [{"node": NODE_ID, "provider": pid, "upstream_model": "qwen3:35b"} for pid in pids],
             }
             for model, pids in models.items()
         ],
@@ -135,9 +133,7 @@ def node_config(
         "heartbeat_interval_ms": heartbeat_interval_ms,
         "runtime": {"concurrency": concurrency},
         "reconnect": {"initial_ms": 50, "max_ms": 500},
-        "providers": [
-            {"id": pid, "adapter": "openai", "capacity": cap} for pid, cap in providers.items()
-        ],
+        "providers": [{"id": pid, "adapter": "openai", "capacity": cap} for pid, cap in providers.items()],
     }
 
 
@@ -296,8 +292,16 @@ class Stack:
         """Start ``iop_node.mock_backend`` on port 0 and wait for its ready line."""
         daemon = await self.spawn(
             "backend",
-            ["-m", "iop_node.mock_backend", "--port", "0", "--latency-ms", str(latency_ms),
-             "--tokens-per-second", str(tokens_per_second)],
+            [
+                "-m",
+                "iop_node.mock_backend",
+                "--port",
+                "0",
+                "--latency-ms",
+                str(latency_ms),
+                "--tokens-per-second",
+                str(tokens_per_second),
+            ],
         )
         self.backend = daemon
         self.backend_port = int((await daemon.wait_for_line(BACKEND_READY))[1])
@@ -336,8 +340,7 @@ class Stack:
         config["edge_url"] = f"ws://127.0.0.1:{self.node_port}"
         if self.backend_port is not None:
             config["providers"] = [
-                {"base_url": f"http://127.0.0.1:{self.backend_port}/v1", **p}
-                if p.get("adapter") == "openai" else p
+                {"base_url": f"http://127.0.0.1:{self.backend_port}/v1", **p} if p.get("adapter") == "openai" else p
                 for p in config["providers"]
             ]
         n = sum(1 for d in self.daemons if d.name == name) + 1
@@ -415,9 +418,7 @@ def provider(status: Mapping[str, Any], provider_id: str, node_id: str = NODE_ID
 def drained(status: Mapping[str, Any]) -> bool:
     """No lease and no waiter anywhere: every provider counter and the queue depth are 0."""
     counters = ("in_flight", "long_in_flight", "queued", "long_queued")
-    return status["queue_depth"] == 0 and all(
-        p[name] == 0 for p in status["providers"] for name in counters
-    )
+    return status["queue_depth"] == 0 and all(p[name] == 0 for p in status["providers"] for name in counters)
 
 
 # ---------------------------------------------------------------- requests
@@ -435,7 +436,7 @@ def sse_error_code(response: httpx.Response) -> str | None:
     events = [line for line in response.text.splitlines() if line.startswith("data: ")]
     if not events or events[-1] == "data: [DONE]":
         return None
-    return json.loads(events[-1][len("data: "):])["error"]["code"]
+    return json.loads(events[-1][len("data: ") :])["error"]["code"]
 
 
 @final

@@ -19,7 +19,10 @@ def call(client: openai.OpenAI, model: str, *, stream: bool) -> tuple[str, str]:
     """One chat completion in a worker thread; returns (x-iop-provider, generated text)."""
     messages = [{"role": "user", "content": f"hello {model}"}]
     raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=messages, max_tokens=3, stream=stream  # type: ignore[arg-type]
+        model=model,
+        messages=messages,
+        max_tokens=3,
+        stream=stream,  # type: ignore[arg-type]
     )
     served_by = raw.headers["x-iop-provider"]
     if not stream:
@@ -35,9 +38,7 @@ def call(client: openai.OpenAI, model: str, *, stream: bool) -> tuple[str, str]:
 async def call_all(stack: Stack, calls: list[tuple[str, bool]]) -> list[tuple[str, str, str]]:
     """Run every (model, stream) call at once, each in its own thread; (model, provider, text)."""
     results: list[tuple[str, str, str]] = []
-    with openai.OpenAI(
-        base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=20.0
-    ) as client:
+    with openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=20.0) as client:
 
         async def one(model: str, stream: bool) -> None:
             served_by, text = await trio.to_thread.run_sync(lambda: call(client, model, stream=stream))
@@ -97,8 +98,12 @@ async def test_capacity_smoke_with_fallback(tmp_path: Path) -> None:
             async with stack.http.stream(
                 "POST",
                 f"{stack.base_url}/v1/chat/completions",
-                json={"model": FAST, "stream": True, "max_tokens": 150,
-                      "messages": [{"role": "user", "content": "hold gpu0"}]},
+                json={
+                    "model": FAST,
+                    "stream": True,
+                    "max_tokens": 150,
+                    "messages": [{"role": "user", "content": "hold gpu0"}],
+                },
             ) as held:
                 assert held.headers["x-iop-provider"] == "node-a/gpu0"
                 busy = await stack.status()
@@ -117,4 +122,3 @@ async def test_capacity_smoke_with_fallback(tmp_path: Path) -> None:
     assert 1 <= stats["peak_in_flight"] <= 2
     assert stats["total"] == len(CALLS) + 2
     assert drained(status)
-

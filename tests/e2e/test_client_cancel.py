@@ -29,11 +29,14 @@ async def test_client_disconnect_cancels_upstream_and_leaves_queue(tmp_path: Pat
             def stream_then_hang_up() -> None:
                 # The sync client in a thread: a half-read async generator would be
                 # finalized (and the stream closed) behind the test's back.
-                with openai.OpenAI(
-                    base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=10.0
-                ) as client, client.chat.completions.create(
-                    model=BIG, stream=True, max_tokens=400, messages=[{"role": "user", "content": "hang up"}]
-                ) as stream:
+                with (
+                    openai.OpenAI(
+                        base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=10.0
+                    ) as client,
+                    client.chat.completions.create(
+                        model=BIG, stream=True, max_tokens=400, messages=[{"role": "user", "content": "hang up"}]
+                    ) as stream,
+                ):
                     first.append(next(iter(stream)).id)
                     trio.from_thread.run_sync(started.set)
                     trio.from_thread.run(hang_up.wait)
@@ -42,10 +45,12 @@ async def test_client_disconnect_cancels_upstream_and_leaves_queue(tmp_path: Pat
             await started.wait()
             await requests.queued("waiter", FAST)
             async with httpx.AsyncClient(timeout=10) as impatient, trio.open_nursery() as inner:
-                inner.start_soon(lambda: impatient.post(
-                    f"{stack.base_url}/v1/chat/completions",
-                    json={"model": FAST, "messages": [{"role": "user", "content": "x"}]},
-                ))
+                inner.start_soon(
+                    lambda: impatient.post(
+                        f"{stack.base_url}/v1/chat/completions",
+                        json={"model": FAST, "messages": [{"role": "user", "content": "x"}]},
+                    )
+                )
                 queued = await stack.wait_status(lambda s: s["queue_depth"] == 2)
                 inner.cancel_scope.cancel()  # the second waiter hangs up while queued
             left = await stack.wait_status(lambda s: s["queue_depth"] == 1)

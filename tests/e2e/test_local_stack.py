@@ -69,12 +69,14 @@ async def test_make_run_local_stack_serves_printed_request_and_stops(tmp_path: P
     edge_yaml = tmp_path / "edge.yaml"
     node_yaml = tmp_path / "node.yaml"
     edge_yaml.write_text(
-        (EXAMPLES / "edge.yaml").read_text()
+        (EXAMPLES / "edge.yaml")
+        .read_text()
         .replace("127.0.0.1:8080", f"127.0.0.1:{http_port}")
         .replace("127.0.0.1:8081", f"127.0.0.1:{node_port}")
     )
     node_yaml.write_text(
-        (EXAMPLES / "node.yaml").read_text()
+        (EXAMPLES / "node.yaml")
+        .read_text()
         .replace("127.0.0.1:8081", f"127.0.0.1:{node_port}")
         .replace("127.0.0.1:9100", f"127.0.0.1:{backend_port}")
     )
@@ -83,10 +85,24 @@ async def test_make_run_local_stack_serves_printed_request_and_stops(tmp_path: P
     kids: list[int] = []
     with out_path.open("wb") as out, err_path.open("wb") as err:
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "iop_edge.local_stack", "--edge-config", str(edge_yaml),
-             "--node-config", str(node_yaml), "--backend-port", str(backend_port),
-             "--latency-ms", "20", "--tokens-per-second", "0"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            [
+                sys.executable,
+                "-m",
+                "iop_edge.local_stack",
+                "--edge-config",
+                str(edge_yaml),
+                "--node-config",
+                str(node_yaml),
+                "--backend-port",
+                str(backend_port),
+                "--latency-ms",
+                "20",
+                "--tokens-per-second",
+                "0",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
         )
     try:
         with trio.fail_after(30):

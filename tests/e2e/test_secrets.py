@@ -57,7 +57,9 @@ async def test_tokens_never_appear_in_logs_status_or_error_bodies(tmp_path: Path
 
             intruder = await stack.start_node(
                 node_config(token=NODE_SECRET + "-wrong"),
-                wait_registered=False, log_level="DEBUG", name="intruder",
+                wait_registered=False,
+                log_level="DEBUG",
+                name="intruder",
             )
             intruder_exit = await intruder.wait(10)
 

@@ -200,7 +200,6 @@ async def running_edge(tmp_path: Path, layout: EdgeLayout | None = None) -> Asyn
         nursery.cancel_scope.cancel()
 
 
-
 def start_chat(
     nursery: trio.Nursery, edge: Edge, results: dict[str, httpx.Response], name: str, model: str, **fields: Any
 ) -> None:
@@ -210,6 +209,7 @@ def start_chat(
         results[name] = await edge.chat(model, name, **fields)
 
     nursery.start_soon(post)
+
 
 # ---------------------------------------------------------------------------- fake node
 
@@ -312,9 +312,7 @@ def chat_response(text: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": 0,
         "model": "fake",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-        ],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
 

@@ -156,9 +156,7 @@ async def test_long_classification_by_prompt_chars(tmp_path: Path) -> None:
                 assert edge.provider("node-a", "gpu0")["long_in_flight"] == 1
                 # completions: prompt 4 chars + max_tokens 100 = 101 tokens: long too -> queued
                 nursery.start_soon(
-                    lambda: edge.http.post(
-                        "/v1/completions", json={"model": BIG, "prompt": "abcd", "max_tokens": 100}
-                    )
+                    lambda: edge.http.post("/v1/completions", json={"model": BIG, "prompt": "abcd", "max_tokens": 100})
                 )
                 await eventually(lambda: edge.queue_depth == 1)
                 assert edge.provider("node-a", "gpu0")["long_queued"] == 1

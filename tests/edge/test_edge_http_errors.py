@@ -59,7 +59,10 @@ async def test_queue_full_and_queue_timeout(tmp_path: Path) -> None:
     """[queue-ownership] 429 queue_full (Retry-After) when the Edge-wide queue is full, for either
     key; 429 queue_timeout after queue_timeout_ms."""
     with trio.fail_after(10):
-        async with running_edge(tmp_path, EdgeLayout(max_queue=1, queue_timeout_ms=300)) as edge, fake_node(edge) as node:
+        async with (
+            running_edge(tmp_path, EdgeLayout(max_queue=1, queue_timeout_ms=300)) as edge,
+            fake_node(edge) as node,
+        ):
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
                 start_chat(nursery, edge, results, "running", BIG)
@@ -179,8 +182,10 @@ async def test_bad_requests(tmp_path: Path) -> None:
                 ("/v1/chat/completions", b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}'),
                 ("/v1/chat/completions", b'{"model": "ornith-fast"}'),
                 ("/v1/chat/completions", b'{"model": "ornith-fast", "messages": []}'),
-                ("/v1/chat/completions",
-                 b'{"model": "ornith-fast", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}'),
+                (
+                    "/v1/chat/completions",
+                    b'{"model": "ornith-fast", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+                ),
                 ("/v1/completions", b'{"model": "ornith-fast"}'),
                 ("/v1/completions", b'{"model": "ornith-fast", "prompt": 7}'),
             ]
@@ -191,14 +196,21 @@ async def test_bad_requests(tmp_path: Path) -> None:
             assert_error(await http.post("/v1/models"), 405, "method_not_allowed", "invalid_request_error")
             assert_error(await http.get("/v2/nothing"), 404, "not_found", "invalid_request_error")
             big = {"model": FAST, "messages": [{"role": "user", "content": "x" * 2000}]}
-            assert_error(await http.post("/v1/chat/completions", json=big), 413, "request_too_large",
-                         "invalid_request_error")
+            assert_error(
+                await http.post("/v1/chat/completions", json=big), 413, "request_too_large", "invalid_request_error"
+            )
+
             # a chunked body (no content-length) over the limit is refused too
             async def chunks() -> Any:
                 for _ in range(4):
                     yield b" " * 400
-            assert_error(await http.post("/v1/chat/completions", content=chunks()), 413, "request_too_large",
-                         "invalid_request_error")
+
+            assert_error(
+                await http.post("/v1/chat/completions", content=chunks()),
+                413,
+                "request_too_large",
+                "invalid_request_error",
+            )
             await edge.assert_drained()
 
 
@@ -209,8 +221,9 @@ async def test_api_keys(tmp_path: Path) -> None:
         async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
             for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "key-one-sentinel"}):
                 assert_error(await edge.chat(FAST, headers=headers), 401, "invalid_api_key", "authentication_error")
-                assert_error(await edge.http.get("/v1/models", headers=headers), 401, "invalid_api_key",
-                             "authentication_error")
+                assert_error(
+                    await edge.http.get("/v1/models", headers=headers), 401, "invalid_api_key", "authentication_error"
+                )
             assert edge.queue_depth == 0
             results: dict[str, httpx.Response] = {}
 

@@ -59,9 +59,7 @@ async def test_openai_client_chat_and_completions(tmp_path: Path) -> None:
                     assert completion.object == "text_completion"
                     assert completion.choices[0].text
                     with pytest.raises(openai.NotFoundError) as not_found:
-                        await client.chat.completions.create(
-                            model="nope", messages=[{"role": "user", "content": "hi"}]
-                        )
+                        await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
                     assert not_found.value.code == "model_not_found"
                 deltas = await trio.to_thread.run_sync(_stream_chat, base_url, BIG)
                 assert len(deltas) >= 5 and "".join(deltas)

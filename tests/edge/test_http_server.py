@@ -39,7 +39,11 @@ async def _exchange(port: int, request: bytes) -> list[bytes]:
             if sep and b"head" in request[:5].lower():
                 return chunks
             if sep:
-                length = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+                length = [
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ]
                 if length and len(body) >= length[0]:
                     return chunks
 

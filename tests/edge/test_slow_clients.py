@@ -32,7 +32,9 @@ from iop_wire import Heartbeat, encode
 HEADER_TIMEOUT_MS = 300
 TRICKLE_INTERVAL = 0.05
 """Seconds between two trickled bytes: the head below would take 2-3 s to arrive."""
-HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+)
 
 
 @attrs.define(kw_only=True)
@@ -82,6 +84,7 @@ async def test_trickled_request_head_is_cut_off_and_others_are_served(tmp_path: 
             assert sent < len(HEAD) // 2, f"{sent} of {len(HEAD)} bytes went out before the cut"
             assert elapsed >= HEADER_TIMEOUT_MS / 1000
             assert [r.status_code for r in answered] == [200]
+
             # and the Edge still runs requests end to end
             async def serve_one() -> None:
                 await node.answer(await node.next_run())
@@ -119,8 +122,11 @@ async def test_node_that_stops_reading_stalls_only_itself(tmp_path: Path) -> Non
     heartbeats still count (its reader is separate), so neither node is dropped. Afterwards
     every counter returns to 0."""
     layout = EdgeLayout(
-        gpu0_capacity=8, gpu0_long_capacity=8, heartbeat_timeout_ms=600,
-        max_body_bytes=2 << 20, max_ws_message_bytes=2 << 20,
+        gpu0_capacity=8,
+        gpu0_long_capacity=8,
+        heartbeat_timeout_ms=600,
+        max_body_bytes=2 << 20,
+        max_ws_message_bytes=2 << 20,
     )
     big_prompt = "x" * (1 << 20)
     with trio.fail_after(30):

@@ -91,8 +91,10 @@ def test_table_shows_every_provider_and_the_summary() -> None:
     transport, requests = serving(status_document(admission, heartbeat_age=2.0))
     console = recording_console()
 
-    assert main(["status", "--edge", "http://edge.test:8080/", "--api-key", "k1"],
-                transport=transport, console=console) == 0
+    assert (
+        main(["status", "--edge", "http://edge.test:8080/", "--api-key", "k1"], transport=transport, console=console)
+        == 0
+    )
 
     assert [str(r.url) for r in requests] == ["http://edge.test:8080/status"]
     assert requests[0].headers["authorization"] == "Bearer k1"
@@ -137,13 +139,15 @@ def test_watch_refreshes_until_count(monkeypatch: pytest.MonkeyPatch) -> None:
     console = recording_console()
     slept: list[float] = []
 
-    code = main(["status", "--watch", "--interval", "0.5", "--count", "2"],
-                transport=transport, console=console, sleep=slept.append)
+    code = main(
+        ["status", "--watch", "--interval", "0.5", "--count", "2"],
+        transport=transport,
+        console=console,
+        sleep=slept.append,
+    )
 
     assert (code, len(requests), slept) == (0, 2, [0.5])
-    assert ["node-a", "gpu0", "available", "online", "0/2", "0/1", "0", "(0)", "5"] in rows(
-        console.export_text()
-    )
+    assert ["node-a", "gpu0", "available", "online", "0/2", "0/1", "0", "(0)", "5"] in rows(console.export_text())
 
 
 def test_watch_ends_with_exit_0_on_ctrl_c() -> None:
@@ -158,18 +162,34 @@ def test_watch_ends_with_exit_0_on_ctrl_c() -> None:
             raise KeyboardInterrupt
         return httpx.Response(200, json=document)
 
-    code = main(["status", "--watch", "--interval", "0"], transport=httpx.MockTransport(handle),
-                console=recording_console(), sleep=lambda _: None)
+    code = main(
+        ["status", "--watch", "--interval", "0"],
+        transport=httpx.MockTransport(handle),
+        console=recording_console(),
+        sleep=lambda _: None,
+    )
     assert (code, calls) == (0, 3)
 
 
 @pytest.mark.parametrize(
     ("respond", "message"),
     [
-        (lambda r: httpx.Response(503, text="starting"), "iop status: the Edge at http://127.0.0.1:8080/status answered HTTP 503\n"),
-        (lambda r: httpx.Response(200, text="<html>"), "iop status: unreadable /status document from http://127.0.0.1:8080/status: "),
-        (lambda r: httpx.Response(200, json={"queue_depth": 0}), "iop status: unreadable /status document from http://127.0.0.1:8080/status: required field missing @ $.max_queue"),
-        (lambda r: httpx.Response(200, json=[1]), "iop status: unreadable /status document from http://127.0.0.1:8080/status: "),
+        (
+            lambda r: httpx.Response(503, text="starting"),
+            "iop status: the Edge at http://127.0.0.1:8080/status answered HTTP 503\n",
+        ),
+        (
+            lambda r: httpx.Response(200, text="<html>"),
+            "iop status: unreadable /status document from http://127.0.0.1:8080/status: ",
+        ),
+        (
+            lambda r: httpx.Response(200, json={"queue_depth": 0}),
+            "iop status: unreadable /status document from http://127.0.0.1:8080/status: required field missing @ $.max_queue",
+        ),
+        (
+            lambda r: httpx.Response(200, json=[1]),
+            "iop status: unreadable /status document from http://127.0.0.1:8080/status: ",
+        ),
     ],
 )
 def test_bad_answers_exit_1_with_one_line(
@@ -188,8 +208,12 @@ def test_watch_exits_1_when_the_edge_goes_away(capsys: pytest.CaptureFixture[str
     """An Edge that stops answering during --watch ends it with exit 1."""
     document = status_document(two_node_admission())
     answers = iter([httpx.Response(200, json=document), httpx.Response(502)])
-    code = main(["status", "--watch"], transport=httpx.MockTransport(lambda r: next(answers)),
-                console=recording_console(), sleep=lambda _: None)
+    code = main(
+        ["status", "--watch"],
+        transport=httpx.MockTransport(lambda r: next(answers)),
+        console=recording_console(),
+        sleep=lambda _: None,
+    )
     assert code == 1
     assert capsys.readouterr().err == "iop status: the Edge at http://127.0.0.1:8080/status answered HTTP 502\n"
 
@@ -201,8 +225,7 @@ async def test_unreachable_edge_exits_1(capsys: pytest.CaptureFixture[str]) -> N
         port = probe.getsockname()[1]
         with trio.fail_after(10):
             code = await trio.to_thread.run_sync(
-                functools.partial(main, ["status", "--edge", f"http://127.0.0.1:{port}"],
-                                  console=recording_console()),
+                functools.partial(main, ["status", "--edge", f"http://127.0.0.1:{port}"], console=recording_console()),
                 abandon_on_cancel=True,
             )
     assert code == 1
@@ -224,8 +247,7 @@ async def test_against_a_real_http_server() -> None:
             await send({"type": "lifespan.shutdown.complete"})
             return
         body = json.dumps(status_document(admission)).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
 
     config = HypercornConfig()

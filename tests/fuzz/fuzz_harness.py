@@ -159,9 +159,7 @@ async def assert_healthy(http: httpx.AsyncClient) -> None:
     while True:
         status = (await http.get("/status")).json()
         nodes = {n["node_id"]: n for n in status["nodes"]}
-        drained = status["queue_depth"] == 0 and all(
-            p[name] == 0 for p in status["providers"] for name in COUNTERS
-        )
+        drained = status["queue_depth"] == 0 and all(p[name] == 0 for p in status["providers"] for name in COUNTERS)
         if drained and nodes["node-a"]["connected"] and not nodes["node-b"]["connected"]:
             return
         await trio.sleep(0.005)
@@ -184,8 +182,18 @@ json_values = st.recursive(
 """Any JSON document (small)."""
 
 _TYPES = (
-    "register", "heartbeat", "run_event", "run_end", "tunnel_start", "tunnel_chunk", "tunnel_end",
-    "registered", "rejected", "run", "cancel", "tunnel_request",
+    "register",
+    "heartbeat",
+    "run_event",
+    "run_end",
+    "tunnel_start",
+    "tunnel_chunk",
+    "tunnel_end",
+    "registered",
+    "rejected",
+    "run",
+    "cancel",
+    "tunnel_request",
 )
 
 _VALID_MESSAGES = (
@@ -233,9 +241,9 @@ def truncated_messages(draw: st.DrawFn) -> str:
 def oversized_frames(limit: int) -> st.SearchStrategy[str]:
     """A text frame just over ``limit`` bytes: valid-looking JSON padding, or plain filler."""
     return st.sampled_from(["json", "filler"]).map(
-        lambda kind: json.dumps({"type": "heartbeat", "seq": 1, "pad": "x" * limit})
-        if kind == "json"
-        else "y" * (limit + 1)
+        lambda kind: (
+            json.dumps({"type": "heartbeat", "seq": 1, "pad": "x" * limit}) if kind == "json" else "y" * (limit + 1)
+        )
     )
 
 

@@ -143,7 +143,9 @@ async def test_huge_token_limit_is_refused_by_the_mock_not_served(edge_thread: E
     ``bad_request`` run end, which the Edge answers as a 502 at once."""
     with trio.fail_after(EXAMPLE_TIMEOUT):
         async with client(edge_thread) as http:
-            response = await http.post("/v1/completions", json={"model": HEALTHY_MODEL, "prompt": "x", "max_tokens": limit})
+            response = await http.post(
+                "/v1/completions", json={"model": HEALTHY_MODEL, "prompt": "x", "max_tokens": limit}
+            )
             assert_error_reason = response.headers["x-iop-reject-reason"]
             assert (response.status_code, assert_error_reason) == (502, "bad_request"), response.text
             await assert_healthy(http)

@@ -113,8 +113,10 @@ async def test_bad_first_frame_is_closed_and_edge_keeps_serving(edge_thread: Edg
         verdict = expected_verdict(frame)
         async with node_socket(edge_thread) as ws:
             await send_frame(ws, frame)
-            if verdict is Register and isinstance(answer := decode(frame), Register) and answer == Register(
-                "node-b", TOKEN_B, PROTOCOL_VERSION, answer.providers
+            if (
+                verdict is Register
+                and isinstance(answer := decode(frame), Register)
+                and answer == Register("node-b", TOKEN_B, PROTOCOL_VERSION, answer.providers)
             ):
                 assert isinstance(decode(await ws.get_message()), Registered)  # a valid registration
                 await ws.aclose(1000, "done")

@@ -186,8 +186,6 @@ class Backend:
             await trio.sleep(0.01)
 
 
-
-
 @attrs.define(eq=False)
 class MemoryLink:
     """A connector over in-memory streams to a :class:`FakeEdge` (no sockets; MockClock-safe).

@@ -62,7 +62,9 @@ def test_bad_values(old: str, new: str, expected: str) -> None:
 
 
 def test_missing_token_is_an_error() -> None:
-    assert errors_of(GOOD.replace("token: dev-token\n", "")) == ("node.yaml:1: token: missing: give token or token_env",)
+    assert errors_of(GOOD.replace("token: dev-token\n", "")) == (
+        "node.yaml:1: token: missing: give token or token_env",
+    )
 
 
 def test_token_and_token_env_are_exclusive() -> None:

@@ -78,9 +78,7 @@ async def test_two_runs_on_capacity_one(edge: FakeEdge, backend: Backend) -> Non
 
 
 @pytest.mark.parametrize("first_is_tunnel", [True, False])
-async def test_run_and_tunnel_share_the_provider_limit(
-    edge: FakeEdge, backend: Backend, first_is_tunnel: bool
-) -> None:
+async def test_run_and_tunnel_share_the_provider_limit(edge: FakeEdge, backend: Backend, first_is_tunnel: bool) -> None:
     """[tunnel-guard] A run and a tunnel request together: one upstream request, in
     either order; after the first ends, the provider serves again."""
     backend.backend.tokens_per_second = 20
@@ -148,7 +146,9 @@ async def test_background_runs_take_the_same_gate(edge: FakeEdge) -> None:
             assert isinstance(end, RunEnd) and end.status == "cancelled"
 
 
-async def test_background_run_is_refused_while_the_edge_holds_the_provider(autojump_clock: trio.testing.MockClock) -> None:
+async def test_background_run_is_refused_while_the_edge_holds_the_provider(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """[runtime-concurrency] run_background refuses at once (no waiting) when the
     provider is busy, and returns the response when it is free."""
     config = node_config("ws://unused", ProviderConfig(id="m0", adapter="mock", latency_ms=1000))

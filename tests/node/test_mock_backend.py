@@ -51,9 +51,7 @@ async def served(nursery: trio.Nursery) -> AsyncIterator[Served]:
         yield Served(backend, client, base_url)
 
 
-async def wait_for_stats(
-    client: httpx.AsyncClient, done: Callable[[dict[str, int]], bool]
-) -> dict[str, int]:
+async def wait_for_stats(client: httpx.AsyncClient, done: Callable[[dict[str, int]], bool]) -> dict[str, int]:
     """Poll GET /stats until ``done(stats)``; the caller bounds it with ``trio.fail_after``."""
     while not done(stats := (await client.get("/stats")).json()):
         await trio.sleep(0.005)
@@ -100,19 +98,23 @@ def test_token_count_rejects_non_integers(bad: object) -> None:
 def test_chat_chunks_shape() -> None:
     chunks = list(mock_completion.chat_chunks("m", 3, id="chatcmpl-1", created=5))
     assert [c["choices"][0]["delta"] for c in chunks] == [
-        {"role": "assistant"}, {"content": "tok "}, {"content": "tok "}, {"content": "tok "}, {},
+        {"role": "assistant"},
+        {"content": "tok "},
+        {"content": "tok "},
+        {"content": "tok "},
+        {},
     ]
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 4 + ["length"]
     assert {(c["id"], c["object"], c["created"], c["model"]) for c in chunks} == {
         ("chatcmpl-1", "chat.completion.chunk", 5, "m")
     }
-    with_usage = list(
-        mock_completion.chat_chunks("m", 2, id="chatcmpl-1", created=5, include_usage=True)
-    )
+    with_usage = list(mock_completion.chat_chunks("m", 2, id="chatcmpl-1", created=5, include_usage=True))
     assert [c["usage"] for c in with_usage[:-1]] == [None] * 4
     assert with_usage[-1]["choices"] == []
     assert with_usage[-1]["usage"] == {
-        "prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2,
+        "prompt_tokens": 0,
+        "completion_tokens": 2,
+        "total_tokens": 2,
     }
 
 
@@ -124,7 +126,9 @@ def test_completion_and_ollama_shapes() -> None:
     assert [c["choices"][0]["text"] for c in chunks] == ["tok ", "tok ", ""]
     lines = list(mock_completion.ollama_chat_lines("m", 2, created_at="2024-01-01T00:00:00Z"))
     assert [(line["message"]["content"], line["done"]) for line in lines] == [
-        ("tok ", False), ("tok ", False), ("", True),
+        ("tok ", False),
+        ("tok ", False),
+        ("", True),
     ]
     assert lines[-1]["done_reason"] == "length" and lines[-1]["eval_count"] == 2
     whole = mock_completion.ollama_chat_response("m", 2, created_at="2024-01-01T00:00:00Z")
@@ -160,17 +164,13 @@ def http_scope(method: str, path: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/api/chat"])
-async def test_stream_pacing_on_virtual_time(
-    autojump_clock: trio.testing.MockClock, path: str
-) -> None:
+async def test_stream_pacing_on_virtual_time(autojump_clock: trio.testing.MockClock, path: str) -> None:
     """Headers after the latency, token k at latency + k/tps, the end with the last token."""
     backend = MockBackend(latency=0.2, tokens_per_second=10)
     fake = FakeASGIClient(json.dumps({"model": "m", "max_tokens": 3, "stream": True}).encode())
     start = trio.current_time()
     await backend.app(http_scope("POST", path), fake.receive, fake.send)
-    times = [
-        round(t - start, 6) for t, message in fake.sent if message["type"] == "http.response.body"
-    ]
+    times = [round(t - start, 6) for t, message in fake.sent if message["type"] == "http.response.body"]
     head = [0.2] if path == "/v1/chat/completions" else []  # the role chunk comes first
     assert times == [*head, 0.3, 0.4, 0.5, 0.5]
     assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 1}
@@ -242,7 +242,9 @@ async def test_chat_non_stream_shape(served: Served) -> None:
     assert body["object"] == "chat.completion" and body["model"] == "ornith:35b"
     assert body["id"].startswith("chatcmpl-")
     assert body["choices"][0]["message"] == {
-        "role": "assistant", "content": "tok " * 3, "refusal": None,
+        "role": "assistant",
+        "content": "tok " * 3,
+        "refusal": None,
     }
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 3
@@ -278,9 +280,7 @@ async def test_chat_stream_ends_with_done(served: Served, tokens_per_second: flo
 async def test_completion_stream_ends_with_done(served: Served) -> None:
     served.backend.tokens_per_second = 2000
     with trio.fail_after(TIMEOUT):
-        response = await served.client.post(
-            "/v1/completions", json={"model": "m", "max_tokens": 4, "stream": True}
-        )
+        response = await served.client.post("/v1/completions", json={"model": "m", "max_tokens": 4, "stream": True})
     events = sse_events(response.text)
     assert events[-1] == "[DONE]"
     texts = [json.loads(event)["choices"][0]["text"] for event in events[:-1]]
@@ -308,13 +308,14 @@ async def test_openai_client_parses_everything(served: Served) -> None:
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as sync_client:
             chunks = list(
                 sync_client.chat.completions.create(
-                    model="m", messages=messages, max_tokens=3, stream=True,
+                    model="m",
+                    messages=messages,
+                    max_tokens=3,
+                    stream=True,
                     stream_options={"include_usage": True},
                 )
             )
-            text_chunks = list(
-                sync_client.completions.create(model="m", prompt="x", max_tokens=2, stream=True)
-            )
+            text_chunks = list(sync_client.completions.create(model="m", prompt="x", max_tokens=2, stream=True))
         return chunks, text_chunks
 
     with trio.fail_after(TIMEOUT):
@@ -340,7 +341,9 @@ async def test_peak_in_flight_counts_concurrency_and_reset(served: Served) -> No
             assert stats == {"in_flight": 3, "peak_in_flight": 3, "total": 3}
             nursery.cancel_scope.cancel()  # the clients give up and close their connections
         assert await wait_for_stats(served.client, idle) == {
-            "in_flight": 0, "peak_in_flight": 3, "total": 3,
+            "in_flight": 0,
+            "peak_in_flight": 3,
+            "total": 3,
         }
         reset = await served.client.post("/stats/reset")
     assert reset.json() == {"in_flight": 0, "peak_in_flight": 0, "total": 0}
@@ -394,14 +397,13 @@ async def test_ollama_chat_stream_and_non_stream(served: Served) -> None:
     served.backend.tokens_per_second = 2000
     request = {"model": "qwen3:35b", "messages": [{"role": "user", "content": "hi"}]}
     with trio.fail_after(TIMEOUT):
-        default = await served.client.post(
-            "/api/chat", json=request | {"options": {"num_predict": 3}}
-        )
+        default = await served.client.post("/api/chat", json=request | {"options": {"num_predict": 3}})
         whole = await served.client.post("/api/chat", json=request | {"stream": False})
     assert default.headers["content-type"] == "application/x-ndjson"
     lines = [json.loads(line) for line in default.text.splitlines()]
     assert [(line["message"]["content"], line["done"]) for line in lines] == [
-        *[("tok ", False)] * 3, ("", True),
+        *[("tok ", False)] * 3,
+        ("", True),
     ]
     assert lines[-1]["model"] == "qwen3:35b"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", lines[-1]["created_at"])
@@ -418,9 +420,7 @@ async def test_ollama_chat_stream_and_non_stream(served: Served) -> None:
         ("/v1/chat/completions", b'{"max_tokens": "lots"}', "invalid_value"),
     ],
 )
-async def test_bad_request_is_400_with_openai_error(
-    served: Served, path: str, body: bytes, code: str
-) -> None:
+async def test_bad_request_is_400_with_openai_error(served: Served, path: str, body: bytes, code: str) -> None:
     with trio.fail_after(TIMEOUT):
         response = await served.client.post(path, content=body)
         stats = (await served.client.get("/stats")).json()
@@ -443,8 +443,21 @@ async def test_unknown_path_404_and_wrong_method_405(served: Served) -> None:
 
 async def test_cli_prints_bound_url_and_exits_on_sigterm() -> None:
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "iop_node.mock_backend", "--port", "0", "--latency-ms", "1",
-         "--tokens-per-second", "0", "--model", "a", "--model", "b"],
+        [
+            sys.executable,
+            "-m",
+            "iop_node.mock_backend",
+            "--port",
+            "0",
+            "--latency-ms",
+            "1",
+            "--tokens-per-second",
+            "0",
+            "--model",
+            "a",
+            "--model",
+            "b",
+        ],
         stderr=subprocess.PIPE,
     )
     try:

@@ -122,9 +122,7 @@ async def test_edge_close_cancels_every_run_of_the_connection(edge: FakeEdge, ba
     """Closing the connection cancels all its runs (two providers), closes their upstream
     requests and returns their permits; the node then reconnects."""
     backend.backend.tokens_per_second = 20
-    config = node_config(
-        edge.url, openai_provider(backend.port, "gpu0"), openai_provider(backend.port, "gpu1")
-    )
+    config = node_config(edge.url, openai_provider(backend.port, "gpu0"), openai_provider(backend.port, "gpu1"))
     with trio.fail_after(10):
         async with running_node(config) as node:
             conn = await edge.next_connection()
@@ -198,7 +196,11 @@ async def test_tunnel_streams_an_ollama_chat(edge: FakeEdge, backend: Backend) -
     with trio.fail_after(5):
         async with running_node(node_config(edge.url, provider)):
             conn = await edge.next_connection()
-            await conn.send(TunnelRequest.from_bytes("t1", "llm", "POST", "/api/chat", (("content-type", "application/json"),), body))
+            await conn.send(
+                TunnelRequest.from_bytes(
+                    "t1", "llm", "POST", "/api/chat", (("content-type", "application/json"),), body
+                )
+            )
             start, *chunks, end = await conn.receive_until_end("t1")
     assert isinstance(start, TunnelStart) and start.status == 200
     lines = b"".join(c.payload() for c in chunks).splitlines()
@@ -206,14 +208,14 @@ async def test_tunnel_streams_an_ollama_chat(edge: FakeEdge, backend: Backend) -
     assert end == TunnelEnd("t1", "ok")
 
 
-async def test_an_unexpected_adapter_error_ends_only_that_run(
-    edge: FakeEdge, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_an_unexpected_adapter_error_ends_only_that_run(edge: FakeEdge, monkeypatch: pytest.MonkeyPatch) -> None:
     """An exception the adapter did not map (a bug, an unexpected upstream shape) ends
     that run with upstream_error; the connection and the node go on."""
     original = MockAdapter.run
 
-    async def run(self: MockAdapter, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[dict[str, Any]]:
+    async def run(
+        self: MockAdapter, endpoint: str, body: dict[str, Any], *, stream: bool
+    ) -> AsyncIterator[dict[str, Any]]:
         if body.get("explode"):
             raise KeyError("choices")
         async with aclosing(original(self, endpoint, body, stream=stream)) as chunks:

@@ -59,7 +59,11 @@ def run_and_summarize(seeds: Iterable[int], *, trace: bool = False, out: TextIO 
             print(f"--- seed {seed} trace (hash {result.trace_hash})", file=out)
             print("\n".join(result.trace), file=out)
         if result.violations and out is not None:
-            print(f"seed {seed}: {len(result.violations)} violations (rerun: python -m tests.sim --first-seed {seed} --seeds 1 --trace)", file=out, flush=True)
+            print(
+                f"seed {seed}: {len(result.violations)} violations (rerun: python -m tests.sim --first-seed {seed} --seeds 1 --trace)",
+                file=out,
+                flush=True,
+            )
     if out is not None:
         print(summary.render(), file=out)
     return summary

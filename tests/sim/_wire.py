@@ -64,7 +64,12 @@ class Wire:
 class SimStream(trio.abc.Stream):
     """One end of a :class:`Wire`."""
 
-    def __init__(self, wire: Wire, side: str, inner: trio.StapledStream[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream]) -> None:
+    def __init__(
+        self,
+        wire: Wire,
+        side: str,
+        inner: trio.StapledStream[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream],
+    ) -> None:
         self.wire = wire
         self.side = side
         self.inner = inner

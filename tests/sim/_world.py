@@ -40,7 +40,16 @@ from iop_admission import LocalGate, ProviderKey
 from iop_edge import EdgeService
 from iop_edge._links import NodeLink
 from iop_edge.config import EdgeCandidate, EdgeConfig, EdgeModel, EdgeNode, EdgeProvider, ProviderPool
-from iop_node import EdgeClient, MockAdapter, UpstreamFailed, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
+from iop_node import (
+    EdgeClient,
+    MockAdapter,
+    UpstreamFailed,
+    NodeConfig,
+    NodeRuntime,
+    ProviderConfig,
+    ReconnectConfig,
+    RuntimeConfig,
+)
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, decode, encode
 
 from ._wire import EDGE, NODE, Wire
@@ -144,7 +153,9 @@ def edge_config(o: Overrides = Overrides()) -> EdgeConfig:
     models = tuple(
         EdgeModel(
             id=name,
-            candidates=tuple(EdgeCandidate(node=k.node_id, provider=k.provider_id, upstream_model="qwen3:35b") for k in keys),
+            candidates=tuple(
+                EdgeCandidate(node=k.node_id, provider=k.provider_id, upstream_model="qwen3:35b") for k in keys
+            ),
             long_context_threshold_tokens=LONG_THRESHOLD,
         )
         for name, keys in MODELS.items()
@@ -196,7 +207,12 @@ class RequestPlan:
 
     def body(self) -> bytes:
         content = "x" * (LONG_THRESHOLD * 4 + 40 if self.long else 40)
-        sim = {"latency": self.latency, "tps": self.tokens_per_second, "fail_after": self.fail_after_chunks, "hang": self.hang}
+        sim = {
+            "latency": self.latency,
+            "tps": self.tokens_per_second,
+            "fail_after": self.fail_after_chunks,
+            "hang": self.hang,
+        }
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": content}],
@@ -349,7 +365,9 @@ class World:
         self.upstream[key] += 1
         self.upstream_peak[key] = max(self.upstream_peak[key], self.upstream[key])
         if self.upstream[key] > PROVIDERS[key].capacity:
-            self.violation(f"backend {key}: {self.upstream[key]} concurrent upstream requests > capacity {PROVIDERS[key].capacity}")
+            self.violation(
+                f"backend {key}: {self.upstream[key]} concurrent upstream requests > capacity {PROVIDERS[key].capacity}"
+            )
 
     def upstream_exit(self, key: ProviderKey) -> None:
         self.upstream[key] -= 1
@@ -395,7 +413,9 @@ class World:
         incarnation = 0
         while not self.stopping:
             incarnation += 1
-            gate = LocalGate(limits={p.id: p.capacity for p in config.providers}, global_limit=config.runtime.concurrency)
+            gate = LocalGate(
+                limits={p.id: p.capacity for p in config.providers}, global_limit=config.runtime.concurrency
+            )
             adapters = {p.id: SimBackend(self, ProviderKey(node_id, p.id)) for p in config.providers}
             async with NodeRuntime(gate=gate, adapters=adapters) as runtime:  # type: ignore[arg-type]
                 client = EdgeClient(
@@ -694,7 +714,9 @@ class World:
         assert self.nursery is not None
         await self.nursery.start(self._stalled_subscriber, self.frng.randint(0, 4))
 
-    async def _stalled_subscriber(self, buffer: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _stalled_subscriber(
+        self, buffer: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         with trio.CancelScope() as scope:
             self.stall_scope = scope
             async with self.service.admission.subscribe(buffer=buffer):
@@ -710,7 +732,9 @@ class World:
     def apply(self, overrides: Overrides, why: str) -> None:
         """Refresh the Edge as a reload does (EdgeService.reload minus the file read)."""
         self.drain_ledger()
-        self.max_lease_id = max([self.max_lease_id, *(lease.id for lease in self.service.admission._core.live_leases())])
+        self.max_lease_id = max(
+            [self.max_lease_id, *(lease.id for lease in self.service.admission._core.live_leases())]
+        )
         config = edge_config(overrides)
         self.service.admission.refresh(config.pool_config())
         self.service.config = config
@@ -800,7 +824,9 @@ class World:
                     self.violation(f"{key} {name} = {getattr(s, name)} < 0")
             # [snapshot-source] queued is candidate pressure
             if (s.queued, s.long_queued) != (pressure[key], long_pressure[key]):
-                self.violation(f"{key} snapshot queued {s.queued}/{s.long_queued} != pressure {pressure[key]}/{long_pressure[key]}")
+                self.violation(
+                    f"{key} snapshot queued {s.queued}/{s.long_queued} != pressure {pressure[key]}/{long_pressure[key]}"
+                )
         for p in tuple(core._providers.values()):
             leases = list(p.leases.values())
             if p.in_flight != len(leases) or p.long_in_flight != sum(lease.long for lease in leases):
@@ -812,7 +838,9 @@ class World:
             if p.in_flight > p.capacity or p.long_in_flight > p.long_capacity:
                 late = [lease.id for lease in leases if lease.id > self.refresh_watermark]
                 if late:
-                    self.violation(f"{p.key} {p.in_flight}/{p.capacity} in flight with leases {late} granted after the last refresh")
+                    self.violation(
+                        f"{p.key} {p.in_flight}/{p.capacity} in flight with leases {late} granted after the last refresh"
+                    )
         for key, n in self.upstream.items():
             if n < 0 or n > PROVIDERS[key].capacity:
                 self.violation(f"backend {key} in flight {n}")
@@ -841,7 +869,9 @@ class World:
         if list(admission._core.live_leases()):
             self.violation("live leases left at the end")
         if self.ledger_granted != self.ledger_released:
-            self.violation(f"leases granted but never released: {sorted(self.ledger_granted - self.ledger_released)[:10]}")
+            self.violation(
+                f"leases granted but never released: {sorted(self.ledger_granted - self.ledger_released)[:10]}"
+            )
         for key, n in self.upstream.items():
             if n:
                 self.violation(f"backend {key}: {n} upstream requests left")

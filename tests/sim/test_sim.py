@@ -32,7 +32,9 @@ def test_ci_seeds_hold_every_invariant_and_hit_every_fault_site() -> None:
     summary = run_and_summarize(CI_SEEDS)
     print("\n" + summary.render())
     failed = [(r.seed, r.violations[:5]) for r in summary.failed_seeds]
-    assert not failed, f"seeds with violations (rerun: python -m tests.sim --first-seed SEED --seeds 1 --trace): {failed}"
+    assert not failed, (
+        f"seeds with violations (rerun: python -m tests.sim --first-seed SEED --seeds 1 --trace): {failed}"
+    )
     assert summary.steps > 0
     assert {site: summary.fired[site] for site in SITES if not summary.fired[site]} == {}
 

@@ -54,7 +54,9 @@ TAGS: dict[type[Any], str] = {
 }
 
 EXAMPLES: list[Any] = [
-    Register("node-a", "dev-token", PROTOCOL_VERSION, (ProviderInfo("gpu0", "openai", 1), ProviderInfo("cpu", "mock", 4))),
+    Register(
+        "node-a", "dev-token", PROTOCOL_VERSION, (ProviderInfo("gpu0", "openai", 1), ProviderInfo("cpu", "mock", 4))
+    ),
     Heartbeat(7),
     RunEvent("r1", {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"content": "héllo ✓"}}], "x": None}),
     RunEnd("r1", "ok"),
@@ -114,10 +116,18 @@ def test_encode_emits_optional_fields_as_null() -> None:
     [
         ('{"type":"run_end","run_id":"r","status":"ok"}', RunEnd("r", "ok")),
         ('{"type":"run_end","run_id":"r","status":"ok","code":null,"message":null}', RunEnd("r", "ok")),
-        ('{"type":"tunnel_end","run_id":"r","status":"cancelled","code":"cancelled"}', TunnelEnd("r", "cancelled", "cancelled")),
-        ('{"type":"tunnel_request","run_id":"t","provider":"p","method":"GET","path":"/v1/models"}',
-         TunnelRequest("t", "p", "GET", "/v1/models", (), "")),
-        ('{"path":"/","type":"tunnel_request","run_id":"t","provider":"p","method":"GET"}', TunnelRequest("t", "p", "GET", "/")),
+        (
+            '{"type":"tunnel_end","run_id":"r","status":"cancelled","code":"cancelled"}',
+            TunnelEnd("r", "cancelled", "cancelled"),
+        ),
+        (
+            '{"type":"tunnel_request","run_id":"t","provider":"p","method":"GET","path":"/v1/models"}',
+            TunnelRequest("t", "p", "GET", "/v1/models", (), ""),
+        ),
+        (
+            '{"path":"/","type":"tunnel_request","run_id":"t","provider":"p","method":"GET"}',
+            TunnelRequest("t", "p", "GET", "/"),
+        ),
     ],
 )
 def test_decode_accepts_missing_optional_fields(frame: str, expected: Any) -> None:
@@ -186,7 +196,10 @@ BAD_FRAMES = [
     (_register(providers=[{"id": "gpu0", "adapter": "openai"}]), "required field missing @ $.providers[0].capacity"),
     # extra field
     ('{"type":"cancel","run_id":"r","reason":"x"}', "invalid cancel message: extra fields found (reason) @ $"),
-    (_register(providers=[{"id": "g", "adapter": "a", "capacity": 1, "long": 2}]), "extra fields found (long) @ $.providers[0]"),
+    (
+        _register(providers=[{"id": "g", "adapter": "a", "capacity": 1, "long": 2}]),
+        "extra fields found (long) @ $.providers[0]",
+    ),
     # wrong types
     ('{"type":"cancel","run_id":5}', "expected a string, got integer @ $.run_id"),
     ('{"type":"cancel","run_id":null}', "expected a string, got null @ $.run_id"),
@@ -196,31 +209,65 @@ BAD_FRAMES = [
     (_register(protocol=False), "expected an integer, got boolean @ $.protocol"),
     (_register(providers="gpu0"), "expected an array, got string @ $.providers"),
     (_register(providers={"id": "g"}), "expected an array, got object @ $.providers"),
-    (_register(providers=[{"id": "g", "adapter": "a", "capacity": "1"}]), "expected an integer, got string @ $.providers[0].capacity"),
+    (
+        _register(providers=[{"id": "g", "adapter": "a", "capacity": "1"}]),
+        "expected an integer, got string @ $.providers[0].capacity",
+    ),
     (_register(token=None), "expected a string, got null @ $.token"),
-    ('{"type":"rejected","code":"duplicate","reason":"r","retryable":1}', "expected a boolean, got integer @ $.retryable"),
-    ('{"type":"rejected","code":"duplicate","reason":"r","retryable":"true"}', "expected a boolean, got string @ $.retryable"),
+    (
+        '{"type":"rejected","code":"duplicate","reason":"r","retryable":1}',
+        "expected a boolean, got integer @ $.retryable",
+    ),
+    (
+        '{"type":"rejected","code":"duplicate","reason":"r","retryable":"true"}',
+        "expected a boolean, got string @ $.retryable",
+    ),
     ('{"type":"run_event","run_id":"r","data":[1]}', "expected an object, got array @ $.data"),
     ('{"type":"run_event","run_id":"r","data":"{}"}', "expected an object, got string @ $.data"),
-    ('{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":null,"stream":false}', "expected an object, got null @ $.body"),
-    ('{"type":"run_end","run_id":"r","status":"error","code":"upstream_error","upstream_status":"502"}',
-     "expected an integer, got string @ $.upstream_status"),
+    (
+        '{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":null,"stream":false}',
+        "expected an object, got null @ $.body",
+    ),
+    (
+        '{"type":"run_end","run_id":"r","status":"error","code":"upstream_error","upstream_status":"502"}',
+        "expected an integer, got string @ $.upstream_status",
+    ),
     ('{"type":"run_end","run_id":"r","status":"ok","message":7}', "expected a string, got integer @ $.message"),
-    ('{"type":"tunnel_start","run_id":"t","status":200,"headers":[["a","b","c"]]}', "expected an array of 2 items, got 3 @ $.headers[0]"),
-    ('{"type":"tunnel_start","run_id":"t","status":200,"headers":["ab"]}', "expected an array, got string @ $.headers[0]"),
-    ('{"type":"tunnel_start","run_id":"t","status":200,"headers":[["a",1]]}', "expected a string, got integer @ $.headers[0][1]"),
-    ('{"type":"tunnel_start","run_id":"t","status":200,"headers":{"a":"b"}}', "expected an array, got object @ $.headers"),
+    (
+        '{"type":"tunnel_start","run_id":"t","status":200,"headers":[["a","b","c"]]}',
+        "expected an array of 2 items, got 3 @ $.headers[0]",
+    ),
+    (
+        '{"type":"tunnel_start","run_id":"t","status":200,"headers":["ab"]}',
+        "expected an array, got string @ $.headers[0]",
+    ),
+    (
+        '{"type":"tunnel_start","run_id":"t","status":200,"headers":[["a",1]]}',
+        "expected a string, got integer @ $.headers[0][1]",
+    ),
+    (
+        '{"type":"tunnel_start","run_id":"t","status":200,"headers":{"a":"b"}}',
+        "expected an array, got object @ $.headers",
+    ),
     ('{"type":"tunnel_chunk","run_id":"t","data":null}', "expected a string, got null @ $.data"),
     # value rules
     ('{"type":"run_end","run_id":"r","status":"error"}', "code is required when status is 'error'"),
     ('{"type":"run_end","run_id":"r","status":"cancelled"}', "code is required when status is 'cancelled'"),
     ('{"type":"run_end","run_id":"r","status":"ok","code":"bad_request"}', "code must be omitted when status is 'ok'"),
     ('{"type":"run_end","run_id":"r","status":"error","code":"oops"}', "code must be one of concurrency_limit"),
-    ('{"type":"run_end","run_id":"r","status":"cancelled","code":"upstream_error"}', "code must be 'cancelled' when status is 'cancelled'"),
+    (
+        '{"type":"run_end","run_id":"r","status":"cancelled","code":"upstream_error"}',
+        "code must be 'cancelled' when status is 'cancelled'",
+    ),
     ('{"type":"run_end","run_id":"r","status":"done"}', "status must be one of ok, error, cancelled; got 'done'"),
-    ('{"type":"tunnel_end","run_id":"r","status":"error"}', "invalid tunnel_end message: code is required when status is 'error'"),
-    ('{"type":"run","run_id":"r","provider":"p","endpoint":"embeddings","body":{},"stream":false}',
-     "endpoint must be one of chat/completions, completions; got 'embeddings'"),
+    (
+        '{"type":"tunnel_end","run_id":"r","status":"error"}',
+        "invalid tunnel_end message: code is required when status is 'error'",
+    ),
+    (
+        '{"type":"run","run_id":"r","provider":"p","endpoint":"embeddings","body":{},"stream":false}',
+        "endpoint must be one of chat/completions, completions; got 'embeddings'",
+    ),
     ('{"type":"rejected","code":"nope","reason":"r","retryable":false}', "code must be one of bad_token"),
 ]
 

@@ -75,7 +75,9 @@ messages: st.SearchStrategy[Any] = st.one_of(
     ends(TunnelEnd),
     st.builds(Registered, node_id=texts, generation=ints, heartbeat_interval_ms=ints),
     st.builds(Rejected, code=st.sampled_from(REJECT_CODES), reason=texts, retryable=st.booleans()),
-    st.builds(Run, run_id=texts, provider=texts, endpoint=st.sampled_from(ENDPOINTS), body=json_objects, stream=st.booleans()),
+    st.builds(
+        Run, run_id=texts, provider=texts, endpoint=st.sampled_from(ENDPOINTS), body=json_objects, stream=st.booleans()
+    ),
     st.builds(Cancel, run_id=texts),
     st.builds(
         TunnelRequest.from_bytes,
@@ -96,8 +98,20 @@ def decode_or_error(data: str | bytes, **kwargs: Any) -> Message | ProtocolError
     except ProtocolError as exc:
         assert exc.reason
         return exc
-    assert type(message) in {Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd,
-                             Registered, Rejected, Run, Cancel, TunnelRequest}
+    assert type(message) in {
+        Register,
+        Heartbeat,
+        RunEvent,
+        RunEnd,
+        TunnelStart,
+        TunnelChunk,
+        TunnelEnd,
+        Registered,
+        Rejected,
+        Run,
+        Cancel,
+        TunnelRequest,
+    }
     return message
 
 
