@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python -m iop_edge.local_stack
+	$(BIN)/iop-stack
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -392,9 +392,7 @@ async def _main(runs: int, with_peers: bool, workdir: pathlib.Path) -> dict[str,
     daemons: list[Daemon] = []
     loadgen: LoadGenerator | None = None
     try:
-        backend = Daemon(
-            "mock-backend", _python("-m", "iop_node.mock_backend", "--port", "0", "--latency-ms", "0"), workdir
-        )
+        backend = Daemon("mock-backend", _python("-m", "iop_mock", "--port", "0", "--latency-ms", "0"), workdir)
         daemons.append(backend)
         backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
         (workdir / "edge.yaml").write_text(EDGE_YAML)

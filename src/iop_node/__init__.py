@@ -18,7 +18,7 @@ from ._errors import (
     UpstreamFailed,
     UpstreamUnreachable,
 )
-from ._mock import MockAdapter
+from ._mock_adapter import MockAdapter
 from ._ollama import OllamaAdapter
 from ._openai import OpenAIAdapter
 from ._runtime import NodeRuntime, build_adapter

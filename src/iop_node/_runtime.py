@@ -27,7 +27,7 @@ from iop_admission import LocalGate, Permit
 
 from ._adapter import Adapter
 from ._errors import BadRunRequest, UpstreamFailed
-from ._mock import MockAdapter
+from ._mock_adapter import MockAdapter
 from ._ollama import OllamaAdapter
 from ._openai import OpenAIAdapter
 from .config import NodeConfig, ProviderConfig

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import pathlib
 import textwrap
 
@@ -13,7 +14,7 @@ from iop_admission._config import validate_pool
 from iop_config import ConfigFileError
 from iop_edge.config import EdgeConfig, HostPort, load_edge_config, parse_host_port
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "edge.yaml"
+EXAMPLE = importlib.resources.files("iop_stack") / "examples" / "edge.yaml"
 GPU0 = ProviderKey("node-a", "gpu0")
 GPU1 = ProviderKey("node-a", "gpu1")
 
@@ -67,8 +68,9 @@ def edit(old: str, new: str, text: str = BASE) -> str:
 
 
 def test_example_edge_yaml_maps_to_a_valid_pool_config() -> None:
-    """examples/edge.yaml: the local stack of DESIGN section 5, [cross-model-tests] models."""
-    config = load_edge_config(EXAMPLE)
+    """iop-stack's packaged edge.yaml: the local stack's pool, [cross-model-tests] models."""
+    with importlib.resources.as_file(EXAMPLE) as path:
+        config = load_edge_config(path)
     pool = config.pool_config()
     validate_pool(pool)
     assert pool.policy == QueuePolicy(max_queue=64, queue_timeout=30.0)

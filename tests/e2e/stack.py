@@ -289,12 +289,12 @@ class Stack:
         return daemon
 
     async def start_backend(self, *, latency_ms: float = 200, tokens_per_second: float = 0) -> Daemon:
-        """Start ``iop_node.mock_backend`` on port 0 and wait for its ready line."""
+        """Start ``iop_mock`` (the mock backend) on port 0 and wait for its ready line."""
         daemon = await self.spawn(
             "backend",
             [
                 "-m",
-                "iop_node.mock_backend",
+                "iop_mock",
                 "--port",
                 "0",
                 "--latency-ms",

@@ -9,7 +9,7 @@ drives it with either
   gets an answer, when the node goes silent and how its socket ends; or
 - a real in-process Node (:func:`real_node`): ``iop_node.EdgeClient`` +
   ``NodeRuntime`` with ``adapter: mock`` providers or the ``openai`` adapter in
-  front of an in-process :class:`~iop_node.mock_backend.MockBackend`.
+  front of an in-process :class:`~iop_mock.MockBackend`.
 
 The config is the shared-provider layout of [cross-model-tests]: model keys
 ``ornith:35b`` and ``ornith-fast`` both on the capacity-1 provider

@@ -28,7 +28,7 @@ from edge_harness import (
     sse_events,
 )
 from iop_node import ProviderConfig
-from iop_node.mock_backend import MockBackend, serve_mock_backend
+from iop_mock import MockBackend, serve_mock_backend
 from iop_wire import Cancel, RunEnd, RunEvent
 
 

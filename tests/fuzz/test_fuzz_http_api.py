@@ -19,7 +19,7 @@ import trio
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from iop_node.mock_completion import MAX_TOKENS_LIMIT
+from iop_mock.completion import MAX_TOKENS_LIMIT
 
 from .fuzz_harness import HEALTHY_MODEL, MAX_BODY_BYTES, EdgeThread, assert_healthy, json_values
 

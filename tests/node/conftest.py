@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-from iop_node.mock_backend import MockBackend, serve_mock_backend
+from iop_mock import MockBackend, serve_mock_backend
 from node_harness import Backend, FakeEdge
 
 

@@ -16,7 +16,7 @@ import attrs
 import trio
 import trio.testing
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
-from iop_node.mock_backend import MockBackend
+from iop_mock import MockBackend
 from iop_wire import Message, Register, Registered, Rejected, decode, encode
 from trio_websocket import (
     CloseReason,

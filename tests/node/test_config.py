@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.resources
 from pathlib import Path
 
 import pytest
+
 from iop_config import ConfigFileError, load_config_text
 from iop_node import NodeConfig, load_node_config
 
@@ -35,9 +37,10 @@ def test_the_contract_example_loads_with_defaults() -> None:
     assert "dev-token" not in repr(config)
 
 
-def test_examples_node_yaml_loads() -> None:
-    path = Path(__file__).parents[2] / "examples" / "node.yaml"
-    assert load_node_config(path).providers[0].id == "gpu0"
+def test_example_node_yaml_loads() -> None:
+    """The Node config iop-stack ships as package data."""
+    with importlib.resources.as_file(importlib.resources.files("iop_stack") / "examples" / "node.yaml") as path:
+        assert load_node_config(path).providers[0].id == "gpu0"
 
 
 def test_unknown_key_names_file_line_and_path() -> None:

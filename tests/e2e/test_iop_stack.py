@@ -1,4 +1,4 @@
-"""``make run``: ``python -m iop_edge.local_stack`` with copies of the example configs.
+"""``make run``: ``iop-stack`` (``python -m iop_stack``) with copies of its packaged example configs.
 
 The examples use fixed ports (8080, 8081, 9100); the test rewrites copies to free ports
 and passes them with ``--edge-config``/``--node-config``/``--backend-port``, so the
@@ -7,6 +7,7 @@ example files themselves are what gets started.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import httpx
 import pytest
 import trio
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = importlib.resources.files("iop_stack") / "examples"
 CURL = re.compile(r"curl -N (\S+) -H '[^']*' \\\n\s*-d ('[^\n]*')")
 
 
@@ -88,7 +89,7 @@ async def test_make_run_local_stack_serves_printed_request_and_stops(tmp_path: P
             [
                 sys.executable,
                 "-m",
-                "iop_edge.local_stack",
+                "iop_stack",
                 "--edge-config",
                 str(edge_yaml),
                 "--node-config",

@@ -1,7 +1,7 @@
 """The ``mock`` adapter: an in-process fake backend, no HTTP.
 
 It emits ``max_tokens`` (default 16) tokens built by
-:mod:`iop_node.mock_completion`, after ``latency_ms`` and at
+:mod:`iop_mock.completion`, after ``latency_ms`` and at
 ``tokens_per_second`` (0: no delay). ``fail_after_chunks`` is a fault knob for
 simulations: after that many chunks the run fails with ``upstream_error``.
 Tunnel requests are answered in-process too: ``POST /v1/chat/completions``,
@@ -21,7 +21,7 @@ from typing import Any, final
 import attrs
 import trio
 
-from . import mock_completion
+from iop_mock import completion as mock_completion
 from ._adapter import TunnelHead, check_endpoint
 from ._errors import BadRunRequest, UpstreamFailed
 from .config import ProviderConfig

@@ -22,8 +22,8 @@ import pytest
 import trio
 import trio.testing
 
-from iop_node import mock_completion
-from iop_node.mock_backend import MockBackend, main, serve_mock_backend
+from iop_mock import completion as mock_completion
+from iop_mock import MockBackend, main, serve_mock_backend
 
 TIMEOUT = 10.0
 
@@ -446,7 +446,7 @@ async def test_cli_prints_bound_url_and_exits_on_sigterm() -> None:
         [
             sys.executable,
             "-m",
-            "iop_node.mock_backend",
+            "iop_mock",
             "--port",
             "0",
             "--latency-ms",

@@ -45,7 +45,7 @@ import hypercorn
 import hypercorn.trio
 import trio
 
-from iop_node import mock_completion
+from . import completion as mock_completion
 
 __all__ = ["MockBackend", "main", "serve_mock_backend"]
 
