@@ -19,10 +19,11 @@ import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, Protocol, final
 
 import trio
 from iop_admission import (
+    Admission,
     AdmissionError,
     LeaseRevoked,
     ModelNotFound,
@@ -32,10 +33,9 @@ from iop_admission import (
 )
 from iop_wire import Run, RunEnd, RunEvent
 
-from ._links import NodeGone, RunMessage
-
-if TYPE_CHECKING:
-    from ._service import EdgeService
+from ._links import NodeGone, NodeRegistry, RunMessage
+from .config import EdgeConfig
+from .metrics import EdgeMetrics
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -43,6 +43,32 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+class EdgeParts(Protocol):
+    """What :class:`EdgeAPI` uses of the Edge; :class:`~iop_edge.EdgeService` is one.
+
+    The API depends on this and not on the service, so the import arrow runs
+    one way (the service builds the API). ``config`` is read on every request:
+    a reload replaces it.
+    """
+
+    @property
+    def config(self) -> EdgeConfig: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def metrics(self) -> EdgeMetrics: ...
+    @property
+    def registry(self) -> NodeRegistry: ...
+    def status(self) -> dict[str, Any]:
+        """The ``/status`` body."""
+        ...
+
+    def reload(self) -> list[str]:
+        """Re-read and apply the config file; every error (empty: applied)."""
+        ...
+
 
 CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
@@ -181,9 +207,9 @@ class Responder:
 
 @final
 class EdgeAPI:
-    """The ASGI application of one :class:`~iop_edge.EdgeService`."""
+    """The ASGI application of one Edge (its :class:`EdgeParts`)."""
 
-    def __init__(self, service: EdgeService) -> None:
+    def __init__(self, service: EdgeParts) -> None:
         self.service = service
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Responder], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
