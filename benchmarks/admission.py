@@ -7,6 +7,10 @@
 3. Scaling: one release + re-evaluation (and the request that refills the
    queue) with 10, 1,000 and 10,000 waiters spread over 50 model groups and 20
    providers, on the sans-I/O core.
+4. Candidate choice [candidate-choice-scale]: one admission cycle (grant and
+   release) on a model key with 10,000 candidates, half of them partly loaded,
+   vs a model key with 1 candidate: ``async with admission.lease(...)`` and the
+   core's ``request`` + ``release`` alone.
 
 Each figure is the median of ``--runs`` runs (default 5). Run with
 ``python -m benchmarks admission``.
@@ -103,6 +107,48 @@ def _contended(use_lease: bool, tasks: int, cycles: int) -> float:
     return trio.run(main)
 
 
+# ------------------------------------------------------------- candidate choice
+
+
+def _fleet(candidates: int) -> Admission:
+    """A model key ``m`` over ``candidates`` providers (one per node), half of them partly loaded."""
+    keys = [ProviderKey(f"node-{i}", "gpu0") for i in range(candidates)]
+    admission = Admission(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=1_000, queue_timeout=3600.0),
+            providers={k: ProviderSpec(capacity=4, long_context_capacity=1) for k in keys},
+            models={"m": ModelGroup(tuple(keys))},
+        )
+    )
+    for k in keys:
+        admission.connect(k.node_id)
+    rng = random.Random(3)
+    for k in rng.sample(keys, candidates // 2):
+        for _ in range(rng.randint(1, 3)):
+            admission._core._grant(admission._core._providers[k], "m", False)
+    return admission
+
+
+def _choice_cycle(candidates: int, n: int, core_only: bool) -> float:
+    admission = _fleet(candidates)
+    core = admission._core
+
+    async def main() -> float:
+        t0 = time.perf_counter()
+        if core_only:
+            for _ in range(n):
+                lease = core.request("m", False, 0.0)
+                assert isinstance(lease, Lease)
+                core.release(lease)
+        else:
+            for _ in range(n):
+                async with admission.lease("m"):
+                    pass
+        return (time.perf_counter() - t0) / n
+
+    return trio.run(main)
+
+
 # ---------------------------------------------------------------------- scaling
 
 
@@ -163,6 +209,11 @@ def run(runs: int = 5) -> dict[str, object]:
     c_lease = _median(lambda: _contended(True, 100, 100), runs)
     c_limiter = _median(lambda: _contended(False, 100, 100), runs)
     scaling = {w: _median(lambda w=w: _scaling(w, 20_000), runs) for w in (10, 1_000, 10_000)}
+    choice = {
+        (c, core_only): _median(lambda c=c, k=core_only: _choice_cycle(c, n, k), runs)
+        for c in (1, 10_000)
+        for core_only in (False, True)
+    }
     return {
         "uncontended": {
             "lease_us": lease * 1e6,
@@ -182,6 +233,13 @@ def run(runs: int = 5) -> dict[str, object]:
             "ratio_10000_vs_10": scaling[10_000] / scaling[10],
             "target": "<= 3x",
         },
+        "choice": {
+            "lease_us": {"1": choice[1, False] * 1e6, "10000": choice[10_000, False] * 1e6},
+            "core_us": {"1": choice[1, True] * 1e6, "10000": choice[10_000, True] * 1e6},
+            "lease_ratio": choice[10_000, False] / choice[1, False],
+            "core_ratio": choice[10_000, True] / choice[1, True],
+            "target": "<= 1.2x",
+        },
         "runs": runs,
     }
 
@@ -191,7 +249,8 @@ def table(result: dict[str, object]) -> str:
     u = result["uncontended"]
     c = result["contended"]
     s = result["scaling"]
-    assert isinstance(u, dict) and isinstance(c, dict) and isinstance(s, dict)
+    ch = result["choice"]
+    assert isinstance(u, dict) and isinstance(c, dict) and isinstance(s, dict) and isinstance(ch, dict)
     rel = s["release_us"]
     lines = [
         "| benchmark | ours | reference | ratio | target |",
@@ -202,5 +261,9 @@ def table(result: dict[str, object]) -> str:
         f"{c['limiter_us']:.2f} µs/cycle | {c['ratio']:.2f}x | <= 3x |",
         f"| release + re-evaluation, 10 / 1,000 / 10,000 waiters | {rel['10']:.2f} / {rel['1000']:.2f} "
         f"/ {rel['10000']:.2f} µs | 10 waiters | {s['ratio_10000_vs_10']:.2f}x | <= 3x |",
+        f"| lease cycle, model key with 10,000 candidates | {ch['lease_us']['10000']:.2f} µs | 1 candidate "
+        f"{ch['lease_us']['1']:.2f} µs | {ch['lease_ratio']:.2f}x | <= 1.2x |",
+        f"| core request + release, 10,000 candidates | {ch['core_us']['10000']:.2f} µs | 1 candidate "
+        f"{ch['core_us']['1']:.2f} µs | {ch['core_ratio']:.2f}x | <= 1.2x |",
     ]
     return "\n".join(lines)

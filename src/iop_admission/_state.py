@@ -21,16 +21,27 @@ Why it is built this way:
   candidate. A newcomer is therefore granted only a provider no earlier waiter
   could use -- it never overtakes.
 
-* **Global arrival order without scanning.** Each provider indexes the waiters
-  that list it, normal and long separately, in arrival order. Arrival numbers
-  only grow, so each index is a FIFO deque with lazy deletion; a waiter that
-  leaves (granted elsewhere, cancelled, failed) is skipped when it reaches the
-  front, and a deque is compacted when its dead entries outnumber its live
-  ones. After a release on provider P the earliest waiter that can use P is
-  the earlier of P's two index heads (the long head only when P has a free long
-  slot), so one release costs O(1) amortised, independent of queue length.
-  A long waiter blocked on long slots is simply not looked at: the normal
-  waiter behind it runs (no head-of-line blocking) [cross-group-wakeup].
+* **Global arrival order without scanning.** Each model group keeps its
+  waiters, normal and long separately, in arrival order. Arrival numbers only
+  grow, so each is a FIFO deque with lazy deletion; a waiter that leaves
+  (granted, cancelled, failed) is skipped when it reaches the front, and a
+  deque is compacted when its dead entries outnumber its live ones. Waiters of
+  one group share their candidates, so when a head cannot run, nobody behind
+  it can. After a release on provider P the next waiter is the earliest head,
+  over the groups listing P, that has a dispatchable candidate (the long head
+  only when a long slot is free): one release costs O(groups of P),
+  independent of queue length. A long waiter blocked on long slots is simply
+  not looked at: the normal waiter behind it runs (no head-of-line blocking)
+  [cross-group-wakeup].
+
+* **Candidate choice is indexed** [candidate-choice-scale]. The rule --
+  highest priority, then lowest ``in_flight / capacity``, then candidate
+  order -- is kept per model group as a heap of dispatchable candidates with
+  lazy deletion (see :class:`_Group`); a change of a provider's load,
+  eligibility or spec re-enters it in every group listing it, O(log n) each
+  (:meth:`_Provider.reindex`). Choosing costs the same with one candidate or
+  ten thousand. Whoever changes what makes a provider eligible or loaded must
+  call ``reindex`` afterwards.
 
 * **Generations fence.** ``connect`` starts a new generation of a node;
   ``disconnect`` with the current generation takes the node offline and
@@ -41,7 +52,9 @@ Why it is built this way:
 from __future__ import annotations
 
 import itertools
+import struct
 from collections import deque
+from heapq import heapify, heappop, heappush, heapreplace
 from collections.abc import Iterable, Iterator
 from typing import final
 
@@ -58,7 +71,23 @@ TIMED_OUT = "timed_out"  # expired by AdmissionState.expire()
 
 # A deque is compacted once it holds more than this many dead entries and more
 # dead than live ones; the rebuild is paid for by the removals that made them.
+# A choice heap is rebuilt once it holds more than twice its candidates plus this.
 _COMPACT_MIN = 64
+
+# Stamps of provider changes; an index entry is fresh while its stamp is the provider's.
+_STAMPS = itertools.count(1)
+
+# A choice index entry is one int, so the heap compares ints, not tuples:
+#   -priority | bits of in_flight / capacity | candidate position | stamp
+# The bits of a non-negative double sort like the double, so the int sorts like
+# the tuple (-priority, load, position) of the rule.
+_FLOAT = struct.Struct(">d")
+_STAMP_BITS = 64
+_POSITION_BITS = 32
+_LOAD_SHIFT = _STAMP_BITS + _POSITION_BITS
+_PRIORITY_SHIFT = _LOAD_SHIFT + 64
+_STAMP_MASK = (1 << _STAMP_BITS) - 1
+_POSITION_MASK = (1 << _POSITION_BITS) - 1
 
 
 @final
@@ -146,7 +175,7 @@ class Waiter:
         "error",
         "token",
         "_candidates",
-        "_indexed",
+        "_group",
     )
 
     def __init__(self, seq: int, model: str, long: bool, now: float, deadline: float) -> None:
@@ -160,7 +189,7 @@ class Waiter:
         self.error: AdmissionError | None = None
         self.token: object = None
         self._candidates: tuple[_Provider, ...] = ()
-        self._indexed: tuple[_Provider, ...] = ()  # providers whose index holds us
+        self._group: _Group | None = None  # the model group whose deque holds us while queued
 
     @property
     def candidates(self) -> tuple[ProviderKey, ...]:
@@ -226,6 +255,131 @@ class _Node:
         self.providers: list[_Provider] = []  # configured and retired-with-leases
 
 
+class _Group:
+    """One model key: its candidates, their choice index, and its queued waiters.
+
+    The choice index is one heap per kind (normal, long) of entries
+    ``(-priority, in_flight / capacity, candidate position, stamp)``, packed
+    into one int (see ``_PRIORITY_SHIFT``), pushed for a candidate that was dispatchable (of that kind) when its stamp
+    was issued. Each change of a provider's load, eligibility or spec issues a
+    new stamp and pushes fresh entries, O(log n); an entry whose stamp is not its
+    provider's current one is stale and is popped when it reaches the top. So
+    the top fresh entry is the rule's choice -- highest priority, then lowest
+    load, then candidate order -- whatever the number of candidates. A heap
+    holding more than twice its candidates (plus a margin) in entries is rebuilt
+    from its fresh ones, paid for by the pushes that made it grow.
+
+    Waiters of a group share its candidates, so they wait in two FIFO deques
+    (normal, long) in arrival order, with lazy deletion like the heaps.
+    """
+
+    __slots__ = (
+        "name",
+        "providers",
+        "heap",
+        "long_heap",
+        "eligible",
+        "long_eligible",
+        "normal",
+        "long",
+        "normal_live",
+        "long_live",
+        "normal_dead",
+        "long_dead",
+    )
+
+    def __init__(self, name: str, providers: tuple[_Provider, ...]) -> None:
+        self.name = name
+        self.providers = providers
+        self.heap: list[int] = []
+        self.long_heap: list[int] = []
+        self.eligible = 0  # eligible candidates
+        self.long_eligible = 0  # eligible candidates with a long capacity >= 1
+        self.normal: deque[Waiter] = deque()
+        self.long: deque[Waiter] = deque()
+        self.normal_live = self.long_live = 0
+        self.normal_dead = self.long_dead = 0
+
+    # ---------------------------------------------------------------- choice
+
+    def best(self, long: bool) -> _Provider | None:
+        """The candidate the rule picks for a request of this kind; None if none is dispatchable."""
+        heap = self.long_heap if long else self.heap
+        providers = self.providers
+        while heap:
+            entry = heap[0]
+            p = providers[(entry >> _STAMP_BITS) & _POSITION_MASK]
+            if entry & _STAMP_MASK == p.stamp:
+                return p
+            heappop(heap)
+        return None
+
+    def push(self, entry: int, position: int, long: bool) -> None:
+        """Enter a fresh entry; it replaces the top when the top is the same candidate's."""
+        heap = self.long_heap if long else self.heap
+        if heap and (heap[0] >> _STAMP_BITS) & _POSITION_MASK == position:
+            heapreplace(heap, entry)  # the usual grant: the chosen provider took load
+            return
+        heappush(heap, entry)
+        if len(heap) > 2 * len(self.providers) + _COMPACT_MIN:
+            providers = self.providers
+            heap[:] = [e for e in heap if e & _STAMP_MASK == providers[(e >> _STAMP_BITS) & _POSITION_MASK].stamp]
+            heapify(heap)
+
+    def drop_top(self, position: int, long_only: bool) -> None:
+        """Pop the candidate's top entries that just went stale (it is no longer dispatchable)."""
+        for heap in (self.long_heap,) if long_only else (self.heap, self.long_heap):
+            if heap and (heap[0] >> _STAMP_BITS) & _POSITION_MASK == position:
+                heappop(heap)
+
+    def could_run(self, long: bool) -> bool:
+        """Whether some candidate could ever run a request of this kind without a config change."""
+        return (self.long_eligible if long else self.eligible) > 0
+
+    # --------------------------------------------------------------- waiters
+
+    def enqueue(self, waiter: Waiter) -> None:
+        waiter._group = self
+        if waiter.long:
+            self.long.append(waiter)
+            self.long_live += 1
+        else:
+            self.normal.append(waiter)
+            self.normal_live += 1
+
+    def head(self, long: bool) -> Waiter | None:
+        """Earliest live waiter of one kind, dropping dead entries from the front."""
+        q = self.long if long else self.normal
+        while q:
+            w = q[0]
+            if w.state is QUEUED:
+                return w
+            q.popleft()
+            if long:
+                self.long_dead -= 1
+            else:
+                self.normal_dead -= 1
+        return None
+
+    def live(self, long: bool) -> list[Waiter]:
+        return [w for w in (self.long if long else self.normal) if w.state is QUEUED]
+
+    def forget(self, waiter: Waiter) -> None:
+        """Account for a waiter that left; compact its deque if mostly dead."""
+        if waiter.long:
+            self.long_live -= 1
+            self.long_dead += 1
+            if self.long_dead > _COMPACT_MIN and self.long_dead > self.long_live:
+                self.long = deque(self.live(True))
+                self.long_dead = 0
+        else:
+            self.normal_live -= 1
+            self.normal_dead += 1
+            if self.normal_dead > _COMPACT_MIN and self.normal_dead > self.normal_live:
+                self.normal = deque(self.live(False))
+                self.normal_dead = 0
+
+
 class _Provider:
     """Lease state of one provider key, shared by every model group."""
 
@@ -241,12 +395,10 @@ class _Provider:
         "in_flight",
         "long_in_flight",
         "leases",
-        "normal",
-        "long",
-        "normal_dead",
-        "long_dead",
-        "queued",
-        "long_queued",
+        "groups",
+        "stamp",
+        "counted",
+        "long_counted",
     )
 
     def __init__(self, key: ProviderKey, node: _Node, spec: ProviderSpec) -> None:
@@ -255,12 +407,10 @@ class _Provider:
         self.in_flight = 0
         self.long_in_flight = 0
         self.leases: dict[int, Lease] = {}
-        self.normal: deque[Waiter] = deque()
-        self.long: deque[Waiter] = deque()
-        self.normal_dead = 0
-        self.long_dead = 0
-        self.queued = 0  # live waiters indexed here (normal + long)
-        self.long_queued = 0
+        self.groups: list[tuple[_Group, int]] = []  # (model group, position among its candidates)
+        self.stamp = 0
+        self.counted = False  # counted in its groups' ``eligible``
+        self.long_counted = False  # counted in its groups' ``long_eligible``
         self.configured = True
         self.eligible = False
         self.set_spec(spec)
@@ -273,42 +423,46 @@ class _Provider:
 
     def update_eligibility(self) -> None:
         self.eligible = self.configured and self.spec.enabled and self.node.connected
+        self.reindex()
 
-    def head(self, long: bool) -> Waiter | None:
-        """Earliest live waiter of one index, dropping dead entries from the front."""
-        q = self.long if long else self.normal
-        while q:
-            w = q[0]
-            if w.state is QUEUED:
-                return w
-            q.popleft()
-            if long:
-                self.long_dead -= 1
+    def reindex(self) -> None:
+        """Re-enter the choice index of every group listing this provider.
+
+        Call after any change of its load, eligibility or spec: O(groups x log n).
+        """
+        self.stamp = stamp = next(_STAMPS)
+        eligible = self.eligible
+        long_eligible = eligible and self.long_capacity >= 1
+        if eligible != self.counted or long_eligible != self.long_counted:
+            step, long_step = eligible - self.counted, long_eligible - self.long_counted
+            for g, _ in self.groups:
+                g.eligible += step
+                g.long_eligible += long_step
+            self.counted, self.long_counted = eligible, long_eligible
+        if not eligible or self.in_flight >= self.capacity:
+            for g, position in self.groups:
+                g.drop_top(position, False)
+            return
+        load = int.from_bytes(_FLOAT.pack(self.in_flight / self.capacity), "big")
+        rank = (-self.priority << _PRIORITY_SHIFT) + (load << _LOAD_SHIFT) + stamp
+        long_room = self.long_in_flight < self.long_capacity
+        for g, position in self.groups:
+            entry = rank + (position << _STAMP_BITS)
+            g.push(entry, position, False)
+            if long_room:
+                g.push(entry, position, True)
             else:
-                self.normal_dead -= 1
-        return None
+                g.drop_top(position, True)
 
-    def forget(self, waiter: Waiter) -> None:
-        """Account for a waiter that left; compact the index if mostly dead."""
-        self.queued -= 1
-        if waiter.long:
-            self.long_queued -= 1
-            self.long_dead += 1
-            if self.long_dead > _COMPACT_MIN and self.long_dead > self.long_queued:
-                self.long = deque(w for w in self.long if w.state is QUEUED)
-                self.long_dead = 0
-        else:
-            self.normal_dead += 1
-            live = self.queued - self.long_queued
-            if self.normal_dead > _COMPACT_MIN and self.normal_dead > live:
-                self.normal = deque(w for w in self.normal if w.state is QUEUED)
-                self.normal_dead = 0
-
-    def clear_index(self) -> None:
-        self.normal.clear()
-        self.long.clear()
-        self.normal_dead = self.long_dead = 0
-        self.queued = self.long_queued = 0
+    def queued(self) -> tuple[int, int]:
+        """Candidate pressure: (waiters that could run here, of which long)."""
+        normal = long = 0
+        for g, _ in self.groups:
+            normal += g.normal_live
+            long += g.long_live
+        if self.long_capacity < 1:
+            long = 0
+        return normal + long, long
 
 
 @final
@@ -328,7 +482,7 @@ class AdmissionState:
         self._nodes: dict[str, _Node] = {}
         self._providers: dict[ProviderKey, _Provider] = {}
         self._configured: tuple[_Provider, ...] = ()
-        self._models: dict[str, tuple[_Provider, ...]] = {}
+        self._groups: dict[str, _Group] = {}
         self._waiters: dict[int, Waiter] = {}  # queued only, in arrival order
         self._seq = itertools.count(1)
         self._lease_ids = itertools.count(1)
@@ -372,6 +526,7 @@ class AdmissionState:
         out = []
         for p in self._configured:
             spec = p.spec
+            queued, long_queued = p.queued() if p.eligible else (0, 0)
             connected = p.node.connected
             eligible = p.eligible
             if not spec.enabled:
@@ -392,8 +547,8 @@ class AdmissionState:
                     effective_long_capacity=spec.long_context_capacity if eligible else 0,
                     in_flight=p.in_flight,
                     long_in_flight=p.long_in_flight,
-                    queued=p.queued if eligible else 0,
-                    long_queued=p.long_queued if eligible else 0,
+                    queued=queued,
+                    long_queued=long_queued,
                     priority=spec.priority,
                 )
             )
@@ -413,19 +568,19 @@ class AdmissionState:
             Unavailable: no candidate is eligible (nothing is queued).
             QueueFull: ``max_queue`` waiters already exist.
         """
-        candidates = self._models.get(model)
-        if candidates is None:
+        group = self._groups.get(model)
+        if group is None:
             raise ModelNotFound(model)
-        best = _best(candidates, long)
+        best = group.best(long)
         if best is not None:
             return self._grant(best, model, long)
-        if not _any_eligible(candidates, long):
+        if not group.could_run(long):
             raise Unavailable(model, long)
         if len(self._waiters) >= self._max_queue:
             raise QueueFull(model, self._max_queue)
         waiter = Waiter(next(self._seq), model, long, now, now + self._timeout)
-        waiter._candidates = candidates
-        self._index(waiter)
+        waiter._candidates = group.providers
+        group.enqueue(waiter)
         self._waiters[waiter.seq] = waiter
         return waiter
 
@@ -473,8 +628,10 @@ class AdmissionState:
         if not slot.configured and not slot.leases:
             self._drop_retired(slot)
             return []
-        if slot.queued:
-            return self._dispatch((slot,))
+        slot.reindex()
+        for g, _ in slot.groups:
+            if g.normal_live or g.long_live:
+                return self._dispatch(g for g, _ in slot.groups)
         return []
 
     # ------------------------------------------------------------ connectivity
@@ -496,7 +653,7 @@ class AdmissionState:
         node.connected = True
         for p in node.providers:
             p.update_eligibility()
-        decisions.extend(self._dispatch(tuple(node.providers)))
+        decisions.extend(self._dispatch(_groups_of(node.providers)))
         return node.generation, decisions
 
     def disconnect(self, node_id: str, generation: int) -> tuple[bool, list[Decision]]:
@@ -517,7 +674,7 @@ class AdmissionState:
         decisions: list[Decision] = list(self._fence(node))
         for p in node.providers:
             p.update_eligibility()
-        decisions.extend(self._fail_stranded(node.providers))
+        decisions.extend(self._fail_stranded(_groups_of(node.providers)))
         return True, decisions
 
     # ------------------------------------------------------------------ refresh
@@ -549,22 +706,19 @@ class AdmissionState:
                 self._drop_retired(p)
 
         decisions: list[Decision] = []
-        waiters = tuple(self._waiters.values())
-        for p in self._providers.values():
-            p.clear_index()
-        for w in waiters:
-            w._indexed = ()  # every index was just cleared
-            candidates = self._models.get(w.model)
-            if candidates is None:
+        for w in tuple(self._waiters.values()):
+            w._group = None  # the groups were just replaced
+            group = self._groups.get(w.model)
+            if group is None:
                 decisions.append(self._fail_unindexed(w, ModelNotFound(w.model)))
                 continue
-            w._candidates = candidates
+            w._candidates = group.providers
             w.deadline = w.enqueue_time + self._timeout
-            if _any_eligible(candidates, w.long):
-                self._index(w)
+            if group.could_run(w.long):
+                group.enqueue(w)
             else:
                 decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
-        decisions.extend(self._dispatch(self._configured))
+        decisions.extend(self._dispatch(self._groups.values()))
         return decisions
 
     # ----------------------------------------------------------------- internals
@@ -584,10 +738,17 @@ class AdmissionState:
             configured.append(p)
         self._configured = tuple(configured)
         for p in self._providers.values():
+            p.groups = []
+            p.counted = p.long_counted = False
+        groups = {}
+        for name, model in config.models.items():
+            group = _Group(name, tuple(self._providers[k] for k in model.candidates))
+            for position, p in enumerate(group.providers):
+                p.groups.append((group, position))
+            groups[name] = group
+        self._groups = groups
+        for p in self._providers.values():
             p.update_eligibility()
-        self._models = {
-            name: tuple(self._providers[k] for k in group.candidates) for name, group in config.models.items()
-        }
 
     def _node(self, node_id: str) -> _Node:
         node = self._nodes.get(node_id)
@@ -599,27 +760,11 @@ class AdmissionState:
         del self._providers[p.key]
         p.node.providers.remove(p)
 
-    def _index(self, waiter: Waiter) -> None:
-        """Add a waiter to the index of each candidate that could ever run it."""
-        long = waiter.long
-        indexed = []
-        for p in waiter._candidates:
-            if long:
-                if p.long_capacity < 1:
-                    continue
-                p.long.append(waiter)
-                p.long_queued += 1
-            else:
-                p.normal.append(waiter)
-            p.queued += 1
-            indexed.append(p)
-        waiter._indexed = tuple(indexed)
-
     def _remove(self, waiter: Waiter, state: str) -> None:
         waiter.state = state
         del self._waiters[waiter.seq]
-        for p in waiter._indexed:
-            p.forget(waiter)
+        if waiter._group is not None:
+            waiter._group.forget(waiter)
 
     def _fail_unindexed(self, waiter: Waiter, error: AdmissionError) -> Failed:
         waiter.state = FAILED
@@ -633,38 +778,37 @@ class AdmissionState:
         if long:
             p.long_in_flight += 1
         p.leases[lease.id] = lease
+        p.reindex()
         return lease
 
-    def _dispatch(self, providers: Iterable[_Provider]) -> list[Decision]:
-        """Grant waiters, earliest first, while one of ``providers`` can take one.
+    def _dispatch(self, groups: Iterable[_Group]) -> list[Decision]:
+        """Grant waiters of ``groups``, earliest first, while one has a dispatchable candidate.
 
-        The earliest waiter that can use a provider with room is the earlier of
-        that provider's index heads (the long head only with a free long slot);
-        the earliest over all such heads is the next waiter to grant. It goes to
-        its best dispatchable candidate (by priority, load, candidate order).
+        Within one group and kind, waiters share their candidates: if the head
+        cannot run, nobody behind it can. So the next waiter to grant is the
+        earliest head (over the groups and both kinds) whose group's index has
+        a candidate for its kind, and it goes to that candidate.
         """
-        providers = tuple(providers)
+        groups = tuple(g for g in groups if g.normal_live or g.long_live)
         decisions: list[Decision] = []
-        while True:
+        while groups:
             first: Waiter | None = None
-            for p in providers:
-                if not p.eligible or p.in_flight >= p.capacity or not p.queued:
-                    continue
-                w = p.head(False)
-                if p.long_in_flight < p.long_capacity:
-                    lw = p.head(True)
-                    if lw is not None and (w is None or lw.seq < w.seq):
-                        w = lw
-                if w is not None and (first is None or w.seq < first.seq):
-                    first = w
+            for g in groups:
+                for long in (False, True):
+                    w = g.head(long)
+                    if w is not None and (first is None or w.seq < first.seq) and g.best(long) is not None:
+                        first = w
             if first is None:
-                return decisions
-            best = _best(first._candidates, first.long)
-            assert best is not None, "index head must be dispatchable"
+                break
+            group = first._group
+            assert group is not None
+            best = group.best(first.long)
+            assert best is not None, "the chosen head must be dispatchable"
             self._remove(first, GRANTED)
             lease = self._grant(best, first.model, first.long)
             first.lease = lease
             decisions.append(Granted(first, lease))
+        return decisions
 
     def _fence(self, node: _Node) -> Iterator[Revoked]:
         for p in tuple(node.providers):
@@ -679,22 +823,22 @@ class AdmissionState:
             p.long_in_flight = 0
             if not p.configured:
                 self._drop_retired(p)
+            else:
+                p.reindex()
 
-    def _fail_stranded(self, providers: Iterable[_Provider]) -> list[Decision]:
-        """Fail, with Unavailable, queued waiters of ``providers`` with no eligible candidate."""
-        seen: dict[int, Waiter] = {}
-        for p in providers:
-            for q in (p.normal, p.long):
-                for w in q:
-                    if w.state is QUEUED:
-                        seen[w.seq] = w
+    def _fail_stranded(self, groups: Iterable[_Group]) -> list[Decision]:
+        """Fail, with Unavailable, queued waiters of ``groups`` left with no eligible candidate."""
+        stranded: list[Waiter] = []
+        for g in groups:
+            for long in (False, True):
+                if not g.could_run(long):
+                    stranded.extend(g.live(long))
+        stranded.sort(key=lambda w: w.seq)
         decisions: list[Decision] = []
-        for seq in sorted(seen):
-            w = seen[seq]
-            if not _any_eligible(w._candidates, w.long):
-                self._remove(w, FAILED)
-                w.error = Unavailable(w.model, w.long)
-                decisions.append(Failed(w, w.error))
+        for w in stranded:
+            self._remove(w, FAILED)
+            w.error = Unavailable(w.model, w.long)
+            decisions.append(Failed(w, w.error))
         return decisions
 
     def __repr__(self) -> str:
@@ -703,31 +847,10 @@ class AdmissionState:
         return f"<AdmissionState {busy}/{cap} in flight with {len(self._waiters)} waiting>"
 
 
-def _best(candidates: tuple[_Provider, ...], long: bool) -> _Provider | None:
-    """The dispatchable candidate to use: highest priority, then lowest load, then order."""
-    best = None
-    best_prio = 0
-    best_load = 0.0
-    for p in candidates:
-        if not p.eligible or p.in_flight >= p.capacity:
-            continue
-        if long and p.long_in_flight >= p.long_capacity:
-            continue
-        if best is None:
-            best, best_prio, best_load = p, p.priority, p.in_flight / p.capacity
-            continue
-        prio = p.priority
-        if prio < best_prio:
-            continue
-        load = p.in_flight / p.capacity
-        if prio > best_prio or load < best_load:
-            best, best_prio, best_load = p, prio, load
-    return best
-
-
-def _any_eligible(candidates: tuple[_Provider, ...], long: bool) -> bool:
-    """Whether some candidate could ever run the request without a config change."""
-    for p in candidates:
-        if p.eligible and (not long or p.long_capacity >= 1):
-            return True
-    return False
+def _groups_of(providers: Iterable[_Provider]) -> list[_Group]:
+    """The model groups listing any of ``providers``, each once."""
+    seen: dict[int, _Group] = {}
+    for p in providers:
+        for g, _ in p.groups:
+            seen.setdefault(id(g), g)
+    return list(seen.values())

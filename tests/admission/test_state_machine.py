@@ -83,7 +83,7 @@ def pool_configs(draw: st.DrawFn) -> PoolConfig:
 class AdmissionMachine(RuleBasedStateMachine):
     """Reference model + invariants for [provider-state] [lease-lifecycle] [long-state]
     [cross-group-wakeup] [queue-ownership] [snapshot-source] [refresh-consistency]
-    [disconnect-exclusion] [disconnect-queue-resolution] [offline-snapshot]."""
+    [disconnect-exclusion] [disconnect-queue-resolution] [offline-snapshot] [candidate-choice-scale]."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -143,6 +143,10 @@ class AdmissionMachine(RuleBasedStateMachine):
             if isinstance(d, Granted):
                 assert d.waiter in self.queued, "grant for a waiter that is not queued"
                 assert d.waiter.state == GRANTED
+                # [candidate-choice-scale] a queued waiter's grant follows the rule too,
+                # given the grants before it in the same step.
+                expect = self.ref_best(self.candidates(d.waiter.model), d.waiter.long)
+                assert d.lease.provider == expect, f"granted {d.lease.provider}, expected {expect}"
                 self.queued.remove(d.waiter)
                 self.take(d.waiter.seq, d.lease)
             elif isinstance(d, Failed):

@@ -807,8 +807,8 @@ class World:
                 # [cross-group-wakeup] work conservation: no queued waiter has a dispatchable candidate.
                 if p.eligible and p.in_flight < p.capacity and (not w.long or p.long_in_flight < p.long_capacity):
                     self.violation(f"{w!r} queued while {p.key} is dispatchable for it")
-            for p in w._indexed:
-                if p.eligible:
+            for p in candidates:
+                if p.eligible and (not w.long or p.long_capacity >= 1):
                     pressure[p.key] += 1
                     if w.long:
                         long_pressure[p.key] += 1
