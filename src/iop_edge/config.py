@@ -1,6 +1,6 @@
 """The Edge config file (``edge.yaml``): structure, validation, and mapping to a PoolConfig.
 
-The key names are a contract (DESIGN.md section 5, docs/edge-config.md). The
+The key names are a contract (``docs/edge-config.md``). The
 classes below describe the file one to one; :meth:`EdgeConfig.problems` holds
 every cross-field rule, so each problem is reported as ``FILE:LINE: path:
 message`` by :mod:`iop_config`. :func:`load_edge_config` then resolves the

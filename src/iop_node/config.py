@@ -1,6 +1,6 @@
 """The Node's configuration file (``node.yaml``) as frozen attrs values.
 
-The key names are a contract (DESIGN.md section 5)::
+The key names are a contract (``docs/node.md``, Configuration)::
 
     node_id: node-a
     edge_url: ws://127.0.0.1:8081

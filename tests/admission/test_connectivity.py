@@ -17,6 +17,7 @@ BIG = "ornith:35b"
 FAST = "ornith-fast"
 
 
+@pytest.mark.req("disconnect-exclusion")
 def test_connect_returns_increasing_generations(pool, drain_check):
     """[disconnect-exclusion] every accepted registration is a new, larger generation
     (works without a trio loop)."""
@@ -31,6 +32,7 @@ def test_connect_returns_increasing_generations(pool, drain_check):
     drain_check(adm)
 
 
+@pytest.mark.req("disconnect-exclusion")
 async def test_stale_disconnect_changes_nothing(autojump_clock, pool, spawn, drain_check):
     """[disconnect-exclusion] closing a stale connection returns False and changes nothing:
     the current generation's lease and waiter are untouched."""
@@ -56,6 +58,7 @@ async def test_stale_disconnect_changes_nothing(autojump_clock, pool, spawn, dra
     drain_check(adm)
 
 
+@pytest.mark.req("disconnect-queue-resolution")
 async def test_disconnect_fallback_to_remaining_candidate(autojump_clock, pool, spawn, drain_check):
     """[disconnect-queue-resolution] a waiter with another eligible candidate stays queued and
     is granted there; the fenced holder gets LeaseRevoked."""
@@ -83,6 +86,7 @@ async def test_disconnect_fallback_to_remaining_candidate(autojump_clock, pool, 
     drain_check(adm)
 
 
+@pytest.mark.req("disconnect-queue-resolution", "cross-model-tests")
 async def test_disconnect_fails_stranded_waiters_at_once(autojump_clock, pool, spawn, drain_check):
     """[disconnect-queue-resolution] [cross-model-tests] waiters of both groups with no eligible
     candidate left end with Unavailable at once, without waiting out the queue timeout."""
@@ -102,6 +106,7 @@ async def test_disconnect_fails_stranded_waiters_at_once(autojump_clock, pool, s
     drain_check(adm)
 
 
+@pytest.mark.req("disconnect-queue-resolution")
 async def test_no_eligible_candidate_unavailable_never_queued(autojump_clock, pool, drain_check):
     """[disconnect-queue-resolution] a request for a model with no eligible candidate is
     answered Unavailable at once and never queued (never connected, and after a disconnect)."""
@@ -121,6 +126,7 @@ async def test_no_eligible_candidate_unavailable_never_queued(autojump_clock, po
     drain_check(adm)
 
 
+@pytest.mark.req("disconnect-queue-resolution", "long-state")
 async def test_long_request_unavailable_without_long_slots(autojump_clock, pool, spawn, drain_check):
     """[disconnect-queue-resolution] [long-state] a long request on providers with no long
     slot is Unavailable at once, even while a normal request must queue."""
@@ -139,6 +145,7 @@ async def test_long_request_unavailable_without_long_slots(autojump_clock, pool,
     drain_check(adm)
 
 
+@pytest.mark.req("disconnect-exclusion")
 async def test_connect_while_connected_fences_old_generation(autojump_clock, pool, spawn, drain_check):
     """[disconnect-exclusion] a duplicate registration starts a new generation and fences the
     old one: its holder gets LeaseRevoked; the waiter is granted at once on the new generation."""
@@ -160,6 +167,7 @@ async def test_connect_while_connected_fences_old_generation(autojump_clock, poo
     drain_check(adm)
 
 
+@pytest.mark.req("offline-snapshot", "disconnect-exclusion")
 async def test_reconnect_brings_provider_back(autojump_clock, pool, drain_check):
     """[offline-snapshot] [disconnect-exclusion] reconnect: same provider identity, new
     generation, status available; leases carry the new generation."""
@@ -180,6 +188,7 @@ async def test_reconnect_brings_provider_back(autojump_clock, pool, drain_check)
     drain_check(adm)
 
 
+@pytest.mark.req("cross-group-wakeup")
 async def test_reconnect_grants_fallback_waiter(autojump_clock, pool, spawn, drain_check):
     """[cross-group-wakeup] a waiter queued on gpu1 that also lists the offline gpu0 is granted
     on gpu0 the moment node-a reconnects."""
@@ -199,6 +208,7 @@ async def test_reconnect_grants_fallback_waiter(autojump_clock, pool, spawn, dra
     drain_check(adm)
 
 
+@pytest.mark.req("disconnect-exclusion", "lease-lifecycle")
 async def test_fenced_before_task_runs_body_is_cancelled(autojump_clock, pool, handoff, drain_check):
     """[disconnect-exclusion] [lease-lifecycle] a waiter granted by a release and fenced by a
     disconnect in the same tick (before its task runs) must not run its body on the offline
@@ -219,6 +229,7 @@ async def test_fenced_before_task_runs_body_is_cancelled(autojump_clock, pool, h
     drain_check(adm)
 
 
+@pytest.mark.req("offline-snapshot")
 async def test_offline_snapshot(autojump_clock, pool, drain_check):
     """[offline-snapshot] configured but disconnected: connected False, unavailable, offline,
     effective capacities and counters 0."""
@@ -248,6 +259,7 @@ async def test_offline_snapshot(autojump_clock, pool, drain_check):
     drain_check(adm)
 
 
+@pytest.mark.req("offline-snapshot")
 @pytest.mark.parametrize("connected", [False, True])
 def test_disabled_status_whether_connected_or_not(pool, drain_check, connected):
     """[offline-snapshot] a disabled provider reports status "disabled" connected or not;

@@ -17,6 +17,7 @@ def _drained(gate: LocalGate) -> None:
     assert stats.total_in_use == 0 and set(stats.in_use.values()) <= {0}
 
 
+@pytest.mark.req("tunnel-guard")
 def test_per_name_limit_rejects_at_once():
     """[tunnel-guard] a second request on a capacity-1 provider is rejected with scope
     "provider"; another provider is unaffected."""
@@ -35,6 +36,7 @@ def test_per_name_limit_rejects_at_once():
     _drained(gate)
 
 
+@pytest.mark.req("runtime-concurrency")
 def test_global_limit_rejects_with_global_scope():
     """[runtime-concurrency] the node-wide limit applies across names, scope "global"."""
     gate = LocalGate(limits={"gpu0": 2, "gpu1": 2}, global_limit=3)
@@ -51,6 +53,7 @@ def test_global_limit_rejects_with_global_scope():
     _drained(gate)
 
 
+@pytest.mark.req("runtime-concurrency")
 def test_release_is_idempotent_and_statistics():
     """[runtime-concurrency] a permit is returned exactly once; statistics count holders and
     rejections."""
@@ -70,6 +73,7 @@ def test_release_is_idempotent_and_statistics():
     _drained(gate)
 
 
+@pytest.mark.req("tunnel-guard")
 def test_unknown_name_is_key_error():
     """[tunnel-guard] a name without a configured limit is a KeyError, not a rejection."""
     gate = LocalGate(limits={"gpu0": 1})
@@ -79,6 +83,7 @@ def test_unknown_name_is_key_error():
     _drained(gate)
 
 
+@pytest.mark.req("runtime-concurrency")
 @pytest.mark.parametrize(
     ("limits", "global_limit", "count"),
     [
@@ -95,6 +100,7 @@ def test_invalid_limits_config_error(limits, global_limit, count):
     assert len(info.value.problems) == count
 
 
+@pytest.mark.req("tunnel-guard")
 async def test_concurrent_tasks_open_only_one_upstream(autojump_clock):
     """[tunnel-guard] two concurrent tunnel requests on a capacity-1 adapter: one runs, the
     other is rejected at once (no virtual time passes, no queue at the Node)."""
@@ -121,6 +127,7 @@ async def test_concurrent_tasks_open_only_one_upstream(autojump_clock):
     _drained(gate)
 
 
+@pytest.mark.req("runtime-concurrency")
 async def test_cancelled_holder_returns_permit(autojump_clock):
     """[runtime-concurrency] cancelling the run (its connection closed) returns the permit."""
     gate = LocalGate(limits={"gpu0": 1})

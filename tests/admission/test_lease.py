@@ -31,6 +31,7 @@ FAST = "ornith-fast"
 # --------------------------------------------------------------- [provider-state]
 
 
+@pytest.mark.req("provider-state")
 async def test_provider_state_two_groups_share_capacity_one(autojump_clock, pool, spawn, drain_check):
     """[provider-state] ornith:35b and ornith-fast on capacity-1 gpu0: one holds, one waits."""
     adm = Admission(pool.shared())
@@ -58,6 +59,7 @@ async def test_provider_state_two_groups_share_capacity_one(autojump_clock, pool
 # -------------------------------------------------------------- [lease-lifecycle]
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_lease_ids_unique_and_fields(autojump_clock, pool, drain_check):
     """[lease-lifecycle] every grant is a new lease with a unique id, released on exit."""
     adm = Admission(pool.shared(capacity=3, long_cap=1))
@@ -82,6 +84,7 @@ async def test_lease_ids_unique_and_fields(autojump_clock, pool, drain_check):
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_lease_released_on_exception_in_body(autojump_clock, pool, drain_check):
     """[lease-lifecycle] an exception in the body releases the lease once and propagates."""
     adm = Admission(pool.shared())
@@ -96,6 +99,7 @@ async def test_lease_released_on_exception_in_body(autojump_clock, pool, drain_c
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_cancel_while_waiting_leaves_queue(autojump_clock, pool, spawn, drain_check):
     """[lease-lifecycle] a waiter cancelled in the queue leaves it; nothing else changes."""
     adm = Admission(pool.shared())
@@ -115,6 +119,7 @@ async def test_cancel_while_waiting_leaves_queue(autojump_clock, pool, spawn, dr
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_cancel_while_holding_releases(autojump_clock, pool, spawn, drain_check):
     """[lease-lifecycle] cancelling the holder releases the lease and grants the next waiter."""
     adm = Admission(pool.shared())
@@ -130,6 +135,7 @@ async def test_cancel_while_holding_releases(autojump_clock, pool, spawn, drain_
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_cancel_before_entry_changes_nothing(autojump_clock, pool, drain_check):
     """[lease-lifecycle] entering in an already-cancelled scope raises Cancelled, takes nothing."""
     adm = Admission(pool.shared())
@@ -143,6 +149,7 @@ async def test_cancel_before_entry_changes_nothing(autojump_clock, pool, drain_c
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle", "disconnect-exclusion")
 async def test_fencing_revokes_holder_counters_zero_at_once(autojump_clock, pool, spawn, drain_check):
     """[lease-lifecycle] [disconnect-exclusion] disconnect fences: counters 0 before the holder runs,
     the body is cancelled and the ``async with`` raises LeaseRevoked; released exactly once."""
@@ -164,6 +171,7 @@ async def test_fencing_revokes_holder_counters_zero_at_once(autojump_clock, pool
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_cancel_in_same_tick_as_grant_holds_then_releases(autojump_clock, pool, handoff, drain_check):
     """[lease-lifecycle] a waiter granted by a release and cancelled in the same tick (before its
     task runs) owns the lease, and releases it at its first checkpoint: no leak."""
@@ -180,6 +188,7 @@ async def test_cancel_in_same_tick_as_grant_holds_then_releases(autojump_clock, 
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_cancel_before_release_in_same_tick_withdraws(autojump_clock, pool, spawn, drain_check):
     """[lease-lifecycle] cancelled first, then the capacity frees in the same tick: the waiter
     is withdrawn, holds nothing, and the slot goes to the next waiter."""
@@ -198,6 +207,7 @@ async def test_cancel_before_release_in_same_tick_withdraws(autojump_clock, pool
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 @pytest.mark.parametrize("steps", range(8))
 @pytest.mark.parametrize("scenario", ["immediate", "granted-by-release", "failed-by-disconnect"])
 async def test_cancel_at_every_await_never_leaks(autojump_clock, pool, spawn, drain_check, steps, scenario):
@@ -227,6 +237,7 @@ async def test_cancel_at_every_await_never_leaks(autojump_clock, pool, spawn, dr
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_reentering_lease_scope_raises(autojump_clock, pool, drain_check):
     """[lease-lifecycle] a LeaseScope is single use: entering it again raises RuntimeError."""
     adm = Admission(pool.shared(capacity=2, long_cap=1))
@@ -243,6 +254,7 @@ async def test_reentering_lease_scope_raises(autojump_clock, pool, drain_check):
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_reentering_lease_scope_while_parked_raises(autojump_clock, pool, spawn, drain_check):
     """[lease-lifecycle] entering a LeaseScope from a second task while the first entry is
     still parked in the queue raises RuntimeError (else two grants share one scope and one leaks)."""
@@ -272,6 +284,7 @@ async def test_reentering_lease_scope_while_parked_raises(autojump_clock, pool, 
 # ------------------------------------------------------------------- [long-state]
 
 
+@pytest.mark.req("long-state", "cross-model-tests")
 async def test_long_slots_shared_across_groups(autojump_clock, pool, spawn, drain_check):
     """[long-state] [cross-model-tests] long leases of both groups never exceed the long slots."""
     adm = Admission(pool.shared(capacity=3, long_cap=2))
@@ -297,6 +310,7 @@ async def test_long_slots_shared_across_groups(autojump_clock, pool, spawn, drai
     drain_check(adm)
 
 
+@pytest.mark.req("long-state", "cross-group-wakeup")
 async def test_long_waiter_does_not_block_normal_behind_it(autojump_clock, pool, spawn, drain_check):
     """[long-state] [cross-group-wakeup] no head-of-line blocking: a long request waiting for
     the long slot is skipped and a later normal request of the other group runs at once."""
@@ -322,6 +336,7 @@ async def test_long_waiter_does_not_block_normal_behind_it(autojump_clock, pool,
     drain_check(adm)
 
 
+@pytest.mark.req("long-state")
 def test_config_error_total_context_and_long_cap(pool):
     """[long-state] ProviderSpec rejects total != window * long_cap and long_cap > capacity."""
     with pytest.raises(ConfigError) as info:
@@ -337,6 +352,7 @@ def test_config_error_total_context_and_long_cap(pool):
     assert len(info.value.problems) == 2  # every problem at once
 
 
+@pytest.mark.req("long-state")
 def test_config_error_lists_every_problem_at_admission(pool):
     """[long-state] Admission(...) with a bad PoolConfig raises ConfigError listing each problem."""
     unknown = ProviderKey("node-x", "gpu9")
@@ -355,6 +371,7 @@ def test_config_error_lists_every_problem_at_admission(pool):
 # ----------------------------------------------------------- [cross-group-wakeup]
 
 
+@pytest.mark.req("cross-group-wakeup")
 async def test_release_in_group_a_wakes_waiter_of_group_b(autojump_clock, pool, spawn, drain_check):
     """[cross-group-wakeup] completion of an ornith:35b lease grants the ornith-fast waiter at once."""
     adm = Admission(pool.shared())
@@ -369,6 +386,7 @@ async def test_release_in_group_a_wakes_waiter_of_group_b(autojump_clock, pool, 
     drain_check(adm)
 
 
+@pytest.mark.req("cross-group-wakeup")
 async def test_global_arrival_order_across_groups(autojump_clock, pool, spawn, drain_check):
     """[cross-group-wakeup] waiters of alternating groups are granted in global arrival order."""
     adm = Admission(pool.shared())
@@ -385,6 +403,7 @@ async def test_global_arrival_order_across_groups(autojump_clock, pool, spawn, d
     drain_check(adm)
 
 
+@pytest.mark.req("cross-group-wakeup")
 async def test_newcomer_never_overtakes_parked_waiter(autojump_clock, pool, handoff, drain_check):
     """[cross-group-wakeup] hand-off: a request arriving in the tick a lease is released queues
     behind the parked waiter, who already owns the slot."""
@@ -400,6 +419,7 @@ async def test_newcomer_never_overtakes_parked_waiter(autojump_clock, pool, hand
     drain_check(adm)
 
 
+@pytest.mark.req("cross-group-wakeup")
 async def test_priority_then_load_then_candidate_order(autojump_clock, pool, drain_check):
     """[cross-group-wakeup] highest priority wins; ties go to lowest in_flight/capacity,
     then to candidate order."""
@@ -425,6 +445,7 @@ async def test_priority_then_load_then_candidate_order(autojump_clock, pool, dra
     drain_check(adm2)
 
 
+@pytest.mark.req("cross-group-wakeup")
 async def test_queued_waiter_granted_to_higher_priority(autojump_clock, pool, spawn, drain_check):
     """[cross-group-wakeup] a waiter woken when both candidates free at once takes the higher priority."""
     adm = Admission(pool.two_nodes(gpu0=pool.spec(1, 1), gpu1=pool.spec(1, 1, priority=1)))
@@ -447,6 +468,7 @@ async def test_queued_waiter_granted_to_higher_priority(autojump_clock, pool, sp
 # ---------------------------------------------------------------- [queue-ownership]
 
 
+@pytest.mark.req("queue-ownership")
 @pytest.mark.parametrize("layout", ["one-group-many-providers", "many-groups-one-provider"])
 async def test_queue_full_and_timeout_edge_wide(autojump_clock, pool, spawn, drain_check, layout):
     """[queue-ownership] max_queue and queue_timeout hold for a group with many providers and
@@ -485,6 +507,7 @@ async def test_queue_full_and_timeout_edge_wide(autojump_clock, pool, spawn, dra
     drain_check(adm)
 
 
+@pytest.mark.req("queue-ownership")
 async def test_max_queue_zero_never_queues(autojump_clock, pool, spawn, drain_check):
     """[queue-ownership] max_queue=0: a request that cannot run now gets QueueFull at once."""
     adm = Admission(pool.shared(max_queue=0))
@@ -502,6 +525,7 @@ async def test_max_queue_zero_never_queues(autojump_clock, pool, spawn, drain_ch
     drain_check(adm)
 
 
+@pytest.mark.req("queue-ownership")
 async def test_queue_timeout_exact_and_slot_still_usable(autojump_clock, pool, spawn, drain_check):
     """[queue-ownership] a timed-out waiter leaves nothing behind; QueueTimeout carries waited."""
     adm = Admission(pool.shared(queue_timeout=2.5))

@@ -25,6 +25,7 @@ BIG = "ornith:35b"
 FAST = "ornith-fast"
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_lower_capacity_below_in_flight_keeps_leases(autojump_clock, pool, spawn, drain_check):
     """[refresh-consistency] capacity 3 -> 1 with 3 running: leases keep running; new admission
     waits until in_flight < 1, i.e. until all three ended."""
@@ -49,6 +50,7 @@ async def test_lower_capacity_below_in_flight_keeps_leases(autojump_clock, pool,
     drain_check(adm)
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_raise_capacity_grants_waiters_at_once(autojump_clock, pool, spawn, drain_check):
     """[refresh-consistency] capacity 1 -> 3: both groups' waiters are granted in the refresh."""
     adm = Admission(pool.shared())
@@ -66,6 +68,7 @@ async def test_raise_capacity_grants_waiters_at_once(autojump_clock, pool, spawn
     drain_check(adm)
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_disable_fails_or_falls_back_then_enable_grants(autojump_clock, pool, spawn, drain_check):
     """[refresh-consistency] disabling gpu0: ornith-fast's waiter (gpu0 only) fails Unavailable
     at once, ornith:35b's waiter falls back to gpu1; the running lease continues. Re-enabling
@@ -96,6 +99,7 @@ async def test_disable_fails_or_falls_back_then_enable_grants(autojump_clock, po
     drain_check(adm)
 
 
+@pytest.mark.req("refresh-consistency", "queue-ownership")
 @pytest.mark.parametrize(
     ("new_timeout", "expected_end"),
     [(1.0, 3.0), (6.0, 6.0), (16.0, 16.0)],
@@ -122,6 +126,7 @@ async def test_new_queue_timeout_applies_to_queued_waiters(
     drain_check(adm)
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_model_group_removed_fails_its_waiters(autojump_clock, pool, spawn, drain_check):
     """[refresh-consistency] removing ornith-fast fails its waiter with ModelNotFound at once;
     the ornith:35b waiter stays queued; new requests for the removed model fail."""
@@ -146,6 +151,7 @@ async def test_model_group_removed_fails_its_waiters(autojump_clock, pool, spawn
     drain_check(adm)
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_invalid_refresh_changes_nothing(autojump_clock, pool, spawn, drain_check):
     """[refresh-consistency] an invalid refresh raises ConfigError listing every problem and
     leaves config, snapshot, leases and waiters as they were."""
@@ -174,6 +180,7 @@ async def test_invalid_refresh_changes_nothing(autojump_clock, pool, spawn, drai
     drain_check(adm)
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_provider_removed_while_leased(autojump_clock, pool, spawn, drain_check):
     """[refresh-consistency] a provider dropped from config keeps its running lease (released
     once, at the holder's exit), takes no new work and leaves the snapshot at once."""
@@ -197,6 +204,7 @@ async def test_provider_removed_while_leased(autojump_clock, pool, spawn, drain_
     drain_check(adm)
 
 
+@pytest.mark.req("refresh-consistency", "disconnect-exclusion")
 async def test_provider_removed_while_leased_then_fenced(autojump_clock, pool, spawn, drain_check):
     """[refresh-consistency] [disconnect-exclusion] a retired provider's lease is still fenced
     by its node's disconnect, and released exactly once."""

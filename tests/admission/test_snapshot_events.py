@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import cattrs
+import pytest
 import trio
 
 from iop_admission import Admission, AdmissionEvent, QueueFull, Unavailable
@@ -16,6 +17,7 @@ BIG = "ornith:35b"
 FAST = "ornith-fast"
 
 
+@pytest.mark.req("snapshot-source")
 async def test_candidate_pressure_vs_true_queue_depth(autojump_clock, pool, spawn, drain_check):
     """[snapshot-source] a waiter with two candidates counts at both providers (queued), the
     true queue depth counts it once; long waiters also count in long_queued."""
@@ -40,6 +42,7 @@ async def test_candidate_pressure_vs_true_queue_depth(autojump_clock, pool, spaw
     drain_check(adm)
 
 
+@pytest.mark.req("snapshot-source")
 async def test_snapshot_unstructures_to_json(autojump_clock, pool, spawn, drain_check):
     """[snapshot-source] cattrs.unstructure(snapshot) is the JSON /status serves."""
     adm = Admission(pool.two_nodes(gpu1=pool.spec(enabled=False)))
@@ -74,6 +77,7 @@ async def test_snapshot_unstructures_to_json(autojump_clock, pool, spawn, drain_
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_events_lifecycle(autojump_clock, pool, spawn, drain_check):
     """[lease-lifecycle] subscribe() delivers connected, granted, queued, released, rejected,
     timed_out, revoked, disconnected and refreshed events."""
@@ -117,6 +121,7 @@ async def test_events_lifecycle(autojump_clock, pool, spawn, drain_check):
     drain_check(adm)
 
 
+@pytest.mark.req("disconnect-queue-resolution")
 async def test_rejected_event_for_unavailable(autojump_clock, pool, drain_check):
     """[disconnect-queue-resolution] an Unavailable answer is reported as a rejected event."""
     adm = Admission(pool.shared())
@@ -131,6 +136,7 @@ async def test_rejected_event_for_unavailable(autojump_clock, pool, drain_check)
     drain_check(adm)
 
 
+@pytest.mark.req("lease-lifecycle", "cross-model-tests")
 async def test_saturated_subscriber_changes_nothing(autojump_clock, pool, drain_check):
     """[lease-lifecycle] [cross-model-tests] a never-read subscriber with buffer 1 while 1,000
     leases of both groups cycle through 8 tasks: all complete, events are dropped and counted,

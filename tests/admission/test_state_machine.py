@@ -3,7 +3,7 @@
 The real :class:`AdmissionState` is driven side by side with a small reference
 model that knows only what the requirements say: which leases are live, which
 waiters are queued (in arrival order), which nodes are connected, which config
-is in force. After every step the invariants of SPEC.md are checked against it.
+is in force. After every step the invariants of docs/admission.md are checked against it.
 
 Profiles: ``ci`` (``make test``) runs 500 examples x 50 steps; ``soak``
 (``HYPOTHESIS_PROFILE=soak``) runs 5,000 x 150.
@@ -67,7 +67,7 @@ def pool_configs(draw: st.DrawFn) -> PoolConfig:
     keys = draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
     providers = {k: draw(provider_specs()) for k in sorted(keys)}
     names = draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=4, unique=True))
-    # The two model keys of the SPEC share a provider whenever both exist.
+    # The two model keys of [cross-model-tests] share a provider whenever both exist.
     models = {}
     for name in names:
         cands = draw(st.lists(st.sampled_from(sorted(keys)), min_size=1, max_size=3, unique=True))
@@ -350,7 +350,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert snap.connected == self.connected[key.node_id]
             assert snap.health == ("online" if snap.connected else "offline")
             assert snap.generation == self.generation[key.node_id]
-        assert [s.in_flight for s in self.core.provider_snapshots()] is not None
+        assert [s.in_flight for s in self.core.provider_snapshots()] != None
         live_core = {lease.id for lease in self.core.live_leases()}
         live_ref = {lease.id for lease in self.held if not lease.revoked}
         assert live_core == live_ref
@@ -438,4 +438,15 @@ class AdmissionMachine(RuleBasedStateMachine):
 
 
 AdmissionMachine.TestCase.settings = settings(settings.default, max_examples=_EXAMPLES, stateful_step_count=_STEPS)
-TestAdmissionStateMachine = AdmissionMachine.TestCase
+TestAdmissionStateMachine = pytest.mark.req(
+    "provider-state",
+    "lease-lifecycle",
+    "long-state",
+    "cross-group-wakeup",
+    "queue-ownership",
+    "snapshot-source",
+    "refresh-consistency",
+    "disconnect-exclusion",
+    "disconnect-queue-resolution",
+    "offline-snapshot",
+)(AdmissionMachine.TestCase)

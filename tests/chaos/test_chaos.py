@@ -36,6 +36,7 @@ import httpx
 import openai
 import pytest
 import trio
+
 from e2e.stack import BIG, FAST, NODE_REGISTERED, Stack, drained, edge_config, node_config, open_stack, provider
 
 CAPACITY = 2
@@ -190,6 +191,7 @@ FAULTS: dict[str, tuple[Callable[[Stack, tuple[int, int]], Awaitable[None]], flo
 """fault name -> (the fault, the probability that a stream is abandoned at a random chunk)."""
 
 
+@pytest.mark.req("capacity-smoke", "disconnect-exclusion", "disconnect-queue-resolution", "lease-lifecycle")
 @pytest.mark.parametrize("fault", list(FAULTS))
 async def test_fault_heals_without_hangs_or_leaks(tmp_path: Path, fault: str) -> None:
     """Under load, ``fault`` happens and heals: hangs == 0, every request ended explicitly,

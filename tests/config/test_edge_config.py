@@ -67,6 +67,7 @@ def edit(old: str, new: str, text: str = BASE) -> str:
     return text.replace(old, new)
 
 
+@pytest.mark.req("cross-model-tests")
 def test_example_edge_yaml_maps_to_a_valid_pool_config() -> None:
     """iop-stack's packaged edge.yaml: the local stack's pool, [cross-model-tests] models."""
     with importlib.resources.as_file(EXAMPLE) as path:
@@ -136,6 +137,7 @@ def test_upstream_model_of_a_non_candidate_is_a_key_error() -> None:
         config.upstream_model("nope", GPU0)
 
 
+@pytest.mark.req("queue-ownership")
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -185,6 +187,7 @@ def test_capacity_must_be_at_least_one() -> None:
     )
 
 
+@pytest.mark.req("long-state")
 def test_long_context_capacity_at_most_capacity() -> None:
     """[long-state] long_context_capacity <= capacity."""
     text = edit("        long_context_capacity: 1\n", "        long_context_capacity: 2\n")
@@ -194,6 +197,7 @@ def test_long_context_capacity_at_most_capacity() -> None:
     )
 
 
+@pytest.mark.req("long-state")
 def test_total_context_tokens_must_equal_window_times_long_capacity() -> None:
     """[long-state] total_context_tokens == context_window_tokens * long_context_capacity."""
     (error,) = errors_of(edit("total_context_tokens: 32768", "total_context_tokens: 65536"))

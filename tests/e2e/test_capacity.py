@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
+import pytest
 import trio
 
 from e2e.stack import BIG, FAST, Stack, drained, edge_config, node_config, open_stack, provider
@@ -60,6 +61,7 @@ async def start(stack: Stack, **edge: object) -> None:
     await stack.start_node(node_config(providers={"gpu0": 2, "gpu1": 2}))
 
 
+@pytest.mark.req("capacity-smoke", "provider-state")
 async def test_capacity_smoke_two_models_one_provider(tmp_path: Path) -> None:
     """[capacity-smoke] [provider-state] ornith:35b and ornith-fast on the capacity-1 gpu0
     only, 8 concurrent calls: every call succeeds on gpu0, the backend's peak concurrency
@@ -81,6 +83,7 @@ async def test_capacity_smoke_two_models_one_provider(tmp_path: Path) -> None:
     assert drained(status)
 
 
+@pytest.mark.req("capacity-smoke", "cross-group-wakeup")
 async def test_capacity_smoke_with_fallback(tmp_path: Path) -> None:
     """[capacity-smoke] [cross-group-wakeup] ornith:35b may fall back to gpu1 (capacity 1);
     ornith-fast stays on gpu0: the backend never sees more than 2 at once, ornith-fast is

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 import trio
 
 from e2e.stack import BIG, FAST, Requests, drained, edge_config, node_config, open_stack, provider
 
 
+@pytest.mark.req("lease-lifecycle", "cross-group-wakeup")
 async def test_client_disconnect_cancels_upstream_and_leaves_queue(tmp_path: Path) -> None:
     """[lease-lifecycle] [cross-group-wakeup] A streaming client hangs up after its first
     event while a client of the other model key waits, and a second waiter hangs up while

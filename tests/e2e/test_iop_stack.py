@@ -60,6 +60,7 @@ def alive(pid: int) -> bool:
     return fields[0] != "Z"
 
 
+@pytest.mark.req("capacity-smoke")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 async def test_make_run_local_stack_serves_printed_request_and_stops(tmp_path: Path, signum: signal.Signals) -> None:
     """[capacity-smoke] ``make run``'s program on the example configs (ports rewritten):

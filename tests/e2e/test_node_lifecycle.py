@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from e2e.stack import (
@@ -52,6 +53,7 @@ def offline(status: dict[str, Any]) -> bool:
     return gpu0["status"] == "unavailable" and gpu0["health"] == "offline"
 
 
+@pytest.mark.req("disconnect-exclusion", "disconnect-queue-resolution", "offline-snapshot")
 async def test_graceful_sigterm_ends_waiters_with_unavailable_at_once(tmp_path: Path) -> None:
     """[disconnect-exclusion] [disconnect-queue-resolution] [offline-snapshot] SIGTERM to the
     node with one request running and two queued (one per model key): the node closes its
@@ -88,6 +90,7 @@ async def test_graceful_sigterm_ends_waiters_with_unavailable_at_once(tmp_path: 
     assert "node node-a generation 1 disconnected (graceful)" in edge_log
 
 
+@pytest.mark.req("disconnect-exclusion", "lease-lifecycle")
 async def test_sigkill_ends_in_flight_requests_with_node_disconnected(tmp_path: Path) -> None:
     """[disconnect-exclusion] [lease-lifecycle] SIGKILL of the node (no WebSocket close) with
     a stream and a non-stream request running and one queued: the Edge excludes gpu0 within
@@ -115,6 +118,7 @@ async def test_sigkill_ends_in_flight_requests_with_node_disconnected(tmp_path: 
     assert drained(status)
 
 
+@pytest.mark.req("disconnect-exclusion")
 async def test_sigstop_excluded_by_heartbeat_timeout_then_reconnects(tmp_path: Path) -> None:
     """[disconnect-exclusion] A frozen node (SIGSTOP: socket open, nothing sent) is excluded
     by the heartbeat timeout (cause heartbeat_timeout in the Edge log); its running request
@@ -145,6 +149,7 @@ async def test_sigstop_excluded_by_heartbeat_timeout_then_reconnects(tmp_path: P
     assert ok.status_code == 200, ok.text
 
 
+@pytest.mark.req("offline-snapshot", "disconnect-exclusion")
 async def test_restart_after_crash_same_provider_new_generation(tmp_path: Path) -> None:
     """[offline-snapshot] [disconnect-exclusion] Kill the node process and start a new one:
     gpu0 keeps its identity (node-a/gpu0) and comes back available with a new generation;

@@ -6,9 +6,8 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
 import trio
-from iop_config import ConfigFileError
-from iop_edge.config import load_edge_config
 
 from e2e.stack import (
     BIG,
@@ -21,6 +20,8 @@ from e2e.stack import (
     provider,
     write_config,
 )
+from iop_config import ConfigFileError
+from iop_edge.config import load_edge_config
 
 INVALID = """\
 listen: 127.0.0.1:0
@@ -43,6 +44,7 @@ def capacity(status: dict[str, object], value: int) -> bool:
     return gpu0["capacity"] == value and gpu0["effective_capacity"] == value
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_sighup_applies_capacity_under_load_and_keeps_leases(tmp_path: Path) -> None:
     """[refresh-consistency] gpu0 capacity 1 -> 2 by SIGHUP while one request runs and
     three wait: /status shows capacity 2, a second request starts at once, no request fails,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from e2e.stack import BIG, FAST, drained, edge_config, node_config, open_stack, write_config
@@ -40,6 +41,7 @@ def shown(response: httpx.Response) -> str:
     return f"{response.status_code}\n{headers}\n{response.text}"
 
 
+@pytest.mark.req("contract-spec-sync")
 async def test_tokens_never_appear_in_logs_status_or_error_bodies(tmp_path: Path) -> None:
     """[contract-spec-sync] (docs/edge-config.md, Secrets) Requests, a node registering with
     a wrong token (exit 3), admin reloads with no token, a wrong token, and the right token on

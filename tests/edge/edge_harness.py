@@ -29,6 +29,8 @@ import attrs
 import httpx
 import trio
 import trio.testing
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
+
 from iop_edge import EdgeService
 from iop_edge.config import load_edge_config
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, RuntimeConfig
@@ -47,7 +49,6 @@ from iop_wire import (
     decode,
     encode,
 )
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

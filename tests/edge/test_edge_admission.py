@@ -12,23 +12,25 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from edge_harness import (
     BIG,
     FAST,
     Edge,
     EdgeLayout,
+    chat_chunk,
     eventually,
     fake_node,
     mock_provider,
     node_config,
     real_node,
-    chat_chunk,
     running_edge,
     sse_events,
 )
-from iop_node import ProviderConfig
+
 from iop_mock import MockBackend, serve_mock_backend
+from iop_node import ProviderConfig
 from iop_wire import Cancel, RunEnd, RunEvent
 
 
@@ -43,6 +45,7 @@ def _post_into(
     nursery.start_soon(post)
 
 
+@pytest.mark.req("provider-state", "cross-model-tests")
 async def test_two_keys_share_one_dispatch_on_gpu0_fake_node(tmp_path: Path) -> None:
     """[provider-state] [cross-model-tests] both keys at once: the node sees one run, the other waits."""
     with trio.fail_after(10):
@@ -69,6 +72,7 @@ async def test_two_keys_share_one_dispatch_on_gpu0_fake_node(tmp_path: Path) -> 
             await edge.assert_drained()
 
 
+@pytest.mark.req("provider-state", "capacity-smoke")
 async def test_two_keys_real_node_backend_peak_one(tmp_path: Path) -> None:
     """[provider-state] [capacity-smoke] real Node + openai adapter: backend peak concurrency 1."""
     with trio.fail_after(15):
@@ -92,6 +96,7 @@ async def test_two_keys_real_node_backend_peak_one(tmp_path: Path) -> None:
             outer.cancel_scope.cancel()
 
 
+@pytest.mark.req("cross-group-wakeup", "cross-model-tests")
 async def test_queue_fairness_across_keys(tmp_path: Path) -> None:
     """[cross-group-wakeup] [cross-model-tests] grants follow global arrival order across both keys."""
     with trio.fail_after(10):
@@ -115,6 +120,7 @@ async def test_queue_fairness_across_keys(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("long-state", "cross-group-wakeup")
 async def test_long_slots_shared_across_keys(tmp_path: Path) -> None:
     """[long-state] [cross-group-wakeup] long requests of both keys share gpu0's one long slot;
     a normal request behind a blocked long one still runs (no head-of-line blocking)."""
@@ -145,6 +151,7 @@ async def test_long_slots_shared_across_keys(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("long-state")
 async def test_long_classification_by_prompt_chars(tmp_path: Path) -> None:
     """[long-state] classification: prompt chars // 4 + max_tokens above the threshold is long."""
     with trio.fail_after(10):
@@ -168,6 +175,7 @@ async def test_long_classification_by_prompt_chars(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("lease-lifecycle", "cross-model-tests")
 async def test_client_cancel_mid_stream_releases_and_cancels_run(tmp_path: Path) -> None:
     """[lease-lifecycle] [cross-model-tests] a client closing its stream early releases the lease;
     the node gets ``cancel`` for the run, and a queued request of the other key runs next."""
@@ -214,6 +222,7 @@ async def _stream_first_line_then_leave(edge: Edge, first_lines: list[str]) -> N
     first_lines.append(received.partition(b"data: ")[2].partition(b"\n\n")[0].decode())
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_queued_client_leaving_is_removed_from_queue(tmp_path: Path) -> None:
     """[lease-lifecycle] a queued request whose client leaves is removed from the queue at once."""
     with trio.fail_after(10):
@@ -243,6 +252,7 @@ async def _leave_when_queued(edge: Edge, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
+@pytest.mark.req("lease-lifecycle", "disconnect-exclusion")
 async def test_node_socket_dies_mid_run(tmp_path: Path) -> None:
     """[lease-lifecycle] [disconnect-exclusion] send failure: the node's socket dies with a run in
     flight -> 502 node_disconnected; the waiter with no other candidate -> 503 at once; counters 0."""
@@ -265,6 +275,7 @@ async def test_node_socket_dies_mid_run(tmp_path: Path) -> None:
             assert edge.provider("node-a", "gpu0")["connected"] is False
 
 
+@pytest.mark.req("lease-lifecycle")
 async def test_node_socket_dies_mid_stream(tmp_path: Path) -> None:
     """[lease-lifecycle] a drop after the first streamed chunk ends the SSE stream with an error event."""
     with trio.fail_after(10):
@@ -285,6 +296,7 @@ async def test_node_socket_dies_mid_stream(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("cross-group-wakeup")
 async def test_real_mock_node_fallback_and_drain(tmp_path: Path) -> None:
     """[cross-group-wakeup] real mock-adapter nodes on gpu0 and gpu1: concurrent requests of both
     keys all succeed; ornith:35b may run on gpu1; counters return to 0."""

@@ -14,13 +14,11 @@ import httpx
 import pytest
 import trio
 from edge_harness import (
-    start_chat,
     ADMIN_TOKEN,
     BIG,
     FAST,
     TOKEN_A,
     TOKEN_B,
-    Edge,
     EdgeLayout,
     chat_chunk,
     eventually,
@@ -30,7 +28,9 @@ from edge_harness import (
     real_node,
     running_edge,
     sse_events,
+    start_chat,
 )
+
 from iop_wire import RunEnd, RunEvent
 
 
@@ -55,6 +55,7 @@ async def test_model_not_found_and_unavailable(tmp_path: Path) -> None:
             assert edge.queue_depth == 0
 
 
+@pytest.mark.req("queue-ownership")
 async def test_queue_full_and_queue_timeout(tmp_path: Path) -> None:
     """[queue-ownership] 429 queue_full (Retry-After) when the Edge-wide queue is full, for either
     key; 429 queue_timeout after queue_timeout_ms."""
@@ -263,6 +264,7 @@ async def test_status_healthz_metrics_never_show_secrets(tmp_path: Path) -> None
             assert TOKEN_A not in repr(edge.service.config)
 
 
+@pytest.mark.req("offline-snapshot")
 async def test_models_listed_while_offline(tmp_path: Path) -> None:
     """[offline-snapshot] /v1/models lists every model before any node connects and after a disconnect."""
     with trio.fail_after(10):

@@ -10,19 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from edge_harness import (
-    start_chat,
     BIG,
     FAST,
     TOKEN_A,
-    Edge,
     EdgeLayout,
     chat_response,
     eventually,
     fake_node,
     running_edge,
+    start_chat,
 )
+
 from iop_wire import Rejected, RunEvent
 
 
@@ -30,6 +31,7 @@ def _offline(entry: dict[str, object]) -> bool:
     return (entry["connected"], entry["status"], entry["health"]) == (False, "unavailable", "offline")
 
 
+@pytest.mark.req("disconnect-exclusion", "disconnect-queue-resolution", "offline-snapshot")
 async def test_graceful_close_answers_waiters_at_once(tmp_path: Path) -> None:
     """[disconnect-exclusion] [disconnect-queue-resolution] [offline-snapshot] close 1001 from the
     node: the running request gets 502, the waiter with no other candidate 503 unavailable at once
@@ -71,6 +73,7 @@ async def test_graceful_close_answers_waiters_at_once(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("disconnect-queue-resolution", "cross-model-tests")
 async def test_graceful_close_waiter_falls_back_to_gpu1(tmp_path: Path) -> None:
     """[disconnect-queue-resolution] [cross-model-tests] a waiter of ornith:35b falls back to
     node-b/gpu1 when node-a closes, while the ornith-fast waiter is answered unavailable."""
@@ -104,6 +107,7 @@ async def test_graceful_close_waiter_falls_back_to_gpu1(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("disconnect-exclusion", "cross-model-tests")
 async def test_heartbeat_timeout_drops_silent_node(tmp_path: Path) -> None:
     """[disconnect-exclusion] [cross-model-tests] a node that goes silent (TCP still open) is dropped
     after heartbeat_timeout_ms; a duplicate registration meanwhile is rejected (duplicate,
@@ -142,6 +146,7 @@ async def test_heartbeat_timeout_drops_silent_node(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("disconnect-exclusion")
 async def test_heartbeats_keep_a_node_alive(tmp_path: Path) -> None:
     """[disconnect-exclusion] any message counts as liveness: heartbeats every 100 ms keep the node."""
     layout = EdgeLayout(heartbeat_timeout_ms=300)
@@ -154,6 +159,7 @@ async def test_heartbeats_keep_a_node_alive(tmp_path: Path) -> None:
             assert edge.service.admission.generation("node-a") == 1
 
 
+@pytest.mark.req("disconnect-exclusion", "offline-snapshot")
 async def test_stale_close_and_reconnect(tmp_path: Path) -> None:
     """[disconnect-exclusion] [offline-snapshot] reconnect restores the same provider identity with a
     new generation; a late disconnect of the old generation (stale) changes nothing."""
@@ -185,6 +191,7 @@ async def test_stale_close_and_reconnect(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("disconnect-exclusion")
 async def test_rejected_duplicate_close_changes_nothing(tmp_path: Path) -> None:
     """[disconnect-exclusion] the close of a rejected duplicate leaves the owner's run and generation."""
     with trio.fail_after(10):
@@ -206,6 +213,7 @@ async def test_rejected_duplicate_close_changes_nothing(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("disconnect-exclusion")
 async def test_bad_and_missing_token_rejected_without_state_change(tmp_path: Path) -> None:
     """[disconnect-exclusion] wrong or empty token: rejected bad_token (not retryable); generation
     stays 0, the provider stays offline; an unknown node is rejected unknown_node."""
@@ -224,6 +232,7 @@ async def test_bad_and_missing_token_rejected_without_state_change(tmp_path: Pat
             assert _offline(edge.provider("node-a", "gpu0"))
 
 
+@pytest.mark.req("disconnect-exclusion")
 async def test_oversize_ws_message_closes_that_node_only(tmp_path: Path) -> None:
     """[disconnect-exclusion] a frame over max_ws_message_bytes from one node closes that connection
     only; the other node keeps serving."""
@@ -248,6 +257,7 @@ async def test_oversize_ws_message_closes_that_node_only(tmp_path: Path) -> None
             await edge.assert_drained()
 
 
+@pytest.mark.req("lease-lifecycle", "cross-model-tests")
 async def test_saturated_event_subscriber_changes_nothing(tmp_path: Path) -> None:
     """[lease-lifecycle] [cross-model-tests] a subscriber with buffer 1 that is never read: requests,
     a disconnect and a reconnect all behave the same; events are only counted as dropped."""

@@ -35,6 +35,7 @@ def _stream_completion(base_url: str, model: str) -> list[str]:
             return [chunk.choices[0].text for chunk in stream if chunk.choices]
 
 
+@pytest.mark.req("contract-spec-sync")
 async def test_openai_client_chat_and_completions(tmp_path: Path) -> None:
     """[contract-spec-sync] the openai client parses every Edge answer, both keys, stream and not."""
     with trio.fail_after(20):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from edge_harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge, start_chat
 
@@ -23,6 +24,7 @@ async def _reload(edge: Edge, layout: EdgeLayout) -> None:
     assert response.json() == {"status": "reloaded"}
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_capacity_up_dispatches_queued_waiter_at_once(tmp_path: Path) -> None:
     """[refresh-consistency] raising gpu0's capacity grants the queued request of the other key at once."""
     with trio.fail_after(10):
@@ -42,6 +44,7 @@ async def test_capacity_up_dispatches_queued_waiter_at_once(tmp_path: Path) -> N
             await edge.assert_drained()
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_capacity_down_keeps_running_and_blocks_new(tmp_path: Path) -> None:
     """[refresh-consistency] lowering capacity below in-flight keeps both running requests; a new
     one waits until in-flight falls below the new capacity."""
@@ -71,6 +74,7 @@ async def test_capacity_down_keeps_running_and_blocks_new(tmp_path: Path) -> Non
             await edge.assert_drained()
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_disable_and_enable(tmp_path: Path) -> None:
     """[refresh-consistency] disabling gpu0: its running request is kept, the waiter with no other
     candidate is answered unavailable at once; re-enabling brings gpu0 back for new requests."""
@@ -101,6 +105,7 @@ async def test_disable_and_enable(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("refresh-consistency", "queue-ownership")
 async def test_new_queue_timeout_applies_to_queued_waiters(tmp_path: Path) -> None:
     """[refresh-consistency] [queue-ownership] a shorter queue timeout applies to a waiter already
     queued (deadline = enqueue time + new timeout): it gets 429 queue_timeout."""
@@ -123,6 +128,7 @@ async def test_new_queue_timeout_applies_to_queued_waiters(tmp_path: Path) -> No
             await edge.assert_drained()
 
 
+@pytest.mark.req("refresh-consistency", "queue-ownership")
 async def test_lower_max_queue_applies_to_new_requests(tmp_path: Path) -> None:
     """[refresh-consistency] [queue-ownership] max_queue lowered to 1 with one waiter queued: the
     waiter stays, the next request of either key gets 429 queue_full."""
@@ -147,6 +153,7 @@ async def test_lower_max_queue_applies_to_new_requests(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("refresh-consistency")
 async def test_invalid_file_rejected_with_every_error(tmp_path: Path) -> None:
     """[refresh-consistency] an invalid file: 400 config_rejected listing every error; nothing changes."""
     with trio.fail_after(10):

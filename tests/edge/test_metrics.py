@@ -112,6 +112,7 @@ async def hold(admission: Admission, model: str, release: trio.Event, errors: li
         errors.append(type(exc).__name__)
 
 
+@pytest.mark.req("cross-model-tests", "snapshot-source")
 async def test_counters_gauges_and_histograms_after_cross_model_traffic(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -231,6 +232,7 @@ async def test_counters_gauges_and_histograms_after_cross_model_traffic(
     assert admission._subscribers == []  # run() unsubscribed when cancelled
 
 
+@pytest.mark.req("offline-snapshot")
 async def test_offline_provider_gauges_and_dropped_events(autojump_clock: trio.testing.MockClock) -> None:
     """[offline-snapshot] a never-connected node reads connected 0, effective capacity 0;
     a saturated subscriber shows in iop_events_dropped_total while run() keeps counting."""

@@ -16,7 +16,6 @@ import trio
 from edge_harness import (
     BIG,
     FAST,
-    Edge,
     EdgeLayout,
     eventually,
     fake_node,
@@ -25,6 +24,7 @@ from edge_harness import (
     real_node,
     running_edge,
 )
+
 from iop_config import ConfigFileError
 from iop_edge.config import load_edge_config
 from iop_wire import Heartbeat, encode
@@ -64,6 +64,7 @@ async def trickle(stream: trio.SocketStream, data: bytes) -> int:
     return len(data)
 
 
+@pytest.mark.req("header-timeout")
 async def test_trickled_request_head_is_cut_off_and_others_are_served(tmp_path: Path) -> None:
     """[header-timeout] A head trickled 1 byte / 50 ms is disconnected after header_timeout_ms
     (long before it is complete), with no answer; a normal client meanwhile gets 200."""
@@ -95,6 +96,7 @@ async def test_trickled_request_head_is_cut_off_and_others_are_served(tmp_path: 
             assert response.status_code == 200, response.text
 
 
+@pytest.mark.req("header-timeout")
 async def test_idle_keep_alive_is_not_a_slow_head_but_a_second_trickled_head_is_cut(tmp_path: Path) -> None:
     """[header-timeout] The deadline starts at a head's first byte: a keep-alive connection idle
     for longer than header_timeout_ms serves its next request; after a response the check
@@ -115,6 +117,7 @@ async def test_idle_keep_alive_is_not_a_slow_head_but_a_second_trickled_head_is_
             assert sent < len(request)
 
 
+@pytest.mark.req("disconnect-exclusion")
 async def test_node_that_stops_reading_stalls_only_itself(tmp_path: Path) -> None:
     """[disconnect-exclusion] node-a registers and never reads its socket again while 8 runs of
     1 MB each are sent to it: its writer blocks, the frames wait in its own outbox. node-b's

@@ -84,6 +84,7 @@ def rows(text: str) -> list[list[str]]:
     return [line.split() for line in text.splitlines()]
 
 
+@pytest.mark.req("snapshot-source", "offline-snapshot")
 def test_table_shows_every_provider_and_the_summary() -> None:
     """[snapshot-source] [offline-snapshot] one row per configured provider, offline ones included."""
     admission = two_node_admission()
@@ -107,6 +108,7 @@ def test_table_shows_every_provider_and_the_summary() -> None:
     assert "node-a (connected, gen 1, heartbeat 2.0s ago), node-b (disconnected, gen 0)" in text
 
 
+@pytest.mark.req("snapshot-source")
 async def test_table_counts_live_leases_and_candidate_pressure() -> None:
     """[snapshot-source] in-flight and queued (candidate pressure) as admission reads them."""
     admission = two_node_admission()

@@ -26,6 +26,7 @@ import attrs
 import httpx
 import trio
 from hypothesis import strategies as st
+
 from iop_edge import EdgeService
 from iop_edge.config import load_edge_config
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig

@@ -16,9 +16,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import attrs
+import pytest
 import trio
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
 from iop_wire import (
     MAX_MESSAGE_BYTES,
@@ -34,9 +37,10 @@ from iop_wire import (
     decode,
     encode,
 )
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from .fuzz_harness import frames
+
+pytestmark = pytest.mark.req("runtime-concurrency", "tunnel-guard")
 
 EXAMPLE_TIMEOUT = 10.0
 TOKEN = "fuzz-node-token"

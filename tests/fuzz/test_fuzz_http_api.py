@@ -23,6 +23,8 @@ from iop_mock.completion import MAX_TOKENS_LIMIT
 
 from .fuzz_harness import HEALTHY_MODEL, MAX_BODY_BYTES, EdgeThread, assert_healthy, json_values
 
+pytestmark = pytest.mark.req("lease-lifecycle", "contract-spec-sync")
+
 EXAMPLE_TIMEOUT = 5.0
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 

@@ -17,9 +17,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
+
 from iop_wire import (
     PROTOCOL_VERSION,
     Heartbeat,
@@ -37,7 +40,6 @@ from iop_wire import (
     decode,
     encode,
 )
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
 from .fuzz_harness import (
     MAX_WS_MESSAGE_BYTES,
@@ -47,6 +49,8 @@ from .fuzz_harness import (
     assert_healthy,
     frames,
 )
+
+pytestmark = pytest.mark.req("disconnect-exclusion", "lease-lifecycle")
 
 EXAMPLE_TIMEOUT = 10.0
 IGNORED_AFTER_REGISTER = (Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd)

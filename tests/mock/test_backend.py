@@ -22,8 +22,8 @@ import pytest
 import trio
 import trio.testing
 
-from iop_mock import completion as mock_completion
 from iop_mock import MockBackend, main, serve_mock_backend
+from iop_mock import completion as mock_completion
 
 TIMEOUT = 10.0
 
@@ -330,6 +330,7 @@ async def test_openai_client_parses_everything(served: Served) -> None:
     assert "".join(c.choices[0].text for c in text_chunks) == "tok tok "
 
 
+@pytest.mark.req("capacity-smoke")
 async def test_peak_in_flight_counts_concurrency_and_reset(served: Served) -> None:
     """[capacity-smoke] 3 concurrent slow requests → peak 3; abandoning them releases all."""
     served.backend.latency = 60.0

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-from iop_mock import MockBackend, serve_mock_backend
 from node_harness import Backend, FakeEdge
+
+from iop_mock import MockBackend, serve_mock_backend
 
 
 @pytest.fixture

@@ -15,9 +15,6 @@ from typing import Any
 import attrs
 import trio
 import trio.testing
-from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
-from iop_mock import MockBackend
-from iop_wire import Message, Register, Registered, Rejected, decode, encode
 from trio_websocket import (
     CloseReason,
     ConnectionClosed,
@@ -27,6 +24,10 @@ from trio_websocket import (
     wrap_client_stream,
     wrap_server_stream,
 )
+
+from iop_mock import MockBackend
+from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
+from iop_wire import Message, Register, Registered, Rejected, decode, encode
 
 TOKEN = "s3cret-node-token"
 

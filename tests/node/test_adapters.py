@@ -12,6 +12,8 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from node_harness import Backend
+
 from iop_node import (
     BadRunRequest,
     MockAdapter,
@@ -22,7 +24,6 @@ from iop_node import (
     UpstreamFailed,
     UpstreamUnreachable,
 )
-from node_harness import Backend
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.resources
-from pathlib import Path
 
 import pytest
 

@@ -7,10 +7,11 @@ import json
 import pytest
 import trio
 import trio.testing
+from node_harness import Backend, EdgeConn, FakeEdge, node_config, openai_provider, running_node
+
 from iop_admission import ConcurrencyLimitExceeded
 from iop_node import NodeRuntime, ProviderConfig
 from iop_wire import Cancel, Run, RunEnd, RunEvent, TunnelEnd, TunnelRequest, TunnelStart
-from node_harness import Backend, EdgeConn, FakeEdge, node_config, openai_provider, running_node
 
 SLOW_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
 
@@ -44,6 +45,7 @@ async def finish(conn: EdgeConn, backend: Backend, *run_ids: str) -> None:
     await backend.wait_idle()
 
 
+@pytest.mark.req("tunnel-guard")
 async def test_two_tunnels_on_capacity_one_open_one_upstream_request(edge: FakeEdge, backend: Backend) -> None:
     """[tunnel-guard] The second concurrent tunnel request is refused at once; the
     backend sees exactly one request."""
@@ -62,6 +64,7 @@ async def test_two_tunnels_on_capacity_one_open_one_upstream_request(edge: FakeE
     assert backend.backend.stats()["total"] == 1
 
 
+@pytest.mark.req("tunnel-guard")
 async def test_two_runs_on_capacity_one(edge: FakeEdge, backend: Backend) -> None:
     """[tunnel-guard] The same for two concurrent normalized runs."""
     backend.backend.tokens_per_second = 20
@@ -77,6 +80,7 @@ async def test_two_runs_on_capacity_one(edge: FakeEdge, backend: Backend) -> Non
     assert backend.backend.stats()["total"] == 1
 
 
+@pytest.mark.req("tunnel-guard")
 @pytest.mark.parametrize("first_is_tunnel", [True, False])
 async def test_run_and_tunnel_share_the_provider_limit(edge: FakeEdge, backend: Backend, first_is_tunnel: bool) -> None:
     """[tunnel-guard] A run and a tunnel request together: one upstream request, in
@@ -99,6 +103,7 @@ async def test_run_and_tunnel_share_the_provider_limit(edge: FakeEdge, backend: 
     assert backend.backend.stats()["peak_in_flight"] == 1
 
 
+@pytest.mark.req("runtime-concurrency")
 async def test_node_wide_limit_across_two_providers(edge: FakeEdge, backend: Backend) -> None:
     """[runtime-concurrency] runtime.concurrency=1 with two capacity-1 providers: a run
     on gpu1 is refused while gpu0 runs; per-provider limits alone would admit it."""
@@ -119,6 +124,7 @@ async def test_node_wide_limit_across_two_providers(edge: FakeEdge, backend: Bac
     assert backend.backend.stats()["peak_in_flight"] == 1
 
 
+@pytest.mark.req("runtime-concurrency")
 async def test_background_runs_take_the_same_gate(edge: FakeEdge) -> None:
     """[runtime-concurrency] A background (node-initiated) run holds a permit: a
     foreground run from the Edge is refused meanwhile, and admitted after it ends."""
@@ -146,6 +152,7 @@ async def test_background_runs_take_the_same_gate(edge: FakeEdge) -> None:
             assert isinstance(end, RunEnd) and end.status == "cancelled"
 
 
+@pytest.mark.req("runtime-concurrency")
 async def test_background_run_is_refused_while_the_edge_holds_the_provider(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -14,9 +14,10 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from node_harness import FakeEdge, MemoryLink, node_config
+
 from iop_node import EdgeClient, NodeRuntime, ProviderConfig, ReconnectConfig, RegistrationRejected, backoff_delay
 from iop_wire import Heartbeat, Rejected, Run
-from node_harness import FakeEdge, MemoryLink, node_config
 
 MOCK = ProviderConfig(id="m0", adapter="mock", capacity=2, latency_ms=10_000)
 
@@ -78,6 +79,7 @@ def test_backoff_delay_jitter_stays_within_20_percent() -> None:
         assert base * 0.8 <= min(delays) < max(delays) <= base * 1.2
 
 
+@pytest.mark.req("runtime-concurrency")
 async def test_abrupt_drop_cancels_every_run_of_the_connection(autojump_clock: trio.testing.MockClock) -> None:
     """[runtime-concurrency] A transport drop (no close frame) cancels all runs of that
     connection at once and returns their permits; the node then reconnects."""

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from iop_wire import Rejected, Run, TunnelRequest, TunnelStart
 from node_harness import TOKEN, FakeEdge
+
+from iop_wire import Rejected, Run, TunnelRequest, TunnelStart
 
 NODE_YAML = """\
 node_id: node-a
@@ -56,6 +57,7 @@ def write_config(tmp_path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.req("disconnect-exclusion")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_shutdown_signal_sends_close_1001_and_exits_0(
     edge: FakeEdge, tmp_path: Path, signum: signal.Signals

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import trio
 from node_harness import TOKEN, Backend, FakeEdge, node_config, openai_provider, running_node
+
 from iop_node import MockAdapter, ProviderConfig
 from iop_wire import (
     PROTOCOL_VERSION,

@@ -17,10 +17,11 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from node_harness import Backend, openai_provider
+
 from iop_node import OpenAIAdapter, UpstreamUnreachable
 from iop_node._http import BodyStream, HttpUpstream
 from iop_node._transport import H11Transport
-from node_harness import Backend, openai_provider
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 STREAM = {**CHAT, "max_tokens": 50, "stream": True}
@@ -130,6 +131,7 @@ async def test_stream_is_relayed_chunk_by_chunk(backend: Backend) -> None:
             assert transport.open_connections == 1  # read to the end: kept
 
 
+@pytest.mark.req("tunnel-guard")
 async def test_pool_is_bounded_by_capacity(backend: Backend, nursery: trio.Nursery) -> None:
     """[tunnel-guard] At most ``capacity`` connections: a third request waits for a free one."""
     backend.backend.tokens_per_second = 1.0  # the held streams stay in flight
@@ -166,6 +168,7 @@ async def test_pool_is_bounded_by_capacity(backend: Backend, nursery: trio.Nurse
             await backend.wait_idle()
 
 
+@pytest.mark.req("runtime-concurrency")
 async def test_cancel_mid_body_discards_the_connection(backend: Backend) -> None:
     """[runtime-concurrency] Leaving a stream half-read closes its connection: the backend
     sees the client go (in_flight back to 0) and the connection is never reused."""

@@ -36,6 +36,7 @@ import attrs
 import trio
 import trio.testing
 import trio_websocket
+
 from iop_admission import LocalGate, ProviderKey
 from iop_edge import EdgeService
 from iop_edge._links import NodeLink
@@ -43,12 +44,12 @@ from iop_edge.config import EdgeCandidate, EdgeConfig, EdgeModel, EdgeNode, Edge
 from iop_node import (
     EdgeClient,
     MockAdapter,
-    UpstreamFailed,
     NodeConfig,
     NodeRuntime,
     ProviderConfig,
     ReconnectConfig,
     RuntimeConfig,
+    UpstreamFailed,
 )
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, decode, encode
 

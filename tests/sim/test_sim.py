@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+
 from iop_admission import _state
 
 from ._report import run_and_summarize
@@ -26,6 +27,7 @@ def quiet_daemons() -> Iterator[None]:
     logging.disable(logging.NOTSET)
 
 
+@pytest.mark.req("lease-lifecycle", "cross-group-wakeup", "disconnect-queue-resolution")
 def test_ci_seeds_hold_every_invariant_and_hit_every_fault_site() -> None:
     """[lease-lifecycle] [cross-group-wakeup] [disconnect-queue-resolution] 200 seeds: no
     violation, and every fault site fired at least once (counts printed with ``-s``)."""

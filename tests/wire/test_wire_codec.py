@@ -391,6 +391,7 @@ def test_close_reason_fits_a_close_frame() -> None:
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire.md"
 
 
+@pytest.mark.req("contract-spec-sync")
 def test_doc_names_every_message_field_and_code() -> None:
     """[contract-spec-sync] docs/wire.md documents every tag, field and code the code has."""
     text = DOC.read_text(encoding="utf-8")
@@ -406,6 +407,7 @@ def test_doc_names_every_message_field_and_code() -> None:
         assert number in text, number
 
 
+@pytest.mark.req("contract-spec-sync")
 def test_doc_example_exchange_decodes() -> None:
     """[contract-spec-sync] Every frame of the example exchange in docs/wire.md is a valid message."""
     lines = [line for line in DOC.read_text(encoding="utf-8").splitlines() if line.startswith(("N→E ", "E→N "))]
