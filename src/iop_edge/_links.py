@@ -33,7 +33,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from types import TracebackType
-from typing import final
+from typing import NamedTuple, final
 
 import trio
 from iop_admission import Admission
@@ -58,12 +58,14 @@ from iop_wire import (
     decode,
     encode,
 )
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, wrap_server_stream
+
+from ._node_limits import UNKNOWN_SOURCE, PendingLimits, Source, source_of
 
 logger = logging.getLogger("iop_edge.nodes")
 
-REGISTER_TIMEOUT = 10.0
-"""Seconds a new connection has to send ``register``."""
+HANDSHAKE_TIMEOUT = 5.0
+"""Default seconds from accept to a valid ``register`` (``node_handshake_timeout_ms``)."""
 OUTBOX_SIZE = 1024
 """Frames queued for one node before it counts as stalled and is dropped."""
 RUN_BUFFER = 1024
@@ -332,6 +334,73 @@ class NodeLink:
 _RUN_MESSAGES = frozenset((RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd))
 
 
+class _Rejection(NamedTuple):
+    code: str
+    reason: str
+    node_id: str | None
+
+
+_BACKOFF_CODES = frozenset(("bad_token", "unknown_node"))
+"""Rejections that answer a wrong credential: answered after the source's backoff."""
+
+
+@final
+class _PendingSlot:
+    """One connection's place in the pending count; :meth:`release` is idempotent."""
+
+    __slots__ = ("limits", "source", "held")
+
+    def __init__(self, limits: PendingLimits, source: Source) -> None:
+        self.limits = limits
+        self.source = source
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.limits.release(self.source)
+
+
+@final
+class _PeerWatch(trio.abc.Stream):
+    """A stream that sets :attr:`ended` once its peer closed it or it broke (reads only)."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.ended = trio.Event()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        try:
+            data = await self.stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.ended.set()
+            raise
+        if not data:
+            self.ended.set()
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        self.ended.set()
+        await self.stream.aclose()
+
+
+def _peer_host(stream: trio.abc.Stream) -> str | None:
+    """The peer's IP address; None for a stream without a socket, or a peer already gone."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return None
+    try:
+        return str(sock.getpeername()[0])
+    except (OSError, IndexError, TypeError):
+        return None
+
+
 async def _close(ws: WebSocketConnection, code: int, reason: str) -> None:
     with trio.move_on_after(1.0) as scope:
         scope.shield = True
@@ -351,7 +420,15 @@ class NodeRegistry:
             Read at each registration, so a refreshed config applies to new ones.
         heartbeat_timeout: seconds without any message before a node is dropped.
         max_message_bytes: limit for one frame from a node.
+        limits: the pending caps and failure backoff of the node socket
+            (default: 256 pending, 8 per source, backoff 0.1 s doubling to 5 s).
+        handshake_timeout: seconds from accept to a valid ``register``.
         on_connect, on_disconnect: observers (metrics, logs); never used for state.
+        on_pending_closed: observer called with why a pending connection was
+            closed by the Edge (``max_pending``, ``max_pending_per_source``,
+            ``handshake_timeout``).
+        on_rejected: observer called with ``(code, address_class)`` for every
+            rejected registration.
     """
 
     def __init__(
@@ -361,15 +438,23 @@ class NodeRegistry:
         token_for: Callable[[str], str | None],
         heartbeat_timeout: float,
         max_message_bytes: int,
+        limits: PendingLimits | None = None,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
         on_connect: Callable[[str, int], None] | None = None,
         on_disconnect: Callable[[str, int, str], None] | None = None,
+        on_pending_closed: Callable[[str], None] | None = None,
+        on_rejected: Callable[[str, str], None] | None = None,
     ) -> None:
         self.admission = admission
         self.token_for = token_for
         self.heartbeat_timeout = heartbeat_timeout
         self.max_message_bytes = max_message_bytes
+        self.limits = limits if limits is not None else PendingLimits(max_pending=256, max_pending_per_source=8)
+        self.handshake_timeout = handshake_timeout
         self._on_connect = on_connect
         self._on_disconnect = on_disconnect
+        self._on_pending_closed = on_pending_closed
+        self._on_rejected = on_rejected
         self._links: dict[str, NodeLink] = {}
         self._run_ids = itertools.count(1)
 
@@ -392,21 +477,91 @@ class NodeRegistry:
         """A run id unique for the life of this Edge."""
         return f"r{next(self._run_ids)}"
 
-    async def serve(self, request: WebSocketRequest) -> None:
-        """Serve one node connection from accept to close.
+    # ------------------------------------------------------------- serving
 
-        Checkpoints (it runs for the life of the connection). Cancellation
-        closes the connection (going away) and disconnects the node.
+    async def serve_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve one accepted TCP connection of the node socket, from accept to close.
+
+        The connection is *pending* until it registers: counted against the
+        caps of :attr:`limits` (refused and closed at once beyond them), and
+        closed if the WebSocket handshake and a valid ``register`` do not
+        arrive within :attr:`handshake_timeout`. Never raises for what the peer
+        does. Checkpoints (it runs for the life of the connection);
+        cancellation closes the connection and disconnects its node.
         """
+        source = source_of(_peer_host(stream))
+        refusal = self.limits.open(source)
+        if refusal is not None:
+            self._pending_closed(refusal)
+            await trio.aclose_forcefully(stream)
+            return
+        slot = _PendingSlot(self.limits, source)
+        deadline = trio.current_time() + self.handshake_timeout
+        try:
+            async with trio.open_nursery() as nursery:
+                ws = await self._handshake(nursery, stream, deadline)
+                if ws is not None:
+                    await self._serve_ws(ws, source, slot, deadline)
+                nursery.cancel_scope.cancel()
+        except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+            # The peer broke the connection mid-handshake: its end, not the listener's.
+            logger.debug("node socket: connection from %s broke: %r", source.key, group.exceptions[0])
+        finally:
+            slot.release()
+            await trio.aclose_forcefully(stream)
+
+    async def serve(self, request: WebSocketRequest) -> None:
+        """Serve one node connection whose WebSocket request has arrived, from accept to close.
+
+        For connections that do not come from the node socket's listener (the
+        simulation's in-memory streams): no pending caps, one unknown source;
+        the registration deadline applies. Checkpoints (it runs for the life of
+        the connection). Cancellation closes the connection (going away) and
+        disconnects the node.
+        """
+        deadline = trio.current_time() + self.handshake_timeout
         try:
             ws = await request.accept()
         except ConnectionClosed:
             return
+        await self._serve_ws(ws, UNKNOWN_SOURCE, None, deadline)
+
+    async def _handshake(
+        self, nursery: trio.Nursery, stream: trio.abc.Stream, deadline: float
+    ) -> WebSocketConnection | None:
+        """The WebSocket handshake by ``deadline``; None if the peer left or was too slow.
+
+        The connection's reader runs in ``nursery``. A peer that closes its
+        end before the handshake is noticed at once (trio-websocket itself
+        would wait for a request that never comes).
+        """
+        watched = _PeerWatch(stream)
+        accepted: list[WebSocketConnection] = []
+
+        async def handshake() -> None:
+            request = await wrap_server_stream(nursery, watched, max_message_size=self.max_message_bytes)
+            accepted.append(await request.accept())
+            race.cancel_scope.cancel()
+
+        with trio.move_on_at(deadline) as timer:
+            async with trio.open_nursery() as race:
+                race.start_soon(handshake)
+                await watched.ended.wait()
+                race.cancel_scope.cancel()
+        if timer.cancelled_caught:
+            self._pending_closed("handshake_timeout")
+        return accepted[0] if accepted else None
+
+    async def _serve_ws(
+        self, ws: WebSocketConnection, source: Source, slot: _PendingSlot | None, deadline: float
+    ) -> None:
         link: NodeLink | None = None
         try:
-            link = await self._register(ws)
+            link = await self._register(ws, source, deadline)
             if link is None:
                 return
+            if slot is not None:
+                slot.release()  # registered: never counted against the pending caps again
             await link._serve(self.heartbeat_timeout)
         finally:
             if link is not None:
@@ -414,63 +569,105 @@ class NodeRegistry:
             if not ws.closed:
                 await _close(ws, CLOSE_GOING_AWAY, "edge closing connection")
 
-    async def _register(self, ws: WebSocketConnection) -> NodeLink | None:
-        with trio.move_on_after(REGISTER_TIMEOUT):
-            try:
-                text = await ws.get_message()
-            except ConnectionClosed:
-                return None
-            try:
-                message = decode(text, max_bytes=self.max_message_bytes)
-            except ProtocolError as exc:
-                await _close(ws, exc.close_code, exc.close_reason)
-                return None
-            if type(message) is not Register:
-                return await self._reject(ws, "bad_message", "the first message must be register", None)
-            node_id = message.node_id
-            if message.protocol != PROTOCOL_VERSION:
-                return await self._reject(
-                    ws,
-                    "protocol_mismatch",
-                    f"protocol {message.protocol} is not supported (edge speaks {PROTOCOL_VERSION})",
-                    node_id,
-                )
-            expected = self.token_for(node_id)
-            if expected is None:
-                return await self._reject(ws, "unknown_node", f"node {node_id!r} is not configured", node_id)
-            if not hmac.compare_digest(expected.encode(), message.token.encode()):
-                return await self._reject(ws, "bad_token", "invalid token", node_id)
-            if node_id in self._links:
-                return await self._reject(ws, "duplicate", f"node {node_id!r} already has a live connection", node_id)
-            generation = self.admission.connect(node_id)
-            link = NodeLink(self, node_id, generation, ws)
-            link.providers = tuple(p.id for p in message.providers)
-            self._links[node_id] = link
-            interval_ms = max(1, int(self.heartbeat_timeout * 1000 / 3))
-            link._queue(encode(Registered(node_id, generation, interval_ms)))
-            logger.info(
-                "node %s registered: generation %d, providers %s",
-                node_id,
-                generation,
-                ", ".join(link.providers) or "none",
-            )
-            if self._on_connect is not None:
-                self._on_connect(node_id, generation)
-            return link
-        await _close(ws, CLOSE_POLICY, "register timeout")
+    # -------------------------------------------------------- registration
+
+    async def _register(self, ws: WebSocketConnection, source: Source, deadline: float) -> NodeLink | None:
+        """Read ``register`` by ``deadline`` and register the node, or reject it (then None)."""
+        message: Register | _Rejection | None = None
+        with trio.move_on_at(deadline) as timer:
+            message = await self._read_register(ws)
+        if timer.cancelled_caught:
+            self._pending_closed("handshake_timeout")
+            await _close(ws, CLOSE_POLICY, "register timeout")
+            return None
+        if message is None:
+            return None
+        rejection = message if isinstance(message, _Rejection) else self._check(message)
+        if rejection is not None:
+            await self._reject(ws, rejection, source)
+            return None
+        assert isinstance(message, Register)
+        return self._connect(ws, message)
+
+    async def _read_register(self, ws: WebSocketConnection) -> Register | _Rejection | None:
+        """The first message: a ``register``, a rejection, or None (connection closed)."""
+        try:
+            text = await ws.get_message()
+        except ConnectionClosed:
+            return None
+        try:
+            message = decode(text, max_bytes=self.max_message_bytes)
+        except ProtocolError as exc:
+            await _close(ws, exc.close_code, exc.close_reason)
+            return None
+        if type(message) is not Register:
+            return _Rejection("bad_message", "the first message must be register", None)
+        return message
+
+    def _check(self, message: Register) -> _Rejection | None:
+        """Why ``message`` cannot register now (None: it can)."""
+        node_id = message.node_id
+        if message.protocol != PROTOCOL_VERSION:
+            reason = f"protocol {message.protocol} is not supported (edge speaks {PROTOCOL_VERSION})"
+            return _Rejection("protocol_mismatch", reason, node_id)
+        expected = self.token_for(node_id)
+        if expected is None:
+            return _Rejection("unknown_node", f"node {node_id!r} is not configured", node_id)
+        if not hmac.compare_digest(expected.encode(), message.token.encode()):
+            return _Rejection("bad_token", "invalid token", node_id)
+        if node_id in self._links:
+            return _Rejection("duplicate", f"node {node_id!r} already has a live connection", node_id)
         return None
 
-    async def _reject(self, ws: WebSocketConnection, code: str, reason: str, node_id: str | None) -> None:
-        logger.warning("rejected node registration %s: %s (%s)", node_id or "?", reason, code)
-        retryable = code == "duplicate"
+    def _connect(self, ws: WebSocketConnection, message: Register) -> NodeLink:
+        node_id = message.node_id
+        generation = self.admission.connect(node_id)
+        link = NodeLink(self, node_id, generation, ws)
+        link.providers = tuple(p.id for p in message.providers)
+        self._links[node_id] = link
+        interval_ms = max(1, int(self.heartbeat_timeout * 1000 / 3))
+        link._queue(encode(Registered(node_id, generation, interval_ms)))
+        logger.info(
+            "node %s registered: generation %d, providers %s",
+            node_id,
+            generation,
+            ", ".join(link.providers) or "none",
+        )
+        if self._on_connect is not None:
+            self._on_connect(node_id, generation)
+        return link
+
+    async def _reject(self, ws: WebSocketConnection, rejection: _Rejection, source: Source) -> None:
+        """Answer ``rejected`` and close; a failed credential is answered after its source's backoff.
+
+        The token is never logged. Checkpoints; the delay is bounded by the
+        limits' ``backoff_max``, the answer and the close by 1 s each.
+        """
+        code = rejection.code
+        delay = self.limits.failed(source, trio.current_time()) if code in _BACKOFF_CODES else 0.0
+        logger.warning(
+            "rejected node registration %s from %s: %s (%s)%s",
+            rejection.node_id or "?",
+            source.key,
+            rejection.reason,
+            code,
+            f"; answering in {delay:.2f} s" if delay else "",
+        )
+        if self._on_rejected is not None:
+            self._on_rejected(code, source.address_class)
+        await trio.sleep(delay)
         with trio.move_on_after(1.0) as scope:
             scope.shield = True
             try:
-                await ws.send_message(encode(Rejected(code, reason, retryable)))
+                await ws.send_message(encode(Rejected(code, rejection.reason, code == "duplicate")))
             except ConnectionClosed:
                 pass
         await _close(ws, CLOSE_POLICY, code)
-        return None
+
+    def _pending_closed(self, reason: str) -> None:
+        logger.debug("node socket: closing a pending connection (%s)", reason)
+        if self._on_pending_closed is not None:
+            self._on_pending_closed(reason)
 
     def _release(self, link: NodeLink) -> None:
         """The connection ended: disconnect its generation (a stale one changes nothing)."""

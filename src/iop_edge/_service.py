@@ -16,7 +16,6 @@ from typing import Any, final
 import cattrs
 import hypercorn.config
 import trio
-import trio_websocket
 from iop_admission import Admission, ConfigError
 from iop_config import ConfigFileError
 
@@ -48,9 +47,14 @@ class EdgeService:
             token_for=lambda node_id: self.config.node_token(node_id),
             heartbeat_timeout=config.heartbeat_timeout_ms / 1000,
             max_message_bytes=config.max_ws_message_bytes,
+            limits=config.node_socket_limits(),
+            handshake_timeout=config.node_handshake_timeout_ms / 1000,
             on_connect=lambda node_id, generation: self.metrics.node_connected(node_id),
             on_disconnect=lambda node_id, generation, cause: self.metrics.node_disconnected(node_id, cause),
+            on_pending_closed=self.metrics.node_pending_closed,
+            on_rejected=self.metrics.node_registration_rejected,
         )
+        self.metrics.follow_node_socket(lambda: self.registry.limits.pending)
         self.api = EdgeAPI(self)
         self.http_port: int | None = None
         self.node_port: int | None = None
@@ -78,6 +82,8 @@ class EdgeService:
         else:
             self.config = config
             self.registry.heartbeat_timeout = config.heartbeat_timeout_ms / 1000
+            self.registry.handshake_timeout = config.node_handshake_timeout_ms / 1000
+            config.node_socket_limits(self.registry.limits)
             self.metrics.refresh_result("ok")
             logger.info("config reloaded from %s", self.config_path)
             return []
@@ -106,14 +112,9 @@ class EdgeService:
         config = self.config
         async with trio.open_nursery() as nursery:
             await nursery.start(self.metrics.run)
-            ws_server = await nursery.start(
-                _serve_nodes,
-                self.registry,
-                config.node_listen.host,
-                config.node_listen.port,
-                config.max_ws_message_bytes,
+            self.node_port = await nursery.start(
+                _serve_nodes, self.registry, config.node_listen.host, config.node_listen.port
             )
-            self.node_port = ws_server.port
             hyper = hypercorn.config.Config()
             hyper.accesslog = None
             hyper.errorlog = logging.getLogger("hypercorn.error")
@@ -148,15 +149,15 @@ async def _serve_nodes(
     registry: NodeRegistry,
     host: str,
     port: int,
-    max_message_bytes: int,
     *,
-    task_status: trio.TaskStatus[trio_websocket.WebSocketServer] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await trio_websocket.serve_websocket(
-        registry.serve,
-        host,
-        port,
-        ssl_context=None,
-        max_message_size=max_message_bytes,
-        task_status=task_status,
-    )
+    """Accept node connections on ``host:port`` and serve each with ``registry.serve_stream``.
+
+    Reports the bound port through ``task_status`` once listening. The
+    registry, not trio-websocket's server, runs each connection: it counts
+    and limits pending connections from the moment of accept.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(registry.serve_stream, listeners)

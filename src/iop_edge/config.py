@@ -35,6 +35,8 @@ from iop_admission import (
 from iop_admission._config import validate_pool
 from iop_config import load_config, make_converter
 
+from ._node_limits import PendingLimits
+
 __all__ = [
     "ApiKeyDigest",
     "EdgeCandidate",
@@ -219,6 +221,11 @@ class EdgeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_ws_message_bytes: int = 8 * 1024 * 1024
     header_timeout_ms: int = 10000
+    node_handshake_timeout_ms: int = 5000
+    node_max_pending: int = 256
+    node_max_pending_per_address: int = 8
+    node_reject_backoff_base_ms: int = 100
+    node_reject_backoff_max_ms: int = 5000
 
     config_key_hints: ClassVar[Mapping[str, str]] = {
         "max_queue": "belongs under provider_pool (provider_pool: {max_queue: ...})",
@@ -247,6 +254,23 @@ class EdgeConfig:
             if candidate.key == key:
                 return candidate.upstream_model or model
         raise KeyError(f"provider {key} is not a candidate of model {model!r}")
+
+    def node_socket_limits(self, limits: PendingLimits | None = None) -> PendingLimits:
+        """The node socket's pending caps and reject backoff from this file.
+
+        Args:
+            limits: limits to re-configure in place (a reload keeps their
+                counts); None: make new ones.
+        """
+        if limits is None:
+            limits = PendingLimits(max_pending=self.node_max_pending, max_pending_per_source=1)
+        limits.set_policy(
+            max_pending=self.node_max_pending,
+            max_pending_per_source=self.node_max_pending_per_address,
+            backoff_base=self.node_reject_backoff_base_ms / 1000,
+            backoff_max=self.node_reject_backoff_max_ms / 1000,
+        )
+        return limits
 
     def node_token(self, node_id: str) -> str | None:
         """The token node ``node_id`` must register with; None if it is not configured."""
@@ -299,6 +323,11 @@ class EdgeConfig:
             *_at_least("max_body_bytes", self.max_body_bytes, 1),
             *_at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
             *_at_least("header_timeout_ms", self.header_timeout_ms, 1),
+            *_at_least("node_handshake_timeout_ms", self.node_handshake_timeout_ms, 1),
+            *_at_least("node_max_pending", self.node_max_pending, 1),
+            *_at_least("node_max_pending_per_address", self.node_max_pending_per_address, 1),
+            *_at_least("node_reject_backoff_base_ms", self.node_reject_backoff_base_ms, 0),
+            *_at_least("node_reject_backoff_max_ms", self.node_reject_backoff_max_ms, self.node_reject_backoff_base_ms),
             *self._listen_problems(),
             *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env, required=False),
             *self._api_key_problems(),

@@ -21,19 +21,21 @@ one process.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final, final
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from iop_admission import Admission, AdmissionEvent, ProviderSnapshot
 
 __all__ = [
+    "ADDRESS_CLASSES",
     "DISCONNECT_CAUSES",
     "LEASE_OUTCOMES",
+    "PENDING_CLOSE_REASONS",
     "REFRESH_RESULTS",
     "REJECTION_REASONS",
     "EdgeMetrics",
@@ -47,6 +49,10 @@ LEASE_OUTCOMES: Final = ("ok", "error", "cancelled", "revoked")
 DISCONNECT_CAUSES: Final = frozenset({"graceful", "heartbeat_timeout", "error"})
 #: ``result`` label values of ``iop_config_refreshes_total``.
 REFRESH_RESULTS: Final = ("ok", "rejected")
+#: ``reason`` label values of ``iop_node_pending_closed_total``.
+PENDING_CLOSE_REASONS: Final = ("max_pending", "max_pending_per_source", "handshake_timeout")
+#: ``address_class`` label values of ``iop_node_registration_failures_total``.
+ADDRESS_CLASSES: Final = frozenset({"loopback", "private", "public", "unknown"})
 
 #: Admission error class names (``AdmissionEvent.reason``) to ``reason`` codes.
 _REASON_CODES: Final = {
@@ -196,6 +202,24 @@ class EdgeMetrics:
             ("node", "cause"),
             registry=registry,
         )
+        self._node_pending = Gauge(
+            "iop_node_pending_connections",
+            "Connections to the node socket between accept and registration.",
+            registry=registry,
+        )
+        self._node_pending_closed = Counter(
+            "iop_node_pending_closed",
+            "Unregistered node-socket connections the Edge closed, by reason "
+            "(a pending cap was reached at accept, or the handshake deadline passed).",
+            ("reason",),
+            registry=registry,
+        )
+        self._node_registration_failures = Counter(
+            "iop_node_registration_failures",
+            "Rejected node registrations, by reject code and class of source address.",
+            ("reason", "address_class"),
+            registry=registry,
+        )
         self._refreshes = Counter(
             "iop_config_refreshes",
             "Live config refreshes, by result.",
@@ -221,6 +245,8 @@ class EdgeMetrics:
             self._lease_endings.labels(outcome)
         for result in REFRESH_RESULTS:
             self._refreshes.labels(result)
+        for reason in PENDING_CLOSE_REASONS:
+            self._node_pending_closed.labels(reason)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow admission events and count them, until cancelled.
@@ -280,6 +306,28 @@ class EdgeMetrics:
         """
         _check(cause, DISCONNECT_CAUSES, "disconnect cause")
         self._node_disconnects.labels(node_id, cause).inc()
+
+    def follow_node_socket(self, pending: Callable[[], int]) -> None:
+        """Read ``iop_node_pending_connections`` from ``pending()`` at every scrape."""
+        self._node_pending.set_function(pending)
+
+    def node_pending_closed(self, reason: str) -> None:
+        """Count an unregistered node-socket connection the Edge closed.
+
+        Raises:
+            ValueError: ``reason`` is not one of :data:`PENDING_CLOSE_REASONS`.
+        """
+        _check(reason, PENDING_CLOSE_REASONS, "pending close reason")
+        self._node_pending_closed.labels(reason).inc()
+
+    def node_registration_rejected(self, code: str, address_class: str) -> None:
+        """Count a rejected registration (``bad_token``, ``unknown_node``, ...) from a class of address.
+
+        Raises:
+            ValueError: ``address_class`` is not one of :data:`ADDRESS_CLASSES`.
+        """
+        _check(address_class, ADDRESS_CLASSES, "address class")
+        self._node_registration_failures.labels(code, address_class).inc()
 
     def refresh_result(self, result: str) -> None:
         """Count a config refresh: ``ok`` (applied) or ``rejected`` (old config kept).

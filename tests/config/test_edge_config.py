@@ -403,3 +403,33 @@ def test_every_problem_is_reported_at_once_with_its_line() -> None:
         "edge.yaml:14: nodes[0].providers[1].capacity: must be >= 1, got 0",
         "edge.yaml:21: models[1].candidates[0].provider: node 'node-a' has no provider 'gpu9'",
     )
+
+
+@pytest.mark.req("node-socket-limits")
+def test_node_socket_limit_keys_defaults_and_bounds() -> None:
+    """[node-socket-limits] the node socket's deadline, caps and reject backoff: defaults, bounds, mapping."""
+    config = load(BASE)
+    assert (
+        config.node_handshake_timeout_ms,
+        config.node_max_pending,
+        config.node_max_pending_per_address,
+        config.node_reject_backoff_base_ms,
+        config.node_reject_backoff_max_ms,
+    ) == (5000, 256, 8, 100, 5000)
+    limits = config.node_socket_limits()
+    assert (limits.max_pending, limits.max_pending_per_source, limits.backoff_base, limits.backoff_max) == (
+        256,
+        8,
+        0.1,
+        5.0,
+    )
+    text = (
+        "node_handshake_timeout_ms: 0\nnode_max_pending: 0\nnode_max_pending_per_address: 0\n"
+        "node_reject_backoff_base_ms: 300\nnode_reject_backoff_max_ms: 200\n" + BASE
+    )
+    assert errors_of(text) == (
+        "edge.yaml:1: node_handshake_timeout_ms: must be >= 1, got 0",
+        "edge.yaml:2: node_max_pending: must be >= 1, got 0",
+        "edge.yaml:3: node_max_pending_per_address: must be >= 1, got 0",
+        "edge.yaml:5: node_reject_backoff_max_ms: must be >= 300, got 200",
+    )

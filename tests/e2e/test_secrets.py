@@ -88,7 +88,7 @@ async def test_tokens_never_appear_in_logs_status_or_error_bodies(tmp_path: Path
     assert [r.status_code for r in answers] == [200, 200]
     assert intruder_exit == 3
     assert "bad_token" in intruder.stderr()
-    assert "rejected node registration node-a: invalid token (bad_token)" in stack.edge.stderr()
+    assert "rejected node registration node-a from 127.0.0.1: invalid token (bad_token)" in stack.edge.stderr()
     assert (no_token.status_code, wrong.status_code) == (401, 401)
     assert rejected.status_code == 400
     assert rejected.json()["error"]["code"] == "config_rejected"

@@ -73,6 +73,8 @@ class EdgeLayout:
     api_keys: tuple[str, ...] | None = None
     max_body_bytes: int = 64 * 1024
     max_ws_message_bytes: int = 64 * 1024
+    extra: tuple[str, ...] = ()
+    """More top-level lines, e.g. ``"node_max_pending: 4"``."""
 
     def yaml(self) -> str:
         """The ``edge.yaml`` text for this layout."""
@@ -83,6 +85,7 @@ class EdgeLayout:
             f"provider_pool: {{max_queue: {self.max_queue}, queue_timeout_ms: {self.queue_timeout_ms}}}",
             f"max_body_bytes: {self.max_body_bytes}",
             f"max_ws_message_bytes: {self.max_ws_message_bytes}",
+            *self.extra,
         ]
         if self.admin_token is not None:
             lines.append(f"admin_token: {self.admin_token}")
