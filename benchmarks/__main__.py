@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [--runs N] [--peers]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [--runs N] [--peers] [--quick]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,10 +12,10 @@ import platform
 import sys
 import time
 
-from . import admission, e2e
+from . import admission, e2e, overload
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-SUITES = {"admission": admission, "e2e": e2e}
+SUITES = {"admission": admission, "e2e": e2e, "overload": overload}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="e2e: also measure a LiteLLM proxy (installed on first use into benchmarks/.peers)",
     )
+    parser.add_argument("--quick", action="store_true", help="overload: two short scenarios, for iteration")
     args = parser.parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
@@ -35,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.suites or list(SUITES):
         suite = SUITES[name]
         print(f"== {name} (median of {args.runs} runs) ...", file=sys.stderr, flush=True)
-        result = e2e.run(runs=args.runs, with_peers=args.peers) if suite is e2e else suite.run(runs=args.runs)
+        if suite is e2e:
+            result = e2e.run(runs=args.runs, with_peers=args.peers)
+        elif suite is overload:
+            result = overload.run(quick=args.quick)
+        else:
+            result = suite.run(runs=args.runs)
         result["python"] = platform.python_version()
         result["machine"] = platform.machine()
         result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -142,13 +142,14 @@ async def measure(
     *,
     port: int,
     path: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | None,
     concurrency: int,
     duration: float,
     warmup: float,
     stream: bool = False,
     host: str = "127.0.0.1",
     headers: dict[str, str] | None = None,
+    method: str = "POST",
 ) -> dict[str, Any]:
     """Run one closed-loop measurement and return its figures.
 
@@ -160,8 +161,8 @@ async def measure(
         events are taken as spread evenly over its duration and counted by their share
         inside the window) and ``chunks_per_s``.
     """
-    payload = json.dumps(body).encode()
-    raw = HttpConnection.build("POST", path, payload, host)
+    payload = None if body is None else json.dumps(body).encode()
+    raw = HttpConnection.build(method, path, payload, host)
     if headers:
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
         raw = raw.replace(b"\r\n\r\n", b"\r\n" + extra + b"\r\n", 1)

@@ -1,0 +1,389 @@
+"""Overload benchmark: a flood of retrying clients against one small provider.
+
+``python -m benchmarks overload [--quick]`` (part of ``make bench``) starts four kinds of
+process on loopback, every port chosen by the OS: ``iop-mock-backend --latency-ms 100
+--tokens-per-second 0``, an Edge (one provider of capacity 8, ``max_queue: 64``,
+``queue_timeout_ms: 2000``), a Node in front of the backend -- ideal: 8 / 0.1 s = 80
+answered requests/s -- and, for every scenario, two measuring processes started
+together: the *flood* and the *probe* (``python -m benchmarks.overload flood|probe``).
+
+- The flood: N closed-loop clients, each with its own keep-alive connection, send a
+  small non-stream chat request; after a rejection (429 or 503) or a lost connection
+  the client waits ``retry`` (10 ms or 1 s) and sends again.
+- The probe: ``GET /healthz`` every 100 ms on the same listener, one connection,
+  plus ``GET /metrics`` and ``GET /status`` every 500 ms.
+
+Scenarios: 200, 1,000 and 5,000 clients, each with 10 ms and 1 s retry (``--quick``:
+200 and 1,000 clients with 10 ms retry, shorter windows). Only answers completed in the
+measurement window (after the warm-up) count. Reported per scenario: answered 200/s
+against the ideal, 200 p50/p99, rejection p99 and rejections/s, the probe's p99 per
+endpoint, CPU (% of one core) of the Edge, the Node, the flood and the probe, and the
+Edge's CPU per answered request and per rejection (an upper bound for the rejection:
+all the Edge's CPU divided by the rejections). After each scenario the flood stops and
+the driver waits for ``/status`` to show nothing queued or in flight and reads the
+backend's peak concurrency (must be <= 8).
+
+Writes ``benchmarks/results/overload.json`` (through ``python -m benchmarks``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import trio
+
+from .e2e import BenchmarkFailed, Daemon, LoadGenerator, _get_json, _node_connected, _python, _wait_until
+from .loadgen import HttpConnection, _percentile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CAPACITY = 8
+BACKEND_LATENCY_MS = 100
+IDEAL_RPS = CAPACITY * 1000 / BACKEND_LATENCY_MS
+SCENARIOS = ((200, 0.01), (200, 1.0), (1000, 0.01), (1000, 1.0), (5000, 0.01), (5000, 1.0))
+QUICK_SCENARIOS = ((200, 0.01), (1000, 0.01))
+WARMUP, DURATION = 3.0, 8.0
+QUICK_WARMUP, QUICK_DURATION = 1.5, 4.0
+CHAT = {"model": "mock", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+
+EDGE_YAML = """\
+listen: 127.0.0.1:0
+node_listen: 127.0.0.1:0
+provider_pool: {{max_queue: 64, queue_timeout_ms: 2000}}
+{extra}nodes:
+  - id: bench-node
+    token: bench-token
+    providers:
+      - {{id: mock, capacity: {capacity}}}
+models:
+  - id: mock
+    candidates: [{{node: bench-node, provider: mock, upstream_model: mock}}]
+"""
+
+NODE_YAML = """\
+node_id: bench-node
+edge_url: ws://127.0.0.1:{node_port}
+token: bench-token
+runtime: {{concurrency: {capacity}}}
+providers:
+  - {{id: mock, adapter: openai, base_url: "http://127.0.0.1:{backend_port}/v1", capacity: {capacity}}}
+"""
+
+
+# ------------------------------------------------------------------- the flood
+
+
+async def _flood(port: int, clients: int, retry: float, warmup: float, duration: float) -> dict[str, Any]:
+    """N closed-loop clients; answered-200 and rejection latencies inside the window."""
+    raw = HttpConnection.build("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
+    clock = time.perf_counter
+    begin = clock() + warmup
+    end = begin + duration
+    ok: list[float] = []
+    rejected: list[float] = []
+    other: dict[str, int] = {}
+
+    async def client(index: int) -> None:
+        await trio.sleep(warmup * 0.5 * index / clients)  # connections open over the first half of the warm-up
+        connection = HttpConnection("127.0.0.1", port)
+        try:
+            while (t0 := clock()) < end:
+                try:
+                    status, _ = await connection.request(raw)
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, Exception) as exc:
+                    status, kind = 0, type(exc).__name__
+                else:
+                    kind = str(status)
+                t1 = clock()
+                inside = begin <= t1 < end
+                if status == 200:
+                    if inside:
+                        ok.append(t1 - t0)
+                    continue
+                if inside:
+                    if status in (429, 503):
+                        rejected.append(t1 - t0)
+                    other[kind] = other.get(kind, 0) + 1
+                await trio.sleep(retry)
+        finally:
+            await connection.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for index in range(clients):
+            nursery.start_soon(client, index)
+    ok.sort()
+    rejected.sort()
+    return {
+        "ok": len(ok),
+        "ok_rps": len(ok) / duration,
+        "ok_p50_ms": _percentile(ok, 0.5) * 1000,
+        "ok_p99_ms": _percentile(ok, 0.99) * 1000,
+        "rejected": len(rejected),
+        "rejected_rps": len(rejected) / duration,
+        "reject_p99_ms": _percentile(rejected, 0.99) * 1000,
+        "answers": other,
+    }
+
+
+async def _probe(port: int, warmup: float, duration: float) -> dict[str, Any]:
+    """``/healthz`` every 100 ms, ``/metrics`` and ``/status`` every 500 ms, one connection each."""
+    clock = time.perf_counter
+    begin = clock() + warmup
+    end = begin + duration
+    samples: dict[str, list[float]] = {"/healthz": [], "/metrics": [], "/status": []}
+    failures: dict[str, int] = {}
+
+    async def probe(path: str, every: float) -> None:
+        connection = HttpConnection("127.0.0.1", port)
+        raw = HttpConnection.build("GET", path)
+        try:
+            while (t0 := clock()) < end:
+                try:
+                    status, _ = await connection.request(raw)
+                except Exception:  # noqa: BLE001 - counted, the probe goes on
+                    status = 0
+                t1 = clock()
+                if t0 >= begin:
+                    if status == 200:
+                        samples[path].append(t1 - t0)
+                    else:
+                        failures[path] = failures.get(path, 0) + 1
+                await trio.sleep(max(0.0, every - (t1 - t0)))
+        finally:
+            await connection.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(probe, "/healthz", 0.1)
+        nursery.start_soon(probe, "/metrics", 0.5)
+        nursery.start_soon(probe, "/status", 0.5)
+    out: dict[str, Any] = {"failures": failures}
+    for path, values in samples.items():
+        values.sort()
+        out[path] = {"n": len(values), "p50_ms": _percentile(values, 0.5) * 1000, "p99_ms": _percentile(values, 0.99) * 1000}
+        out[path]["max_ms"] = values[-1] * 1000 if values else math.nan
+    return out
+
+
+# ------------------------------------------------------------------ the driver
+
+
+def _cpu(pid: int) -> float:
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _scenario(
+    daemons: dict[str, Daemon], http_port: int, backend_port: int, clients: int, retry: float, quick: bool
+) -> dict[str, Any]:
+    warmup, duration = (QUICK_WARMUP, QUICK_DURATION) if quick else (WARMUP, DURATION)
+    backend = HttpConnection("127.0.0.1", backend_port)
+    await backend.request(HttpConnection.build("POST", "/stats/reset"))
+    await backend.aclose()
+    common = ["--port", str(http_port), "--warmup", str(warmup), "--duration", str(duration)]
+    flood = subprocess.Popen(
+        _python("-m", "benchmarks.overload", "flood", *common, "--clients", str(clients), "--retry", str(retry)),
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )
+    probe = subprocess.Popen(
+        _python("-m", "benchmarks.overload", "probe", *common), stdout=subprocess.PIPE, cwd=ROOT, text=True
+    )
+    await trio.sleep(warmup)
+    before = {name: d.cpu_seconds() for name, d in daemons.items()}
+    before |= {"flood": _cpu(flood.pid), "probe": _cpu(probe.pid)}
+    await trio.sleep(duration)
+    after = {name: d.cpu_seconds() for name, d in daemons.items()}
+    after |= {"flood": _cpu(flood.pid), "probe": _cpu(probe.pid)}
+    flood_out, _ = await trio.to_thread.run_sync(flood.communicate)
+    probe_out, _ = await trio.to_thread.run_sync(probe.communicate)
+    if flood.returncode or probe.returncode:
+        raise BenchmarkFailed(f"flood exited {flood.returncode}, probe exited {probe.returncode}")
+    result: dict[str, Any] = {"clients": clients, "retry_s": retry, **json.loads(flood_out)}
+    result["probe"] = json.loads(probe_out)
+    result["cpu_pct"] = {k: round((after[k] - before[k]) * 100 / duration, 1) for k in after}
+    edge_cpu = after["edge"] - before["edge"]
+    result["edge_cpu_ms_per_answer"] = edge_cpu * 1000 / max(1, result["ok"] + result["rejected"])
+    result["edge_cpu_ms_per_ok"] = edge_cpu * 1000 / max(1, result["ok"])
+    result["drain"] = await _drained(http_port, backend)
+    return result
+
+
+async def _drained(http_port: int, backend: HttpConnection) -> dict[str, Any]:
+    """Wait (at most 10 s) for nothing queued or in flight; read the backend's peak."""
+    poller = HttpConnection("127.0.0.1", http_port)
+    start = time.perf_counter()
+    status: dict[str, Any] = {}
+    try:
+        with trio.move_on_after(10):
+            while True:
+                status = await _get_json(poller, "/status")
+                busy = sum(p.get("in_flight", 0) for p in status.get("providers", []))
+                if busy == 0 and not status.get("queue_depth", 0):
+                    break
+                await trio.sleep(0.05)
+    finally:
+        await poller.aclose()
+    _, body = await backend.request(HttpConnection.build("GET", "/stats"))
+    await backend.aclose()
+    stats = json.loads(body)
+    return {
+        "seconds": round(time.perf_counter() - start, 2),
+        "in_flight": sum(p.get("in_flight", 0) for p in status.get("providers", [])),
+        "queued": status.get("queue_depth"),
+        "backend_peak": stats["peak_in_flight"],
+        "backend_in_flight": stats["in_flight"],
+    }
+
+
+async def _costs(edge: Daemon, http_port: int) -> dict[str, float]:
+    """The Edge's CPU per answer without overload, closed loop (e2e's 2 s window after 0.5 s).
+
+    ``served_ms``: a chat answered by the backend (8 clients, capacity 8); ``reject_us``:
+    a chat for an unknown model (body read and parsed, admission asked, 404: the path of
+    a queue-full 429 without the queue), 32 clients; ``healthz_us``: ``GET /healthz``, 32 clients.
+    """
+    loadgen = LoadGenerator()
+    unknown = {**CHAT, "model": "no-such-model"}
+    commands = {
+        "served_ms": ({"path": "/v1/chat/completions", "body": CHAT, "concurrency": CAPACITY}, 1.0),
+        "reject_us": ({"path": "/v1/chat/completions", "body": unknown, "concurrency": 32}, 1000.0),
+        "healthz_us": ({"path": "/healthz", "body": None, "concurrency": 32}, 1000.0),
+    }
+    out: dict[str, float] = {}
+    try:
+        for name, (command, unit) in commands.items():
+            before = edge.cpu_seconds()
+            result = await loadgen.measure(port=http_port, method="GET" if command["body"] is None else "POST", **command)
+            spent = edge.cpu_seconds() - before
+            answered = max(1.0, (result["requests"] + result["errors"]) * (2.0 + 0.5) / 2.0)
+            out[name] = spent * 1000 * unit / answered
+    finally:
+        loadgen.stop()
+    return out
+
+
+async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str, Any]:
+    daemons: list[Daemon] = []
+    try:
+        backend = Daemon(
+            "mock-backend",
+            _python(
+                "-m", "iop_mock", "--port", "0", "--latency-ms", str(BACKEND_LATENCY_MS),
+                "--tokens-per-second", "0",
+            ),
+            workdir,
+        )  # fmt: skip
+        daemons.append(backend)
+        backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
+        (workdir / "edge.yaml").write_text(EDGE_YAML.format(capacity=CAPACITY, extra=edge_extra))
+        edge = Daemon("edge", _python("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
+        daemons.append(edge)
+        match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
+        http_port, node_port = int(match.group(1)), int(match.group(2))
+        (workdir / "node.yaml").write_text(
+            NODE_YAML.format(node_port=node_port, backend_port=backend_port, capacity=CAPACITY)
+        )
+        node = Daemon("node", _python("-m", "iop_node", "--config", str(workdir / "node.yaml")), workdir)
+        daemons.append(node)
+        poller = HttpConnection("127.0.0.1", http_port)
+
+        async def node_up() -> bool:
+            return _node_connected(await _get_json(poller, "/status"), "bench-node")
+
+        await _wait_until("bench-node to register", node_up, node, edge)
+        await poller.aclose()
+        costs = await _costs(edge, http_port)
+        cost = costs["served_ms"]
+        print(f"   Edge CPU without overload: {costs}", file=sys.stderr, flush=True)
+        rows = []
+        for clients, retry in QUICK_SCENARIOS if quick else SCENARIOS:
+            print(f"   {clients} clients, retry {retry * 1000:g} ms ...", file=sys.stderr, flush=True)
+            processes = {"edge": edge, "node": node, "backend": backend}
+            rows.append(await _scenario(processes, http_port, backend_port, clients, retry, quick))
+            row = rows[-1]
+            rest = row["edge_cpu_ms_per_ok"] * row["ok"] - cost * row["ok"]
+            row["edge_cpu_us_per_reject"] = rest * 1000 / max(1, row["rejected"])
+            print(_row(rows[-1]), file=sys.stderr, flush=True)
+        return {"costs": costs, "served_cpu_ms": cost, "ideal_rps": IDEAL_RPS, "capacity": CAPACITY, "quick": quick, "cpus": os.cpu_count(), "rows": rows}
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+
+
+def run(runs: int = 1, quick: bool = False, edge_extra: str = "") -> dict[str, Any]:
+    """Start the processes and run every scenario once (``runs`` is ignored: each row is long)."""
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-overload-"))
+    try:
+        result = trio.run(_main, quick, workdir, edge_extra)
+    except BenchmarkFailed:
+        print(f"(logs kept in {workdir})", file=sys.stderr)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
+    result["command"] = "python -m benchmarks overload" + (" --quick" if quick else "")
+    return result
+
+
+def _ms(value: float) -> str:
+    return "-" if value != value else f"{value:.0f} ms" if value < 1000 else f"{value / 1000:.2f} s"
+
+
+def _row(r: dict[str, Any]) -> str:
+    probe = r["probe"]
+    cpu = r["cpu_pct"]
+    drain = r["drain"]
+    return (
+        f"| {r['clients']:,} | {r['retry_s'] * 1000:g} ms | {r['ok_rps']:.1f} ({r['ok_rps'] / IDEAL_RPS:.0%})"
+        f" | {_ms(r['ok_p50_ms'])} / {_ms(r['ok_p99_ms'])} | {r['rejected_rps']:.0f}/s, p99 {_ms(r['reject_p99_ms'])}"
+        f" | {_ms(probe['/healthz']['p99_ms'])} ({probe['/healthz']['n']})"
+        f" | {_ms(probe['/status']['p99_ms'])} / {_ms(probe['/metrics']['p99_ms'])}"
+        f" | {cpu['edge']:.0f} % | {r['edge_cpu_us_per_reject']:.0f} µs"
+        f" | {cpu['flood']:.0f} % | {cpu['node']:.0f} % | {drain['backend_peak']}, drained {drain['seconds']} s |"
+    )
+
+
+def table(result: dict[str, Any]) -> str:
+    head = (
+        "| clients | retry | answered 200/s (of ideal) | 200 p50 / p99 | rejections, p99 | `/healthz` p99 (n)"
+        " | `/status` / `/metrics` p99 | Edge CPU | Edge CPU per rejection | flood CPU"
+        " | Node CPU | backend peak, drain |\n|" + "---|" * 12
+    )
+    title = (
+        f"ideal {result['ideal_rps']:g} answered/s; Edge CPU per served request without overload"
+        f" {result['served_cpu_ms']:.2f} ms, per rejection {result['costs']['reject_us']:.0f} µs, per"
+        f" `/healthz` {result['costs']['healthz_us']:.0f} µs ({result['command']})"
+    )
+    return "\n".join([title, head, *map(_row, result["rows"])])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The flood and probe processes: ``python -m benchmarks.overload flood|probe ...``; prints JSON."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.overload")
+    parser.add_argument("role", choices=("flood", "probe"))
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--retry", type=float, default=0.01)
+    parser.add_argument("--warmup", type=float, default=WARMUP)
+    parser.add_argument("--duration", type=float, default=DURATION)
+    args = parser.parse_args(argv)
+    if args.role == "flood":
+        out = trio.run(_flood, args.port, args.clients, args.retry, args.warmup, args.duration)
+    else:
+        out = trio.run(_probe, args.port, args.warmup, args.duration)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
