@@ -1,169 +1,348 @@
-"""Serving the ASGI app with hypercorn on our own listener, with a request-head deadline.
+"""The Edge's HTTP/1.1 listener: h11 on trio sockets, serving an ASGI-shaped app.
 
-hypercorn's ``read_timeout`` bounds each read, so a client trickling its
-request head one byte a second never trips it and holds a connection (and a
-slot of the server) for as long as it likes. :class:`HeaderDeadlineStream`
-closes that hole at the byte-stream level: whenever the connection waits for
-a request head -- at open, and again once the server has sent response bytes
--- the first byte received starts a deadline of ``header_timeout`` seconds;
-if the blank line ending the head (``\\r\\n\\r\\n``) has not arrived by then,
-the connection is closed and the pending read reports end-of-stream, which
-hypercorn handles as a client that went away.
+Why not hypercorn: it was ~45 % of the Edge's CPU, and the only way to put a
+request-head deadline on its connections was its internal ``TCPServer``. Here
+each accepted connection is one task that drives an :class:`h11.Connection`
+(the protocol library hypercorn itself uses) and calls the app with an ASGI
+``scope``, ``receive`` and ``send`` -- the subset the Edge uses (no lifespan,
+no websockets, no HTTP/2). What the listener guarantees:
 
-hypercorn's public ``serve`` builds its listeners and streams itself, with no
-hook for wrapping a stream. So :func:`serve_http` runs ``trio.serve_listeners``
-itself and hands each wrapped stream to hypercorn's ``TCPServer`` -- an
-internal class (``hypercorn.trio.tcp_server.TCPServer``, with
-``WorkerContext``); nothing is pinned, and if its signature changes the
-Edge fails at its first connection, loudly. The ASGI lifespan protocol is not
-run: :class:`~iop_edge._http_api.EdgeAPI` does nothing on startup/shutdown.
+- **Keep-alive**: a connection serves requests one after another; an idle one
+  is closed after ``keep_alive_timeout``.
+- **Request-head deadline**: from the first byte of a request head, the client
+  has ``header_timeout`` to finish it, at connection start and again after
+  each response; otherwise the connection is closed. Heads larger than
+  ``max_head_bytes`` are refused (431).
+- **Bodies** (content-length or chunked) are read only when the app asks
+  (``receive``), each read bounded by ``read_timeout``; ``expect:
+  100-continue`` is answered with ``100 Continue`` at that moment, so a request
+  rejected before its body is read never makes the client send it. A body the
+  app did not read is drained (up to ``DRAIN_LIMIT`` bytes) to keep the
+  connection, or the connection closes.
+- **Disconnect**: once the body is read, ``receive`` waits for the client to
+  go away and then returns ``http.disconnect``.
+- **Connection cap**: past ``max_connections`` open connections, a new one is
+  closed at once (before a byte is read) -- the cheapest possible refusal.
+- A response head goes out with the first body chunk, in one send.
+
+``wrap_stream`` is the seam for TLS: it gets each accepted socket stream and
+returns the stream to speak HTTP on (e.g. a ``trio.SSLStream``); it runs under
+the head deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import urllib.parse
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, final
 
-import hypercorn.config
+import attrs
+import h11
 import trio
-from hypercorn.trio.tcp_server import TCPServer  # internal: see the module docstring
-from hypercorn.trio.worker_context import WorkerContext  # internal: see the module docstring
-from hypercorn.utils import wrap_app
 
 logger = logging.getLogger("iop_edge.http")
 
-_HEAD_END = b"\r\n\r\n"
-_INTERIM = b"HTTP/1.1 1"
-"""An interim (1xx) response, e.g. ``100 Continue``: the request it answers is still coming."""
+Message = MutableMapping[str, Any]
+App = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Any]
+StreamWrapper = Callable[[trio.SocketStream], Awaitable[trio.abc.Stream]]
+
+DRAIN_LIMIT = 64 * 1024
+"""Unread request body bytes the listener reads and drops to keep a connection alive."""
+
+_RECEIVE_SIZE = 65536
+_DISCONNECT: Message = {"type": "http.disconnect"}
+
+
+@attrs.frozen(kw_only=True)
+class HttpLimits:
+    """The listener's bounds (seconds, bytes, connections)."""
+
+    header_timeout: float
+    keep_alive_timeout: float = 75.0
+    read_timeout: float = 30.0
+    max_head_bytes: int = 64 * 1024
+    max_connections: int = 10_000
 
 
 @final
-class HeaderDeadlineStream(trio.abc.HalfCloseableStream):
-    """A socket stream that fails reads once a request head takes too long.
+class ConnectionCounter:
+    """Open connections of one listener, and how many were refused at the cap."""
 
-    Args:
-        transport_stream: the accepted connection.
-        header_timeout: seconds from the first byte of a request head to its end.
+    __slots__ = ("open", "refused", "limit")
 
-    The head is looked for in the bytes as they arrive (the last three bytes
-    are kept across reads). Bytes received while a request body is read or a
-    response is streamed are not looked at. A send other than an interim 1xx
-    response re-arms the check for the next request head; sending nothing
-    while the head is incomplete never stops the deadline.
-    """
+    def __init__(self, limit: int) -> None:
+        self.open = 0
+        self.refused = 0
+        self.limit = limit
 
-    def __init__(self, transport_stream: trio.SocketStream, header_timeout: float) -> None:
-        self.transport_stream = transport_stream
-        self.socket = transport_stream.socket  # hypercorn reads the peer address from it
-        self.header_timeout = header_timeout
-        self._awaiting_head = True
-        self._deadline = math.inf
-        self._tail = b""
-        self._held_head = b""
+    def __repr__(self) -> str:
+        return f"<ConnectionCounter {self.open}/{self.limit} open, {self.refused} refused>"
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        """Receive like the socket stream; checkpoints.
 
-        Returns b"" (end of stream) after closing the connection when a request
-        head is in progress and its deadline passed.
-        """
-        with trio.move_on_at(self._deadline) as scope:
-            data = await self.transport_stream.receive_some(max_bytes)
-        if scope.cancelled_caught:
-            logger.info("client sent no complete request head within %.3g s: disconnecting", self.header_timeout)
-            # Close here and report end-of-stream: hypercorn closes a connection whose peer
-            # ended it, whereas a read error (its own read_timeout too) leaves the socket
-            # open until the keep-alive timeout.
-            await self.transport_stream.aclose()
-            return b""
-        if data and self._awaiting_head:
-            self._look_for_head_end(data)
-        return data
+class _PeerGone(Exception):
+    """The client closed, broke or stalled the connection."""
 
-    def _look_for_head_end(self, data: bytes) -> None:
-        if self._deadline == math.inf:
-            self._deadline = trio.current_time() + self.header_timeout
-        window = self._tail + data
-        if _HEAD_END in window:
-            self._awaiting_head = False
-            self._deadline = math.inf
-            self._tail = b""
-        else:
-            self._tail = window[-3:]
 
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """Send like the socket stream; a final response re-arms the head check. Checkpoints.
+@final
+class _Connection:
+    """One HTTP/1.1 connection: reads requests with h11, calls the app for each."""
 
-        Coalescing: a complete response head that announces a non-empty
-        ``content-length`` body is held back and goes out with the next write
-        (hypercorn writes the head and the body separately: one send -- one
-        syscall -- saved per response). The next write always comes: the body,
-        or, when the body is suppressed (a HEAD request), the empty write
-        hypercorn makes at the end of every message.
-        """
-        if self._held_head:
-            data = self._held_head + data
-            self._held_head = b""
-        elif _holds_body(data):
-            self._held_head = bytes(data)
+    def __init__(self, stream: trio.abc.Stream, app: App, limits: HttpLimits) -> None:
+        self.stream = stream
+        self.app = app
+        self.limits = limits
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
+        self.gone = False
+        self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
+        self._body_done = False
+        self._suppress_body = False
+        self._response_started = False
+
+    async def serve(self) -> None:
+        """Serve requests until the client leaves, a limit trips or a response says close. Checkpoints."""
+        try:
+            while True:
+                request = await self._next_request()
+                if request is None:
+                    return
+                await self._respond(request)
+                if not await self._ready_for_next():
+                    return
+        except _PeerGone:
             return
-        await self.transport_stream.send_all(data)
-        if not bytes(data[: len(_INTERIM)]) == _INTERIM:
-            self._awaiting_head = True
-            self._deadline = math.inf
-            self._tail = b""
+        finally:
+            await self._close()
 
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.transport_stream.wait_send_all_might_not_block()
+    # ------------------------------------------------------------- request heads
 
-    async def send_eof(self) -> None:
-        if self._held_head:
-            await self.send_all(b"")
-        await self.transport_stream.send_eof()
+    async def _next_request(self) -> h11.Request | None:
+        """The next request head, or None when the connection should end."""
+        head_deadline = math.inf
+        while True:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._protocol_error(exc)
+                return None
+            if event is h11.NEED_DATA:
+                if head_deadline == math.inf and self.h11.trailing_data[0]:
+                    head_deadline = trio.current_time() + self.limits.header_timeout
+                deadline = head_deadline
+                if deadline == math.inf:
+                    deadline = trio.current_time() + self.limits.keep_alive_timeout
+                data = await self._receive(deadline, "request head")
+                if data and head_deadline == math.inf:
+                    head_deadline = trio.current_time() + self.limits.header_timeout
+                self.h11.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                return event
+            return None  # ConnectionClosed (or PAUSED after a close)
 
-    async def aclose(self) -> None:
-        self._held_head = b""  # the connection is going away; a lone head helps no one
-        await self.transport_stream.aclose()
+    async def _receive(self, deadline: float, what: str) -> bytes:
+        with trio.move_on_at(deadline):
+            try:
+                return await self.stream.receive_some(_RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise _PeerGone() from None
+        if what == "request head" and self.h11.trailing_data[0]:
+            logger.info("client sent no complete request head within %.3g s: disconnecting", self.limits.header_timeout)
+        raise _PeerGone()
 
+    async def _protocol_error(self, exc: h11.RemoteProtocolError) -> None:
+        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        status = exc.error_status_hint if exc.error_status_hint >= 400 else 400
+        body = f"bad request: {exc}".encode()
+        headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]
+        try:
+            data = self.h11.send(h11.Response(status_code=status, headers=headers))
+            data += self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:
+            return
+        await self._send_bytes(data)
 
-def _holds_body(data: bytes | bytearray | memoryview) -> bool:
-    """Whether ``data`` is exactly one final response head announcing a body."""
-    # Cheap prefix test first: every body chunk of every response passes through here.
-    if bytes(data[:9]) != b"HTTP/1.1 ":
-        return False
-    head = bytes(data)
-    if head.startswith(_INTERIM) or not head.endswith(_HEAD_END):
-        return False
-    start = head.lower().find(b"\r\ncontent-length:")
-    if start < 0:
-        return False
-    end = head.find(b"\r\n", start + 2)
-    value = head[start + len(b"\r\ncontent-length:") : end].strip()
-    return value.isdigit() and int(value) > 0
+    # -------------------------------------------------------------- the exchange
+
+    async def _respond(self, request: h11.Request) -> None:
+        self._head = None
+        self._body_done = False
+        self._response_started = False
+        self._suppress_body = request.method == b"HEAD"
+        target = request.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version.decode(),
+            "method": request.method.decode("ascii"),
+            "scheme": "http",
+            "path": urllib.parse.unquote(path) if "%" in path else path,
+            "raw_path": path.encode("latin-1"),
+            "query_string": query.encode("latin-1"),
+            "headers": request.headers,
+        }
+        try:
+            await self.app(scope, self._receive_message, self._send_message)
+        except Exception:
+            logger.exception("error while answering %s %s", scope["method"], path)
+            if not self._response_started and not self.gone:
+                await self._send_message({"type": "http.response.start", "status": 500, "headers": []})
+                await self._send_message({"type": "http.response.body", "body": b"internal error"})
+        if self.h11.our_state is h11.SEND_BODY and not self.gone:
+            raise _PeerGone()  # the app ended a response midway: the client cannot frame it
+
+    async def _receive_message(self) -> Message:
+        """ASGI ``receive``: the next body chunk, then (after the body) the client's departure."""
+        if self.gone:
+            return _DISCONNECT
+        if self._body_done:
+            return await self._wait_disconnect()
+        if self.h11.they_are_waiting_for_100_continue:
+            await self._send_bytes(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
+        try:
+            return await self._next_body_message()
+        except (_PeerGone, h11.RemoteProtocolError):
+            self.gone = True
+            return _DISCONNECT
+
+    async def _next_body_message(self) -> Message:
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(await self._receive(trio.current_time() + self.limits.read_timeout, "body"))
+                continue
+            if isinstance(event, h11.Data):
+                return self._body_message(bytearray(event.data))
+            if isinstance(event, h11.EndOfMessage):
+                self._body_done = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            raise _PeerGone()  # ConnectionClosed mid-body
+
+    def _body_message(self, body: bytearray) -> Message:
+        """``body`` plus every chunk already buffered; ``more_body`` false if the end is buffered too."""
+        while True:
+            event = self.h11.next_event()
+            if isinstance(event, h11.Data):
+                body += event.data
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                self._body_done = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return {"type": "http.request", "body": bytes(body), "more_body": True}  # NEED_DATA
+
+    async def _wait_disconnect(self) -> Message:
+        """Read (and keep, for the next request) until the client goes away."""
+        while not self.gone:
+            if len(self.h11.trailing_data[0]) > self.limits.max_head_bytes:
+                await trio.sleep_forever()  # pipelined too far ahead: stop reading, keep the bytes
+            try:
+                data = await self.stream.receive_some(_RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self.gone = True
+                break
+            self.h11.receive_data(data)
+        return _DISCONNECT
+
+    async def _send_message(self, message: Message) -> None:
+        """ASGI ``send``: the head waits for the first body chunk so both go in one write."""
+        if self.gone:
+            return
+        if message["type"] == "http.response.start":
+            self._response_started = True
+            self._head = (message["status"], list(message.get("headers", ())))
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        parts: list[bytes] = []
+        if self._head is not None:
+            status, headers = self._head
+            self._head = None
+            parts.append(self.h11.send(h11.Response(status_code=status, headers=headers, reason=b"")) or b"")
+        if body and not self._suppress_body:
+            parts.append(self.h11.send(h11.Data(data=body)) or b"")
+        if not more:
+            parts.append(self.h11.send(h11.EndOfMessage()) or b"")
+        if parts:
+            await self._send_bytes(b"".join(parts))
+
+    async def _send_bytes(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.gone = True
+
+    # ------------------------------------------------------------------- reuse
+
+    async def _ready_for_next(self) -> bool:
+        """Whether the connection can carry another request; drains an unread small body."""
+        if self.gone or self.h11.our_state is not h11.DONE:
+            return False
+        if self.h11.their_state is h11.SEND_BODY:
+            if self.h11.client_is_waiting_for_100_continue:
+                return False
+            try:
+                drained = 0
+                while self.h11.their_state is h11.SEND_BODY and drained <= DRAIN_LIMIT:
+                    message = await self._next_body_message()
+                    drained += len(message["body"])
+            except (_PeerGone, h11.RemoteProtocolError):
+                return False
+        if self.h11.their_state is not h11.DONE:
+            return False
+        self.h11.start_next_cycle()
+        return True
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
 
 
 async def serve_http(
-    app: Any,
-    config: hypercorn.config.Config,
+    app: App,
     host: str,
     port: int,
     *,
-    header_timeout: float,
+    limits: HttpLimits,
+    counter: ConnectionCounter | None = None,
+    wrap_stream: StreamWrapper | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` (ASGI) over HTTP/1.1 on ``host:port`` until cancelled.
+    """Serve ``app`` over HTTP/1.1 on ``host:port`` until cancelled.
+
+    Args:
+        app: an ASGI-shaped callable ``app(scope, receive, send)`` (HTTP scopes only).
+        limits: timeouts and sizes.
+        counter: open/refused connections, kept up to date (its ``limit`` is the cap).
+        wrap_stream: builds the stream to speak HTTP on from each accepted socket (TLS).
 
     Reports the bound port through ``task_status`` once listening.
     Checkpoints; cancellation closes the listener and every connection at once.
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
-    context = WorkerContext(None)
+    connections = counter if counter is not None else ConnectionCounter(limits.max_connections)
 
     async def handle(stream: trio.SocketStream) -> None:
-        guarded = HeaderDeadlineStream(stream, header_timeout)
-        await TCPServer(wrapped, config, context, {}, guarded)  # type: ignore[arg-type]
+        if connections.open >= connections.limit:
+            connections.refused += 1
+            await trio.aclose_forcefully(stream)
+            return
+        connections.open += 1
+        try:
+            http_stream: trio.abc.Stream = stream
+            if wrap_stream is not None:
+                with trio.move_on_after(limits.header_timeout) as scope:
+                    http_stream = await wrap_stream(stream)
+                if scope.cancelled_caught:
+                    await trio.aclose_forcefully(stream)
+                    return
+            await _Connection(http_stream, app, limits).serve()
+        finally:
+            connections.open -= 1
 
     task_status.started(listeners[0].socket.getsockname()[1])  # listening already: connections queue
     await trio.serve_listeners(handle, listeners)

@@ -14,13 +14,12 @@ import os
 from typing import Any, final
 
 import cattrs
-import hypercorn.config
 import trio
 from iop_admission import Admission, ConfigError
 from iop_config import ConfigFileError
 
 from ._http_api import EdgeAPI
-from ._http_server import serve_http
+from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
@@ -115,21 +114,9 @@ class EdgeService:
             self.node_port = await nursery.start(
                 _serve_nodes, self.registry, config.node_listen.host, config.node_listen.port
             )
-            hyper = hypercorn.config.Config()
-            hyper.accesslog = None
-            hyper.errorlog = logging.getLogger("hypercorn.error")
-            hyper.loglevel = "WARNING"
-            hyper.keep_alive_timeout = 75
-            hyper.read_timeout = 30
+            limits = HttpLimits(header_timeout=config.header_timeout_ms / 1000)
             self.http_port = await nursery.start(
-                functools.partial(
-                    serve_http,
-                    self.api,
-                    hyper,
-                    config.listen.host,
-                    config.listen.port,
-                    header_timeout=config.header_timeout_ms / 1000,
-                )
+                functools.partial(serve_http, self.api, config.listen.host, config.listen.port, limits=limits)
             )
             logger.info(
                 "iop-edge listening: http://%s:%d (API), ws://%s:%d (nodes)",

@@ -1,67 +1,158 @@
-"""The Edge's HTTP listener: a response head announcing a body goes out with the body.
+"""The Edge's HTTP/1.1 listener (h11 on trio sockets): keep-alive, one send per response,
+chunked bodies, ``expect: 100-continue``, the body limit, the connection cap.
 
 Real sockets on 127.0.0.1 port 0, bounded by ``trio.fail_after``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import trio
-from edge_harness import running_edge
-
-from iop_edge._http_server import _holds_body
-
-
-def test_only_a_complete_final_head_with_a_body_is_held() -> None:
-    assert _holds_body(b"HTTP/1.1 200 \r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n")
-    assert _holds_body(b"HTTP/1.1 404 \r\nContent-Length: 3\r\n\r\n")
-    assert not _holds_body(b"HTTP/1.1 200 \r\ncontent-length: 0\r\n\r\n")
-    assert not _holds_body(b"HTTP/1.1 200 \r\ncontent-type: text/event-stream\r\n\r\n")  # streamed
-    assert not _holds_body(b"HTTP/1.1 100 \r\ncontent-length: 5\r\n\r\n")  # interim
-    assert not _holds_body(b"HTTP/1.1 200 \r\ncontent-length: 5\r\n\r\nhello")  # head + body already
-    assert not _holds_body(b'{"id": 1}')
+from edge_harness import FAST, EdgeLayout, eventually, fake_node, running_edge
+from iop_edge._http_server import ConnectionCounter, HttpLimits, serve_http
 
 
-async def _exchange(port: int, request: bytes) -> list[bytes]:
-    """Send one request; return every chunk received until the response is complete."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(request)
-        chunks: list[bytes] = []
-        data = b""
-        while True:
-            chunk = await stream.receive_some()
-            assert chunk, f"connection closed early after {data!r}"
-            chunks.append(chunk)
-            data += chunk
-            head, sep, body = data.partition(b"\r\n\r\n")
-            if sep and b"head" in request[:5].lower():
-                return chunks
-            if sep:
-                length = [
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                ]
-                if length and len(body) >= length[0]:
-                    return chunks
+async def _read_response(stream: trio.SocketStream, buffer: bytearray) -> tuple[int, bytes, int]:
+    """One response (content-length framed) from ``stream``; returns (status, body, chunks received)."""
+    received = 0
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some()
+        assert data, f"connection closed early after {bytes(buffer)!r}"
+        buffer += data
+        received += 1
+    end = buffer.index(b"\r\n\r\n")
+    head = bytes(buffer[:end]).split(b"\r\n")
+    del buffer[: end + 4]
+    status = int(head[0].split(b" ")[1])
+    length = 0
+    for line in head[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(buffer) < length:
+        data = await stream.receive_some()
+        assert data, "connection closed mid-body"
+        buffer += data
+        received += 1
+    body = bytes(buffer[:length])
+    del buffer[:length]
+    return status, body, received
 
 
-async def test_head_and_body_arrive_together(tmp_path: Path) -> None:
+async def test_head_and_body_arrive_together_and_the_connection_is_kept(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with running_edge(tmp_path) as edge:
-            chunks = await _exchange(edge.http_port, b"GET /healthz HTTP/1.1\r\nhost: edge\r\n\r\n")
-    assert len(chunks) == 1, chunks
-    assert chunks[0].endswith(b'{"status":"ok"}')
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            async with stream:
+                buffer = bytearray()
+                for _ in range(3):
+                    await stream.send_all(b"GET /healthz HTTP/1.1\r\nhost: edge\r\n\r\n")
+                    status, body, chunks = await _read_response(stream, buffer)
+                    assert (status, body, chunks) == (200, b'{"status":"ok"}', 1)
 
 
-async def test_head_request_is_answered_without_waiting_for_a_body(tmp_path: Path) -> None:
-    """HEAD suppresses the body: the held head is flushed by the end of the message."""
+async def test_head_request_is_answered_without_a_body(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with running_edge(tmp_path) as edge:
-            chunks = await _exchange(edge.http_port, b"HEAD /healthz HTTP/1.1\r\nhost: edge\r\n\r\n")
-            # The Edge keeps serving.
-            after = await _exchange(edge.http_port, b"GET /healthz HTTP/1.1\r\nhost: edge\r\n\r\n")
-    assert b"".join(chunks).startswith(b"HTTP/1.1 405")
-    assert b"".join(after).endswith(b'{"status":"ok"}')
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            async with stream:
+                await stream.send_all(b"HEAD /healthz HTTP/1.1\r\nhost: edge\r\n\r\n")
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += await stream.receive_some()
+                assert data.startswith(b"HTTP/1.1 405")
+                assert data.endswith(b"\r\n\r\n")  # no body after the head
+                await stream.send_all(b"GET /healthz HTTP/1.1\r\nhost: edge\r\n\r\n")
+                status, body, _ = await _read_response(stream, bytearray())
+                assert (status, body) == (200, b'{"status":"ok"}')
+
+
+async def test_chunked_body_and_100_continue_reach_the_app(tmp_path: Path) -> None:
+    """A chunked body with ``expect: 100-continue``: 100 comes when the body is wanted."""
+    body = json.dumps({"model": FAST, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\nexpect: 100-continue\r\n\r\n"
+    )
+    with trio.fail_after(20):
+        async with running_edge(tmp_path) as edge, fake_node(edge, "node-a") as node:
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            async with stream:
+                await stream.send_all(head)
+                interim = b""
+                while b"\r\n\r\n" not in interim:
+                    interim += await stream.receive_some()
+                assert interim.startswith(b"HTTP/1.1 100 ")
+                half = len(body) // 2
+                for part in (body[:half], body[half:]):
+                    await stream.send_all(b"%x\r\n%s\r\n" % (len(part), part))
+                await stream.send_all(b"0\r\n\r\n")
+                run = await node.next_run()
+                assert run.body["messages"] == [{"role": "user", "content": "hi"}]
+                await node.answer(run, "chunked ok")
+                status, answer, _ = await _read_response(stream, bytearray())
+                assert status == 200, answer
+                assert json.loads(answer)["choices"][0]["message"]["content"] == "chunked ok"
+
+
+async def test_rejected_before_the_body_no_100_continue_is_sent(tmp_path: Path) -> None:
+    """A request refused before its body is read (401) never invites the body."""
+    layout = EdgeLayout(api_keys=("k-1",))
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge:
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            async with stream:
+                await stream.send_all(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-length: 100000\r\n"
+                    b"expect: 100-continue\r\n\r\n"
+                )
+                status, _, _ = await _read_response(stream, bytearray(b""))
+                assert status == 401
+
+
+async def test_chunked_body_over_the_limit_is_refused(tmp_path: Path) -> None:
+    layout = EdgeLayout(max_body_bytes=1000)
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge:
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            async with stream:
+                await stream.send_all(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ntransfer-encoding: chunked\r\n\r\n"
+                    + b"%x\r\n%s\r\n" % (1500, b"x" * 1500)
+                )
+                status, body, _ = await _read_response(stream, bytearray())
+                assert status == 413
+                assert json.loads(body)["error"]["code"] == "request_too_large"
+
+
+async def test_connections_past_the_cap_are_closed_at_once() -> None:
+    """Past ``max_connections`` a new connection is closed before a byte is read."""
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    counter = ConnectionCounter(limit=1)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                lambda task_status: serve_http(
+                    app, "127.0.0.1", 0, limits=HttpLimits(header_timeout=5), counter=counter, task_status=task_status
+                )
+            )
+            first = await trio.open_tcp_stream("127.0.0.1", port)
+            await first.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await _read_response(first, bytearray()))[:2] == (200, b"ok")
+            second = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await second.receive_some() == b""  # closed by the server, unanswered
+            assert (counter.open, counter.refused) == (1, 1)
+            await second.aclose()
+            await first.aclose()
+            await eventually(lambda: counter.open == 0)
+            third = await trio.open_tcp_stream("127.0.0.1", port)
+            await third.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await _read_response(third, bytearray()))[0] == 200
+            await third.aclose()
+            nursery.cancel_scope.cancel()
