@@ -283,7 +283,7 @@ async def _throughput(
     stream: dict[str, dict[str, Any]] = {}
     for (kind, path, c), samples in raw.items():
         (chat if kind == "chat" else stream).setdefault(path, {})[str(c)] = _median_of(samples)
-    for path, by_c in chat.items():
+    for by_c in chat.values():
         for c, figures in by_c.items():
             figures["added_p50_ms"] = figures["p50_ms"] - chat["direct"][c]["p50_ms"]
     return chat, stream
@@ -321,7 +321,7 @@ async def _graceful_close(edge: Daemon, http_port: int, node_port: int, workdir:
                 connection = HttpConnection("127.0.0.1", http_port)
                 try:
                     code, _ = await connection.request(probe)
-                    answers[name] = (code, time.perf_counter())
+                    answers[name] = (code, time.perf_counter())  # noqa: B023 (awaited within this iteration)
                 finally:
                     await connection.aclose()
 

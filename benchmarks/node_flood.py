@@ -33,9 +33,10 @@ from typing import Any
 
 import httpx
 import trio
+from trio_websocket import ConnectionClosed, HandshakeError, wrap_client_stream
+
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, RuntimeConfig
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, decode, encode
-from trio_websocket import ConnectionClosed, HandshakeError, wrap_client_stream
 
 EDGE_YAML = """\
 listen: 127.0.0.1:0
@@ -198,7 +199,9 @@ async def flood(args: argparse.Namespace) -> dict[str, Any]:
         **_classify(record, args.handshake_ms / 1000),
         "bad_token_answers": {code: answers.count(code) for code in sorted(set(answers))},
         "real_node": node,
-        "edge_metrics": [line for line in metrics.splitlines() if line.startswith("iop_node_") and "_created" not in line],
+        "edge_metrics": [
+            line for line in metrics.splitlines() if line.startswith("iop_node_") and "_created" not in line
+        ],
     }
 
 

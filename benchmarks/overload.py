@@ -149,7 +149,7 @@ async def _probe(port: int, warmup: float, duration: float) -> dict[str, Any]:
             while (t0 := clock()) < end:
                 try:
                     status, _ = await connection.request(raw)
-                except Exception:  # noqa: BLE001 - counted, the probe goes on
+                except Exception:
                     status = 0
                 t1 = clock()
                 if t0 >= begin:
@@ -168,7 +168,11 @@ async def _probe(port: int, warmup: float, duration: float) -> dict[str, Any]:
     out: dict[str, Any] = {"failures": failures}
     for path, values in samples.items():
         values.sort()
-        out[path] = {"n": len(values), "p50_ms": _percentile(values, 0.5) * 1000, "p99_ms": _percentile(values, 0.99) * 1000}
+        out[path] = {
+            "n": len(values),
+            "p50_ms": _percentile(values, 0.5) * 1000,
+            "p99_ms": _percentile(values, 0.99) * 1000,
+        }
         out[path]["max_ms"] = values[-1] * 1000 if values else math.nan
     return out
 
@@ -266,7 +270,9 @@ async def _costs(edge: Daemon, http_port: int) -> dict[str, float]:
     try:
         for name, (command, unit) in commands.items():
             before = edge.cpu_seconds()
-            result = await loadgen.measure(port=http_port, method="GET" if command["body"] is None else "POST", **command)
+            result = await loadgen.measure(
+                port=http_port, method="GET" if command["body"] is None else "POST", **command
+            )
             spent = edge.cpu_seconds() - before
             answered = max(1.0, (result["requests"] + result["errors"]) * (2.0 + 0.5) / 2.0)
             out[name] = spent * 1000 * unit / answered
@@ -317,7 +323,15 @@ async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str
             rest = row["edge_cpu_ms_per_ok"] * row["ok"] - cost * row["ok"]
             row["edge_cpu_us_per_reject"] = rest * 1000 / max(1, row["rejected"])
             print(_row(rows[-1]), file=sys.stderr, flush=True)
-        return {"costs": costs, "served_cpu_ms": cost, "ideal_rps": IDEAL_RPS, "capacity": CAPACITY, "quick": quick, "cpus": os.cpu_count(), "rows": rows}
+        return {
+            "costs": costs,
+            "served_cpu_ms": cost,
+            "ideal_rps": IDEAL_RPS,
+            "capacity": CAPACITY,
+            "quick": quick,
+            "cpus": os.cpu_count(),
+            "rows": rows,
+        }
     finally:
         for daemon in reversed(daemons):
             daemon.stop()

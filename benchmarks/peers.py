@@ -87,7 +87,7 @@ def ensure_installed() -> pathlib.Path:
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            lines = [l for l in (done.stdout + done.stderr).splitlines() if not l.startswith("WARNING")]
+            lines = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("WARNING")]
             raise PeerUnavailable(f"`{' '.join(step[-3:])}` failed: {' | '.join(lines[-3:])}")
     if not litellm.exists():
         raise PeerUnavailable(f"{REQUIREMENT} installed no `litellm` command")

@@ -9,7 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display; set before pyplot is imported
 
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend choice on purpose)
+import matplotlib.pyplot as plt
 
 
 def plot(result: dict[str, Any], path: pathlib.Path) -> None:

@@ -238,7 +238,7 @@ class Admission:
     def _emit_rejected(self, model: str, long: bool, exc: BaseException) -> None:
         self._emit(AdmissionEvent("rejected", _now(), model=model, long=long, reason=type(exc).__name__))
 
-    def _lease_event(self, kind: str, lease: Lease, **extra: object) -> None:
+    def _lease_event(self, kind: str, lease: Lease, *, waited: float | None = None) -> None:
         self._emit(
             AdmissionEvent(
                 kind,
@@ -249,7 +249,7 @@ class Admission:
                 generation=lease.generation,
                 node_id=lease.provider.node_id,
                 long=lease.long,
-                **extra,  # type: ignore[arg-type]
+                waited=waited,
             )
         )
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Mapping
-from typing import final
+from collections.abc import Iterable, Mapping
+from typing import Any, final
 
 import attrs
 
@@ -121,8 +121,8 @@ class QueuePolicy:
             raise ConfigError(out)
 
 
-def _candidates(value: object) -> tuple[ProviderKey, ...]:
-    return tuple(value)  # type: ignore[arg-type]
+def _candidates(value: Iterable[ProviderKey]) -> tuple[ProviderKey, ...]:
+    return tuple(value)
 
 
 @final
@@ -133,7 +133,7 @@ class ModelGroup:
     candidates: tuple[ProviderKey, ...] = attrs.field(converter=_candidates)
 
 
-def _frozen_mapping(value: Mapping) -> Mapping:  # type: ignore[type-arg]
+def _frozen_mapping(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
     return types.MappingProxyType(dict(value))
 
 

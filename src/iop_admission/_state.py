@@ -54,8 +54,8 @@ from __future__ import annotations
 import itertools
 import struct
 from collections import deque
-from heapq import heapify, heappop, heappush, heapreplace
 from collections.abc import Iterable, Iterator
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import final
 
 from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar, final, get_args, get_origin
 
 import cattrs
 from cattrs.errors import (
+    AttributeValidationNote,
     ClassValidationError,
     ForbiddenExtraKeysError,
     IterableValidationError,
@@ -29,7 +30,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from ._converter import make_converter, yaml_kind
+from ._converter import make_converter
 
 T = TypeVar("T")
 
@@ -211,10 +212,10 @@ def _line_of(tree: Any, path: Path) -> int:
 def _collect(exc: BaseException, path: Path, type_: Any, found: list[tuple[Path, str]]) -> None:
     """Flatten cattrs' exception tree into ``(path, message)`` problems."""
     if isinstance(exc, ClassValidationError | IterableValidationError):
+        # A class note names an attribute; a list or mapping note an index or key.
         with_notes, without = exc.group_exceptions()
         for sub, note in with_notes:
-            # A class note names an attribute; a list or mapping note an index or key.
-            part = note.name if isinstance(exc, ClassValidationError) else note.index
+            part = note.name if isinstance(note, AttributeValidationNote) else note.index
             _collect(sub, (*path, part), note.type, found)
         for sub in without:
             _collect(sub, path, None, found)
@@ -224,8 +225,8 @@ def _collect(exc: BaseException, path: Path, type_: Any, found: list[tuple[Path,
             found.append(((*path, key), hints.get(key) or f"unknown key {key!r}"))
     elif isinstance(exc, KeyError):
         found.append((path, "required key missing"))
-    elif isinstance(exc, ValueError) and isinstance(getattr(exc, "problems", None), tuple):
-        found.extend((path, str(problem)) for problem in exc.problems)  # type: ignore[attr-defined]
+    elif isinstance(exc, ValueError) and isinstance(problems := getattr(exc, "problems", None), tuple):
+        found.extend((path, str(problem)) for problem in problems)
     elif get_origin(type_) is Literal:
         choices = ", ".join(repr(choice) for choice in get_args(type_))
         found.append((path, f"must be one of {choices}"))

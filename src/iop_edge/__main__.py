@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 import trio
+
 from iop_config import ConfigFileError
 
 from ._service import EdgeService

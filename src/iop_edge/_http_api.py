@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol, final
 
 import trio
+
 from iop_admission import (
     Admission,
     AdmissionError,
@@ -446,7 +447,7 @@ class EdgeAPI:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise _ClientGone()
+                raise _ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -489,7 +490,7 @@ def _too_large(limit: int) -> RequestRejected:
 def _bearer(scope: Scope) -> str | None:
     for name, value in scope["headers"]:
         if name == b"authorization":
-            text = value.decode("latin-1")
+            text: str = value.decode("latin-1")
             if text[:7].lower() == "bearer ":
                 return text[7:].strip()
             return None

@@ -144,12 +144,13 @@ class _Connection:
     async def _receive(self, deadline: float, what: str) -> bytes:
         with trio.move_on_at(deadline):
             try:
-                return await self.stream.receive_some(_RECEIVE_SIZE)
+                # bytes() returns a plain socket's bytes as they are; TLS gives a bytearray.
+                return bytes(await self.stream.receive_some(_RECEIVE_SIZE))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise _PeerGone() from None
+                raise _PeerGone from None
         if what == "request head" and self.h11.trailing_data[0]:
             logger.info("client sent no complete request head within %.3g s: disconnecting", self.limits.header_timeout)
-        raise _PeerGone()
+        raise _PeerGone
 
     async def _protocol_error(self, exc: h11.RemoteProtocolError) -> None:
         if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
@@ -192,7 +193,7 @@ class _Connection:
                 await self._send_message({"type": "http.response.start", "status": 500, "headers": []})
                 await self._send_message({"type": "http.response.body", "body": b"internal error"})
         if self.h11.our_state is h11.SEND_BODY and not self.gone:
-            raise _PeerGone()  # the app ended a response midway: the client cannot frame it
+            raise _PeerGone  # the app ended a response midway: the client cannot frame it
 
     async def _receive_message(self) -> Message:
         """ASGI ``receive``: the next body chunk, then (after the body) the client's departure."""
@@ -219,7 +220,7 @@ class _Connection:
             if isinstance(event, h11.EndOfMessage):
                 self._body_done = True
                 return {"type": "http.request", "body": b"", "more_body": False}
-            raise _PeerGone()  # ConnectionClosed mid-body
+            raise _PeerGone  # ConnectionClosed mid-body
 
     def _body_message(self, body: bytearray) -> Message:
         """``body`` plus every chunk already buffered; ``more_body`` false if the end is buffered too."""
@@ -239,7 +240,7 @@ class _Connection:
             if len(self.h11.trailing_data[0]) > self.limits.max_head_bytes:
                 await trio.sleep_forever()  # pipelined too far ahead: stop reading, keep the bytes
             try:
-                data = await self.stream.receive_some(_RECEIVE_SIZE)
+                data = bytes(await self.stream.receive_some(_RECEIVE_SIZE))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
             if not data:

@@ -36,6 +36,8 @@ from types import TracebackType
 from typing import NamedTuple, final
 
 import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, wrap_server_stream
+
 from iop_admission import Admission
 from iop_wire import (
     CLOSE_GOING_AWAY,
@@ -58,7 +60,6 @@ from iop_wire import (
     decode,
     encode,
 )
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, wrap_server_stream
 
 from ._node_limits import UNKNOWN_SOURCE, PendingLimits, Source, source_of
 
@@ -312,8 +313,8 @@ class NodeLink:
             kind = type(message)
             if kind is Heartbeat:
                 continue
-            if kind in _RUN_MESSAGES:
-                self._deliver(message.run_id, message)  # type: ignore[union-attr]
+            if isinstance(message, RunMessage):
+                self._deliver(message.run_id, message)
                 continue
             logger.warning("node %s sent an unexpected %s", self.node_id, kind.__name__)
             self.cause = "error"
@@ -329,9 +330,6 @@ class NodeLink:
 
     def __repr__(self) -> str:
         return f"<NodeLink {self.node_id} gen {self.generation} runs {len(self._runs)}>"
-
-
-_RUN_MESSAGES = frozenset((RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd))
 
 
 class _Rejection(NamedTuple):
@@ -369,7 +367,7 @@ class _PeerWatch(trio.abc.Stream):
         self.stream = stream
         self.ended = trio.Event()
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         try:
             data = await self.stream.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

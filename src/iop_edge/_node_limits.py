@@ -222,7 +222,7 @@ class PendingLimits:
         record.last = now
         self._failures[source.key] = record  # re-inserted: the dict stays ordered by last failure
         self._forget(now)
-        return min(self.backoff_max, self.backoff_base * 2 ** min(record.count - 1, 62))
+        return min(self.backoff_max, self.backoff_base * (1 << min(record.count - 1, 62)))
 
     def failures(self, source: Source, now: float) -> int:
         """Failures in a row that count for ``source`` at ``now`` (0: none, or forgotten)."""

@@ -15,6 +15,7 @@ from typing import Any, final
 
 import cattrs
 import trio
+
 from iop_admission import Admission, ConfigError
 from iop_config import ConfigFileError
 

@@ -294,7 +294,7 @@ class EdgeConfig:
     def accepts_api_key(self, key: str) -> bool:
         """True if ``key`` is one of the configured API keys (constant-time compare)."""
         # A list, not a generator: compare against every digest, whichever matches.
-        return any([digest.matches(key) for digest in self.api_keys or ()])
+        return any([digest.matches(key) for digest in self.api_keys or ()])  # noqa: C419
 
     def accepts_admin_token(self, token: str) -> bool:
         """True if an admin token is configured and ``token`` equals it (constant time)."""
@@ -487,10 +487,10 @@ def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeCon
         attrs.evolve(node, token=environ.get(node.token_env, "")) if node.token_env is not None else node
         for node in config.nodes
     )
-    changes: dict[str, object] = {"nodes": nodes}
+    admin_token = config.admin_token
     if config.admin_token_env is not None:
-        changes["admin_token"] = environ.get(config.admin_token_env, "")
+        admin_token = environ.get(config.admin_token_env, "")
+    api_keys = config.api_keys
     if config.api_keys_env is not None:
-        keys = _split_keys(environ.get(config.api_keys_env, ""))
-        changes["api_keys"] = tuple(ApiKeyDigest.of(key) for key in keys)
-    return attrs.evolve(config, **changes)
+        api_keys = tuple(ApiKeyDigest.of(key) for key in _split_keys(environ.get(config.api_keys_env, "")))
+    return attrs.evolve(config, nodes=nodes, admin_token=admin_token, api_keys=api_keys)

@@ -37,7 +37,7 @@ import sys
 import time
 import typing
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -49,10 +49,11 @@ from . import completion as mock_completion
 
 __all__ = ["MockBackend", "main", "serve_mock_backend"]
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
+# hypercorn passes TypedDicts; a raw ASGI app reads them as mappings and sends plain dicts.
+Scope = Mapping[str, Any]
+Message = Mapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+Send = Callable[[Any], Awaitable[None]]
 
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
@@ -113,6 +114,10 @@ class _BadRequest(Exception):
         self.code = code
 
 
+def _as_models(models: Iterable[str]) -> tuple[str, ...]:
+    return tuple(models)
+
+
 @typing.final
 @attrs.define(eq=False, kw_only=True)
 class MockBackend:
@@ -129,7 +134,9 @@ class MockBackend:
 
     latency: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
     tokens_per_second: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
-    models: tuple[str, ...] = attrs.field(default=("mock",), converter=tuple, validator=attrs.validators.min_len(1))
+    models: tuple[str, ...] = attrs.field(
+        default=("mock",), converter=_as_models, validator=attrs.validators.min_len(1)
+    )
     _in_flight: int = attrs.field(default=0, init=False)
     _peak_in_flight: int = attrs.field(default=0, init=False)
     _total: int = attrs.field(default=0, init=False)
@@ -489,10 +496,11 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point ``iop-mock-backend``; exits 0 on SIGINT or SIGTERM."""
     args = _parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    models: list[str] = args.models or ["mock"]
     backend = MockBackend(
         latency=args.latency_ms / 1000.0,
         tokens_per_second=args.tokens_per_second,
-        models=tuple(args.models or ("mock",)),
+        models=models,
     )
     trio.run(_run, backend, args.host, args.port)
 

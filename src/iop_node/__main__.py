@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 import trio
+
 from iop_config import ConfigFileError
 
 from ._client import EdgeClient

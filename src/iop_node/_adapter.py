@@ -13,10 +13,11 @@ inside a cancel scope or nursery, which keeps that pattern safe under trio.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol, final
 
 import attrs
+
 from iop_wire import ENDPOINTS
 
 from ._errors import BadRunRequest
@@ -34,7 +35,7 @@ class TunnelHead:
 class Adapter(Protocol):
     """What the session and the runtime need from an adapter."""
 
-    def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[dict[str, Any]]:
+    def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Yield the upstream's response objects for one normalized run.
 
         A streamed run yields one OpenAI chunk object per upstream event; a
@@ -50,7 +51,7 @@ class Adapter(Protocol):
 
     def tunnel(
         self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> AsyncIterator[TunnelHead | bytes]:
+    ) -> AsyncGenerator[TunnelHead | bytes, None]:
         """Forward one raw request to the upstream's native API.
 
         Yields one :class:`TunnelHead` first, then the raw response body in

@@ -25,8 +25,9 @@ from typing import final
 
 import attrs
 import trio
-from iop_wire import MAX_MESSAGE_BYTES
 from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
+
+from iop_wire import MAX_MESSAGE_BYTES
 
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout
 from ._runtime import NodeRuntime
@@ -55,7 +56,7 @@ def backoff_delay(attempt: int, policy: ReconnectConfig, rng: random.Random) -> 
     ``min(max_ms, initial_ms * 2**attempt)`` scaled by a uniform factor in
     ``[1 - jitter, 1 + jitter]``.
     """
-    base = min(policy.max_ms, policy.initial_ms * 2 ** min(attempt, 62)) / 1000
+    base = min(policy.max_ms, policy.initial_ms * (1 << min(attempt, 62))) / 1000
     return base * rng.uniform(1 - policy.jitter, 1 + policy.jitter)
 
 
@@ -84,7 +85,7 @@ def websocket_connector(url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -
     async def connect(nursery: trio.Nursery) -> AsyncIterator[WebSocketConnection]:
         with trio.fail_after(connect_timeout):
             if secure:
-                stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
+                stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = await trio.open_ssl_over_tcp_stream(
                     host, port, ssl_context=ssl.create_default_context()
                 )
             else:
@@ -96,7 +97,7 @@ def websocket_connector(url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -
                     stream,
                     host,
                     resource,
-                    max_message_size=MAX_MESSAGE_BYTES,  # type: ignore[arg-type]
+                    max_message_size=MAX_MESSAGE_BYTES,
                 )
             try:
                 yield ws

@@ -20,7 +20,7 @@ from __future__ import annotations
 import http.cookiejar
 import json
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from typing import Any, final
 
@@ -117,7 +117,7 @@ class HttpUpstream:
 
     async def tunnel(
         self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> AsyncIterator[TunnelHead | bytes]:
+    ) -> AsyncGenerator[TunnelHead | bytes, None]:
         """Forward a raw request to ``root + path``; yield the head, then raw body chunks.
 
         Any upstream status is passed through. The body is relayed as received
@@ -143,12 +143,12 @@ class HttpUpstream:
                 content=body,
             )
             response = await client.send(request, stream=True)
-            async with aclosing(BodyStream(response, raw=True)) as body:
+            async with aclosing(BodyStream(response, raw=True)) as response_body:
                 yield TunnelHead(
                     status=response.status_code,
                     headers=tuple((k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_BY_HOP),
                 )
-                while (chunk := await body.next_chunk()) is not None:
+                while (chunk := await response_body.next_chunk()) is not None:
                     yield chunk
 
     async def aclose(self) -> None:
@@ -250,7 +250,7 @@ class HttpAdapter:
 
     def tunnel(
         self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> AsyncIterator[TunnelHead | bytes]:
+    ) -> AsyncGenerator[TunnelHead | bytes, None]:
         """Forward a raw request to the server root. See :meth:`iop_node.Adapter.tunnel`."""
         return self.http.tunnel(method, path, headers, body)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any, final
 
@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from iop_mock import completion as mock_completion
+
 from ._adapter import TunnelHead, check_endpoint
 from ._errors import BadRunRequest, UpstreamFailed
 from .config import ProviderConfig
@@ -55,7 +56,7 @@ class MockAdapter:
             fail_after_chunks=provider.fail_after_chunks,
         )
 
-    async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[dict[str, Any]]:
+    async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Yield fake chunks (stream) or one fake response (non-stream).
 
         Sleeps ``latency`` first; a non-stream run then sleeps the whole
@@ -89,7 +90,7 @@ class MockAdapter:
 
     async def tunnel(
         self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> AsyncIterator[TunnelHead | bytes]:
+    ) -> AsyncGenerator[TunnelHead | bytes, None]:
         """Answer a raw OpenAI-style request in-process. See :meth:`iop_node.Adapter.tunnel`."""
         route = (method.upper(), path.partition("?")[0])
         if route == ("GET", "/v1/models"):

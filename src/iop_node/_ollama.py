@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, final
 
@@ -58,7 +58,7 @@ class OllamaAdapter(HttpAdapter):
         assert provider.base_url is not None  # checked by NodeConfig.problems
         return cls(http=HttpUpstream.for_provider(provider, provider.base_url, transport=transport))
 
-    async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[dict[str, Any]]:
+    async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Yield OpenAI chunks (stream) or one ``chat.completion`` (non-stream).
 
         See :meth:`iop_node.Adapter.run`.
@@ -74,8 +74,8 @@ class OllamaAdapter(HttpAdapter):
                 yield chat_completion_of(_checked(await read_object(response)), completion_id, created)
                 return
             first = True
-            async with aclosing(BodyStream(response)) as body:
-                while (line := await body.next_line()) is not None:
+            async with aclosing(BodyStream(response)) as lines:
+                while (line := await lines.next_line()) is not None:
                     if line.strip():
                         yield chat_chunk_of(_checked(parse_object(line)), completion_id, created, first=first)
                         first = False

@@ -9,7 +9,7 @@ trailing ``/v1``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, final
 
@@ -51,7 +51,7 @@ class OpenAIAdapter(HttpAdapter):
         http = HttpUpstream.for_provider(provider, server_root(base_url), transport=transport)
         return cls(base_url=base_url, http=http)
 
-    async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[dict[str, Any]]:
+    async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Yield the chunks (stream) or the one response object (non-stream).
 
         See :meth:`iop_node.Adapter.run`.
@@ -66,7 +66,7 @@ class OpenAIAdapter(HttpAdapter):
                     yield chunk
 
 
-async def iter_sse_objects(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def iter_sse_objects(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
     """Yield each SSE event's ``data`` as a JSON object, stopping at ``[DONE]``.
 
     Data lines of one event are joined with newlines (the SSE rule); comments

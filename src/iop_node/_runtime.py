@@ -23,6 +23,7 @@ from typing import Any, final
 import attrs
 import httpx
 import trio
+
 from iop_admission import LocalGate, Permit
 
 from ._adapter import Adapter

@@ -34,6 +34,8 @@ from typing import final
 
 import attrs
 import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
 from iop_admission import ConcurrencyLimitExceeded, Permit
 from iop_wire import (
     CLOSE_GOING_AWAY,
@@ -57,7 +59,6 @@ from iop_wire import (
     decode,
     encode,
 )
-from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from ._adapter import Adapter, TunnelHead
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout, RunFailed, UpstreamFailed

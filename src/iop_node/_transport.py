@@ -346,7 +346,7 @@ class _ResponseBody(httpx.AsyncByteStream):
         self._timeout = timeout
         self._request = request
 
-    def __aiter__(self) -> _ResponseBody:  # type: ignore[override]
+    def __aiter__(self) -> _ResponseBody:
         return self
 
     async def __anext__(self) -> bytes:

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import final
 
 import attrs
+
 from iop_config import load_config
 
 ADAPTERS = ("openai", "ollama", "mock")

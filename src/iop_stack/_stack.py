@@ -33,8 +33,9 @@ READY_TIMEOUT = 20.0
 
 def _get_json(url: str) -> object | None:
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:  # noqa: S310 (loopback only)
-            return json.loads(response.read())
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            body: object = json.loads(response.read())
+            return body
     except (urllib.error.URLError, OSError, ValueError):
         return None
 

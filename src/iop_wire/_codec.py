@@ -61,30 +61,34 @@ class _WrongArrayLength(ValueError):
 def _structure_str(value: object, _: type) -> str:
     if type(value) is not str:
         raise _WrongJsonType("a string", value)
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _structure_int(value: object, _: type) -> int:
     if type(value) is not int:  # bool is a subclass of int: excluded on purpose
         raise _WrongJsonType("an integer", value)
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _structure_bool(value: object, _: type) -> bool:
     if type(value) is not bool:
         raise _WrongJsonType("a boolean", value)
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _is_json_object(cl: Any) -> bool:
-    return cl == dict[str, Any]
+    return bool(cl == dict[str, Any])
 
 
 def _structure_json_object(value: object, _: type) -> dict[str, Any]:
     # json.loads only produces str keys, so the check stops at the container.
     if type(value) is not dict:
         raise _WrongJsonType("an object", value)
-    return value  # type: ignore[return-value]
+    return value
+
+
+def _is_tuple(cl: Any) -> bool:
+    return get_origin(cl) is tuple
 
 
 def _make_tuple_hook(cl: Any, converter: cattrs.Converter) -> Callable[[object, type], tuple[Any, ...]]:
@@ -97,7 +101,7 @@ def _make_tuple_hook(cl: Any, converter: cattrs.Converter) -> Callable[[object, 
     def structure(value: object, _: type) -> tuple[Any, ...]:
         if type(value) is not list and type(value) is not tuple:
             raise _WrongJsonType("an array", value)
-        items: Sequence[Any] = value  # type: ignore[assignment]
+        items: Sequence[Any] = value
         if not homogeneous and len(items) != len(item_types):
             raise _WrongArrayLength(f"expected an array of {len(item_types)} items, got {len(items)}")
         result = []
@@ -132,7 +136,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(bool, _structure_bool)
     converter.register_structure_hook_func(_is_json_object, _structure_json_object)
     converter.register_unstructure_hook_func(_is_json_object, lambda value: value)
-    converter.register_structure_hook_factory(lambda t: get_origin(t) is tuple, _make_tuple_hook)
+    converter.register_structure_hook_factory(_is_tuple, _make_tuple_hook)
     configure_tagged_union(Message, converter, tag_generator=MESSAGE_TYPES.__getitem__, tag_name="type")
     # The strategy appends the tag after the fields; put it first instead, so a
     # frame in a log or a capture says what it is before it says anything else.
@@ -147,7 +151,7 @@ def make_converter() -> cattrs.Converter:
 
 
 _CONVERTER: Final = make_converter()
-_structure_message: Final = _CONVERTER.get_structure_hook(Message)
+_structure_message: Final[Callable[[Any, Any], Message]] = _CONVERTER.get_structure_hook(Message)
 _unstructure_message: Final = _CONVERTER.get_unstructure_hook(Message)
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -238,6 +242,6 @@ def decode(data: str | bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         shown = repr(tag) if len(repr(tag)) <= 40 else repr(tag)[:37] + "..."
         raise ProtocolError(f"unknown message type {shown} (field 'type')")
     try:
-        return _structure_message(obj, Message)  # type: ignore[no-any-return]
+        return _structure_message(obj, Message)
     except Exception as exc:
         raise ProtocolError(f"invalid {tag} message: {_problems(exc)}") from None

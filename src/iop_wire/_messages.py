@@ -269,13 +269,13 @@ class TunnelRequest:
         return _decode_base64(self.body, f"tunnel_request {self.run_id!r}: body")
 
 
-NodeMessage = Union[Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd]
+NodeMessage = Union[Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
 """Every message a node sends."""
 
-EdgeMessage = Union[Registered, Rejected, Run, Cancel, TunnelRequest]
+EdgeMessage = Union[Registered, Rejected, Run, Cancel, TunnelRequest]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
 """Every message the Edge sends."""
 
-Message = Union[NodeMessage, EdgeMessage]
+Message = Union[NodeMessage, EdgeMessage]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
 """Every message of the protocol."""
 
 MESSAGE_TYPES: Final[dict[type[Any], str]] = {

@@ -235,20 +235,20 @@ async def test_offline_snapshot(autojump_clock, pool, drain_check):
     effective capacities and counters 0."""
     adm = Admission(pool.shared(capacity=2, long_cap=1))
     p = adm.snapshot().provider("node-a", "gpu0")
-    expected = dict(
-        connected=False,
-        status="unavailable",
-        health="offline",
-        generation=0,
-        capacity=2,
-        long_context_capacity=1,
-        effective_capacity=0,
-        effective_long_capacity=0,
-        in_flight=0,
-        long_in_flight=0,
-        queued=0,
-        long_queued=0,
-    )
+    expected = {
+        "connected": False,
+        "status": "unavailable",
+        "health": "offline",
+        "generation": 0,
+        "capacity": 2,
+        "long_context_capacity": 1,
+        "effective_capacity": 0,
+        "effective_long_capacity": 0,
+        "in_flight": 0,
+        "long_in_flight": 0,
+        "queued": 0,
+        "long_queued": 0,
+    }
     assert {k: getattr(p, k) for k in expected} == expected
     gen = adm.connect("node-a")
     with pytest.raises(LeaseRevoked):

@@ -27,9 +27,8 @@ def test_per_name_limit_rejects_at_once():
         with pytest.raises(ConcurrencyLimitExceeded) as info:
             gate.try_acquire("gpu0")
         assert (info.value.name, info.value.scope, info.value.limit) == ("gpu0", "provider", 1)
-        with gate.try_acquire("gpu1"), gate.try_acquire("gpu1"):
-            with pytest.raises(ConcurrencyLimitExceeded):
-                gate.try_acquire("gpu1")
+        with gate.try_acquire("gpu1"), gate.try_acquire("gpu1"), pytest.raises(ConcurrencyLimitExceeded):
+            gate.try_acquire("gpu1")
     assert not permit.held
     with gate.try_acquire("gpu0"):  # freed
         pass

@@ -350,7 +350,6 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert snap.connected == self.connected[key.node_id]
             assert snap.health == ("online" if snap.connected else "offline")
             assert snap.generation == self.generation[key.node_id]
-        assert [s.in_flight for s in self.core.provider_snapshots()] != None
         live_core = {lease.id for lease in self.core.live_leases()}
         live_ref = {lease.id for lease in self.held if not lease.revoked}
         assert live_core == live_ref

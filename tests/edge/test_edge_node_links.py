@@ -262,18 +262,17 @@ async def test_saturated_event_subscriber_changes_nothing(tmp_path: Path) -> Non
     """[lease-lifecycle] [cross-model-tests] a subscriber with buffer 1 that is never read: requests,
     a disconnect and a reconnect all behave the same; events are only counted as dropped."""
     with trio.fail_after(10):
-        async with running_edge(tmp_path) as edge:
-            async with edge.service.admission.subscribe(buffer=1):
-                results: dict[str, httpx.Response] = {}
-                async with fake_node(edge) as node, trio.open_nursery() as nursery:
-                    for name, model in (("one", BIG), ("two", FAST), ("three", BIG)):
-                        start_chat(nursery, edge, results, name, model)
-                    for _ in range(3):
-                        run = await node.next_run()
-                        await node.answer(run)
-                assert {r.status_code for r in results.values()} == {200}
-                await eventually(lambda: not edge.service.admission.is_connected("node-a"))
-                async with fake_node(edge) as again:
-                    assert again.registered is not None and again.registered.generation == 2
-                assert edge.service.admission.snapshot().events_dropped > 0
-                await edge.assert_drained()
+        async with running_edge(tmp_path) as edge, edge.service.admission.subscribe(buffer=1):
+            results: dict[str, httpx.Response] = {}
+            async with fake_node(edge) as node, trio.open_nursery() as nursery:
+                for name, model in (("one", BIG), ("two", FAST), ("three", BIG)):
+                    start_chat(nursery, edge, results, name, model)
+                for _ in range(3):
+                    run = await node.next_run()
+                    await node.answer(run)
+            assert {r.status_code for r in results.values()} == {200}
+            await eventually(lambda: not edge.service.admission.is_connected("node-a"))
+            async with fake_node(edge) as again:
+                assert again.registered is not None and again.registered.generation == 2
+            assert edge.service.admission.snapshot().events_dropped > 0
+            await edge.assert_drained()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import trio
 from edge_harness import FAST, EdgeLayout, eventually, fake_node, running_edge
+
 from iop_edge._http_server import ConnectionCounter, HttpLimits, serve_http
 
 

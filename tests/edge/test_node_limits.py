@@ -18,11 +18,12 @@ import pytest
 import trio
 import trio.testing
 from edge_harness import TOKEN_A, EdgeLayout
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
+
 from iop_edge import EdgeService
 from iop_edge._node_limits import PendingLimits, Source, source_of
 from iop_edge.config import load_edge_config
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, Rejected, decode, encode
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
 pytestmark = pytest.mark.req("node-socket-limits")
 

@@ -15,10 +15,11 @@ import pytest
 import trio
 import trio.testing
 from edge_harness import Edge, EdgeLayout, eventually, mock_provider, node_config, real_node, running_edge
+from trio_websocket import ConnectionClosed, HandshakeError, wrap_client_stream
+
 from iop_edge._links import _PeerWatch
 from iop_edge._node_limits import source_of
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Rejected, decode, encode
-from trio_websocket import ConnectionClosed, HandshakeError, wrap_client_stream
 
 pytestmark = pytest.mark.req("node-socket-limits")
 
@@ -70,9 +71,11 @@ async def test_pending_caps_hold_and_refused_connections_close_at_once(tmp_path:
                     before = edge.service.registry.limits.pending
                     stream = await _idle(edge, source)
                     await eventually(
-                        lambda: edge.service.registry.limits.pending > before
-                        or _closed_by_edge(edge, "max_pending") + _closed_by_edge(edge, "max_pending_per_source")
-                        > len(refused)
+                        lambda: (
+                            edge.service.registry.limits.pending > before  # noqa: B023 (awaited in this iteration)
+                            or _closed_by_edge(edge, "max_pending") + _closed_by_edge(edge, "max_pending_per_source")
+                            > len(refused)
+                        )
                     )
                     (held if edge.service.registry.limits.pending > before else refused).append(stream)
             assert len(held) == 6 and len(refused) == 18

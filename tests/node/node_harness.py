@@ -132,12 +132,15 @@ class FakeEdge:
             conn.closed.set()
 
 
+FAST_RECONNECT = ReconnectConfig(initial_ms=10, max_ms=50, jitter=0.2)
+
+
 def node_config(
     edge_url: str,
     *providers: ProviderConfig,
     concurrency: int = 4,
     heartbeat_interval_ms: int = 60_000,
-    reconnect: ReconnectConfig = ReconnectConfig(initial_ms=10, max_ms=50, jitter=0.2),
+    reconnect: ReconnectConfig = FAST_RECONNECT,
 ) -> NodeConfig:
     """A NodeConfig for tests: fast reconnects, a long heartbeat unless asked otherwise."""
     return NodeConfig(

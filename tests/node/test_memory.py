@@ -6,6 +6,7 @@ The connector is injected (``EdgeClient(connect=...)``), the way a simulation wr
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -67,7 +68,7 @@ async def test_reconnect_backoff_doubles_to_the_cap_and_resets(autojump_clock: t
         await node.link.server_streams[0].aclose()  # abrupt drop, no close frame
         await edge.next_connection()
     attempts = node.link.attempts
-    gaps = [round(b - a, 6) for a, b in zip(attempts, attempts[1:], strict=False)]
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(attempts)]
     assert gaps == [0.1, 0.2, 0.3, 0.1]
 
 
