@@ -5,7 +5,7 @@ See ``docs/admission.md`` for the semantics.
 """
 
 from ._admission import Admission, AdmissionEvent, LeaseScope
-from ._config import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from ._config import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, validate_pool
 from ._errors import (
     AdmissionError,
     ConcurrencyLimitExceeded,
@@ -43,4 +43,5 @@ __all__ = [
     "QueueTimeout",
     "Snapshot",
     "Unavailable",
+    "validate_pool",
 ]

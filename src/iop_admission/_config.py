@@ -155,10 +155,17 @@ class PoolConfig:
     )
 
 
+# The last PoolConfig found valid. It is frozen, so it stays valid: validating it
+# again (a config checked in a worker thread, then applied on the event loop) is free.
+_last_valid: list[PoolConfig] = []
+
+
 def validate_pool(config: object) -> None:
     """Check a whole :class:`PoolConfig`; raise :class:`ConfigError` listing every problem."""
     if not isinstance(config, PoolConfig):
         raise TypeError(f"expected PoolConfig, got {type(config).__name__}")
+    if _last_valid and _last_valid[0] is config:
+        return
     problems: list[str] = []
     if not isinstance(config.policy, QueuePolicy):
         problems.append(f"policy: expected QueuePolicy, got {type(config.policy).__name__}")
@@ -189,6 +196,7 @@ def validate_pool(config: object) -> None:
                 problems.append(f"models[{name!r}].candidates[{i}]: provider {key} is not configured")
     if problems:
         raise ConfigError(problems)
+    _last_valid[:] = [config]
 
 
 def _is_int(value: object) -> bool:

@@ -1,10 +1,16 @@
 """Load a YAML config file into frozen attrs classes, with file:line errors.
 
-How a problem finds its line: the file is read with ruamel.yaml's round-trip
-loader, whose mappings and sequences remember where each key and item starts
-(``CommentedMap.lc.key(k)``, ``CommentedSeq.lc.item(i)``, 0-based). The tree is
-copied into plain ``dict``/``list``/scalars for cattrs, and the original tree is
-kept only to look lines up. Every problem carries a *path* -- a tuple of mapping
+Fast first, lines only on error [reload-off-loop]: the file is read with
+ruamel.yaml's safe loader (C-based with ``ruamel.yaml.clib``, the same YAML 1.2
+rules as the round-trip loader), which yields plain ``dict``/``list``/scalars
+for cattrs. Only when something is wrong -- a YAML error or a config problem --
+is the text parsed again with the round-trip loader, whose mappings and
+sequences remember where each key and item starts (``CommentedMap.lc.key(k)``,
+``CommentedSeq.lc.item(i)``, 0-based), to find the lines. (Should the safe
+loader refuse a document the round-trip loader reads, the round-trip tree is
+used for everything.)
+
+How a problem finds its line: every problem carries a *path* -- a tuple of mapping
 keys and list indexes such as ``("nodes", 0, "providers", 1, "capacity")`` --
 built from cattrs' exception notes or parsed from a ``problems()`` hook's path
 string. The line of a path is the line of its deepest part that exists in the
@@ -100,12 +106,17 @@ def load_config_text(
     Raises:
         ConfigFileError: any problem at all; no partial object is returned.
     """
-    tree = _parse(text, filename)
+    tree: Any = None
+    try:
+        data = YAML(typ="safe").load(text)
+    except YAMLError:
+        tree = _parse(text, filename)  # raises ConfigFileError with the line
+        data = _plain(tree)
     if converter is None:
         converter = _shared_converter()
     found: list[tuple[Path, str]] = []
     try:
-        obj = converter.structure(_plain(tree), cls)
+        obj = converter.structure(data, cls)
     except Exception as exc:  # every structuring failure is a config problem
         _collect(exc, (), None, found)
     else:
@@ -113,6 +124,8 @@ def load_config_text(
         if callable(hook):
             found.extend((parse_path(where), message) for where, message in hook())
     if found:
+        if tree is None:
+            tree = _parse(text, filename)
         located = sorted(
             ((_line_of(tree, where), where, message) for where, message in found), key=lambda item: item[0]
         )

@@ -17,8 +17,7 @@ import trio
 
 from iop_config import ConfigFileError
 
-from ._service import EdgeService
-from .config import load_edge_config
+from ._service import EdgeService, load_config_off_loop
 
 logger = logging.getLogger("iop_edge")
 
@@ -35,8 +34,10 @@ async def serve_edge(service: EdgeService) -> int:
             await nursery.start(service.serve)
             async for signum in signals:
                 if signum in reload:
+                    # In its own task: the loop keeps serving, and a SIGTERM is not
+                    # held up by a reload (the service serializes reloads).
                     logger.info("SIGHUP: reloading %s", service.config_path)
-                    service.reload()
+                    nursery.start_soon(service.reload)
                     continue
                 logger.info("%s received, shutting down", signal.Signals(signum).name)
                 await service.registry.aclose_all()
@@ -58,17 +59,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    raise SystemExit(trio.run(start_edge, args.config))
+
+
+async def start_edge(config_path: str) -> int:
+    """Load the config (in a worker thread) and serve it; the exit code."""
     try:
-        config = load_edge_config(args.config)
+        config = await load_config_off_loop(config_path)
     except ConfigFileError as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG) from None
+        return EXIT_CONFIG
     except OSError as exc:
-        print(f"{args.config}: cannot read: {exc.strerror or exc}", file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG) from None
-    service = EdgeService(config, config_path=args.config)
-    raise SystemExit(trio.run(serve_edge, service))
+        print(f"{config_path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return await serve_edge(EdgeService(config, config_path=config_path))
 
 
 if __name__ == "__main__":

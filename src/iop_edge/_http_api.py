@@ -66,7 +66,7 @@ class EdgeParts(Protocol):
         """The ``/status`` body."""
         ...
 
-    def reload(self) -> list[str]:
+    async def reload(self) -> list[str]:
         """Re-read and apply the config file; every error (empty: applied)."""
         ...
 
@@ -403,7 +403,7 @@ class EdgeAPI:
             raise RequestRejected(404, "not_found", "no route for /admin/reload")
         if not config.accepts_admin_token(_bearer(scope) or ""):
             raise RequestRejected(401, "unauthorized", "a valid admin token is required", type="authentication_error")
-        errors = self.service.reload()
+        errors = await self.service.reload()
         if errors:
             body = {
                 "error": {

@@ -16,7 +16,7 @@ from typing import Any, final
 import cattrs
 import trio
 
-from iop_admission import Admission, ConfigError
+from iop_admission import Admission, ConfigError, PoolConfig, validate_pool
 from iop_config import ConfigFileError
 
 from ._http_api import EdgeAPI
@@ -56,41 +56,52 @@ class EdgeService:
         )
         self.metrics.follow_node_socket(lambda: self.registry.limits.pending)
         self.api = EdgeAPI(self)
+        self._reload_lock = trio.Lock()
         self.http_port: int | None = None
         self.node_port: int | None = None
 
     # ----------------------------------------------------------------- refresh
 
-    def reload(self) -> list[str]:
+    async def reload(self) -> list[str]:
         """Re-read the config file and apply it; return every error (empty: applied).
 
-        An invalid file changes nothing. ``listen``, ``node_listen`` and the
-        size limits apply at the next start only; tokens, queue policy,
-        providers, models and the heartbeat timeout apply at once.
+        [reload-off-loop] The file is read, parsed and validated in a worker
+        thread, so the event loop (streams, heartbeats, other requests) keeps
+        running; only the validated result is applied on the loop, at once
+        (``admission.refresh``). Reloads are serialized: one that arrives
+        during another waits for it, then reads the file again. An invalid
+        file changes nothing. ``listen``, ``node_listen`` and the size limits
+        apply at the next start only; tokens, queue policy, providers, models
+        and the heartbeat timeout apply at once.
+
+        Checkpoints (it waits for the worker thread). Cancelled while reading,
+        it returns at once and changes nothing (the thread's result is dropped),
+        so a shutdown never waits for a reload.
         """
-        if self.config_path is None:
-            return ["this Edge was started without a config file"]
-        try:
-            config = load_edge_config(self.config_path)
-            self.admission.refresh(config.pool_config())
-        except ConfigFileError as exc:
-            errors = list(exc.errors)
-        except ConfigError as exc:
-            errors = [f"{self.config_path}: {problem}" for problem in exc.problems]
-        except OSError as exc:
-            errors = [f"{self.config_path}: cannot read: {exc.strerror or exc}"]
-        else:
-            self.config = config
-            self.registry.heartbeat_timeout = config.heartbeat_timeout_ms / 1000
-            self.registry.handshake_timeout = config.node_handshake_timeout_ms / 1000
-            config.node_socket_limits(self.registry.limits)
-            self.metrics.refresh_result("ok")
-            logger.info("config reloaded from %s", self.config_path)
-            return []
-        self.metrics.refresh_result("rejected")
-        for error in errors:
-            logger.error("config reload rejected: %s", error)
-        return errors
+        async with self._reload_lock:
+            if self.config_path is None:
+                return ["this Edge was started without a config file"]
+            try:
+                config, pool = await trio.to_thread.run_sync(_read_config, self.config_path, abandon_on_cancel=True)
+                self.admission.refresh(pool)
+            except ConfigFileError as exc:
+                errors = list(exc.errors)
+            except ConfigError as exc:
+                errors = [f"{self.config_path}: {problem}" for problem in exc.problems]
+            except OSError as exc:
+                errors = [f"{self.config_path}: cannot read: {exc.strerror or exc}"]
+            else:
+                self.config = config
+                self.registry.heartbeat_timeout = config.heartbeat_timeout_ms / 1000
+                self.registry.handshake_timeout = config.node_handshake_timeout_ms / 1000
+                config.node_socket_limits(self.registry.limits)
+                self.metrics.refresh_result("ok")
+                logger.info("config reloaded from %s", self.config_path)
+                return []
+            self.metrics.refresh_result("rejected")
+            for error in errors:
+                logger.error("config reload rejected: %s", error)
+            return errors
 
     # ------------------------------------------------------------------ status
 
@@ -131,6 +142,26 @@ class EdgeService:
                 await trio.sleep_forever()
             finally:
                 self.registry.close_all()
+
+
+def _read_config(path: str | os.PathLike[str]) -> tuple[EdgeConfig, PoolConfig]:
+    """Load and validate the config file and its pool (runs in a worker thread).
+
+    Raises:
+        ConfigFileError, ConfigError, OSError: the file is unusable.
+    """
+    config = load_edge_config(path)
+    pool = config.pool_config()
+    validate_pool(pool)
+    return config, pool
+
+
+async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:
+    """:func:`load_edge_config` in a worker thread, so the event loop keeps running meanwhile.
+
+    Checkpoints. Raises what :func:`load_edge_config` raises.
+    """
+    return await trio.to_thread.run_sync(load_edge_config, path, abandon_on_cancel=True)
 
 
 async def _serve_nodes(

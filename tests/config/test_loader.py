@@ -107,6 +107,26 @@ def test_valid_document_structures() -> None:
     assert type(doc.groups[0].name) is str
 
 
+def test_valid_document_never_takes_the_line_numbering_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[reload-off-loop] a valid file is read by the fast safe loader only; the round-trip
+    parse (for line numbers) runs only when there is a problem to place."""
+    from iop_config import _loader
+
+    real = _loader._parse
+    calls: list[str] = []
+
+    def counting(text: str, filename: str) -> object:
+        calls.append(filename)
+        return real(text, filename)
+
+    monkeypatch.setattr(_loader, "_parse", counting)
+    assert load(GOOD).pool == Pool(4)
+    assert calls == []
+    (error,) = errors_of(GOOD.replace("capacity: 1", "capacity: one"))
+    assert error.startswith("doc.yaml:6: groups[0].limits[1].capacity: ")
+    assert calls == ["doc.yaml"]
+
+
 def test_syntax_error_carries_line() -> None:
     errors = errors_of("groups:\n  - name: a\n    limits: [\n  bad: : :\n")
     assert len(errors) == 1

@@ -7,11 +7,14 @@ shared provider ``node-a/gpu0``.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
+import trio.testing
+from iop_edge import _service
 from edge_harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge, start_chat
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -56,7 +59,7 @@ async def test_capacity_down_keeps_running_and_blocks_new(tmp_path: Path) -> Non
                 start_chat(nursery, edge, results, "b", FAST)
                 runs = [await node.next_run(), await node.next_run()]
                 edge.rewrite(EdgeLayout(gpu0_capacity=1))
-                assert edge.service.reload() == []
+                assert await edge.service.reload() == []
                 assert edge.provider("node-a", "gpu0")["capacity"] == 1
                 assert edge.provider("node-a", "gpu0")["in_flight"] == 2
                 start_chat(nursery, edge, results, "c", FAST)
@@ -87,7 +90,7 @@ async def test_disable_and_enable(tmp_path: Path) -> None:
                 start_chat(nursery, edge, results, "waiter", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 edge.rewrite(EdgeLayout(gpu0_enabled=False, queue_timeout_ms=600_000))
-                assert edge.service.reload() == []
+                assert await edge.service.reload() == []
                 await eventually(lambda: "waiter" in results)
                 assert results["waiter"].status_code == 503
                 assert results["waiter"].json()["error"]["code"] == "unavailable"
@@ -186,7 +189,7 @@ async def test_invalid_file_rejected_with_every_error(tmp_path: Path) -> None:
                 await node.answer(await node.next_run())
             assert results["still"].status_code == 200
             # service.reload() reports the same errors
-            assert edge.service.reload() == errors
+            assert await edge.service.reload() == errors
             # an unknown key is reported with its line
             edge.config_path.write_text(EdgeLayout().yaml() + "bogus_key: 1\n")
             response = await edge.http.post("/admin/reload", headers=ADMIN)
@@ -206,3 +209,69 @@ async def test_reload_endpoint_auth(tmp_path: Path) -> None:
         async with running_edge(tmp_path, EdgeLayout(admin_token=None)) as edge:
             response = await edge.http.post("/admin/reload", headers=ADMIN)
             assert response.status_code == 404
+
+
+async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[reload-off-loop] while a reload reads the file (held in its worker thread) the Edge answers
+    requests; a second reload waits for the first, then reads the file itself; both apply."""
+    real_read = _service._read_config
+    first_entered, release_first = threading.Event(), threading.Event()
+    reads: list[int] = []
+
+    def held_read(path: str) -> object:
+        reads.append(threading.get_ident())
+        if len(reads) == 1:
+            first_entered.set()
+            release_first.wait(10)
+        return real_read(path)
+
+    monkeypatch.setattr(_service, "_read_config", held_read)
+    with trio.fail_after(20):
+        async with running_edge(tmp_path) as edge:
+            results: list[list[str]] = []
+
+            async def reload() -> None:
+                results.append(await edge.service.reload())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reload)
+                await trio.to_thread.run_sync(first_entered.wait, 10)
+                edge.rewrite(EdgeLayout(gpu0_capacity=3))
+                nursery.start_soon(reload)
+                # The loop serves while the first reload's thread is held.
+                assert (await edge.http.get("/healthz")).status_code == 200
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(reads) == 1, "the second reload read before the first one ended"
+                assert edge.provider("node-a", "gpu0")["capacity"] == 1
+                release_first.set()
+            assert results == [[], []]
+            assert len(reads) == 2 and threading.get_ident() not in reads
+            assert edge.provider("node-a", "gpu0")["capacity"] == 3
+
+
+async def test_reload_cancelled_while_reading_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[reload-off-loop] a reload cancelled while its thread reads the file returns at once and
+    applies nothing; the next reload works."""
+    real_read = _service._read_config
+    entered, release = threading.Event(), threading.Event()
+
+    def held_read(path: str) -> object:
+        entered.set()
+        release.wait(10)
+        return real_read(path)
+
+    monkeypatch.setattr(_service, "_read_config", held_read)
+    with trio.fail_after(20):
+        async with running_edge(tmp_path) as edge:
+            config_before = edge.service.config
+            edge.rewrite(EdgeLayout(gpu0_capacity=3))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(edge.service.reload)
+                await trio.to_thread.run_sync(entered.wait, 10)
+                nursery.cancel_scope.cancel()
+            assert edge.service.config is config_before
+            release.set()
+            assert await edge.service.reload() == []  # the lock was released
+            assert edge.provider("node-a", "gpu0")["capacity"] == 3
