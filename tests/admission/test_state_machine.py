@@ -438,6 +438,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
 AdmissionMachine.TestCase.settings = settings(settings.default, max_examples=_EXAMPLES, stateful_step_count=_STEPS)
 TestAdmissionStateMachine = pytest.mark.req(
+    "candidate-choice-scale",
     "provider-state",
     "lease-lifecycle",
     "long-state",

@@ -107,6 +107,7 @@ def test_valid_document_structures() -> None:
     assert type(doc.groups[0].name) is str
 
 
+@pytest.mark.req("reload-off-loop")
 def test_valid_document_never_takes_the_line_numbering_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     """[reload-off-loop] a valid file is read by the fast safe loader only; the round-trip
     parse (for line numbers) runs only when there is a problem to place."""

@@ -14,8 +14,9 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from iop_edge import _service
 from edge_harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge, start_chat
+
+from iop_edge import _service
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -211,6 +212,7 @@ async def test_reload_endpoint_auth(tmp_path: Path) -> None:
             assert response.status_code == 404
 
 
+@pytest.mark.req("reload-off-loop")
 async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -251,6 +253,7 @@ async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
             assert edge.provider("node-a", "gpu0")["capacity"] == 3
 
 
+@pytest.mark.req("reload-off-loop")
 async def test_reload_cancelled_while_reading_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """[reload-off-loop] a reload cancelled while its thread reads the file returns at once and
     applies nothing; the next reload works."""
