@@ -62,6 +62,7 @@ from iop_wire import (
 )
 
 from ._node_limits import UNKNOWN_SOURCE, PendingLimits, Source, source_of
+from .status import NodeStatus
 
 logger = logging.getLogger("iop_edge.nodes")
 
@@ -677,22 +678,22 @@ class NodeRegistry:
             if self._on_disconnect is not None:
                 self._on_disconnect(link.node_id, link.generation, link.cause)
 
-    def node_status(self, node_ids: list[str]) -> list[dict[str, object]]:
-        """Per configured node: connected, generation, last heartbeat age (no secrets)."""
+    def node_status(self, node_ids: list[str]) -> tuple[NodeStatus, ...]:
+        """Per configured node: connected, generation, last heartbeat age, active runs (no secrets)."""
         now = trio.current_time()
         out = []
         for node_id in node_ids:
             link = self._links.get(node_id)
             out.append(
-                {
-                    "node_id": node_id,
-                    "connected": link is not None,
-                    "generation": self.admission.generation(node_id),
-                    "last_heartbeat_age": None if link is None else round(max(0.0, now - link.last_seen), 3),
-                    "active_runs": 0 if link is None else link.active_runs,
-                }
+                NodeStatus(
+                    node_id=node_id,
+                    connected=link is not None,
+                    generation=self.admission.generation(node_id),
+                    last_heartbeat_age=None if link is None else round(max(0.0, now - link.last_seen), 3),
+                    active_runs=0 if link is None else link.active_runs,
+                )
             )
-        return out
+        return tuple(out)
 
     def close_all(self) -> None:
         """Drop every node connection at once (the fallback when the Edge is cancelled)."""

@@ -13,7 +13,6 @@ import logging
 import os
 from typing import Any, final
 
-import cattrs
 import trio
 
 from iop_admission import Admission, ConfigError, PoolConfig, validate_pool
@@ -24,6 +23,7 @@ from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
+from .status import EdgeStatus, status_document
 
 logger = logging.getLogger("iop_edge")
 
@@ -107,9 +107,8 @@ class EdgeService:
 
     def status(self) -> dict[str, Any]:
         """``/status``: the admission snapshot plus per-node connection info."""
-        body: dict[str, Any] = cattrs.unstructure(self.admission.snapshot())
-        body["nodes"] = self.registry.node_status([node.id for node in self.config.nodes])
-        return body
+        nodes = self.registry.node_status([node.id for node in self.config.nodes])
+        return status_document(EdgeStatus(self.admission.snapshot(), nodes))
 
     # ------------------------------------------------------------------- serve
 

@@ -4,8 +4,8 @@
 
     iop status --edge http://127.0.0.1:8080 [--watch] [--interval 1] [--api-key KEY]
 
-It reads ``GET {edge}/status`` -- ``cattrs.unstructure(admission.snapshot())``
-plus a ``nodes`` list -- and prints one row per provider and a summary line.
+It reads ``GET {edge}/status`` with the model the Edge writes it from
+(:mod:`iop_edge.status`) and prints one row per provider and a summary line.
 Exit codes: 0 shown (or ``--watch`` ended by Ctrl-C), 1 the Edge is
 unreachable, answered other than 200, or sent a document this tool cannot
 read (one line on stderr), 2 bad arguments.
@@ -18,9 +18,8 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, final
+from typing import final
 
-import attrs
 import cattrs
 import httpx
 from rich import box
@@ -29,7 +28,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from iop_admission import Snapshot
+from .status import EdgeStatus, NodeStatus, parse_status
 
 __all__ = ["EdgeStatus", "NodeStatus", "StatusUnavailable", "fetch_status", "main", "render_status"]
 
@@ -37,36 +36,8 @@ DEFAULT_EDGE = "http://127.0.0.1:8080"
 
 
 @final
-@attrs.frozen
-class NodeStatus:
-    """One configured node as ``/status`` reports it.
-
-    Attributes:
-        last_heartbeat_age: seconds since the last frame from the node, or None
-            (never heard from / not connected).
-    """
-
-    node_id: str
-    connected: bool
-    generation: int
-    last_heartbeat_age: float | None = None
-
-
-@final
-@attrs.frozen
-class EdgeStatus:
-    """The ``/status`` document: the admission snapshot and the nodes."""
-
-    snapshot: Snapshot
-    nodes: tuple[NodeStatus, ...]
-
-
-@final
 class StatusUnavailable(Exception):
     """The Edge could not be read: unreachable, a non-200 answer, or an unreadable document."""
-
-
-_converter = cattrs.Converter()
 
 
 def fetch_status(client: httpx.Client, edge: str) -> EdgeStatus:
@@ -83,12 +54,7 @@ def fetch_status(client: httpx.Client, edge: str) -> EdgeStatus:
     if response.status_code != 200:
         raise StatusUnavailable(f"the Edge at {url} answered HTTP {response.status_code}")
     try:
-        document: Any = response.json()
-        nodes = document.get("nodes", []) if isinstance(document, dict) else None
-        return EdgeStatus(
-            snapshot=_converter.structure(document, Snapshot),
-            nodes=_converter.structure(nodes, tuple[NodeStatus, ...]),
-        )
+        return parse_status(response.json())
     except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
         if isinstance(exc, cattrs.BaseValidationError):
             detail = "; ".join(cattrs.transform_error(exc))
@@ -105,7 +71,8 @@ def _node_summary(node: NodeStatus) -> str:
     if not node.connected:
         return f"{node.node_id} (disconnected, gen {node.generation})"
     age = "" if node.last_heartbeat_age is None else f", heartbeat {node.last_heartbeat_age:.1f}s ago"
-    return f"{node.node_id} (connected, gen {node.generation}{age})"
+    runs = f", {node.active_runs} run{'' if node.active_runs == 1 else 's'}"
+    return f"{node.node_id} (connected, gen {node.generation}{age}{runs})"
 
 
 _LEGEND = Text(

@@ -9,13 +9,13 @@ worker thread, bounded by ``trio.fail_after``.
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import io
 import json
 import socket
 from collections.abc import Callable
 from typing import Any
 
-import cattrs
 import httpx
 import pytest
 import trio
@@ -24,6 +24,9 @@ from hypercorn.trio import serve
 from rich.console import Console
 
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from iop_edge import EdgeService, load_edge_config
+from iop_edge.status import EdgeStatus, NodeStatus, parse_status
+from iop_edge.status import status_document as edge_status_document
 from iop_edge.status_cli import main
 
 GPU0 = ProviderKey("node-a", "gpu0")
@@ -47,19 +50,19 @@ def two_node_admission() -> Admission:
     )
 
 
-def status_document(admission: Admission, *, heartbeat_age: float | None = 0.5) -> dict[str, Any]:
-    """What the Edge serves on /status: the unstructured snapshot plus the nodes."""
-    document: dict[str, Any] = cattrs.unstructure(admission.snapshot())
-    document["nodes"] = [
-        {
-            "node_id": node,
-            "connected": admission.is_connected(node),
-            "generation": admission.generation(node),
-            "last_heartbeat_age": heartbeat_age if admission.is_connected(node) else None,
-        }
+def status_document(admission: Admission, *, heartbeat_age: float = 0.5, active_runs: int = 0) -> dict[str, Any]:
+    """What the Edge serves on /status for ``admission`` with nodes node-a and node-b."""
+    nodes = tuple(
+        NodeStatus(
+            node_id=node,
+            connected=admission.is_connected(node),
+            generation=admission.generation(node),
+            last_heartbeat_age=heartbeat_age if admission.is_connected(node) else None,
+            active_runs=active_runs if admission.is_connected(node) else 0,
+        )
         for node in ("node-a", "node-b")
-    ]
-    return document
+    )
+    return edge_status_document(EdgeStatus(admission.snapshot(), nodes))
 
 
 def recording_console() -> Console:
@@ -89,7 +92,7 @@ def test_table_shows_every_provider_and_the_summary() -> None:
     """[snapshot-source] [offline-snapshot] one row per configured provider, offline ones included."""
     admission = two_node_admission()
     admission.connect("node-a")
-    transport, requests = serving(status_document(admission, heartbeat_age=2.0))
+    transport, requests = serving(status_document(admission, heartbeat_age=2.0, active_runs=3))
     console = recording_console()
 
     assert (
@@ -105,7 +108,7 @@ def test_table_shows_every_provider_and_the_summary() -> None:
     assert ["node-a", "gpu0", "available", "online", "0/2", "0/1", "0", "(0)", "5"] in out
     assert ["node-b", "gpu1", "unavailable", "offline", "0/1", "0/1", "0", "(0)", "0"] in out
     assert "queue 0/64  timeout 30s  events dropped 0" in text
-    assert "node-a (connected, gen 1, heartbeat 2.0s ago), node-b (disconnected, gen 0)" in text
+    assert "node-a (connected, gen 1, heartbeat 2.0s ago, 3 runs), node-b (disconnected, gen 0)" in text
 
 
 @pytest.mark.req("snapshot-source")
@@ -189,6 +192,17 @@ def test_watch_ends_with_exit_0_on_ctrl_c() -> None:
             "iop status: unreadable /status document from http://127.0.0.1:8080/status: required field missing @ $.max_queue",
         ),
         (
+            lambda r: httpx.Response(200, json={**status_document(two_node_admission()), "ejected": []}),
+            "iop status: unreadable /status document from http://127.0.0.1:8080/status: extra fields found (ejected) @ $\n",
+        ),
+        (
+            lambda r: httpx.Response(
+                200,
+                json={**status_document(two_node_admission()), "nodes": [{"node_id": "node-a", "connected": False}]},
+            ),
+            "iop status: unreadable /status document from http://127.0.0.1:8080/status: required field missing @ $.nodes[0].generation",
+        ),
+        (
             lambda r: httpx.Response(200, json=[1]),
             "iop status: unreadable /status document from http://127.0.0.1:8080/status: ",
         ),
@@ -267,7 +281,7 @@ async def test_against_a_real_http_server() -> None:
     assert code == 0
     text = console.export_text()
     assert ["node-a", "gpu0", "available", "online", "0/2", "0/1", "0", "(0)", "5"] in rows(text)
-    assert "node-a (connected, gen 2, heartbeat 0.5s ago)" in text
+    assert "node-a (connected, gen 2, heartbeat 0.5s ago, 0 runs)" in text
 
 
 @pytest.mark.parametrize(
@@ -281,3 +295,15 @@ def test_bad_arguments_are_a_usage_error(argv: list[str], capsys: pytest.Capture
     assert exit_info.value.code == 2
     assert "usage: iop" in capsys.readouterr().err
     assert requests == []
+
+
+async def test_the_edges_status_document_reads_back_whole() -> None:
+    """The Edge writes /status from the model the CLI reads: every field survives the round trip
+    (the CLI's own classes used to drop ``active_runs``)."""
+    with importlib.resources.as_file(importlib.resources.files("iop_stack") / "examples" / "edge.yaml") as path:
+        service = EdgeService(load_edge_config(path))
+    document = json.loads(json.dumps(service.status()))
+    assert edge_status_document(parse_status(document)) == document
+    assert document["nodes"] == [
+        {"node_id": "node-a", "connected": False, "generation": 0, "last_heartbeat_age": None, "active_runs": 0}
+    ]
