@@ -31,8 +31,8 @@ from iop_admission import (
     ProviderKey,
     ProviderSpec,
     QueuePolicy,
+    validate_pool,
 )
-from iop_admission._config import validate_pool
 from iop_config import load_config, make_converter
 
 from ._node_limits import PendingLimits

@@ -22,6 +22,7 @@ from iop_admission import (
     QueueFull,
     QueuePolicy,
     QueueTimeout,
+    validate_pool,
 )
 
 BIG = "ornith:35b"
@@ -366,6 +367,9 @@ def test_config_error_lists_every_problem_at_admission(pool):
     assert len(info.value.problems) == 2
     assert all("node-x/gpu9" in p for p in info.value.problems)
     assert any(BIG in p for p in info.value.problems) and any(FAST in p for p in info.value.problems)
+    with pytest.raises(ConfigError) as alone:
+        validate_pool(bad)  # the same verdict without an Admission (what a config loader reports)
+    assert alone.value.problems == info.value.problems
 
 
 # ----------------------------------------------------------- [cross-group-wakeup]

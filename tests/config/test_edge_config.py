@@ -9,8 +9,7 @@ import textwrap
 
 import pytest
 
-from iop_admission import Admission, ModelGroup, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission._config import validate_pool
+from iop_admission import Admission, ModelGroup, ProviderKey, ProviderSpec, QueuePolicy, validate_pool
 from iop_config import ConfigFileError
 from iop_edge.config import EdgeConfig, HostPort, load_edge_config, parse_host_port
 
