@@ -123,7 +123,11 @@ class EdgeService:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.metrics.run)
             self.node_port = await nursery.start(
-                _serve_nodes, self.registry, config.node_listen.host, config.node_listen.port
+                _serve_nodes,
+                self.registry,
+                config.node_listen.host,
+                config.node_listen.port,
+                config.node_listen_backlog,
             )
             limits = HttpLimits(header_timeout=config.header_timeout_ms / 1000)
             self.http_port = await nursery.start(
@@ -167,15 +171,18 @@ async def _serve_nodes(
     registry: NodeRegistry,
     host: str,
     port: int,
+    backlog: int,
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept node connections on ``host:port`` and serve each with ``registry.serve_stream``.
 
-    Reports the bound port through ``task_status`` once listening. The
+    Reports the bound port through ``task_status`` once listening, with an
+    accept queue of ``backlog`` connections (the kernel caps it at
+    ``net.core.somaxconn``) [reconnect-storm]. The
     registry, not trio-websocket's server, runs each connection: it counts
     and limits pending connections from the moment of accept.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
     task_status.started(listeners[0].socket.getsockname()[1])
     await trio.serve_listeners(registry.serve_stream, listeners)

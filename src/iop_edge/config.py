@@ -14,6 +14,7 @@ exist in the loaded config in plain form: each is structured straight into an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -222,6 +223,7 @@ class EdgeConfig:
     max_ws_message_bytes: int = 8 * 1024 * 1024
     header_timeout_ms: int = 10000
     node_handshake_timeout_ms: int = 5000
+    node_listen_backlog: int = 4096
     node_max_pending: int = 256
     node_max_pending_per_address: int = 8
     node_reject_backoff_base_ms: int = 100
@@ -250,10 +252,10 @@ class EdgeConfig:
         Raises:
             KeyError: ``key`` is not a candidate of ``model``.
         """
-        for candidate in self._model(model).candidates:
-            if candidate.key == key:
-                return candidate.upstream_model or model
-        raise KeyError(f"provider {key} is not a candidate of model {model!r}")
+        try:
+            return self._upstream_models[model, key]
+        except KeyError:
+            raise KeyError(f"provider {key} is not a candidate of model {model!r}") from None
 
     def node_socket_limits(self, limits: PendingLimits | None = None) -> PendingLimits:
         """The node socket's pending caps and reject backoff from this file.
@@ -274,17 +276,33 @@ class EdgeConfig:
 
     def node_token(self, node_id: str) -> str | None:
         """The token node ``node_id`` must register with; None if it is not configured."""
-        for node in self.nodes:
-            if node.id == node_id:
-                return node.token
-        return None
+        node = self._nodes_by_id.get(node_id)
+        return None if node is None else node.token
 
     def long_threshold(self, model: str) -> int | None:
         """Tokens above which a request for ``model`` is long; None: never long (or unknown)."""
-        for entry in self.models:
-            if entry.id == model:
-                return entry.long_context_threshold_tokens
-        return None
+        entry = self._models_by_id.get(model)
+        return None if entry is None else entry.long_context_threshold_tokens
+
+    # Lookups by id, built once per config object ([reconnect-storm]: a registration
+    # and a request cost the same whatever the number of nodes and candidates).
+    # The first entry of an id wins, as a scan would find it.
+
+    @functools.cached_property
+    def _nodes_by_id(self) -> dict[str, EdgeNode]:
+        return {node.id: node for node in reversed(self.nodes)}
+
+    @functools.cached_property
+    def _models_by_id(self) -> dict[str, EdgeModel]:
+        return {model.id: model for model in reversed(self.models)}
+
+    @functools.cached_property
+    def _upstream_models(self) -> dict[tuple[str, ProviderKey], str]:
+        return {
+            (model.id, c.key): c.upstream_model or model.id
+            for model in reversed(self._models_by_id.values())
+            for c in reversed(model.candidates)
+        }
 
     @property
     def api_keys_required(self) -> bool:
@@ -302,12 +320,6 @@ class EdgeConfig:
             return False
         return hmac.compare_digest(self.admin_token.encode(), token.encode())
 
-    def _model(self, model: str) -> EdgeModel:
-        for entry in self.models:
-            if entry.id == model:
-                return entry
-        raise KeyError(f"model {model!r} is not configured")
-
     # -- validation -------------------------------------------------------------
 
     def problems(self) -> Iterator[tuple[str, str]]:
@@ -322,6 +334,7 @@ class EdgeConfig:
             *_at_least("provider_pool.queue_timeout_ms", self.provider_pool.queue_timeout_ms, 1),
             *_at_least("max_body_bytes", self.max_body_bytes, 1),
             *_at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
+            *_at_least("node_listen_backlog", self.node_listen_backlog, 1),
             *_at_least("header_timeout_ms", self.header_timeout_ms, 1),
             *_at_least("node_handshake_timeout_ms", self.node_handshake_timeout_ms, 1),
             *_at_least("node_max_pending", self.node_max_pending, 1),

@@ -7,7 +7,7 @@ See ``docs/node.md``.
 """
 
 from ._adapter import Adapter, TunnelHead
-from ._client import EdgeClient, backoff_delay, websocket_connector
+from ._client import EdgeClient, backoff_delay, first_delay, websocket_connector
 from ._errors import (
     BadRunRequest,
     EdgeProtocolViolation,
@@ -48,6 +48,7 @@ __all__ = [
     "UpstreamUnreachable",
     "backoff_delay",
     "build_adapter",
+    "first_delay",
     "load_node_config",
     "websocket_connector",
 ]

@@ -50,6 +50,16 @@ handshake after a shutdown cancelled the session. A simulation can wrap
 """
 
 
+def first_delay(policy: ReconnectConfig, rng: random.Random) -> float:
+    """Seconds to wait before the first attempt: at start, and after a registered connection ended.
+
+    Uniform in ``[0, jitter * max_ms]`` [reconnect-storm]: when an Edge restarts,
+    every node loses its connection at the same instant; without this spread
+    they would all dial it again within a few milliseconds.
+    """
+    return rng.uniform(0.0, policy.jitter * policy.max_ms / 1000)
+
+
 def backoff_delay(attempt: int, policy: ReconnectConfig, rng: random.Random) -> float:
     """Seconds to wait before connection attempt ``attempt + 1`` (``attempt`` >= 0).
 
@@ -139,6 +149,9 @@ class EdgeClient:
     async def run(self) -> None:
         """Connect, register and serve, reconnecting with backoff, until :meth:`shutdown`.
 
+        The first attempt (at start, and after a registered connection ended)
+        waits :func:`first_delay`; each failed one :func:`backoff_delay`.
+
         Checkpoints. :meth:`shutdown` cancels the current session (its runs are
         cancelled, a close 1001 goes to the Edge while the connection's reader
         is still alive to complete the closing handshake) and makes this
@@ -151,21 +164,26 @@ class EdgeClient:
         """
         connect = self.connect or websocket_connector(self.config.edge_url)
         token = self.config.resolved_token()
+        policy = self.config.reconnect
         attempt = 0
+        delay = first_delay(policy, self.rng)
         rejected: RegistrationRejected | None = None
         async with trio.open_nursery() as connection_tasks:
             try:
                 while not self._stopping:
+                    with self._phase():
+                        await trio.sleep(delay)
+                    if self._stopping:
+                        break
                     problem = await self._attempt(connect, connection_tasks, token)
                     if self.session_registered:
                         attempt = 0
-                    if self._stopping:
-                        break
-                    delay = backoff_delay(attempt, self.config.reconnect, self.rng)
-                    attempt += 1
-                    logger.info("%s; reconnecting in %.2f s", problem, delay)
-                    with self._phase():
-                        await trio.sleep(delay)
+                        delay = first_delay(policy, self.rng)
+                    else:
+                        delay = backoff_delay(attempt, policy, self.rng)
+                        attempt += 1
+                    if not self._stopping:
+                        logger.info("%s; reconnecting in %.2f s", problem, delay)
             except RegistrationRejected as exc:
                 rejected = exc  # re-raised below, outside the nursery (no ExceptionGroup)
             connection_tasks.cancel_scope.cancel()

@@ -432,3 +432,21 @@ def test_node_socket_limit_keys_defaults_and_bounds() -> None:
         "edge.yaml:3: node_max_pending_per_address: must be >= 1, got 0",
         "edge.yaml:5: node_reject_backoff_max_ms: must be >= 300, got 200",
     )
+
+
+@pytest.mark.req("reconnect-storm")
+def test_node_listen_backlog_default_bound_and_lookups_by_id() -> None:
+    """[reconnect-storm] node_listen_backlog: default 4096, >= 1; the per-registration and
+    per-request lookups (token, threshold, upstream model) answer as a scan would."""
+    config = load(BASE)
+    assert config.node_listen_backlog == 4096
+    assert load("node_listen_backlog: 20000\n" + BASE).node_listen_backlog == 20000
+    assert errors_of("node_listen_backlog: 0\n" + BASE) == ("edge.yaml:1: node_listen_backlog: must be >= 1, got 0",)
+    for node in config.nodes:
+        assert config.node_token(node.id) == node.token
+    assert config.node_token("nobody") is None
+    for model in config.models:
+        assert config.long_threshold(model.id) == model.long_context_threshold_tokens
+        for c in model.candidates:
+            assert config.upstream_model(model.id, c.key) == (c.upstream_model or model.id)
+    assert config.long_threshold("nobody") is None

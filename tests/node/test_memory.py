@@ -17,7 +17,15 @@ import trio
 import trio.testing
 from node_harness import FakeEdge, MemoryLink, node_config
 
-from iop_node import EdgeClient, NodeRuntime, ProviderConfig, ReconnectConfig, RegistrationRejected, backoff_delay
+from iop_node import (
+    EdgeClient,
+    NodeRuntime,
+    ProviderConfig,
+    ReconnectConfig,
+    RegistrationRejected,
+    backoff_delay,
+    first_delay,
+)
 from iop_wire import Heartbeat, Rejected, Run
 
 MOCK = ProviderConfig(id="m0", adapter="mock", capacity=2, latency_ms=10_000)
@@ -61,7 +69,8 @@ async def test_heartbeat_every_min_of_both_intervals(
 
 async def test_reconnect_backoff_doubles_to_the_cap_and_resets(autojump_clock: trio.testing.MockClock) -> None:
     """Failed attempts back off 0.1, 0.2, 0.4 s (capped at 0.3 here); a registered
-    connection resets the backoff, so the attempt after a drop waits 0.1 s again."""
+    connection resets the backoff: the first attempt after a drop waits the first-attempt
+    spread, uniform(0, jitter x max_ms), 0 here (jitter 0)."""
     edge = FakeEdge()
     async with memory_node(edge, failures=3, reconnect=ReconnectConfig(100, 300, 0.0)) as node:
         await edge.next_connection()
@@ -69,7 +78,21 @@ async def test_reconnect_backoff_doubles_to_the_cap_and_resets(autojump_clock: t
         await edge.next_connection()
     attempts = node.link.attempts
     gaps = [round(b - a, 6) for a, b in itertools.pairwise(attempts)]
-    assert gaps == [0.1, 0.2, 0.3, 0.1]
+    assert gaps == [0.1, 0.2, 0.3, 0.0]
+
+
+@pytest.mark.req("reconnect-storm")
+def test_first_attempt_is_spread_over_jitter_times_max() -> None:
+    """[reconnect-storm] the first attempt (start, or after a registered connection ended)
+    waits uniform(0, jitter x max_ms): 10,000 nodes dropped at once do not dial at once."""
+    policy = ReconnectConfig(initial_ms=100, max_ms=5000, jitter=0.2)
+    rng = random.Random(2)
+    delays = sorted(first_delay(policy, rng) for _ in range(10_000))
+    assert 0.0 <= delays[0] < 0.01 and 0.99 < delays[-1] <= 1.0
+    per_tenth = [sum(1 for d in delays if i / 10 <= d < (i + 1) / 10) for i in range(10)]
+    assert min(per_tenth) > 800  # no 100 ms window holds more than its share (~1,000)
+    assert max(per_tenth) < 1200
+    assert first_delay(ReconnectConfig(100, 300, 0.0), rng) == 0.0
 
 
 def test_backoff_delay_jitter_stays_within_20_percent() -> None:
