@@ -170,8 +170,18 @@ class EdgeMetrics:
     def __init__(self, admission: Admission) -> None:
         self._admission = admission
         self.registry = CollectorRegistry()
-        registry = self.registry
-        registry.register(_SnapshotCollector(admission))
+        self.registry.register(_SnapshotCollector(admission))
+        self._declare_request_metrics(self.registry)
+        self._declare_node_metrics(self.registry)
+        # Closed label sets start at 0, so rate() and absence alerts work from the first scrape.
+        for outcome in LEASE_OUTCOMES:
+            self._lease_endings.labels(outcome)
+        for result in REFRESH_RESULTS:
+            self._refreshes.labels(result)
+        for reason in PENDING_CLOSE_REASONS:
+            self._node_pending_closed.labels(reason)
+
+    def _declare_request_metrics(self, registry: CollectorRegistry) -> None:
         self._admitted = Counter(
             "iop_admitted",
             "Leases granted (from admission events).",
@@ -190,6 +200,28 @@ class EdgeMetrics:
             ("outcome",),
             registry=registry,
         )
+        self._refreshes = Counter(
+            "iop_config_refreshes",
+            "Live config refreshes, by result.",
+            ("result",),
+            registry=registry,
+        )
+        self._queue_wait = Histogram(
+            "iop_queue_wait_seconds",
+            "Time granted requests spent queued (0 when admitted at once).",
+            ("model",),
+            buckets=_QUEUE_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self._request_duration = Histogram(
+            "iop_request_duration_seconds",
+            "Duration of admitted requests, lease grant to lease end.",
+            ("model",),
+            buckets=_REQUEST_DURATION_BUCKETS,
+            registry=registry,
+        )
+
+    def _declare_node_metrics(self, registry: CollectorRegistry) -> None:
         self._node_connects = Counter(
             "iop_node_connects",
             "Accepted node registrations.",
@@ -220,33 +252,6 @@ class EdgeMetrics:
             ("reason", "address_class"),
             registry=registry,
         )
-        self._refreshes = Counter(
-            "iop_config_refreshes",
-            "Live config refreshes, by result.",
-            ("result",),
-            registry=registry,
-        )
-        self._queue_wait = Histogram(
-            "iop_queue_wait_seconds",
-            "Time granted requests spent queued (0 when admitted at once).",
-            ("model",),
-            buckets=_QUEUE_WAIT_BUCKETS,
-            registry=registry,
-        )
-        self._request_duration = Histogram(
-            "iop_request_duration_seconds",
-            "Duration of admitted requests, lease grant to lease end.",
-            ("model",),
-            buckets=_REQUEST_DURATION_BUCKETS,
-            registry=registry,
-        )
-        # Closed label sets start at 0, so rate() and absence alerts work from the first scrape.
-        for outcome in LEASE_OUTCOMES:
-            self._lease_endings.labels(outcome)
-        for result in REFRESH_RESULTS:
-            self._refreshes.labels(result)
-        for reason in PENDING_CLOSE_REASONS:
-            self._node_pending_closed.labels(reason)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow admission events and count them, until cancelled.
