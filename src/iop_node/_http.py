@@ -5,10 +5,8 @@ plain ``http://`` upstream (the usual case: a backend on loopback or the LAN)
 its transport is :class:`~iop_node._transport.H11Transport` (h11 over trio
 sockets, a keep-alive pool of at most ``capacity`` connections, the request
 head and body in one send); for ``https://`` it is httpx's default transport
-with a pool of ``capacity`` connections. Why not httpcore for plain HTTP: it
-scans every pooled connection on each request and sends head and body
-separately, which together were a third of the Node's CPU under load
-(benchmarks/e2e.py, concurrency 64; see docs/node.md).
+with a pool of ``capacity`` connections (why not httpcore for plain HTTP:
+:mod:`iop_node._transport`).
 
 Error mapping lives here, once: transport errors and timeouts become
 :class:`UpstreamUnreachable`; a non-2xx answer becomes :class:`UpstreamFailed`
