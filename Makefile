@@ -34,7 +34,7 @@ bench: $(STAMP)
 
 # Also measures a LiteLLM proxy, installed on first use into benchmarks/.peers.
 bench-peers: $(STAMP)
-	$(BIN)/python -m benchmarks e2e --runs 3 --peers
+	$(BIN)/python -m benchmarks e2e fleet --runs 3 --peers
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

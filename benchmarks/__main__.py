@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [--runs N] [--peers] [--quick]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [--runs N] [--peers] [--quick]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,10 +12,10 @@ import platform
 import sys
 import time
 
-from . import admission, e2e, overload
+from . import admission, e2e, fleet, overload
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-SUITES = {"admission": admission, "e2e": e2e, "overload": overload}
+SUITES = {"admission": admission, "e2e": e2e, "overload": overload, "fleet": fleet}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,9 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="e2e: also measure a LiteLLM proxy (installed on first use into benchmarks/.peers)",
+        help="e2e, fleet: also measure a LiteLLM proxy (installed on first use into benchmarks/.peers)",
     )
-    parser.add_argument("--quick", action="store_true", help="overload: two short scenarios, for iteration")
+    parser.add_argument(
+        "--quick", action="store_true", help="overload: two short scenarios; fleet: K = 64 and 512 only (for iteration)"
+    )
     args = parser.parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             result = e2e.run(runs=args.runs, with_peers=args.peers)
         elif suite is overload:
             result = overload.run(quick=args.quick)
+        elif suite is fleet:
+            result = fleet.run(quick=args.quick, with_peers=args.peers)
         else:
             result = suite.run(runs=args.runs)
         result["python"] = platform.python_version()

@@ -555,17 +555,22 @@ _END = "<!-- e2e-results:end -->"
 
 def _update_doc(markdown: str, result: dict[str, Any]) -> None:
     """Replace the generated block of ``docs/benchmarks.md`` (the prose around it stays)."""
-    if not DOC.exists():
-        return
-    text = DOC.read_text()
-    if _BEGIN not in text or _END not in text:
-        return
-    head, rest = text.split(_BEGIN, 1)
-    _, tail = rest.split(_END, 1)
     block = (
         f"{_BEGIN}\n"
         f"Produced by `{result['command']}` ({result['when'] if 'when' in result else time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{result['cpus']} CPUs, median of {result['runs']} runs of {result['duration_s']:g} s after {result['warmup_s']:g} s warm-up; "
         f"LiteLLM: {result['litellm']}).\n\n{markdown}\n\n![throughput and p50 vs concurrency](benchmarks-e2e.png)\n{_END}"
     )
+    replace_doc_block(_BEGIN, _END, block)
+
+
+def replace_doc_block(begin: str, end: str, block: str) -> None:
+    """Replace the text from ``begin`` to ``end`` in ``docs/benchmarks.md`` with ``block`` (if both are there)."""
+    if not DOC.exists():
+        return
+    text = DOC.read_text()
+    if begin not in text or end not in text:
+        return
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
     DOC.write_text(head + block + tail)

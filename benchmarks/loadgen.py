@@ -224,14 +224,135 @@ async def measure(
     }
 
 
+async def fleet(
+    *,
+    port: int,
+    path: str,
+    body: dict[str, Any],
+    streams: int,
+    ramp: float,
+    duration: float,
+    tail: float = 10.0,
+    host: str = "127.0.0.1",
+) -> dict[str, Any]:
+    """Hold ``streams`` concurrent streams, each on its own keep-alive socket, and time every event.
+
+    Checkpoints; takes ``ramp + duration`` seconds plus the streams still running at the
+    end, each read to its end but for at most ``tail`` more seconds (then cut). Worker
+    ``i`` starts ``i / streams * ramp`` seconds in and sends the next request as soon as
+    its stream ended. Every read is timestamped; the SSE events it completes (``data:``
+    lines, ``[DONE]`` excluded) take that time.
+
+    Returns:
+        ``tokens`` (all events), ``window_tokens`` (events in ``[ramp, ramp + duration]``),
+        ``streams_done``, ``streams_cut``, ``errors``, ``error_statuses`` (what a failed
+        answer said) and, over every completed stream, the lists ``ttft`` (seconds from
+        send to first event), ``span`` (first to last event) and ``gaps`` (seconds between
+        consecutive event arrivals of a stream).
+    """
+    raw = HttpConnection.build("POST", path, json.dumps(body).encode(), host)
+    clock = trio.current_time
+    start = clock()
+    begin, end = start + ramp, start + ramp + duration
+    out: dict[str, Any] = {"streams_done": 0, "streams_cut": 0, "errors": 0}
+    every: list[list[float]] = []
+    ttft: list[float] = []
+    span: list[float] = []
+    gaps: list[float] = []
+    statuses: dict[str, int] = {}
+
+    async def worker(index: int) -> None:
+        await trio.sleep_until(start + index / streams * ramp)
+        stream = await trio.open_tcp_stream(host, port)
+        try:
+            while clock() < end:
+                arrivals: list[float] = []
+                every.append(arrivals)
+                sent = clock()
+                try:
+                    problem = await _one_stream(stream, raw, arrivals)
+                except trio.Cancelled:
+                    out["streams_cut"] += 1
+                    raise
+                if problem is not None:
+                    out["errors"] += 1
+                    statuses[problem] = statuses.get(problem, 0) + 1
+                    return
+                out["streams_done"] += 1
+                if arrivals:
+                    ttft.append(arrivals[0] - sent)
+                    span.append(arrivals[-1] - arrivals[0])
+                    gaps.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+        finally:
+            await stream.aclose()
+
+    with trio.move_on_at(end + tail):
+        async with trio.open_nursery() as nursery:
+            for index in range(streams):
+                nursery.start_soon(worker, index)
+    return {
+        **out,
+        "tokens": sum(len(a) for a in every),
+        "window_tokens": sum(1 for a in every for t in a if begin <= t < end),
+        "ttft": ttft,
+        "span": span,
+        "gaps": gaps,
+        "window": duration,
+        "error_statuses": statuses,
+    }
+
+
+async def _one_stream(stream: trio.SocketStream, raw: bytes, arrivals: list[float]) -> str | None:
+    """Send one stream request and read its answer to ``[DONE]``, timing each event into ``arrivals``.
+
+    Returns None, or what went wrong. Reads the raw bytes without decoding HTTP framing
+    beyond the head: the chunk-size lines of a chunked body never contain ``data:``. The
+    answer ends with the chunked terminator after ``[DONE]``.
+    """
+    clock = trio.current_time
+    sent = clock()
+    await stream.send_all(raw)
+    buffer = b""
+    head_done = False
+    while True:
+        data = await stream.receive_some(65536)
+        if not data:
+            return f"connection closed after {len(arrivals)} events, {clock() - sent:.0f} s"
+        now = clock()
+        buffer += data
+        if not head_done:
+            cut = buffer.find(b"\r\n\r\n")
+            if cut < 0:
+                continue
+            if not buffer.startswith(b"HTTP/1.1 200"):
+                return (buffer[:12] + b" " + buffer[cut + 4 : cut + 200]).decode(errors="replace")
+            head_done, buffer = True, buffer[cut + 4 :]
+        # Complete lines only: an event split across reads counts when its line is whole.
+        last = buffer.rfind(b"\n")
+        if last < 0:
+            continue
+        lines, buffer = buffer[: last + 1], buffer[last + 1 :]
+        done = b"data: [DONE]" in lines
+        arrivals.extend([now] * (lines.count(b"data: ") - done))
+        if done:
+            rest = lines[lines.index(b"data: [DONE]") :] + buffer
+            while not rest.endswith(b"0\r\n\r\n"):
+                more = await stream.receive_some(65536)
+                if not more:
+                    return "connection closed after [DONE]"
+                rest += more
+            return None
+
+
 async def _serve_commands() -> None:
     stdin = trio.wrap_file(sys.stdin)
     async for line in stdin:
         if not line.strip():
             continue
         command = json.loads(line)
+        kind = command.pop("kind", "closed_loop")
         try:
-            result = await measure(**command)
+            result = await (fleet(**command) if kind == "fleet" else measure(**command))
         except Exception as exc:  # report it to the driver instead of dying silently
             result = {"failed": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(result), flush=True)
