@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol, final
 
@@ -32,9 +31,9 @@ from iop_admission import (
     QueueTimeout,
     Unavailable,
 )
-from iop_wire import Run, RunEnd, RunEvent
+from iop_wire import Run, RunData, RunEnd, RunEvent
 
-from ._links import NodeGone, NodeRegistry, RunMessage
+from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
 
@@ -321,6 +320,20 @@ class EdgeAPI:
         responder: Responder,
     ) -> str:
         """Send the run to the lease's node and relay its answer. Returns the outcome."""
+        run = self._open_run(lease, model, endpoint, body, stream)
+        head = [
+            (b"x-iop-provider", str(lease.provider).encode()),
+            (b"x-iop-queue-ms", str(round(lease.queue_wait * 1000)).encode()),
+        ]
+        async with run:
+            if stream:
+                await _relay_stream(run, responder, head)
+            else:
+                await _relay_whole(run, responder, head)
+        return "ok"
+
+    def _open_run(self, lease: Any, model: str, endpoint: str, body: dict[str, Any], stream: bool) -> RunChannel:
+        """Send ``run`` to the node holding the lease (never waits)."""
         service = self.service
         key = lease.provider
         try:
@@ -328,57 +341,9 @@ class EdgeAPI:
             upstream = dict(body)
             upstream["model"] = service.config.upstream_model(model, key)
             upstream["stream"] = stream
-            run = link.open_run(Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream))
+            return link.open_run(Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream))
         except (NodeGone, KeyError) as exc:
             raise node_disconnected(str(exc)) from None
-        head = [
-            (b"x-iop-provider", str(key).encode()),
-            (b"x-iop-queue-ms", str(round(lease.queue_wait * 1000)).encode()),
-        ]
-        async with run:
-            result: dict[str, Any] | None = None
-            backlog: deque[RunMessage] = deque()
-            while True:
-                if backlog:
-                    message = backlog.popleft()
-                else:
-                    try:
-                        message = await run.next()
-                    except NodeGone as exc:
-                        if run.overflowed:
-                            raise RequestRejected(502, "client_too_slow", str(exc), type="upstream_error") from None
-                        raise node_disconnected(str(exc)) from None
-                if type(message) is RunEvent:
-                    if stream:
-                        # Every event that has arrived already goes out in the same
-                        # send: one socket write per burst, not one per token.
-                        frames = [b"data: " + _dumps(message.data) + b"\n\n"]
-                        backlog.extend(run.buffered())
-                        while backlog and type(backlog[0]) is RunEvent:
-                            frames.append(b"data: " + _dumps(backlog.popleft().data) + b"\n\n")  # type: ignore[union-attr]
-                        if not responder.started:
-                            await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
-                        await responder.chunk(b"".join(frames))
-                    else:
-                        result = message.data
-                    continue
-                if type(message) is not RunEnd:
-                    raise RequestRejected(
-                        502, "upstream_error", "unexpected tunnel message for a run", type="upstream_error"
-                    )
-                if message.status != "ok":
-                    raise run_failure(message)
-                if stream:
-                    if not responder.started:
-                        await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
-                    await responder.finish(b"data: [DONE]\n\n")
-                else:
-                    if result is None:
-                        raise RequestRejected(
-                            502, "upstream_error", "the node ended the run without a response", type="upstream_error"
-                        )
-                    await responder.whole(200, [_JSON, *head], _dumps(result))
-                return "ok"
 
     # ------------------------------------------------------------ other routes
 
@@ -462,6 +427,78 @@ class EdgeAPI:
         if not isinstance(body, dict):
             raise RequestRejected(400, "bad_request", "request body must be a JSON object")
         return body
+
+
+async def _next(run: RunChannel) -> RunMessage:
+    try:
+        return await run.next()
+    except NodeGone as exc:
+        if run.overflowed:
+            raise RequestRejected(502, "client_too_slow", str(exc), type="upstream_error") from None
+        raise node_disconnected(str(exc)) from None
+
+
+def _end_of(message: RunMessage) -> RunEnd:
+    """The run's end; an error end or a message no run carries becomes the client's error."""
+    if type(message) is not RunEnd:
+        raise RequestRejected(502, "upstream_error", "unexpected tunnel message for a run", type="upstream_error")
+    if message.status != "ok":
+        raise run_failure(message)
+    return message
+
+
+async def _relay_stream(run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]]) -> None:
+    """Relay a streamed run: every burst of output that has arrived goes out in one send.
+
+    Output in data records (v2) is the SSE body already, written as is; output in
+    ``run_event`` messages (v1) is framed here, and the stream ends with our ``[DONE]``.
+    """
+    framed_here = False
+    while True:
+        message = await _next(run)
+        burst = [message, *run.buffered()]
+        parts: list[bytes] = []
+        end: RunMessage | None = None
+        for item in burst:
+            kind = type(item)
+            if kind is RunData:
+                parts.append(item.data)  # type: ignore[union-attr]
+            elif kind is RunEvent:
+                framed_here = True
+                parts.append(b"data: " + _dumps(item.data) + b"\n\n")  # type: ignore[union-attr]
+            else:
+                end = item
+                break
+        if parts:
+            if not responder.started:
+                await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
+            await responder.chunk(b"".join(parts))
+        if end is not None:
+            _end_of(end)
+            if not responder.started:
+                await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
+            await responder.finish(b"data: [DONE]\n\n" if framed_here else b"")
+            return
+
+
+async def _relay_whole(run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]]) -> None:
+    """Relay a non-stream run: the body bytes (v2 records) or the one response object (v1)."""
+    parts: list[bytes] = []
+    while True:
+        message = await _next(run)
+        kind = type(message)
+        if kind is RunData:
+            parts.append(message.data)  # type: ignore[union-attr]
+        elif kind is RunEvent:
+            parts.append(_dumps(message.data))  # type: ignore[union-attr]
+        else:
+            _end_of(message)
+            if not parts:
+                raise RequestRejected(
+                    502, "upstream_error", "the node ended the run without a response", type="upstream_error"
+                )
+            await responder.whole(200, [_JSON, *head], b"".join(parts))
+            return
 
 
 class _ClientGone(RequestRejected):

@@ -44,6 +44,7 @@ from iop_wire import (
     CLOSE_POLICY,
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
+    PROTOCOL_VERSIONS,
     Cancel,
     Heartbeat,
     ProtocolError,
@@ -51,6 +52,7 @@ from iop_wire import (
     Registered,
     Rejected,
     Run,
+    RunData,
     RunEnd,
     RunEvent,
     TunnelChunk,
@@ -58,11 +60,14 @@ from iop_wire import (
     TunnelRequest,
     TunnelStart,
     decode,
+    decode_data,
     encode,
 )
 
 from ._node_limits import UNKNOWN_SOURCE, PendingLimits, Source, source_of
 from .status import NodeStatus
+
+from .metrics import DisconnectCause
 
 logger = logging.getLogger("iop_edge.nodes")
 
@@ -75,7 +80,8 @@ RUN_BUFFER = 1024
 CANCEL_SETTLE_TIMEOUT = 2.0
 """Seconds a run left before its end waits for the node to confirm the cancel."""
 
-RunMessage = RunEvent | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
+RunMessage = RunEvent | RunData | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
+"""What a run's channel carries: JSON messages (v1 and v2) and v2 data records."""
 
 
 class NodeGone(Exception):
@@ -86,20 +92,23 @@ class NodeGone(Exception):
 class RunChannel:
     """One run's messages from its node, and its cancellation.
 
-    Use as ``async with``: leaving it before the end message arrived sends
-    ``cancel`` to the node and waits, bounded, for the node to confirm it, so a
-    lease held around it is released only once the node has freed the provider
-    (see :meth:`__aexit__`).
+    The channel owns both ends of the run's buffer: its node link hands it
+    messages with :meth:`deliver` (never waits), the relay reads them with
+    :meth:`next` / :meth:`buffered`. Use as ``async with``: leaving it before
+    the end message arrived sends ``cancel`` to the node and waits, bounded,
+    for the node to confirm it, so a lease held around it is released only
+    once the node has freed the provider (see :meth:`__aexit__`).
     """
 
-    __slots__ = ("run_id", "link", "receive", "ended", "overflowed")
+    __slots__ = ("run_id", "link", "_send", "_receive", "ended", "overflowed", "_next_seq")
 
-    def __init__(self, run_id: str, link: NodeLink, receive: trio.MemoryReceiveChannel[RunMessage]) -> None:
+    def __init__(self, run_id: str, link: NodeLink) -> None:
         self.run_id = run_id
         self.link = link
-        self.receive = receive
+        self._send, self._receive = trio.open_memory_channel[RunMessage](RUN_BUFFER)
         self.ended = False
         self.overflowed = False
+        self._next_seq = 0
 
     async def __aenter__(self) -> RunChannel:
         return self
@@ -123,25 +132,47 @@ class RunChannel:
         from the caller's cancellation (a client that went away is the usual
         reason to be here) and bounded by :data:`CANCEL_SETTLE_TIMEOUT`.
         """
-        if not self.ended and self.run_id in self.link._runs:
-            try:
-                self.link._queue(encode(Cancel(self.run_id)))
-            except NodeGone:
-                pass  # the connection is ending; the node cancels every run itself
-            else:
-                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SETTLE_TIMEOUT):
-                    while not self.ended:
-                        try:
-                            await self.next()
-                        except NodeGone:
-                            break
-                self.receive.close()
-                if not self.ended:
-                    self.link._forget_run(self.run_id, cancel=False)
-                return
-        self.receive.close()
+        if not self.ended and self.link.cancel_run(self.run_id):
+            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SETTLE_TIMEOUT):
+                while not self.ended:
+                    try:
+                        await self.next()
+                    except NodeGone:
+                        break
+        self._receive.close()
         if not self.ended:
-            self.link._forget_run(self.run_id, cancel=True)
+            self.link.forget_run(self.run_id)
+
+    def deliver(self, message: RunMessage) -> bool:
+        """Buffer the next message from the node (never waits).
+
+        Returns:
+            False when the run cannot take it: its buffer is full (the client
+            is too slow; :attr:`overflowed` is set) or its reader left. The
+            link then forgets the run and cancels it on the node.
+        """
+        try:
+            self._send.send_nowait(message)
+        except trio.WouldBlock:
+            self.overflowed = True
+            self._send.close()
+            return False
+        except trio.BrokenResourceError:
+            return False
+        if type(message) is RunEnd or type(message) is TunnelEnd:
+            self._send.close()
+        return True
+
+    def check_seq(self, seq: int) -> bool:
+        """Whether ``seq`` is the next data record number of this run (and count it)."""
+        if seq != self._next_seq:
+            return False
+        self._next_seq += 1
+        return True
+
+    def close(self) -> None:
+        """The connection ended: :meth:`next` raises :class:`NodeGone` after what is buffered."""
+        self._send.close()
 
     async def next(self) -> RunMessage:
         """The next message of this run.
@@ -153,7 +184,7 @@ class RunChannel:
             NodeGone: the connection ended (or the run overflowed) before the end message.
         """
         try:
-            message = await self.receive.receive()
+            message = await self._receive.receive()
         except trio.EndOfChannel:
             raise NodeGone("run dropped: client too slow" if self.overflowed else "node connection lost") from None
         if type(message) is RunEnd or type(message) is TunnelEnd:
@@ -163,13 +194,13 @@ class RunChannel:
     def buffered(self) -> list[RunMessage]:
         """The messages of this run that have arrived already, up to its end (never waits).
 
-        Lets a relay write a burst of stream events to its client in one send.
+        Lets a relay write a burst of output to its client in one send.
         A lost connection is left for the next :meth:`next` to raise.
         """
         messages: list[RunMessage] = []
         while not self.ended:
             try:
-                message = self.receive.receive_nowait()
+                message = self._receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
             if type(message) is RunEnd or type(message) is TunnelEnd:
@@ -180,7 +211,7 @@ class RunChannel:
 
 @final
 class NodeLink:
-    """One registered node connection: one node, one generation."""
+    """One registered node connection: one node, one generation, one protocol version."""
 
     def __init__(
         self,
@@ -188,17 +219,18 @@ class NodeLink:
         node_id: str,
         generation: int,
         ws: WebSocketConnection,
+        protocol: int = PROTOCOL_VERSION,
     ) -> None:
         self.registry = registry
         self.node_id = node_id
         self.generation = generation
         self.ws = ws
+        self.protocol = protocol
         self.providers: tuple[str, ...] = ()
         self.last_seen = trio.current_time()
-        self.cause = "error"
+        self.cause: DisconnectCause = "error"
         self._outbox_send, self._outbox_receive = trio.open_memory_channel[str](OUTBOX_SIZE)
-        self._runs: dict[str, trio.MemorySendChannel[RunMessage]] = {}
-        self._channels: dict[str, RunChannel] = {}
+        self._runs: dict[str, RunChannel] = {}
         self._cancel_scope: trio.CancelScope | None = None
 
     # ----------------------------------------------------------------- runs
@@ -210,16 +242,34 @@ class NodeLink:
             NodeGone: the connection is closing or its outbox is full.
         """
         run_id = message.run_id
-        send, receive = trio.open_memory_channel[RunMessage](RUN_BUFFER)
-        self._runs[run_id] = send
-        channel = RunChannel(run_id, self, receive)
-        self._channels[run_id] = channel
+        channel = self._runs[run_id] = RunChannel(run_id, self)
         try:
             self._queue(encode(message))
         except NodeGone:
-            self._forget_run(run_id, cancel=False)
+            self.forget_run(run_id)
             raise
         return channel
+
+    def cancel_run(self, run_id: str) -> bool:
+        """Ask the node to cancel ``run_id`` (never waits).
+
+        Returns:
+            True when ``cancel`` was queued: the run is still tracked and the
+            connection open, so its end (or the connection's) will follow.
+        """
+        if run_id not in self._runs:
+            return False
+        try:
+            self._queue(encode(Cancel(run_id)))
+        except NodeGone:
+            return False  # the connection is ending; the node cancels every run itself
+        return True
+
+    def forget_run(self, run_id: str) -> None:
+        """Stop tracking ``run_id``: later frames for it are dropped."""
+        channel = self._runs.pop(run_id, None)
+        if channel is not None:
+            channel.close()
 
     def _queue(self, frame: str) -> None:
         try:
@@ -232,36 +282,26 @@ class NodeLink:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise NodeGone(f"node {self.node_id} is disconnecting") from None
 
-    def _forget_run(self, run_id: str, *, cancel: bool) -> None:
-        send = self._runs.pop(run_id, None)
-        self._channels.pop(run_id, None)
-        if send is not None:
-            send.close()
-            if cancel:
-                try:
-                    self._queue(encode(Cancel(run_id)))
-                except NodeGone:
-                    pass  # the connection is ending; the node cancels every run itself
-
     def _deliver(self, run_id: str, message: RunMessage) -> None:
-        send = self._runs.get(run_id)
-        if send is None:
+        channel = self._runs.get(run_id)
+        if channel is None:
             return  # a late message for a run we already gave up on
-        try:
-            send.send_nowait(message)
-        except trio.WouldBlock:
-            channel = self._channels.get(run_id)
-            if channel is not None:
-                channel.overflowed = True
-            self._forget_run(run_id, cancel=True)
-            return
-        except trio.BrokenResourceError:
-            self._forget_run(run_id, cancel=True)
-            return
-        if type(message) is RunEnd or type(message) is TunnelEnd:
-            self._runs.pop(run_id, None)
-            self._channels.pop(run_id, None)
-            send.close()
+        if not channel.deliver(message):
+            self.cancel_run(run_id)
+            self.forget_run(run_id)
+        elif type(message) is RunEnd or type(message) is TunnelEnd:
+            del self._runs[run_id]
+
+    def _deliver_data(self, frame: bytes) -> str | None:
+        """Hand each record of a v2 data frame to its run; the protocol problem, if any."""
+        for record in decode_data(frame, max_bytes=self.registry.max_message_bytes):
+            channel = self._runs.get(record.run_id)
+            if channel is None:
+                continue  # a late record for a run we already gave up on
+            if not channel.check_seq(record.seq):
+                return f"run {record.run_id}: data record {record.seq} out of order"
+            self._deliver(record.run_id, record)
+        return None
 
     @property
     def active_runs(self) -> int:
@@ -305,6 +345,11 @@ class NodeLink:
                 return
             self.last_seen = trio.current_time()
             try:
+                if type(text) is bytes and self.protocol >= 2:
+                    problem = self._deliver_data(text)
+                    if problem is None:
+                        continue
+                    raise ProtocolError(problem)
                 message = decode(text, max_bytes=self.registry.max_message_bytes)
             except ProtocolError as exc:
                 logger.warning("node %s: protocol error: %s", self.node_id, exc.reason)
@@ -324,10 +369,9 @@ class NodeLink:
 
     def _end_runs(self) -> None:
         self._outbox_send.close()
-        for send in self._runs.values():
-            send.close()
+        for channel in self._runs.values():
+            channel.close()
         self._runs.clear()
-        self._channels.clear()
 
     def __repr__(self) -> str:
         return f"<NodeLink {self.node_id} gen {self.generation} runs {len(self._runs)}>"
@@ -440,7 +484,7 @@ class NodeRegistry:
         limits: PendingLimits | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         on_connect: Callable[[str, int], None] | None = None,
-        on_disconnect: Callable[[str, int, str], None] | None = None,
+        on_disconnect: Callable[[str, int, DisconnectCause], None] | None = None,
         on_pending_closed: Callable[[str], None] | None = None,
         on_rejected: Callable[[str, str], None] | None = None,
     ) -> None:
@@ -606,8 +650,9 @@ class NodeRegistry:
     def _check(self, message: Register) -> _Rejection | None:
         """Why ``message`` cannot register now (None: it can)."""
         node_id = message.node_id
-        if message.protocol != PROTOCOL_VERSION:
-            reason = f"protocol {message.protocol} is not supported (edge speaks {PROTOCOL_VERSION})"
+        if message.protocol not in PROTOCOL_VERSIONS:
+            spoken = ", ".join(map(str, PROTOCOL_VERSIONS))
+            reason = f"protocol {message.protocol} is not supported (edge speaks {spoken})"
             return _Rejection("protocol_mismatch", reason, node_id)
         expected = self.token_for(node_id)
         if expected is None:
@@ -621,15 +666,16 @@ class NodeRegistry:
     def _connect(self, ws: WebSocketConnection, message: Register) -> NodeLink:
         node_id = message.node_id
         generation = self.admission.connect(node_id)
-        link = NodeLink(self, node_id, generation, ws)
+        link = NodeLink(self, node_id, generation, ws, message.protocol)
         link.providers = tuple(p.id for p in message.providers)
         self._links[node_id] = link
         interval_ms = max(1, int(self.heartbeat_timeout * 1000 / 3))
         link._queue(encode(Registered(node_id, generation, interval_ms)))
         logger.info(
-            "node %s registered: generation %d, providers %s",
+            "node %s registered: generation %d, wire v%d, providers %s",
             node_id,
             generation,
+            link.protocol,
             ", ".join(link.providers) or "none",
         )
         if self._on_connect is not None:

@@ -22,7 +22,7 @@ one process.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final, final
+from typing import Final, Literal, final, get_args
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -34,6 +34,7 @@ from iop_admission import Admission, AdmissionEvent, ProviderSnapshot
 __all__ = [
     "ADDRESS_CLASSES",
     "DISCONNECT_CAUSES",
+    "DisconnectCause",
     "LEASE_OUTCOMES",
     "PENDING_CLOSE_REASONS",
     "REFRESH_RESULTS",
@@ -46,7 +47,9 @@ REJECTION_REASONS: Final = frozenset({"queue_full", "queue_timeout", "unavailabl
 #: ``outcome`` label values of ``iop_lease_endings_total``.
 LEASE_OUTCOMES: Final = ("ok", "error", "cancelled", "revoked")
 #: ``cause`` label values of ``iop_node_disconnects_total``.
-DISCONNECT_CAUSES: Final = frozenset({"graceful", "heartbeat_timeout", "error"})
+DisconnectCause = Literal["graceful", "heartbeat_timeout", "error"]
+"""Why a node connection ended: ``graceful`` (close 1000/1001), ``heartbeat_timeout``, ``error``."""
+DISCONNECT_CAUSES: Final = frozenset(get_args(DisconnectCause))
 #: ``result`` label values of ``iop_config_refreshes_total``.
 REFRESH_RESULTS: Final = ("ok", "rejected")
 #: ``reason`` label values of ``iop_node_pending_closed_total``.
@@ -303,7 +306,7 @@ class EdgeMetrics:
         """Count an accepted registration of ``node_id``."""
         self._node_connects.labels(node_id).inc()
 
-    def node_disconnected(self, node_id: str, cause: str) -> None:
+    def node_disconnected(self, node_id: str, cause: DisconnectCause) -> None:
         """Count an authoritative disconnect of ``node_id`` (not a stale or rejected one).
 
         Raises:

@@ -6,7 +6,7 @@ runs the Edge's requests on local backends through one
 See ``docs/node.md``.
 """
 
-from ._adapter import Adapter, TunnelHead
+from ._adapter import Adapter, TunnelHead, encoded_run
 from ._client import EdgeClient, backoff_delay, first_delay, websocket_connector
 from ._errors import (
     BadRunRequest,
@@ -48,6 +48,7 @@ __all__ = [
     "UpstreamUnreachable",
     "backoff_delay",
     "build_adapter",
+    "encoded_run",
     "first_delay",
     "load_node_config",
     "websocket_connector",

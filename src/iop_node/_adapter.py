@@ -13,8 +13,10 @@ inside a cancel scope or nursery, which keeps that pattern safe under trio.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any, Protocol, final
+from contextlib import aclosing
+from typing import Any, Final, Protocol, final
 
 import attrs
 
@@ -49,6 +51,17 @@ class Adapter(Protocol):
         """
         ...
 
+    def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
+        """Yield one normalized run's answer as the bytes the client receives (wire v2).
+
+        A streamed run yields the SSE body (``data:`` events, ``data: [DONE]`` at the
+        end) in pieces as they become available; a non-stream run yields the JSON
+        response body. An adapter whose upstream speaks OpenAI passes the upstream's
+        own bytes through without parsing them; the others encode what :meth:`run`
+        yields (:func:`encoded_run`). Same errors and cancellation as :meth:`run`.
+        """
+        ...
+
     def tunnel(
         self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
     ) -> AsyncGenerator[TunnelHead | bytes, None]:
@@ -76,3 +89,20 @@ def check_endpoint(endpoint: str) -> None:
     """Raise :class:`~iop_node.BadRunRequest` unless ``endpoint`` is a run endpoint."""
     if endpoint not in ENDPOINTS:
         raise BadRunRequest(f"unknown endpoint {endpoint!r}; expected one of {', '.join(ENDPOINTS)}")
+
+
+_encode: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+async def encoded_run(
+    objects: AsyncGenerator[dict[str, Any], None], *, stream: bool
+) -> AsyncGenerator[bytes, None]:
+    """The client's bytes for the objects of :meth:`Adapter.run`: SSE events and ``[DONE]``, or one JSON body.
+
+    Closes ``objects`` when closed itself (iterate it inside ``aclosing``).
+    """
+    async with aclosing(objects) as items:
+        async for item in items:
+            yield b"data: " + _encode(item).encode() + b"\n\n" if stream else _encode(item).encode()
+    if stream:
+        yield b"data: [DONE]\n\n"

@@ -10,7 +10,9 @@ Backoff: after any failed attempt or drop the client waits
 (defaults 0.1 s doubling to 5 s, +-20 %), so a fleet of nodes does not
 reconnect in lockstep after an Edge restart. A successful registration resets
 the attempt counter. A non-retryable rejection (bad token, protocol mismatch)
-ends the loop with :class:`~iop_node.RegistrationRejected`.
+ends the loop with :class:`~iop_node.RegistrationRejected`, except a protocol
+mismatch of wire v2: then the next connection offers v1 (an Edge older than the
+node), and the one after a v1 session ended offers v2 again.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
 
-from iop_wire import MAX_MESSAGE_BYTES
+from iop_wire import MAX_MESSAGE_BYTES, PROTOCOL_VERSION
 
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout
 from ._runtime import NodeRuntime
@@ -134,6 +136,8 @@ class EdgeClient:
         session: the session of the current connection, if any.
         connections: number of connections opened so far.
         session_registered: whether the last connection got ``registered``.
+        protocol: the wire version the next connection offers: the newest, or 1 right
+            after an Edge refused the newest with ``protocol_mismatch`` (see :meth:`_attempt`).
     """
 
     config: NodeConfig
@@ -143,6 +147,7 @@ class EdgeClient:
     session: EdgeSession | None = attrs.field(default=None, init=False)
     connections: int = attrs.field(default=0, init=False)
     session_registered: bool = attrs.field(default=False, init=False)
+    protocol: int = attrs.field(default=PROTOCOL_VERSION, init=False)
     _stopping: bool = attrs.field(default=False, init=False)
     _current: trio.CancelScope | None = attrs.field(default=None, init=False)
 
@@ -198,14 +203,20 @@ class EdgeClient:
             with self._phase():
                 async with connect(connection_tasks) as ws:
                     self.connections += 1
-                    self.session = EdgeSession(ws, self.config, self.runtime, token)
+                    self.session = EdgeSession(ws, self.config, self.runtime, token, self.protocol)
                     try:
                         await self.session.serve()
                     finally:
                         self.session_registered = self.session.registered is not None
                         self.session = None
+            self.protocol = PROTOCOL_VERSION  # the Edge may have been upgraded by the next connection
             return "connection closed"
         except RegistrationRejected as exc:
+            if exc.code == "protocol_mismatch" and self.protocol > 1:
+                # An Edge older than this node: offer wire v1 on the next connection.
+                logger.warning("the edge does not speak wire v%d (%s); falling back to v1", self.protocol, exc.reason)
+                self.protocol = 1
+                return "falling back to wire v1"
             if not exc.retryable:
                 raise
             return str(exc)

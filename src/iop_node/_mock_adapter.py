@@ -23,7 +23,7 @@ import trio
 
 from iop_mock import completion as mock_completion
 
-from ._adapter import TunnelHead, check_endpoint
+from ._adapter import TunnelHead, check_endpoint, encoded_run
 from ._errors import BadRunRequest, UpstreamFailed
 from .config import ProviderConfig
 
@@ -55,6 +55,10 @@ class MockAdapter:
             tokens_per_second=provider.tokens_per_second,
             fail_after_chunks=provider.fail_after_chunks,
         )
+
+    def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
+        """:meth:`run`'s objects as the client's bytes. See :meth:`iop_node.Adapter.relay`."""
+        return encoded_run(self.run(endpoint, body, stream=stream), stream=stream)
 
     async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Yield fake chunks (stream) or one fake response (non-stream).

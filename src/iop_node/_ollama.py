@@ -20,7 +20,7 @@ from typing import Any, final
 import attrs
 import httpx
 
-from ._adapter import check_endpoint
+from ._adapter import check_endpoint, encoded_run
 from ._errors import BadRunRequest, UpstreamFailed
 from ._http import BodyStream, HttpAdapter, HttpUpstream, error_message, parse_object, read_object
 from .config import ProviderConfig
@@ -57,6 +57,10 @@ class OllamaAdapter(HttpAdapter):
         """Build the adapter and its pool from a provider's config."""
         assert provider.base_url is not None  # checked by NodeConfig.problems
         return cls(http=HttpUpstream.for_provider(provider, provider.base_url, transport=transport))
+
+    def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
+        """:meth:`run`'s objects as the client's bytes. See :meth:`iop_node.Adapter.relay`."""
+        return encoded_run(self.run(endpoint, body, stream=stream), stream=stream)
 
     async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Yield OpenAI chunks (stream) or one ``chat.completion`` (non-stream).

@@ -1,9 +1,10 @@
 """The ``openai`` adapter: any OpenAI-compatible server (vLLM, llama.cpp, Lemonade, ...).
 
-Runs POST ``{base_url}/chat/completions`` or ``{base_url}/completions``. A
-streamed answer is Server-Sent Events; each ``data:`` event is parsed and
-yielded as one chunk object until ``data: [DONE]``. A non-stream answer is one
-JSON object. Tunnel requests go to the server root: ``base_url`` without a
+Runs POST ``{base_url}/chat/completions`` or ``{base_url}/completions``. In
+wire v2 (:meth:`OpenAIAdapter.relay`) the answer's body bytes are passed on as
+they arrive, never parsed. In wire v1 (:meth:`OpenAIAdapter.run`) a streamed
+answer is Server-Sent Events; each ``data:`` event is parsed and yielded as one
+chunk object until ``data: [DONE]``; a non-stream answer is one JSON object. Tunnel requests go to the server root: ``base_url`` without a
 trailing ``/v1``.
 """
 
@@ -63,6 +64,14 @@ class OpenAIAdapter(HttpAdapter):
                 return
             async with aclosing(iter_sse_objects(response)) as chunks:
                 async for chunk in chunks:
+                    yield chunk
+
+    async def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
+        """Yield the upstream's body bytes as they arrive, unparsed. See :meth:`iop_node.Adapter.relay`."""
+        check_endpoint(endpoint)
+        async with self.http.post_json(f"{self.base_url}/{endpoint}", {**body, "stream": stream}) as response:
+            async with aclosing(BodyStream(response)) as chunks:
+                while (chunk := await chunks.next_chunk()) is not None:
                     yield chunk
 
 

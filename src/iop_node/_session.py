@@ -58,9 +58,11 @@ from iop_wire import (
     TunnelStart,
     decode,
     encode,
+    record_header,
 )
 
 from ._adapter import Adapter, TunnelHead
+from ._outbox import Outbox
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout, RunFailed, UpstreamFailed
 from ._runtime import NodeRuntime
 from .config import NodeConfig
@@ -95,6 +97,8 @@ class EdgeSession:
         config: the node's config (node id, token, heartbeat interval, providers).
         runtime: the gate and adapters shared by every connection of the node.
         token: the registration token (never logged).
+        protocol: the wire version this session offers and speaks (2: run output in
+            binary data frames; 1: one ``run_event`` per chunk).
         registered: the Edge's ``registered`` answer, once received.
         heartbeats_sent: number of heartbeats sent on this connection.
     """
@@ -103,10 +107,11 @@ class EdgeSession:
     config: NodeConfig
     runtime: NodeRuntime
     token: str = attrs.field(repr=False)
+    protocol: int = PROTOCOL_VERSION
     registered: Registered | None = attrs.field(default=None, init=False)
     heartbeats_sent: int = attrs.field(default=0, init=False)
     _active: dict[str, trio.CancelScope] = attrs.field(factory=dict, init=False)
-    _outbox: trio.MemorySendChannel[str] | None = attrs.field(default=None, init=False)
+    _outbox: Outbox | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _close_code: int = attrs.field(default=CLOSE_GOING_AWAY, init=False)
     _close_reason: str = attrs.field(default="node going away", init=False)
@@ -135,16 +140,16 @@ class EdgeSession:
             self.registered = await self._register()
             interval = min(self.config.heartbeat_interval_ms, self.registered.heartbeat_interval_ms) / 1000
             logger.info(
-                "registered as %s, generation %d, heartbeat every %.3f s",
+                "registered as %s, generation %d, wire v%d, heartbeat every %.3f s",
                 self.registered.node_id,
                 self.registered.generation,
+                self.protocol,
                 interval,
             )
-            outbox, frames = trio.open_memory_channel[str](0)
-            self._outbox = outbox
+            self._outbox = Outbox()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._write, frames, nursery.cancel_scope)
+                nursery.start_soon(self._write, self._outbox, nursery.cancel_scope)
                 nursery.start_soon(self._heartbeat, interval)
                 await self._read()
                 nursery.cancel_scope.cancel()
@@ -160,7 +165,7 @@ class EdgeSession:
 
     async def _register(self) -> Registered:
         providers = tuple(ProviderInfo(p.id, p.adapter, p.capacity) for p in self.config.providers)
-        await self.ws.send_message(encode(Register(self.config.node_id, self.token, PROTOCOL_VERSION, providers)))
+        await self.ws.send_message(encode(Register(self.config.node_id, self.token, self.protocol, providers)))
         data: str | bytes | None = None
         with trio.move_on_after(REGISTER_TIMEOUT):
             data = await self.ws.get_message()
@@ -298,9 +303,19 @@ class EdgeSession:
             return
 
     async def _relay_run(self, run: Run, adapter: Adapter) -> None:
-        async with aclosing(adapter.run(run.endpoint, run.body, stream=run.stream)) as events:
-            async for data in events:
-                await self._send(RunEvent(run.run_id, data))
+        if self.protocol < 2:
+            async with aclosing(adapter.run(run.endpoint, run.body, stream=run.stream)) as events:
+                async for data in events:
+                    await self._send(RunEvent(run.run_id, data))
+            return
+        assert self._outbox is not None
+        put = self._outbox.put_record
+        seq = 0
+        async with aclosing(adapter.relay(run.endpoint, run.body, stream=run.stream)) as chunks:
+            async for chunk in chunks:
+                if chunk:
+                    await put(record_header(run.run_id, seq, len(chunk)), chunk)
+                    seq += 1
 
     async def _relay_tunnel(self, request: TunnelRequest, body: bytes, adapter: Adapter) -> None:
         parts = adapter.tunnel(request.method, request.path, request.headers, body)
@@ -312,26 +327,32 @@ class EdgeSession:
                     await self._send(TunnelChunk.from_bytes(request.run_id, part))
 
     async def _send(self, message: NodeMessage) -> None:
-        """Hand one message to the writer task.
+        """Queue one message for the writer task.
 
-        Checkpoints; cancellation-atomic (the message is either handed over
-        whole or not at all).
+        Checkpoints; cancellation-atomic (the message is either queued whole or
+        not at all).
 
         Raises:
             trio.BrokenResourceError: the writer is gone (the connection is ending).
         """
         assert self._outbox is not None
-        await self._outbox.send(encode(message))
+        await self._outbox.put_text(encode(message))
 
-    async def _write(self, frames: trio.MemoryReceiveChannel[str], connection: trio.CancelScope) -> None:
-        """The only task that writes to the socket; a failed write ends the connection."""
-        async with frames:
-            async for frame in frames:
+    async def _write(self, outbox: Outbox, connection: trio.CancelScope) -> None:
+        """The only task that writes to the socket; a failed write ends the connection.
+
+        Every data record queued since the last write goes out in one binary frame.
+        """
+        try:
+            while True:
+                frame = await outbox.next_frame()
                 try:
                     await self.ws.send_message(frame)
                 except ConnectionClosed:
                     connection.cancel()
                     return
+        finally:
+            outbox.close()
 
     async def _heartbeat(self, interval: float) -> None:
         while True:

@@ -1,10 +1,13 @@
-"""The Edge–Node wire protocol v1: message classes and their JSON codec.
+"""The Edge–Node wire protocol (v1 and v2): message classes, their JSON codec, v2 data frames.
 
-The contract is ``docs/wire.md``. Frames are JSON text, one message each, tagged
-by ``"type"``. :func:`decode` raises only :class:`ProtocolError`.
+The contract is ``docs/wire.md``. Messages are JSON text frames, one message each,
+tagged by ``"type"``; v2 adds binary data frames (:func:`encode_data`,
+:func:`decode_data`) that carry runs' output bytes. :func:`decode` and
+:func:`decode_data` raise only :class:`ProtocolError`.
 """
 
 from ._codec import decode, encode, make_converter
+from ._data import MAX_RUN_ID_BYTES, RunData, decode_data, encode_data, record_header
 from ._errors import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -19,6 +22,7 @@ from ._messages import (
     ERROR_CODES,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
+    PROTOCOL_VERSIONS,
     REJECT_CODES,
     Cancel,
     EdgeMessage,
@@ -48,7 +52,9 @@ __all__ = [
     "END_STATUSES",
     "ERROR_CODES",
     "MAX_MESSAGE_BYTES",
+    "MAX_RUN_ID_BYTES",
     "PROTOCOL_VERSION",
+    "PROTOCOL_VERSIONS",
     "REJECT_CODES",
     "Cancel",
     "EdgeMessage",
@@ -61,6 +67,7 @@ __all__ = [
     "Registered",
     "Rejected",
     "Run",
+    "RunData",
     "RunEnd",
     "RunEvent",
     "TunnelChunk",
@@ -68,6 +75,9 @@ __all__ = [
     "TunnelRequest",
     "TunnelStart",
     "decode",
+    "decode_data",
     "encode",
+    "encode_data",
     "make_converter",
+    "record_header",
 ]

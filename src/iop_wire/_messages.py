@@ -1,4 +1,4 @@
-"""The messages of the Edge–Node wire protocol v1 (contract: ``docs/wire.md``).
+"""The JSON messages of the Edge–Node wire protocol, v1 and v2 (contract: ``docs/wire.md``).
 
 Every message is a frozen attrs value. Field types are checked by the codec when
 a frame is decoded; the rules that involve values (allowed statuses, endpoints and
@@ -21,8 +21,11 @@ import attrs
 
 from ._errors import ProtocolError
 
-PROTOCOL_VERSION: Final = 1
-"""The protocol version a node announces in :class:`Register`."""
+PROTOCOL_VERSION: Final = 2
+"""The newest protocol version: the one a node offers first in :class:`Register`."""
+
+PROTOCOL_VERSIONS: Final = (1, 2)
+"""Every version this package speaks (an Edge accepts nodes of any of them)."""
 
 MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
 """Default limit for one text frame, in UTF-8 bytes."""

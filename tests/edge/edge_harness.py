@@ -44,10 +44,12 @@ from iop_wire import (
     Registered,
     Rejected,
     Run,
+    RunData,
     RunEnd,
     RunEvent,
     decode,
     encode,
+    encode_data,
 )
 
 BIG = "ornith:35b"
@@ -225,11 +227,16 @@ class FakeNode:
     ws: WebSocketConnection
     stream: trio.SocketStream
     node_id: str
+    protocol: int = PROTOCOL_VERSION
     registered: Registered | None = None
     rejected: Rejected | None = None
 
     async def send(self, message: Message) -> None:
         await self.ws.send_message(encode(message))
+
+    async def send_data(self, *records: RunData) -> None:
+        """One v2 data frame holding ``records``."""
+        await self.ws.send_message(encode_data(records))
 
     async def receive(self) -> Message:
         """The next Edge message."""
@@ -237,7 +244,7 @@ class FakeNode:
 
     async def register(self, token: str, providers: Iterable[str]) -> Registered | Rejected:
         infos = tuple(ProviderInfo(p, "mock", 1) for p in providers)
-        await self.send(Register(self.node_id, token, PROTOCOL_VERSION, infos))
+        await self.send(Register(self.node_id, token, self.protocol, infos))
         answer = await self.receive()
         assert isinstance(answer, Registered | Rejected), answer
         if isinstance(answer, Registered):
@@ -280,6 +287,7 @@ async def fake_node(
     token: str | None = None,
     providers: Iterable[str] = ("gpu0",),
     register: bool = True,
+    protocol: int = PROTOCOL_VERSION,
 ) -> AsyncIterator[FakeNode]:
     """Connect a :class:`FakeNode` to the Edge's node socket (registered unless told not to).
 
@@ -292,7 +300,7 @@ async def fake_node(
         stream = await trio.open_tcp_stream("127.0.0.1", edge.node_port)
         try:
             ws = await wrap_client_stream(nursery, stream, "127.0.0.1", "/", max_message_size=1 << 24)
-            node = FakeNode(ws, stream, node_id)
+            node = FakeNode(ws, stream, node_id, protocol)
             try:
                 if register:
                     answer = await node.register(token, providers)

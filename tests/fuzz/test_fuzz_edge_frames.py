@@ -11,6 +11,8 @@ reconnects and serves a healthy run. [runtime-concurrency] [tunnel-guard]
 
 from __future__ import annotations
 
+import json
+
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,6 +37,7 @@ from iop_wire import (
     TunnelEnd,
     TunnelRequest,
     decode,
+    decode_data,
     encode,
 )
 
@@ -124,11 +127,17 @@ async def close_code(ws: WebSocketConnection) -> int | None:
 async def assert_serves_a_run(ws: WebSocketConnection, run_id: str) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     await ws.send_message(encode(Run(run_id, "gpu0", "chat/completions", body, False)))
+    body_bytes = b""
     while True:
-        message = decode(await ws.get_message())
+        frame = await ws.get_message()
+        if isinstance(frame, bytes):  # wire v2: the answer's bytes in data records
+            body_bytes += b"".join(r.data for r in decode_data(frame) if r.run_id == run_id)
+            continue
+        message = decode(frame)
         if isinstance(message, RunEvent):
             assert message.data["object"] == "chat.completion"
         elif isinstance(message, RunEnd):
+            assert not body_bytes or json.loads(body_bytes)["object"] == "chat.completion"
             assert (message.run_id, message.status) == (run_id, "ok"), message
             return
 

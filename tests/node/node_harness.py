@@ -27,7 +27,7 @@ from trio_websocket import (
 
 from iop_mock import MockBackend
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
-from iop_wire import Message, Register, Registered, Rejected, decode, encode
+from iop_wire import PROTOCOL_VERSIONS, Message, Register, Registered, Rejected, RunData, decode, decode_data, encode
 
 TOKEN = "s3cret-node-token"
 
@@ -38,19 +38,19 @@ class EdgeConn:
 
     ws: WebSocketConnection
     register: Register
-    inbox: trio.MemoryReceiveChannel[Message]
+    inbox: trio.MemoryReceiveChannel[Message | RunData]
     closed: trio.Event = attrs.field(factory=trio.Event)
     close_reason: CloseReason | None = None
 
     async def send(self, message: Message) -> None:
         await self.ws.send_message(encode(message))
 
-    async def receive(self) -> Message:
+    async def receive(self) -> Message | RunData:
         return await self.inbox.receive()
 
-    async def receive_until_end(self, run_id: str) -> list[Message]:
+    async def receive_until_end(self, run_id: str) -> list[Message | RunData]:
         """Collect every message of ``run_id`` up to and including its end (other messages are dropped)."""
-        messages: list[Message] = []
+        messages: list[Message | RunData] = []
         while True:
             message = await self.receive()
             if getattr(message, "run_id", None) != run_id:
@@ -59,7 +59,7 @@ class EdgeConn:
             if type(message).__name__ in ("RunEnd", "TunnelEnd"):
                 return messages
 
-    async def receive_for(self, run_id: str) -> Message:
+    async def receive_for(self, run_id: str) -> Message | RunData:
         """The next message of ``run_id`` (heartbeats and other runs' messages skipped)."""
         while True:
             message = await self.receive()
@@ -74,11 +74,13 @@ class FakeEdge:
     Attributes:
         heartbeat_interval_ms: sent in ``registered``.
         reject: when set, every registration is answered with this ``rejected``.
+        protocols: the wire versions this Edge speaks (``(1,)``: an Edge older than wire v2).
         registers: every ``register`` received, in order.
     """
 
     heartbeat_interval_ms: int = 60_000
     reject: Rejected | None = None
+    protocols: tuple[int, ...] = PROTOCOL_VERSIONS
     port: int = 0
     registers: list[Register] = attrs.field(factory=list)
     generation: int = 0
@@ -113,18 +115,26 @@ class FakeEdge:
             return
         assert isinstance(register, Register)
         self.registers.append(register)
-        if self.reject is not None:
-            await ws.send_message(encode(self.reject))
+        reject = self.reject
+        if reject is None and register.protocol not in self.protocols:
+            reject = Rejected("protocol_mismatch", f"protocol {register.protocol} is not supported", False)
+        if reject is not None:
+            await ws.send_message(encode(reject))
             await ws.aclose(1008, "rejected")
             return
         self.generation += 1
         await ws.send_message(encode(Registered(register.node_id, self.generation, self.heartbeat_interval_ms)))
-        inbox_send, inbox_receive = trio.open_memory_channel[Message](1000)
+        inbox_send, inbox_receive = trio.open_memory_channel[Message | RunData](1000)
         conn = EdgeConn(ws, register, inbox_receive)
         await self._conns_send.send(conn)
         try:
             while True:
-                inbox_send.send_nowait(decode(await ws.get_message()))
+                frame = await ws.get_message()
+                if isinstance(frame, bytes) and register.protocol >= 2:
+                    for record in decode_data(frame):  # a v2 data frame: one item per record
+                        inbox_send.send_nowait(record)
+                else:
+                    inbox_send.send_nowait(decode(frame))
         except ConnectionClosed as exc:
             conn.close_reason = exc.reason
         finally:

@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+import json
+
 import pytest
 import trio
 from node_harness import TOKEN, Backend, FakeEdge, node_config, openai_provider, running_node
@@ -17,6 +19,7 @@ from iop_wire import (
     Heartbeat,
     ProviderInfo,
     Run,
+    RunData,
     RunEnd,
     RunEvent,
     TunnelEnd,
@@ -57,37 +60,67 @@ async def test_heartbeat_uses_the_edge_interval_when_smaller(edge: FakeEdge, bac
             assert [await conn.receive() for _ in range(3)] == [Heartbeat(1), Heartbeat(2), Heartbeat(3)]
 
 
-async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend) -> None:
-    """A streamed chat run through the openai adapter: one run_event per SSE chunk, then ok."""
+def chunks_of(messages: list[Any], protocol: int) -> list[dict[str, Any]]:
+    """The chunk objects of a streamed run: one run_event each (v1), or the SSE events of the
+    data records' bytes, which must end with ``data: [DONE]`` (v2)."""
+    if protocol == 1:
+        assert all(isinstance(m, RunEvent) for m in messages)
+        return [m.data for m in messages]
+    assert all(isinstance(m, RunData) for m in messages)
+    assert [m.seq for m in messages] == list(range(len(messages)))
+    body = b"".join(m.data for m in messages)
+    events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
+    assert events[-1] == b"[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+@pytest.mark.parametrize("protocol", [1, 2])
+async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend, protocol: int) -> None:
+    """A streamed chat run through the openai adapter: v1 one run_event per SSE chunk; v2 the
+    backend's SSE bytes in data records; then ok. [wire-versioning] A v1-only Edge gets v1 from the node."""
+    edge.protocols = (protocol,)
     with trio.fail_after(5):
         async with running_node(node_config(edge.url, openai_provider(backend.port))):
             conn = await edge.next_connection()
+            assert conn.register.protocol == protocol
+            assert [r.protocol for r in edge.registers] == [2] if protocol == 2 else [2, 1]  # the fallback
             await conn.send(chat_run("r1", max_tokens=3))
             messages = await conn.receive_until_end("r1")
-    events = [m for m in messages if isinstance(m, RunEvent)]
     assert messages[-1] == RunEnd("r1", "ok")
+    events = chunks_of(messages[:-1], protocol)
     assert len(events) == 3 + 2  # role chunk, 3 tokens, finish chunk
-    assert all(e.data["object"] == "chat.completion.chunk" for e in events)
-    assert "".join(e.data["choices"][0]["delta"].get("content", "") for e in events) == "tok " * 3
-    assert events[-1].data["choices"][0]["finish_reason"] == "length"
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "tok " * 3
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
     assert backend.backend.stats()["total"] == 1
 
 
-async def test_non_stream_run(edge: FakeEdge, backend: Backend) -> None:
-    """A non-stream run: exactly one run_event holding the whole chat.completion."""
+@pytest.mark.parametrize("protocol", [1, 2])
+async def test_non_stream_run(edge: FakeEdge, backend: Backend, protocol: int) -> None:
+    """A non-stream run: v1 exactly one run_event holding the whole chat.completion; v2 its JSON
+    body in data records."""
+    edge.protocols = (protocol,)
     with trio.fail_after(5):
         async with running_node(node_config(edge.url, openai_provider(backend.port))):
             conn = await edge.next_connection()
             await conn.send(chat_run("r1", stream=False, max_tokens=4))
-            event, end = await conn.receive_until_end("r1")
+            *output, end = await conn.receive_until_end("r1")
     assert end == RunEnd("r1", "ok")
-    assert isinstance(event, RunEvent)
-    assert event.data["object"] == "chat.completion"
-    assert event.data["choices"][0]["message"]["content"] == "tok " * 4
+    if protocol == 1:
+        (event,) = output
+        assert isinstance(event, RunEvent)
+        data = event.data
+    else:
+        assert all(isinstance(m, RunData) for m in output)
+        data = json.loads(b"".join(m.data for m in output))
+    assert data["object"] == "chat.completion"
+    assert data["choices"][0]["message"]["content"] == "tok " * 4
 
 
-async def test_completions_endpoint(edge: FakeEdge, backend: Backend) -> None:
+@pytest.mark.parametrize("protocol", [1, 2])
+async def test_completions_endpoint(edge: FakeEdge, backend: Backend, protocol: int) -> None:
     """The legacy completions endpoint goes to {base_url}/completions."""
+    edge.protocols = (protocol,)
     with trio.fail_after(5):
         async with running_node(node_config(edge.url, openai_provider(backend.port))):
             conn = await edge.next_connection()
@@ -95,7 +128,7 @@ async def test_completions_endpoint(edge: FakeEdge, backend: Backend) -> None:
             await conn.send(Run("r1", "gpu0", "completions", body, True))
             messages = await conn.receive_until_end("r1")
     assert messages[-1] == RunEnd("r1", "ok")
-    assert [m.data["object"] for m in messages[:-1]] == ["text_completion"] * 3
+    assert [e["object"] for e in chunks_of(messages[:-1], protocol)] == ["text_completion"] * 3
 
 
 async def test_cancel_closes_the_upstream_request(edge: FakeEdge, backend: Backend) -> None:
@@ -105,7 +138,7 @@ async def test_cancel_closes_the_upstream_request(edge: FakeEdge, backend: Backe
         async with running_node(node_config(edge.url, openai_provider(backend.port))) as node:
             conn = await edge.next_connection()
             await conn.send(chat_run("r1", max_tokens=1000))
-            assert isinstance(await conn.receive_for("r1"), RunEvent)
+            assert isinstance(await conn.receive_for("r1"), RunData)
             assert backend.backend.stats()["in_flight"] == 1
             await conn.send(Cancel("r1"))
             messages = await conn.receive_until_end("r1")

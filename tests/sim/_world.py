@@ -50,6 +50,7 @@ from iop_node import (
     ReconnectConfig,
     RuntimeConfig,
     UpstreamFailed,
+    encoded_run,
 )
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, decode, encode
 
@@ -299,6 +300,10 @@ class SimBackend:
             raise
         finally:
             world.upstream_exit(self.key)
+
+    def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[bytes]:
+        """:meth:`run` as the client's bytes (wire v2)."""
+        return encoded_run(self.run(endpoint, body, stream=stream), stream=stream)
 
     def tunnel(self, method: str, path: str, headers: Any, body: bytes) -> AsyncIterator[Any]:
         raise NotImplementedError("the simulation sends no tunnel requests")

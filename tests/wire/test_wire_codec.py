@@ -8,6 +8,7 @@ from typing import Any, get_args
 
 import attrs
 import pytest
+import iop_wire
 
 from iop_wire import (
     CLOSE_PROTOCOL_ERROR,
@@ -431,3 +432,52 @@ def test_doc_example_exchange_decodes() -> None:
         "tunnel_chunk",
         "tunnel_end",
     ]
+
+
+# --------------------------------------------------------------------------- v2 data frames
+
+
+def test_data_frame_round_trip_keeps_records_and_bytes() -> None:
+    """[wire-versioning] Records of several runs in one frame come back in order, bytes untouched."""
+    records = [
+        iop_wire.RunData("r1", 0, b"data: {}\r\n\r\n"),
+        iop_wire.RunData("r22", 0, b"\xc3"),  # half a UTF-8 character: data is opaque
+        iop_wire.RunData("r1", 1, b""),
+        iop_wire.RunData("r22", 1, b"\xa9 [DONE]"),
+    ]
+    frame = iop_wire.encode_data(records)
+    assert frame[:3] == b"\x02r1" and frame[3:11] == b"\x00\x00\x00\x00\x00\x00\x00\x0c"
+    assert iop_wire.decode_data(frame) == records
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (b"", "empty"),
+        (b"\x02r1\x00\x00\x00\x00\x00", "truncated data record header"),
+        (b"\x02r1\x00\x00\x00\x00\x00\x00\x00\x05abc", "announces 5 bytes, 3 left"),
+        (b"\x02r\xff\x00\x00\x00\x00\x00\x00\x00\x00", "not ASCII"),
+    ],
+)
+def test_bad_data_frames_are_protocol_errors(frame: bytes, reason: str) -> None:
+    """[wire-versioning] Empty, truncated or non-ASCII run id: ProtocolError with close code 1002."""
+    with pytest.raises(iop_wire.ProtocolError) as caught:
+        iop_wire.decode_data(frame)
+    assert reason in caught.value.reason
+    assert caught.value.close_code == iop_wire.CLOSE_PROTOCOL_ERROR
+
+
+def test_oversized_data_frame_is_1009() -> None:
+    frame = iop_wire.encode_data([iop_wire.RunData("r1", 0, b"x" * 100)])
+    with pytest.raises(iop_wire.ProtocolError) as caught:
+        iop_wire.decode_data(frame, max_bytes=50)
+    assert caught.value.close_code == iop_wire.CLOSE_TOO_BIG
+
+
+def test_record_header_refuses_ids_and_counters_it_cannot_carry() -> None:
+    with pytest.raises(ValueError):
+        iop_wire.record_header("r" * 256, 0, 0)
+    with pytest.raises(ValueError):
+        iop_wire.record_header("r1", 2**32, 0)
+    with pytest.raises(UnicodeEncodeError):
+        iop_wire.record_header("rü", 0, 0)

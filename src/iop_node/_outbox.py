@@ -1,0 +1,103 @@
+"""The frames a session has queued for its one writer task, batched per write.
+
+Run tasks queue JSON text frames (run ends, heartbeats, tunnel messages) and, in
+wire v2, data records (a header plus the run's output bytes). The writer takes
+the next frame with :meth:`Outbox.next_frame`: a text frame alone, or every data
+record queued since its last write in ONE binary frame, across runs, in queue
+order. So a run's end never overtakes its data, and a busy node sends few large
+frames instead of one per upstream read.
+
+Queuing is synchronous once there is room, hence cancellation-atomic: a record or
+frame is queued whole or not at all. Room: while more than :data:`LIMIT` bytes
+wait, queuing waits (a node whose Edge does not read stops reading its
+upstreams instead of growing without bound).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final, final
+
+import trio
+
+LIMIT: Final = 1024 * 1024
+"""Bytes queued before queuing waits for the writer."""
+MAX_FRAME: Final = 1024 * 1024
+"""The most data bytes the writer puts in one binary frame (one record may exceed it)."""
+
+
+@final
+class Outbox:
+    """A bounded FIFO of text frames and data records with one reader (the writer task)."""
+
+    __slots__ = ("_items", "_queued", "_wakeup", "_room", "_closed")
+
+    def __init__(self) -> None:
+        self._items: deque[str | bytes] = deque()
+        self._queued = 0
+        self._wakeup = trio.Event()
+        self._room = trio.Event()
+        self._closed = False
+
+    async def put_text(self, frame: str) -> None:
+        """Queue a text frame. Checkpoints; cancellation-atomic.
+
+        Raises:
+            trio.BrokenResourceError: the writer is gone.
+        """
+        await self._wait_for_room()
+        self._items.append(frame)
+        self._queued += len(frame)
+        self._wakeup.set()
+
+    async def put_record(self, header: bytes, data: bytes) -> None:
+        """Queue one data record (``header`` from :func:`iop_wire.record_header`). Checkpoints; cancellation-atomic.
+
+        Raises:
+            trio.BrokenResourceError: the writer is gone.
+        """
+        await self._wait_for_room()
+        self._items.append(header)
+        self._items.append(data)
+        self._queued += len(header) + len(data)
+        self._wakeup.set()
+
+    async def _wait_for_room(self) -> None:
+        # Nothing awaits between the last check and the caller's append.
+        await trio.lowlevel.checkpoint()
+        while self._queued > LIMIT and not self._closed:
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+        if self._closed:
+            raise trio.BrokenResourceError("the connection's writer is gone")
+
+    async def next_frame(self) -> str | bytes:
+        """The next frame to write: a text frame, or the queued data records joined. Checkpoints."""
+        while not self._items:
+            if self._wakeup.is_set():
+                self._wakeup = trio.Event()
+            await self._wakeup.wait()
+        items = self._items
+        first = items.popleft()
+        if type(first) is str:
+            frame: str | bytes = first
+            size = len(first)
+        else:
+            parts = [first, items.popleft()]  # a record is always a header and its data
+            size = len(parts[0]) + len(parts[1])
+            while items and type(items[0]) is bytes and size < MAX_FRAME:
+                header, data = items.popleft(), items.popleft()
+                parts += (header, data)
+                size += len(header) + len(data)
+            frame = b"".join(parts)
+        self._queued -= size
+        if self._queued <= LIMIT:
+            self._room.set()
+        return frame
+
+    def close(self) -> None:
+        """The writer is gone: queuing raises from now on, waiters wake up."""
+        self._closed = True
+        self._room.set()
+        self._items.clear()
