@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from edge_harness import BIG, FAST, TOKEN_A, chat_chunk, fake_node, running_edge, sse_events, start_chat
 from iop_wire import CLOSE_PROTOCOL_ERROR, Rejected, RunData, RunEnd, RunEvent
@@ -19,6 +20,7 @@ AWKWARD = [
 ]
 
 
+@pytest.mark.req("wire-versioning")
 async def test_mixed_fleet_v1_and_v2_nodes_side_by_side(tmp_path: Path) -> None:
     """[wire-versioning] One Edge serves a v1 node (run_event, framed by the Edge, its own [DONE]) and a v2
     node (data records, written to the client byte for byte) at the same time."""
@@ -50,6 +52,7 @@ async def test_mixed_fleet_v1_and_v2_nodes_side_by_side(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+@pytest.mark.req("wire-versioning")
 async def test_v2_non_stream_body_goes_out_as_sent_with_the_edge_headers(tmp_path: Path) -> None:
     """[wire-versioning] A non-stream answer in several records reaches the client as those bytes, with
     content-type and content-length set by the Edge."""
@@ -89,6 +92,7 @@ async def test_v2_error_after_data_ends_the_stream_with_one_error_event(tmp_path
             await edge.assert_drained()
 
 
+@pytest.mark.req("wire-versioning")
 async def test_v2_record_out_of_order_is_a_protocol_error(tmp_path: Path) -> None:
     """A data record whose seq skips one: close 1002, the run's client gets node_disconnected."""
     with trio.fail_after(10):
@@ -107,6 +111,7 @@ async def test_v2_record_out_of_order_is_a_protocol_error(tmp_path: Path) -> Non
             assert results["s"].json()["error"]["code"] == "node_disconnected"
 
 
+@pytest.mark.req("wire-versioning")
 async def test_unknown_protocol_version_is_rejected_naming_the_versions_spoken(tmp_path: Path) -> None:
     """[wire-versioning] register.protocol 3: rejected protocol_mismatch (not retryable), reason lists 1, 2."""
     with trio.fail_after(10):

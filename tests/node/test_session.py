@@ -74,6 +74,7 @@ def chunks_of(messages: list[Any], protocol: int) -> list[dict[str, Any]]:
     return [json.loads(e) for e in events[:-1]]
 
 
+@pytest.mark.req("wire-versioning")
 @pytest.mark.parametrize("protocol", [1, 2])
 async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend, protocol: int) -> None:
     """A streamed chat run through the openai adapter: v1 one run_event per SSE chunk; v2 the

@@ -437,6 +437,7 @@ def test_doc_example_exchange_decodes() -> None:
 # --------------------------------------------------------------------------- v2 data frames
 
 
+@pytest.mark.req("wire-versioning")
 def test_data_frame_round_trip_keeps_records_and_bytes() -> None:
     """[wire-versioning] Records of several runs in one frame come back in order, bytes untouched."""
     records = [
@@ -459,6 +460,7 @@ def test_data_frame_round_trip_keeps_records_and_bytes() -> None:
         (b"\x02r\xff\x00\x00\x00\x00\x00\x00\x00\x00", "not ASCII"),
     ],
 )
+@pytest.mark.req("wire-versioning")
 def test_bad_data_frames_are_protocol_errors(frame: bytes, reason: str) -> None:
     """[wire-versioning] Empty, truncated or non-ASCII run id: ProtocolError with close code 1002."""
     with pytest.raises(iop_wire.ProtocolError) as caught:
