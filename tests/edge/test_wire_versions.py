@@ -20,9 +20,9 @@ AWKWARD = [
 ]
 
 
-@pytest.mark.req("wire-versioning")
+@pytest.mark.req("wire-versioning", "relay-fidelity")
 async def test_mixed_fleet_v1_and_v2_nodes_side_by_side(tmp_path: Path) -> None:
-    """[wire-versioning] One Edge serves a v1 node (run_event, framed by the Edge, its own [DONE]) and a v2
+    """[wire-versioning] [relay-fidelity] One Edge serves a v1 node (run_event, framed by the Edge, its own [DONE]) and a v2
     node (data records, written to the client byte for byte) at the same time."""
     with trio.fail_after(10):
         async with (
