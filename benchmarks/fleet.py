@@ -320,4 +320,3 @@ def _update_doc(markdown: str, result: dict[str, Any]) -> None:
         f"{markdown}\n\n![tokens/s vs concurrent streams](benchmarks-fleet.png)\n{_END}"
     )
     e2e.replace_doc_block(_BEGIN, _END, block)
-

@@ -24,6 +24,7 @@ does not end with ``data: [DONE]`` (status ``0`` in ``error_statuses``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -282,7 +283,7 @@ async def fleet(
                 if arrivals:
                     ttft.append(arrivals[0] - sent)
                     span.append(arrivals[-1] - arrivals[0])
-                    gaps.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+                    gaps.extend(b - a for a, b in itertools.pairwise(arrivals))
         finally:
             await stream.aclose()
 

@@ -460,12 +460,11 @@ async def _relay_stream(run: RunChannel, responder: Responder, head: list[tuple[
         parts: list[bytes] = []
         end: RunMessage | None = None
         for item in burst:
-            kind = type(item)
-            if kind is RunData:
-                parts.append(item.data)  # type: ignore[union-attr]
-            elif kind is RunEvent:
+            if isinstance(item, RunData):
+                parts.append(item.data)
+            elif isinstance(item, RunEvent):
                 framed_here = True
-                parts.append(b"data: " + _dumps(item.data) + b"\n\n")  # type: ignore[union-attr]
+                parts.append(b"data: " + _dumps(item.data) + b"\n\n")
             else:
                 end = item
                 break
@@ -486,11 +485,10 @@ async def _relay_whole(run: RunChannel, responder: Responder, head: list[tuple[b
     parts: list[bytes] = []
     while True:
         message = await _next(run)
-        kind = type(message)
-        if kind is RunData:
-            parts.append(message.data)  # type: ignore[union-attr]
-        elif kind is RunEvent:
-            parts.append(_dumps(message.data))  # type: ignore[union-attr]
+        if isinstance(message, RunData):
+            parts.append(message.data)
+        elif isinstance(message, RunEvent):
+            parts.append(_dumps(message.data))
         else:
             _end_of(message)
             if not parts:

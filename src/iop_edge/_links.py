@@ -65,9 +65,8 @@ from iop_wire import (
 )
 
 from ._node_limits import UNKNOWN_SOURCE, PendingLimits, Source, source_of
-from .status import NodeStatus
-
 from .metrics import DisconnectCause
+from .status import NodeStatus
 
 logger = logging.getLogger("iop_edge.nodes")
 

@@ -34,11 +34,11 @@ from iop_admission import Admission, AdmissionEvent, ProviderSnapshot
 __all__ = [
     "ADDRESS_CLASSES",
     "DISCONNECT_CAUSES",
-    "DisconnectCause",
     "LEASE_OUTCOMES",
     "PENDING_CLOSE_REASONS",
     "REFRESH_RESULTS",
     "REJECTION_REASONS",
+    "DisconnectCause",
     "EdgeMetrics",
 ]
 

@@ -94,9 +94,7 @@ def check_endpoint(endpoint: str) -> None:
 _encode: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-async def encoded_run(
-    objects: AsyncGenerator[dict[str, Any], None], *, stream: bool
-) -> AsyncGenerator[bytes, None]:
+async def encoded_run(objects: AsyncGenerator[dict[str, Any], None], *, stream: bool) -> AsyncGenerator[bytes, None]:
     """The client's bytes for the objects of :meth:`Adapter.run`: SSE events and ``[DONE]``, or one JSON body.
 
     Closes ``objects`` when closed itself (iterate it inside ``aclosing``).

@@ -33,7 +33,7 @@ class Outbox:
     __slots__ = ("_items", "_queued", "_wakeup", "_room", "_closed")
 
     def __init__(self) -> None:
-        self._items: deque[str | bytes] = deque()
+        self._items: deque[str | tuple[bytes, bytes]] = deque()
         self._queued = 0
         self._wakeup = trio.Event()
         self._room = trio.Event()
@@ -57,8 +57,7 @@ class Outbox:
             trio.BrokenResourceError: the writer is gone.
         """
         await self._wait_for_room()
-        self._items.append(header)
-        self._items.append(data)
+        self._items.append((header, data))
         self._queued += len(header) + len(data)
         self._wakeup.set()
 
@@ -80,16 +79,19 @@ class Outbox:
             await self._wakeup.wait()
         items = self._items
         first = items.popleft()
-        if type(first) is str:
+        if isinstance(first, str):
             frame: str | bytes = first
             size = len(first)
         else:
-            parts = [first, items.popleft()]  # a record is always a header and its data
-            size = len(parts[0]) + len(parts[1])
-            while items and type(items[0]) is bytes and size < MAX_FRAME:
-                header, data = items.popleft(), items.popleft()
-                parts += (header, data)
-                size += len(header) + len(data)
+            parts = list(first)
+            size = len(first[0]) + len(first[1])
+            while items and size < MAX_FRAME:
+                record = items[0]
+                if isinstance(record, str):
+                    break
+                items.popleft()
+                parts += record
+                size += len(record[0]) + len(record[1])
             frame = b"".join(parts)
         self._queued -= size
         if self._queued <= LIMIT:

@@ -62,8 +62,8 @@ from iop_wire import (
 )
 
 from ._adapter import Adapter, TunnelHead
-from ._outbox import Outbox
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout, RunFailed, UpstreamFailed
+from ._outbox import Outbox
 from ._runtime import NodeRuntime
 from .config import NodeConfig
 

@@ -25,7 +25,7 @@ SSE_PIECES = (
     b": the backend says hello\r\n\r\n",
     b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}\r\n\r\n',
     b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"caf\xc3',
-    b'\xa9 \xe2\x82',
+    b"\xa9 \xe2\x82",
     b'\xac"}}]}\r\n',
     b'\r\ndata: {"id":"c1",\ndata: "object":"chat.completion.chunk",'
     b'"choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop"}]}\n\n',
@@ -126,7 +126,9 @@ async def test_client_receives_exactly_the_backend_bytes(tmp_path: Path) -> None
         async with open_stack(tmp_path) as stack, trio.open_nursery() as nursery:
             listeners = await nursery.start(functools.partial(trio.serve_tcp, _serve_awkward, 0, host="127.0.0.1"))
             port = listeners[0].socket.getsockname()[1]
-            await stack.start_edge(edge_config(providers={"gpu0": 2, "olla": 2}, models={BIG: ["gpu0"], FAST: ["olla"]}))
+            await stack.start_edge(
+                edge_config(providers={"gpu0": 2, "olla": 2}, models={BIG: ["gpu0"], FAST: ["olla"]})
+            )
             await stack.start_node(_node_yaml(port))
             async with httpx.AsyncClient(timeout=10) as client:
                 streamed = await _post(client, stack.base_url, BIG, True)

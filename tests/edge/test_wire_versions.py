@@ -8,14 +8,15 @@ import httpx
 import pytest
 import trio
 from edge_harness import BIG, FAST, TOKEN_A, chat_chunk, fake_node, running_edge, sse_events, start_chat
-from iop_wire import CLOSE_PROTOCOL_ERROR, Rejected, RunData, RunEnd, RunEvent
 from trio_websocket import ConnectionClosed
 
+from iop_wire import CLOSE_PROTOCOL_ERROR, Rejected, RunData, RunEnd, RunEvent
+
 AWKWARD = [
-    b': a comment line\r\n',
+    b": a comment line\r\n",
     b'data: {"choices":[{"delta":{"content":"h\xc3',  # a UTF-8 character split across records
     b'\xa9"}}]}\r\n\r\ndata: {"a":\n',
-    b'data: 1}\n\n',
+    b"data: 1}\n\n",
     b"data: [DONE]\n\n",
 ]
 
@@ -102,11 +103,10 @@ async def test_v2_record_out_of_order_is_a_protocol_error(tmp_path: Path) -> Non
                 start_chat(nursery, edge, results, "s", FAST)
                 run = await node.next_run()
                 await node.send_data(RunData(run.run_id, 1, b"{}"))
-                try:
+                with pytest.raises(ConnectionClosed) as closed:
                     while True:
                         await node.receive()
-                except ConnectionClosed as exc:
-                    assert exc.reason.code == CLOSE_PROTOCOL_ERROR
+                assert closed.value.reason.code == CLOSE_PROTOCOL_ERROR
             assert results["s"].status_code == 502
             assert results["s"].json()["error"]["code"] == "node_disconnected"
 

@@ -12,7 +12,6 @@ reconnects and serves a healthy run. [runtime-concurrency] [tunnel-guard]
 from __future__ import annotations
 
 import json
-
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager

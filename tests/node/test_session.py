@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
-
-import json
 
 import pytest
 import trio

@@ -8,8 +8,8 @@ from typing import Any, get_args
 
 import attrs
 import pytest
-import iop_wire
 
+import iop_wire
 from iop_wire import (
     CLOSE_PROTOCOL_ERROR,
     CLOSE_TOO_BIG,
