@@ -51,6 +51,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import enum
 import itertools
 import struct
 from collections import deque
@@ -62,12 +63,23 @@ from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
 from ._errors import AdmissionError, ModelNotFound, QueueFull, Unavailable
 from ._snapshot import ProviderSnapshot
 
-# Waiter states.
-QUEUED = "queued"
-GRANTED = "granted"
-FAILED = "failed"
-WITHDRAWN = "withdrawn"  # cancelled or timed out by its own task
-TIMED_OUT = "timed_out"  # expired by AdmissionState.expire()
+
+@final
+class WaiterState(enum.Enum):
+    """Where a waiter is: ``QUEUED``, then exactly one of the others, for good."""
+
+    QUEUED = "queued"
+    GRANTED = "granted"
+    FAILED = "failed"
+    WITHDRAWN = "withdrawn"  # cancelled or timed out by its own task
+    TIMED_OUT = "timed_out"  # expired by AdmissionState.expire()
+
+
+QUEUED = WaiterState.QUEUED
+GRANTED = WaiterState.GRANTED
+FAILED = WaiterState.FAILED
+WITHDRAWN = WaiterState.WITHDRAWN
+TIMED_OUT = WaiterState.TIMED_OUT
 
 # A deque is compacted once it holds more than this many dead entries and more
 # dead than live ones; the rebuild is paid for by the removals that made them.
@@ -158,7 +170,7 @@ class Waiter:
         model, long: what was requested.
         enqueue_time, deadline: in the caller's clock; ``deadline`` is
             ``enqueue_time + policy.queue_timeout`` and moves with a refresh.
-        state: ``queued``, ``granted``, ``failed``, ``withdrawn`` or ``timed_out``.
+        state: a :class:`WaiterState`, compared by identity.
         lease: the granted lease, once ``state == "granted"``.
         error: the failure, once ``state == "failed"``.
         token: opaque slot for the I/O layer (the parked task).
@@ -184,7 +196,7 @@ class Waiter:
         self.long = long
         self.enqueue_time = now
         self.deadline = deadline
-        self.state = QUEUED
+        self.state: WaiterState = QUEUED
         self.lease: Lease | None = None
         self.error: AdmissionError | None = None
         self.token: object = None
@@ -198,7 +210,7 @@ class Waiter:
 
     def __repr__(self) -> str:
         kind = " long" if self.long else ""
-        return f"<Waiter {self.seq} {self.model!r}{kind} {self.state}>"
+        return f"<Waiter {self.seq} {self.model!r}{kind} {self.state.value}>"
 
 
 @final
@@ -760,7 +772,7 @@ class AdmissionState:
         del self._providers[p.key]
         p.node.providers.remove(p)
 
-    def _remove(self, waiter: Waiter, state: str) -> None:
+    def _remove(self, waiter: Waiter, state: WaiterState) -> None:
         waiter.state = state
         del self._waiters[waiter.seq]
         if waiter._group is not None:

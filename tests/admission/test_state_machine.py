@@ -142,7 +142,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         for d in decisions:
             if isinstance(d, Granted):
                 assert d.waiter in self.queued, "grant for a waiter that is not queued"
-                assert d.waiter.state == GRANTED
+                assert d.waiter.state is GRANTED
                 # [candidate-choice-scale] a queued waiter's grant follows the rule too,
                 # given the grants before it in the same step.
                 expect = self.ref_best(self.candidates(d.waiter.model), d.waiter.long)
@@ -382,7 +382,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     @invariant()
     def queue_bound(self) -> None:
         """[queue-ownership] queue depth <= max_queue (waiters kept across a lowering refresh aside)."""
-        assert all(w.state == QUEUED for w in self.queued)
+        assert all(w.state is QUEUED for w in self.queued)
         self.kept = min(self.kept, len(self.queued))
         assert len(self.queued) <= max(self.config.policy.max_queue, self.kept)
 
