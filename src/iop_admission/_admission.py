@@ -30,6 +30,12 @@ Rules this module implements (and why):
   ``waiter.deadline``; a refresh that changes the queue timeout moves every
   parked waiter's scope deadline to ``enqueue_time + new timeout``.
 
+* **No Ctrl-C inside a state change.** ``connect``, ``disconnect``,
+  ``refresh`` and both halves of a lease scope run with trio's
+  ``enable_ki_protection``, as trio's own ``Lock`` and ``CapacityLimiter`` do:
+  a ``KeyboardInterrupt`` is delivered after the core's counters, queue and the
+  lease's scope agree again, never half-way through a grant or a release.
+
 * **Events are best effort.** Subscribers get lifecycle events through
   bounded memory channels; a full channel drops the event and counts it. No
   correctness path reads events.
@@ -133,6 +139,7 @@ class Admission:
         """
         return LeaseScope(self, model, long)
 
+    @trio.lowlevel.enable_ki_protection
     def connect(self, node_id: str) -> int:
         """Start a new generation of ``node_id`` and bring its providers online.
 
@@ -148,6 +155,7 @@ class Admission:
             self._emit(AdmissionEvent("connected", _now(), node_id=node_id, generation=generation))
         return generation
 
+    @trio.lowlevel.enable_ki_protection
     def disconnect(self, node_id: str, generation: int) -> bool:
         """Take ``node_id`` offline if ``generation`` is its current generation.
 
@@ -165,6 +173,7 @@ class Admission:
                 self._emit(AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation))
         return done
 
+    @trio.lowlevel.enable_ki_protection
     def refresh(self, config: PoolConfig) -> None:
         """Replace the configuration atomically; existing leases are kept.
 
@@ -300,6 +309,7 @@ class LeaseScope:
         self._scope: trio.CancelScope | None = None
         self._entered = False
 
+    @trio.lowlevel.enable_ki_protection
     async def __aenter__(self) -> Lease:
         if self._entered:
             raise RuntimeError("a lease scope can only be entered once")
@@ -371,6 +381,7 @@ class LeaseScope:
             admission._emit(AdmissionEvent("timed_out", _now(), model=waiter.model, long=waiter.long, waited=waited))
         raise QueueTimeout(waiter.model, waited)
 
+    @trio.lowlevel.enable_ki_protection
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,

@@ -544,3 +544,31 @@ async def test_queue_timeout_exact_and_slot_still_usable(autojump_clock, pool, s
         assert adm.snapshot().queue_depth == 0
         holder.release.set()
     drain_check(adm)
+
+
+@pytest.mark.req("lease-lifecycle")
+async def test_state_changes_run_protected_from_keyboard_interrupt(autojump_clock, pool, spawn, drain_check):
+    """[lease-lifecycle] Ctrl-C cannot land half-way through a grant, a release, a (dis)connect or
+    a refresh: every call into the core runs KI-protected, as trio's own Lock does."""
+    adm = Admission(pool.shared(capacity=1, long_cap=1))
+    core = adm._core
+    calls: list[tuple[str, bool]] = []
+
+    def recording(name, method):
+        def call(*args):
+            calls.append((name, trio.lowlevel.currently_ki_protected()))
+            return method(*args)
+
+        return call
+
+    for name in ("request", "release", "withdraw", "connect", "disconnect", "refresh"):
+        setattr(core, name, recording(name, getattr(core, name)))
+    gen = adm.connect("node-a")
+    async with adm.lease(BIG), trio.open_nursery() as nursery:
+        await spawn(nursery, adm, FAST)  # queued behind BIG
+        nursery.cancel_scope.cancel()  # withdrawn
+    adm.refresh(pool.shared(capacity=2, long_cap=1))
+    adm.disconnect("node-a", gen)
+    assert {name for name, _ in calls} == {"request", "release", "withdraw", "connect", "disconnect", "refresh"}
+    assert all(protected for _, protected in calls), calls
+    drain_check(adm)
