@@ -142,10 +142,13 @@ async def test_node_that_stops_reading_stalls_only_itself(tmp_path: Path) -> Non
             admission = edge.service.admission
             generations = (admission.generation("node-a"), admission.generation("node-b"))
 
+            beating = trio.CancelScope()
+
             async def keep_beating() -> None:
-                while True:
-                    await stalled.ws.send_message(encode(Heartbeat(1)))
-                    await trio.sleep(0.1)
+                with beating:
+                    while True:
+                        await stalled.ws.send_message(encode(Heartbeat(1)))
+                        await trio.sleep(0.1)
 
             nursery.start_soon(keep_beating)
             async with trio.open_nursery() as stuck:
@@ -168,6 +171,7 @@ async def test_node_that_stops_reading_stalls_only_itself(tmp_path: Path) -> Non
                 assert admission.is_connected("node-a") and admission.is_connected("node-b")
                 assert link._outbox_receive.statistics().current_buffer_used > 0  # still stalled
                 stuck.cancel_scope.cancel()
+            beating.cancel()  # before the drop: a heartbeat sent after it would fail the test
             await stalled.drop()
             await eventually(lambda: not admission.is_connected("node-a"))
             await edge.assert_drained()
