@@ -107,7 +107,7 @@ async def test_make_run_local_stack_serves_printed_request_and_stops(tmp_path: P
             stderr=err,
         )
     try:
-        with trio.fail_after(30):
+        with trio.fail_after(60):
             while not (match := CURL.search(out_path.read_text())):
                 assert process.poll() is None, err_path.read_text()
                 await trio.sleep(0.05)
