@@ -27,7 +27,7 @@ test: lint
 # The long runs: Hypothesis soak profile (state machine 5,000 x 150) and 10,000 simulation seeds.
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -o faulthandler_timeout=0 tests/admission tests/wire
-	$(BIN)/python -m tests.sim --seeds 10000 --first-seed 0
+	$(BIN)/python -m tests.sim --seeds 10000 --first-seed 0 --out tests/sim/results/soak.txt
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -2,12 +2,15 @@
 
 Exit status 1 if any seed violated an invariant (each such seed is printed with
 its violations; rerun it alone with ``--first-seed SEED --seeds 1 --trace``).
+``--out FILE`` also writes the summary (the command, its table, the wall time)
+to ``FILE``: the figures of a run live there, not in the docs.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import pathlib
 import sys
 import time
 
@@ -19,11 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=200, help="number of seeds (default 200)")
     parser.add_argument("--first-seed", type=int, default=0, help="first seed (default 0)")
     parser.add_argument("--trace", action="store_true", help="print each seed's event trace")
+    parser.add_argument("--out", type=pathlib.Path, help="also write the summary to this file")
     args = parser.parse_args(argv)
     logging.disable(logging.CRITICAL)  # the daemons log every drop; the summary says what matters
     started = time.perf_counter()
     summary = run_and_summarize(range(args.first_seed, args.first_seed + args.seeds), trace=args.trace, out=sys.stdout)
-    print(f"wall time: {time.perf_counter() - started:.1f} s")
+    wall = f"wall time: {time.perf_counter() - started:.1f} s"
+    print(wall)
+    if args.out is not None:
+        command = " ".join(["python -m tests.sim", *(argv if argv is not None else sys.argv[1:])])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(f"{command}\n\n{summary.render()}\n{wall}\n", encoding="utf-8")
     return 1 if summary.failed_seeds else 0
 
 
