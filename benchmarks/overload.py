@@ -89,7 +89,8 @@ async def _flood(port: int, clients: int, retry: float, warmup: float, duration:
     begin = clock() + warmup
     end = begin + duration
     ok: list[float] = []
-    rejected: list[float] = []
+    rejected: list[float] = []  # refused at once: queue_full, overloaded
+    timed_out: list[float] = []  # queue_timeout: waited queue_timeout_ms, by design
     other: dict[str, int] = {}
 
     async def client(index: int) -> None:
@@ -98,11 +99,11 @@ async def _flood(port: int, clients: int, retry: float, warmup: float, duration:
         try:
             while (t0 := clock()) < end:
                 try:
-                    status, _ = await connection.request(raw)
-                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, Exception) as exc:
+                    status, body = await connection.request(raw)
+                except Exception as exc:  # a lost connection is counted and retried
                     status, kind = 0, type(exc).__name__
                 else:
-                    kind = str(status)
+                    kind = str(status) if b'"queue_timeout"' not in body else "429 queue_timeout"
                 t1 = clock()
                 inside = begin <= t1 < end
                 if status == 200:
@@ -111,7 +112,7 @@ async def _flood(port: int, clients: int, retry: float, warmup: float, duration:
                     continue
                 if inside:
                     if status in (429, 503):
-                        rejected.append(t1 - t0)
+                        (timed_out if kind == "429 queue_timeout" else rejected).append(t1 - t0)
                     other[kind] = other.get(kind, 0) + 1
                 await trio.sleep(retry)
         finally:
@@ -130,6 +131,7 @@ async def _flood(port: int, clients: int, retry: float, warmup: float, duration:
         "rejected": len(rejected),
         "rejected_rps": len(rejected) / duration,
         "reject_p99_ms": _percentile(rejected, 0.99) * 1000,
+        "timed_out": len(timed_out),
         "answers": other,
     }
 
@@ -141,6 +143,7 @@ async def _probe(port: int, warmup: float, duration: float) -> dict[str, Any]:
     end = begin + duration
     samples: dict[str, list[float]] = {"/healthz": [], "/metrics": [], "/status": []}
     failures: dict[str, int] = {}
+    seen: dict[str, list[float]] = {}
 
     async def probe(path: str, every: float) -> None:
         connection = HttpConnection("127.0.0.1", port)
@@ -148,10 +151,15 @@ async def _probe(port: int, warmup: float, duration: float) -> dict[str, Any]:
         try:
             while (t0 := clock()) < end:
                 try:
-                    status, _ = await connection.request(raw)
-                except Exception:
-                    status = 0
+                    status, body = await connection.request(raw)
+                except Exception:  # counted, the probe goes on
+                    status, body = 0, b""
                 t1 = clock()
+                if path == "/status" and status == 200 and t0 >= begin:
+                    overload = json.loads(body).get("overload", {})
+                    for key in ("loop_lag_ms", "service_time_ms", "waiting", "open_connections"):
+                        if key in overload:
+                            seen.setdefault(key, []).append(overload[key])
                 if t0 >= begin:
                     if status == 200:
                         samples[path].append(t1 - t0)
@@ -165,7 +173,7 @@ async def _probe(port: int, warmup: float, duration: float) -> dict[str, Any]:
         nursery.start_soon(probe, "/healthz", 0.1)
         nursery.start_soon(probe, "/metrics", 0.5)
         nursery.start_soon(probe, "/status", 0.5)
-    out: dict[str, Any] = {"failures": failures}
+    out: dict[str, Any] = {"failures": failures, "edge_status": {k: [min(v), max(v)] for k, v in seen.items()}}
     for path, values in samples.items():
         values.sort()
         out[path] = {
@@ -215,11 +223,11 @@ async def _scenario(
     probe_out, _ = await trio.to_thread.run_sync(probe.communicate)
     if flood.returncode or probe.returncode:
         raise BenchmarkFailed(f"flood exited {flood.returncode}, probe exited {probe.returncode}")
-    result: dict[str, Any] = {"clients": clients, "retry_s": retry, **json.loads(flood_out)}
+    result: dict[str, Any] = {"clients": clients, "retry_s": retry, "duration_s": duration, **json.loads(flood_out)}
     result["probe"] = json.loads(probe_out)
     result["cpu_pct"] = {k: round((after[k] - before[k]) * 100 / duration, 1) for k in after}
     edge_cpu = after["edge"] - before["edge"]
-    result["edge_cpu_ms_per_answer"] = edge_cpu * 1000 / max(1, result["ok"] + result["rejected"])
+    result["edge_cpu_ms_per_answer"] = edge_cpu * 1000 / max(1, result["ok"] + result["rejected"] + result["timed_out"])
     result["edge_cpu_ms_per_ok"] = edge_cpu * 1000 / max(1, result["ok"])
     result["drain"] = await _drained(http_port, backend)
     return result
@@ -276,6 +284,7 @@ async def _costs(edge: Daemon, http_port: int) -> dict[str, float]:
             spent = edge.cpu_seconds() - before
             answered = max(1.0, (result["requests"] + result["errors"]) * (2.0 + 0.5) / 2.0)
             out[name] = spent * 1000 * unit / answered
+            out[name.split("_")[0] + "_rps"] = result["rps"]
     finally:
         loadgen.stop()
     return out
@@ -320,8 +329,8 @@ async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str
             processes = {"edge": edge, "node": node, "backend": backend}
             rows.append(await _scenario(processes, http_port, backend_port, clients, retry, quick))
             row = rows[-1]
-            rest = row["edge_cpu_ms_per_ok"] * row["ok"] - cost * row["ok"]
-            row["edge_cpu_us_per_reject"] = rest * 1000 / max(1, row["rejected"])
+            rest = row["edge_cpu_ms_per_ok"] * max(1, row["ok"]) - cost * row["ok"]
+            row["edge_cpu_us_per_reject"] = rest * 1000 / max(1, row["rejected"] + row["timed_out"])
             print(_row(rows[-1]), file=sys.stderr, flush=True)
         return {
             "costs": costs,
@@ -361,6 +370,7 @@ def _row(r: dict[str, Any]) -> str:
     return (
         f"| {r['clients']:,} | {r['retry_s'] * 1000:g} ms | {r['ok_rps']:.1f} ({r['ok_rps'] / IDEAL_RPS:.0%})"
         f" | {_ms(r['ok_p50_ms'])} / {_ms(r['ok_p99_ms'])} | {r['rejected_rps']:.0f}/s, p99 {_ms(r['reject_p99_ms'])}"
+        f" | {r['timed_out'] / r['duration_s']:.0f}/s"
         f" | {_ms(probe['/healthz']['p99_ms'])} ({probe['/healthz']['n']})"
         f" | {_ms(probe['/status']['p99_ms'])} / {_ms(probe['/metrics']['p99_ms'])}"
         f" | {cpu['edge']:.0f} % | {r['edge_cpu_us_per_reject']:.0f} µs"
@@ -370,9 +380,9 @@ def _row(r: dict[str, Any]) -> str:
 
 def table(result: dict[str, Any]) -> str:
     head = (
-        "| clients | retry | answered 200/s (of ideal) | 200 p50 / p99 | rejections, p99 | `/healthz` p99 (n)"
-        " | `/status` / `/metrics` p99 | Edge CPU | Edge CPU per rejection | flood CPU"
-        " | Node CPU | backend peak, drain |\n|" + "---|" * 12
+        "| clients | retry | answered 200/s (of ideal) | 200 p50 / p99 | refused at once, p99 | queue timeouts | `/healthz` p99 (n)"
+        " | `/status` / `/metrics` p99 | Edge CPU | Edge CPU per refusal | flood CPU"
+        " | Node CPU | backend peak, drain |\n|" + "---|" * 13
     )
     title = (
         f"ideal {result['ideal_rps']:g} answered/s; Edge CPU per served request without overload"

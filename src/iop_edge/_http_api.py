@@ -34,6 +34,7 @@ from iop_admission import (
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
+from ._overload import FrontDoor
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
 
@@ -61,6 +62,8 @@ class EdgeParts(Protocol):
     def metrics(self) -> EdgeMetrics: ...
     @property
     def registry(self) -> NodeRegistry: ...
+    @property
+    def front_door(self) -> FrontDoor: ...
     def status(self) -> dict[str, Any]:
         """The ``/status`` body."""
         ...
@@ -108,14 +111,14 @@ class RequestRejected(Exception):
         return headers
 
 
-def admission_rejection(exc: AdmissionError) -> RequestRejected:
-    """Map an admission outcome to its HTTP answer."""
+def admission_rejection(exc: AdmissionError, retry_after: int = 1) -> RequestRejected:
+    """Map an admission outcome to its HTTP answer (``retry_after`` for the queue's refusals)."""
     if isinstance(exc, ModelNotFound):
         return RequestRejected(404, "model_not_found", str(exc))
     if isinstance(exc, QueueFull):
-        return RequestRejected(429, "queue_full", str(exc), type="rate_limit_error", retry_after=1)
+        return RequestRejected(429, "queue_full", str(exc), type="rate_limit_error", retry_after=retry_after)
     if isinstance(exc, QueueTimeout):
-        return RequestRejected(429, "queue_timeout", str(exc), type="rate_limit_error", retry_after=1)
+        return RequestRejected(429, "queue_timeout", str(exc), type="rate_limit_error", retry_after=retry_after)
     if isinstance(exc, Unavailable):
         return RequestRejected(503, "unavailable", str(exc), type="service_unavailable")
     if isinstance(exc, LeaseRevoked):
@@ -221,6 +224,7 @@ class EdgeAPI:
             ("POST", "/admin/reload"): self._reload,
         }
         self._paths = {path for _, path in self._routes}
+        self._capacity_of: tuple[EdgeConfig | None, int] = (None, 0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -252,6 +256,16 @@ class EdgeAPI:
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
+        if service.front_door.shed():
+            # [overload-shed] before the body is read: the cheapest refusal there is.
+            service.metrics.request_rejected("", "overloaded")
+            raise RequestRejected(
+                503,
+                "overloaded",
+                "the Edge is overloaded; retry later",
+                type="service_unavailable",
+                retry_after=self._retry_after(),
+            )
         self._authorize(scope)
         body = await self._read_json(scope, receive)
         model = body.get("model")
@@ -288,17 +302,25 @@ class EdgeAPI:
     ) -> None:
         service = self.service
         metrics = service.metrics
+        door = service.front_door
         started_at = trio.current_time()
         outcome = "error"
         leased = False
+        door.waiting += 1
+        asking = True
         try:
             async with service.admission.lease(model, long=long) as lease:
+                door.waiting -= 1
+                asking = False
                 leased = True
                 outcome = await self._run(lease, model, endpoint, body, stream, responder)
         except AdmissionError as exc:
+            if asking:
+                door.waiting -= 1
+                asking = False
             if isinstance(exc, LeaseRevoked):
                 outcome = "revoked"
-            await responder.reject(admission_rejection(exc))
+            await responder.reject(admission_rejection(exc, self._retry_after()))
         except RequestRejected as rejection:
             if rejection.code == "provider_busy":
                 metrics.request_rejected(model, "provider_busy")
@@ -307,8 +329,12 @@ class EdgeAPI:
             outcome = "cancelled"
             raise
         finally:
+            if asking:
+                door.waiting -= 1
             if leased:
-                metrics.lease_ended(model, outcome, trio.current_time() - started_at)
+                duration = trio.current_time() - started_at
+                metrics.lease_ended(model, outcome, duration)
+                door.shedder.observe_service(duration - lease.queue_wait)
 
     async def _run(
         self,
@@ -344,6 +370,14 @@ class EdgeAPI:
             return link.open_run(Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream))
         except (NodeGone, KeyError) as exc:
             raise node_disconnected(str(exc)) from None
+
+    def _retry_after(self) -> int:
+        """``Retry-After`` for a refusal now, from the queue and the configured capacity."""
+        config = self.service.config
+        if config is not self._capacity_of[0]:
+            capacity = sum(p.capacity for node in config.nodes for p in node.providers if p.enabled)
+            self._capacity_of = (config, capacity)
+        return self.service.front_door.retry_after(self._capacity_of[1])
 
     # ------------------------------------------------------------ other routes
 

@@ -21,6 +21,7 @@ from iop_config import ConfigFileError
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
+from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
 from .status import EdgeStatus, status_document
@@ -55,6 +56,8 @@ class EdgeService:
             on_rejected=self.metrics.node_registration_rejected,
         )
         self.metrics.follow_node_socket(lambda: self.registry.limits.pending)
+        self.front_door = FrontDoor(config.overload.policy())
+        self.metrics.follow_front_door(self.front_door.status)
         self.api = EdgeAPI(self)
         self._reload_lock = trio.Lock()
         self.http_port: int | None = None
@@ -106,9 +109,9 @@ class EdgeService:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        """``/status``: the admission snapshot plus per-node connection info."""
+        """``/status``: the admission snapshot, per-node connection info and the overload state."""
         nodes = self.registry.node_status([node.id for node in self.config.nodes])
-        return status_document(EdgeStatus(self.admission.snapshot(), nodes))
+        return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status()))
 
     # ------------------------------------------------------------------- serve
 
@@ -129,9 +132,19 @@ class EdgeService:
                 config.node_listen.port,
                 config.node_listen_backlog,
             )
-            limits = HttpLimits(header_timeout=config.header_timeout_ms / 1000)
+            nursery.start_soon(watch_loop_lag, self.front_door.shedder)
+            limits = HttpLimits(
+                header_timeout=config.header_timeout_ms / 1000, max_connections=config.overload.max_connections
+            )
             self.http_port = await nursery.start(
-                functools.partial(serve_http, self.api, config.listen.host, config.listen.port, limits=limits)
+                functools.partial(
+                    serve_http,
+                    self.api,
+                    config.listen.host,
+                    config.listen.port,
+                    limits=limits,
+                    counter=self.front_door.connections,
+                )
             )
             logger.info(
                 "iop-edge listening: http://%s:%d (API), ws://%s:%d (nodes)",

@@ -37,6 +37,7 @@ from iop_admission import (
 from iop_config import load_config, make_converter
 
 from ._node_limits import PendingLimits
+from ._overload import OverloadPolicy
 
 __all__ = [
     "ApiKeyDigest",
@@ -203,6 +204,34 @@ _DEFAULT_NODE_LISTEN = HostPort("127.0.0.1", 8081)
 
 @final
 @attrs.frozen(kw_only=True)
+class OverloadConfig:
+    """``overload``: when the Edge sheds new requests and refuses connections."""
+
+    shed_loop_lag_ms: int = 200
+    shed_connections: int = 6144
+    max_connections: int = 8192
+    max_retry_after_s: int = 30
+
+    def policy(self) -> OverloadPolicy:
+        """The front door's policy (milliseconds become seconds)."""
+        return OverloadPolicy(
+            shed_loop_lag=self.shed_loop_lag_ms / 1000,
+            shed_connections=self.shed_connections,
+            max_connections=self.max_connections,
+            max_retry_after=self.max_retry_after_s,
+        )
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        yield from _at_least("overload.shed_loop_lag_ms", self.shed_loop_lag_ms, 1)
+        yield from _at_least("overload.max_connections", self.max_connections, 1)
+        yield from _at_least("overload.shed_connections", self.shed_connections, 0)
+        if self.shed_connections > self.max_connections:
+            yield "overload.shed_connections", f"must be <= overload.max_connections ({self.max_connections})"
+        yield from _at_least("overload.max_retry_after_s", self.max_retry_after_s, 1)
+
+
+@final
+@attrs.frozen(kw_only=True)
 class EdgeConfig:
     """The whole ``edge.yaml``. See docs/edge-config.md for every key.
 
@@ -228,6 +257,7 @@ class EdgeConfig:
     node_max_pending_per_address: int = 8
     node_reject_backoff_base_ms: int = 100
     node_reject_backoff_max_ms: int = 5000
+    overload: OverloadConfig = attrs.field(factory=OverloadConfig)
 
     config_key_hints: ClassVar[Mapping[str, str]] = {
         "max_queue": "belongs under provider_pool (provider_pool: {max_queue: ...})",
@@ -341,6 +371,7 @@ class EdgeConfig:
             *_at_least("node_max_pending_per_address", self.node_max_pending_per_address, 1),
             *_at_least("node_reject_backoff_base_ms", self.node_reject_backoff_base_ms, 0),
             *_at_least("node_reject_backoff_max_ms", self.node_reject_backoff_max_ms, self.node_reject_backoff_base_ms),
+            *self.overload.problems(),
             *self._listen_problems(),
             *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env, required=False),
             *self._api_key_problems(),

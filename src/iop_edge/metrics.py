@@ -31,6 +31,8 @@ from prometheus_client.registry import Collector
 
 from iop_admission import Admission, AdmissionEvent, ProviderSnapshot
 
+from .status import OverloadStatus
+
 __all__ = [
     "ADDRESS_CLASSES",
     "DISCONNECT_CAUSES",
@@ -43,7 +45,9 @@ __all__ = [
 ]
 
 #: ``reason`` label values of ``iop_rejected_total``.
-REJECTION_REASONS: Final = frozenset({"queue_full", "queue_timeout", "unavailable", "model_not_found", "provider_busy"})
+REJECTION_REASONS: Final = frozenset(
+    {"queue_full", "queue_timeout", "unavailable", "model_not_found", "provider_busy", "overloaded"}
+)
 #: ``outcome`` label values of ``iop_lease_endings_total``.
 LEASE_OUTCOMES: Final = ("ok", "error", "cancelled", "revoked")
 #: ``cause`` label values of ``iop_node_disconnects_total``.
@@ -158,6 +162,43 @@ class _SnapshotCollector(Collector):
             "Admission events dropped because a subscriber's buffer was full (all subscribers). "
             "While it grows, event-fed counters undercount.",
             value=snap.events_dropped if snap else None,
+        )
+
+
+@final
+class _FrontDoorCollector(Collector):
+    """The front door's figures (``FrontDoor.status()``), read at every scrape."""
+
+    def __init__(self, read: Callable[[], OverloadStatus]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families(None)
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self._read())
+
+    @staticmethod
+    def _families(status: OverloadStatus | None) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "iop_loop_lag_seconds",
+            "How late the Edge's event loop ran a 50 ms timer, last sample.",
+            value=status.loop_lag_ms / 1000 if status else None,
+        )
+        yield GaugeMetricFamily(
+            "iop_http_connections_open",
+            "Open connections on the HTTP listener.",
+            value=status.open_connections if status else None,
+        )
+        yield GaugeMetricFamily(
+            "iop_shedding",
+            "1 while new requests are shed (503 overloaded), else 0.",
+            value=int(status.shedding) if status else None,
+        )
+        yield CounterMetricFamily(
+            "iop_http_connections_refused",
+            "Connections closed at accept because overload.max_connections were open.",
+            value=status.refused_connections if status else None,
         )
 
 
@@ -314,6 +355,10 @@ class EdgeMetrics:
         """
         _check(cause, DISCONNECT_CAUSES, "disconnect cause")
         self._node_disconnects.labels(node_id, cause).inc()
+
+    def follow_front_door(self, read: Callable[[], OverloadStatus]) -> None:
+        """Read the overload gauges from ``read()`` (``FrontDoor.status``) at every scrape."""
+        self.registry.register(_FrontDoorCollector(read))
 
     def follow_node_socket(self, pending: Callable[[], int]) -> None:
         """Read ``iop_node_pending_connections`` from ``pending()`` at every scrape."""

@@ -2,7 +2,7 @@
 
 The document is the admission snapshot (:class:`iop_admission.Snapshot`, its
 fields at the top level) plus ``nodes``, one :class:`NodeStatus` per configured
-node. The Edge serves :func:`status_document` of an :class:`EdgeStatus`; the CLI
+node, and ``overload``, the front door's :class:`OverloadStatus`. The Edge serves :func:`status_document` of an :class:`EdgeStatus`; the CLI
 reads it back with :func:`parse_status`, strictly: a missing field and a field
 the model does not know are both errors. A field added on one side and not the
 other therefore fails loudly in the tests instead of vanishing from the CLI.
@@ -18,7 +18,7 @@ from cattrs.errors import AttributeValidationNote
 
 from iop_admission import Snapshot
 
-__all__ = ["EdgeStatus", "NodeStatus", "parse_status", "status_document"]
+__all__ = ["EdgeStatus", "NodeStatus", "OverloadStatus", "parse_status", "status_document"]
 
 
 @final
@@ -42,12 +42,37 @@ class NodeStatus:
 
 
 @final
+@attrs.frozen(kw_only=True)
+class OverloadStatus:
+    """The Edge's front door: shedding, loop lag, connections.
+
+    Attributes:
+        shedding: new completion requests are being shed now.
+        loop_lag_ms: the event loop's last lag sample.
+        open_connections: HTTP connections open now.
+        refused_connections: connections closed at accept (the cap) so far.
+        shed_requests: requests answered ``503 overloaded`` so far.
+        waiting: requests of this Edge waiting for a lease now.
+        service_time_ms: the recent service time behind ``Retry-After``.
+    """
+
+    shedding: bool
+    loop_lag_ms: float
+    open_connections: int
+    refused_connections: int
+    shed_requests: int
+    waiting: int
+    service_time_ms: float
+
+
+@final
 @attrs.frozen
 class EdgeStatus:
-    """The whole ``/status`` document: the admission snapshot and the nodes, in config order."""
+    """The whole ``/status`` document: the admission snapshot, the nodes in config order, the overload state."""
 
     snapshot: Snapshot
     nodes: tuple[NodeStatus, ...]
+    overload: OverloadStatus
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -57,6 +82,7 @@ def status_document(status: EdgeStatus) -> dict[str, Any]:
     """The JSON-ready ``/status`` body: the snapshot's fields, then ``nodes``."""
     document: dict[str, Any] = _converter.unstructure(status.snapshot)
     document["nodes"] = _converter.unstructure(status.nodes, tuple[NodeStatus, ...])
+    document["overload"] = _converter.unstructure(status.overload)
     return document
 
 
@@ -72,19 +98,26 @@ def parse_status(document: object) -> EdgeStatus:
         raise TypeError(f"expected a JSON object, got {type(document).__name__}")
     errors: list[Exception] = []
     snapshot: Snapshot | None = None
-    nodes: tuple[NodeStatus, ...] | None = None
     try:
-        snapshot = _converter.structure({k: v for k, v in document.items() if k != "nodes"}, Snapshot)
+        top = {k: v for k, v in document.items() if k not in _PARTS}
+        snapshot = _converter.structure(top, Snapshot)
     except cattrs.ClassValidationError as exc:
         errors.extend(exc.exceptions)  # their notes name the snapshot's fields, at the top level
-    try:
-        nodes = _converter.structure(document["nodes"], tuple[NodeStatus, ...])
-    except (KeyError, TypeError, ValueError, cattrs.BaseValidationError) as exc:
-        exc.__notes__ = [
-            *getattr(exc, "__notes__", []),
-            AttributeValidationNote("nodes", "nodes", tuple[NodeStatus, ...]),
-        ]
-        errors.append(exc)
-    if errors or snapshot is None or nodes is None:
+    nodes = _part(document, "nodes", tuple[NodeStatus, ...], errors)
+    overload = _part(document, "overload", OverloadStatus, errors)
+    if errors or snapshot is None or nodes is None or overload is None:
         raise cattrs.ClassValidationError("While structuring the /status document", errors, EdgeStatus)
-    return EdgeStatus(snapshot, nodes)
+    return EdgeStatus(snapshot, nodes, overload)
+
+
+_PARTS = ("nodes", "overload")
+
+
+def _part(document: dict[str, Any], key: str, kind: Any, errors: list[Exception]) -> Any:
+    """``document[key]`` structured as ``kind``; None (and the error in ``errors``) if it is not one."""
+    try:
+        return _converter.structure(document[key], kind)
+    except (KeyError, TypeError, ValueError, cattrs.BaseValidationError) as exc:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), AttributeValidationNote(key, key, kind)]
+        errors.append(exc)
+        return None

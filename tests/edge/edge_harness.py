@@ -75,6 +75,9 @@ class EdgeLayout:
     api_keys: tuple[str, ...] | None = None
     max_body_bytes: int = 64 * 1024
     max_ws_message_bytes: int = 64 * 1024
+    shed_loop_lag_ms: int = 600_000
+    """Lag shedding off: on a busy test machine the loop may lag; shedding has its own tests."""
+    shed_connections: int = 6144
     extra: tuple[str, ...] = ()
     """More top-level lines, e.g. ``"node_max_pending: 4"``."""
 
@@ -87,6 +90,7 @@ class EdgeLayout:
             f"provider_pool: {{max_queue: {self.max_queue}, queue_timeout_ms: {self.queue_timeout_ms}}}",
             f"max_body_bytes: {self.max_body_bytes}",
             f"max_ws_message_bytes: {self.max_ws_message_bytes}",
+            f"overload: {{shed_loop_lag_ms: {self.shed_loop_lag_ms}, shed_connections: {self.shed_connections}}}",
             *self.extra,
         ]
         if self.admin_token is not None:

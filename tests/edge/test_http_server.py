@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 from edge_harness import FAST, EdgeLayout, eventually, fake_node, running_edge
 
@@ -128,8 +129,9 @@ async def test_chunked_body_over_the_limit_is_refused(tmp_path: Path) -> None:
                 assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
+@pytest.mark.req("overload-shed")
 async def test_connections_past_the_cap_are_closed_at_once() -> None:
-    """Past ``max_connections`` a new connection is closed before a byte is read."""
+    """[overload-shed] Past ``max_connections`` a new connection is closed before a byte is read."""
 
     async def app(scope: object, receive: object, send: object) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})  # type: ignore[operator]

@@ -25,7 +25,7 @@ from rich.console import Console
 
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from iop_edge import EdgeService, load_edge_config
-from iop_edge.status import EdgeStatus, NodeStatus, parse_status
+from iop_edge.status import EdgeStatus, NodeStatus, OverloadStatus, parse_status
 from iop_edge.status import status_document as edge_status_document
 from iop_edge.status_cli import main
 
@@ -62,7 +62,16 @@ def status_document(admission: Admission, *, heartbeat_age: float = 0.5, active_
         )
         for node in ("node-a", "node-b")
     )
-    return edge_status_document(EdgeStatus(admission.snapshot(), nodes))
+    overload = OverloadStatus(
+        shedding=False,
+        loop_lag_ms=0.4,
+        open_connections=1,
+        refused_connections=0,
+        shed_requests=0,
+        waiting=0,
+        service_time_ms=1000.0,
+    )
+    return edge_status_document(EdgeStatus(admission.snapshot(), nodes, overload))
 
 
 def recording_console() -> Console:

@@ -1,0 +1,182 @@
+"""Overload decisions of the Edge's front door: a pure decision unit, plus the loop-lag sampler.
+
+Why shedding exists next to the admission queue: under a flood of clients that
+retry at once, the queue is full and every extra request is refused anyway
+(429). What that refusal costs is the question: reading and parsing its body,
+asking admission and counting it is CPU the event loop then lacks for the
+admitted requests and for ``/healthz``. When the loop itself falls behind (its
+lag over ``shed_loop_lag``) or too many connections are open
+(``shed_connections``) *and* requests are already waiting in the queue (so
+every backend slot is taken and a newcomer could only queue), a new
+completion request is answered ``503 overloaded`` before its body is read --
+the cheapest refusal there is. With an empty queue nothing is shed: a request
+that could run at once is never turned away to save CPU, and admitted
+requests and streams are never cut.
+
+Hysteresis: once lag shedding starts it lasts until the lag falls under half
+the threshold, so the decision does not flap with every lag sample.
+
+Retry-After (:func:`retry_after`): the time the queue ahead needs to drain --
+``(waiting + 1) x recent service time / total capacity`` seconds, rounded up,
+at least 1 and at most ``max_retry_after``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, final
+
+import attrs
+import trio
+
+from ._http_server import ConnectionCounter
+from .status import OverloadStatus
+
+Action = Literal["admit", "shed"]
+ShedReason = Literal["loop_lag", "connections"]
+
+SERVICE_TIME_WEIGHT = 0.1
+"""Weight of the newest lease duration in the service-time average."""
+
+
+@attrs.frozen(kw_only=True)
+class OverloadPolicy:
+    """The thresholds (config keys under ``overload`` in seconds/counts).
+
+    Attributes:
+        shed_loop_lag: event-loop lag (s) above which new requests are shed.
+        shed_connections: open HTTP connections above which new requests are shed.
+        max_connections: open HTTP connections past which new ones are closed at accept.
+        max_retry_after: the largest ``Retry-After`` (s) the Edge advises.
+    """
+
+    shed_loop_lag: float = 0.2
+    shed_connections: int = 6144
+    max_connections: int = 8192
+    max_retry_after: int = 30
+
+
+@final
+class LoadShedder:
+    """Decides, per new request, whether to shed it; keeps the figures ``/status`` shows.
+
+    Args:
+        policy: the thresholds.
+        initial_service_time: the service time assumed before any lease ended (s).
+    """
+
+    __slots__ = ("policy", "loop_lag", "lag_shedding", "service_time", "shed_total", "last_reason")
+
+    def __init__(self, policy: OverloadPolicy, initial_service_time: float = 1.0) -> None:
+        self.policy = policy
+        self.loop_lag = 0.0
+        self.lag_shedding = False
+        self.service_time = initial_service_time
+        self.shed_total = 0
+        self.last_reason: ShedReason | None = None
+
+    def __repr__(self) -> str:
+        state = "shedding" if self.lag_shedding else "admitting"
+        return f"<LoadShedder {state}, lag {self.loop_lag * 1000:.1f} ms, {self.shed_total} shed>"
+
+    def observe_lag(self, lag: float) -> None:
+        """Record one loop-lag sample (s); starts or ends lag shedding (with hysteresis)."""
+        self.loop_lag = max(0.0, lag)
+        threshold = self.policy.shed_loop_lag
+        if self.loop_lag > threshold:
+            self.lag_shedding = True
+        elif self.loop_lag < threshold / 2:
+            self.lag_shedding = False
+
+    def observe_service(self, duration: float) -> None:
+        """Record how long one admitted request held its lease (s)."""
+        self.service_time += SERVICE_TIME_WEIGHT * (max(0.0, duration) - self.service_time)
+
+    def action(self, open_connections: int, waiting: int) -> Action:
+        """Shed or admit a new request, given open connections and queued requests."""
+        if waiting <= 0:
+            return "admit"
+        if self.lag_shedding:
+            reason: ShedReason = "loop_lag"
+        elif open_connections > self.policy.shed_connections:
+            reason = "connections"
+        else:
+            return "admit"
+        self.shed_total += 1
+        self.last_reason = reason
+        return "shed"
+
+    def retry_after(self, waiting: int, capacity: int) -> int:
+        """Seconds a refused client should wait: see :func:`retry_after`."""
+        return retry_after(waiting, self.service_time, capacity, self.policy.max_retry_after)
+
+
+def retry_after(waiting: int, service_time: float, capacity: int, ceiling: int) -> int:
+    """``ceil((waiting + 1) x service_time / capacity)``, bounded to ``[1, ceiling]``.
+
+    Args:
+        waiting: requests queued now.
+        service_time: recent mean time an admitted request holds its slot (s).
+        capacity: concurrent slots of all providers (0: none configured).
+        ceiling: the largest value returned.
+    """
+    if capacity <= 0:
+        return ceiling
+    seconds = (max(0, waiting) + 1) * max(0.0, service_time) / capacity
+    return max(1, min(ceiling, math.ceil(seconds)))
+
+
+@final
+class FrontDoor:
+    """The Edge's overload state: the shedder, the listener's connections, the queued requests.
+
+    ``waiting`` counts the requests of this Edge that are asking admission for a
+    lease (queued, or about to be granted); the API keeps it.
+    """
+
+    __slots__ = ("shedder", "connections", "waiting")
+
+    def __init__(self, policy: OverloadPolicy) -> None:
+        self.shedder = LoadShedder(policy)
+        self.connections = ConnectionCounter(policy.max_connections)
+        self.waiting = 0
+
+    def __repr__(self) -> str:
+        return f"<FrontDoor {self.shedder!r}, {self.connections!r}, {self.waiting} waiting>"
+
+    def shed(self) -> bool:
+        """Whether to refuse a new request now (``503 overloaded``), counting it if so."""
+        return self.shedder.action(self.connections.open, self.waiting) == "shed"
+
+    def retry_after(self, capacity: int) -> int:
+        """``Retry-After`` seconds for a refusal now (queue, service time, ``capacity``)."""
+        return self.shedder.retry_after(self.waiting, capacity)
+
+    def status(self) -> OverloadStatus:
+        """The ``overload`` part of ``/status`` (and of the overload gauges)."""
+        shedder = self.shedder
+        return OverloadStatus(
+            shedding=shedder.lag_shedding or self.connections.open > shedder.policy.shed_connections,
+            loop_lag_ms=round(shedder.loop_lag * 1000, 1),
+            open_connections=self.connections.open,
+            refused_connections=self.connections.refused,
+            shed_requests=shedder.shed_total,
+            waiting=self.waiting,
+            service_time_ms=round(shedder.service_time * 1000, 1),
+        )
+
+
+LAG_INTERVAL = 0.05
+"""Seconds between two loop-lag samples."""
+
+
+async def watch_loop_lag(shedder: LoadShedder, interval: float = LAG_INTERVAL) -> None:
+    """Sample the event loop's lag into ``shedder`` until cancelled (the one trio part here).
+
+    The lag is how late a ``sleep(interval)`` wakes: the time every runnable
+    task took before this one ran again. Checkpoints; cancellation just stops it.
+    """
+    while True:
+        start = trio.current_time()
+        await trio.sleep(interval)
+        shedder.observe_lag(trio.current_time() - start - interval)

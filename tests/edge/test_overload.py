@@ -1,0 +1,178 @@
+"""Overload: the shedding decisions (a pure unit, MockClock), Retry-After from the queue, and a
+real-socket flood of fast-retrying clients while ``/healthz`` and an admitted request complete.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h11
+import httpx
+import pytest
+import trio
+import trio.testing
+from edge_harness import FAST, EdgeLayout, eventually, fake_node, running_edge
+
+from iop_config import ConfigFileError
+from iop_edge._overload import LoadShedder, OverloadPolicy, retry_after, watch_loop_lag
+from iop_edge.config import load_edge_config
+
+POLICY = OverloadPolicy(shed_loop_lag=0.1, shed_connections=100, max_connections=200, max_retry_after=30)
+
+
+@pytest.mark.req("overload-shed")
+def test_lag_sheds_only_when_requests_already_wait() -> None:
+    """[overload-shed] Lag over the threshold sheds new requests -- but only while the queue
+    holds waiters: a request that could run at once is never shed."""
+    shedder = LoadShedder(POLICY)
+    assert shedder.action(open_connections=1, waiting=5) == "admit"
+    shedder.observe_lag(0.25)
+    assert shedder.action(open_connections=1, waiting=0) == "admit"
+    assert shedder.action(open_connections=1, waiting=1) == "shed"
+    assert (shedder.shed_total, shedder.last_reason) == (1, "loop_lag")
+
+
+@pytest.mark.req("overload-shed")
+def test_lag_shedding_has_hysteresis() -> None:
+    """[overload-shed] Shedding starts above the lag threshold and ends only under half of it."""
+    shedder = LoadShedder(POLICY)
+    decisions = []
+    for lag in (0.05, 0.11, 0.08, 0.06, 0.049, 0.09):
+        shedder.observe_lag(lag)
+        decisions.append(shedder.action(open_connections=0, waiting=3))
+    assert decisions == ["admit", "shed", "shed", "shed", "admit", "admit"]
+
+
+@pytest.mark.req("overload-shed")
+def test_open_connections_over_the_threshold_shed() -> None:
+    """[overload-shed] More open connections than ``shed_connections`` sheds (while requests wait)."""
+    shedder = LoadShedder(POLICY)
+    assert shedder.action(open_connections=100, waiting=2) == "admit"
+    assert shedder.action(open_connections=101, waiting=2) == "shed"
+    assert shedder.action(open_connections=101, waiting=0) == "admit"
+    assert shedder.last_reason == "connections"
+
+
+def test_retry_after_follows_the_queue_and_is_bounded() -> None:
+    """Retry-After = ceil((waiting + 1) x service time / capacity), within [1, ceiling]."""
+    assert retry_after(0, 0.1, 8, 30) == 1  # an empty queue drains at once: the floor
+    assert retry_after(63, 1.0, 8, 30) == 8  # 64 x 1 s over 8 slots
+    assert retry_after(63, 0.1, 8, 30) == 1
+    assert retry_after(1000, 2.0, 4, 30) == 30  # the ceiling
+    assert retry_after(5, 1.0, 0, 30) == 30  # no capacity configured
+    shedder = LoadShedder(POLICY, initial_service_time=1.0)
+    for _ in range(200):
+        shedder.observe_service(3.0)
+    assert shedder.service_time == pytest.approx(3.0, abs=0.01)
+    assert shedder.retry_after(waiting=7, capacity=8) == 3
+
+
+@pytest.mark.req("overload-shed")
+async def test_loop_lag_is_sampled_from_a_late_timer(autojump_clock: trio.testing.MockClock) -> None:
+    """[overload-shed] The sampler reads lag as how late its timer fired (MockClock: a jump of
+    0.3 s while it sleeps 0.05 s is a lag of 0.25 s); the next on-time sample ends shedding."""
+    shedder = LoadShedder(POLICY)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_loop_lag, shedder, 0.05)
+        await trio.testing.wait_all_tasks_blocked()
+        autojump_clock.jump(0.3)
+        await trio.testing.wait_all_tasks_blocked()
+        assert shedder.loop_lag == pytest.approx(0.25)
+        assert shedder.lag_shedding
+        await trio.sleep(0.05)  # autojump: the timer fires on time
+        await trio.testing.wait_all_tasks_blocked()
+        assert shedder.loop_lag == pytest.approx(0.0)
+        assert not shedder.lag_shedding
+        nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------------- real sockets
+
+
+CHAT = json.dumps({"model": FAST, "messages": [{"role": "user", "content": "flood"}]}).encode()
+
+
+async def _exchange(stream: trio.SocketStream, conn: h11.Connection, request: h11.Request, body: bytes) -> int:
+    """One request/response over a kept-alive connection (h11, client side); returns the status."""
+    data = conn.send(request) + (conn.send(h11.Data(data=body)) if body else b"") + conn.send(h11.EndOfMessage())
+    await stream.send_all(data)
+    status = 0
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some())
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.EndOfMessage):
+            conn.start_next_cycle()
+            return status
+
+
+async def _client(port: int, requests: int, statuses: dict[int, int]) -> None:
+    """A fast-retrying client: ``requests`` chats on one connection, 10 ms after each refusal."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    conn = h11.Connection(h11.CLIENT)
+    head = [(b"host", b"edge"), (b"content-type", b"application/json"), (b"content-length", b"%d" % len(CHAT))]
+    async with stream:
+        for _ in range(requests):
+            request = h11.Request(method="POST", target="/v1/chat/completions", headers=head)
+            status = await _exchange(stream, conn, request, CHAT)
+            statuses[status] = statuses.get(status, 0) + 1
+            await trio.sleep(0.01)
+
+
+@pytest.mark.req("overload-shed", "overload-ops", "overload-admitted-first")
+async def test_flood_is_shed_while_healthz_and_an_admitted_request_complete(tmp_path: Path) -> None:
+    """[overload-shed] [overload-ops] [overload-admitted-first] 40 clients retrying every 10 ms
+    while one request holds the only slot: the flood gets 503 overloaded (Retry-After) and 429s,
+    /healthz /status /metrics answer on the same listener, the admitted request completes with
+    200 and is never cut; afterwards every counter is back to 0 and every connection closed."""
+    layout = EdgeLayout(max_queue=2, queue_timeout_ms=300, shed_connections=0)  # shed whenever requests wait
+    with trio.fail_after(60):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
+            door = edge.service.front_door
+            async with trio.open_nursery() as nursery:
+                admitted: dict[str, int] = {}
+
+                async def admitted_request() -> None:
+                    admitted["status"] = (await edge.chat(FAST, "admitted")).status_code
+
+                nursery.start_soon(admitted_request)
+                held = await node.next_run()
+                statuses: dict[int, int] = {}
+                async with trio.open_nursery() as flood:
+                    for _ in range(40):
+                        flood.start_soon(_client, edge.http_port, 25, statuses)
+                    await eventually(lambda: door.shedder.shed_total > 0)
+                    # A second client of its own, closed afterwards: only the admitted request's stays open.
+                    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{edge.http_port}") as probe:
+                        for path in ("/healthz", "/status", "/metrics"):
+                            assert (await probe.get(path)).status_code == 200
+                        shed = await probe.post("/v1/chat/completions", content=CHAT)
+                assert edge.provider("node-a", "gpu0")["in_flight"] == 1  # capacity 1, never exceeded
+                await node.answer(held, "admitted ok")
+            assert admitted["status"] == 200
+            assert statuses.get(503, 0) > 0 and set(statuses) <= {429, 503}, statuses
+            metrics = (await edge.http.get("/metrics")).text
+            overload = (await edge.status())["overload"]
+            await edge.assert_drained()
+            await eventually(lambda: door.connections.open == 1 and door.waiting == 0)
+    assert shed.status_code in (429, 503)
+    if shed.status_code == 503:
+        assert shed.json()["error"]["code"] == "overloaded"
+        assert 1 <= int(shed.headers["retry-after"]) <= 30
+    assert 'iop_rejected_total{model="",reason="overloaded"}' in metrics
+    assert "iop_http_connections_open" in metrics and "iop_loop_lag_seconds" in metrics
+    assert overload["shed_requests"] == statuses[503] + (shed.status_code == 503)
+
+
+def test_overload_keys_are_checked(tmp_path: Path) -> None:
+    """``overload`` thresholds are validated like every limit (file:line: key: rule)."""
+    path = tmp_path / "edge.yaml"
+    path.write_text(EdgeLayout(shed_connections=9000, shed_loop_lag_ms=0).yaml())
+    with pytest.raises(ConfigFileError) as caught:
+        load_edge_config(path)
+    errors = "\n".join(caught.value.errors)
+    assert "overload.shed_connections: must be <= overload.max_connections (8192)" in errors
+    assert "overload.shed_loop_lag_ms" in errors
