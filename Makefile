@@ -28,6 +28,7 @@ test: lint
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -o faulthandler_timeout=0 tests/admission tests/wire
 	$(BIN)/python -m tests.sim --seeds 10000 --first-seed 0 --out tests/sim/results/soak.txt
+	$(BIN)/python -m tests.sim --fleet 1000 --waves 3 --seeds 3
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol, final
 
@@ -37,6 +38,7 @@ from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._overload import FrontDoor
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
+from .status import EdgeStatus, status_document
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -66,6 +68,10 @@ class EdgeParts(Protocol):
     def front_door(self) -> FrontDoor: ...
     def status(self) -> dict[str, Any]:
         """The ``/status`` body."""
+        ...
+
+    def status_model(self, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
+        """The ``/status`` model, optionally filtered by node or model key."""
         ...
 
     async def reload(self) -> list[str]:
@@ -387,7 +393,12 @@ class EdgeAPI:
         await responder.whole(200, [_JSON], _dumps({"object": "list", "data": data}))
 
     async def _status(self, scope: Scope, receive: Receive, responder: Responder) -> None:
-        await responder.whole(200, [_JSON], _dumps(self.service.status()))
+        """``GET /status[?node=ID][&model=ID]``: the snapshot is taken on the loop at once; turning
+        10,000 providers into JSON runs in a worker thread, so streams keep flowing meanwhile."""
+        query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
+        model = self.service.status_model(node=_last(query, "node"), model=_last(query, "model"))
+        body = await trio.to_thread.run_sync(lambda: _dumps(status_document(model)))
+        await responder.whole(200, [_JSON], body)
 
     async def _healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await responder.whole(200, [_JSON], b'{"status":"ok"}')
@@ -564,6 +575,11 @@ def _bearer(scope: Scope) -> str | None:
                 return text[7:].strip()
             return None
     return None
+
+
+def _last(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[-1] if values else None
 
 
 def _dumps(value: object) -> bytes:

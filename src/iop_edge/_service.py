@@ -13,9 +13,10 @@ import logging
 import os
 from typing import Any, final
 
+import attrs
 import trio
 
-from iop_admission import Admission, ConfigError, PoolConfig, validate_pool
+from iop_admission import Admission, ConfigError, PoolConfig, ProviderKey, validate_pool
 from iop_config import ConfigFileError
 
 from ._http_api import EdgeAPI
@@ -42,7 +43,7 @@ class EdgeService:
         self.config = config
         self.config_path = config_path
         self.admission = Admission(config.pool_config())
-        self.metrics = EdgeMetrics(self.admission)
+        self.metrics = EdgeMetrics(self.admission, per_provider=config.metrics_per_provider)
         self.registry = NodeRegistry(
             self.admission,
             token_for=lambda node_id: self.config.node_token(node_id),
@@ -110,8 +111,30 @@ class EdgeService:
 
     def status(self) -> dict[str, Any]:
         """``/status``: the admission snapshot, per-node connection info and the overload state."""
-        nodes = self.registry.node_status([node.id for node in self.config.nodes])
-        return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status()))
+        return status_document(self.status_model())
+
+    def status_model(self, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
+        """The ``/status`` model, optionally only one node's or one model key's part.
+
+        ``node``: that node and its providers. ``model``: the providers the
+        model key lists and their nodes. Both: the intersection. An unknown
+        id gives empty lists. Cheap enough for the event loop (the snapshot is
+        taken at once); turning it into JSON is the caller's.
+        """
+        snapshot = self.admission.snapshot()
+        node_ids = [n.id for n in self.config.nodes]
+        if node is not None or model is not None:
+            listed = set(self.config.candidates_of(model)) if model is not None else None
+            providers = tuple(
+                p
+                for p in snapshot.providers
+                if (node is None or p.node_id == node)
+                and (listed is None or ProviderKey(p.node_id, p.provider_id) in listed)
+            )
+            snapshot = attrs.evolve(snapshot, providers=providers)
+            keep = {p.node_id for p in providers} if listed is not None else {node}
+            node_ids = [n for n in node_ids if n in keep]
+        return EdgeStatus(snapshot, self.registry.node_status(node_ids), self.front_door.status())
 
     # ------------------------------------------------------------------- serve
 

@@ -253,6 +253,7 @@ class EdgeConfig:
     header_timeout_ms: int = 10000
     node_handshake_timeout_ms: int = 5000
     node_listen_backlog: int = 4096
+    metrics_per_provider: bool = True
     node_max_pending: int = 256
     node_max_pending_per_address: int = 8
     node_reject_backoff_base_ms: int = 100
@@ -303,6 +304,11 @@ class EdgeConfig:
             backoff_max=self.node_reject_backoff_max_ms / 1000,
         )
         return limits
+
+    def candidates_of(self, model: str) -> tuple[ProviderKey, ...]:
+        """The provider keys ``model`` lists, in order; empty for an unknown model."""
+        entry = self._models_by_id.get(model)
+        return () if entry is None else tuple(c.key for c in entry.candidates)
 
     def node_token(self, node_id: str) -> str | None:
         """The token node ``node_id`` must register with; None if it is not configured."""

@@ -115,12 +115,22 @@ def _check(value: str, allowed: Iterable[str], what: str) -> None:
         raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(sorted(allowed))}")
 
 
+# Per-node aggregation (metrics_per_provider: false): these two are the node's own
+# state, the same on each of its providers; every other gauge is summed.
+_NODE_LEVEL: Final = frozenset(("connected", "generation"))
+
+
 @final
 class _SnapshotCollector(Collector):
-    """Gauges read from ``admission.snapshot()`` at every scrape."""
+    """Gauges read from ``admission.snapshot()`` at every scrape.
 
-    def __init__(self, admission: Admission) -> None:
+    ``per_provider`` False labels them by node only: one series per node and
+    gauge (sums over its providers) instead of one per provider.
+    """
+
+    def __init__(self, admission: Admission, per_provider: bool) -> None:
         self._admission = admission
+        self.per_provider = per_provider
 
     def describe(self) -> Iterator[Metric]:
         return self._families(None)
@@ -128,15 +138,27 @@ class _SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         return self._families(self._admission)
 
-    @staticmethod
-    def _families(admission: Admission | None) -> Iterator[Metric]:
+    def _families(self, admission: Admission | None) -> Iterator[Metric]:
         """The gauge families, with samples from ``admission`` (none for ``describe``)."""
         snap = admission.snapshot() if admission is not None else None
         providers: tuple[ProviderSnapshot, ...] = snap.providers if snap is not None else ()
         for suffix, documentation, read in _PROVIDER_GAUGES:
-            family = GaugeMetricFamily(f"iop_{suffix}", documentation, labels=("node", "provider"))
-            for p in providers:
-                family.add_metric((p.node_id, p.provider_id), read(p))
+            if self.per_provider:
+                family = GaugeMetricFamily(f"iop_{suffix}", documentation, labels=("node", "provider"))
+                for p in providers:
+                    family.add_metric((p.node_id, p.provider_id), read(p))
+            else:
+                family = GaugeMetricFamily(f"iop_{suffix}", documentation, labels=("node",))
+                per_node: dict[str, int] = {}
+                for p in providers:
+                    value = read(p)
+                    seen = per_node.get(p.node_id)
+                    if seen is None:
+                        per_node[p.node_id] = value
+                    elif suffix not in _NODE_LEVEL:
+                        per_node[p.node_id] = seen + value
+                for node_id, value in per_node.items():
+                    family.add_metric((node_id,), value)
             yield family
         edge_wide = (
             (
@@ -209,12 +231,16 @@ class EdgeMetrics:
     Args:
         admission: the Edge's admission; read by snapshot at scrape time and
             followed by :meth:`run`. Metrics never feed back into it.
+        per_provider: False aggregates the per-provider gauges per node (label
+            ``node`` only) and counts ``iop_admitted_total`` with ``provider=""``:
+            the series count then grows with nodes, not providers.
     """
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, *, per_provider: bool = True) -> None:
         self._admission = admission
         self.registry = CollectorRegistry()
-        self.registry.register(_SnapshotCollector(admission))
+        self._gauges = _SnapshotCollector(admission, per_provider)
+        self.registry.register(self._gauges)
         self._declare_request_metrics(self.registry)
         self._declare_node_metrics(self.registry)
         # Closed label sets start at 0, so rate() and absence alerts work from the first scrape.
@@ -314,7 +340,8 @@ class EdgeMetrics:
         kind = event.kind
         if kind == "granted":
             assert event.model is not None and event.provider is not None
-            self._admitted.labels(event.model, event.provider.node_id, event.provider.provider_id).inc()
+            provider = event.provider.provider_id if self._gauges.per_provider else ""
+            self._admitted.labels(event.model, event.provider.node_id, provider).inc()
             self._queue_wait.labels(event.model).observe(event.waited or 0.0)
         elif kind == "rejected":
             reason = event.reason or "unknown"

@@ -40,15 +40,16 @@ class StatusUnavailable(Exception):
     """The Edge could not be read: unreachable, a non-200 answer, or an unreadable document."""
 
 
-def fetch_status(client: httpx.Client, edge: str) -> EdgeStatus:
-    """GET ``{edge}/status`` and structure it.
+def fetch_status(client: httpx.Client, edge: str, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
+    """GET ``{edge}/status`` (only ``node``'s / ``model``'s part when given) and structure it.
 
     Raises:
         StatusUnavailable: with a one-line message saying what went wrong.
     """
     url = f"{edge.rstrip('/')}/status"
+    params = {name: value for name, value in (("node", node), ("model", model)) if value is not None}
     try:
-        response = client.get(url)
+        response = client.get(url, params=params or None)
     except httpx.HTTPError as exc:
         raise StatusUnavailable(f"cannot reach the Edge at {url}: {exc or type(exc).__name__}") from exc
     if response.status_code != 200:
@@ -83,8 +84,26 @@ _LEGEND = Text(
 _STATUS_STYLES = {"available": "green", "unavailable": "red", "disabled": "yellow"}
 
 
-def render_status(status: EdgeStatus) -> Group:
-    """The provider table and the summary lines, ready to print or to show live."""
+ROWS = 50
+"""Providers and nodes listed by name at most; the summary counts them all."""
+
+
+def _summary(status: EdgeStatus) -> Text:
+    """Counts first: readable whatever the fleet size."""
+    providers = status.snapshot.providers
+    by_status = {name: sum(1 for p in providers if p.status == name) for name in _STATUS_STYLES}
+    in_flight = sum(p.in_flight for p in providers)
+    capacity = sum(p.effective_capacity for p in providers)
+    connected = sum(1 for n in status.nodes if n.connected)
+    counts = ", ".join(f"{count} {name}" for name, count in by_status.items())
+    return Text(
+        f"providers {len(providers)} ({counts}), in flight {in_flight}/{capacity}; "
+        f"nodes {connected}/{len(status.nodes)} connected"
+    )
+
+
+def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:
+    """The summary, the provider table (``rows`` at most; None: all) and the queue and node lines."""
     snap = status.snapshot
     table = Table(
         title="IOP Edge providers",
@@ -99,7 +118,8 @@ def render_status(status: EdgeStatus) -> Group:
     table.add_column("health", no_wrap=True)
     for name in ("in-flight", "long", "queued", "priority"):
         table.add_column(name, justify="right", no_wrap=True)
-    for p in snap.providers:
+    shown = snap.providers if rows is None else snap.providers[:rows]
+    for p in shown:
         table.add_row(
             p.node_id,
             p.provider_id,
@@ -114,8 +134,18 @@ def render_status(status: EdgeStatus) -> Group:
         f"queue {snap.queue_depth}/{snap.max_queue}  timeout {_seconds(snap.queue_timeout)}  "
         f"events dropped {snap.events_dropped}"
     )
-    nodes = Text("nodes: " + (", ".join(map(_node_summary, status.nodes)) or "none"))
-    return Group(table, queue, nodes, _LEGEND)
+    listed = status.nodes if rows is None else status.nodes[:rows]
+    more_nodes = len(status.nodes) - len(listed)
+    nodes = Text(
+        "nodes: "
+        + (", ".join(map(_node_summary, listed)) or "none")
+        + (f", and {more_nodes} more" if more_nodes else "")
+    )
+    parts: list[Text | Table] = [_summary(status), table]
+    hidden = len(snap.providers) - len(shown)
+    if hidden:
+        parts.append(Text(f"... and {hidden} more providers: narrow with --node / --model, or show --all"))
+    return Group(*parts, queue, nodes, _LEGEND)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show the Edge's providers, queue and nodes")
     status.add_argument("--edge", default=DEFAULT_EDGE, help=f"Edge base URL (default {DEFAULT_EDGE})")
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    status.add_argument("--node", help="only this node and its providers")
+    status.add_argument("--model", help="only the providers this model key lists, and their nodes")
+    status.add_argument("--all", action="store_true", help=f"list every provider and node (default: the first {ROWS})")
     status.add_argument(
         "--interval", type=float, default=1.0, help="seconds between refreshes with --watch (default 1)"
     )
@@ -160,20 +193,24 @@ def main(
         parser.error("--interval must be >= 0, --timeout > 0 and --count >= 1")
     console = console or Console()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    rows = None if args.all else ROWS
+
+    def show() -> Group:
+        return render_status(fetch_status(client, args.edge, node=args.node, model=args.model), rows=rows)
+
     with httpx.Client(transport=transport, timeout=args.timeout, headers=headers) as client:
         try:
             if not args.watch:
-                console.print(render_status(fetch_status(client, args.edge)))
+                console.print(show())
                 return 0
-            return _watch(client, args.edge, args.interval, args.count, console, sleep)
+            return _watch(show, args.interval, args.count, console, sleep)
         except StatusUnavailable as exc:
             print(f"iop status: {exc}", file=sys.stderr)
             return 1
 
 
 def _watch(
-    client: httpx.Client,
-    edge: str,
+    show: Callable[[], Group],
     interval: float,
     count: int | None,
     console: Console,
@@ -181,12 +218,11 @@ def _watch(
 ) -> int:
     """Show the status live, refreshing every ``interval`` seconds, until Ctrl-C (or ``count`` refreshes)."""
     try:
-        first = render_status(fetch_status(client, edge))
-        with Live(first, console=console, auto_refresh=False) as live:
+        with Live(show(), console=console, auto_refresh=False) as live:
             shown = 1
             while count is None or shown < count:
                 sleep(interval)
-                live.update(render_status(fetch_status(client, edge)), refresh=True)
+                live.update(show(), refresh=True)
                 shown += 1
     except KeyboardInterrupt:
         pass

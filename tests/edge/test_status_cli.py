@@ -24,7 +24,7 @@ from hypercorn.trio import serve
 from rich.console import Console
 
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_edge import EdgeService, load_edge_config
+from iop_edge import EdgeService, load_edge_config, status_cli
 from iop_edge.status import EdgeStatus, NodeStatus, OverloadStatus, parse_status
 from iop_edge.status import status_document as edge_status_document
 from iop_edge.status_cli import main
@@ -316,3 +316,29 @@ async def test_the_edges_status_document_reads_back_whole() -> None:
     assert document["nodes"] == [
         {"node_id": "node-a", "connected": False, "generation": 0, "last_heartbeat_age": None, "active_runs": 0}
     ]
+
+
+@pytest.mark.req("status-at-size")
+def test_summary_first_filters_passed_on_and_rows_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[status-at-size] the summary line comes first; --node / --model go to the Edge as query
+    parameters; beyond ROWS providers the table stops and says how to see the rest."""
+    admission = two_node_admission()
+    admission.connect("node-a")
+    transport, requests = serving(status_document(admission, heartbeat_age=1.0, active_runs=0))
+    console = recording_console()
+    assert main(["status", "--node", "node-a", "--model", "m x"], transport=transport, console=console) == 0
+    assert [str(r.url) for r in requests] == ["http://127.0.0.1:8080/status?node=node-a&model=m+x"]
+    text = console.export_text()
+    first = text.splitlines()[0]
+    assert first == "providers 2 (1 available, 1 unavailable, 0 disabled), in flight 0/2; nodes 1/2 connected"
+    assert "more providers" not in text
+
+    monkeypatch.setattr(status_cli, "ROWS", 1)
+    console = recording_console()
+    assert main(["status"], transport=transport, console=console) == 0
+    text = console.export_text()
+    assert "... and 1 more providers: narrow with --node / --model, or show --all" in text
+    assert "node-a (connected, gen 1, heartbeat 1.0s ago, 0 runs), and 1 more" in text
+    console = recording_console()
+    assert main(["status", "--all"], transport=transport, console=console) == 0
+    assert "more providers" not in console.export_text()

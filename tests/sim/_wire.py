@@ -19,6 +19,9 @@ from typing import final
 
 import trio
 import trio.testing
+import trio_websocket
+
+from iop_edge import EdgeService
 
 EDGE = "edge"
 NODE = "node"
@@ -102,3 +105,20 @@ class SimStream(trio.abc.Stream):
             await trio.lowlevel.checkpoint()
             return
         await self.inner.aclose()
+
+
+async def serve_edge_end(service: EdgeService, wire: Wire) -> None:
+    """Serve the Edge end of ``wire`` with the service's node registry, as its listener would."""
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                with trio.fail_after(10):
+                    request = await trio_websocket.wrap_server_stream(nursery, wire.edge_end)
+            except (trio_websocket.ConnectionClosed, trio.TooSlowError):
+                nursery.cancel_scope.cancel()
+                return
+            await service.registry.serve(request)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await wire.edge_end.aclose()

@@ -54,7 +54,7 @@ from iop_node import (
 )
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, decode, encode
 
-from ._wire import EDGE, NODE, Wire
+from ._wire import EDGE, NODE, Wire, serve_edge_end
 
 SITES = (
     "ws_send_failure",
@@ -389,7 +389,7 @@ class World:
         wire = Wire(node_id, len(wires) + 1)
         wires.append(wire)
         assert self.nursery is not None
-        self.nursery.start_soon(self._serve_edge_end, wire)
+        self.nursery.start_soon(serve_edge_end, self.service, wire)
         try:
             with trio.fail_after(10):
                 ws = await trio_websocket.wrap_client_stream(nursery, wire.node_end, "edge", "/")
@@ -397,21 +397,6 @@ class World:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await wire.node_end.aclose()
-
-    async def _serve_edge_end(self, wire: Wire) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                try:
-                    with trio.fail_after(10):
-                        request = await trio_websocket.wrap_server_stream(nursery, wire.edge_end)
-                except (trio_websocket.ConnectionClosed, trio.TooSlowError):
-                    nursery.cancel_scope.cancel()
-                    return
-                await self.service.registry.serve(request)
-                nursery.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await wire.edge_end.aclose()
 
     async def node_process(self, node_id: str, restart: trio.Event | None = None) -> None:
         """One node 'process' after another: a graceful shutdown is followed by a restart."""
@@ -638,7 +623,7 @@ class World:
         before = admission.generation(node_id)
         wire = Wire(f"{node_id}-dup", 0)
         assert self.nursery is not None
-        self.nursery.start_soon(self._serve_edge_end, wire)
+        self.nursery.start_soon(serve_edge_end, self.service, wire)
         try:
             async with trio.open_nursery() as nursery:
                 with trio.fail_after(10):
