@@ -262,17 +262,7 @@ class EdgeAPI:
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
-        if service.front_door.shed():
-            # [overload-shed] before the body is read: the cheapest refusal there is.
-            service.metrics.request_rejected("", "overloaded")
-            raise RequestRejected(
-                503,
-                "overloaded",
-                "the Edge is overloaded; retry later",
-                type="service_unavailable",
-                retry_after=self._retry_after(),
-            )
-        self._authorize(scope)
+        self._refuse_early(scope)
         body = await self._read_json(scope, receive)
         model = body.get("model")
         if not isinstance(model, str) or not model:
@@ -297,6 +287,31 @@ class EdgeAPI:
             await self._admit_and_run(model, long, endpoint, body, stream, responder)
             nursery.cancel_scope.cancel()
 
+    def _refuse_early(self, scope: Scope) -> None:
+        """The refusals decided before the body is read: overload, authorization, a full queue.
+
+        Raises:
+            RequestRejected: 503 ``overloaded`` ([overload-shed]), 401, or 429
+                ``queue_full`` when the queue is full and every configured slot is
+                taken -- no request, whatever its model, could run or queue now.
+        """
+        service = self.service
+        door = service.front_door
+        if door.shed():
+            service.metrics.request_rejected("", "overloaded")
+            message = "the Edge is overloaded; retry later"
+            raise RequestRejected(
+                503, "overloaded", message, type="service_unavailable", retry_after=self._retry_after()
+            )
+        self._authorize(scope)
+        max_queue = service.config.provider_pool.max_queue
+        if door.waiting < max_queue or door.running < self._capacity():
+            return
+        if service.admission.snapshot().queue_depth >= max_queue:
+            service.metrics.request_rejected("", "queue_full")
+            message = f"the queue is full ({max_queue} waiting) and every provider is busy"
+            raise RequestRejected(429, "queue_full", message, type="rate_limit_error", retry_after=self._retry_after())
+
     async def _admit_and_run(
         self,
         model: str,
@@ -319,6 +334,7 @@ class EdgeAPI:
                 door.waiting -= 1
                 asking = False
                 leased = True
+                door.running += 1
                 outcome = await self._run(lease, model, endpoint, body, stream, responder)
         except AdmissionError as exc:
             if asking:
@@ -338,6 +354,7 @@ class EdgeAPI:
             if asking:
                 door.waiting -= 1
             if leased:
+                door.running -= 1
                 duration = trio.current_time() - started_at
                 metrics.lease_ended(model, outcome, duration)
                 door.shedder.observe_service(duration - lease.queue_wait)
@@ -379,11 +396,15 @@ class EdgeAPI:
 
     def _retry_after(self) -> int:
         """``Retry-After`` for a refusal now, from the queue and the configured capacity."""
+        return self.service.front_door.retry_after(self._capacity())
+
+    def _capacity(self) -> int:
+        """Concurrent slots of every enabled provider in the config in force (cached per config)."""
         config = self.service.config
         if config is not self._capacity_of[0]:
             capacity = sum(p.capacity for node in config.nodes for p in node.providers if p.enabled)
             self._capacity_of = (config, capacity)
-        return self.service.front_door.retry_after(self._capacity_of[1])
+        return self._capacity_of[1]
 
     # ------------------------------------------------------------ other routes
 

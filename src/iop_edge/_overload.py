@@ -131,15 +131,17 @@ class FrontDoor:
     """The Edge's overload state: the shedder, the listener's connections, the queued requests.
 
     ``waiting`` counts the requests of this Edge that are asking admission for a
-    lease (queued, or about to be granted); the API keeps it.
+    lease (queued, or about to be granted or refused), ``running`` those holding
+    one; the API keeps both.
     """
 
-    __slots__ = ("shedder", "connections", "waiting")
+    __slots__ = ("shedder", "connections", "waiting", "running")
 
     def __init__(self, policy: OverloadPolicy) -> None:
         self.shedder = LoadShedder(policy)
         self.connections = ConnectionCounter(policy.max_connections)
         self.waiting = 0
+        self.running = 0
 
     def __repr__(self) -> str:
         return f"<FrontDoor {self.shedder!r}, {self.connections!r}, {self.waiting} waiting>"

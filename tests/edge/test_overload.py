@@ -12,7 +12,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from edge_harness import FAST, EdgeLayout, eventually, fake_node, running_edge
+from edge_harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
 
 from iop_config import ConfigFileError
 from iop_edge._overload import LoadShedder, OverloadPolicy, retry_after, watch_loop_lag
@@ -176,3 +176,41 @@ def test_overload_keys_are_checked(tmp_path: Path) -> None:
     errors = "\n".join(caught.value.errors)
     assert "overload.shed_connections: must be <= overload.max_connections (8192)" in errors
     assert "overload.shed_loop_lag_ms" in errors
+
+
+@pytest.mark.req("overload-cheap-reject")
+async def test_full_queue_with_every_slot_taken_is_refused_before_the_body(tmp_path: Path) -> None:
+    """[overload-cheap-reject] With every configured slot leased and the queue full, a new request
+    is answered 429 queue_full (Retry-After) before its body is read: a client that asked for
+    ``100 Continue`` never gets it. Afterwards every counter drains."""
+    with trio.fail_after(20):
+        async with (
+            running_edge(tmp_path, EdgeLayout(max_queue=1)) as edge,
+            fake_node(edge, "node-a") as node_a,
+            fake_node(edge, "node-b") as node_b,
+            trio.open_nursery() as nursery,
+        ):
+            results: dict[str, httpx.Response] = {}
+            start_chat(nursery, edge, results, "a", BIG)
+            run_a = await node_a.next_run()
+            start_chat(nursery, edge, results, "b", BIG)
+            run_b = await node_b.next_run()
+            start_chat(nursery, edge, results, "queued", FAST)
+            await eventually(lambda: edge.queue_depth == 1)
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            async with stream:
+                await stream.send_all(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\nexpect: 100-continue\r\n\r\n" % len(CHAT)
+                )
+                answer = b""
+                while b"\r\n\r\n" not in answer or b"}}" not in answer:
+                    answer += await stream.receive_some()
+            assert answer.startswith(b"HTTP/1.1 429 "), answer
+            assert b"retry-after: " in answer and b'"code":"queue_full"' in answer
+            assert b"HTTP/1.1 100" not in answer
+            for node, run in ((node_a, run_a), (node_b, run_b)):
+                await node.answer(run)
+            await node_a.answer(await node_a.next_run())  # the queued request, granted on gpu0
+        assert {name: r.status_code for name, r in results.items()} == {"a": 200, "b": 200, "queued": 200}
+        await edge.assert_drained()
