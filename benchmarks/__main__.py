@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [--runs N] [--peers] [--quick]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [--runs N] [--peers] [--quick]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,10 +12,10 @@ import platform
 import sys
 import time
 
-from . import admission, e2e, fleet, overload
+from . import admission, e2e, fleet, overload, scale
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-SUITES = {"admission": admission, "e2e": e2e, "overload": overload, "fleet": fleet}
+SUITES = {"admission": admission, "e2e": e2e, "overload": overload, "fleet": fleet, "scale": scale}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         help="e2e, fleet: also measure a LiteLLM proxy (installed on first use into benchmarks/.peers)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="overload: two short scenarios; fleet: K = 64 and 512 only (for iteration)"
+        "--quick",
+        action="store_true",
+        help="overload: two short scenarios; fleet: K = 64 and 512 only; scale: 1,000 nodes only (for iteration)",
     )
     args = parser.parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             result = overload.run(quick=args.quick)
         elif suite is fleet:
             result = fleet.run(quick=args.quick, with_peers=args.peers)
+        elif suite is scale:
+            result = scale.run(sizes=(1_000,) if args.quick else scale.SIZES)
         else:
             result = suite.run(runs=args.runs)
         result["python"] = platform.python_version()

@@ -9,8 +9,10 @@ config file and applies it with ``admission.refresh``, all or nothing.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
+import sys
 from typing import Any, final
 
 import attrs
@@ -28,6 +30,10 @@ from .metrics import EdgeMetrics
 from .status import EdgeStatus, status_document
 
 logger = logging.getLogger("iop_edge")
+
+RELOAD_SWITCH_INTERVAL = 0.0005
+"""GIL switch interval (s) while a reload parses in its worker thread: the event loop
+thread, back from each socket call, waits at most this long for the GIL (default 5 ms)."""
 
 
 @final
@@ -85,6 +91,11 @@ class EdgeService:
         async with self._reload_lock:
             if self.config_path is None:
                 return ["this Edge was started without a config file"]
+            # While the thread parses: the loop thread gets the GIL back quickly, and no
+            # full garbage collection (which holds the GIL for the whole heap) starts.
+            switch, collecting = sys.getswitchinterval(), gc.isenabled()
+            sys.setswitchinterval(min(switch, RELOAD_SWITCH_INTERVAL))
+            gc.disable()
             try:
                 config, pool = await trio.to_thread.run_sync(_read_config, self.config_path, abandon_on_cancel=True)
                 self.admission.refresh(pool)
@@ -102,6 +113,10 @@ class EdgeService:
                 self.metrics.refresh_result("ok")
                 logger.info("config reloaded from %s", self.config_path)
                 return []
+            finally:
+                sys.setswitchinterval(switch)
+                if collecting:
+                    gc.enable()
             self.metrics.refresh_result("rejected")
             for error in errors:
                 logger.error("config reload rejected: %s", error)
@@ -189,7 +204,7 @@ def _read_config(path: str | os.PathLike[str]) -> tuple[EdgeConfig, PoolConfig]:
     Raises:
         ConfigFileError, ConfigError, OSError: the file is unusable.
     """
-    config = load_edge_config(path)
+    config = load_edge_config(path, yields_gil=True)
     pool = config.pool_config()
     validate_pool(pool)
     return config, pool

@@ -522,13 +522,16 @@ def _edge_converter() -> cattrs.Converter:
 _CONVERTER = _edge_converter()
 
 
-def load_edge_config(path: str | os.PathLike[str]) -> EdgeConfig:
+def load_edge_config(path: str | os.PathLike[str], *, yields_gil: bool = False) -> EdgeConfig:
     """Load and validate ``edge.yaml``, resolving ``*_env`` secrets from ``os.environ``.
+
+    ``yields_gil``: see :func:`iop_config.load_config` (for a reload while the Edge serves).
 
     Raises:
         iop_config.ConfigFileError: listing every problem as ``FILE:LINE: path: message``.
     """
-    return _with_environment(load_config(path, EdgeConfig, converter=_CONVERTER), os.environ)
+    config = load_config(path, EdgeConfig, converter=_CONVERTER, yields_gil=yields_gil)
+    return _with_environment(config, os.environ)
 
 
 def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeConfig:
