@@ -1,11 +1,22 @@
 """iop_admission: provider-wide leases, one fair global queue, connectivity
-generations, live refresh and an honest snapshot -- plus the node-local gate.
+generations, live refresh, an honest snapshot, passive provider health
+(ejection, probes, panic mode) and retries that keep their place -- plus the
+node-local gate.
 
 See ``docs/admission.md`` for the semantics.
 """
 
 from ._admission import Admission, AdmissionEvent, LeaseScope
-from ._config import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, validate_pool
+from ._config import (
+    ModelGroup,
+    OutlierPolicy,
+    PoolConfig,
+    ProviderKey,
+    ProviderSpec,
+    QueuePolicy,
+    RetryPolicy,
+    validate_pool,
+)
 from ._errors import (
     AdmissionError,
     ConcurrencyLimitExceeded,
@@ -14,6 +25,7 @@ from ._errors import (
     ModelNotFound,
     QueueFull,
     QueueTimeout,
+    RetriesExhausted,
     Unavailable,
 )
 from ._gate import GateStatistics, LocalGate, Permit
@@ -33,6 +45,7 @@ __all__ = [
     "LocalGate",
     "ModelGroup",
     "ModelNotFound",
+    "OutlierPolicy",
     "Permit",
     "PoolConfig",
     "ProviderKey",
@@ -41,6 +54,8 @@ __all__ = [
     "QueueFull",
     "QueuePolicy",
     "QueueTimeout",
+    "RetriesExhausted",
+    "RetryPolicy",
     "Snapshot",
     "Unavailable",
     "validate_pool",

@@ -31,10 +31,16 @@ Rules this module implements (and why):
   parked waiter's scope deadline to ``enqueue_time + new timeout``.
 
 * **No Ctrl-C inside a state change.** ``connect``, ``disconnect``,
-  ``refresh`` and both halves of a lease scope run with trio's
+  ``refresh``, health reports, ejection ends and both halves of a lease scope
+  (a retry's too) run with trio's
   ``enable_ki_protection``, as trio's own ``Lock`` and ``CapacityLimiter`` do:
   a ``KeyboardInterrupt`` is delivered after the core's counters, queue and the
   lease's scope agree again, never half-way through a grant or a release.
+
+* **Ejections end on time.** :meth:`Admission.watch_ejections` sleeps until
+  the core's next ejection end and calls ``advance`` then, so the probe is
+  granted to a waiter at that instant; every lease request and report also
+  advances first, so without the watcher an ejection ends at the next call.
 
 * **Events are best effort.** Subscribers get lifecycle events through
   bounded memory channels; a full channel drops the event and counts it. No
@@ -43,10 +49,11 @@ Rules this module implements (and why):
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import final
+from typing import NoReturn, final
 
 import attrs
 import outcome
@@ -55,7 +62,7 @@ import trio
 from ._config import PoolConfig, ProviderKey
 from ._errors import LeaseRevoked, QueueTimeout
 from ._snapshot import Snapshot
-from ._state import AdmissionState, Decision, Failed, Granted, Lease, Revoked, Waiter
+from ._state import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
 
 __all__ = ["Admission", "AdmissionEvent", "Lease"]
 
@@ -68,12 +75,17 @@ class AdmissionEvent:
     Attributes:
         kind: ``granted``, ``queued``, ``released``, ``revoked``, ``timed_out``,
             ``rejected``, ``connected``,
-            ``disconnected`` or ``refreshed``.
+            ``disconnected``, ``refreshed``, ``ejected``, ``restored`` or ``retried``.
         time: ``trio.current_time()`` when emitted, or None outside trio.
-        model, provider, lease_id, generation, node_id, long: what it concerns.
+        model, provider, lease_id, generation, node_id, long: what it concerns
+            (for ``retried``: the provider and lease that failed).
         reason: for ``rejected`` and failed waiters, the error class name
-            (``QueueFull``, ``Unavailable``, ``ModelNotFound``).
+            (``QueueFull``, ``Unavailable``, ``ModelNotFound``); for ``retried``
+            the caller's reason.
         waited: seconds queued, for ``granted`` and ``timed_out``.
+        attempt: for ``retried``, the number of the new attempt.
+        duration: for ``ejected``, the ejection's length in seconds.
+        failures: for ``ejected``, the consecutive failures counted.
     """
 
     kind: str
@@ -86,6 +98,9 @@ class AdmissionEvent:
     long: bool = False
     reason: str | None = None
     waited: float | None = None
+    attempt: int | None = None
+    duration: float | None = None
+    failures: int | None = None
 
 
 def _now() -> float | None:
@@ -114,6 +129,7 @@ class Admission:
         self._core = AdmissionState(config)
         self._subscribers: list[trio.MemorySendChannel[AdmissionEvent]] = []
         self._events_dropped = 0
+        self._ejection_wakeup: trio.Event | None = None
 
     # ------------------------------------------------------------------ leases
 
@@ -138,6 +154,69 @@ class Admission:
             LeaseRevoked: the lease's node generation was fenced while the body ran.
         """
         return LeaseScope(self, model, long)
+
+    def retry(self, lease: Lease, *, reason: str | None = None) -> LeaseScope:
+        """Ask again, for the request ``lease`` served, on a candidate it has not tried.
+
+        Use as ``async with admission.retry(lease, reason=...) as lease2:``
+        once ``lease``'s run failed before any byte reached the client
+        ([failover-before-first-byte]). The retry keeps the request's place in
+        arrival order and its queue deadline; ``lease2.attempt`` is one more.
+        Entering checkpoints and behaves like :meth:`lease` (cancellation while
+        waiting leaves no trace). ``reason`` goes into the ``retried`` event.
+
+        Raises (on entry):
+            RetriesExhausted: ``lease`` was the last of ``retry.max_attempts`` attempts.
+            QueueTimeout: the request's queue deadline passed (before or while waiting).
+            Unavailable: no eligible candidate that was not tried.
+            ModelNotFound: the model was removed.
+            RuntimeError: ``lease`` was retried before.
+        """
+        return LeaseScope(self, lease.model, lease.long, retry_of=lease, reason=reason)
+
+    @trio.lowlevel.enable_ki_protection
+    def report_failure(self, lease: Lease) -> None:
+        """Count a provider failure of ``lease`` ([outlier-ejection]); may eject its provider.
+
+        Once per lease: a second report, or one for a lease granted before its
+        provider's last ejection or restore or its node's reconnect, changes
+        nothing. Synchronous; uses ``trio.current_time()`` inside trio.
+        """
+        now = self._clock()
+        self._apply(self._core.report_failure(lease, now))
+
+    @trio.lowlevel.enable_ki_protection
+    def report_success(self, lease: Lease) -> None:
+        """Count a success of ``lease``: resets its provider's failures; restores it if ejected.
+
+        Once per lease, like :meth:`report_failure`. Synchronous.
+        """
+        now = self._clock()
+        self._apply(self._core.report_success(lease, now))
+
+    async def watch_ejections(self) -> NoReturn:
+        """End each ejection at its time, so its probe can go to a waiter at once.
+
+        Runs until cancelled; start it in a nursery beside the users of this
+        admission. Checkpoints (it sleeps). Without it an ejection ends at the
+        next lease request or report after its time.
+        """
+        while True:
+            self._ejection_wakeup = wakeup = trio.Event()
+            self._advance(trio.current_time())
+            end = self._core.next_ejection_end()
+            with trio.move_on_at(math.inf if end is None else end):
+                await wakeup.wait()
+
+    def _clock(self) -> float:
+        now = _now()
+        return self._core.last_time if now is None else now  # outside trio: the latest time seen
+
+    @trio.lowlevel.enable_ki_protection
+    def _advance(self, now: float) -> None:
+        end = self._core.next_ejection_end()
+        if end is not None and end <= now:
+            self._apply(self._core.advance(now))
 
     @trio.lowlevel.enable_ki_protection
     def connect(self, node_id: str) -> int:
@@ -204,7 +283,8 @@ class Admission:
             max_queue=policy.max_queue,
             queue_timeout=policy.queue_timeout,
             events_dropped=self._events_dropped,
-            providers=self._core.provider_snapshots(),
+            providers=self._core.provider_snapshots(_now()),
+            panic=self._core.panic_models(),
         )
 
     def generation(self, node_id: str) -> int:
@@ -247,7 +327,15 @@ class Admission:
     def _emit_rejected(self, model: str, long: bool, exc: BaseException) -> None:
         self._emit(AdmissionEvent("rejected", _now(), model=model, long=long, reason=type(exc).__name__))
 
-    def _lease_event(self, kind: str, lease: Lease, *, waited: float | None = None) -> None:
+    def _lease_event(
+        self,
+        kind: str,
+        lease: Lease,
+        *,
+        waited: float | None = None,
+        attempt: int | None = None,
+        reason: str | None = None,
+    ) -> None:
         self._emit(
             AdmissionEvent(
                 kind,
@@ -259,6 +347,8 @@ class Admission:
                 node_id=lease.provider.node_id,
                 long=lease.long,
                 waited=waited,
+                attempt=attempt,
+                reason=reason,
             )
         )
 
@@ -275,13 +365,28 @@ class Admission:
                 parked = d.waiter.token
                 assert isinstance(parked, _Parked)
                 trio.lowlevel.reschedule(parked.task, outcome.Error(d.error))
-            else:
-                assert type(d) is Revoked
+            elif type(d) is Revoked:
                 scope = d.lease._scope
                 if scope is not None:
                     scope.cancel()  # type: ignore[attr-defined]
                 if self._subscribers:
                     self._lease_event("revoked", d.lease)
+            else:
+                self._health_event(d)
+
+    def _health_event(self, d: Ejected | Restored) -> None:
+        if type(d) is Ejected:
+            if self._ejection_wakeup is not None:
+                self._ejection_wakeup.set()  # a new end time for watch_ejections
+            if self._subscribers:
+                key = d.provider
+                self._emit(
+                    AdmissionEvent(
+                        "ejected", _now(), provider=key, node_id=key.node_id, duration=d.duration, failures=d.failures
+                    )
+                )
+        elif self._subscribers:
+            self._emit(AdmissionEvent("restored", _now(), provider=d.provider, node_id=d.provider.node_id))
 
     def __repr__(self) -> str:
         return f"<Admission {self._core!r}>"
@@ -299,15 +404,19 @@ class _Parked:
 class LeaseScope:
     """The async context manager returned by :meth:`Admission.lease`. Single use."""
 
-    __slots__ = ("_admission", "_model", "_long", "_lease", "_scope", "_entered")
+    __slots__ = ("_admission", "_model", "_long", "_lease", "_scope", "_entered", "_retry_of", "_reason")
 
-    def __init__(self, admission: Admission, model: str, long: bool) -> None:
+    def __init__(
+        self, admission: Admission, model: str, long: bool, *, retry_of: Lease | None = None, reason: str | None = None
+    ) -> None:
         self._admission = admission
         self._model = model
         self._long = long
         self._lease: Lease | None = None
         self._scope: trio.CancelScope | None = None
         self._entered = False
+        self._retry_of = retry_of
+        self._reason = reason
 
     @trio.lowlevel.enable_ki_protection
     async def __aenter__(self) -> Lease:
@@ -317,13 +426,21 @@ class LeaseScope:
         await trio.lowlevel.checkpoint_if_cancelled()
         admission = self._admission
         core = admission._core
+        now = trio.current_time()
+        admission._advance(now)
+        previous = self._retry_of
         try:
-            result = core.request(self._model, self._long, trio.current_time())
+            if previous is None:
+                result = core.request(self._model, self._long, now)
+            else:
+                result = core.retry(previous, now)
         except Exception as exc:
             if admission._subscribers:
                 admission._emit_rejected(self._model, self._long, exc)
             await trio.lowlevel.cancel_shielded_checkpoint()
             raise
+        if previous is not None and admission._subscribers:
+            admission._lease_event("retried", previous, attempt=previous.attempt + 1, reason=self._reason)
         if type(result) is Lease:
             lease = result
             await trio.lowlevel.cancel_shielded_checkpoint()

@@ -110,15 +110,62 @@ class QueuePolicy:
         out: list[str] = []
         if not _is_int(self.max_queue) or self.max_queue < 0:
             out.append(f"policy.max_queue: must be an integer >= 0, got {self.max_queue!r}")
-        if (
-            isinstance(self.queue_timeout, bool)
-            or not isinstance(self.queue_timeout, int | float)
-            or not math.isfinite(self.queue_timeout)
-            or self.queue_timeout <= 0
-        ):
+        if not _is_seconds(self.queue_timeout):
             out.append(f"policy.queue_timeout: must be a finite number of seconds > 0, got {self.queue_timeout!r}")
         if out:
             raise ConfigError(out)
+
+
+@final
+@attrs.frozen
+class RetryPolicy:
+    """Failover before the first byte: how many attempts one request may make in all.
+
+    Attributes:
+        max_attempts: attempts per request, the first one included; 1 means never retry.
+    """
+
+    max_attempts: int = 2
+
+    def __attrs_post_init__(self) -> None:
+        if not _is_int(self.max_attempts) or self.max_attempts < 1:
+            raise ConfigError([f"retry.max_attempts: must be an integer >= 1, got {self.max_attempts!r}"])
+
+
+@final
+@attrs.frozen
+class OutlierPolicy:
+    """Passive health: when a provider is ejected, and for how long (seconds).
+
+    Attributes:
+        consecutive_failures: provider failures in a row that eject a provider;
+            0 turns ejection off.
+        base_ejection: the first ejection's length.
+        max_ejection: the cap; each ejection in a row doubles the length up to it.
+    """
+
+    consecutive_failures: int = 3
+    base_ejection: float = 5.0
+    max_ejection: float = 300.0
+
+    def __attrs_post_init__(self) -> None:
+        out: list[str] = []
+        if not _is_int(self.consecutive_failures) or self.consecutive_failures < 0:
+            out.append(f"outlier.consecutive_failures: must be an integer >= 0, got {self.consecutive_failures!r}")
+        for name in ("base_ejection", "max_ejection"):
+            value = getattr(self, name)
+            if not _is_seconds(value):
+                out.append(f"outlier.{name}: must be a finite number of seconds > 0, got {value!r}")
+        if not out and self.max_ejection < self.base_ejection:
+            out.append(
+                f"outlier.max_ejection: must be >= base_ejection ({self.max_ejection!r} < {self.base_ejection!r})"
+            )
+        if out:
+            raise ConfigError(out)
+
+    def ejection_time(self, streak: int) -> float:
+        """Length of the ``streak``-th ejection in a row (1-based): base doubled, capped."""
+        return min(self.base_ejection * 2.0 ** min(streak - 1, 64), self.max_ejection)
 
 
 def _candidates(value: Iterable[ProviderKey]) -> tuple[ProviderKey, ...]:
@@ -140,7 +187,7 @@ def _frozen_mapping(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
 @final
 @attrs.frozen
 class PoolConfig:
-    """Everything an :class:`Admission` needs: queue policy, providers, model groups.
+    """Everything an :class:`Admission` needs: queue, retry and outlier policies, providers, model groups.
 
     ``providers`` and ``models`` are copied into read-only mappings; their order
     is the order the snapshot reports.
@@ -153,6 +200,8 @@ class PoolConfig:
     models: Mapping[str, ModelGroup] = attrs.field(
         factory=dict, converter=_frozen_mapping, eq=attrs.cmp_using(eq=lambda a, b: dict(a) == dict(b))
     )
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    outlier: OutlierPolicy = attrs.field(factory=OutlierPolicy)
 
 
 # The last PoolConfig found valid. It is frozen, so it stays valid: validating it
@@ -169,6 +218,10 @@ def validate_pool(config: object) -> None:
     problems: list[str] = []
     if not isinstance(config.policy, QueuePolicy):
         problems.append(f"policy: expected QueuePolicy, got {type(config.policy).__name__}")
+    if not isinstance(config.retry, RetryPolicy):
+        problems.append(f"retry: expected RetryPolicy, got {type(config.retry).__name__}")
+    if not isinstance(config.outlier, OutlierPolicy):
+        problems.append(f"outlier: expected OutlierPolicy, got {type(config.outlier).__name__}")
     for key, spec in config.providers.items():
         if not isinstance(key, ProviderKey):
             problems.append(f"providers: key {key!r} is not a ProviderKey")
@@ -201,3 +254,8 @@ def validate_pool(config: object) -> None:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value: object) -> bool:
+    """A finite number of seconds > 0 (bools are not numbers here)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and value > 0

@@ -87,3 +87,13 @@ class ConcurrencyLimitExceeded(AdmissionError):
         self.scope = scope  # "provider" or "global"
         self.limit = limit
         super().__init__(f"concurrency limit reached for {name!r} ({scope} limit {limit})")
+
+
+@final
+class RetriesExhausted(AdmissionError):
+    """A retry was asked for a request that already made ``retry.max_attempts`` attempts."""
+
+    def __init__(self, model: str, attempts: int) -> None:
+        self.model = model
+        self.attempts = attempts
+        super().__init__(f"no retry left for model {model!r} after {attempts} attempts")

@@ -21,13 +21,20 @@ class ProviderSnapshot:
     providers can exceed :attr:`Snapshot.queue_depth`, the true queue length.
     An offline or disabled provider reports 0 for effective capacities and
     pressure; ``in_flight`` always equals its live leases.
+
+    Health ([outlier-ejection]): ``health`` is ``offline`` while the node is not
+    connected, else ``ejected`` from an ejection until the provider is restored
+    (its ejection time, then its probe), else ``online``. ``failures`` counts
+    consecutive provider failures, ``ejection_left`` the seconds until the
+    ejection time ends (0 when not ejected or when the probe is due),
+    ``ejections`` and ``probes`` the totals since start.
     """
 
     node_id: str
     provider_id: str
     connected: bool
     status: str  # "available" | "unavailable" | "disabled"
-    health: str  # "online" | "offline"
+    health: str  # "online" | "offline" | "ejected"
     generation: int
     capacity: int
     long_context_capacity: int
@@ -38,6 +45,10 @@ class ProviderSnapshot:
     queued: int
     long_queued: int
     priority: int
+    failures: int = 0
+    ejection_left: float = 0.0
+    ejections: int = 0
+    probes: int = 0
 
 
 @final
@@ -46,6 +57,8 @@ class Snapshot:
     """The whole pool: the true global queue depth, the policy, and every configured provider.
 
     Providers appear in configuration order, including disconnected and disabled ones.
+    ``panic`` lists the model keys in panic mode: every eligible candidate is
+    ejected, and requests are admitted to them anyway.
     """
 
     queue_depth: int
@@ -53,6 +66,7 @@ class Snapshot:
     queue_timeout: float
     events_dropped: int
     providers: tuple[ProviderSnapshot, ...]
+    panic: tuple[str, ...] = ()
 
     def provider(self, node_id: str, provider_id: str) -> ProviderSnapshot:
         """Return the snapshot of one provider.

@@ -43,6 +43,33 @@ Why it is built this way:
   ten thousand. Whoever changes what makes a provider eligible or loaded must
   call ``reindex`` afterwards.
 
+* **Passive health** [outlier-ejection]. Every lease can carry one report,
+  failure or success. ``outlier.consecutive_failures`` failures in a row
+  eject the provider until a time (``base_ejection`` doubled per ejection in a
+  row, capped at ``max_ejection``); :meth:`AdmissionState.advance` ends it, and
+  then exactly one *probe* grant may run; its success restores the provider,
+  its failure ejects it again for longer. A provider that is ejected or has
+  its probe out is not *admitting*: it leaves its groups' choice heaps like a
+  full provider (``reindex`` reads ``admitting``). Eligibility (config,
+  enabled, connected) is unchanged, so an ejected provider never makes a
+  waiter ``Unavailable``. Panic mode: a group whose every eligible candidate is
+  non-admitting chooses among them anyway (a scan of its candidates, paid only
+  in panic), so ejection never turns a model key with a single bad provider
+  into one that admits nothing. A report is *stale* -- and changes nothing --
+  when its lease was already reported, its node generation is over, or the
+  provider changed health epoch (ejected or restored) since the grant:
+  failures of leases granted before an ejection do not lengthen it.
+
+* **Retry keeps the arrival place** [failover-before-first-byte]. Every
+  request draws its arrival number when it asks, granted at once or queued.
+  :meth:`AdmissionState.retry` asks again for the same request on a candidate
+  it has not tried, with that old number and its old queue deadline. A queued
+  retry does not share its group's candidates (it excludes the tried ones), so
+  it waits in a short list of its own, in arrival order, which ``_dispatch``
+  looks at beside the group heads: no later arrival that could use the same
+  provider overtakes it. Retries are few (one per failed attempt), and each
+  costs a scan of its candidates.
+
 * **Generations fence.** ``connect`` starts a new generation of a node;
   ``disconnect`` with the current generation takes the node offline and
   revokes every live lease on its providers (counters drop at once; each lease
@@ -51,6 +78,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import bisect
 import enum
 import itertools
 import struct
@@ -60,7 +88,7 @@ from heapq import heapify, heappop, heappush, heapreplace
 from typing import final
 
 from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
-from ._errors import AdmissionError, ModelNotFound, QueueFull, Unavailable
+from ._errors import AdmissionError, ModelNotFound, QueueFull, QueueTimeout, RetriesExhausted, Unavailable
 from ._snapshot import ProviderSnapshot
 
 
@@ -80,6 +108,22 @@ GRANTED = WaiterState.GRANTED
 FAILED = WaiterState.FAILED
 WITHDRAWN = WaiterState.WITHDRAWN
 TIMED_OUT = WaiterState.TIMED_OUT
+
+
+@final
+class ProviderHealth(enum.Enum):
+    """A provider's passive health ([outlier-ejection]); compared by identity."""
+
+    HEALTHY = "healthy"
+    EJECTED = "ejected"  # until ejected_until: no grant but in panic mode
+    PROBE = "probe"  # ejection time over: the next grant is the probe
+    PROBING = "probing"  # the probe runs: no grant but in panic mode
+
+
+HEALTHY = ProviderHealth.HEALTHY
+EJECTED = ProviderHealth.EJECTED
+PROBE = ProviderHealth.PROBE
+PROBING = ProviderHealth.PROBING
 
 # A deque is compacted once it holds more than this many dead entries and more
 # dead than live ones; the rebuild is paid for by the removals that made them.
@@ -117,6 +161,11 @@ class Lease:
         long: whether it holds a long-context slot too.
         model: the model key it was requested for.
         queue_wait: seconds spent queued before the grant (set by the trio layer).
+        arrival: the request's arrival number (kept by its retries).
+        enqueue_time: when the request first asked (its queue deadline counts from it).
+        attempt: 1 for the first attempt, 2 for the first retry, ...
+        tried: providers of this and every earlier attempt, in order.
+        probe: whether this lease is its provider's probe after an ejection.
     """
 
     __slots__ = (
@@ -126,23 +175,49 @@ class Lease:
         "long",
         "model",
         "queue_wait",
+        "arrival",
+        "enqueue_time",
+        "attempt",
+        "tried",
+        "probe",
         "_slot",
         "_released",
         "_revoked",
         "_scope",
+        "_epoch",
+        "_reported",
+        "_retried",
     )
 
-    def __init__(self, id: int, slot: _Provider, generation: int, long: bool, model: str) -> None:
+    def __init__(
+        self,
+        id: int,
+        slot: _Provider,
+        model: str,
+        long: bool,
+        arrival: int,
+        enqueue_time: float,
+        attempt: int,
+        tried: tuple[ProviderKey, ...],
+    ) -> None:
         self.id = id
         self.provider: ProviderKey = slot.key
-        self.generation = generation
+        self.generation = slot.node.generation
         self.long = long
         self.model = model
         self.queue_wait = 0.0
+        self.arrival = arrival
+        self.enqueue_time = enqueue_time
+        self.attempt = attempt
+        self.tried: tuple[ProviderKey, ...] = (*tried, slot.key)
+        self.probe = False
         self._slot = slot
         self._released = False
         self._revoked = False
         self._scope: object = None  # the trio layer's cancel scope for the body
+        self._epoch = slot.epoch
+        self._reported = False
+        self._retried = False
 
     @property
     def released(self) -> bool:
@@ -157,6 +232,8 @@ class Lease:
     def __repr__(self) -> str:
         state = "revoked" if self._revoked else "released" if self._released else "live"
         kind = " long" if self.long else ""
+        kind += " probe" if self.probe else ""
+        kind += f" attempt {self.attempt}" if self.attempt > 1 else ""
         return f"<Lease {self.id} {self.provider} gen {self.generation}{kind} model {self.model!r} {state}>"
 
 
@@ -174,6 +251,8 @@ class Waiter:
         lease: the granted lease, once ``state == "granted"``.
         error: the failure, once ``state == "failed"``.
         token: opaque slot for the I/O layer (the parked task).
+        attempt, tried: for a retry, its attempt number and the providers
+            already tried (never candidates again); 1 and ``()`` otherwise.
     """
 
     __slots__ = (
@@ -186,16 +265,29 @@ class Waiter:
         "lease",
         "error",
         "token",
+        "attempt",
+        "tried",
         "_candidates",
         "_group",
     )
 
-    def __init__(self, seq: int, model: str, long: bool, now: float, deadline: float) -> None:
+    def __init__(
+        self,
+        seq: int,
+        model: str,
+        long: bool,
+        now: float,
+        deadline: float,
+        attempt: int = 1,
+        tried: tuple[ProviderKey, ...] = (),
+    ) -> None:
         self.seq = seq
         self.model = model
         self.long = long
         self.enqueue_time = now
         self.deadline = deadline
+        self.attempt = attempt
+        self.tried = tried
         self.state: WaiterState = QUEUED
         self.lease: Lease | None = None
         self.error: AdmissionError | None = None
@@ -210,6 +302,7 @@ class Waiter:
 
     def __repr__(self) -> str:
         kind = " long" if self.long else ""
+        kind += f" attempt {self.attempt}" if self.attempt > 1 else ""
         return f"<Waiter {self.seq} {self.model!r}{kind} {self.state.value}>"
 
 
@@ -254,7 +347,36 @@ class Revoked:
         return f"Revoked({self.lease!r})"
 
 
-Decision = Granted | Failed | Revoked
+@final
+class Ejected:
+    """Decision: ``provider`` is ejected until ``until`` (``duration`` seconds) after ``failures`` failures."""
+
+    __slots__ = ("provider", "until", "duration", "failures")
+
+    def __init__(self, provider: ProviderKey, until: float, duration: float, failures: int) -> None:
+        self.provider = provider
+        self.until = until
+        self.duration = duration
+        self.failures = failures
+
+    def __repr__(self) -> str:
+        return f"Ejected({self.provider}, {self.duration}s after {self.failures} failures)"
+
+
+@final
+class Restored:
+    """Decision: ``provider`` is admitting again after a success."""
+
+    __slots__ = ("provider",)
+
+    def __init__(self, provider: ProviderKey) -> None:
+        self.provider = provider
+
+    def __repr__(self) -> str:
+        return f"Restored({self.provider})"
+
+
+Decision = Granted | Failed | Revoked | Ejected | Restored
 
 
 class _Node:
@@ -292,6 +414,8 @@ class _Group:
         "long_heap",
         "eligible",
         "long_eligible",
+        "admitting",
+        "long_admitting",
         "normal",
         "long",
         "normal_live",
@@ -307,6 +431,8 @@ class _Group:
         self.long_heap: list[int] = []
         self.eligible = 0  # eligible candidates
         self.long_eligible = 0  # eligible candidates with a long capacity >= 1
+        self.admitting = 0  # eligible candidates that are admitting (not ejected, no probe out)
+        self.long_admitting = 0  # the same with a long capacity >= 1
         self.normal: deque[Waiter] = deque()
         self.long: deque[Waiter] = deque()
         self.normal_live = self.long_live = 0
@@ -315,7 +441,11 @@ class _Group:
     # ---------------------------------------------------------------- choice
 
     def best(self, long: bool) -> _Provider | None:
-        """The candidate the rule picks for a request of this kind; None if none is dispatchable."""
+        """The candidate the rule picks for a request of this kind; None if none is dispatchable.
+
+        The heap holds admitting candidates only; in panic mode (every eligible
+        candidate is ejected or probing) the choice scans the candidates instead.
+        """
         heap = self.long_heap if long else self.heap
         providers = self.providers
         while heap:
@@ -324,7 +454,15 @@ class _Group:
             if entry & _STAMP_MASK == p.stamp:
                 return p
             heappop(heap)
+        if self.in_panic(long):
+            return _choose(providers, long, True)
         return None
+
+    def in_panic(self, long: bool) -> bool:
+        """Panic mode [outlier-ejection]: some candidate could run the request, none is admitting."""
+        if long:
+            return self.long_eligible > 0 and self.long_admitting == 0
+        return self.eligible > 0 and self.admitting == 0
 
     def push(self, entry: int, position: int, long: bool) -> None:
         """Enter a fresh entry; it replaces the top when the top is the same candidate's."""
@@ -411,6 +549,17 @@ class _Provider:
         "stamp",
         "counted",
         "long_counted",
+        "admit_counted",
+        "long_admit_counted",
+        "health",
+        "admitting",
+        "failures",
+        "streak",
+        "ejected_until",
+        "epoch",
+        "probe_lease",
+        "ejections",
+        "probes",
     )
 
     def __init__(self, key: ProviderKey, node: _Node, spec: ProviderSpec) -> None:
@@ -423,6 +572,17 @@ class _Provider:
         self.stamp = 0
         self.counted = False  # counted in its groups' ``eligible``
         self.long_counted = False  # counted in its groups' ``long_eligible``
+        self.admit_counted = False  # counted in its groups' ``admitting``
+        self.long_admit_counted = False  # counted in its groups' ``long_admitting``
+        self.health: ProviderHealth = HEALTHY
+        self.admitting = True  # health allows a grant (healthy, or its probe is due)
+        self.failures = 0  # consecutive provider failures
+        self.streak = 0  # ejections in a row (reset by a restore)
+        self.ejected_until = 0.0
+        self.epoch = 0  # bumped by every ejection and restore; stale reports differ
+        self.probe_lease = 0  # id of the probe lease while PROBING
+        self.ejections = 0  # totals, for metrics
+        self.probes = 0
         self.configured = True
         self.eligible = False
         self.set_spec(spec)
@@ -440,7 +600,8 @@ class _Provider:
     def reindex(self) -> None:
         """Re-enter the choice index of every group listing this provider.
 
-        Call after any change of its load, eligibility or spec: O(groups x log n).
+        Call after any change of its load, eligibility, health or spec: O(groups x log n).
+        A provider that is not admitting (ejected, probe out) is left out like a full one.
         """
         self.stamp = stamp = next(_STAMPS)
         eligible = self.eligible
@@ -451,7 +612,14 @@ class _Provider:
                 g.eligible += step
                 g.long_eligible += long_step
             self.counted, self.long_counted = eligible, long_eligible
-        if not eligible or self.in_flight >= self.capacity:
+        admit, long_admit = eligible and self.admitting, long_eligible and self.admitting
+        if admit != self.admit_counted or long_admit != self.long_admit_counted:
+            step, long_step = admit - self.admit_counted, long_admit - self.long_admit_counted
+            for g, _ in self.groups:
+                g.admitting += step
+                g.long_admitting += long_step
+            self.admit_counted, self.long_admit_counted = admit, long_admit
+        if not admit or self.in_flight >= self.capacity:
             for g, position in self.groups:
                 g.drop_top(position, False)
             return
@@ -500,6 +668,9 @@ class AdmissionState:
         self._lease_ids = itertools.count(1)
         self._max_queue = config.policy.max_queue
         self._timeout = config.policy.queue_timeout
+        self._retries: list[Waiter] = []  # queued retries, in arrival order (also in _waiters)
+        self._unhealthy: dict[ProviderKey, _Provider] = {}  # ejected, probe due or probing
+        self._now = 0.0  # the latest time passed in
         self._install(config)
 
     # ------------------------------------------------------------------ queries
@@ -533,25 +704,50 @@ class AdmissionState:
         node = self._nodes.get(node_id)
         return bool(node and node.connected)
 
-    def provider_snapshots(self) -> tuple[ProviderSnapshot, ...]:
-        """Per configured provider, in configuration order (see ProviderSnapshot)."""
+    @property
+    def last_time(self) -> float:
+        """The latest ``now`` passed to any method."""
+        return self._now
+
+    def next_ejection_end(self) -> float | None:
+        """The earliest time an ejection ends (pass it to :meth:`advance`), or None."""
+        ends = [p.ejected_until for p in self._unhealthy.values() if p.health is EJECTED]
+        return min(ends) if ends else None
+
+    def panic_models(self) -> tuple[str, ...]:
+        """Model keys in panic mode: every eligible candidate is ejected or probing."""
+        return tuple(name for name, g in self._groups.items() if g.in_panic(False))
+
+    def provider_snapshots(self, now: float | None = None) -> tuple[ProviderSnapshot, ...]:
+        """Per configured provider, in configuration order (see ProviderSnapshot).
+
+        ``ejection_left`` counts from ``now``, by default the latest time passed in.
+        """
+        now = self._now if now is None else now
+        retried = self._retry_pressure()
         out = []
         for p in self._configured:
             spec = p.spec
             queued, long_queued = p.queued() if p.eligible else (0, 0)
+            if p.key in retried:
+                queued, long_queued = queued + retried[p.key][0], long_queued + retried[p.key][1]
             connected = p.node.connected
             eligible = p.eligible
             if not spec.enabled:
                 status = "disabled"
             else:
                 status = "available" if connected else "unavailable"
+            if not connected:
+                health = "offline"
+            else:
+                health = "online" if p.health is HEALTHY else "ejected"
             out.append(
                 ProviderSnapshot(
                     node_id=p.key.node_id,
                     provider_id=p.key.provider_id,
                     connected=connected,
                     status=status,
-                    health="online" if connected else "offline",
+                    health=health,
                     generation=p.node.generation,
                     capacity=spec.capacity,
                     long_context_capacity=spec.long_context_capacity,
@@ -562,9 +758,23 @@ class AdmissionState:
                     queued=queued,
                     long_queued=long_queued,
                     priority=spec.priority,
+                    failures=p.failures,
+                    ejection_left=max(0.0, p.ejected_until - now) if p.health is EJECTED else 0.0,
+                    ejections=p.ejections,
+                    probes=p.probes,
                 )
             )
         return tuple(out)
+
+    def _retry_pressure(self) -> dict[ProviderKey, tuple[int, int]]:
+        """Candidate pressure of queued retries: (waiters, of which long) per provider."""
+        out: dict[ProviderKey, tuple[int, int]] = {}
+        for w in self._retries:
+            for p in w._candidates:
+                if p.eligible and (not w.long or p.long_capacity >= 1):
+                    n, n_long = out.get(p.key, (0, 0))
+                    out[p.key] = (n + 1, n_long + w.long)
+        return out
 
     # ------------------------------------------------------------------ requests
 
@@ -583,9 +793,11 @@ class AdmissionState:
         group = self._groups.get(model)
         if group is None:
             raise ModelNotFound(model)
+        if now > self._now:
+            self._now = now
         best = group.best(long)
         if best is not None:
-            return self._grant(best, model, long)
+            return self._grant(best, model, long, next(self._seq), now)
         if not group.could_run(long):
             raise Unavailable(model, long)
         if len(self._waiters) >= self._max_queue:
@@ -594,6 +806,51 @@ class AdmissionState:
         waiter._candidates = group.providers
         group.enqueue(waiter)
         self._waiters[waiter.seq] = waiter
+        return waiter
+
+    def retry(self, lease: Lease, now: float) -> Lease | Waiter:
+        """Ask again for the request ``lease`` served, on a candidate not tried yet.
+
+        The retry keeps the request's arrival number and queue deadline
+        (``enqueue_time + queue_timeout``): granted at once when a candidate is
+        dispatchable, otherwise queued at its old place in arrival order. A
+        retry is never refused for a full queue (the request was admitted once
+        already). Each lease can be retried once.
+
+        Returns:
+            A :class:`Lease` (``attempt`` one more) or the queued :class:`Waiter`.
+
+        Raises:
+            RetriesExhausted: ``lease.attempt`` is ``retry.max_attempts`` already.
+            ModelNotFound: the model is no longer configured.
+            QueueTimeout: the request's queue deadline is past.
+            Unavailable: no candidate left that was not tried is eligible.
+            RuntimeError: the lease was retried before.
+        """
+        if lease._retried:
+            raise RuntimeError(f"{lease!r} was retried already")
+        model, long = lease.model, lease.long
+        if lease.attempt >= self._config.retry.max_attempts:
+            raise RetriesExhausted(model, lease.attempt)
+        group = self._groups.get(model)
+        if group is None:
+            raise ModelNotFound(model)
+        self._now = max(self._now, now)
+        deadline = lease.enqueue_time + self._timeout
+        if deadline <= now:
+            raise QueueTimeout(model, now - lease.enqueue_time)
+        candidates = _untried(group.providers, lease.tried)
+        best = _best_of(candidates, long)
+        if best is None and not _could_run(candidates, long):
+            raise Unavailable(model, long)
+        lease._retried = True
+        attempt = lease.attempt + 1
+        if best is not None:
+            return self._grant(best, model, long, lease.arrival, lease.enqueue_time, attempt, lease.tried)
+        waiter = Waiter(lease.arrival, model, long, lease.enqueue_time, deadline, attempt, lease.tried)
+        waiter._candidates = candidates
+        bisect.insort(self._retries, waiter, key=_seq)
+        self._enqueue_in_order(waiter)
         return waiter
 
     def withdraw(self, waiter: Waiter) -> bool:
@@ -637,14 +894,76 @@ class AdmissionState:
         if lease.long:
             slot.long_in_flight -= 1
         del slot.leases[lease.id]
+        if lease.probe and slot.probe_lease == lease.id:
+            self._reopen_probe(slot)
         if not slot.configured and not slot.leases:
             self._drop_retired(slot)
             return []
         slot.reindex()
+        if self._retries:
+            return self._dispatch(g for g, _ in slot.groups)
         for g, _ in slot.groups:
             if g.normal_live or g.long_live:
                 return self._dispatch(g for g, _ in slot.groups)
         return []
+
+    # ------------------------------------------------------------------ health
+
+    def report_failure(self, lease: Lease, now: float) -> list[Decision]:
+        """Count a provider failure of ``lease`` (once per lease; stale reports change nothing).
+
+        On a healthy provider the ``outlier.consecutive_failures``-th failure in a
+        row ejects it (0: never); on an ejected one only its probe's failure
+        counts: it ejects the provider again, for twice as long (capped).
+
+        Returns:
+            ``Ejected`` and the grants it causes (waiters entering panic mode).
+        """
+        self._now = max(self._now, now)
+        p = self._reportable(lease)
+        if p is None:
+            return []
+        p.failures += 1
+        if p.health is HEALTHY:
+            limit = self._config.outlier.consecutive_failures
+            if limit and p.failures >= limit:
+                return self._eject(p, now)
+            return []
+        if lease.probe and p.probe_lease == lease.id:
+            return self._eject(p, now)
+        return []
+
+    def report_success(self, lease: Lease, now: float) -> list[Decision]:
+        """Count a success of ``lease`` (once per lease; stale reports change nothing).
+
+        A success resets the failure count; on an ejected provider (its probe,
+        or a lease granted in panic mode during the ejection) it restores it.
+
+        Returns:
+            ``Restored`` and the grants it causes; empty for a healthy provider.
+        """
+        self._now = max(self._now, now)
+        p = self._reportable(lease)
+        if p is None:
+            return []
+        p.failures = 0
+        if p.health is HEALTHY:
+            return []
+        return self._restore(p)
+
+    def advance(self, now: float) -> list[Decision]:
+        """End every ejection whose time is ``<= now``: its probe may be granted now.
+
+        Returns:
+            The grants this causes (the probe goes to the earliest waiter that can use it).
+        """
+        self._now = max(self._now, now)
+        due = [p for p in self._unhealthy.values() if p.health is EJECTED and p.ejected_until <= now]
+        for p in due:
+            p.health = PROBE
+            p.admitting = True
+            p.reindex()
+        return self._dispatch(_groups_of(due)) if due else []
 
     # ------------------------------------------------------------ connectivity
 
@@ -686,7 +1005,10 @@ class AdmissionState:
         decisions: list[Decision] = list(self._fence(node))
         for p in node.providers:
             p.update_eligibility()
-        decisions.extend(self._fail_stranded(_groups_of(node.providers)))
+        groups = _groups_of(node.providers)
+        decisions.extend(self._fail_stranded(groups))
+        if self._unhealthy:  # groups left with only ejected candidates enter panic mode
+            decisions.extend(self._dispatch(groups))
         return True, decisions
 
     # ------------------------------------------------------------------ refresh
@@ -714,22 +1036,33 @@ class AdmissionState:
             p.configured = False
         self._install(config)
         for p in tuple(self._providers.values()):
-            if not p.configured and not p.leases:
-                self._drop_retired(p)
+            if not p.configured:
+                self._forget_health(p)
+                if not p.leases:
+                    self._drop_retired(p)
 
         decisions: list[Decision] = []
+        retries: list[Waiter] = []
         for w in tuple(self._waiters.values()):
             w._group = None  # the groups were just replaced
             group = self._groups.get(w.model)
             if group is None:
                 decisions.append(self._fail_unindexed(w, ModelNotFound(w.model)))
                 continue
-            w._candidates = group.providers
             w.deadline = w.enqueue_time + self._timeout
+            if w.attempt > 1:  # a queued retry: its own candidates, its own list
+                w._candidates = _untried(group.providers, w.tried)
+                if _could_run(w._candidates, w.long):
+                    retries.append(w)
+                else:
+                    decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
+                continue
+            w._candidates = group.providers
             if group.could_run(w.long):
                 group.enqueue(w)
             else:
                 decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
+        self._retries = retries
         decisions.extend(self._dispatch(self._groups.values()))
         return decisions
 
@@ -751,7 +1084,7 @@ class AdmissionState:
         self._configured = tuple(configured)
         for p in self._providers.values():
             p.groups = []
-            p.counted = p.long_counted = False
+            p.counted = p.long_counted = p.admit_counted = p.long_admit_counted = False
         groups = {}
         for name, model in config.models.items():
             group = _Group(name, tuple(self._providers[k] for k in model.candidates))
@@ -771,12 +1104,25 @@ class AdmissionState:
     def _drop_retired(self, p: _Provider) -> None:
         del self._providers[p.key]
         p.node.providers.remove(p)
+        self._unhealthy.pop(p.key, None)
 
     def _remove(self, waiter: Waiter, state: WaiterState) -> None:
         waiter.state = state
         del self._waiters[waiter.seq]
         if waiter._group is not None:
             waiter._group.forget(waiter)
+        elif waiter.attempt > 1:
+            self._retries.remove(waiter)
+
+    def _enqueue_in_order(self, waiter: Waiter) -> None:
+        """Add a retried waiter to the queue at its arrival place: O(queue), retries only."""
+        waiters = self._waiters
+        if not waiters or next(reversed(waiters)) < waiter.seq:
+            waiters[waiter.seq] = waiter
+            return
+        items = list(waiters.items())
+        items.insert(bisect.bisect_left(items, waiter.seq, key=lambda item: item[0]), (waiter.seq, waiter))
+        self._waiters = dict(items)
 
     def _fail_unindexed(self, waiter: Waiter, error: AdmissionError) -> Failed:
         waiter.state = FAILED
@@ -784,14 +1130,81 @@ class AdmissionState:
         del self._waiters[waiter.seq]
         return Failed(waiter, error)
 
-    def _grant(self, p: _Provider, model: str, long: bool) -> Lease:
-        lease = Lease(next(self._lease_ids), p, p.node.generation, long, model)
+    def _grant(
+        self,
+        p: _Provider,
+        model: str,
+        long: bool,
+        arrival: int,
+        enqueue_time: float,
+        attempt: int = 1,
+        tried: tuple[ProviderKey, ...] = (),
+    ) -> Lease:
+        lease = Lease(next(self._lease_ids), p, model, long, arrival, enqueue_time, attempt, tried)
         p.in_flight += 1
         if long:
             p.long_in_flight += 1
         p.leases[lease.id] = lease
+        if p.health is PROBE:
+            p.health = PROBING
+            p.admitting = False
+            p.probe_lease = lease.id
+            p.probes += 1
+            lease.probe = True
         p.reindex()
         return lease
+
+    def _reportable(self, lease: Lease) -> _Provider | None:
+        """The provider a report of ``lease`` concerns, or None if the report is stale."""
+        if lease._reported:
+            return None
+        lease._reported = True
+        p = lease._slot
+        if self._providers.get(p.key) is not p or not p.configured:
+            return None
+        if p.epoch != lease._epoch or p.node.generation != lease.generation:
+            return None
+        return p
+
+    def _eject(self, p: _Provider, now: float) -> list[Decision]:
+        p.streak += 1
+        duration = self._config.outlier.ejection_time(p.streak)
+        p.health = EJECTED
+        p.admitting = False
+        p.epoch += 1
+        p.probe_lease = 0
+        p.ejected_until = now + duration
+        p.ejections += 1
+        self._unhealthy[p.key] = p
+        p.reindex()
+        decisions: list[Decision] = [Ejected(p.key, p.ejected_until, duration, p.failures)]
+        decisions.extend(self._dispatch(g for g, _ in p.groups))
+        return decisions
+
+    def _restore(self, p: _Provider) -> list[Decision]:
+        p.health = HEALTHY
+        p.admitting = True
+        p.failures = p.streak = p.probe_lease = 0
+        p.epoch += 1
+        del self._unhealthy[p.key]
+        p.reindex()
+        decisions: list[Decision] = [Restored(p.key)]
+        decisions.extend(self._dispatch(g for g, _ in p.groups))
+        return decisions
+
+    def _forget_health(self, p: _Provider) -> None:
+        """A provider left the config: it starts healthy if it comes back; its reports are stale."""
+        p.health = HEALTHY
+        p.admitting = True
+        p.failures = p.streak = p.probe_lease = 0
+        p.epoch += 1
+        self._unhealthy.pop(p.key, None)
+
+    def _reopen_probe(self, p: _Provider) -> None:
+        """The probe ended without a report (cancelled, fenced): the next grant probes again."""
+        p.health = PROBE
+        p.admitting = True
+        p.probe_lease = 0
 
     def _dispatch(self, groups: Iterable[_Group]) -> list[Decision]:
         """Grant waiters of ``groups``, earliest first, while one has a dispatchable candidate.
@@ -799,28 +1212,43 @@ class AdmissionState:
         Within one group and kind, waiters share their candidates: if the head
         cannot run, nobody behind it can. So the next waiter to grant is the
         earliest head (over the groups and both kinds) whose group's index has
-        a candidate for its kind, and it goes to that candidate.
+        a candidate for its kind, and it goes to that candidate. Queued retries
+        of these groups (their own candidates) compete by arrival number too.
         """
+        groups = tuple(groups)
+        retries = self._retries_of(groups) if self._retries else []
         groups = tuple(g for g in groups if g.normal_live or g.long_live)
         decisions: list[Decision] = []
-        while groups:
+        while groups or retries:
             first: Waiter | None = None
+            best: _Provider | None = None
             for g in groups:
                 for long in (False, True):
                     w = g.head(long)
-                    if w is not None and (first is None or w.seq < first.seq) and g.best(long) is not None:
-                        first = w
-            if first is None:
+                    if w is not None and (first is None or w.seq < first.seq):
+                        choice = g.best(long)
+                        if choice is not None:
+                            first, best = w, choice
+            for w in retries:
+                if first is not None and w.seq > first.seq:
+                    break
+                if w.state is QUEUED:
+                    choice = _best_of(w._candidates, w.long)
+                    if choice is not None:
+                        first, best = w, choice
+                        break
+            if first is None or best is None:
                 break
-            group = first._group
-            assert group is not None
-            best = group.best(first.long)
-            assert best is not None, "the chosen head must be dispatchable"
             self._remove(first, GRANTED)
-            lease = self._grant(best, first.model, first.long)
+            w = first
+            lease = self._grant(best, w.model, w.long, w.seq, w.enqueue_time, w.attempt, w.tried)
             first.lease = lease
             decisions.append(Granted(first, lease))
         return decisions
+
+    def _retries_of(self, groups: tuple[_Group, ...]) -> list[Waiter]:
+        names = {g.name for g in groups}
+        return [w for w in self._retries if w.model in names]
 
     def _fence(self, node: _Node) -> Iterator[Revoked]:
         for p in tuple(node.providers):
@@ -829,6 +1257,8 @@ class AdmissionState:
             for lease in tuple(p.leases.values()):
                 lease._released = True
                 lease._revoked = True
+                if lease.probe and p.probe_lease == lease.id:
+                    self._reopen_probe(p)
                 yield Revoked(lease)
             p.leases.clear()
             p.in_flight = 0
@@ -845,6 +1275,8 @@ class AdmissionState:
             for long in (False, True):
                 if not g.could_run(long):
                     stranded.extend(g.live(long))
+        if self._retries:
+            stranded.extend(w for w in self._retries_of(tuple(groups)) if not _could_run(w._candidates, w.long))
         stranded.sort(key=lambda w: w.seq)
         decisions: list[Decision] = []
         for w in stranded:
@@ -866,3 +1298,56 @@ def _groups_of(providers: Iterable[_Provider]) -> list[_Group]:
         for g, _ in p.groups:
             seen.setdefault(id(g), g)
     return list(seen.values())
+
+
+def _choose(candidates: tuple[_Provider, ...], long: bool, panic: bool) -> _Provider | None:
+    """The rule by a scan (panic mode, retries): highest priority, then lowest load, then order.
+
+    Only admitting candidates count unless ``panic``.
+    """
+    best = None
+    best_prio = 0
+    best_load = 0.0
+    for p in candidates:
+        if not p.eligible or p.in_flight >= p.capacity or not (p.admitting or panic):
+            continue
+        if long and p.long_in_flight >= p.long_capacity:
+            continue
+        prio = p.priority
+        load = p.in_flight / p.capacity
+        if best is None or prio > best_prio or (prio == best_prio and load < best_load):
+            best, best_prio, best_load = p, prio, load
+    return best
+
+
+def _panic(candidates: tuple[_Provider, ...], long: bool) -> bool:
+    """Panic mode: some candidate could run the request, and every such one is non-admitting."""
+    found = False
+    for p in candidates:
+        if not p.eligible or (long and p.long_capacity < 1):
+            continue
+        if p.admitting:
+            return False
+        found = True
+    return found
+
+
+def _best_of(candidates: tuple[_Provider, ...], long: bool) -> _Provider | None:
+    """A retry's choice among its own (untried) candidates, panic mode included."""
+    best = _choose(candidates, long, False)
+    if best is None and _panic(candidates, long):
+        best = _choose(candidates, long, True)
+    return best
+
+
+def _could_run(candidates: tuple[_Provider, ...], long: bool) -> bool:
+    """Whether some candidate could ever run the request without a config change."""
+    return any(p.eligible and (not long or p.long_capacity >= 1) for p in candidates)
+
+
+def _untried(candidates: tuple[_Provider, ...], tried: tuple[ProviderKey, ...]) -> tuple[_Provider, ...]:
+    return tuple(p for p in candidates if p.key not in tried)
+
+
+def _seq(waiter: Waiter) -> int:
+    return waiter.seq

@@ -70,7 +70,12 @@ async def test_snapshot_unstructures_to_json(autojump_clock, pool, spawn, drain_
             "queued": 1,
             "long_queued": 0,
             "priority": 0,
+            "failures": 0,
+            "ejection_left": 0.0,
+            "ejections": 0,
+            "probes": 0,
         }
+        assert doc["panic"] == []
         assert (gpu1["status"], gpu1["health"], gpu1["connected"]) == ("disabled", "offline", False)
         for r in (holder, waiter):
             r.release.set()

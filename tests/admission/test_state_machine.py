@@ -3,7 +3,8 @@
 The real :class:`AdmissionState` is driven side by side with a small reference
 model that knows only what the requirements say: which leases are live, which
 waiters are queued (in arrival order), which nodes are connected, which config
-is in force. After every step the invariants of docs/admission.md are checked against it.
+is in force, and each provider's health (consecutive failures, ejection end,
+probe). After every step the invariants of docs/admission.md are checked against it.
 
 Profiles: ``ci`` (``make test``) runs 500 examples x 50 steps; ``soak``
 (``HYPOTHESIS_PROFILE=soak``) runs 5,000 x 150.
@@ -11,8 +12,11 @@ Profiles: ``ci`` (``make test``) runs 500 examples x 50 steps; ``soak``
 
 from __future__ import annotations
 
+import bisect
+import collections
 import os
 
+import attrs
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -22,20 +26,26 @@ from iop_admission import (
     ConfigError,
     ModelGroup,
     ModelNotFound,
+    OutlierPolicy,
     PoolConfig,
     ProviderKey,
     ProviderSpec,
     QueueFull,
     QueuePolicy,
+    QueueTimeout,
+    RetriesExhausted,
+    RetryPolicy,
     Unavailable,
 )
 from iop_admission._state import (
     GRANTED,
     QUEUED,
     AdmissionState,
+    Ejected,
     Failed,
     Granted,
     Lease,
+    Restored,
     Revoked,
     Waiter,
 )
@@ -45,6 +55,7 @@ KEYS = (ProviderKey("n1", "p0"), ProviderKey("n1", "p1"), ProviderKey("n2", "p0"
 MODELS = ("ornith:35b", "ornith-fast", "m2", "m3")
 
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+_FIGURES: collections.Counter[str] = collections.Counter()  # what the runs exercised, printed at the end
 _EXAMPLES, _STEPS = {"soak": (5_000, 150), "dev": (50, 30)}.get(_PROFILE, (500, 50))
 
 
@@ -77,7 +88,38 @@ def pool_configs(draw: st.DrawFn) -> PoolConfig:
         if shared not in models["ornith-fast"].candidates:
             models["ornith-fast"] = ModelGroup(candidates=(shared, *models["ornith-fast"].candidates))
     policy = QueuePolicy(max_queue=draw(st.sampled_from((0, 2, 6, 6, 6))), queue_timeout=draw(st.integers(1, 10)))
-    return PoolConfig(policy=policy, providers=providers, models=models)
+    return PoolConfig(
+        policy=policy, providers=providers, models=models, retry=draw(retry_policies()), outlier=draw(outliers())
+    )
+
+
+def retry_policies() -> st.SearchStrategy[RetryPolicy]:
+    return st.builds(RetryPolicy, max_attempts=st.sampled_from((1, 2, 2, 3)))
+
+
+@st.composite
+def outliers(draw: st.DrawFn) -> OutlierPolicy:
+    base = draw(st.sampled_from((1.0, 2.0)))
+    return OutlierPolicy(
+        consecutive_failures=draw(st.sampled_from((0, 1, 2, 2))),
+        base_ejection=base,
+        max_ejection=draw(st.sampled_from((base, 4 * base))),
+    )
+
+
+HEALTHY, EJECTED, PROBE, PROBING = "healthy", "ejected", "probe", "probing"
+
+
+@attrs.define
+class RefHealth:
+    """The reference's view of one provider's passive health."""
+
+    state: str = HEALTHY
+    failures: int = 0
+    streak: int = 0
+    until: float = 0.0
+    epoch: int = 0  # bumped on ejection, restore and removal from the config
+    probe: int | None = None  # lease id of the running probe
 
 
 class AdmissionMachine(RuleBasedStateMachine):
@@ -100,6 +142,12 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.last_seq = 0
         self.lease_ids: set[int] = set()
         self.kept = 0  # waiters kept over max_queue by a refresh that lowered it
+        self.health: dict[ProviderKey, RefHealth] = {k: RefHealth() for k in KEYS}
+        self.lease_epoch: dict[int, int] = {}  # lease id -> its provider's epoch at the grant
+        self.reported: set[int] = set()
+        self.ended: list[Lease] = []  # released leases, for stale reports
+        self.probes: dict[ProviderKey, int] = dict.fromkeys(KEYS, 0)  # probes per ejection period
+        self.figures = _FIGURES
 
     # ------------------------------------------------------------- reference
 
@@ -114,13 +162,23 @@ class AdmissionMachine(RuleBasedStateMachine):
             if lease.provider == key and not lease.revoked and (long is None or lease.long == long)
         )
 
-    def dispatchable(self, key: ProviderKey, long: bool) -> bool:
+    def admitting(self, key: ProviderKey) -> bool:
+        return self.health[key].state in (HEALTHY, PROBE)
+
+    def panic(self, candidates: tuple[ProviderKey, ...], long: bool) -> bool:
+        """[outlier-ejection] every candidate that could run the request is ejected or probing."""
+        able = [k for k in candidates if self.could_ever_run(k, long)]
+        return bool(able) and not any(self.admitting(k) for k in able)
+
+    def dispatchable(self, key: ProviderKey, long: bool, candidates: tuple[ProviderKey, ...] | None = None) -> bool:
         if not self.eligible(key):
             return False
         spec = self.config.providers[key]
         if self.live(key) >= spec.capacity:
             return False
-        return not long or self.live(key, True) < spec.long_context_capacity
+        if long and self.live(key, True) >= spec.long_context_capacity:
+            return False
+        return self.admitting(key) or (candidates is not None and self.panic(candidates, long))
 
     def could_ever_run(self, key: ProviderKey, long: bool) -> bool:
         return self.eligible(key) and (not long or self.config.providers[key].long_context_capacity >= 1)
@@ -129,12 +187,12 @@ class AdmissionMachine(RuleBasedStateMachine):
         ranked = [
             (-self.config.providers[k].priority, self.live(k) / self.config.providers[k].capacity, i, k)
             for i, k in enumerate(candidates)
-            if self.dispatchable(k, long)
+            if self.dispatchable(k, long, candidates)
         ]
         return min(ranked)[3] if ranked else None
 
-    def candidates(self, model: str) -> tuple[ProviderKey, ...]:
-        return self.config.models[model].candidates
+    def candidates(self, model: str, tried: tuple[ProviderKey, ...] = ()) -> tuple[ProviderKey, ...]:
+        return tuple(k for k in self.config.models[model].candidates if k not in tried)
 
     # ------------------------------------------------------------- decisions
 
@@ -145,10 +203,13 @@ class AdmissionMachine(RuleBasedStateMachine):
                 assert d.waiter.state is GRANTED
                 # [candidate-choice-scale] a queued waiter's grant follows the rule too,
                 # given the grants before it in the same step.
-                expect = self.ref_best(self.candidates(d.waiter.model), d.waiter.long)
+                cands = self.candidates(d.waiter.model, d.waiter.tried)
+                expect = self.ref_best(cands, d.waiter.long)
                 assert d.lease.provider == expect, f"granted {d.lease.provider}, expected {expect}"
                 self.queued.remove(d.waiter)
-                self.take(d.waiter.seq, d.lease)
+                assert d.lease.tried == (*d.waiter.tried, d.lease.provider)
+                assert d.lease.attempt == d.waiter.attempt and d.lease.arrival == d.waiter.seq
+                self.take(d.waiter.seq, d.lease, cands)
             elif isinstance(d, Failed):
                 assert d.waiter in self.queued
                 self.queued.remove(d.waiter)
@@ -159,27 +220,74 @@ class AdmissionMachine(RuleBasedStateMachine):
                 else:
                     assert isinstance(d.error, ModelNotFound)
                     assert d.waiter.model not in self.config.models
-            else:
-                assert isinstance(d, Revoked)
+            elif isinstance(d, Revoked):
                 lease = d.lease
                 assert lease in self.held and lease.revoked
                 self.release_count[lease.id] += 1
                 self.fenced.add(lease.id)
+                self.lease_ended(lease)
+            else:
+                raise AssertionError(f"unexpected health decision {d!r}")
 
-    def take(self, seq: float, lease: Lease) -> None:
+    def take(self, seq: float, lease: Lease, candidates: tuple[ProviderKey, ...]) -> None:
         assert lease.id not in self.lease_ids, "lease id reused"
         self.lease_ids.add(lease.id)
         assert lease.generation == self.generation[lease.provider.node_id]
+        key = lease.provider
+        h = self.health[key]
+        admitting = self.admitting(key)
+        # [outlier-ejection] an ejected provider gets no grant but its single probe, or in panic mode.
+        assert admitting or self.panic(candidates, lease.long), f"{lease} granted on {h.state} provider"
+        assert lease.probe == (h.state == PROBE)
+        if h.state == PROBE:
+            h.state, h.probe = PROBING, lease.id
+            self.probes[key] += 1
+            assert self.probes[key] == 1, "probed twice in one ejection period"
+            self.figures["probes"] += 1
+        elif not admitting:
+            self.figures["panic grants"] += 1
+        self.lease_epoch[lease.id] = h.epoch
+        self.figures["grants"] += 1
         self.held.append(lease)
         self.release_count[lease.id] = 0
-        self.step_grants.append((seq, lease))
+        self.step_grants.append((seq, lease, admitting))
+
+    def lease_ended(self, lease: Lease) -> None:
+        """A released or revoked probe without a report lets the next grant probe again."""
+        h = self.health[lease.provider]
+        if h.probe == lease.id:
+            h.state, h.probe = PROBE, None
+            self.probes[lease.provider] = 0
+        self.ended = [*self.ended[-5:], lease]
+
+    def eject(self, key: ProviderKey) -> None:
+        h = self.health[key]
+        outlier = self.config.outlier
+        h.streak += 1
+        h.state, h.probe = EJECTED, None
+        h.until = self.now + min(outlier.base_ejection * 2 ** (h.streak - 1), outlier.max_ejection)
+        h.epoch += 1
+        self.probes[key] = 0
+        self.figures["ejections"] += 1
+
+    def restore(self, key: ProviderKey) -> None:
+        h = self.health[key]
+        h.state, h.probe, h.failures, h.streak = HEALTHY, None, 0, 0
+        h.epoch += 1
+        self.figures["restores"] += 1
+
+    def queue_in_order(self, waiter: Waiter) -> None:
+        self.queued.insert(bisect.bisect_left([w.seq for w in self.queued], waiter.seq), waiter)
 
     # ----------------------------------------------------------------- rules
 
-    @initialize(config=pool_configs())
-    def start(self, config: PoolConfig) -> None:
+    @initialize(config=pool_configs(), online=st.sampled_from((NODES, NODES, ("n1",), ())))
+    def start(self, config: PoolConfig, online: tuple[str, ...]) -> None:
+        """A pool, with its nodes mostly connected from the start (so steps reach leases and health)."""
         self.config = config
         self.core = AdmissionState(config)
+        for node in online:
+            self.connect(node)
 
     @rule(data=st.data())
     def burst(self, data: st.DataObject) -> None:
@@ -218,7 +326,8 @@ class AdmissionMachine(RuleBasedStateMachine):
             return
         if isinstance(result, Lease):
             assert result.provider == expect, f"granted {result.provider}, expected {expect}"
-            self.take(self.last_seq + 0.5, result)
+            assert result.attempt == 1 and result.tried == (result.provider,)
+            self.take(result.arrival, result, self.candidates(model))
         else:
             self.last_seq = result.seq
             assert expect == "queued", expect
@@ -230,6 +339,9 @@ class AdmissionMachine(RuleBasedStateMachine):
     def release(self, data: st.DataObject) -> None:
         self.step_grants = []
         lease = data.draw(st.sampled_from(self.held))
+        self.release_lease(lease)
+
+    def release_lease(self, lease: Lease) -> None:
         self.held.remove(lease)
         was_released = lease.released
         decisions = self.core.release(lease)
@@ -237,7 +349,100 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert lease.id in self.fenced and decisions == []
         else:
             self.release_count[lease.id] += 1
+            self.lease_ended(lease)
         self.apply(decisions)
+
+    @precondition(lambda self: self.held or self.ended)
+    @rule(data=st.data(), ok=st.sampled_from((False, False, True)))
+    def report(self, data: st.DataObject, ok: bool) -> None:
+        """[outlier-ejection] a failure or success report for a live, ended or already reported lease."""
+        self.step_grants = []
+        lease = data.draw(st.sampled_from(self.held + self.ended))
+        key = lease.provider
+        h = self.health[key]
+        stale = (
+            lease.id in self.reported
+            or key not in self.config.providers
+            or self.lease_epoch[lease.id] != h.epoch
+            or lease.generation != self.generation[key.node_id]
+        )
+        self.reported.add(lease.id)
+        before = self.core.provider_snapshots(), list(self.core.waiters()), self.core.next_ejection_end()
+        if ok:
+            decisions = self.core.report_success(lease, self.now)
+        else:
+            decisions = self.core.report_failure(lease, self.now)
+        if stale:  # a stale report changes nothing
+            self.figures["stale reports"] += 1
+            assert decisions == []
+            assert (self.core.provider_snapshots(), list(self.core.waiters()), self.core.next_ejection_end()) == before
+            return
+        self.figures["success reports" if ok else "failure reports"] += 1
+        expect: type | None = None
+        if ok:
+            h.failures = 0
+            if h.state != HEALTHY:
+                self.restore(key)
+                expect = Restored
+        else:
+            h.failures += 1
+            limit = self.config.outlier.consecutive_failures
+            if (h.state == HEALTHY and limit and h.failures >= limit) or (h.state == PROBING and h.probe == lease.id):
+                self.eject(key)
+                expect = Ejected
+        health = [d for d in decisions if isinstance(d, Ejected | Restored)]
+        if expect is None:
+            assert health == []
+        else:
+            assert [type(d) for d in health] == [expect] and health[0].provider == key
+            assert decisions[0] is health[0]
+            if expect is Ejected:
+                assert health[0].until == h.until
+        self.apply([d for d in decisions if not isinstance(d, Ejected | Restored)])
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        """[failover-before-first-byte] a failed attempt ends, then the request asks again."""
+        self.step_grants = []
+        lease = data.draw(st.sampled_from(self.held))
+        self.release_lease(lease)
+        model = lease.model
+        if lease.attempt >= self.config.retry.max_attempts:
+            expect: object = RetriesExhausted
+        elif model not in self.config.models:
+            expect = ModelNotFound
+        elif lease.enqueue_time + self.config.policy.queue_timeout <= self.now:
+            expect = QueueTimeout
+        else:
+            cands = self.candidates(model, lease.tried)
+            best = self.ref_best(cands, lease.long)
+            if best is not None:
+                expect = best
+            elif not any(self.could_ever_run(k, lease.long) for k in cands):
+                expect = Unavailable
+            else:
+                expect = "queued"
+        if isinstance(expect, type):  # a refusal
+            with pytest.raises(expect):
+                self.core.retry(lease, self.now)
+            return
+        result = self.core.retry(lease, self.now)
+        self.figures["retries"] += 1
+        with pytest.raises(RuntimeError):
+            self.core.retry(lease, self.now)
+        if isinstance(result, Lease):
+            assert result.provider == expect, f"retry granted {result.provider}, expected {expect}"
+            assert result.provider not in lease.tried, "the same provider twice for one request"
+            assert (result.arrival, result.attempt) == (lease.arrival, lease.attempt + 1)
+            assert result.tried == (*lease.tried, result.provider)
+            self.take(result.arrival, result, self.candidates(model, lease.tried))
+        else:
+            assert expect == "queued", expect
+            assert (result.seq, result.attempt, result.tried) == (lease.arrival, lease.attempt + 1, lease.tried)
+            assert result.deadline == lease.enqueue_time + self.config.policy.queue_timeout
+            self.figures["queued retries"] += 1
+            self.queue_in_order(result)
 
     @precondition(lambda self: self.queued)
     @rule(data=st.data())
@@ -257,6 +462,11 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert expired == expected
         for w in expired:
             self.queued.remove(w)
+        # [outlier-ejection] ejections whose time is over: the probe is due.
+        for h in self.health.values():
+            if h.state == EJECTED and h.until <= self.now:
+                h.state = PROBE
+        self.apply(self.core.advance(self.now))
 
     @rule(node=st.sampled_from(NODES))
     def connect(self, node: str) -> None:
@@ -295,9 +505,16 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(config=pool_configs())
     def refresh(self, config: PoolConfig) -> None:
         self.step_grants = []
-        self.config = config
+        self.set_config(config)
         self.apply(self.core.refresh(config))
         self.kept = len(self.queued)
+
+    def set_config(self, config: PoolConfig) -> None:
+        for key in self.config.providers:
+            if key not in config.providers:  # a provider that leaves the config forgets its health
+                self.health[key] = RefHealth(epoch=self.health[key].epoch + 1)
+                self.probes[key] = 0
+        self.config = config
 
     @rule(data=st.data())
     def refresh_tweak(self, data: st.DataObject) -> None:
@@ -310,7 +527,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         else:
             key = data.draw(st.sampled_from(sorted(providers)))
             providers[key] = data.draw(provider_specs())
-        self.config = PoolConfig(policy=policy, providers=providers, models=self.config.models)
+        self.set_config(attrs.evolve(self.config, policy=policy, providers=providers))
         self.apply(self.core.refresh(self.config))
         self.kept = len(self.queued)
 
@@ -348,7 +565,12 @@ class AdmissionMachine(RuleBasedStateMachine):
                 assert snap.queued == snap.long_queued == 0
                 assert snap.status == ("disabled" if not spec.enabled else "unavailable")
             assert snap.connected == self.connected[key.node_id]
-            assert snap.health == ("online" if snap.connected else "offline")
+            h = self.health[key]
+            if not snap.connected:
+                assert snap.health == "offline"
+            else:
+                assert snap.health == ("online" if h.state == HEALTHY else "ejected")
+            assert snap.failures == h.failures
             assert snap.generation == self.generation[key.node_id]
         live_core = {lease.id for lease in self.core.live_leases()}
         live_ref = {lease.id for lease in self.held if not lease.revoked}
@@ -371,9 +593,32 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert snap.long_queued == sum(1 for w in pressure if w.long)
 
     @invariant()
+    def ejection_ends_on_time(self) -> None:
+        """[outlier-ejection] an ejection lasts exactly its time: base doubled per ejection in a row, capped."""
+        ends = [h.until for k, h in self.health.items() if h.state == EJECTED and k in self.config.providers]
+        assert self.core.next_ejection_end() == (min(ends) if ends else None)
+        for end in ends:
+            assert end > self.now, "an ejection outlived its time"
+        for snap in self.core.provider_snapshots():
+            h = self.health[ProviderKey(snap.node_id, snap.provider_id)]
+            assert snap.ejection_left == (h.until - self.now if h.state == EJECTED else 0.0)
+        panic = {m for m in self.config.models if self.panic(self.candidates(m), False)}
+        assert set(self.core.panic_models()) == panic
+        if panic:
+            self.figures["steps in panic mode"] += 1
+
+    @invariant()
+    def single_probe(self) -> None:
+        """[outlier-ejection] a probing provider has exactly its one probe lease live."""
+        for key, h in self.health.items():
+            if h.state == PROBING:
+                probes = [lease for lease in self.held if lease.provider == key and lease.probe and not lease.revoked]
+                assert [lease.id for lease in probes if lease.id == h.probe] == [h.probe]
+
+    @invariant()
     def grants_within_capacity(self) -> None:
         """[long-state] a grant never takes a provider past capacity or long capacity."""
-        for _, lease in self.step_grants:
+        for _, lease, _ in self.step_grants:
             spec = self.config.providers[lease.provider]
             assert self.live(lease.provider) <= spec.capacity
             if lease.long:
@@ -384,21 +629,25 @@ class AdmissionMachine(RuleBasedStateMachine):
         """[queue-ownership] queue depth <= max_queue (waiters kept across a lowering refresh aside)."""
         assert all(w.state is QUEUED for w in self.queued)
         self.kept = min(self.kept, len(self.queued))
-        assert len(self.queued) <= max(self.config.policy.max_queue, self.kept)
+        retries = sum(1 for w in self.queued if w.attempt > 1)  # a retry is never refused for a full queue
+        assert len(self.queued) <= max(self.config.policy.max_queue, self.kept) + retries
 
     @invariant()
     def work_conservation(self) -> None:
         """[cross-group-wakeup] no waiter stays queued while a provider is dispatchable for it;
         [disconnect-queue-resolution] no waiter stays queued without an eligible candidate."""
         for w in self.queued:
-            for k in w.candidates:
-                assert not self.dispatchable(k, w.long), f"{w} could run on {k}"
-            assert any(self.could_ever_run(k, w.long) for k in w.candidates), f"{w} is stranded"
+            cands = self.candidates(w.model, w.tried)
+            assert w.candidates == cands
+            for k in cands:
+                assert not self.dispatchable(k, w.long, cands), f"{w} could run on {k}"
+            assert any(self.could_ever_run(k, w.long) for k in cands), f"{w} is stranded"
 
     @invariant()
     def arrival_order(self) -> None:
-        """[cross-group-wakeup] grants follow arrival order among waiters that could use the provider."""
-        for seq, lease in self.step_grants:
+        """[cross-group-wakeup] grants follow arrival order among waiters that could use the provider;
+        [failover-before-first-byte] a retried waiter keeps its arrival place: never overtaken."""
+        for seq, lease, admitting in self.step_grants:
             key = lease.provider
             spec = self.config.providers[key]
             for earlier in self.queued:
@@ -406,6 +655,8 @@ class AdmissionMachine(RuleBasedStateMachine):
                     continue
                 if not self.could_ever_run(key, earlier.long):
                     continue
+                if not admitting and not self.panic(earlier.candidates, earlier.long):
+                    continue  # a panic grant on an ejected provider: only panic waiters could use it
                 if not earlier.long:
                     raise AssertionError(f"{lease} granted while earlier {earlier} waits")
                 if lease.long or self.live(key, True) < spec.long_context_capacity:
@@ -436,6 +687,13 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert list(self.core.live_leases()) == []
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _print_figures() -> object:
+    yield
+    if _FIGURES:
+        print("\nstate machine figures:", dict(sorted(_FIGURES.items())))
+
+
 AdmissionMachine.TestCase.settings = settings(settings.default, max_examples=_EXAMPLES, stateful_step_count=_STEPS)
 TestAdmissionStateMachine = pytest.mark.req(
     "candidate-choice-scale",
@@ -449,4 +707,6 @@ TestAdmissionStateMachine = pytest.mark.req(
     "disconnect-exclusion",
     "disconnect-queue-resolution",
     "offline-snapshot",
+    "outlier-ejection",
+    "failover-before-first-byte",
 )(AdmissionMachine.TestCase)
