@@ -28,10 +28,12 @@ import cattrs
 from iop_admission import (
     ConfigError,
     ModelGroup,
+    OutlierPolicy,
     PoolConfig,
     ProviderKey,
     ProviderSpec,
     QueuePolicy,
+    RetryPolicy,
     validate_pool,
 )
 from iop_config import load_config, make_converter
@@ -47,7 +49,9 @@ __all__ = [
     "EdgeNode",
     "EdgeProvider",
     "HostPort",
+    "OutlierSettings",
     "ProviderPool",
+    "RetrySettings",
     "load_edge_config",
     "parse_host_port",
 ]
@@ -113,11 +117,50 @@ class ApiKeyDigest:
 
 @final
 @attrs.frozen(kw_only=True)
+class RetrySettings:
+    """``provider_pool.retry``: failover before the first byte ([failover-before-first-byte])."""
+
+    max_attempts: int = 2
+
+    def policy(self) -> RetryPolicy:
+        """The library's policy."""
+        return RetryPolicy(max_attempts=self.max_attempts)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class OutlierSettings:
+    """``provider_pool.outlier``: passive ejection of failing providers ([outlier-ejection])."""
+
+    consecutive_failures: int = 3
+    base_ejection_ms: int = 5000
+    max_ejection_ms: int = 300000
+
+    def policy(self) -> OutlierPolicy:
+        """The library's policy (milliseconds become seconds)."""
+        return OutlierPolicy(
+            consecutive_failures=self.consecutive_failures,
+            base_ejection=self.base_ejection_ms / 1000,
+            max_ejection=self.max_ejection_ms / 1000,
+        )
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        where = "provider_pool.outlier"
+        yield from _at_least(f"{where}.consecutive_failures", self.consecutive_failures, 0)
+        yield from _at_least(f"{where}.base_ejection_ms", self.base_ejection_ms, 1)
+        if self.max_ejection_ms < self.base_ejection_ms:
+            yield f"{where}.max_ejection_ms", f"must be >= base_ejection_ms ({self.base_ejection_ms})"
+
+
+@final
+@attrs.frozen(kw_only=True)
 class ProviderPool:
-    """``provider_pool``: the one Edge-wide queue policy ([queue-ownership])."""
+    """``provider_pool``: the one Edge-wide queue policy ([queue-ownership]), retry and outlier settings."""
 
     max_queue: int = 64
     queue_timeout_ms: int = 30000
+    retry: RetrySettings = attrs.field(factory=RetrySettings)
+    outlier: OutlierSettings = attrs.field(factory=OutlierSettings)
 
     def policy(self) -> QueuePolicy:
         """The library's policy (milliseconds become seconds)."""
@@ -194,6 +237,7 @@ class EdgeModel:
     id: str
     candidates: tuple[EdgeCandidate, ...]
     long_context_threshold_tokens: int | None = None
+    first_token_timeout_ms: int | None = None
 
     config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a model")
 
@@ -275,6 +319,8 @@ class EdgeConfig:
                 ProviderKey(node.id, provider.id): provider.spec() for node in self.nodes for provider in node.providers
             },
             models={model.id: ModelGroup(candidates=tuple(c.key for c in model.candidates)) for model in self.models},
+            retry=self.provider_pool.retry.policy(),
+            outlier=self.provider_pool.outlier.policy(),
         )
 
     def upstream_model(self, model: str, key: ProviderKey) -> str:
@@ -319,6 +365,12 @@ class EdgeConfig:
         """Tokens above which a request for ``model`` is long; None: never long (or unknown)."""
         entry = self._models_by_id.get(model)
         return None if entry is None else entry.long_context_threshold_tokens
+
+    def first_token_timeout(self, model: str) -> float | None:
+        """Seconds a run of ``model`` may take to its first byte ([first-token-timeout]); None: no limit."""
+        entry = self._models_by_id.get(model)
+        ms = None if entry is None else entry.first_token_timeout_ms
+        return None if ms is None else ms / 1000
 
     # Lookups by id, built once per config object ([reconnect-storm]: a registration
     # and a request cost the same whatever the number of nodes and candidates).
@@ -368,6 +420,8 @@ class EdgeConfig:
             *_at_least("heartbeat_timeout_ms", self.heartbeat_timeout_ms, 100),
             *_at_least("provider_pool.max_queue", self.provider_pool.max_queue, 0),
             *_at_least("provider_pool.queue_timeout_ms", self.provider_pool.queue_timeout_ms, 1),
+            *_at_least("provider_pool.retry.max_attempts", self.provider_pool.retry.max_attempts, 1),
+            *self.provider_pool.outlier.problems(),
             *_at_least("max_body_bytes", self.max_body_bytes, 1),
             *_at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
             *_at_least("node_listen_backlog", self.node_listen_backlog, 1),
@@ -432,6 +486,8 @@ class EdgeConfig:
             where = f"models[{i}]"
             if model.long_context_threshold_tokens is not None:
                 yield from _at_least(f"{where}.long_context_threshold_tokens", model.long_context_threshold_tokens, 1)
+            if model.first_token_timeout_ms is not None:
+                yield from _at_least(f"{where}.first_token_timeout_ms", model.first_token_timeout_ms, 1)
             if not model.candidates:
                 yield f"{where}.candidates", "must list at least one provider"
             seen: dict[ProviderKey, int] = {}

@@ -9,7 +9,16 @@ import textwrap
 
 import pytest
 
-from iop_admission import Admission, ModelGroup, ProviderKey, ProviderSpec, QueuePolicy, validate_pool
+from iop_admission import (
+    Admission,
+    ModelGroup,
+    OutlierPolicy,
+    ProviderKey,
+    ProviderSpec,
+    QueuePolicy,
+    RetryPolicy,
+    validate_pool,
+)
 from iop_config import ConfigFileError
 from iop_edge.config import EdgeConfig, HostPort, load_edge_config, parse_host_port
 
@@ -450,3 +459,47 @@ def test_node_listen_backlog_default_bound_and_lookups_by_id() -> None:
         for c in model.candidates:
             assert config.upstream_model(model.id, c.key) == (c.upstream_model or model.id)
     assert config.long_threshold("nobody") is None
+
+
+@pytest.mark.req("failover-before-first-byte", "outlier-ejection", "first-token-timeout")
+def test_retry_and_outlier_defaults_and_mapping() -> None:
+    """[failover-before-first-byte] [outlier-ejection] [first-token-timeout] defaults: 2 attempts,
+    3 failures, 5 s doubling up to 300 s; first-token timeout off."""
+    config = load(BASE)
+    pool = config.pool_config()
+    assert pool.retry == RetryPolicy(max_attempts=2)
+    assert pool.outlier == OutlierPolicy(consecutive_failures=3, base_ejection=5.0, max_ejection=300.0)
+    assert config.first_token_timeout("ornith:35b") is None
+    text = edit(
+        "{max_queue: 64, queue_timeout_ms: 30000}",
+        "{max_queue: 64, queue_timeout_ms: 30000, retry: {max_attempts: 3},"
+        " outlier: {consecutive_failures: 0, base_ejection_ms: 250, max_ejection_ms: 1000}}",
+    )
+    text = edit("    long_context_threshold_tokens: 8192\n", "    first_token_timeout_ms: 1500\n", text)
+    config = load(text)
+    pool = config.pool_config()
+    assert pool.retry == RetryPolicy(max_attempts=3)
+    assert pool.outlier == OutlierPolicy(consecutive_failures=0, base_ejection=0.25, max_ejection=1.0)
+    assert config.first_token_timeout("ornith:35b") == 1.5
+    assert config.first_token_timeout("ornith-fast") is None
+
+
+@pytest.mark.req("outlier-ejection")
+def test_retry_and_outlier_bounds_all_reported() -> None:
+    """[outlier-ejection] every bad retry/outlier/first-token value is reported at once, file and line."""
+    text = edit(
+        "{max_queue: 64, queue_timeout_ms: 30000}",
+        "{max_queue: 64, queue_timeout_ms: 30000, retry: {max_attempts: 0},"
+        " outlier: {consecutive_failures: -1, base_ejection_ms: 0, max_ejection_ms: -5}}",
+    )
+    text = edit("    long_context_threshold_tokens: 8192\n", "    first_token_timeout_ms: 0\n", text)
+    assert errors_of(text) == (
+        "edge.yaml:4: provider_pool.retry.max_attempts: must be >= 1, got 0",
+        "edge.yaml:4: provider_pool.outlier.consecutive_failures: must be >= 0, got -1",
+        "edge.yaml:4: provider_pool.outlier.base_ejection_ms: must be >= 1, got 0",
+        "edge.yaml:4: provider_pool.outlier.max_ejection_ms: must be >= base_ejection_ms (0)",
+        "edge.yaml:17: models[0].first_token_timeout_ms: must be >= 1, got 0",
+    )
+    assert errors_of(edit("{max_queue: 64, queue_timeout_ms: 30000}", "{retry: {attempts: 2}}")) == (
+        "edge.yaml:4: provider_pool.retry.attempts: unknown key 'attempts'",
+    )
