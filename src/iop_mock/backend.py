@@ -9,6 +9,9 @@ SSE and non-stream) and Ollama's ``POST /api/chat`` (NDJSON stream, the default,
 Every generation request waits ``latency`` seconds (time to first token), then produces
 ``max_tokens`` tokens at ``tokens_per_second`` (0: all at once). ``GET /stats`` reports
 ``{"in_flight", "peak_in_flight", "total"}``; ``POST /stats/reset`` starts a new measurement.
+``POST /fault`` with ``{"status": 500}`` makes every generation request answer that status
+with an OpenAI error body (a failing backend, for failover tests); ``{"status": null}`` heals
+it; ``--fail-status`` starts it failing.
 The capacity smoke reads the backend's peak concurrency from ``/stats``.
 
 Design notes:
@@ -130,6 +133,8 @@ class MockBackend:
         latency: seconds before the first token.
         tokens_per_second: generation speed; 0 produces all tokens at once.
         models: the ids listed by ``GET /v1/models``. Requests may name any model; it is echoed.
+        fail_status: when set, every generation request is answered with this HTTP status and an
+            OpenAI error body (code ``mock_fault``) instead of a completion.
     """
 
     latency: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
@@ -137,6 +142,7 @@ class MockBackend:
     models: tuple[str, ...] = attrs.field(
         default=("mock",), converter=_as_models, validator=attrs.validators.min_len(1)
     )
+    fail_status: int | None = None
     _in_flight: int = attrs.field(default=0, init=False)
     _peak_in_flight: int = attrs.field(default=0, init=False)
     _total: int = attrs.field(default=0, init=False)
@@ -221,6 +227,18 @@ class MockBackend:
         self.reset()
         await _send_json(send, 200, _encode(self.stats()).encode())
 
+    async def _fault(self, receive: Receive, send: Send) -> None:
+        body = await _read_body(receive)
+        try:
+            status = json.loads(body or b"{}").get("status")
+            if status is not None and (type(status) is not int or not 400 <= status <= 599):
+                raise ValueError("status must be null or an HTTP error status (400-599)")
+        except (ValueError, AttributeError) as exc:
+            await _send_json(send, 400, _error_body(f"bad fault request: {exc}", "bad_request"))
+            return
+        self.fail_status = status
+        await _send_json(send, 200, _encode({"status": status}).encode())
+
     async def _serve_generation(
         self,
         receive: Receive,
@@ -236,6 +254,10 @@ class MockBackend:
             generation = _parse_generation(body, default_model=self.models[0], ollama=ollama)
         except _BadRequest as error:
             await _send_json(send, 400, _error_body(str(error), error.code))
+            return
+        if self.fail_status is not None:
+            kind = "server_error" if self.fail_status >= 500 else "invalid_request_error"
+            await _send_json(send, self.fail_status, _error_body("injected failure (POST /fault)", "mock_fault", kind))
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
@@ -349,6 +371,7 @@ _ROUTES: dict[str, tuple[str, _Handler]] = {
     "/api/chat": ("POST", MockBackend._ollama_chat),
     "/stats": ("GET", MockBackend._stats),
     "/stats/reset": ("POST", MockBackend._reset),
+    "/fault": ("POST", MockBackend._fault),
 }
 
 
@@ -471,7 +494,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="models",
         help="model id listed by /v1/models; repeatable (default: mock)",
     )
+    parser.add_argument(
+        "--fail-status",
+        type=int,
+        default=None,
+        help="answer every generation request with this HTTP status (400-599); POST /fault changes it",
+    )
     args = parser.parse_args(argv)
+    if args.fail_status is not None and not 400 <= args.fail_status <= 599:
+        parser.error("--fail-status must be an HTTP error status (400-599)")
     if args.latency_ms < 0 or args.tokens_per_second < 0:
         parser.error("--latency-ms and --tokens-per-second must be >= 0")
     return args
@@ -501,6 +532,7 @@ def main(argv: list[str] | None = None) -> None:
         latency=args.latency_ms / 1000.0,
         tokens_per_second=args.tokens_per_second,
         models=models,
+        fail_status=args.fail_status,
     )
     trio.run(_run, backend, args.host, args.port)
 

@@ -493,3 +493,22 @@ def test_cli_rejects_negative_settings(capsys: pytest.CaptureFixture[str]) -> No
         main(["--latency-ms", "-1"])
     assert exit_info.value.code == 2
     assert "must be >= 0" in capsys.readouterr().err
+
+
+async def test_fault_makes_generation_fail_until_healed(served: Served) -> None:
+    """POST /fault {"status": 500}: every generation request answers 500 (OpenAI error body, not
+    counted); {"status": null} heals it; a bad status is refused."""
+    body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with trio.fail_after(10):
+        assert (await served.client.post("/fault", json={"status": 500})).json() == {"status": 500}
+        failed = await served.client.post("/v1/chat/completions", json=body)
+        assert failed.status_code == 500
+        assert failed.json()["error"]["code"] == "mock_fault"
+        assert failed.json()["error"]["type"] == "server_error"
+        assert (await served.client.get("/stats")).json()["total"] == 0
+        refused = await served.client.post("/fault", json={"status": 200})
+        assert refused.status_code == 400
+        assert served.backend.fail_status == 500
+        assert (await served.client.post("/fault", json={"status": None})).json() == {"status": None}
+        healed = await served.client.post("/v1/chat/completions", json=body)
+        assert healed.status_code == 200
