@@ -6,10 +6,14 @@ Endpoints (contract: ``docs/openai-api.md``): ``GET /v1/models``, ``POST
 
 Every completion request runs inside one admission lease, from before the run
 is sent to the node until the last byte reaches the client or the client goes
-away. A watcher task turns the client's ``http.disconnect`` into cancellation
-of the handler: a queued request leaves the queue, a running one releases its
-lease and cancels its run on the node. This module decides nothing about
-admission; it maps the library's outcomes to HTTP.
+away. A run that fails for a provider reason before its first byte reached the
+client is tried again under a new lease on another candidate
+([failover-before-first-byte], ``_failover.py``); the answer names the
+provider that served it and the number of attempts. A watcher task turns the
+client's ``http.disconnect`` into cancellation of the handler: a queued
+request leaves the queue, a running one releases its lease and cancels its run
+on the node. This module decides nothing about admission; it maps the
+library's outcomes to HTTP.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import trio
 from iop_admission import (
     Admission,
     AdmissionError,
+    Lease,
     LeaseRevoked,
     ModelNotFound,
     QueueFull,
@@ -34,6 +39,7 @@ from iop_admission import (
 )
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
+from ._failover import AttemptFailed, serve_with_failover
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._overload import FrontDoor
 from .config import EdgeConfig
@@ -98,6 +104,8 @@ class RequestRejected(Exception):
         type: str = "invalid_request_error",
         reason: str | None = None,
         retry_after: int | None = None,
+        retry: str | None = None,
+        provider_failure: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -106,6 +114,9 @@ class RequestRejected(Exception):
         self.type = type
         self.reason = reason or code
         self.retry_after = retry_after
+        self.retry = retry  # a retry reason when another candidate may serve (before the first byte)
+        self.provider_failure = provider_failure  # counts against the provider ([outlier-ejection])
+        self.attempts: int | None = None  # attempts made, when it ends a run
 
     def body(self) -> bytes:
         return _dumps({"error": {"message": self.message, "type": self.type, "code": self.code}})
@@ -114,6 +125,8 @@ class RequestRejected(Exception):
         headers = [_JSON, (b"x-iop-reject-reason", self.reason.encode())]
         if self.retry_after is not None:
             headers.append((b"retry-after", str(self.retry_after).encode()))
+        if self.attempts is not None:
+            headers.append((b"x-iop-attempts", str(self.attempts).encode()))
         return headers
 
 
@@ -133,21 +146,58 @@ def admission_rejection(exc: AdmissionError, retry_after: int = 1) -> RequestRej
 
 
 def node_disconnected(message: str) -> RequestRejected:
-    return RequestRejected(502, "node_disconnected", message, type="upstream_error")
+    return RequestRejected(
+        502, "node_disconnected", message, type="upstream_error", retry="node_disconnected", provider_failure=True
+    )
 
 
 def run_failure(end: RunEnd) -> RequestRejected:
-    """Map a node's ``run_end`` error to its HTTP answer."""
+    """Map a node's ``run_end`` error to its HTTP answer, and say whether it may be retried.
+
+    The provider's failures -- upstream unreachable, 5xx, 429, an unreadable
+    answer, the node cancelling the run -- are retried on another candidate and
+    count against the provider; the node's ``concurrency_limit`` is retried but
+    does not count; the backend's client errors (4xx but 429) and a
+    ``bad_request`` from the node are the client's: never retried.
+    """
     detail = end.message or end.code or "run failed"
     if end.code == "concurrency_limit":
         return RequestRejected(
-            503, "provider_busy", f"provider busy: {detail}", type="service_unavailable", reason="provider_busy"
+            503,
+            "provider_busy",
+            f"provider busy: {detail}",
+            type="service_unavailable",
+            reason="provider_busy",
+            retry="concurrency_limit",
         )
     if end.status == "cancelled":
         return node_disconnected(f"run cancelled by the node: {detail}")
     if end.upstream_status is not None:
         detail = f"upstream answered {end.upstream_status}: {detail}"
-    return RequestRejected(502, "upstream_error", detail, type="upstream_error", reason=end.code or "upstream_error")
+    retry = _upstream_retry(end)
+    return RequestRejected(
+        502,
+        "upstream_error",
+        detail,
+        type="upstream_error",
+        reason=end.code or "upstream_error",
+        retry=retry,
+        provider_failure=retry is not None,
+    )
+
+
+def _upstream_retry(end: RunEnd) -> str | None:
+    """The retry reason of a failed run, or None when the failure is the client's."""
+    if end.code == "upstream_unreachable":
+        return "upstream_unreachable"
+    if end.code != "upstream_error":
+        return None  # bad_request: the run cannot be served as asked
+    status = end.upstream_status
+    if status is None:
+        return "upstream_error"  # a 2xx the node could not read, or the node's own failure
+    if status == 429:
+        return "upstream_429"
+    return "upstream_5xx" if status >= 500 else None
 
 
 def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
@@ -326,16 +376,27 @@ class EdgeAPI:
         door = service.front_door
         started_at = trio.current_time()
         outcome = "error"
-        leased = False
         door.waiting += 1
         asking = True
-        try:
-            async with service.admission.lease(model, long=long) as lease:
+        served: Lease | None = None  # the lease of the latest attempt
+
+        async def attempt(lease: Lease) -> str:
+            nonlocal asking, served
+            if asking:
                 door.waiting -= 1
                 asking = False
-                leased = True
-                door.running += 1
-                outcome = await self._run(lease, model, endpoint, body, stream, responder)
+                door.running += 1  # from the first grant to the end, retries included
+            served = lease
+            try:
+                return await self._run(lease, model, endpoint, body, stream, responder)
+            except RequestRejected as rejection:
+                raise _attempt_failure(rejection, lease, responder.started) from None
+
+        on_retry = self._retried(model)
+        try:
+            outcome = await serve_with_failover(
+                service.admission, model, long, attempt, answered=lambda: responder.started, on_retry=on_retry
+            )
         except AdmissionError as exc:
             if asking:
                 door.waiting -= 1
@@ -353,11 +414,21 @@ class EdgeAPI:
         finally:
             if asking:
                 door.waiting -= 1
-            if leased:
+            if served is not None:
                 door.running -= 1
                 duration = trio.current_time() - started_at
                 metrics.lease_ended(model, outcome, duration)
-                door.shedder.observe_service(duration - lease.queue_wait)
+                door.shedder.observe_service(duration - served.queue_wait)
+
+    def _retried(self, model: str) -> Callable[[str, Lease], None]:
+        """What to do before a retry ([failover-before-first-byte]): count it and say so."""
+        metrics = self.service.metrics
+
+        def on_retry(reason: str, failed: Lease) -> None:
+            metrics.retried(model, reason)
+            logger.info("retrying %s after %s on %s (attempt %d)", model, reason, failed.provider, failed.attempt)
+
+        return on_retry
 
     async def _run(
         self,
@@ -368,17 +439,27 @@ class EdgeAPI:
         stream: bool,
         responder: Responder,
     ) -> str:
-        """Send the run to the lease's node and relay its answer. Returns the outcome."""
+        """Send the run to the lease's node and relay its answer. Returns the outcome.
+
+        Checkpoints. The first message must come within the model's first-token
+        timeout ([first-token-timeout]); the first output reports a success to
+        admission ([outlier-ejection]).
+        """
         run = self._open_run(lease, model, endpoint, body, stream)
         head = [
             (b"x-iop-provider", str(lease.provider).encode()),
             (b"x-iop-queue-ms", str(round(lease.queue_wait * 1000)).encode()),
+            (b"x-iop-attempts", str(lease.attempt).encode()),
         ]
+        first_token = self.service.config.first_token_timeout(model)
         async with run:
+            first = await _first_message(run, first_token)
+            if isinstance(first, RunData | RunEvent):
+                self.service.admission.report_success(lease)
             if stream:
-                await _relay_stream(run, responder, head)
+                await _relay_stream(run, responder, head, first)
             else:
-                await _relay_whole(run, responder, head)
+                await _relay_whole(run, responder, head, first)
         return "ok"
 
     def _open_run(self, lease: Any, model: str, endpoint: str, body: dict[str, Any], stream: bool) -> RunChannel:
@@ -504,6 +585,35 @@ async def _next(run: RunChannel) -> RunMessage:
         raise node_disconnected(str(exc)) from None
 
 
+def _attempt_failure(rejection: RequestRejected, lease: Lease, started: bool) -> Exception:
+    """What an attempt's failure becomes: :class:`AttemptFailed` when another candidate may serve.
+
+    Never for the client's error, never once a byte went out ([failover-before-first-byte]).
+    """
+    rejection.attempts = lease.attempt
+    if rejection.retry is None or started:
+        return rejection
+    return AttemptFailed(rejection, rejection.retry, provider_failure=rejection.provider_failure)
+
+
+async def _first_message(run: RunChannel, first_token: float | None) -> RunMessage:
+    """The run's first message, within ``first_token`` seconds when set ([first-token-timeout]).
+
+    Checkpoints. Past the timeout it raises a retryable provider failure; the
+    caller leaving the run's ``async with`` then cancels the run on the node.
+    """
+    with trio.move_on_after(math.inf if first_token is None else first_token):
+        return await _next(run)
+    raise RequestRejected(
+        502,
+        "first_token_timeout",
+        "no first byte from the upstream in time (first_token_timeout_ms)",
+        type="upstream_error",
+        retry="first_token_timeout",
+        provider_failure=True,
+    )
+
+
 def _end_of(message: RunMessage) -> RunEnd:
     """The run's end; an error end or a message no run carries becomes the client's error."""
     if type(message) is not RunEnd:
@@ -513,15 +623,18 @@ def _end_of(message: RunMessage) -> RunEnd:
     return message
 
 
-async def _relay_stream(run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]]) -> None:
+async def _relay_stream(
+    run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]], first: RunMessage | None = None
+) -> None:
     """Relay a streamed run: every burst of output that has arrived goes out in one send.
 
     Output in data records (v2) is the SSE body already, written as is; output in
     ``run_event`` messages (v1) is framed here, and the stream ends with our ``[DONE]``.
+    ``first`` is the run's first message when the caller received it already.
     """
     framed_here = False
     while True:
-        message = await _next(run)
+        message, first = (first, None) if first is not None else (await _next(run), None)
         burst = [message, *run.buffered()]
         parts: list[bytes] = []
         end: RunMessage | None = None
@@ -546,11 +659,16 @@ async def _relay_stream(run: RunChannel, responder: Responder, head: list[tuple[
             return
 
 
-async def _relay_whole(run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]]) -> None:
-    """Relay a non-stream run: the body bytes (v2 records) or the one response object (v1)."""
+async def _relay_whole(
+    run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]], first: RunMessage | None = None
+) -> None:
+    """Relay a non-stream run: the body bytes (v2 records) or the one response object (v1).
+
+    ``first`` is the run's first message when the caller received it already.
+    """
     parts: list[bytes] = []
     while True:
-        message = await _next(run)
+        message, first = (first, None) if first is not None else (await _next(run), None)
         if isinstance(message, RunData):
             parts.append(message.data)
         elif isinstance(message, RunEvent):

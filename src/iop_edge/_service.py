@@ -163,6 +163,7 @@ class EdgeService:
         config = self.config
         async with trio.open_nursery() as nursery:
             await nursery.start(self.metrics.run)
+            nursery.start_soon(self.admission.watch_ejections)  # ejections end on time [outlier-ejection]
             self.node_port = await nursery.start(
                 _serve_nodes,
                 self.registry,

@@ -11,8 +11,8 @@ Three sources, each with its own honesty rule (documented in ``docs/metrics.md``
   they then undercount, and ``iop_events_dropped_total`` (from the snapshot)
   shows that it happened. Nothing in admission ever reads a metric.
 * **Hook counters are exact.** What admission events cannot see (API-level
-  rejections, lease outcomes, node connection causes, config refreshes) the
-  Edge reports through the explicit methods of :class:`EdgeMetrics`.
+  rejections, lease outcomes, node connection causes, config refreshes,
+  retries) the Edge reports through the explicit methods of :class:`EdgeMetrics`.
 
 Every :class:`EdgeMetrics` has its own :class:`~prometheus_client.CollectorRegistry`
 (never the process-global default), so several Edges or tests can coexist in
@@ -29,8 +29,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from iop_admission import Admission, AdmissionEvent, ProviderSnapshot
+from iop_admission import Admission, AdmissionEvent, ProviderSnapshot, Snapshot
 
+from ._failover import RETRY_REASONS
 from .status import OverloadStatus
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "PENDING_CLOSE_REASONS",
     "REFRESH_RESULTS",
     "REJECTION_REASONS",
+    "RETRY_REASONS",
     "DisconnectCause",
     "EdgeMetrics",
 ]
@@ -107,6 +109,23 @@ _PROVIDER_GAUGES: Final = (
         "Current connection generation of the provider's node (0: never connected).",
         lambda p: p.generation,
     ),
+    (
+        "ejected",
+        "1 while the provider is ejected for consecutive failures (until its probe restores it), else 0.",
+        lambda p: int(p.health == "ejected"),
+    ),
+    ("consecutive_failures", "Consecutive provider failures counted against the provider.", lambda p: p.failures),
+    (
+        "ejection_remaining_seconds",
+        "Seconds until the provider's ejection time ends (0: not ejected, or its probe is due).",
+        lambda p: p.ejection_left,
+    ),
+)
+
+#: Per-provider counters read from the snapshot: name, help text, how to read it.
+_PROVIDER_COUNTERS: Final[tuple[tuple[str, str, Callable[[ProviderSnapshot], int]], ...]] = (
+    ("iop_ejections", "Ejections of the provider for consecutive failures.", lambda p: p.ejections),
+    ("iop_probes", "Probe requests granted to the provider after an ejection.", lambda p: p.probes),
 )
 
 
@@ -160,6 +179,7 @@ class _SnapshotCollector(Collector):
                 for node_id, value in per_node.items():
                     family.add_metric((node_id,), value)
             yield family
+        yield from _health_families(snap, admission.config.models if admission else (), self.per_provider)
         edge_wide = (
             (
                 "iop_queue_depth",
@@ -185,6 +205,30 @@ class _SnapshotCollector(Collector):
             "While it grows, event-fed counters undercount.",
             value=snap.events_dropped if snap else None,
         )
+
+
+def _health_families(snap: Snapshot | None, models: Iterable[str], per_provider: bool) -> Iterator[Metric]:
+    """[outlier-ejection] ejection and probe counters (per provider, or summed per node) and panic mode."""
+    providers = snap.providers if snap is not None else ()
+    labels = ("node", "provider") if per_provider else ("node",)
+    for name, documentation, read in _PROVIDER_COUNTERS:
+        counter = CounterMetricFamily(name, documentation, labels=labels)
+        totals: dict[tuple[str, ...], int] = {}
+        for p in providers:
+            where: tuple[str, ...] = (p.node_id, p.provider_id) if per_provider else (p.node_id,)
+            totals[where] = totals.get(where, 0) + read(p)
+        for where, value in totals.items():
+            counter.add_metric(where, value)
+        yield counter
+    panic = GaugeMetricFamily(
+        "iop_panic_mode",
+        "1 while every eligible candidate of the model is ejected and requests go to them anyway, else 0.",
+        labels=("model",),
+    )
+    if snap is not None:
+        for model in models:
+            panic.add_metric((model,), int(model in snap.panic))
+    yield panic
 
 
 @final
@@ -268,6 +312,12 @@ class EdgeMetrics:
             "iop_lease_endings",
             "Admitted requests that ended, by outcome.",
             ("outcome",),
+            registry=registry,
+        )
+        self._retries = Counter(
+            "iop_retries",
+            "Attempts retried on another candidate before the first byte, by the failure that caused it.",
+            ("model", "reason"),
             registry=registry,
         )
         self._refreshes = Counter(
@@ -369,6 +419,15 @@ class EdgeMetrics:
         _check(outcome, LEASE_OUTCOMES, "lease outcome")
         self._lease_endings.labels(outcome).inc()
         self._request_duration.labels(model).observe(duration)
+
+    def retried(self, model: str, reason: str) -> None:
+        """Count an attempt retried on another candidate ([failover-before-first-byte]).
+
+        Raises:
+            ValueError: ``reason`` is not one of :data:`RETRY_REASONS`.
+        """
+        _check(reason, RETRY_REASONS, "retry reason")
+        self._retries.labels(model, reason).inc()
 
     def node_connected(self, node_id: str) -> None:
         """Count an accepted registration of ``node_id``."""

@@ -28,6 +28,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from iop_admission import ProviderSnapshot
+
 from .status import EdgeStatus, NodeStatus, parse_status
 
 __all__ = ["EdgeStatus", "NodeStatus", "StatusUnavailable", "fetch_status", "main", "render_status"]
@@ -124,7 +126,7 @@ def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:
             p.node_id,
             p.provider_id,
             Text(p.status, style=_STATUS_STYLES.get(p.status, "")),
-            Text(p.health, style="green" if p.health == "online" else "red"),
+            _health(p),
             f"{p.in_flight}/{p.capacity}",
             f"{p.long_in_flight}/{p.long_context_capacity}",
             f"{p.queued} ({p.long_queued})",
@@ -145,7 +147,19 @@ def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:
     hidden = len(snap.providers) - len(shown)
     if hidden:
         parts.append(Text(f"... and {hidden} more providers: narrow with --node / --model, or show --all"))
+    if snap.panic:
+        parts.append(
+            Text("panic mode (every candidate ejected, admitted anyway): " + ", ".join(snap.panic), style="red")
+        )
     return Group(*parts, queue, nodes, _LEGEND)
+
+
+def _health(p: ProviderSnapshot) -> Text:
+    """``online`` / ``offline``, or ``ejected`` with the time left and the failure count."""
+    if p.health != "ejected":
+        return Text(p.health, style="green" if p.health == "online" else "red")
+    left = f"{p.ejection_left:.1f}s left" if p.ejection_left > 0 else "probe due"
+    return Text(f"ejected ({left}, {p.failures} failures)", style="red")
 
 
 def _parser() -> argparse.ArgumentParser:

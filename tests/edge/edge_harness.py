@@ -80,6 +80,9 @@ class EdgeLayout:
     shed_connections: int = 6144
     extra: tuple[str, ...] = ()
     """More top-level lines, e.g. ``"node_max_pending: 4"``."""
+    retry: str | None = None  # provider_pool.retry, e.g. "{max_attempts: 3}"
+    outlier: str | None = None  # provider_pool.outlier, e.g. "{consecutive_failures: 2}"
+    first_token_timeout_ms: int | None = None  # of ornith:35b
 
     def yaml(self) -> str:
         """The ``edge.yaml`` text for this layout."""
@@ -87,7 +90,10 @@ class EdgeLayout:
             "listen: 127.0.0.1:0",
             "node_listen: 127.0.0.1:0",
             f"heartbeat_timeout_ms: {self.heartbeat_timeout_ms}",
-            f"provider_pool: {{max_queue: {self.max_queue}, queue_timeout_ms: {self.queue_timeout_ms}}}",
+            f"provider_pool: {{max_queue: {self.max_queue}, queue_timeout_ms: {self.queue_timeout_ms}"
+            + (f", retry: {self.retry}" if self.retry else "")
+            + (f", outlier: {self.outlier}" if self.outlier else "")
+            + "}",
             f"max_body_bytes: {self.max_body_bytes}",
             f"max_ws_message_bytes: {self.max_ws_message_bytes}",
             f"overload: {{shed_loop_lag_ms: {self.shed_loop_lag_ms}, shed_connections: {self.shed_connections}}}",
@@ -116,6 +122,7 @@ class EdgeLayout:
             "models:",
             f'  - id: "{BIG}"',
             f"    long_context_threshold_tokens: {LONG_THRESHOLD}",
+            *([f"    first_token_timeout_ms: {self.first_token_timeout_ms}"] if self.first_token_timeout_ms else []),
             "    candidates:",
             '      - {node: node-a, provider: gpu0, upstream_model: "qwen3:35b"}',
             '      - {node: node-b, provider: gpu1, upstream_model: "qwen3:35b-b"}',

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from rich.console import Console
@@ -342,3 +343,25 @@ def test_summary_first_filters_passed_on_and_rows_bounded(monkeypatch: pytest.Mo
     console = recording_console()
     assert main(["status", "--all"], transport=transport, console=console) == 0
     assert "more providers" not in console.export_text()
+
+
+@pytest.fixture
+def still_clock() -> trio.testing.MockClock:
+    """Virtual time that does not move: the ejection's time left is exact."""
+    return trio.testing.MockClock()
+
+
+@pytest.mark.req("outlier-ejection")
+async def test_table_shows_ejection_time_left_failures_and_panic(still_clock: trio.testing.MockClock) -> None:
+    """[outlier-ejection] an ejected provider's health shows the time left and the failure count;
+    model keys in panic mode are listed."""
+    admission = two_node_admission()
+    admission.connect("node-a")
+    for _ in range(3):  # the default outlier policy: 3 failures in a row eject for 5 s
+        async with admission.lease("ornith-fast") as lease:
+            admission.report_failure(lease)
+    console = recording_console()
+    assert main(["status"], transport=serving(status_document(admission))[0], console=console) == 0
+    text = console.export_text()
+    assert "ejected (5.0s left, 3 failures)" in text
+    assert "panic mode (every candidate ejected, admitted anyway): ornith:35b, ornith-fast" in text
