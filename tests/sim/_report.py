@@ -44,6 +44,10 @@ class Summary:
         for site in SITES:
             lines.append(f"  {site:<30}{self.enabled[site]:>10}{self.fired[site]:>7}")
         lines.append("request outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())))
+        lines.append(
+            f"requests retried: {self.fired['retried']}  steps with an ejected provider: "
+            f"{self.fired['ejected provider seen']}"
+        )
         for result in self.failed_seeds:
             lines.append(f"FAILED seed {result.seed} (faults enabled: {', '.join(result.enabled) or 'none'}):")
             lines.extend(f"  {v}" for v in result.violations)

@@ -14,9 +14,9 @@ Everything runs in a single ``trio.run`` on ``MockClock(autojump_threshold=0)``:
 - clients that call the ASGI app directly with a fake receive/send pair.
 
 Private reads, on purpose: the invariant checker reads
-``service.admission._core`` (waiters, provider states, live leases) because the
-properties it checks -- work conservation, no stranded waiter, leases per
-generation -- are about exactly that state; the ``stale_close_after_reconnect``
+``service.admission._core`` (waiters, provider states and health, live leases)
+because the properties it checks -- work conservation, no stranded waiter,
+leases per generation, one probe per ejection -- are about exactly that state; the ``stale_close_after_reconnect``
 fault calls ``NodeRegistry._release`` on an old link (see :func:`World.fault_stale_close`).
 Nothing in the sim writes private state.
 """
@@ -40,7 +40,16 @@ import trio_websocket
 from iop_admission import LocalGate, ProviderKey
 from iop_edge import EdgeService
 from iop_edge._links import NodeLink
-from iop_edge.config import EdgeCandidate, EdgeConfig, EdgeModel, EdgeNode, EdgeProvider, ProviderPool
+from iop_edge.config import (
+    EdgeCandidate,
+    EdgeConfig,
+    EdgeModel,
+    EdgeNode,
+    EdgeProvider,
+    OutlierSettings,
+    ProviderPool,
+    RetrySettings,
+)
 from iop_node import (
     EdgeClient,
     MockAdapter,
@@ -50,6 +59,7 @@ from iop_node import (
     ReconnectConfig,
     RuntimeConfig,
     UpstreamFailed,
+    UpstreamUnreachable,
     encoded_run,
 )
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, decode, encode
@@ -70,6 +80,9 @@ SITES = (
     "queue_policy_change",
     "stalled_event_subscriber",
     "clock_jump_past_queue_timeout",
+    "backend_down",
+    "upstream_5xx_burst",
+    "first_token_never",
 )
 """Named fault sites. Each is enabled in a run with p=ENABLE_P and fires with p=FIRE_P when reached."""
 
@@ -87,6 +100,9 @@ NODE_HEARTBEAT_MS = 1000
 LONG_THRESHOLD = 256
 QUEUE_TIMEOUT_MS = 2000
 MAX_QUEUE = 8
+FIRST_TOKEN_TIMEOUT_MS = 1500
+"""Of both model keys ([first-token-timeout]): below the queue timeout, so one retry fits."""
+MAX_ATTEMPTS = 2
 LOAD_WINDOW = 8.0
 """Virtual seconds during which requests arrive and faults fire; then everything heals."""
 LIVENESS_BOUND = 60.0
@@ -117,6 +133,7 @@ EXPECTED_ERRORS = frozenset(
         "502:upstream_error",
         "502:node_disconnected",
         "502:client_too_slow",
+        "502:first_token_timeout",
     }
 )
 """Explicit error answers a client may legitimately get under these faults."""
@@ -159,6 +176,7 @@ def edge_config(o: Overrides = Overrides()) -> EdgeConfig:
                 EdgeCandidate(node=k.node_id, provider=k.provider_id, upstream_model="qwen3:35b") for k in keys
             ),
             long_context_threshold_tokens=LONG_THRESHOLD,
+            first_token_timeout_ms=FIRST_TOKEN_TIMEOUT_MS,
         )
         for name, keys in MODELS.items()
     )
@@ -166,7 +184,12 @@ def edge_config(o: Overrides = Overrides()) -> EdgeConfig:
         nodes=tuple(nodes),
         models=models,
         heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
-        provider_pool=ProviderPool(max_queue=o.max_queue, queue_timeout_ms=o.queue_timeout_ms),
+        provider_pool=ProviderPool(
+            max_queue=o.max_queue,
+            queue_timeout_ms=o.queue_timeout_ms,
+            retry=RetrySettings(max_attempts=MAX_ATTEMPTS),
+            outlier=OutlierSettings(consecutive_failures=2, base_ejection_ms=1000, max_ejection_ms=4000),
+        ),
     )
 
 
@@ -210,6 +233,7 @@ class RequestPlan:
     def body(self) -> bytes:
         content = "x" * (LONG_THRESHOLD * 4 + 40 if self.long else 40)
         sim = {
+            "n": self.number,
             "latency": self.latency,
             "tps": self.tokens_per_second,
             "fail_after": self.fail_after_chunks,
@@ -237,6 +261,7 @@ class Outcome:
     sends: int = 0
     ended_at: float | None = None
     result: str = "pending"
+    head_order: int = 0
 
 
 @attrs.define(eq=False)
@@ -287,8 +312,10 @@ class SimBackend:
             fail_after_chunks=sim.get("fail_after"),
         )
         world = self.world
+        world.run_started(int(sim.get("n", 0)), self.key)
         world.upstream_enter(self.key)
         try:
+            await world.provider_faults(self.key)
             if sim.get("hang") and not world.unhang.is_set():
                 world.fired("upstream_hang", f"{self.key}")
                 await world.unhang.wait()
@@ -347,6 +374,14 @@ class World:
         self.outcomes: dict[int, Outcome] = {}
         self.plans: list[RequestPlan] = []
         self._ledger: trio.MemoryReceiveChannel[Any] | None = None
+        # provider faults ([outlier-ejection]) and what the checker needs to judge retries
+        self.down_until: dict[ProviderKey, float] = {}
+        self.stuck_until: dict[ProviderKey, float] = {}
+        self.burst: Counter[ProviderKey] = Counter()
+        self.order = 0  # a global sequence: backend run starts and response heads are ordered by it
+        self.run_starts: dict[int, list[int]] = {}  # request number -> order of each backend run start
+        self.probe_reports: Counter[tuple[ProviderKey, int]] = Counter()  # (provider, epoch) -> probe reports
+        self._wrap_reports()
 
     # ---------------------------------------------------------------- tracing
 
@@ -379,6 +414,50 @@ class World:
         self.upstream[key] -= 1
         if self.upstream[key] < 0:
             self.violation(f"backend {key}: upstream in-flight went negative")
+
+    def run_started(self, number: int, key: ProviderKey) -> None:
+        self.order += 1
+        self.run_starts.setdefault(number, []).append(self.order)
+
+    async def provider_faults(self, key: ProviderKey) -> None:
+        """A run reaches the backend of ``key``: down, in a 5xx burst, or never sending a first token.
+
+        Checkpoints; a stuck run waits until its fault window ends or it is cancelled.
+        """
+        now = trio.current_time()
+        if self.down_until.get(key, 0.0) > now:
+            self.fired("backend_down", f"{key} refused a run")
+            raise UpstreamUnreachable("connection refused (sim backend down)")
+        if self.burst[key] > 0:
+            self.burst[key] -= 1
+            self.fired("upstream_5xx_burst", f"{key} answered 500")
+            raise UpstreamFailed("internal server error (sim 5xx burst)", 500)
+        until = self.stuck_until.get(key, 0.0)
+        if until > now:
+            self.fired("first_token_never", f"{key} holds a run without a first token")
+            await trio.sleep_until(until)
+
+    def _wrap_reports(self) -> None:
+        """Record the deciding probe reports per (provider, health epoch): one per ejection period."""
+        admission = self.service.admission
+        failure, success = admission.report_failure, admission.report_success
+
+        def record(lease: Any) -> None:
+            # The report that decides an ejection: the running probe's (an earlier probe that
+            # ended unreported -- cancelled, fenced -- no longer decides anything).
+            if lease.probe and not lease._reported and lease._slot.probe_lease == lease.id:
+                self.probe_reports[lease.provider, lease._epoch] += 1
+
+        def report_failure(lease: Any) -> None:
+            record(lease)
+            failure(lease)
+
+        def report_success(lease: Any) -> None:
+            record(lease)
+            success(lease)
+
+        admission.report_failure = report_failure  # type: ignore[method-assign]
+        admission.report_success = report_success  # type: ignore[method-assign]
 
     # ---------------------------------------------------------------- nodes
 
@@ -447,6 +526,8 @@ class World:
             if message["type"] == "http.response.start":
                 out.status = message["status"]
                 out.headers = dict(message["headers"])
+                self.order += 1
+                out.head_order = self.order
             else:
                 out.body += message.get("body", b"")
                 if not message.get("more_body", False):
@@ -478,9 +559,24 @@ class World:
                 self.violation(f"request {plan.number}: the ASGI app raised {type(exc).__name__}: {exc}")
             nursery.cancel_scope.cancel()
         out.ended_at = trio.current_time()
+        self._check_attempts(plan, out)
         out.result = self._classify(plan, out)
         self.result.outcomes[out.result.split(" ")[0]] += 1
         self.trace(f"request {plan.number} {plan.model} {'long' if plan.long else 'normal'} -> {out.result}")
+
+    def _check_attempts(self, plan: RequestPlan, out: Outcome) -> None:
+        """[failover-before-first-byte] no run starts after the response head; attempts are bounded."""
+        starts = self.run_starts.get(plan.number, [])
+        if out.status is not None and any(order > out.head_order for order in starts):
+            self.violation(f"request {plan.number}: a run started after the response head (retry after a byte)")
+        attempts = out.headers.get(b"x-iop-attempts")
+        if attempts is not None:
+            if not 1 <= int(attempts) <= MAX_ATTEMPTS:
+                self.violation(f"request {plan.number}: x-iop-attempts {attempts!r}")
+            if int(attempts) > 1:
+                self.result.fired["retried"] += 1
+        if len(starts) > MAX_ATTEMPTS:
+            self.violation(f"request {plan.number}: {len(starts)} backend runs > {MAX_ATTEMPTS} attempts")
 
     def _classify(self, plan: RequestPlan, out: Outcome) -> str:
         if out.status is None:
@@ -574,6 +670,21 @@ class World:
         if wires and not wires[-1].dead and not wires[-1].blackholed:
             return wires[-1]
         return None
+
+    async def fault_backend_down(self) -> None:
+        key = self.frng.choice(tuple(PROVIDERS))
+        self.down_until[key] = trio.current_time() + self.frng.uniform(0.5, 3.0)
+        self.trace(f"backend {key} down until {self.down_until[key]:.3f}")
+
+    async def fault_upstream_5xx_burst(self) -> None:
+        key = self.frng.choice(tuple(PROVIDERS))
+        self.burst[key] += self.frng.randint(2, 5)
+        self.trace(f"backend {key} 5xx burst of {self.burst[key]}")
+
+    async def fault_first_token_never(self) -> None:
+        key = self.frng.choice(tuple(PROVIDERS))
+        self.stuck_until[key] = trio.current_time() + self.frng.uniform(1.0, 4.0)
+        self.trace(f"backend {key} sends no first token until {self.stuck_until[key]:.3f}")
 
     async def fault_ws_send_failure(self) -> None:
         node_id = self.frng.choice(NODES)
@@ -739,6 +850,9 @@ class World:
         if self.overrides != Overrides():
             self.apply(Overrides(), "heal")
         self.unhang.set()
+        self.down_until.clear()
+        self.stuck_until.clear()
+        self.burst.clear()
         if self.stall_scope is not None:
             self.stall_scope.cancel()
         for wires in self.wires.values():
@@ -794,8 +908,12 @@ class World:
         long_pressure: Counter[ProviderKey] = Counter()
         for w in waiters:
             candidates = w._candidates
+            panic = _in_panic(candidates, w.long)
             for p in candidates:
-                # [cross-group-wakeup] work conservation: no queued waiter has a dispatchable candidate.
+                # [cross-group-wakeup] work conservation: no queued waiter has a dispatchable candidate
+                # (an ejected one only counts in panic mode, [outlier-ejection]).
+                if not (p.admitting or panic):
+                    continue
                 if p.eligible and p.in_flight < p.capacity and (not w.long or p.long_in_flight < p.long_capacity):
                     self.violation(f"{w!r} queued while {p.key} is dispatchable for it")
             for p in candidates:
@@ -832,6 +950,7 @@ class World:
                     self.violation(
                         f"{p.key} {p.in_flight}/{p.capacity} in flight with leases {late} granted after the last refresh"
                     )
+        self.check_health(now)
         for key, n in self.upstream.items():
             if n < 0 or n > PROVIDERS[key].capacity:
                 self.violation(f"backend {key} in flight {n}")
@@ -839,6 +958,22 @@ class World:
             stats = runtime.gate.statistics()
             if stats.total_in_use < 0 or any(v < 0 for v in stats.in_use.values()):
                 self.violation(f"{node_id} gate counters negative: {stats}")
+
+    def check_health(self, now: float) -> None:
+        """[outlier-ejection] ejections end on time; one probe at a time, one probe report per ejection."""
+        for p in tuple(self.service.admission._core._providers.values()):
+            # A probe out is the one live lease the provider waits for; no other grant probes.
+            if p.health.value == "probing" and p.probe_lease not in p.leases:
+                self.violation(f"{p.key}: probing, but its probe lease {p.probe_lease} is not live")
+            if p.health.value != "probing" and p.probe_lease:
+                self.violation(f"{p.key}: {p.health.value} with a probe lease {p.probe_lease} out")
+            if p.health.value == "ejected" and p.ejected_until <= now:
+                self.violation(f"{p.key}: still ejected {now - p.ejected_until:.6f} s after its ejection time")
+            if p.health.value == "ejected":
+                self.result.fired["ejected provider seen"] += 1
+        for (key, epoch), n in self.probe_reports.items():
+            if n > 1:
+                self.violation(f"{key}: {n} probes reported in one ejection period (epoch {epoch})")
 
     def quiescent(self) -> None:
         """A step: no task can run before the virtual clock moves. Check everything."""
@@ -884,6 +1019,7 @@ class World:
             self.nursery = nursery
             async with admission.subscribe(buffer=1_000_000) as ledger:
                 self._ledger = ledger
+                nursery.start_soon(admission.watch_ejections)
                 processes = []
                 for node_id in NODES:
                     done = trio.Event()
@@ -970,3 +1106,9 @@ def run_seed(seed: int) -> SeedResult:
 
 def run_seeds(seeds: Iterator[int] | range) -> list[SeedResult]:
     return [run_seed(seed) for seed in seeds]
+
+
+def _in_panic(candidates: tuple[Any, ...], long: bool) -> bool:
+    """Panic mode as admission defines it: some candidate could run the request, none is admitting."""
+    able = [p for p in candidates if p.eligible and (not long or p.long_capacity >= 1)]
+    return bool(able) and not any(p.admitting for p in able)

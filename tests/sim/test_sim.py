@@ -27,10 +27,21 @@ def quiet_daemons() -> Iterator[None]:
     logging.disable(logging.NOTSET)
 
 
-@pytest.mark.req("lease-lifecycle", "cross-group-wakeup", "disconnect-queue-resolution")
+@pytest.mark.req(
+    "lease-lifecycle",
+    "cross-group-wakeup",
+    "disconnect-queue-resolution",
+    "failover-before-first-byte",
+    "outlier-ejection",
+    "first-token-timeout",
+)
 def test_ci_seeds_hold_every_invariant_and_hit_every_fault_site() -> None:
     """[lease-lifecycle] [cross-group-wakeup] [disconnect-queue-resolution] 200 seeds: no
-    violation, and every fault site fired at least once (counts printed with ``-s``)."""
+    violation, and every fault site fired at least once (counts printed with ``-s``).
+    Fault sites "backend down", "5xx burst" and "first token never comes" with the checks:
+    no run starts after a response head ([failover-before-first-byte]), at most one deciding
+    probe per ejection and ejections end on time ([outlier-ejection]), retried requests
+    end within the bound, every counter drains ([first-token-timeout] cuts the stuck runs)."""
     summary = run_and_summarize(CI_SEEDS)
     print("\n" + summary.render())
     failed = [(r.seed, r.violations[:5]) for r in summary.failed_seeds]
