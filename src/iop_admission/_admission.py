@@ -474,6 +474,7 @@ class LeaseScope:
         """
         admission = self._admission
         core = admission._core
+        parked_at = trio.current_time()  # the enqueue time, or for a retry the time it asked again
         if admission._subscribers:
             admission._emit(AdmissionEvent("queued", _now(), model=waiter.model, long=waiter.long))
 
@@ -491,7 +492,7 @@ class LeaseScope:
                 raise
             finally:
                 waiter.token = None
-            lease.queue_wait = trio.current_time() - waiter.enqueue_time
+            lease.queue_wait = trio.current_time() - parked_at
             return lease
         waited = trio.current_time() - waiter.enqueue_time
         if admission._subscribers:
