@@ -30,6 +30,10 @@ Rules this module implements (and why):
   ``waiter.deadline``; a refresh that changes the queue timeout moves every
   parked waiter's scope deadline to ``enqueue_time + new timeout``.
 
+* **The I/O bookkeeping stays here.** The parked task and deadline scope of
+  each waiter, and the cancel scope of each lease body, live in this layer's
+  maps keyed by the core's objects; the core's objects carry no I/O state.
+
 * **No Ctrl-C inside a state change.** ``connect``, ``disconnect``,
   ``refresh``, health reports, ejection ends and both halves of a lease scope
   (a retry's too) run with trio's
@@ -130,6 +134,8 @@ class Admission:
         self._subscribers: list[trio.MemorySendChannel[AdmissionEvent]] = []
         self._events_dropped = 0
         self._ejection_wakeup: trio.Event | None = None
+        self._parked: dict[Waiter, _Parked] = {}  # queued waiters' tasks and deadline scopes
+        self._bodies: dict[Lease, trio.CancelScope] = {}  # live leases' body scopes (fencing cancels them)
 
     # ------------------------------------------------------------------ leases
 
@@ -260,10 +266,8 @@ class Admission:
             ConfigError: listing every problem; nothing changed.
         """
         decisions = self._core.refresh(config)
-        for waiter in self._core.waiters():
-            timer = waiter.token
-            if isinstance(timer, _Parked):
-                timer.scope.deadline = waiter.deadline
+        for waiter, parked in self._parked.items():
+            parked.scope.deadline = waiter.deadline
         self._apply(decisions)
         if self._subscribers:
             self._emit(AdmissionEvent("refreshed", _now()))
@@ -358,17 +362,13 @@ class Admission:
         """Carry out core decisions: wake granted/failed waiters, cancel revoked bodies."""
         for d in decisions:
             if type(d) is Granted:
-                parked = d.waiter.token
-                assert isinstance(parked, _Parked)
-                trio.lowlevel.reschedule(parked.task, outcome.Value(d.lease))
+                trio.lowlevel.reschedule(self._parked.pop(d.waiter).task, outcome.Value(d.lease))
             elif type(d) is Failed:
-                parked = d.waiter.token
-                assert isinstance(parked, _Parked)
-                trio.lowlevel.reschedule(parked.task, outcome.Error(d.error))
+                trio.lowlevel.reschedule(self._parked.pop(d.waiter).task, outcome.Error(d.error))
             elif type(d) is Revoked:
-                scope = d.lease._scope
+                scope = self._bodies.get(d.lease)
                 if scope is not None:
-                    scope.cancel()  # type: ignore[attr-defined]
+                    scope.cancel()
                 if self._subscribers:
                     self._lease_event("revoked", d.lease)
             else:
@@ -388,6 +388,107 @@ class Admission:
         elif self._subscribers:
             self._emit(AdmissionEvent("restored", _now(), provider=d.provider, node_id=d.provider.node_id))
 
+    # ----------------------------------------------------- lease scope halves
+
+    @trio.lowlevel.enable_ki_protection
+    async def _acquire(self, model: str, long: bool, retry_of: Lease | None, reason: str | None) -> Lease:
+        """Grant a lease (a retry of ``retry_of`` if given), waiting in the queue if need be,
+        and open its body's cancel scope.
+
+        Checkpoints. Cancellation-atomic: returns a lease whose body scope is
+        open, or raises and leaves no change behind.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        core = self._core
+        now = trio.current_time()
+        self._advance(now)
+        try:
+            result = core.request(model, long, now) if retry_of is None else core.retry(retry_of, now)
+        except Exception as exc:
+            if self._subscribers:
+                self._emit_rejected(model, long, exc)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise
+        if retry_of is not None and self._subscribers:
+            self._lease_event("retried", retry_of, attempt=retry_of.attempt + 1, reason=reason)
+        if type(result) is Lease:
+            lease = result
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            assert type(result) is Waiter
+            lease = await self._wait(result)
+        if lease._revoked:
+            # Fenced between the grant and now (same tick): the body never runs
+            # on an offline generation. Fencing already released the lease.
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
+        # From here to the return nothing awaits; if anything raises, the grant
+        # goes back before the error propagates.
+        try:
+            scope = trio.CancelScope()
+            scope.__enter__()
+        except BaseException:
+            self._apply(core.release(lease))
+            raise
+        self._bodies[lease] = scope
+        if self._subscribers:
+            self._lease_event("granted", lease, waited=lease.queue_wait)
+        return lease
+
+    async def _wait(self, waiter: Waiter) -> Lease:
+        """Park until granted, failed, cancelled or past the deadline.
+
+        Checkpoints (it blocks). Cancelled or timed out, the waiter is
+        withdrawn from the queue and nothing else changes.
+        """
+        core = self._core
+        parked_at = trio.current_time()  # the enqueue time, or for a retry the time it asked again
+        if self._subscribers:
+            self._emit(AdmissionEvent("queued", _now(), model=waiter.model, long=waiter.long))
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            core.withdraw(waiter)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        with trio.CancelScope(deadline=waiter.deadline) as timer:
+            self._parked[waiter] = _Parked(trio.lowlevel.current_task(), timer)
+            try:
+                lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
+            except BaseException as exc:
+                if self._subscribers and not isinstance(exc, trio.Cancelled):
+                    self._emit_rejected(waiter.model, waiter.long, exc)
+                raise
+            finally:
+                self._parked.pop(waiter, None)
+            lease.queue_wait = trio.current_time() - parked_at
+            return lease
+        waited = trio.current_time() - waiter.enqueue_time
+        if self._subscribers:
+            self._emit(AdmissionEvent("timed_out", _now(), model=waiter.model, long=waiter.long, waited=waited))
+        raise QueueTimeout(waiter.model, waited)
+
+    @trio.lowlevel.enable_ki_protection
+    def _release(
+        self,
+        lease: Lease,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """Close the body's scope and release the lease; whether the scope swallowed ``exc``.
+
+        Synchronous on purpose: a cancelled task cannot skip the release.
+        """
+        scope = self._bodies.pop(lease)
+        try:
+            suppressed = scope.__exit__(exc_type, exc, tb)
+        finally:
+            self._apply(self._core.release(lease))
+            if self._subscribers:
+                self._lease_event("released", lease)
+        if lease._revoked and (suppressed or exc_type is None):
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation) from None
+        return bool(suppressed)
+
     def __repr__(self) -> str:
         return f"<Admission {self._core!r}>"
 
@@ -402,9 +503,10 @@ class _Parked:
 
 @final
 class LeaseScope:
-    """The async context manager returned by :meth:`Admission.lease`. Single use."""
+    """The async context manager :meth:`Admission.lease` and :meth:`Admission.retry` return:
+    single use, a thin shell over the admission's acquire (on entry) and release (on exit)."""
 
-    __slots__ = ("_admission", "_model", "_long", "_lease", "_scope", "_entered", "_retry_of", "_reason")
+    __slots__ = ("_admission", "_model", "_long", "_lease", "_entered", "_retry_of", "_reason")
 
     def __init__(
         self, admission: Admission, model: str, long: bool, *, retry_of: Lease | None = None, reason: str | None = None
@@ -413,111 +515,22 @@ class LeaseScope:
         self._model = model
         self._long = long
         self._lease: Lease | None = None
-        self._scope: trio.CancelScope | None = None
         self._entered = False
         self._retry_of = retry_of
         self._reason = reason
 
-    @trio.lowlevel.enable_ki_protection
     async def __aenter__(self) -> Lease:
         if self._entered:
             raise RuntimeError("a lease scope can only be entered once")
         self._entered = True
-        await trio.lowlevel.checkpoint_if_cancelled()
-        admission = self._admission
-        core = admission._core
-        now = trio.current_time()
-        admission._advance(now)
-        previous = self._retry_of
-        try:
-            if previous is None:
-                result = core.request(self._model, self._long, now)
-            else:
-                result = core.retry(previous, now)
-        except Exception as exc:
-            if admission._subscribers:
-                admission._emit_rejected(self._model, self._long, exc)
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            raise
-        if previous is not None and admission._subscribers:
-            admission._lease_event("retried", previous, attempt=previous.attempt + 1, reason=self._reason)
-        if type(result) is Lease:
-            lease = result
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        else:
-            assert type(result) is Waiter
-            lease = await self._wait(result)
-        if lease._revoked:
-            # Fenced between the grant and now (same tick): the body never runs
-            # on an offline generation. Fencing already released the lease.
-            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
-        # Cancellation-atomic: from here to the return nothing awaits; if
-        # anything raises, the grant goes back before the error propagates.
-        try:
-            scope = trio.CancelScope()
-            scope.__enter__()
-        except BaseException:
-            admission._apply(core.release(lease))
-            raise
-        lease._scope = scope
-        self._scope = scope
-        self._lease = lease
-        if admission._subscribers:
-            admission._lease_event("granted", lease, waited=lease.queue_wait)
-        return lease
+        self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._reason)
+        return self._lease
 
-    async def _wait(self, waiter: Waiter) -> Lease:
-        """Park until granted, failed, cancelled or past the deadline.
-
-        Checkpoints (it blocks). Cancelled or timed out, the waiter is
-        withdrawn from the queue and nothing else changes.
-        """
-        admission = self._admission
-        core = admission._core
-        parked_at = trio.current_time()  # the enqueue time, or for a retry the time it asked again
-        if admission._subscribers:
-            admission._emit(AdmissionEvent("queued", _now(), model=waiter.model, long=waiter.long))
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            core.withdraw(waiter)
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        with trio.CancelScope(deadline=waiter.deadline) as timer:
-            waiter.token = _Parked(trio.lowlevel.current_task(), timer)
-            try:
-                lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
-            except BaseException as exc:
-                if admission._subscribers and not isinstance(exc, trio.Cancelled):
-                    admission._emit_rejected(waiter.model, waiter.long, exc)
-                raise
-            finally:
-                waiter.token = None
-            lease.queue_wait = trio.current_time() - parked_at
-            return lease
-        waited = trio.current_time() - waiter.enqueue_time
-        if admission._subscribers:
-            admission._emit(AdmissionEvent("timed_out", _now(), model=waiter.model, long=waiter.long, waited=waited))
-        raise QueueTimeout(waiter.model, waited)
-
-    @trio.lowlevel.enable_ki_protection
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        # Synchronous on purpose: a cancelled task cannot skip the release.
-        lease = self._lease
-        scope = self._scope
-        assert lease is not None and scope is not None, "lease scope was not entered"
-        admission = self._admission
-        try:
-            suppressed = scope.__exit__(exc_type, exc, tb)
-        finally:
-            admission._apply(admission._core.release(lease))
-            lease._scope = None
-            if admission._subscribers:
-                admission._lease_event("released", lease)
-        if lease._revoked and (suppressed or exc_type is None):
-            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation) from None
-        return bool(suppressed)
+        assert self._lease is not None, "lease scope was not entered"
+        return self._admission._release(self._lease, exc_type, exc, tb)

@@ -183,7 +183,6 @@ class Lease:
         "_slot",
         "_released",
         "_revoked",
-        "_scope",
         "_epoch",
         "_reported",
         "_retried",
@@ -214,7 +213,6 @@ class Lease:
         self._slot = slot
         self._released = False
         self._revoked = False
-        self._scope: object = None  # the trio layer's cancel scope for the body
         self._epoch = slot.epoch
         self._reported = False
         self._retried = False
@@ -250,7 +248,6 @@ class Waiter:
         state: a :class:`WaiterState`, compared by identity.
         lease: the granted lease, once ``state == "granted"``.
         error: the failure, once ``state == "failed"``.
-        token: opaque slot for the I/O layer (the parked task).
         attempt, tried: for a retry, its attempt number and the providers
             already tried (never candidates again); 1 and ``()`` otherwise.
     """
@@ -264,7 +261,6 @@ class Waiter:
         "state",
         "lease",
         "error",
-        "token",
         "attempt",
         "tried",
         "_candidates",
@@ -291,7 +287,6 @@ class Waiter:
         self.state: WaiterState = QUEUED
         self.lease: Lease | None = None
         self.error: AdmissionError | None = None
-        self.token: object = None
         self._candidates: tuple[_Provider, ...] = ()
         self._group: _Group | None = None  # the model group whose deque holds us while queued
 

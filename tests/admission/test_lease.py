@@ -569,6 +569,13 @@ async def test_state_changes_run_protected_from_keyboard_interrupt(autojump_cloc
         nursery.cancel_scope.cancel()  # withdrawn
     adm.refresh(pool.shared(capacity=2, long_cap=1))
     adm.disconnect("node-a", gen)
-    assert {name for name, _ in calls} == {"request", "release", "withdraw", "connect", "disconnect", "refresh"}
+    assert {name for name, _ in calls} == {
+        "request",
+        "release",
+        "withdraw",
+        "connect",
+        "disconnect",
+        "refresh",
+    }
     assert all(protected for _, protected in calls), calls
     drain_check(adm)
