@@ -42,6 +42,7 @@ from iop_wire import Run, RunData, RunEnd, RunEvent
 from ._failover import AttemptFailed, serve_with_failover
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._overload import FrontDoor
+from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
 from .status import EdgeStatus, status_document
@@ -87,6 +88,8 @@ class EdgeParts(Protocol):
 
 CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
+UPSTREAM_RETRY_AFTER = 1
+"""``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
 
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream")
@@ -106,6 +109,8 @@ class RequestRejected(Exception):
         retry_after: int | None = None,
         retry: str | None = None,
         provider_failure: bool = False,
+        error: dict[str, Any] | None = None,
+        provider: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -117,9 +122,12 @@ class RequestRejected(Exception):
         self.retry = retry  # a retry reason when another candidate may serve (before the first byte)
         self.provider_failure = provider_failure  # counts against the provider ([outlier-ejection])
         self.attempts: int | None = None  # attempts made, when it ends a run
+        self.error = error  # a backend's own error object, passed through instead of ours
+        self.provider = provider
 
     def body(self) -> bytes:
-        return _dumps({"error": {"message": self.message, "type": self.type, "code": self.code}})
+        error = self.error or {"message": self.message, "type": self.type, "code": self.code}
+        return _dumps({"error": error})
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [_JSON, (b"x-iop-reject-reason", self.reason.encode())]
@@ -127,6 +135,8 @@ class RequestRejected(Exception):
             headers.append((b"retry-after", str(self.retry_after).encode()))
         if self.attempts is not None:
             headers.append((b"x-iop-attempts", str(self.attempts).encode()))
+        if self.provider is not None:
+            headers.append((b"x-iop-provider", self.provider.encode()))
         return headers
 
 
@@ -152,16 +162,22 @@ def node_disconnected(message: str) -> RequestRejected:
 
 
 def run_failure(end: RunEnd) -> RequestRejected:
-    """Map a node's ``run_end`` error to its HTTP answer, and say whether it may be retried.
+    """Map a node's ``run_end`` error to its HTTP answer, by its failure kind, and say
+    whether it may be retried.
 
-    The provider's failures -- upstream unreachable, 5xx, 429, an unreadable
-    answer, the node cancelling the run -- are retried on another candidate and
-    count against the provider; the node's ``concurrency_limit`` is retried but
-    does not count; the backend's client errors (4xx but 429) and a
-    ``bad_request`` from the node are the client's: never retried.
+    A backend's client error (``client_error``: a 4xx but 401, 403, 407, 408 and
+    429) keeps the backend's status and error object, is never retried and never
+    counts against the provider; a backend 429 (``rate_limited``) is retried on
+    another candidate and, if it ends the request, answered 429 with
+    ``Retry-After`` and the backend's error object; the provider's failures
+    (unreachable, 5xx, 401/403/407/408, an unreadable answer) are
+    retried and count against it, and end as ``502 upstream_error``; the node's
+    ``concurrency_limit`` is retried but does not count; a ``bad_request`` from
+    the node is never retried. ``x-iop-provider`` is set by the caller.
     """
     detail = end.message or end.code or "run failed"
-    if end.code == "concurrency_limit":
+    kind = end.failure
+    if kind == "node_busy":
         return RequestRejected(
             503,
             "provider_busy",
@@ -170,11 +186,25 @@ def run_failure(end: RunEnd) -> RequestRejected:
             reason="provider_busy",
             retry="concurrency_limit",
         )
-    if end.status == "cancelled":
+    if kind == "cancelled":
         return node_disconnected(f"run cancelled by the node: {detail}")
-    if end.upstream_status is not None:
-        detail = f"upstream answered {end.upstream_status}: {detail}"
+    status = end.upstream_status
     retry = _upstream_retry(end)
+    if status is not None and kind in ("client_error", "rate_limited"):
+        error = upstream_error_object(status, end.upstream_body, detail)
+        return RequestRejected(
+            status,
+            str(error["code"] or ""),
+            str(error["message"]),
+            type=str(error["type"]),
+            reason="upstream_rate_limited" if kind == "rate_limited" else "upstream_client_error",
+            retry_after=UPSTREAM_RETRY_AFTER if kind == "rate_limited" else None,
+            retry=retry,
+            provider_failure=retry is not None,
+            error=error,
+        )
+    if status is not None:
+        detail = f"upstream answered {status}: {detail}"
     return RequestRejected(
         502,
         "upstream_error",
@@ -187,17 +217,16 @@ def run_failure(end: RunEnd) -> RequestRejected:
 
 
 def _upstream_retry(end: RunEnd) -> str | None:
-    """The retry reason of a failed run, or None when the failure is the client's."""
-    if end.code == "upstream_unreachable":
+    """The retry reason of a failed run (``iop_wire.failure_kind``), or None when the failure is not the provider's."""
+    kind = end.failure
+    if kind == "unreachable":
         return "upstream_unreachable"
-    if end.code != "upstream_error":
-        return None  # bad_request: the run cannot be served as asked
-    status = end.upstream_status
-    if status is None:
-        return "upstream_error"  # a 2xx the node could not read, or the node's own failure
-    if status == 429:
+    if kind == "rate_limited":
         return "upstream_429"
-    return "upstream_5xx" if status >= 500 else None
+    if kind == "provider_error":
+        status = end.upstream_status
+        return "upstream_5xx" if status is not None and status >= 500 else "upstream_error"
+    return None  # client_error, node_refused: the run cannot be served as asked
 
 
 def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
@@ -407,6 +436,8 @@ class EdgeAPI:
         except RequestRejected as rejection:
             if rejection.code == "provider_busy":
                 metrics.request_rejected(model, "provider_busy")
+            elif rejection.reason == "upstream_client_error":
+                outcome = "client_error"
             await responder.reject(rejection)
         except trio.Cancelled:
             outcome = "cancelled"
@@ -591,6 +622,7 @@ def _attempt_failure(rejection: RequestRejected, lease: Lease, started: bool) ->
     Never for the client's error, never once a byte went out ([failover-before-first-byte]).
     """
     rejection.attempts = lease.attempt
+    rejection.provider = str(lease.provider)  # the provider that was tried: x-iop-provider
     if rejection.retry is None or started:
         return rejection
     return AttemptFailed(rejection, rejection.retry, provider_failure=rejection.provider_failure)

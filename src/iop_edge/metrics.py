@@ -51,7 +51,7 @@ REJECTION_REASONS: Final = frozenset(
     {"queue_full", "queue_timeout", "unavailable", "model_not_found", "provider_busy", "overloaded"}
 )
 #: ``outcome`` label values of ``iop_lease_endings_total``.
-LEASE_OUTCOMES: Final = ("ok", "error", "cancelled", "revoked")
+LEASE_OUTCOMES: Final = ("ok", "error", "client_error", "cancelled", "revoked")
 #: ``cause`` label values of ``iop_node_disconnects_total``.
 DisconnectCause = Literal["graceful", "heartbeat_timeout", "error"]
 """Why a node connection ended: ``graceful`` (close 1000/1001), ``heartbeat_timeout``, ``error``."""

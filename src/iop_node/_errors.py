@@ -42,16 +42,23 @@ class UpstreamUnreachable(RunFailed):
 class UpstreamFailed(RunFailed):
     """The upstream answered with a non-2xx status or an unreadable body.
 
+    The Edge tells the client's mistakes from the provider's by ``status``
+    (``iop_wire.failure_kind``): a backend 4xx reaches the client with its status
+    and ``body``.
+
     Attributes:
         status: the upstream's HTTP status, or None when the status was 2xx
             but the body could not be understood.
+        body: the upstream's error body as text (at most
+            ``iop_wire.UPSTREAM_BODY_LIMIT`` characters), or None.
     """
 
     code = "upstream_error"
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, body: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.body = body
 
 
 @final

@@ -10,7 +10,8 @@ with a pool of ``capacity`` connections (why not httpcore for plain HTTP:
 
 Error mapping lives here, once: transport errors and timeouts become
 :class:`UpstreamUnreachable`; a non-2xx answer becomes :class:`UpstreamFailed`
-carrying the status and the upstream's own message.
+carrying the status, the upstream's own message and its body (the Edge passes a
+backend 4xx through to the client with them).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any, final
 
 import attrs
 import httpx
+
+from iop_wire import UPSTREAM_BODY_LIMIT
 
 from ._adapter import TunnelHead
 from ._errors import BadRunRequest, UpstreamFailed, UpstreamUnreachable
@@ -46,7 +49,6 @@ _HOP_BY_HOP = frozenset(
 )
 # httpx sets these itself from the URL and the body it sends.
 _REQUEST_OWNED = _HOP_BY_HOP | {"host", "content-length"}
-_ERROR_BODY_LIMIT = 64 * 1024
 
 
 @final
@@ -315,9 +317,9 @@ def error_message(value: dict[str, Any]) -> str | None:
 async def _failure_of(response: httpx.Response) -> UpstreamFailed:
     body = bytearray()
     async with aclosing(BodyStream(response)) as stream:
-        while len(body) < _ERROR_BODY_LIMIT and (chunk := await stream.next_chunk()) is not None:
+        while len(body) < UPSTREAM_BODY_LIMIT and (chunk := await stream.next_chunk()) is not None:
             body += chunk
-    text = body[:_ERROR_BODY_LIMIT].decode("utf-8", "replace").strip()
+    text = body[:UPSTREAM_BODY_LIMIT].decode("utf-8", "replace").strip()[:UPSTREAM_BODY_LIMIT]
     message = None
     try:
         value = json.loads(text)
@@ -328,7 +330,7 @@ async def _failure_of(response: httpx.Response) -> UpstreamFailed:
             message = error_message(value)
     if not message:
         message = text or response.reason_phrase or f"HTTP {response.status_code}"
-    return UpstreamFailed(message, status=response.status_code)
+    return UpstreamFailed(message, status=response.status_code, body=text)
 
 
 @contextmanager

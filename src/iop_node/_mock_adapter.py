@@ -6,7 +6,8 @@ It emits ``max_tokens`` (default 16) tokens built by
 simulations: after that many chunks the run fails with ``upstream_error``.
 Tunnel requests are answered in-process too: ``POST /v1/chat/completions``,
 ``POST /v1/completions`` (SSE or JSON) and ``GET /v1/models``; anything else is
-a 404.
+a 404. A body the mock cannot serve (``max_tokens`` out of range) fails like the
+mock backend answers it: ``upstream_error`` with status 400 and an OpenAI error body.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import trio
 from iop_mock import completion as mock_completion
 
 from ._adapter import TunnelHead, check_endpoint, encoded_run
-from ._errors import BadRunRequest, UpstreamFailed
+from ._errors import UpstreamFailed
 from .config import ProviderConfig
 
 _ids = itertools.count(1)
@@ -69,8 +70,8 @@ class MockAdapter:
         check_endpoint(endpoint)
         try:
             n_tokens = mock_completion.token_count(body)
-        except ValueError as exc:
-            raise BadRunRequest(str(exc)) from None
+        except ValueError as exc:  # what the mock backend answers: 400 with an OpenAI error body
+            raise UpstreamFailed(str(exc), status=400, body=_error_body(str(exc), "invalid_value").decode()) from None
         model = str(body.get("model") or "mock")
         chat = endpoint == "chat/completions"
         ident = f"{'chatcmpl' if chat else 'cmpl'}-mock-{next(_ids)}"
@@ -128,5 +129,6 @@ class MockAdapter:
         await trio.lowlevel.checkpoint()
 
 
-def _error_body(message: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": None}}).encode()
+def _error_body(message: str, code: str | None = None) -> bytes:
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    return json.dumps({"error": error}).encode()

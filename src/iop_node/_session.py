@@ -74,15 +74,19 @@ REGISTER_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 1.0
 """Seconds the closing handshake may take before the socket is dropped."""
 
-_EndFactory = Callable[[str, str | None, str | None, int | None], RunEnd | TunnelEnd]
+_EndFactory = Callable[[str, str | None, str | None, UpstreamFailed | None], RunEnd | TunnelEnd]
 
 
-def _run_end(status: str, code: str | None, message: str | None, upstream_status: int | None, *, run_id: str) -> RunEnd:
-    return RunEnd(run_id, status, code, message, upstream_status)
+def _run_end(
+    status: str, code: str | None, message: str | None, upstream: UpstreamFailed | None, *, run_id: str
+) -> RunEnd:
+    if upstream is None:
+        return RunEnd(run_id, status, code, message)
+    return RunEnd(run_id, status, code, message, upstream.status, upstream.body)
 
 
 def _tunnel_end(
-    status: str, code: str | None, message: str | None, upstream_status: int | None, *, run_id: str
+    status: str, code: str | None, message: str | None, upstream: UpstreamFailed | None, *, run_id: str
 ) -> TunnelEnd:
     return TunnelEnd(run_id, status, code, message)
 
@@ -287,9 +291,9 @@ class EdgeSession:
             else:
                 final = end("ok", None, None, None)
         except RunFailed as exc:
-            status = exc.status if isinstance(exc, UpstreamFailed) else None
+            upstream = exc if isinstance(exc, UpstreamFailed) else None
             logger.warning("run %s failed: %s: %s", run_id, exc.code, exc.message)
-            final = end("error", exc.code, exc.message, status)
+            final = end("error", exc.code, exc.message, upstream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the writer is gone: the connection is ending, so is this run
         except Exception as exc:  # a bug or an upstream shape we did not expect: end this run only

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Final, Union, final
+from typing import Any, Final, Literal, Union, final, get_args
 
 import attrs
 
@@ -38,6 +38,73 @@ ERROR_CODES: Final = (
     "cancelled",
 )
 """The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries."""
+
+FailureKind = Literal[
+    "client_error",
+    "rate_limited",
+    "provider_error",
+    "unreachable",
+    "node_busy",
+    "node_refused",
+    "cancelled",
+]
+"""Whose failure a ``run_end`` with ``status != "ok"`` is, derived by :func:`failure_kind`.
+
+- ``client_error``: the backend refused the request itself (a 4xx other than 401,
+  403, 407, 408 and 429): the client's mistake, the same on any provider. Never
+  retried, never counted against the provider's health; the Edge answers with the
+  backend's status and error body.
+- ``rate_limited``: the backend answered 429. Not a health failure; the Edge
+  answers 429 with ``Retry-After``.
+- ``provider_error``: the backend failed: a 5xx, a 401/403/407/408 (the node's
+  credentials or the backend's own deadline, nothing the client can fix), an
+  unreadable answer, or an error in the middle of a stream.
+- ``unreachable``: the backend could not be reached, timed out, or dropped the connection.
+- ``node_busy``: the node's local gate was full; nothing was sent upstream.
+- ``node_refused``: the node cannot serve this run (unknown provider, endpoint the
+  adapter does not serve): a mismatch between Edge and Node configs.
+- ``cancelled``: the run was cancelled.
+"""
+
+FAILURE_KINDS: Final[tuple[FailureKind, ...]] = get_args(FailureKind)
+"""Every :data:`FailureKind`, in documentation order."""
+
+PROVIDER_FAILURES: Final[frozenset[FailureKind]] = frozenset({"provider_error", "unreachable"})
+"""The failure kinds that are the provider's fault (health, failover); the others are not."""
+
+PROVIDER_STATUSES_4XX: Final = frozenset({401, 403, 407, 408})
+"""Backend 4xx statuses that are the provider's failure, not the client's (see :data:`FailureKind`)."""
+
+UPSTREAM_BODY_LIMIT: Final = 64 * 1024
+"""The most characters of a backend's error body a node puts into ``run_end.upstream_body``."""
+
+
+def failure_kind(code: str | None, upstream_status: int | None) -> FailureKind:
+    """Classify a failed run from its wire ``code`` and the backend's HTTP status.
+
+    Args:
+        code: the ``run_end`` error code (one of :data:`ERROR_CODES`).
+        upstream_status: the backend's HTTP status, when it answered with one.
+
+    Returns:
+        The :data:`FailureKind`; an unknown code counts as ``provider_error``.
+    """
+    if code == "upstream_error" and upstream_status is not None:
+        if upstream_status == 429:
+            return "rate_limited"
+        if 400 <= upstream_status < 500 and upstream_status not in PROVIDER_STATUSES_4XX:
+            return "client_error"
+        return "provider_error"
+    return _KIND_OF_CODE.get(code, "provider_error")
+
+
+_KIND_OF_CODE: Final[dict[str | None, FailureKind]] = {
+    "cancelled": "cancelled",
+    "concurrency_limit": "node_busy",
+    "bad_request": "node_refused",
+    "upstream_unreachable": "unreachable",
+}
+
 
 REJECT_CODES: Final = ("bad_token", "protocol_mismatch", "unknown_node", "duplicate", "bad_message")
 """The codes of a ``rejected`` answer to ``register``."""
@@ -136,7 +203,10 @@ class RunEnd:
 
     ``status`` is ``"ok"``, ``"error"`` or ``"cancelled"``; ``code`` (one of
     :data:`ERROR_CODES`) is required iff ``status != "ok"``, and is
-    ``"cancelled"`` when ``status`` is ``"cancelled"``.
+    ``"cancelled"`` when ``status`` is ``"cancelled"``. When the backend answered
+    with an error status, ``upstream_status`` is that status and ``upstream_body``
+    its body as text (at most :data:`UPSTREAM_BODY_LIMIT` characters); both are
+    optional, so a frame without them decodes as before.
     """
 
     run_id: str
@@ -144,6 +214,14 @@ class RunEnd:
     code: str | None = attrs.field(default=None, validator=_validate_end_code)
     message: str | None = None
     upstream_status: int | None = None
+    upstream_body: str | None = None
+
+    @property
+    def failure(self) -> FailureKind | None:
+        """Whose failure this end is (:func:`failure_kind`); None when ``status`` is ``"ok"``."""
+        if self.status == "ok":
+            return None
+        return failure_kind(self.code, self.upstream_status)
 
 
 @final

@@ -106,7 +106,8 @@ async def test_backend_400_is_passed_through_not_retried_no_ejection(tmp_path: P
             _, port_b = await _two_backends(stack)
             for _ in range(3):
                 response = await stack.chat(BIG, max_tokens=100_000)
-                assert response.status_code in (400, 502), response.text  # 502 until backend 4xx pass through
+                assert response.status_code == 400, response.text  # passed through [upstream-error-passthrough]
+                assert response.headers["x-iop-reject-reason"] == "upstream_client_error"
                 assert response.headers["x-iop-attempts"] == "1"
             stats_b = (await stack.http.get(f"http://127.0.0.1:{port_b}/stats")).json()
             assert stats_b["total"] == 0

@@ -108,8 +108,8 @@ async def test_no_retry_for_client_errors_after_first_byte_or_without_candidate(
                     run = await a.next_run()
                     await a.send(RunEnd(run.run_id, "error", "upstream_error", "boom", 500))
                 assert results["400"].headers["x-iop-attempts"] == "1"
-                assert results["400"].status_code == 502  # today's mapping of a backend 4xx
-                assert "400" in results["400"].json()["error"]["message"]
+                assert results["400"].status_code == 400  # [upstream-error-passthrough]: the backend's status
+                assert results["400"].json()["error"]["message"] == "bad field"
                 streamed = results["stream"]
                 assert streamed.status_code == 200 and streamed.headers["x-iop-attempts"] == "1"
                 assert sse_events(streamed.text)[-1]["error"]["code"] == "upstream_error"

@@ -194,6 +194,7 @@ async def test_counters_gauges_and_histograms_after_cross_model_traffic(
         assert series(samples, "iop_lease_endings_total") == {
             frozenset({("outcome", "ok")}): 2.0,
             frozenset({("outcome", "error")}): 1.0,
+            frozenset({("outcome", "client_error")}): 0.0,
             frozenset({("outcome", "cancelled")}): 0.0,
             frozenset({("outcome", "revoked")}): 1.0,
         }

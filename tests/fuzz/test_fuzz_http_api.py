@@ -139,17 +139,20 @@ async def test_json_the_node_link_cannot_carry_is_400(edge_thread: EdgeThread, c
 
 
 @pytest.mark.parametrize("limit", [MAX_TOKENS_LIMIT + 1, 2**31, 2**200])
+@pytest.mark.req("upstream-error-passthrough")
 async def test_huge_token_limit_is_refused_by_the_mock_not_served(edge_thread: EdgeThread, limit: int) -> None:
     """Regression: the mock adapter built ``"tok " * max_tokens`` for any limit, so one request with
-    ``max_tokens: 2**31`` held the node (and the GIL) in one allocation; now it is an explicit
-    ``bad_request`` run end, which the Edge answers as a 502 at once."""
+    ``max_tokens: 2**31`` held the node (and the GIL) in one allocation; now the mock refuses
+    it at once as the mock backend does, with a 400 that the Edge passes through
+    [upstream-error-passthrough]."""
     with trio.fail_after(EXAMPLE_TIMEOUT):
         async with client(edge_thread) as http:
             response = await http.post(
                 "/v1/completions", json={"model": HEALTHY_MODEL, "prompt": "x", "max_tokens": limit}
             )
             assert_error_reason = response.headers["x-iop-reject-reason"]
-            assert (response.status_code, assert_error_reason) == (502, "bad_request"), response.text
+            assert (response.status_code, assert_error_reason) == (400, "upstream_client_error"), response.text
+            assert response.json()["error"]["code"] == "invalid_value"
             await assert_healthy(http)
 
 

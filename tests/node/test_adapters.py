@@ -106,6 +106,40 @@ async def test_non_2xx_is_upstream_error_with_status_and_message() -> None:
     assert (caught.value.code, caught.value.status, caught.value.message) == ("upstream_error", 503, "overloaded")
 
 
+@pytest.mark.req("upstream-error-passthrough")
+@pytest.mark.parametrize(
+    ("status", "content", "message"),
+    [
+        (
+            400,
+            b'{"error": {"message": "too long", "type": "invalid_request_error", "param": null, "code": 7}}',
+            "too long",
+        ),
+        (413, b"<html>payload too large</html>", "<html>payload too large</html>"),
+        (422, b"", "Unprocessable Entity"),
+    ],
+)
+async def test_backend_client_error_carries_status_and_body(status: int, content: bytes, message: str) -> None:
+    """[upstream-error-passthrough] a backend 4xx: UpstreamFailed with the status, message and raw body text."""
+    adapter = openai_adapter(lambda request: httpx.Response(status, content=content))
+    with pytest.raises(UpstreamFailed) as caught:
+        await collect(adapter.run("chat/completions", CHAT, stream=False))
+    await adapter.aclose()
+    assert (caught.value.status, caught.value.message, caught.value.body) == (status, message, content.decode())
+
+
+@pytest.mark.req("upstream-error-passthrough")
+async def test_mock_adapter_refuses_like_the_mock_backend() -> None:
+    """[upstream-error-passthrough] max_tokens over the mock's limit: a 400 with an OpenAI error body."""
+    with pytest.raises(UpstreamFailed) as caught:
+        await collect(MockAdapter().run("chat/completions", {"max_tokens": 100_000}, stream=False))
+    assert caught.value.status == 400
+    assert caught.value.body is not None
+    error = json.loads(caught.value.body)["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_value")
+    assert "maximum" in error["message"]
+
+
 @pytest.mark.parametrize("error", [httpx.ConnectError("refused"), httpx.ReadTimeout("slow")])
 async def test_transport_errors_are_upstream_unreachable(error: httpx.TransportError) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
@@ -166,6 +200,7 @@ async def test_ollama_request_mapping_and_errors() -> None:
     with pytest.raises(UpstreamFailed) as caught:
         await collect(adapter.run("chat/completions", body, stream=True))
     assert (caught.value.status, caught.value.message) == (404, "model 'm' not found")
+    assert caught.value.body == '{"error":"model \'m\' not found"}'  # [upstream-error-passthrough]
     assert seen[0] == {
         "model": "m",
         "messages": CHAT["messages"],

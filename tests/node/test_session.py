@@ -185,6 +185,7 @@ async def test_unknown_provider_is_a_bad_request(edge: FakeEdge, backend: Backen
     assert isinstance(tunnel_end, TunnelEnd) and tunnel_end.code == "bad_request"
 
 
+@pytest.mark.req("upstream-error-passthrough")
 async def test_upstream_error_keeps_status_and_message(edge: FakeEdge, backend: Backend) -> None:
     """A non-2xx answer -> run_end error upstream_error with upstream_status and its message."""
     with trio.fail_after(5):
@@ -195,6 +196,9 @@ async def test_upstream_error_keeps_status_and_message(edge: FakeEdge, backend: 
     assert isinstance(end, RunEnd)
     assert (end.status, end.code, end.upstream_status) == ("error", "upstream_error", 400)
     assert end.message and "many" in end.message
+    # [upstream-error-passthrough] the backend's body travels too, and classifies as the client's error
+    assert end.upstream_body is not None and json.loads(end.upstream_body)["error"]["message"] == end.message
+    assert end.failure == "client_error"
 
 
 async def test_unreachable_upstream(edge: FakeEdge) -> None:

@@ -14,8 +14,10 @@ from iop_wire import (
     CLOSE_PROTOCOL_ERROR,
     CLOSE_TOO_BIG,
     ERROR_CODES,
+    FAILURE_KINDS,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
+    PROVIDER_FAILURES,
     REJECT_CODES,
     Cancel,
     EdgeMessage,
@@ -62,6 +64,7 @@ EXAMPLES: list[Any] = [
     RunEvent("r1", {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"content": "héllo ✓"}}], "x": None}),
     RunEnd("r1", "ok"),
     RunEnd("r2", "error", "upstream_error", "backend said 500", 500),
+    RunEnd("r5", "error", "upstream_error", "too long", 400, '{"error":{"message":"too long"}}'),
     RunEnd("r3", "cancelled", "cancelled"),
     TunnelStart("t1", 200, (("content-type", "application/x-ndjson"), ("x-a", ""))),
     TunnelChunk.from_bytes("t1", b"\x00\xffraw"),
@@ -109,6 +112,7 @@ def test_encode_emits_optional_fields_as_null() -> None:
         "code": None,
         "message": None,
         "upstream_status": None,
+        "upstream_body": None,
     }
 
 
@@ -133,6 +137,44 @@ def test_encode_emits_optional_fields_as_null() -> None:
 )
 def test_decode_accepts_missing_optional_fields(frame: str, expected: Any) -> None:
     assert decode(frame) == expected
+
+
+@pytest.mark.req("upstream-error-passthrough")
+def test_run_end_without_upstream_fields_decodes() -> None:
+    """[upstream-error-passthrough] upstream_status and upstream_body are optional: an older node's frame decodes."""
+    frame = '{"type":"run_end","run_id":"r","status":"error","code":"upstream_error","message":"m"}'
+    assert decode(frame) == RunEnd("r", "error", "upstream_error", "m", None, None)
+
+
+@pytest.mark.req("upstream-error-passthrough")
+@pytest.mark.parametrize(
+    ("end", "kind"),
+    [
+        (RunEnd("r", "ok"), None),
+        (RunEnd("r", "error", "upstream_error", "m", 400), "client_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 404), "client_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 413), "client_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 422), "client_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 429), "rate_limited"),
+        (RunEnd("r", "error", "upstream_error", "m", 401), "provider_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 403), "provider_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 408), "provider_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 500), "provider_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 503), "provider_error"),
+        (RunEnd("r", "error", "upstream_error", "m", 200), "provider_error"),
+        (RunEnd("r", "error", "upstream_error", "broke off mid-stream"), "provider_error"),
+        (RunEnd("r", "error", "upstream_unreachable", "timed out"), "unreachable"),
+        (RunEnd("r", "error", "concurrency_limit", "full"), "node_busy"),
+        (RunEnd("r", "error", "bad_request", "unknown provider"), "node_refused"),
+        (RunEnd("r", "cancelled", "cancelled"), "cancelled"),
+    ],
+)
+def test_failure_kind_tells_the_clients_failures_from_the_providers(end: RunEnd, kind: str | None) -> None:
+    """[upstream-error-passthrough] the one classification the Edge maps (and health counts) from."""
+    assert end.failure == kind
+    if kind is not None:
+        assert kind in FAILURE_KINDS
+        assert (kind in PROVIDER_FAILURES) == (kind in ("provider_error", "unreachable"))
 
 
 def test_non_ascii_is_kept_and_counted_in_utf8_bytes() -> None:
@@ -402,7 +444,7 @@ def test_doc_names_every_message_field_and_code() -> None:
             assert f"`{field.name}`" in text, (tag, field.name)
     for field in attrs.fields(ProviderInfo):
         assert f"`{field.name}`" in text
-    for code in (*ERROR_CODES, *REJECT_CODES):
+    for code in (*ERROR_CODES, *REJECT_CODES, *FAILURE_KINDS):
         assert f"`{code}`" in text, code
     for number in ("1000", "1001", "1002", "1008", "1009", str(MAX_MESSAGE_BYTES), "heartbeat_timeout_ms", "15000"):
         assert number in text, number

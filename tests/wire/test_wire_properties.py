@@ -69,7 +69,7 @@ messages: st.SearchStrategy[Any] = st.one_of(
     ),
     st.builds(Heartbeat, seq=ints),
     st.builds(RunEvent, run_id=texts, data=json_objects),
-    ends(RunEnd, upstream_status=st.none() | ints),
+    ends(RunEnd, upstream_status=st.none() | ints, upstream_body=optional_texts),
     st.builds(TunnelStart, run_id=texts, status=ints, headers=headers),
     st.builds(TunnelChunk.from_bytes, run_id=texts, raw=st.binary(max_size=64)),
     ends(TunnelEnd),
