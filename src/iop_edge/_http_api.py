@@ -1,10 +1,10 @@
 """The Edge's HTTP API: a raw ASGI app served by the Edge's own h11 listener (``_http_server``).
 
 Endpoints (contract: ``docs/openai-api.md``): ``GET /v1/models``, ``POST
-/v1/chat/completions``, ``POST /v1/completions``, ``GET /status``, ``GET
-/healthz``, ``GET /metrics``, ``POST /admin/reload``.
+/v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+``GET /status``, ``GET /healthz``, ``GET /metrics``, ``POST /admin/reload``.
 
-Every completion request runs inside one admission lease, from before the run
+Every completion or embeddings request runs inside one admission lease, from before the run
 is sent to the node until the last byte reaches the client or the client goes
 away. A run that fails for a provider reason before its first byte reached the
 client is tried again under a new lease on another candidate
@@ -229,8 +229,71 @@ def _upstream_retry(end: RunEnd) -> str | None:
     return None  # client_error, node_refused: the run cannot be served as asked
 
 
+def checked_stream(endpoint: str, body: dict[str, Any]) -> bool:
+    """Check the fields the Edge reads for ``endpoint``; return whether the answer streams.
+
+    Raises:
+        RequestRejected: 400 ``bad_request`` naming the field.
+    """
+    if endpoint == "embeddings":
+        if not is_embedding_input(body.get("input")):
+            raise RequestRejected(
+                400,
+                "bad_request",
+                "'input' is required: a non-empty string, a list of strings, a token list or a list of token lists",
+            )
+        return False  # never a stream
+    if endpoint == "chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestRejected(400, "bad_request", "'messages' is required and must be a non-empty list")
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list):
+            raise RequestRejected(400, "bad_request", "'prompt' is required and must be a string or a list")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestRejected(400, "bad_request", "'stream' must be true or false")
+    return stream
+
+
+def _is_token_list(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+def is_embedding_input(value: object) -> bool:
+    """``input`` of an embeddings request: a non-empty string, or a non-empty list of non-empty
+    strings, a token list (integers), or a non-empty list of non-empty token lists."""
+    if isinstance(value, str):
+        return bool(value)
+    if not isinstance(value, list) or not value:
+        return False
+    return (
+        all(isinstance(item, str) and item for item in value)
+        or _is_token_list(value)
+        or all(_is_token_list(item) for item in value)
+    )
+
+
+def embedding_tokens(value: object) -> int:
+    """Estimated tokens of an embeddings ``input``: characters / 4, plus one per token id given."""
+    if isinstance(value, str):
+        return len(value) // CHARS_PER_TOKEN
+    if _is_token_list(value):
+        return len(value)  # type: ignore[arg-type]
+    if not isinstance(value, list):
+        return 0
+    chars = sum(len(item) for item in value if isinstance(item, str))
+    return chars // CHARS_PER_TOKEN + sum(len(item) for item in value if isinstance(item, list))
+
+
 def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
-    """Estimated context of a request: prompt characters / 4 plus the output budget."""
+    """Estimated context of a request: prompt characters / 4 plus the output budget.
+
+    For embeddings: the input's characters / 4 plus its token ids (:func:`embedding_tokens`).
+    """
+    if endpoint == "embeddings":
+        return embedding_tokens(body.get("input"))
     chars = 0
     if endpoint == "chat/completions":
         for message in body.get("messages") or ():
@@ -302,6 +365,7 @@ class EdgeAPI:
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Responder], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/embeddings"): self._embeddings,
             ("GET", "/v1/models"): self._models,
             ("GET", "/status"): self._status,
             ("GET", "/healthz"): self._healthz,
@@ -339,6 +403,9 @@ class EdgeAPI:
     async def _completions(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await self._completion(scope, receive, responder, "completions")
 
+    async def _embeddings(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        await self._completion(scope, receive, responder, "embeddings")
+
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
         self._refuse_early(scope)
@@ -346,17 +413,7 @@ class EdgeAPI:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise RequestRejected(400, "bad_request", "'model' is required and must be a string")
-        if endpoint == "chat/completions":
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise RequestRejected(400, "bad_request", "'messages' is required and must be a non-empty list")
-        else:
-            prompt = body.get("prompt")
-            if not isinstance(prompt, str | list):
-                raise RequestRejected(400, "bad_request", "'prompt' is required and must be a string or a list")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise RequestRejected(400, "bad_request", "'stream' must be true or false")
+        stream = checked_stream(endpoint, body)
         config = service.config
         threshold = config.long_threshold(model)
         long = threshold is not None and estimate_tokens(endpoint, body) > threshold
@@ -501,7 +558,8 @@ class EdgeAPI:
             link = service.registry.link(key.node_id, lease.generation)
             upstream = dict(body)
             upstream["model"] = service.config.upstream_model(model, key)
-            upstream["stream"] = stream
+            if endpoint != "embeddings":  # an embeddings body goes as the client sent it
+                upstream["stream"] = stream
             return link.open_run(Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream))
         except (NodeGone, KeyError) as exc:
             raise node_disconnected(str(exc)) from None

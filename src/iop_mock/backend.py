@@ -5,8 +5,10 @@ Usage::
     iop-mock-backend --port 9100 --latency-ms 200 --tokens-per-second 50 [--host 127.0.0.1]
 
 It serves ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream as
-SSE and non-stream) and Ollama's ``POST /api/chat`` (NDJSON stream, the default, or one object).
-Every generation request waits ``latency`` seconds (time to first token), then produces
+SSE and non-stream) and Ollama's ``POST /api/chat`` (NDJSON stream, the default, or one object),
+and embeddings: ``POST /v1/embeddings`` (OpenAI's shape) and Ollama's ``POST /api/embed``, with
+deterministic vectors (:mod:`iop_mock.embedding`) after ``latency`` seconds; they count in the
+stats like generations. Every generation request waits ``latency`` seconds (time to first token), then produces
 ``max_tokens`` tokens at ``tokens_per_second`` (0: all at once). ``GET /stats`` reports
 ``{"in_flight", "peak_in_flight", "total"}``; ``POST /stats/reset`` starts a new measurement.
 ``POST /fault`` with ``{"status": 500}`` makes every generation request answer that status
@@ -49,6 +51,7 @@ import hypercorn.trio
 import trio
 
 from . import completion as mock_completion
+from . import embedding as mock_embedding
 
 __all__ = ["MockBackend", "main", "serve_mock_backend"]
 
@@ -107,6 +110,9 @@ class _Generation:
     n_tokens: int
     stream: bool
     include_usage: bool
+
+
+_Request = typing.TypeVar("_Request")
 
 
 class _BadRequest(Exception):
@@ -247,11 +253,22 @@ class MockBackend:
         ollama: bool,
         respond: Callable[[Send, _Generation], Awaitable[None]],
     ) -> None:
+        parse = functools.partial(_parse_generation, default_model=self.models[0], ollama=ollama)
+        await self._serve(receive, send, parse, respond)
+
+    async def _serve(
+        self,
+        receive: Receive,
+        send: Send,
+        parse: Callable[[bytes], _Request],
+        respond: Callable[[Send, _Request], Awaitable[None]],
+    ) -> None:
+        """Read and ``parse`` the body (a 400 if it cannot be served), then ``respond`` while counted in flight."""
         body = await _read_body(receive)
         if body is None:  # the client left before its request was complete
             return
         try:
-            generation = _parse_generation(body, default_model=self.models[0], ollama=ollama)
+            request = parse(body)
         except _BadRequest as error:
             await _send_json(send, 400, _error_body(str(error), error.code))
             return
@@ -268,7 +285,7 @@ class MockBackend:
             self._total += 1
             self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
             try:
-                await respond(send, generation)
+                await respond(send, request)
             except OSError:
                 pass  # ASGI: send raises OSError once the client is gone; nothing to tell
             finally:
@@ -283,6 +300,20 @@ class MockBackend:
 
     async def _ollama_chat(self, receive: Receive, send: Send) -> None:
         await self._serve_generation(receive, send, ollama=True, respond=self._respond_ollama_chat)
+
+    async def _embeddings(self, receive: Receive, send: Send) -> None:
+        parse = functools.partial(_parse_embedding, default_model=self.models[0], ollama=False)
+        await self._serve(receive, send, parse, self._respond_embedding)
+
+    async def _ollama_embed(self, receive: Receive, send: Send) -> None:
+        parse = functools.partial(_parse_embedding, default_model=self.models[0], ollama=True)
+        await self._serve(receive, send, parse, self._respond_embedding)
+
+    async def _respond_embedding(self, send: Send, response: dict[str, Any]) -> None:
+        """Wait ``latency``, then send the vectors (computed while parsing)."""
+        if self.latency:
+            await trio.sleep(self.latency)
+        await _send_json(send, 200, _encode(response).encode())
 
     def _openai_identity(self, prefix: str) -> dict[str, Any]:
         return {"id": f"{prefix}-mock{next(self._ids)}", "created": int(time.time())}
@@ -369,13 +400,16 @@ _ROUTES: dict[str, tuple[str, _Handler]] = {
     "/v1/chat/completions": ("POST", MockBackend._chat),
     "/v1/completions": ("POST", MockBackend._completions),
     "/api/chat": ("POST", MockBackend._ollama_chat),
+    "/v1/embeddings": ("POST", MockBackend._embeddings),
+    "/api/embed": ("POST", MockBackend._ollama_embed),
     "/stats": ("GET", MockBackend._stats),
     "/stats/reset": ("POST", MockBackend._reset),
     "/fault": ("POST", MockBackend._fault),
 }
 
 
-def _parse_generation(body: bytes, *, default_model: str, ollama: bool) -> _Generation:
+def _request_of(body: bytes, default_model: str) -> tuple[dict[str, Any], str]:
+    """The request object and its model (``default_model`` when unnamed)."""
     try:
         request = json.loads(body)
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
@@ -385,6 +419,11 @@ def _parse_generation(body: bytes, *, default_model: str, ollama: bool) -> _Gene
     model = request.get("model", default_model)
     if not isinstance(model, str):
         raise _BadRequest("'model' must be a string", "invalid_value")
+    return request, model
+
+
+def _parse_generation(body: bytes, *, default_model: str, ollama: bool) -> _Generation:
+    request, model = _request_of(body, default_model)
     try:
         n_tokens = mock_completion.token_count(request)
     except ValueError as error:
@@ -394,6 +433,16 @@ def _parse_generation(body: bytes, *, default_model: str, ollama: bool) -> _Gene
     # Ollama streams unless told "stream": false; OpenAI streams only when told "stream": true.
     stream = request.get("stream") is not False if ollama else bool(request.get("stream"))
     return _Generation(model, n_tokens, stream, include_usage)
+
+
+def _parse_embedding(body: bytes, *, default_model: str, ollama: bool) -> dict[str, Any]:
+    """The whole embeddings answer to ``body`` (OpenAI's shape, or Ollama's ``/api/embed``)."""
+    request, model = _request_of(body, default_model)
+    build = mock_embedding.ollama_embed_response if ollama else mock_embedding.embedding_response
+    try:
+        return build(model, request)
+    except ValueError as error:
+        raise _BadRequest(str(error), "invalid_value") from None
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -4,6 +4,8 @@ It emits ``max_tokens`` (default 16) tokens built by
 :mod:`iop_mock.completion`, after ``latency_ms`` and at
 ``tokens_per_second`` (0: no delay). ``fail_after_chunks`` is a fault knob for
 simulations: after that many chunks the run fails with ``upstream_error``.
+An ``embeddings`` run answers deterministic vectors (:mod:`iop_mock.embedding`)
+after ``latency_ms``.
 Tunnel requests are answered in-process too: ``POST /v1/chat/completions``,
 ``POST /v1/completions`` (SSE or JSON) and ``GET /v1/models``; anything else is
 a 404. A body the mock cannot serve (``max_tokens`` out of range) fails like the
@@ -15,20 +17,22 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import attrs
 import trio
 
 from iop_mock import completion as mock_completion
+from iop_mock import embedding as mock_embedding
 
 from ._adapter import TunnelHead, check_endpoint, encoded_run
 from ._errors import UpstreamFailed
 from .config import ProviderConfig
 
 _ids = itertools.count(1)
+_T = TypeVar("_T")
 _JSON = (("content-type", "application/json"),)
 _SSE = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
 
@@ -68,11 +72,11 @@ class MockAdapter:
         generation time. See :meth:`iop_node.Adapter.run`.
         """
         check_endpoint(endpoint)
-        try:
-            n_tokens = mock_completion.token_count(body)
-        except ValueError as exc:  # what the mock backend answers: 400 with an OpenAI error body
-            raise UpstreamFailed(str(exc), status=400, body=_error_body(str(exc), "invalid_value").decode()) from None
         model = str(body.get("model") or "mock")
+        if endpoint == "embeddings":
+            yield await self._embed(model, body)
+            return
+        n_tokens = _or_400(mock_completion.token_count, body)
         chat = endpoint == "chat/completions"
         ident = f"{'chatcmpl' if chat else 'cmpl'}-mock-{next(_ids)}"
         created = int(time.time())
@@ -92,6 +96,14 @@ class MockAdapter:
             if index and self.tokens_per_second:
                 await trio.sleep(1 / self.tokens_per_second)
             yield chunk
+
+    async def _embed(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Deterministic vectors (``iop_mock.embedding``) after ``latency``. Checkpoints."""
+        response = _or_400(mock_embedding.embedding_response, model, body)
+        await trio.sleep(self.latency)
+        if self.fail_after_chunks is not None:
+            raise UpstreamFailed("mock fault: fail_after_chunks is set", status=500)
+        return response
 
     async def tunnel(
         self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
@@ -127,6 +139,14 @@ class MockAdapter:
     async def aclose(self) -> None:
         """Nothing to release. Checkpoints."""
         await trio.lowlevel.checkpoint()
+
+
+def _or_400(build: Callable[..., _T], *args: Any) -> _T:
+    """``build(*args)``; its ``ValueError`` fails the run as the mock backend answers it: a 400."""
+    try:
+        return build(*args)
+    except ValueError as exc:
+        raise UpstreamFailed(str(exc), status=400, body=_error_body(str(exc), "invalid_value").decode()) from None
 
 
 def _error_body(message: str, code: str | None = None) -> bytes:

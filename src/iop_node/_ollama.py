@@ -4,14 +4,19 @@ A normalized ``chat/completions`` run becomes POST ``{base_url}/api/chat``; the
 OpenAI sampling fields are moved into Ollama ``options``. The NDJSON stream is
 mapped line by line to ``chat.completion.chunk`` objects (the first carries the
 assistant role, the last the finish reason and usage); a non-stream answer
-becomes one ``chat.completion`` object. Legacy ``completions`` runs are refused
-with ``bad_request``: use the tunnel for ``/api/generate``. Tunnel requests go
-to ``base_url`` itself, the server root.
+becomes one ``chat.completion`` object. An ``embeddings`` run becomes POST
+``{base_url}/api/embed`` and its answer an OpenAI embeddings list (``float`` or
+``base64`` as the request's ``encoding_format`` asks). Legacy ``completions``
+runs are refused with ``bad_request``: use the tunnel for ``/api/generate``.
+Tunnel requests go to ``base_url`` itself, the server root.
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
+import struct
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -68,6 +73,9 @@ class OllamaAdapter(HttpAdapter):
         See :meth:`iop_node.Adapter.run`.
         """
         check_endpoint(endpoint)
+        if endpoint == "embeddings":
+            yield await self._embed(body)
+            return
         if endpoint != "chat/completions":
             raise BadRunRequest("the ollama adapter serves chat/completions only; tunnel /api/generate instead")
         request = ollama_chat_request(body, stream=stream)
@@ -83,6 +91,58 @@ class OllamaAdapter(HttpAdapter):
                     if line.strip():
                         yield chat_chunk_of(_checked(parse_object(line)), completion_id, created, first=first)
                         first = False
+
+    async def _embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``/api/embed``; return the answer in OpenAI's shape. Checkpoints."""
+        request = ollama_embed_request(body)
+        async with self.http.post_json(f"{self.http.root}/api/embed", request) as response:
+            reply = _checked(await read_object(response))
+        return embeddings_of(reply, body)
+
+
+def ollama_embed_request(body: dict[str, Any]) -> dict[str, Any]:
+    """Map an OpenAI embeddings body to an Ollama ``/api/embed`` body.
+
+    Raises:
+        UpstreamFailed: ``input`` is token ids, which Ollama does not take; as a 400
+            with an OpenAI error body, since it is the request that cannot be served.
+    """
+    value = body.get("input")
+    if not isinstance(value, str) and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        message = "this provider (Ollama) embeds text only: 'input' must be a string or a list of strings"
+        error = {"message": message, "type": "invalid_request_error", "param": "input", "code": "unsupported_input"}
+        raise UpstreamFailed(message, status=400, body=json.dumps({"error": error}))
+    request: dict[str, Any] = {"model": body.get("model"), "input": value}
+    if body.get("dimensions") is not None:
+        request["dimensions"] = body["dimensions"]
+    return request
+
+
+def embeddings_of(reply: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """Map an Ollama ``/api/embed`` reply to an OpenAI embeddings list.
+
+    Raises:
+        UpstreamFailed: the reply has no ``embeddings`` list of number lists.
+    """
+    vectors = reply.get("embeddings")
+    if not isinstance(vectors, list) or not all(isinstance(v, list) for v in vectors):
+        raise UpstreamFailed("ollama answered /api/embed without an 'embeddings' list")
+    as_base64 = body.get("encoding_format") == "base64"
+    tokens = int(reply.get("prompt_eval_count") or 0)
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _base64_float32(v) if as_base64 else v}
+            for i, v in enumerate(vectors)
+        ],
+        "model": reply.get("model", body.get("model", "")),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _base64_float32(values: list[float]) -> str:
+    """OpenAI's ``encoding_format: base64``: little-endian float32 values, base64-encoded."""
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
 
 
 def ollama_chat_request(body: dict[str, Any], *, stream: bool) -> dict[str, Any]:

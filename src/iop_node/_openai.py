@@ -1,10 +1,12 @@
 """The ``openai`` adapter: any OpenAI-compatible server (vLLM, llama.cpp, Lemonade, ...).
 
-Runs POST ``{base_url}/chat/completions`` or ``{base_url}/completions``. In
-wire v2 (:meth:`OpenAIAdapter.relay`) the answer's body bytes are passed on as
-they arrive, never parsed. In wire v1 (:meth:`OpenAIAdapter.run`) a streamed
-answer is Server-Sent Events; each ``data:`` event is parsed and yielded as one
-chunk object until ``data: [DONE]``; a non-stream answer is one JSON object. Tunnel requests go to the server root: ``base_url`` without a
+Runs POST ``{base_url}/chat/completions``, ``{base_url}/completions`` or
+``{base_url}/embeddings`` (never a stream; the body goes as sent). In wire v2
+(:meth:`OpenAIAdapter.relay`) the answer's body bytes are passed on as they
+arrive, never parsed. In wire v1 (:meth:`OpenAIAdapter.run`) a streamed answer
+is Server-Sent Events; each ``data:`` event is parsed and yielded as one chunk
+object until ``data: [DONE]``; a non-stream answer is one JSON object. Tunnel
+requests go to the server root: ``base_url`` without a
 trailing ``/v1``.
 """
 
@@ -58,7 +60,7 @@ class OpenAIAdapter(HttpAdapter):
         See :meth:`iop_node.Adapter.run`.
         """
         check_endpoint(endpoint)
-        async with self.http.post_json(f"{self.base_url}/{endpoint}", {**body, "stream": stream}) as response:
+        async with self.http.post_json(f"{self.base_url}/{endpoint}", request_body(endpoint, body, stream)) as response:
             if not stream:
                 yield await read_object(response)
                 return
@@ -69,10 +71,15 @@ class OpenAIAdapter(HttpAdapter):
     async def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
         """Yield the upstream's body bytes as they arrive, unparsed. See :meth:`iop_node.Adapter.relay`."""
         check_endpoint(endpoint)
-        async with self.http.post_json(f"{self.base_url}/{endpoint}", {**body, "stream": stream}) as response:
+        async with self.http.post_json(f"{self.base_url}/{endpoint}", request_body(endpoint, body, stream)) as response:
             async with aclosing(BodyStream(response)) as chunks:
                 while (chunk := await chunks.next_chunk()) is not None:
                     yield chunk
+
+
+def request_body(endpoint: str, body: dict[str, Any], stream: bool) -> dict[str, Any]:
+    """The body to POST: a completion's with ``stream`` set; an embeddings body as the client sent it."""
+    return body if endpoint == "embeddings" else {**body, "stream": stream}
 
 
 async def iter_sse_objects(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:

@@ -112,7 +112,7 @@ REJECT_CODES: Final = ("bad_token", "protocol_mismatch", "unknown_node", "duplic
 END_STATUSES: Final = ("ok", "error", "cancelled")
 """The statuses of ``run_end`` and ``tunnel_end``."""
 
-ENDPOINTS: Final = ("chat/completions", "completions")
+ENDPOINTS: Final = ("chat/completions", "completions", "embeddings")
 """The OpenAI endpoints a ``run`` can target."""
 
 
@@ -298,7 +298,9 @@ class Rejected:
 class Run:
     """``run``: execute one OpenAI request on ``provider``.
 
-    ``body["model"]`` is already the upstream model name and ``body["stream"]`` equals ``stream``.
+    ``body["model"]`` is already the upstream model name. For ``chat/completions`` and
+    ``completions`` ``body["stream"]`` equals ``stream``; an ``embeddings`` run is never a
+    stream and its body carries no ``stream`` key.
     """
 
     run_id: str

@@ -433,7 +433,7 @@ async def test_bad_request_is_400_with_openai_error(served: Served, path: str, b
 
 async def test_unknown_path_404_and_wrong_method_405(served: Served) -> None:
     with trio.fail_after(TIMEOUT):
-        missing = await served.client.get("/v1/embeddings")
+        missing = await served.client.get("/v1/rerank")
         wrong = await served.client.get("/v1/chat/completions")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"

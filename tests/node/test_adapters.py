@@ -3,7 +3,9 @@ for the Ollama shape, and the in-process mock adapter under a MockClock."""
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -14,6 +16,7 @@ import trio
 import trio.testing
 from node_harness import Backend
 
+from iop_mock import embedding as mock_embedding
 from iop_node import (
     BadRunRequest,
     MockAdapter,
@@ -155,7 +158,7 @@ async def test_transport_errors_are_upstream_unreachable(error: httpx.TransportE
 async def test_unknown_endpoint_is_a_bad_request() -> None:
     adapter = openai_adapter(lambda request: httpx.Response(200, json={}))
     with pytest.raises(BadRunRequest):
-        await collect(adapter.run("embeddings", CHAT, stream=False))
+        await collect(adapter.run("rerank", CHAT, stream=False))
     await adapter.aclose()
 
 
@@ -269,3 +272,67 @@ async def test_mock_adapter_tunnel() -> None:
     assert head.status == 200 and text.count("data: ") == 2 + 2 + 1 and text.endswith("data: [DONE]\n\n")
     head, *_ = await collect(adapter.tunnel("GET", "/nope", [], b""))
     assert head.status == 404
+
+
+@pytest.mark.req("embeddings")
+async def test_openai_adapter_embeddings_go_as_sent() -> None:
+    """[embeddings] POST {base_url}/embeddings with the body unchanged (no stream key); one answer."""
+    seen: list[httpx.Request] = []
+    answer = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5]}], "model": "e"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=answer)
+
+    adapter = openai_adapter(handler)
+    body = {"model": "e", "input": ["a"], "encoding_format": "base64"}
+    assert await collect(adapter.run("embeddings", body, stream=False)) == [answer]
+    await adapter.aclose()
+    assert str(seen[0].url) == "http://upstream.test/v1/embeddings"
+    assert json.loads(seen[0].content) == body
+
+
+@pytest.mark.req("embeddings")
+async def test_ollama_adapter_embeddings_via_api_embed() -> None:
+    """[embeddings] /api/embed with input and dimensions; the answer in OpenAI's shape, float or base64."""
+    seen: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(
+            200, json={"model": "nomic", "embeddings": [[0.5, -1.0], [0.25, 2.0]], "prompt_eval_count": 6}
+        )
+
+    adapter = ollama_adapter(handler)
+    (plain,) = await collect(
+        adapter.run("embeddings", {"model": "nomic", "input": ["a", "b"], "dimensions": 2}, stream=False)
+    )
+    (packed,) = await collect(
+        adapter.run("embeddings", {"model": "nomic", "input": "a", "encoding_format": "base64"}, stream=False)
+    )
+    with pytest.raises(UpstreamFailed) as tokens:
+        await collect(adapter.run("embeddings", {"model": "nomic", "input": [1, 2]}, stream=False))
+    await adapter.aclose()
+    assert seen == [{"model": "nomic", "input": ["a", "b"], "dimensions": 2}, {"model": "nomic", "input": "a"}]
+    assert plain == {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": 0, "embedding": [0.5, -1.0]},
+            {"object": "embedding", "index": 1, "embedding": [0.25, 2.0]},
+        ],
+        "model": "nomic",
+        "usage": {"prompt_tokens": 6, "total_tokens": 6},
+    }
+    assert struct.unpack("<2f", base64.b64decode(packed["data"][1]["embedding"])) == (0.25, 2.0)
+    assert tokens.value.status == 400  # Ollama embeds text only: the client's request cannot be served here
+    assert tokens.value.body is not None and json.loads(tokens.value.body)["error"]["param"] == "input"
+
+
+@pytest.mark.req("embeddings")
+async def test_mock_adapter_embeddings_are_the_mock_backends() -> None:
+    """[embeddings] the in-process mock answers the same deterministic vectors as the mock backend."""
+    (answer,) = await collect(MockAdapter().run("embeddings", {"model": "e", "input": ["x", "y"]}, stream=False))
+    assert [d["embedding"] for d in answer["data"]] == [mock_embedding.vector("x"), mock_embedding.vector("y")]
+    with pytest.raises(UpstreamFailed) as refused:
+        await collect(MockAdapter().run("embeddings", {"model": "e", "input": 7}, stream=False))
+    assert refused.value.status == 400

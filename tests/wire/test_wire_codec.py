@@ -308,8 +308,8 @@ BAD_FRAMES = [
         "invalid tunnel_end message: code is required when status is 'error'",
     ),
     (
-        '{"type":"run","run_id":"r","provider":"p","endpoint":"embeddings","body":{},"stream":false}',
-        "endpoint must be one of chat/completions, completions; got 'embeddings'",
+        '{"type":"run","run_id":"r","provider":"p","endpoint":"rerank","body":{},"stream":false}',
+        "endpoint must be one of chat/completions, completions, embeddings; got 'rerank'",
     ),
     ('{"type":"rejected","code":"nope","reason":"r","retryable":false}', "code must be one of bad_token"),
 ]
