@@ -115,3 +115,39 @@ async def test_config_problems_exit_2(tmp_path: Path, text: str, expected: str) 
         await stop(process)
     assert process.returncode == 2
     assert expected in stderr
+
+
+async def read_stderr_until(process: trio.Process, seen: list[bytes], text: str) -> None:
+    """Read the child's stderr into ``seen`` until ``text`` has appeared."""
+    assert process.stderr is not None
+    while text.encode() not in b"".join(seen):
+        chunk = await process.stderr.receive_some()
+        assert chunk, f"stderr ended before {text!r}"
+        seen.append(chunk)
+
+
+async def test_sighup_reloads_the_config_or_keeps_it(edge: FakeEdge, tmp_path: Path) -> None:
+    """SIGHUP with a file that does not load: logged, the connection stays. With one that loads:
+    close 1001, then a new registration with the new providers, in the same process."""
+    config = write_config(tmp_path, NODE_YAML.format(url=edge.url))
+    process = await start_node(config)
+    try:
+        with trio.fail_after(20):
+            first = await edge.next_connection()
+            config.write_text(NODE_YAML.format(url=edge.url) + "extra: 1\n")
+            process.send_signal(signal.SIGHUP)
+            seen: list[bytes] = []
+            await read_stderr_until(process, seen, "reload rejected, keeping the running config")
+            assert not first.closed.is_set()
+            config.write_text(NODE_YAML.format(url=edge.url).replace("capacity: 2", "capacity: 1"))
+            process.send_signal(signal.SIGHUP)
+            second = await edge.next_connection()
+            assert first.closed.is_set() and first.close_reason is not None and first.close_reason.code == 1001
+            assert [p.capacity for p in second.register.providers] == [1]
+            process.send_signal(signal.SIGTERM)
+            stderr = b"".join(seen).decode() + await wait_and_read_stderr(process)
+    finally:
+        await stop(process)
+    assert process.returncode == 0, stderr
+    assert "reload rejected, keeping the running config" in stderr and "node.yaml:8: extra: unknown key" in stderr
+    assert len(edge.registers) == 2
