@@ -125,7 +125,7 @@ def _fleet(candidates: int) -> Admission:
     rng = random.Random(3)
     for k in rng.sample(keys, candidates // 2):
         for _ in range(rng.randint(1, 3)):
-            admission._core._grant(admission._core._providers[k], "m", False)
+            admission._core._grant(admission._core._providers[k], "m", False, 0, 0.0)  # preload: no request behind it
     return admission
 
 
