@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,14 +53,16 @@ models:
   - id: m
     candidates: [{{node: node-a, provider: gpu0}}]
 """
-LISTENING = re.compile(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+) \(nodes\)")
+LISTENING = re.compile(r"listening: http://[^:]+:(\d+) \(API\), wss?://[^:]+:(\d+) \(nodes\)")
 
 
-async def _start_edge(config: pathlib.Path) -> tuple[subprocess.Popen[bytes], int, int]:
+async def _start_edge(config: pathlib.Path) -> tuple[trio.Process, int, int]:
     """Start ``iop-edge`` (its log goes to ``edge.log`` beside the config) and read its ports from the log."""
     log = config.with_name("edge.log")
     with log.open("wb") as sink:
-        edge = subprocess.Popen([sys.executable, "-m", "iop_edge", "--config", str(config)], stderr=sink)
+        edge = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "iop_edge", "--config", str(config)], stderr=sink
+        )
     with trio.fail_after(30):
         while not (match := LISTENING.search(log.read_text())):
             if edge.poll() is not None:
@@ -152,7 +154,7 @@ def _classify(record: list[tuple[float, float | None]], deadline: float) -> dict
             other.append(held)
 
     def summary(values: list[float]) -> dict[str, Any]:
-        finite = [v for v in values if v == v]
+        finite = [v for v in values if not math.isnan(v)]
         return {
             "count": len(values),
             "median_s": round(statistics.median(finite), 3) if finite else None,
@@ -191,7 +193,10 @@ async def flood(args: argparse.Namespace) -> dict[str, Any]:
                 metrics = (await http.get("/metrics")).text
         finally:
             edge.terminate()
-            edge.wait(10)
+            with trio.move_on_after(10):
+                await edge.wait()
+            if edge.returncode is None:
+                edge.kill()
     return {
         "settings": vars(args),
         "flood_seconds": round(flood_seconds, 2),

@@ -66,18 +66,18 @@ async def test_pending_caps_hold_and_refused_connections_close_at_once(tmp_path:
         async with running_edge(tmp_path, layout) as edge:
             held: list[trio.SocketStream] = []
             refused: list[trio.SocketStream] = []
+            limits = edge.service.registry.limits
+
+            def accounted() -> int:
+                refusals = _closed_by_edge(edge, "max_pending") + _closed_by_edge(edge, "max_pending_per_source")
+                return limits.pending + refusals
+
             for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
                 for _ in range(8):
-                    before = edge.service.registry.limits.pending
+                    before = limits.pending
                     stream = await _idle(edge, source)
-                    await eventually(
-                        lambda: (
-                            edge.service.registry.limits.pending > before  # noqa: B023 (awaited in this iteration)
-                            or _closed_by_edge(edge, "max_pending") + _closed_by_edge(edge, "max_pending_per_source")
-                            > len(refused)
-                        )
-                    )
-                    (held if edge.service.registry.limits.pending > before else refused).append(stream)
+                    await eventually(lambda: accounted() == len(held) + len(refused) + 1)
+                    (held if limits.pending > before else refused).append(stream)
             assert len(held) == 6 and len(refused) == 18
             assert [_pending_from(edge, f"127.0.0.{i}") for i in (2, 3, 4)] == [3, 3, 0]
             assert _closed_by_edge(edge, "max_pending_per_source") == 5
