@@ -10,5 +10,17 @@ Each error reads ``FILE:LINE: FIELD.PATH: message``, e.g.
 
 from ._converter import make_converter
 from ._loader import ConfigFileError, format_path, load_config, load_config_text, parse_path
+from ._tls import TlsFileError, client_ssl_context, server_ssl_context, tls_problems
 
-__all__ = ["ConfigFileError", "format_path", "load_config", "load_config_text", "make_converter", "parse_path"]
+__all__ = [
+    "ConfigFileError",
+    "TlsFileError",
+    "client_ssl_context",
+    "format_path",
+    "load_config",
+    "load_config_text",
+    "make_converter",
+    "parse_path",
+    "server_ssl_context",
+    "tls_problems",
+]

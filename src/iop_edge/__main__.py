@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import trio
 
-from iop_config import ConfigFileError
+from iop_config import ConfigFileError, TlsFileError
 
 from ._service import EdgeService, load_config_off_loop
 
@@ -73,7 +73,12 @@ async def start_edge(config_path: str) -> int:
     except OSError as exc:
         print(f"{config_path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_CONFIG
-    return await serve_edge(EdgeService(config, config_path=config_path))
+    try:
+        service = EdgeService(config, config_path=config_path)
+    except TlsFileError as exc:  # a certificate file changed between the check and its use
+        print(f"{config_path}: node_tls.{exc.field}: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    return await serve_edge(service)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hmac
 import itertools
 import logging
+import ssl
 from collections.abc import Callable
 from types import TracebackType
 from typing import NamedTuple, final
@@ -380,6 +381,16 @@ class _Rejection(NamedTuple):
     code: str
     reason: str
     node_id: str | None
+    metric_reason: str | None = None  # the metrics label, when it says more than the wire code
+
+
+class _Peer(NamedTuple):
+    """What the Edge knows of a connection's other end before it registers."""
+
+    source: Source
+    stream: trio.abc.Stream | None
+    cert_names: frozenset[str] | None
+    """DNS names of the client certificate with mutual TLS; None without it."""
 
 
 _BACKOFF_CODES = frozenset(("bad_token", "unknown_node"))
@@ -390,7 +401,7 @@ _BACKOFF_CODES = frozenset(("bad_token", "unknown_node"))
 class _PendingSlot:
     """One connection's place in the pending count; :meth:`release` is idempotent."""
 
-    __slots__ = ("limits", "source", "held")
+    __slots__ = ("held", "limits", "source")
 
     def __init__(self, limits: PendingLimits, source: Source) -> None:
         self.limits = limits
@@ -465,6 +476,10 @@ class NodeRegistry:
         limits: the pending caps and failure backoff of the node socket
             (default: 256 pending, 8 per source, backoff 0.1 s doubling to 5 s).
         handshake_timeout: seconds from accept to a valid ``register``.
+        ssl_context: serve TLS with it (read at each accept, so replacing it
+            changes new connections only). If it requires client certificates,
+            a node must present one naming its node id (a DNS name in the
+            subject alternative names).
         on_connect, on_disconnect: observers (metrics, logs); never used for state.
         on_pending_closed: observer called with why a pending connection was
             closed by the Edge (``max_pending``, ``max_pending_per_source``,
@@ -482,6 +497,7 @@ class NodeRegistry:
         max_message_bytes: int,
         limits: PendingLimits | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        ssl_context: ssl.SSLContext | None = None,
         on_connect: Callable[[str, int], None] | None = None,
         on_disconnect: Callable[[str, int, DisconnectCause], None] | None = None,
         on_pending_closed: Callable[[str], None] | None = None,
@@ -493,6 +509,7 @@ class NodeRegistry:
         self.max_message_bytes = max_message_bytes
         self.limits = limits if limits is not None else PendingLimits(max_pending=256, max_pending_per_source=8)
         self.handshake_timeout = handshake_timeout
+        self.ssl_context = ssl_context
         self._on_connect = on_connect
         self._on_disconnect = on_disconnect
         self._on_pending_closed = on_pending_closed
@@ -541,9 +558,10 @@ class NodeRegistry:
         deadline = trio.current_time() + self.handshake_timeout
         try:
             async with trio.open_nursery() as nursery:
-                ws = await self._handshake(nursery, stream, deadline)
+                peer = await self._secure(stream, source, deadline)
+                ws = None if peer.stream is None else await self._handshake(nursery, peer.stream, deadline)
                 if ws is not None:
-                    await self._serve_ws(ws, source, slot, deadline)
+                    await self._serve_ws(ws, peer, slot, deadline)
                 nursery.cancel_scope.cancel()
         except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError) as group:
             # The peer broke the connection mid-handshake: its end, not the listener's.
@@ -566,7 +584,29 @@ class NodeRegistry:
             ws = await request.accept()
         except ConnectionClosed:
             return
-        await self._serve_ws(ws, UNKNOWN_SOURCE, None, deadline)
+        await self._serve_ws(ws, _Peer(UNKNOWN_SOURCE, None, None), None, deadline)
+
+    async def _secure(self, stream: trio.abc.Stream, source: Source, deadline: float) -> _Peer:
+        """The TLS handshake by ``deadline`` when TLS is on; a peer whose ``stream`` is None failed it."""
+        context = self.ssl_context
+        if context is None:
+            return _Peer(source, stream, None)
+        tls = trio.SSLStream(stream, context, server_side=True)
+        with trio.move_on_at(deadline) as timer:
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError as exc:
+                logger.info("node socket: TLS handshake with %s failed: %s", source.key, exc.__cause__ or exc)
+                self._pending_closed("tls_handshake")
+                return _Peer(source, None, None)
+        if timer.cancelled_caught:
+            self._pending_closed("handshake_timeout")
+            return _Peer(source, None, None)
+        if context.verify_mode != ssl.CERT_REQUIRED:
+            return _Peer(source, tls, None)
+        cert = tls.getpeercert() or {}
+        names = frozenset(str(value) for kind, value in cert.get("subjectAltName", ()) if kind == "DNS")
+        return _Peer(source, tls, names)
 
     async def _handshake(
         self, nursery: trio.Nursery, stream: trio.abc.Stream, deadline: float
@@ -594,12 +634,10 @@ class NodeRegistry:
             self._pending_closed("handshake_timeout")
         return accepted[0] if accepted else None
 
-    async def _serve_ws(
-        self, ws: WebSocketConnection, source: Source, slot: _PendingSlot | None, deadline: float
-    ) -> None:
+    async def _serve_ws(self, ws: WebSocketConnection, peer: _Peer, slot: _PendingSlot | None, deadline: float) -> None:
         link: NodeLink | None = None
         try:
-            link = await self._register(ws, source, deadline)
+            link = await self._register(ws, peer, deadline)
             if link is None:
                 return
             if slot is not None:
@@ -613,7 +651,7 @@ class NodeRegistry:
 
     # -------------------------------------------------------- registration
 
-    async def _register(self, ws: WebSocketConnection, source: Source, deadline: float) -> NodeLink | None:
+    async def _register(self, ws: WebSocketConnection, peer: _Peer, deadline: float) -> NodeLink | None:
         """Read ``register`` by ``deadline`` and register the node, or reject it (then None)."""
         message: Register | _Rejection | None = None
         with trio.move_on_at(deadline) as timer:
@@ -624,9 +662,9 @@ class NodeRegistry:
             return None
         if message is None:
             return None
-        rejection = message if isinstance(message, _Rejection) else self._check(message)
+        rejection = message if isinstance(message, _Rejection) else self._check(message, peer)
         if rejection is not None:
-            await self._reject(ws, rejection, source)
+            await self._reject(ws, rejection, peer.source)
             return None
         assert isinstance(message, Register)
         return self._connect(ws, message)
@@ -646,8 +684,8 @@ class NodeRegistry:
             return _Rejection("bad_message", "the first message must be register", None)
         return message
 
-    def _check(self, message: Register) -> _Rejection | None:
-        """Why ``message`` cannot register now (None: it can)."""
+    def _check(self, message: Register, peer: _Peer) -> _Rejection | None:
+        """Why ``message`` from ``peer`` cannot register now (None: it can)."""
         node_id = message.node_id
         if message.protocol not in PROTOCOL_VERSIONS:
             spoken = ", ".join(map(str, PROTOCOL_VERSIONS))
@@ -656,6 +694,9 @@ class NodeRegistry:
         expected = self.token_for(node_id)
         if expected is None:
             return _Rejection("unknown_node", f"node {node_id!r} is not configured", node_id)
+        if peer.cert_names is not None and node_id not in peer.cert_names:
+            reason = f"the client certificate is not issued to node {node_id!r}"
+            return _Rejection("bad_token", reason, node_id, "cert_mismatch")
         if not hmac.compare_digest(expected.encode(), message.token.encode()):
             return _Rejection("bad_token", "invalid token", node_id)
         if node_id in self._links:
@@ -698,7 +739,7 @@ class NodeRegistry:
             f"; answering in {delay:.2f} s" if delay else "",
         )
         if self._on_rejected is not None:
-            self._on_rejected(code, source.address_class)
+            self._on_rejected(rejection.metric_reason or code, source.address_class)
         await trio.sleep(delay)
         with trio.move_on_after(1.0) as scope:
             scope.shield = True

@@ -12,6 +12,7 @@ import functools
 import gc
 import logging
 import os
+import ssl
 import sys
 from typing import Any, final
 
@@ -19,7 +20,7 @@ import attrs
 import trio
 
 from iop_admission import Admission, ConfigError, PoolConfig, ProviderKey, validate_pool
-from iop_config import ConfigFileError
+from iop_config import ConfigFileError, TlsFileError
 
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
@@ -57,6 +58,7 @@ class EdgeService:
             max_message_bytes=config.max_ws_message_bytes,
             limits=config.node_socket_limits(),
             handshake_timeout=config.node_handshake_timeout_ms / 1000,
+            ssl_context=_node_ssl_context(config),
             on_connect=lambda node_id, generation: self.metrics.node_connected(node_id),
             on_disconnect=lambda node_id, generation, cause: self.metrics.node_disconnected(node_id, cause),
             on_pending_closed=self.metrics.node_pending_closed,
@@ -97,8 +99,12 @@ class EdgeService:
             sys.setswitchinterval(min(switch, RELOAD_SWITCH_INTERVAL))
             gc.disable()
             try:
-                config, pool = await trio.to_thread.run_sync(_read_config, self.config_path, abandon_on_cancel=True)
+                config, pool, node_ssl_context = await trio.to_thread.run_sync(
+                    _read_config, self.config_path, abandon_on_cancel=True
+                )
                 self.admission.refresh(pool)
+            except TlsFileError as exc:  # a file changed since it was validated
+                errors = [f"{self.config_path}: node_tls.{exc.field}: {exc.message}"]
             except ConfigFileError as exc:
                 errors = list(exc.errors)
             except ConfigError as exc:
@@ -110,6 +116,7 @@ class EdgeService:
                 self.registry.heartbeat_timeout = config.heartbeat_timeout_ms / 1000
                 self.registry.handshake_timeout = config.node_handshake_timeout_ms / 1000
                 config.node_socket_limits(self.registry.limits)
+                self.registry.ssl_context = node_ssl_context  # new connections only; established ones keep theirs
                 self.metrics.refresh_result("ok")
                 logger.info("config reloaded from %s", self.config_path)
                 return []
@@ -186,9 +193,10 @@ class EdgeService:
                 )
             )
             logger.info(
-                "iop-edge listening: http://%s:%d (API), ws://%s:%d (nodes)",
+                "iop-edge listening: http://%s:%d (API), %s://%s:%d (nodes)",
                 config.listen.host,
                 self.http_port,
+                "wss" if self.registry.ssl_context else "ws",
                 config.node_listen.host,
                 self.node_port,
             )
@@ -199,16 +207,17 @@ class EdgeService:
                 self.registry.close_all()
 
 
-def _read_config(path: str | os.PathLike[str]) -> tuple[EdgeConfig, PoolConfig]:
-    """Load and validate the config file and its pool (runs in a worker thread).
+def _read_config(path: str | os.PathLike[str]) -> tuple[EdgeConfig, PoolConfig, ssl.SSLContext | None]:
+    """Load and validate the config file and its pool, read its certificates (runs in a worker thread).
 
     Raises:
         ConfigFileError, ConfigError, OSError: the file is unusable.
+        TlsFileError: a certificate file changed since the config was checked.
     """
     config = load_edge_config(path, yields_gil=True)
     pool = config.pool_config()
     validate_pool(pool)
-    return config, pool
+    return config, pool, _node_ssl_context(config)
 
 
 async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:
@@ -217,6 +226,11 @@ async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:
     Checkpoints. Raises what :func:`load_edge_config` raises.
     """
     return await trio.to_thread.run_sync(load_edge_config, path, abandon_on_cancel=True)
+
+
+def _node_ssl_context(config: EdgeConfig) -> ssl.SSLContext | None:
+    """The node socket's server context, read from the files now (None: no TLS)."""
+    return config.node_tls.ssl_context() if config.node_tls is not None else None
 
 
 async def _serve_nodes(

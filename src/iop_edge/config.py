@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import os
 import re
+import ssl
 from collections.abc import Iterator, Mapping
 from typing import ClassVar, NamedTuple, final
 
@@ -36,7 +37,7 @@ from iop_admission import (
     RetryPolicy,
     validate_pool,
 )
-from iop_config import load_config, make_converter
+from iop_config import load_config, make_converter, server_ssl_context, tls_problems
 
 from ._node_limits import PendingLimits
 from ._overload import OverloadPolicy
@@ -49,6 +50,7 @@ __all__ = [
     "EdgeNode",
     "EdgeProvider",
     "HostPort",
+    "NodeTls",
     "OutlierSettings",
     "ProviderPool",
     "RetrySettings",
@@ -242,6 +244,29 @@ class EdgeModel:
     config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a model")
 
 
+@final
+@attrs.frozen(kw_only=True)
+class NodeTls:
+    """``node_tls``: TLS on the node socket; ``client_ca_file`` turns on mutual TLS.
+
+    With mutual TLS a node must present a certificate issued by a CA in
+    ``client_ca_file`` whose subject alternative names hold its node id as a
+    DNS name.
+    """
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A fresh server context from the files (read now).
+
+        Raises:
+            iop_config.TlsFileError: a file is missing, unreadable or does not fit.
+        """
+        return server_ssl_context(self.cert_file, self.key_file, self.client_ca_file)
+
+
 _DEFAULT_LISTEN = HostPort("127.0.0.1", 8080)
 _DEFAULT_NODE_LISTEN = HostPort("127.0.0.1", 8081)
 
@@ -303,6 +328,7 @@ class EdgeConfig:
     node_reject_backoff_base_ms: int = 100
     node_reject_backoff_max_ms: int = 5000
     overload: OverloadConfig = attrs.field(factory=OverloadConfig)
+    node_tls: NodeTls | None = None
 
     config_key_hints: ClassVar[Mapping[str, str]] = {
         "max_queue": "belongs under provider_pool (provider_pool: {max_queue: ...})",
@@ -433,6 +459,7 @@ class EdgeConfig:
             *_at_least("node_reject_backoff_max_ms", self.node_reject_backoff_max_ms, self.node_reject_backoff_base_ms),
             *self.overload.problems(),
             *self._listen_problems(),
+            *(tls_problems("node_tls", self.node_tls.ssl_context) if self.node_tls else ()),
             *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env, required=False),
             *self._api_key_problems(),
             *self._node_problems(),

@@ -59,7 +59,7 @@ DISCONNECT_CAUSES: Final = frozenset(get_args(DisconnectCause))
 #: ``result`` label values of ``iop_config_refreshes_total``.
 REFRESH_RESULTS: Final = ("ok", "rejected")
 #: ``reason`` label values of ``iop_node_pending_closed_total``.
-PENDING_CLOSE_REASONS: Final = ("max_pending", "max_pending_per_source", "handshake_timeout")
+PENDING_CLOSE_REASONS: Final = ("max_pending", "max_pending_per_source", "handshake_timeout", "tls_handshake")
 #: ``address_class`` label values of ``iop_node_registration_failures_total``.
 ADDRESS_CLASSES: Final = frozenset({"loopback", "private", "public", "unknown"})
 

@@ -29,6 +29,7 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
 
+from iop_config import TlsFileError
 from iop_wire import MAX_MESSAGE_BYTES, PROTOCOL_VERSION
 
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout
@@ -72,8 +73,18 @@ def backoff_delay(attempt: int, policy: ReconnectConfig, rng: random.Random) -> 
     return base * rng.uniform(1 - policy.jitter, 1 + policy.jitter)
 
 
-def websocket_connector(url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -> Connector:
+def websocket_connector(
+    url: str,
+    *,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None,
+) -> Connector:
     """Return a connector that opens ``url`` (``ws://`` or ``wss://``).
+
+    ``wss://`` uses ``ssl_context`` (default: verify against the system's CAs);
+    a callable is called at each connection, so renewed certificate files are
+    read at the next reconnect. The TLS handshake completes before the
+    WebSocket handshake starts.
 
     The connector owns the TCP stream and always closes it on exit. (With
     ``open_websocket_url``, a client whose peer closed the WebSocket first
@@ -83,6 +94,8 @@ def websocket_connector(url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -
 
     Raises (on entering the returned context manager):
         OSError: the TCP connection failed.
+        trio.BrokenResourceError: the TLS handshake failed (e.g. the Edge's
+            certificate is not trusted; the cause is the ``ssl.SSLError``).
         trio.TooSlowError: connecting and the handshake took longer than
             ``connect_timeout`` seconds.
         trio_websocket.HandshakeError: the server refused the WebSocket handshake.
@@ -97,9 +110,16 @@ def websocket_connector(url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -
     async def connect(nursery: trio.Nursery) -> AsyncIterator[WebSocketConnection]:
         with trio.fail_after(connect_timeout):
             if secure:
-                stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=ssl.create_default_context()
+                context = ssl_context() if callable(ssl_context) else ssl_context
+                tls = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=context or ssl.create_default_context()
                 )
+                stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = tls
+                try:
+                    await tls.do_handshake()
+                except BaseException:
+                    await trio.aclose_forcefully(tls)
+                    raise
             else:
                 stream = await trio.open_tcp_stream(host, port)
         try:
@@ -167,7 +187,7 @@ class EdgeClient:
             RegistrationRejected: the Edge rejected the registration and said
                 retrying will not help.
         """
-        connect = self.connect or websocket_connector(self.config.edge_url)
+        connect = self.connect or websocket_connector(self.config.edge_url, ssl_context=self.config.ssl_context)
         token = self.config.resolved_token()
         policy = self.config.reconnect
         attempt = 0
@@ -222,6 +242,8 @@ class EdgeClient:
             return str(exc)
         except (
             OSError,
+            trio.BrokenResourceError,
+            TlsFileError,
             trio.TooSlowError,
             HandshakeError,
             ConnectionClosed,

@@ -19,12 +19,13 @@ live in :meth:`NodeConfig.problems`, which the loader calls after structuring.
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Iterator, Mapping
 from typing import final
 
 import attrs
 
-from iop_config import load_config
+from iop_config import client_ssl_context, load_config, tls_problems
 
 ADAPTERS = ("openai", "ollama", "mock")
 """Adapter names a provider may use."""
@@ -132,6 +133,42 @@ class ProviderConfig:
 
 
 @final
+@attrs.frozen(kw_only=True)
+class TlsConfig:
+    """``tls``: how the node checks the Edge's certificate, and the certificate it presents.
+
+    Attributes:
+        ca_file: PEM file of the CA(s) that issued the Edge's certificate
+            (a private CA); None: the system's trusted CAs.
+        cert_file: this node's client certificate (PEM), for an Edge that
+            requires mutual TLS; it must name the node id as a DNS name in its
+            subject alternative names.
+        key_file: the private key of ``cert_file`` (PEM, unencrypted).
+    """
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A fresh client context from the files (read now).
+
+        Raises:
+            iop_config.TlsFileError: a file is missing, unreadable or does not fit.
+        """
+        return client_ssl_context(self.ca_file, self.cert_file, self.key_file)
+
+    def field_problems(self, path: str, edge_url: str) -> Iterator[tuple[str, str]]:
+        if (self.cert_file is None) != (self.key_file is None):
+            missing = "key_file" if self.key_file is None else "cert_file"
+            yield f"{path}.{missing}", "give cert_file and key_file together"
+        elif not edge_url.startswith("wss://"):
+            yield path, "TLS settings need a wss:// edge_url"
+        else:
+            yield from tls_problems(path, self.ssl_context)
+
+
+@final
 @attrs.frozen
 class NodeConfig:
     """The whole ``node.yaml``.
@@ -146,6 +183,7 @@ class NodeConfig:
             this and the Edge's ``registered.heartbeat_interval_ms``.
         runtime: node-wide limits.
         reconnect: backoff between connection attempts.
+        tls: private CA and client certificate for a ``wss://`` Edge.
     """
 
     node_id: str
@@ -156,6 +194,7 @@ class NodeConfig:
     heartbeat_interval_ms: int = 5000
     runtime: RuntimeConfig = RuntimeConfig()
     reconnect: ReconnectConfig = ReconnectConfig()
+    tls: TlsConfig | None = None
 
     def problems(self) -> Iterator[tuple[str, str]]:
         """Yield ``(field path, message)`` for every cross-field problem.
@@ -180,6 +219,8 @@ class NodeConfig:
             yield "heartbeat_interval_ms", f"must be >= 1, got {self.heartbeat_interval_ms}"
         yield from self.runtime.field_problems("runtime")
         yield from self.reconnect.field_problems("reconnect")
+        if self.tls is not None:
+            yield from self.tls.field_problems("tls", self.edge_url)
         if not self.providers:
             yield "providers", "must list at least one provider"
         seen: set[str] = set()
@@ -188,6 +229,16 @@ class NodeConfig:
             if provider.id in seen:
                 yield f"providers[{index}].id", f"duplicate provider id {provider.id!r}"
             seen.add(provider.id)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client context for ``edge_url`` (read from the files now); None for ``ws://``.
+
+        Raises:
+            iop_config.TlsFileError: a file named under ``tls`` cannot be used.
+        """
+        if not self.edge_url.startswith("wss://"):
+            return None
+        return self.tls.ssl_context() if self.tls is not None else client_ssl_context()
 
     def resolved_token(self, environ: Mapping[str, str] | None = None) -> str:
         """Return the registration token, reading ``token_env`` if that is set.

@@ -8,6 +8,7 @@ import pathlib
 import textwrap
 
 import pytest
+import trustme
 
 from iop_admission import (
     Admission,
@@ -502,4 +503,37 @@ def test_retry_and_outlier_bounds_all_reported() -> None:
     )
     assert errors_of(edit("{max_queue: 64, queue_timeout_ms: 30000}", "{retry: {attempts: 2}}")) == (
         "edge.yaml:4: provider_pool.retry.attempts: unknown key 'attempts'",
+    )
+
+
+@pytest.mark.req("tls")
+def test_node_tls_file_errors_name_the_file_and_the_field(tmp_path: pathlib.Path) -> None:
+    """[tls] a missing file and a key that does not match its certificate are config errors at their
+    field's line, naming the file; good files load."""
+    ca = trustme.CA()
+    leaf, other = ca.issue_cert("127.0.0.1"), ca.issue_cert("127.0.0.1")
+    cert, key, other_key = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "other-key.pem"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    other.private_key_pem.write_to_path(str(other_key))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+
+    def node_tls(cert_file: pathlib.Path, key_file: pathlib.Path, ca_file: str = "") -> str:
+        lines = f"node_tls:\n  cert_file: {cert_file}\n  key_file: {key_file}\n"
+        return lines + (f"  client_ca_file: {ca_file}\n" if ca_file else "")
+
+    config = load(node_tls(cert, key, str(tmp_path / "ca.pem")) + BASE)
+    assert config.node_tls is not None and config.node_tls.client_ca_file == str(tmp_path / "ca.pem")
+    missing = tmp_path / "missing.pem"
+    assert errors_of(node_tls(missing, key) + BASE) == (
+        f"edge.yaml:2: node_tls.cert_file: cannot read '{missing}': No such file or directory",
+    )
+    assert errors_of(node_tls(cert, other_key) + BASE) == (
+        f"edge.yaml:3: node_tls.key_file: '{other_key}' does not match the certificate in cert_file",
+    )
+    assert errors_of(node_tls(cert, key, str(key)) + BASE) == (
+        f"edge.yaml:4: node_tls.client_ca_file: '{key}' holds no PEM certificate",
+    )
+    assert errors_of(node_tls(key, key) + BASE) == (
+        f"edge.yaml:2: node_tls.cert_file: '{key}' holds no PEM certificate",
     )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.resources
+from pathlib import Path
 
 import pytest
+import trustme
 
 from iop_config import ConfigFileError, load_config_text
 from iop_node import NodeConfig, load_node_config
@@ -85,3 +87,34 @@ def test_token_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_duplicate_provider_ids() -> None:
     text = GOOD + "  - {id: gpu0, adapter: mock}\n"
     assert errors_of(text) == ("node.yaml:8: providers[1].id: duplicate provider id 'gpu0'",)
+
+
+@pytest.mark.req("tls")
+def test_tls_settings_need_wss_and_readable_files(tmp_path: Path) -> None:
+    """[tls] node tls: private CA and client certificate; needs wss://; cert and key together; a
+    missing file names the file and the field at its line."""
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    leaf = ca.issue_cert("node-a")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    wss = GOOD.replace("ws://", "wss://")
+    config = load_config_text(
+        wss + f"tls: {{ca_file: '{ca_file}', cert_file: '{cert}', key_file: '{key}'}}\n",
+        NodeConfig,
+        filename="node.yaml",
+    )
+    assert config.tls is not None and config.ssl_context() is not None
+    assert load_config_text(GOOD, NodeConfig, filename="node.yaml").ssl_context() is None
+    assert errors_of(GOOD + f"tls: {{ca_file: '{ca_file}'}}\n") == (
+        "node.yaml:8: tls: TLS settings need a wss:// edge_url",
+    )
+    assert errors_of(wss + f"tls: {{cert_file: '{cert}'}}\n") == (
+        "node.yaml:8: tls.key_file: give cert_file and key_file together",
+    )
+    missing = tmp_path / "nope.pem"
+    assert errors_of(wss + f"tls:\n  ca_file: '{missing}'\n") == (
+        f"node.yaml:9: tls.ca_file: cannot read '{missing}': No such file or directory",
+    )
