@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import trio
 
-from iop_config import ConfigFileError, TlsFileError
+from iop_config import ConfigFileError
 
 from ._service import EdgeService, load_config_off_loop
 
@@ -75,8 +75,9 @@ async def start_edge(config_path: str) -> int:
         return EXIT_CONFIG
     try:
         service = EdgeService(config, config_path=config_path)
-    except TlsFileError as exc:  # a certificate file changed between the check and its use
-        print(f"{config_path}: node_tls.{exc.field}: {exc.message}", file=sys.stderr)
+    except ConfigFileError as exc:  # a certificate file changed between the check and its use
+        for error in exc.errors:
+            print(error, file=sys.stderr)
         return EXIT_CONFIG
     return await serve_edge(service)
 

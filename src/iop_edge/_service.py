@@ -49,6 +49,8 @@ class EdgeService:
     def __init__(self, config: EdgeConfig, *, config_path: str | os.PathLike[str] | None = None) -> None:
         self.config = config
         self.config_path = config_path
+        tls = _tls_contexts(config, config_path)
+        self.api_ssl_context = tls.api
         self.admission = Admission(config.pool_config())
         self.metrics = EdgeMetrics(self.admission, per_provider=config.metrics_per_provider)
         self.registry = NodeRegistry(
@@ -58,7 +60,7 @@ class EdgeService:
             max_message_bytes=config.max_ws_message_bytes,
             limits=config.node_socket_limits(),
             handshake_timeout=config.node_handshake_timeout_ms / 1000,
-            ssl_context=_node_ssl_context(config),
+            ssl_context=tls.node,
             on_connect=lambda node_id, generation: self.metrics.node_connected(node_id),
             on_disconnect=lambda node_id, generation, cause: self.metrics.node_disconnected(node_id, cause),
             on_pending_closed=self.metrics.node_pending_closed,
@@ -77,14 +79,16 @@ class EdgeService:
     async def reload(self) -> list[str]:
         """Re-read the config file and apply it; return every error (empty: applied).
 
-        [reload-off-loop] The file is read, parsed and validated in a worker
-        thread, so the event loop (streams, heartbeats, other requests) keeps
-        running; only the validated result is applied on the loop, at once
+        [reload-off-loop] The file is read, parsed and validated, and the
+        certificate files it names are read, in a worker thread, so the event
+        loop (streams, heartbeats, other requests) keeps running; only the
+        validated result is applied on the loop, at once
         (``admission.refresh``). Reloads are serialized: one that arrives
         during another waits for it, then reads the file again. An invalid
-        file changes nothing. ``listen``, ``node_listen`` and the size limits
-        apply at the next start only; tokens, queue policy, providers, models
-        and the heartbeat timeout apply at once.
+        file changes nothing. ``listen``, ``node_listen``, the size limits and
+        turning TLS on or off apply at the next start only; tokens, queue
+        policy, providers, models, the heartbeat timeout, the node socket
+        limits and the certificate files apply at once (to new connections).
 
         Checkpoints (it waits for the worker thread). Cancelled while reading,
         it returns at once and changes nothing (the thread's result is dropped),
@@ -99,12 +103,11 @@ class EdgeService:
             sys.setswitchinterval(min(switch, RELOAD_SWITCH_INTERVAL))
             gc.disable()
             try:
-                config, pool, node_ssl_context = await trio.to_thread.run_sync(
+                config, pool, tls = await trio.to_thread.run_sync(
                     _read_config, self.config_path, abandon_on_cancel=True
                 )
+                _refuse_tls_switch(self.config, config, self.config_path)
                 self.admission.refresh(pool)
-            except TlsFileError as exc:  # a file changed since it was validated
-                errors = [f"{self.config_path}: node_tls.{exc.field}: {exc.message}"]
             except ConfigFileError as exc:
                 errors = list(exc.errors)
             except ConfigError as exc:
@@ -116,7 +119,8 @@ class EdgeService:
                 self.registry.heartbeat_timeout = config.heartbeat_timeout_ms / 1000
                 self.registry.handshake_timeout = config.node_handshake_timeout_ms / 1000
                 config.node_socket_limits(self.registry.limits)
-                self.registry.ssl_context = node_ssl_context  # new connections only; established ones keep theirs
+                # New connections only; established ones keep their TLS session.
+                self.registry.ssl_context, self.api_ssl_context = tls.node, tls.api
                 self.metrics.refresh_result("ok")
                 logger.info("config reloaded from %s", self.config_path)
                 return []
@@ -182,6 +186,7 @@ class EdgeService:
             limits = HttpLimits(
                 header_timeout=config.header_timeout_ms / 1000, max_connections=config.overload.max_connections
             )
+            wrap = self._secure_http if self.api_ssl_context is not None else None
             self.http_port = await nursery.start(
                 functools.partial(
                     serve_http,
@@ -190,10 +195,12 @@ class EdgeService:
                     config.listen.port,
                     limits=limits,
                     counter=self.front_door.connections,
+                    wrap_stream=wrap,
                 )
             )
             logger.info(
-                "iop-edge listening: http://%s:%d (API), %s://%s:%d (nodes)",
+                "iop-edge listening: %s://%s:%d (API), %s://%s:%d (nodes)",
+                "https" if wrap else "http",
                 config.listen.host,
                 self.http_port,
                 "wss" if self.registry.ssl_context else "ws",
@@ -206,18 +213,67 @@ class EdgeService:
             finally:
                 self.registry.close_all()
 
+    async def _secure_http(self, stream: trio.SocketStream) -> trio.abc.Stream:
+        """TLS for one accepted HTTP connection, with the certificate in force now.
 
-def _read_config(path: str | os.PathLike[str]) -> tuple[EdgeConfig, PoolConfig, ssl.SSLContext | None]:
+        The listener bounds it by the request-head deadline. Checkpoints. A
+        failed handshake returns the broken stream: its first read ends the
+        connection.
+        """
+        assert self.api_ssl_context is not None
+        tls = trio.SSLStream(stream, self.api_ssl_context, server_side=True, https_compatible=True)
+        try:
+            await tls.do_handshake()
+        except trio.BrokenResourceError as exc:
+            logger.debug("HTTP API: TLS handshake failed: %s", exc.__cause__ or exc)
+        return tls
+
+
+@attrs.frozen
+class _TlsContexts:
+    node: ssl.SSLContext | None
+    api: ssl.SSLContext | None
+
+
+def _tls_contexts(config: EdgeConfig, path: str | os.PathLike[str] | None) -> _TlsContexts:
+    """Both listeners' server contexts, read from the files now (None: no TLS there).
+
+    Raises:
+        ConfigFileError: a file cannot be used (it changed since the config was checked).
+    """
+    errors: list[str] = []
+    contexts: dict[str, ssl.SSLContext | None] = {}
+    for key, tls in (("node_tls", config.node_tls), ("tls", config.tls)):
+        try:
+            contexts[key] = tls.ssl_context() if tls is not None else None
+        except TlsFileError as exc:
+            errors.append(f"{path}: {key}.{exc.field}: {exc.message}")
+    if errors:
+        raise ConfigFileError(errors)
+    return _TlsContexts(contexts["node_tls"], contexts["tls"])
+
+
+def _refuse_tls_switch(running: EdgeConfig, new: EdgeConfig, path: str | os.PathLike[str]) -> None:
+    """Raise ConfigFileError if ``new`` turns TLS on or off on a listener: that takes a restart."""
+    errors = [
+        f"{path}: {key}: turning TLS on or off takes a restart"
+        for key, before, after in (("node_tls", running.node_tls, new.node_tls), ("tls", running.tls, new.tls))
+        if (before is None) != (after is None)
+    ]
+    if errors:
+        raise ConfigFileError(errors)
+
+
+def _read_config(path: str | os.PathLike[str]) -> tuple[EdgeConfig, PoolConfig, _TlsContexts]:
     """Load and validate the config file and its pool, read its certificates (runs in a worker thread).
 
     Raises:
-        ConfigFileError, ConfigError, OSError: the file is unusable.
-        TlsFileError: a certificate file changed since the config was checked.
+        ConfigFileError, ConfigError, OSError: the file is unusable (see :func:`_tls_contexts`).
     """
     config = load_edge_config(path, yields_gil=True)
     pool = config.pool_config()
     validate_pool(pool)
-    return config, pool, _node_ssl_context(config)
+    return config, pool, _tls_contexts(config, path)
 
 
 async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:
@@ -226,11 +282,6 @@ async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:
     Checkpoints. Raises what :func:`load_edge_config` raises.
     """
     return await trio.to_thread.run_sync(load_edge_config, path, abandon_on_cancel=True)
-
-
-def _node_ssl_context(config: EdgeConfig) -> ssl.SSLContext | None:
-    """The node socket's server context, read from the files now (None: no TLS)."""
-    return config.node_tls.ssl_context() if config.node_tls is not None else None
 
 
 async def _serve_nodes(

@@ -44,6 +44,7 @@ from ._overload import OverloadPolicy
 
 __all__ = [
     "ApiKeyDigest",
+    "ApiTls",
     "EdgeCandidate",
     "EdgeConfig",
     "EdgeModel",
@@ -267,6 +268,25 @@ class NodeTls:
         return server_ssl_context(self.cert_file, self.key_file, self.client_ca_file)
 
 
+@final
+@attrs.frozen(kw_only=True)
+class ApiTls:
+    """``tls``: TLS on the HTTP API listener (``https://``)."""
+
+    cert_file: str
+    key_file: str
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A fresh server context from the files (read now), offering HTTP/1.1 by ALPN.
+
+        Raises:
+            iop_config.TlsFileError: a file is missing, unreadable or does not fit.
+        """
+        context = server_ssl_context(self.cert_file, self.key_file)
+        context.set_alpn_protocols(["http/1.1"])
+        return context
+
+
 _DEFAULT_LISTEN = HostPort("127.0.0.1", 8080)
 _DEFAULT_NODE_LISTEN = HostPort("127.0.0.1", 8081)
 
@@ -329,6 +349,7 @@ class EdgeConfig:
     node_reject_backoff_max_ms: int = 5000
     overload: OverloadConfig = attrs.field(factory=OverloadConfig)
     node_tls: NodeTls | None = None
+    tls: ApiTls | None = None
 
     config_key_hints: ClassVar[Mapping[str, str]] = {
         "max_queue": "belongs under provider_pool (provider_pool: {max_queue: ...})",
@@ -460,6 +481,7 @@ class EdgeConfig:
             *self.overload.problems(),
             *self._listen_problems(),
             *(tls_problems("node_tls", self.node_tls.ssl_context) if self.node_tls else ()),
+            *(tls_problems("tls", self.tls.ssl_context) if self.tls else ()),
             *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env, required=False),
             *self._api_key_problems(),
             *self._node_problems(),
