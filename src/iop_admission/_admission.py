@@ -28,7 +28,10 @@ Rules this module implements (and why):
 
 * **Deadlines live in the core.** The waiter's cancel scope only mirrors
   ``waiter.deadline``; a refresh that changes the queue timeout moves every
-  parked waiter's scope deadline to ``enqueue_time + new timeout``.
+  parked waiter's scope deadline to ``enqueue_time + new timeout``. When a
+  deadline fires, the core's ``expire`` removes the waiter (and any other whose
+  deadline passed, in arrival order): the path the state machine proves is the
+  one that runs. A cancellation before the deadline withdraws the waiter.
 
 * **The I/O bookkeeping stays here.** The parked task and deadline scope of
   each waiter, and the cancel scope of each lease body, live in this layer's
@@ -437,8 +440,8 @@ class Admission:
     async def _wait(self, waiter: Waiter) -> Lease:
         """Park until granted, failed, cancelled or past the deadline.
 
-        Checkpoints (it blocks). Cancelled or timed out, the waiter is
-        withdrawn from the queue and nothing else changes.
+        Checkpoints (it blocks). Past its deadline the core expires the waiter;
+        cancelled before, it is withdrawn. Either way nothing else changes.
         """
         core = self._core
         parked_at = trio.current_time()  # the enqueue time, or for a retry the time it asked again
@@ -446,7 +449,8 @@ class Admission:
             self._emit(AdmissionEvent("queued", _now(), model=waiter.model, long=waiter.long))
 
         def abort(_: object) -> trio.lowlevel.Abort:
-            core.withdraw(waiter)
+            core.expire(trio.current_time())  # this waiter too, if its deadline is what fired
+            core.withdraw(waiter)  # a no-op once expired
             return trio.lowlevel.Abort.SUCCEEDED
 
         with trio.CancelScope(deadline=waiter.deadline) as timer:

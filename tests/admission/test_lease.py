@@ -24,6 +24,7 @@ from iop_admission import (
     QueueTimeout,
     validate_pool,
 )
+from iop_admission._state import Lease, Waiter, WaiterState
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -546,6 +547,35 @@ async def test_queue_timeout_exact_and_slot_still_usable(autojump_clock, pool, s
     drain_check(adm)
 
 
+@pytest.mark.req("queue-ownership")
+async def test_a_deadline_expires_through_the_core_a_cancel_withdraws(autojump_clock, pool, spawn, drain_check):
+    """[queue-ownership] a queue timeout in production is the core's expire() (TIMED_OUT), the
+    path the state machine proves; a cancellation before the deadline is a withdraw."""
+    adm = Admission(pool.shared(queue_timeout=2.0))
+    adm.connect("node-a")
+    waiters: list[Waiter] = []
+    request = adm._core.request
+
+    def recording(model: str, long: bool, now: float) -> Lease | Waiter:
+        result = request(model, long, now)
+        if isinstance(result, Waiter):
+            waiters.append(result)
+        return result
+
+    adm._core.request = recording  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        holder = await spawn(nursery, adm, BIG)
+        with pytest.raises(QueueTimeout):
+            async with adm.lease(FAST):
+                pass  # pragma: no cover
+        with trio.move_on_after(1.0):
+            async with adm.lease(FAST):
+                pass  # pragma: no cover
+        holder.release.set()
+    assert [w.state for w in waiters] == [WaiterState.TIMED_OUT, WaiterState.WITHDRAWN]
+    drain_check(adm)
+
+
 @pytest.mark.req("lease-lifecycle")
 async def test_state_changes_run_protected_from_keyboard_interrupt(autojump_clock, pool, spawn, drain_check):
     """[lease-lifecycle] Ctrl-C cannot land half-way through a grant, a release, a (dis)connect or
@@ -561,7 +591,7 @@ async def test_state_changes_run_protected_from_keyboard_interrupt(autojump_cloc
 
         return call
 
-    for name in ("request", "release", "withdraw", "connect", "disconnect", "refresh"):
+    for name in ("request", "release", "withdraw", "expire", "connect", "disconnect", "refresh"):
         setattr(core, name, recording(name, getattr(core, name)))
     gen = adm.connect("node-a")
     async with adm.lease(BIG), trio.open_nursery() as nursery:
@@ -573,6 +603,7 @@ async def test_state_changes_run_protected_from_keyboard_interrupt(autojump_cloc
         "request",
         "release",
         "withdraw",
+        "expire",
         "connect",
         "disconnect",
         "refresh",
