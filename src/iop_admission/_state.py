@@ -863,15 +863,15 @@ class AdmissionState:
         """Remove every waiter whose deadline is ``<= now``; return them, oldest first.
 
         Deadlines are ``enqueue_time + queue_timeout`` with one timeout for all
-        waiters, so they grow with arrival order and the scan stops at the first
-        waiter still in time.
+        waiters, and the queue is in arrival order (a retry goes back to its
+        arrival place with its original enqueue time), so deadlines grow along
+        the queue and the scan stops at the first waiter still in time: the cost
+        is the number of waiters expired, not the length of the queue (this is
+        the path every firing queue deadline takes).
         """
-        out = []
-        for waiter in tuple(self._waiters.values()):
-            if waiter.deadline > now:
-                break
+        out = list(itertools.takewhile(lambda waiter: waiter.deadline <= now, self._waiters.values()))
+        for waiter in out:
             self._remove(waiter, TIMED_OUT)
-            out.append(waiter)
         return out
 
     def release(self, lease: Lease) -> list[Decision]:
