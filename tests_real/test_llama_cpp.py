@@ -19,7 +19,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.stack import BIG, FAST, Stack, drained, edge_config, node_config, open_stack, provider
+from e2e.harness import BIG, FAST, Stack, drained, edge_config, node_config, open_stack, provider
 
 TIMEOUT = 120.0
 """Seconds per test: a loaded 2-core box generates a few tokens per second."""

@@ -1,6 +1,6 @@
 """Chaos with real processes: faults under steady streaming load from the ``openai`` client.
 
-Mock backend, Edge and Node run as separate processes (``e2e.stack``) on loopback.
+Mock backend, Edge and Node run as separate processes (``e2e.harness``) on loopback.
 Four worker threads call ``ornith:35b`` and ``ornith-fast`` (both on the
 capacity-2 provider ``node-a/gpu0``) with the official sync ``openai`` client,
 mostly streaming, without pause, while one fault is applied and heals:
@@ -37,7 +37,7 @@ import openai
 import pytest
 import trio
 
-from e2e.stack import BIG, FAST, NODE_REGISTERED, Stack, drained, edge_config, node_config, open_stack, provider
+from e2e.harness import BIG, FAST, NODE_REGISTERED, Stack, drained, edge_config, node_config, open_stack, provider
 
 CAPACITY = 2
 WORKERS = 4

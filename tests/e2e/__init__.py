@@ -1,1 +1,1 @@
-"""End-to-end tests with real processes; ``e2e.stack`` is the reusable process stack."""
+"""End-to-end tests with real processes; ``e2e.harness`` is the reusable process stack."""

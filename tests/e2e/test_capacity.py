@@ -13,7 +13,7 @@ import openai
 import pytest
 import trio
 
-from e2e.stack import BIG, FAST, Stack, drained, edge_config, node_config, open_stack, provider
+from e2e.harness import BIG, FAST, Stack, drained, edge_config, node_config, open_stack, provider
 
 
 def call(client: openai.OpenAI, model: str, *, stream: bool) -> tuple[str, str]:

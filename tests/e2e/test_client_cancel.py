@@ -9,7 +9,7 @@ import openai
 import pytest
 import trio
 
-from e2e.stack import BIG, FAST, Requests, drained, edge_config, node_config, open_stack, provider
+from e2e.harness import BIG, FAST, Requests, drained, edge_config, node_config, open_stack, provider
 
 
 @pytest.mark.req("lease-lifecycle", "cross-group-wakeup")

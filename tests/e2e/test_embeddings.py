@@ -8,7 +8,7 @@ import openai
 import pytest
 import trio
 
-from e2e.stack import BIG, FAST, drained, edge_config, node_config, open_stack
+from e2e.harness import BIG, FAST, drained, edge_config, node_config, open_stack
 from iop_mock import embedding as mock_embedding
 
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 
-from e2e.stack import BIG, Stack, drained, edge_config, node_config, open_stack, provider
+from e2e.harness import BIG, Stack, drained, edge_config, node_config, open_stack, provider
 
 pytestmark = pytest.mark.req("failover-before-first-byte", "outlier-ejection")
 

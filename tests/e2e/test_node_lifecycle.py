@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from e2e.stack import (
+from e2e.harness import (
     BIG,
     FAST,
     NODE_REGISTERED,

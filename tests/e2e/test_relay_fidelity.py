@@ -19,7 +19,7 @@ import httpx
 import pytest
 import trio
 
-from e2e.stack import BIG, FAST, edge_config, open_stack
+from e2e.harness import BIG, FAST, edge_config, open_stack
 
 SSE_PIECES = (
     b": the backend says hello\r\n\r\n",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from e2e.stack import (
+from e2e.harness import (
     BIG,
     FAST,
     Requests,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import trio
 
-from e2e.stack import BIG, FAST, drained, edge_config, node_config, open_stack, write_config
+from e2e.harness import BIG, FAST, drained, edge_config, node_config, open_stack, write_config
 
 NODE_SECRET = "SENTINEL-NODE-7f3a"
 ADMIN_SECRET = "SENTINEL-ADMIN-91bc"

@@ -15,7 +15,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.stack import BIG, drained, edge_config, node_config, open_stack
+from e2e.harness import BIG, drained, edge_config, node_config, open_stack
 
 
 def refused_call(base_url: str) -> openai.BadRequestError:

@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 import trio
-from edge_harness import BIG, FAST, Edge, EdgeLayout, mock_provider, node_config, real_node, running_edge
-from tls_certs import CertFiles, PrivateCA
 
+from edge.harness import BIG, FAST, Edge, EdgeLayout, mock_provider, node_config, real_node, running_edge
+from edge.tls_certs import CertFiles, PrivateCA
 from iop_config import client_ssl_context
 
 pytestmark = pytest.mark.req("tls")

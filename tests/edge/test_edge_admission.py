@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from edge_harness import (
+
+from edge.harness import (
     BIG,
     FAST,
     Edge,
@@ -28,7 +29,6 @@ from edge_harness import (
     running_edge,
     sse_events,
 )
-
 from iop_mock import MockBackend, serve_mock_backend
 from iop_node import ProviderConfig
 from iop_wire import Cancel, RunEnd, RunEvent

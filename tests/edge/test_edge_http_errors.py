@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from edge_harness import (
+
+from edge.harness import (
     ADMIN_TOKEN,
     BIG,
     FAST,
@@ -30,7 +31,6 @@ from edge_harness import (
     sse_events,
     start_chat,
 )
-
 from iop_wire import RunEnd, RunEvent
 
 

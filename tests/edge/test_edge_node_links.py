@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from edge_harness import (
+
+from edge.harness import (
     BIG,
     FAST,
     TOKEN_A,
@@ -23,7 +24,6 @@ from edge_harness import (
     running_edge,
     start_chat,
 )
-
 from iop_wire import Rejected, RunEvent
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 import trio
-from edge_harness import BIG, FAST, EdgeLayout, mock_provider, node_config, real_node, running_edge
+
+from edge.harness import BIG, FAST, EdgeLayout, mock_provider, node_config, real_node, running_edge
 
 API_KEY = "client-key-sentinel"
 

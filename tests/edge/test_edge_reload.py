@@ -14,8 +14,8 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from edge_harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge, start_chat
 
+from edge.harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge, start_chat
 from iop_edge import _service
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -15,7 +15,8 @@ import httpx
 import openai
 import pytest
 import trio
-from edge_harness import (
+
+from edge.harness import (
     BIG,
     FAST,
     LONG_THRESHOLD,
@@ -27,7 +28,6 @@ from edge_harness import (
     real_node,
     running_edge,
 )
-
 from iop_mock import MockBackend, serve_mock_backend
 from iop_mock import embedding as mock_embedding
 from iop_node import ProviderConfig

@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from edge_harness import (
+from prometheus_client.parser import text_string_to_metric_families
+
+from edge.harness import (
     BIG,
     FAST,
     EdgeLayout,
@@ -24,8 +26,6 @@ from edge_harness import (
     sse_events,
     start_chat,
 )
-from prometheus_client.parser import text_string_to_metric_families
-
 from iop_wire import RunEnd, RunEvent
 
 pytestmark = pytest.mark.req("failover-before-first-byte", "outlier-ejection", "first-token-timeout")

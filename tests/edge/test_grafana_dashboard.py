@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from edge_harness import BIG, eventually, mock_provider, node_config, real_node, running_edge
 from prometheus_client.parser import text_string_to_metric_families
+
+from edge.harness import BIG, eventually, mock_provider, node_config, real_node, running_edge
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "iop-edge.json"
 METRIC = re.compile(r"\biop_[a-z0-9_]+\b")

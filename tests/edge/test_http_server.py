@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from edge_harness import FAST, EdgeLayout, eventually, fake_node, running_edge
 
+from edge.harness import FAST, EdgeLayout, eventually, fake_node, running_edge
 from iop_edge._http_server import ConnectionCounter, HttpLimits, serve_http
 
 

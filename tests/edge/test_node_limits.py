@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from edge_harness import TOKEN_A, EdgeLayout
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
+from edge.harness import TOKEN_A, EdgeLayout
 from iop_edge import EdgeService
 from iop_edge._node_limits import PendingLimits, Source, source_of
 from iop_edge.config import load_edge_config

@@ -13,9 +13,9 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from edge_harness import Edge, EdgeLayout, eventually, mock_provider, node_config, real_node, running_edge
-from tls_certs import CertFiles, PrivateCA
 
+from edge.harness import Edge, EdgeLayout, eventually, mock_provider, node_config, real_node, running_edge
+from edge.tls_certs import CertFiles, PrivateCA
 from iop_config import client_ssl_context
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, RegistrationRejected
 from iop_node.config import TlsConfig

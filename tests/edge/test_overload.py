@@ -12,8 +12,8 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from edge_harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
 
+from edge.harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
 from iop_config import ConfigFileError
 from iop_edge._overload import LoadShedder, OverloadPolicy, retry_after, watch_loop_lag
 from iop_edge.config import load_edge_config

@@ -13,7 +13,8 @@ import attrs
 import httpx
 import pytest
 import trio
-from edge_harness import (
+
+from edge.harness import (
     BIG,
     FAST,
     EdgeLayout,
@@ -24,7 +25,6 @@ from edge_harness import (
     real_node,
     running_edge,
 )
-
 from iop_config import ConfigFileError
 from iop_edge.config import load_edge_config
 from iop_wire import Heartbeat, encode

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from edge_harness import BIG, FAST, EdgeLayout, fake_node, running_edge
+
+from edge.harness import BIG, FAST, EdgeLayout, fake_node, running_edge
 
 
 def _keys(document: dict[str, object]) -> tuple[list[tuple[str, str]], list[str]]:

@@ -15,7 +15,9 @@ import httpx
 import openai
 import pytest
 import trio
-from edge_harness import (
+from prometheus_client.parser import text_string_to_metric_families
+
+from edge.harness import (
     BIG,
     Edge,
     eventually,
@@ -26,8 +28,6 @@ from edge_harness import (
     running_edge,
     start_chat,
 )
-from prometheus_client.parser import text_string_to_metric_families
-
 from iop_wire import RunEnd
 
 pytestmark = pytest.mark.req("upstream-error-passthrough")

@@ -7,9 +7,9 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from edge_harness import BIG, FAST, TOKEN_A, chat_chunk, fake_node, running_edge, sse_events, start_chat
 from trio_websocket import ConnectionClosed
 
+from edge.harness import BIG, FAST, TOKEN_A, chat_chunk, fake_node, running_edge, sse_events, start_chat
 from iop_wire import CLOSE_PROTOCOL_ERROR, Rejected, RunData, RunEnd, RunEvent
 
 AWKWARD = [

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .fuzz_harness import EdgeThread
+from fuzz.harness import EdgeThread
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
+from fuzz.harness import frames
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, ReconnectConfig, RuntimeConfig
 from iop_wire import (
     MAX_MESSAGE_BYTES,
@@ -39,8 +40,6 @@ from iop_wire import (
     decode_data,
     encode,
 )
-
-from .fuzz_harness import frames
 
 pytestmark = pytest.mark.req("runtime-concurrency", "tunnel-guard")
 

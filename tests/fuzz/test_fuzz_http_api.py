@@ -19,9 +19,8 @@ import trio
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from fuzz.harness import HEALTHY_MODEL, MAX_BODY_BYTES, EdgeThread, assert_healthy, json_values
 from iop_mock.completion import MAX_TOKENS_LIMIT
-
-from .fuzz_harness import HEALTHY_MODEL, MAX_BODY_BYTES, EdgeThread, assert_healthy, json_values
 
 pytestmark = pytest.mark.req("lease-lifecycle", "contract-spec-sync")
 

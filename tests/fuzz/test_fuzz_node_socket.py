@@ -23,6 +23,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
+from fuzz.harness import (
+    MAX_WS_MESSAGE_BYTES,
+    NODE_B_MODEL,
+    TOKEN_B,
+    EdgeThread,
+    assert_healthy,
+    frames,
+)
 from iop_wire import (
     PROTOCOL_VERSION,
     Heartbeat,
@@ -39,15 +47,6 @@ from iop_wire import (
     TunnelStart,
     decode,
     encode,
-)
-
-from .fuzz_harness import (
-    MAX_WS_MESSAGE_BYTES,
-    NODE_B_MODEL,
-    TOKEN_B,
-    EdgeThread,
-    assert_healthy,
-    frames,
 )
 
 pytestmark = pytest.mark.req("disconnect-exclusion", "lease-lifecycle")

@@ -1,13 +1,13 @@
-"""Fixtures for the Node tests (the harness itself is node_harness.py)."""
+"""Fixtures for the Node tests (the harness itself is ``node.harness``)."""
 
 from __future__ import annotations
 
 import pytest
 import trio
 import trio.testing
-from node_harness import Backend, FakeEdge
 
 from iop_mock import MockBackend, serve_mock_backend
+from node.harness import Backend, FakeEdge
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from node_harness import Backend
 
 from iop_mock import embedding as mock_embedding
 from iop_node import (
@@ -27,6 +26,7 @@ from iop_node import (
     UpstreamFailed,
     UpstreamUnreachable,
 )
+from node.harness import Backend
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

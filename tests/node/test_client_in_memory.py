@@ -15,7 +15,6 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from node_harness import FakeEdge, MemoryLink, node_config
 
 from iop_node import (
     EdgeClient,
@@ -27,6 +26,7 @@ from iop_node import (
     first_delay,
 )
 from iop_wire import Heartbeat, Rejected, Run
+from node.harness import FakeEdge, MemoryLink, node_config
 
 MOCK = ProviderConfig(id="m0", adapter="mock", capacity=2, latency_ms=10_000)
 

@@ -7,11 +7,11 @@ import json
 import pytest
 import trio
 import trio.testing
-from node_harness import Backend, EdgeConn, FakeEdge, node_config, openai_provider, running_node
 
 from iop_admission import ConcurrencyLimitExceeded
 from iop_node import NodeRuntime, ProviderConfig
 from iop_wire import Cancel, Run, RunData, RunEnd, RunEvent, TunnelEnd, TunnelRequest, TunnelStart
+from node.harness import Backend, EdgeConn, FakeEdge, node_config, openai_provider, running_node
 
 SLOW_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from node_harness import TOKEN, FakeEdge
 
 from iop_wire import Rejected, Run, TunnelRequest, TunnelStart
+from node.harness import TOKEN, FakeEdge
 
 NODE_YAML = """\
 node_id: node-a

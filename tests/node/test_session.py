@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import trio
-from node_harness import TOKEN, Backend, FakeEdge, node_config, openai_provider, running_node
 
 from iop_node import MockAdapter, ProviderConfig
 from iop_wire import (
@@ -25,6 +24,7 @@ from iop_wire import (
     TunnelRequest,
     TunnelStart,
 )
+from node.harness import TOKEN, Backend, FakeEdge, node_config, openai_provider, running_node
 
 CHAT = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 

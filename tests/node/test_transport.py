@@ -17,11 +17,11 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from node_harness import Backend, openai_provider
 
 from iop_node import OpenAIAdapter, UpstreamUnreachable
 from iop_node._http import BodyStream, HttpUpstream
 from iop_node._transport import H11Transport
+from node.harness import Backend, openai_provider
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 STREAM = {**CHAT, "max_tokens": 50, "stream": True}

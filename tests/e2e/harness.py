@@ -19,7 +19,7 @@ happened in the test::
 The config builders return plain dicts; they are written as JSON, which is YAML. A test
 that needs a particular file (an invalid one, say) passes the text instead.
 
-Import it as ``from e2e.stack import ...`` (``tests/e2e`` is a package, so pytest puts
+Import it as ``from e2e.harness import ...`` (``tests/e2e`` is a package, so pytest puts
 ``tests/`` on ``sys.path``; a suite elsewhere under ``tests/`` needs an ``__init__.py`` too).
 """
 

@@ -1,0 +1,1 @@
+"""Edge tests (in process): the harness is ``edge.harness``."""

@@ -1,0 +1,1 @@
+"""Node tests: the harness is ``node.harness``."""
