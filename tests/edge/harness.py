@@ -27,6 +27,7 @@ from typing import Any
 
 import attrs
 import httpx
+import openai
 import trio
 import trio.testing
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
@@ -152,6 +153,12 @@ class Edge:
         """POST /v1/chat/completions (non-stream unless ``stream=True`` is given)."""
         body = {"model": model, "messages": [{"role": "user", "content": content}], **fields}
         return await self.http.post("/v1/chat/completions", json=body, headers=headers)
+
+    def openai_client(self, *, api_key: str = "k", max_retries: int = 0) -> openai.AsyncOpenAI:
+        """The official async ``openai`` client on this Edge's ``/v1`` (use it as ``async with``)."""
+        return openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{self.http_port}/v1", api_key=api_key, max_retries=max_retries
+        )
 
     async def status(self) -> dict[str, Any]:
         """GET /status as JSON."""

@@ -127,8 +127,7 @@ async def test_openai_client_every_input_shape(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with running_edge(tmp_path) as edge:
             async with real_node(edge, node_config(edge, "node-a", [mock_provider("gpu0")])):
-                base_url = f"http://127.0.0.1:{edge.http_port}/v1"
-                async with openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0) as client:
+                async with edge.openai_client() as client:
                     one = await client.embeddings.create(model=BIG, input="hello")
                     many = await client.embeddings.create(model=FAST, input=["a", "b"], encoding_format="float")
                     tokens = await client.embeddings.create(model=BIG, input=[1, 2, 3])
@@ -149,8 +148,7 @@ async def test_ollama_provider_answers_in_openai_shape(tmp_path: Path, nursery: 
     with trio.fail_after(20):
         async with running_edge(tmp_path) as edge:
             async with real_node(edge, node_config(edge, "node-a", [provider])):
-                base_url = f"http://127.0.0.1:{edge.http_port}/v1"
-                async with openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0) as client:
+                async with edge.openai_client() as client:
                     answer = await client.embeddings.create(model=BIG, input=["x", "y"])
                     with pytest.raises(openai.BadRequestError) as refused:
                         await client.embeddings.create(model=BIG, input=[1, 2])

@@ -177,8 +177,7 @@ async def test_openai_client_gets_bad_request_once(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with running_edge(tmp_path) as edge:
             async with real_node(edge, node_config(edge, "node-a", [mock_provider("gpu0")])):
-                base_url = f"http://127.0.0.1:{edge.http_port}/v1"
-                async with openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=2) as client:
+                async with edge.openai_client(max_retries=2) as client:
                     with pytest.raises(openai.BadRequestError) as caught:
                         await client.chat.completions.create(
                             model=BIG, messages=[{"role": "user", "content": "hi"}], max_tokens=100_000
