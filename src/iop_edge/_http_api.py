@@ -322,12 +322,14 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
 class Responder:
     """Sends one HTTP response; knows whether the head is out already."""
 
-    __slots__ = ("_send", "started", "finished")
+    __slots__ = ("_send", "started", "finished", "write_nowait")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, write_nowait: Callable[[bytes], bool] | None = None) -> None:
         self._send = send
         self.started = False
         self.finished = False
+        self.write_nowait = write_nowait
+        """The server's ``iop.write_body_nowait``: a body chunk written from any task, never waiting."""
 
     async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -382,7 +384,7 @@ class EdgeAPI:
             return
         if kind != "http":
             return
-        responder = Responder(send)
+        responder = Responder(send, scope.get("extensions", {}).get("iop.write_body_nowait"))
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
             if handler is None:
@@ -721,9 +723,25 @@ async def _relay_stream(
     Output in data records (v2) is the SSE body already, written as is; output in
     ``run_event`` messages (v1) is framed here, and the stream ends with our ``[DONE]``.
     ``first`` is the run's first message when the caller received it already.
+
+    Once the head is out and everything received is written, data records go
+    from the node link's reader straight to the client's socket (the server's
+    ``write_body_nowait``, :meth:`RunChannel.attach`); this task then only
+    waits for the run's end.
     """
+    try:
+        await _relay_bursts(run, responder, head, first)
+    finally:
+        run.detach()
+
+
+async def _relay_bursts(
+    run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]], first: RunMessage | None
+) -> None:
     framed_here = False
     while True:
+        if not framed_here and responder.started and responder.write_nowait is not None:
+            run.attach(responder.write_nowait)
         message, first = (first, None) if first is not None else (await _next(run), None)
         burst = [message, *run.buffered()]
         parts: list[bytes] = []

@@ -24,16 +24,27 @@ no websockets, no HTTP/2). What the listener guarantees:
 - **Connection cap**: past ``max_connections`` open connections, a new one is
   closed at once (before a byte is read) -- the cheapest possible refusal.
 - A response head goes out with the first body chunk, in one send.
+- **Writes never wait on the client**: a plain TCP connection is driven as a
+  non-blocking stdlib socket with trio's low-level waits; bytes go to the
+  socket at once from whichever task has them (the scope's
+  ``iop.write_body_nowait`` lets a relay write body chunks from a node link's
+  reader), and what the socket does not take waits in the connection's
+  buffer, written by a flusher task. A body chunk is refused past
+  ``WRITE_BUFFER_LIMIT`` bytes waiting (the relay then drops the run);
+  ASGI ``send`` of a chunk waits only then, the last body message until
+  everything is written.
 
 ``wrap_stream`` is the seam for TLS: it gets each accepted socket stream and
 returns the stream to speak HTTP on (e.g. a ``trio.SSLStream``); it runs under
-the head deadline.
+the head deadline. Such a stream is written by the flusher task only (one task
+switch per write, as a stream needs).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import socket
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, final
@@ -85,12 +96,201 @@ class _PeerGone(Exception):
     """The client closed, broke or stalled the connection."""
 
 
+WRITE_BUFFER_LIMIT = 256 * 1024
+"""Bytes waiting for one client past which a body chunk written without waiting is refused."""
+
+
+class _Transport:
+    """The bytes of one client connection, both ways, with an outgoing buffer.
+
+    :meth:`write_nowait` hands bytes to the operating system at once when
+    nothing is waiting before them (no task switch); what the socket does not
+    take waits in :attr:`pending`, written in order by a flusher task started in
+    the connection's nursery. So whoever has bytes for the client (the
+    connection's own task, or a node link's reader relaying a run) writes them
+    without waiting on the client, and a slow client costs only memory bounded
+    by :data:`WRITE_BUFFER_LIMIT`.
+    """
+
+    __slots__ = ("pending", "broken", "nursery", "_flushing", "_drained")
+
+    def __init__(self) -> None:
+        self.pending = bytearray()
+        self.broken = False
+        self.nursery: trio.Nursery | None = None  # set by the connection before any write
+        self._flushing = False
+        self._drained = trio.Event()
+
+    def write_nowait(self, data: bytes) -> bool:
+        """Write ``data`` after what is pending (never waits).
+
+        Returns:
+            False when the bytes waiting for the client exceed
+            :data:`WRITE_BUFFER_LIMIT` (``data`` is kept all the same).
+            A broken connection takes and drops everything.
+        """
+        if self.broken:
+            return True
+        if not self._flushing:
+            try:
+                sent = self._send_now(data)
+            except _PeerGone:
+                self.broken = True
+                return True
+            if sent == len(data):
+                return True
+            self.pending += memoryview(data)[sent:]
+            self._flushing = True
+            self._drained = trio.Event()
+            assert self.nursery is not None
+            self.nursery.start_soon(self._flush_pending)
+            return len(self.pending) <= WRITE_BUFFER_LIMIT
+        self.pending += data
+        return len(self.pending) <= WRITE_BUFFER_LIMIT
+
+    async def send_all(self, data: bytes) -> None:
+        """Write ``data`` and wait until every pending byte is written (or the client is gone).
+
+        Checkpoints only when the socket did not take everything at once.
+        Cancelled, the bytes stay pending and are still written in order.
+        """
+        self.write_nowait(data)
+        if self._flushing:
+            await self._drained.wait()
+
+    async def wait_below_limit(self) -> None:
+        """Wait while more than :data:`WRITE_BUFFER_LIMIT` bytes wait for the client.
+
+        Checkpoints only when it waits.
+        """
+        while self._flushing and len(self.pending) > WRITE_BUFFER_LIMIT:
+            await self._drained.wait()
+
+    async def _flush_pending(self) -> None:
+        try:
+            await self._flush()
+        except _PeerGone:
+            self.broken = True
+            self.pending.clear()
+        finally:
+            self._flushing = False
+            self._drained.set()
+
+    def _send_now(self, data: bytes) -> int:
+        """Bytes of ``data`` the connection took without waiting (raises :class:`_PeerGone`)."""
+        raise NotImplementedError
+
+    async def _flush(self) -> None:
+        """Write :attr:`pending` until it is empty, waiting as needed (raises :class:`_PeerGone`)."""
+        raise NotImplementedError
+
+    async def receive_some(self) -> bytes:
+        """The next bytes from the client; ``b""`` at its end (raises :class:`_PeerGone`). Checkpoints."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Close the connection. Checkpoints."""
+        raise NotImplementedError
+
+
+@final
+class _SocketTransport(_Transport):
+    """A plain TCP connection, driven as a non-blocking stdlib socket with trio's low-level waits.
+
+    Writing a body chunk is then one ``send`` system call from the task that has
+    the bytes; trio's ``SocketStream.send_all`` always reschedules its task too.
+    """
+
+    __slots__ = ("sock",)
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        super().__init__()
+        self.sock = socket.socket(fileno=stream.socket.detach())
+        self.sock.setblocking(False)
+
+    def _send_now(self, data: bytes) -> int:
+        try:
+            return self.sock.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            raise _PeerGone from None
+
+    async def _flush(self) -> None:
+        pending = self.pending
+        while pending:
+            await trio.lowlevel.wait_writable(self.sock)
+            try:
+                sent = self.sock.send(pending)
+            except BlockingIOError:
+                continue
+            except OSError:
+                raise _PeerGone from None
+            del pending[:sent]
+
+    async def receive_some(self) -> bytes:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
+        while True:
+            try:
+                data = self.sock.recv(_RECEIVE_SIZE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self.sock)
+                waited = True
+                continue
+            except OSError:
+                raise _PeerGone from None
+            if not waited:
+                await trio.lowlevel.cancel_shielded_checkpoint()  # a schedule point, as trio's streams
+            return data
+
+    async def aclose(self) -> None:
+        self.broken = True
+        trio.lowlevel.notify_closing(self.sock)
+        self.sock.close()
+        await trio.lowlevel.checkpoint()
+
+
+@final
+class _StreamTransport(_Transport):
+    """A connection spoken through a trio stream (TLS: a ``trio.SSLStream``); the flusher writes."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def _send_now(self, data: bytes) -> int:
+        return 0  # a stream is written only by awaiting it: the flusher does
+
+    async def _flush(self) -> None:
+        while self.pending:
+            data = bytes(self.pending)
+            self.pending.clear()
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise _PeerGone from None
+
+    async def receive_some(self) -> bytes:
+        try:
+            # bytes() returns a plain socket's bytes as they are; TLS gives a bytearray.
+            return bytes(await self.stream.receive_some(_RECEIVE_SIZE))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise _PeerGone from None
+
+    async def aclose(self) -> None:
+        self.broken = True
+        await self.stream.aclose()
+
+
 @final
 class _Connection:
     """One HTTP/1.1 connection: reads requests with h11, calls the app for each."""
 
-    def __init__(self, stream: trio.abc.Stream, app: App, limits: HttpLimits) -> None:
-        self.stream = stream
+    def __init__(self, transport: _Transport, app: App, limits: HttpLimits) -> None:
+        self.transport = transport
         self.app = app
         self.limits = limits
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
@@ -102,24 +302,28 @@ class _Connection:
 
     async def serve(self) -> None:
         """Serve requests until the client leaves, a limit trips or a response says close. Checkpoints."""
-        try:
-            while True:
-                request = await self._next_request()
-                if request is None:
-                    return
-                await self._respond(request)
-                if not await self._ready_for_next():
-                    return
-        except _PeerGone:
-            return
-        finally:
-            await self._close()
+        async with trio.open_nursery() as nursery:
+            self.transport.nursery = nursery  # where a flusher runs when the client is behind
+            try:
+                while True:
+                    request = await self._next_request()
+                    if request is None:
+                        return
+                    await self._respond(request)
+                    if not await self._ready_for_next():
+                        return
+            except _PeerGone:
+                return
+            finally:
+                nursery.cancel_scope.cancel()
+                await self._close()
 
     # ------------------------------------------------------------- request heads
 
     async def _next_request(self) -> h11.Request | None:
         """The next request head, or None when the connection should end."""
         head_deadline = math.inf
+        received = False
         while True:
             try:
                 event = self.h11.next_event()
@@ -127,6 +331,7 @@ class _Connection:
                 await self._protocol_error(exc)
                 return None
             if event is h11.NEED_DATA:
+                received = True
                 if head_deadline == math.inf and self.h11.trailing_data[0]:
                     head_deadline = trio.current_time() + self.limits.header_timeout
                 deadline = head_deadline
@@ -138,16 +343,14 @@ class _Connection:
                 self.h11.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
+                if not received:
+                    await trio.lowlevel.checkpoint()  # a pipelined head: still one schedule point per request
                 return event
             return None  # ConnectionClosed (or PAUSED after a close)
 
     async def _receive(self, deadline: float, what: str) -> bytes:
         with trio.move_on_at(deadline):
-            try:
-                # bytes() returns a plain socket's bytes as they are; TLS gives a bytearray.
-                return bytes(await self.stream.receive_some(_RECEIVE_SIZE))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise _PeerGone from None
+            return await self.transport.receive_some()
         if what == "request head" and self.h11.trailing_data[0]:
             logger.info("client sent no complete request head within %.3g s: disconnecting", self.limits.header_timeout)
         raise _PeerGone
@@ -184,6 +387,7 @@ class _Connection:
             "raw_path": path.encode("latin-1"),
             "query_string": query.encode("latin-1"),
             "headers": request.headers,
+            "extensions": {"iop.write_body_nowait": self._write_body_nowait},
         }
         try:
             await self.app(scope, self._receive_message, self._send_message)
@@ -240,8 +444,8 @@ class _Connection:
             if len(self.h11.trailing_data[0]) > self.limits.max_head_bytes:
                 await trio.sleep_forever()  # pipelined too far ahead: stop reading, keep the bytes
             try:
-                data = bytes(await self.stream.receive_some(_RECEIVE_SIZE))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = await self.transport.receive_some()
+            except _PeerGone:
                 data = b""
             if not data:
                 self.gone = True
@@ -268,13 +472,36 @@ class _Connection:
             parts.append(self.h11.send(h11.Data(data=body)) or b"")
         if not more:
             parts.append(self.h11.send(h11.EndOfMessage()) or b"")
-        if parts:
+        if not parts:
+            return
+        if more:  # a body chunk: written at once, waiting only for a client far behind
+            self.transport.write_nowait(b"".join(parts))
+            await self.transport.wait_below_limit()
+        else:
             await self._send_bytes(b"".join(parts))
+        if self.transport.broken:
+            self.gone = True
+
+    def _write_body_nowait(self, data: bytes) -> bool:
+        """Write a chunk of the response body now, from any task (never waits).
+
+        The ``iop.write_body_nowait`` extension of the scope: for a relay that
+        gets the bytes in another task (a node link's reader) and wants them on
+        the socket without a task switch. Call it only between the response
+        head and the last body message, with nothing else writing meanwhile.
+
+        Returns:
+            False when the client is too far behind (more than
+            :data:`WRITE_BUFFER_LIMIT` bytes wait for it); the chunk is kept.
+            Bytes for a client that is gone are dropped (True).
+        """
+        if self.gone or self._suppress_body or self.h11.our_state is not h11.SEND_BODY:
+            return True
+        return self.transport.write_nowait(self.h11.send(h11.Data(data=data)) or b"")
 
     async def _send_bytes(self, data: bytes) -> None:
-        try:
-            await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        await self.transport.send_all(data)
+        if self.transport.broken:
             self.gone = True
 
     # ------------------------------------------------------------------- reuse
@@ -300,7 +527,7 @@ class _Connection:
 
     async def _close(self) -> None:
         with trio.CancelScope(shield=True):
-            await self.stream.aclose()
+            await self.transport.aclose()
 
 
 _RESPONSES: dict[tuple[int, tuple[tuple[bytes, bytes], ...]], h11.Response] = {}
@@ -365,7 +592,8 @@ async def serve_http(
                 if scope.cancelled_caught:
                     await trio.aclose_forcefully(stream)
                     return
-            await _Connection(http_stream, app, limits).serve()
+            transport = _SocketTransport(stream) if wrap_stream is None else _StreamTransport(http_stream)
+            await _Connection(transport, app, limits).serve()
         finally:
             connections.open -= 1
 

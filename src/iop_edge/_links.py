@@ -20,7 +20,11 @@ Design notes:
 - The reader never blocks on a consumer either: events for a run go into that
   run's bounded channel with ``send_nowait``. A run whose client cannot keep
   up overflows its channel and is cancelled (the handler answers
-  ``client_too_slow``); heartbeats and other runs keep flowing.
+  ``client_too_slow``); heartbeats and other runs keep flowing. Once a
+  stream's relay has written everything it received, it attaches its
+  client's writer (:meth:`RunChannel.attach`): data records then go from
+  the reader to the client's socket without a task switch, and a client too
+  far behind overflows the run the same way.
 - Every message from the node counts as liveness. No message for
   ``heartbeat_timeout`` seconds and the Edge drops the connection itself: the
   fallback for a peer that vanished without a close.
@@ -100,7 +104,7 @@ class RunChannel:
     once the node has freed the provider (see :meth:`__aexit__`).
     """
 
-    __slots__ = ("run_id", "link", "_send", "_receive", "ended", "overflowed", "_next_seq")
+    __slots__ = ("run_id", "link", "_send", "_receive", "ended", "overflowed", "_next_seq", "_sink")
 
     def __init__(self, run_id: str, link: NodeLink) -> None:
         self.run_id = run_id
@@ -109,6 +113,7 @@ class RunChannel:
         self.ended = False
         self.overflowed = False
         self._next_seq = 0
+        self._sink: Callable[[bytes], bool] | None = None
 
     async def __aenter__(self) -> RunChannel:
         return self
@@ -132,6 +137,7 @@ class RunChannel:
         from the caller's cancellation (a client that went away is the usual
         reason to be here) and bounded by :data:`CANCEL_SETTLE_TIMEOUT`.
         """
+        self._sink = None
         if not self.ended and self.link.cancel_run(self.run_id):
             with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SETTLE_TIMEOUT):
                 while not self.ended:
@@ -151,6 +157,13 @@ class RunChannel:
             is too slow; :attr:`overflowed` is set) or its reader left. The
             link then forgets the run and cancels it on the node.
         """
+        sink = self._sink
+        if sink is not None and type(message) is RunData:
+            if sink(message.data):
+                return True
+            self.overflowed = True
+            self._send.close()
+            return False
         try:
             self._send.send_nowait(message)
         except trio.WouldBlock:
@@ -162,6 +175,29 @@ class RunChannel:
         if type(message) is RunEnd or type(message) is TunnelEnd:
             self._send.close()
         return True
+
+    def attach(self, sink: Callable[[bytes], bool]) -> bool:
+        """Hand the bytes of later data records to ``sink`` as they arrive, in the node link's reader.
+
+        A relay that has written everything received so far attaches its
+        client's writer, so a token goes from the node's frame to the client's
+        socket without a task switch; the run's end and errors still come
+        through :meth:`next`. ``sink`` returns False when the client is too far
+        behind: the run then counts as overflowed (as a full buffer would).
+        Attaches only when nothing is buffered (else the order would break).
+
+        Returns:
+            Whether ``sink`` is attached now.
+        """
+        if self._sink is None:
+            if self.ended or self._receive.statistics().current_buffer_used:
+                return False
+            self._sink = sink
+        return True
+
+    def detach(self) -> None:
+        """Buffer data records again (for :meth:`next`); call it when the relay stops writing."""
+        self._sink = None
 
     def check_seq(self, seq: int) -> bool:
         """Whether ``seq`` is the next data record number of this run (and count it)."""

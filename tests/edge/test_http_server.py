@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import h11
 import pytest
 import trio
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, running_edge
-from iop_edge._http_server import ConnectionCounter, HttpLimits, serve_http
+from iop_edge._http_server import WRITE_BUFFER_LIMIT, ConnectionCounter, HttpLimits, serve_http
 
 
 async def _read_response(stream: trio.SocketStream, buffer: bytearray) -> tuple[int, bytes, int]:
@@ -158,4 +160,70 @@ async def test_connections_past_the_cap_are_closed_at_once() -> None:
             await third.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
             assert (await _read_response(third, bytearray()))[0] == 200
             await third.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def _serve(nursery: trio.Nursery, app: object) -> int:
+    port: int = await nursery.start(
+        lambda task_status: serve_http(
+            app, "127.0.0.1", 0, limits=HttpLimits(header_timeout=5), task_status=task_status
+        )  # type: ignore[arg-type]
+    )
+    return port
+
+
+async def _chunked_body(stream: trio.SocketStream) -> tuple[int, bytes]:
+    """Read one response with an h11 client; returns (status, body)."""
+    client = h11.Connection(h11.CLIENT)
+    client.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+    status, body = 0, bytearray()
+    while True:
+        event = client.next_event()
+        if event is h11.NEED_DATA:
+            client.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return status, bytes(body)
+
+
+async def test_body_written_without_waiting_keeps_its_order_and_its_bound() -> None:
+    """``iop.write_body_nowait`` writes chunks from another task without waiting: a client that
+    does not read gets them buffered, in order with the app's own sends, and the writer is told
+    (False) once more than ``WRITE_BUFFER_LIMIT`` bytes wait -- the bound a relay acts on."""
+    chunk = 16 * 1024
+    written: list[bytes] = []
+    refused = trio.Event()
+
+    async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
+        write_nowait = scope["extensions"]["iop.write_body_nowait"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first;", "more_body": True})
+
+        async def writer() -> None:  # as a node link's reader would: another task, never waiting
+            for i in range(4096):
+                data = f"{i:08d}".encode() * (chunk // 8)
+                written.append(data)
+                if not write_nowait(data):
+                    refused.set()
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+        await send({"type": "http.response.body", "body": b";last", "more_body": False})
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            port = await _serve(nursery, app)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            await refused.wait()  # the client has read nothing so far
+            assert len(written) * chunk > WRITE_BUFFER_LIMIT
+            assert len(written) < 4096  # refused long before the writer ran out: memory is bounded
+            status, body = await _chunked_body(stream)
+            assert status == 200
+            assert body == b"first;" + b"".join(written) + b";last"
+            await stream.aclose()
             nursery.cancel_scope.cancel()

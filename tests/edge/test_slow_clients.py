@@ -7,12 +7,15 @@ test is bounded by ``trio.fail_after``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import attrs
+import h11
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from edge.harness import (
     BIG,
@@ -26,8 +29,9 @@ from edge.harness import (
     running_edge,
 )
 from iop_config import ConfigFileError
+from iop_edge._http_server import WRITE_BUFFER_LIMIT
 from iop_edge.config import load_edge_config
-from iop_wire import Heartbeat, encode
+from iop_wire import Heartbeat, RunData, encode
 
 HEADER_TIMEOUT_MS = 300
 TRICKLE_INTERVAL = 0.05
@@ -201,3 +205,54 @@ def test_header_timeout_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigFileError) as caught:
         load_edge_config(path)
     assert any("header_timeout_ms" in error and ">= 1" in error for error in caught.value.errors), caught.value.errors
+
+
+async def test_stream_client_that_stops_reading_is_cut_at_the_bound(tmp_path: Path) -> None:
+    """A streaming client that stops reading: the node's data records go on being written to its
+    connection without waiting until more than ``WRITE_BUFFER_LIMIT`` bytes wait for it; then
+    the run is cancelled on the node (the node link's reader never waited), and the client,
+    reading again, gets every byte before the cut and a final ``client_too_slow`` error event."""
+    record = b"data: " + b"x" * (32 * 1024 - 8) + b"\n\n"
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            body = json.dumps({"model": FAST, "messages": [{"role": "user", "content": "hi"}], "stream": True})
+            client = h11.Connection(h11.CLIENT)
+            head = h11.Request(
+                method="POST",
+                target="/v1/chat/completions",
+                headers=[("host", "edge"), ("content-type", "application/json"), ("content-length", str(len(body)))],
+            )
+            await stream.send_all(client.send(head) + client.send(h11.Data(data=body.encode())))
+            run = await node.next_run()
+            cancelled = trio.Event()
+
+            async def wait_cancel() -> None:
+                assert (await node.next_cancel()).run_id == run.run_id
+                cancelled.set()
+
+            sent = 0
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_cancel)
+                while not cancelled.is_set():
+                    assert sent < 2048, "the Edge buffered 64 MB for a client that does not read"
+                    await node.send_data(RunData(run.run_id, sent, record))
+                    sent += 1
+                    await trio.testing.wait_all_tasks_blocked()
+            assert sent * len(record) > WRITE_BUFFER_LIMIT
+            received = bytearray()
+            while True:
+                event = client.next_event()
+                if event is h11.NEED_DATA:
+                    client.receive_data(await stream.receive_some(65536))
+                elif isinstance(event, h11.Response):
+                    assert event.status_code == 200
+                elif isinstance(event, h11.Data):
+                    received += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+            data, _, last = bytes(received).rpartition(b"data: {")
+            assert data == record * (len(data) // len(record)) and len(data) // len(record) <= sent
+            assert b'"code":"client_too_slow"' in last
+            await stream.aclose()
+            await edge.assert_drained()
