@@ -40,6 +40,7 @@ from iop_admission import (
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
+from ._http_server import PAUSE_READING
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._overload import FrontDoor
 from ._upstream_errors import upstream_error_object
@@ -113,6 +114,7 @@ class RequestRejected(Exception):
         provider: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.pause = 0.0  # seconds the listener leaves the connection unread after it (pacing)
         self.status = status
         self.code = code
         self.message = message
@@ -140,14 +142,14 @@ class RequestRejected(Exception):
         return headers
 
 
-def admission_rejection(exc: AdmissionError, retry_after: int = 1) -> RequestRejected:
-    """Map an admission outcome to its HTTP answer (``retry_after`` for the queue's refusals)."""
+def admission_rejection(exc: AdmissionError) -> RequestRejected:
+    """Map an admission outcome to its HTTP answer (the queue's refusals get their Retry-After later)."""
     if isinstance(exc, ModelNotFound):
         return RequestRejected(404, "model_not_found", str(exc))
     if isinstance(exc, QueueFull):
-        return RequestRejected(429, "queue_full", str(exc), type="rate_limit_error", retry_after=retry_after)
+        return RequestRejected(429, "queue_full", str(exc), type="rate_limit_error")
     if isinstance(exc, QueueTimeout):
-        return RequestRejected(429, "queue_timeout", str(exc), type="rate_limit_error", retry_after=retry_after)
+        return RequestRejected(429, "queue_timeout", str(exc), type="rate_limit_error")
     if isinstance(exc, Unavailable):
         return RequestRejected(503, "unavailable", str(exc), type="service_unavailable")
     if isinstance(exc, LeaseRevoked):
@@ -322,10 +324,11 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
 class Responder:
     """Sends one HTTP response; knows whether the head is out already."""
 
-    __slots__ = ("_send", "started", "finished", "write_nowait")
+    __slots__ = ("_send", "_scope", "started", "finished", "write_nowait")
 
-    def __init__(self, send: Send, write_nowait: Callable[[bytes], bool] | None = None) -> None:
+    def __init__(self, send: Send, scope: Scope, write_nowait: Callable[[bytes], bool] | None = None) -> None:
         self._send = send
+        self._scope = scope
         self.started = False
         self.finished = False
         self.write_nowait = write_nowait
@@ -352,6 +355,8 @@ class Responder:
         """Answer with an error: a JSON response, or a final SSE error event mid-stream."""
         if self.finished:
             return
+        if rejection.pause > 0:
+            self._scope[PAUSE_READING] = rejection.pause
         if not self.started:
             await self.whole(rejection.status, rejection.headers(), rejection.body())
         else:
@@ -384,7 +389,7 @@ class EdgeAPI:
             return
         if kind != "http":
             return
-        responder = Responder(send, scope.get("extensions", {}).get("iop.write_body_nowait"))
+        responder = Responder(send, scope, scope.get("extensions", {}).get("iop.write_body_nowait"))
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
             if handler is None:
@@ -438,9 +443,7 @@ class EdgeAPI:
         if door.shed():
             service.metrics.request_rejected("", "overloaded")
             message = "the Edge is overloaded; retry later"
-            raise RequestRejected(
-                503, "overloaded", message, type="service_unavailable", retry_after=self._retry_after()
-            )
+            raise self._booked(RequestRejected(503, "overloaded", message, type="service_unavailable"))
         self._authorize(scope)
         max_queue = service.config.provider_pool.max_queue
         if door.waiting < max_queue or door.running < self._capacity():
@@ -448,7 +451,7 @@ class EdgeAPI:
         if service.admission.snapshot().queue_depth >= max_queue:
             service.metrics.request_rejected("", "queue_full")
             message = f"the queue is full ({max_queue} waiting) and every provider is busy"
-            raise RequestRejected(429, "queue_full", message, type="rate_limit_error", retry_after=self._retry_after())
+            raise self._booked(RequestRejected(429, "queue_full", message, type="rate_limit_error"))
 
     async def _admit_and_run(
         self,
@@ -491,7 +494,7 @@ class EdgeAPI:
                 asking = False
             if isinstance(exc, LeaseRevoked):
                 outcome = "revoked"
-            await responder.reject(admission_rejection(exc, self._retry_after()))
+            await responder.reject(self._admission_refusal(exc))
         except RequestRejected as rejection:
             if rejection.code == "provider_busy":
                 metrics.request_rejected(model, "provider_busy")
@@ -566,9 +569,23 @@ class EdgeAPI:
         except (NodeGone, KeyError) as exc:
             raise node_disconnected(str(exc)) from None
 
-    def _retry_after(self) -> int:
-        """``Retry-After`` for a refusal now, from the queue and the configured capacity."""
-        return self.service.front_door.retry_after(self._capacity())
+    def _booked(self, rejection: RequestRejected, *, pace: bool = True) -> RequestRejected:
+        """``rejection`` with the client's return booked: its ``Retry-After`` and (``pace``) the
+        pause before its connection is read again (the front door's return schedule)."""
+        now = trio.current_time()
+        rejection.retry_after, pause = self.service.front_door.refusal(now, self._capacity())
+        rejection.pause = pause if pace else 0.0
+        return rejection
+
+    def _admission_refusal(self, exc: AdmissionError) -> RequestRejected:
+        """The answer to an admission error; the queue's refusals book the client's return.
+
+        A ``queue_timeout`` is not paced: that client already waited ``queue_timeout_ms``.
+        """
+        rejection = admission_rejection(exc)
+        if rejection.code in ("queue_full", "queue_timeout"):
+            self._booked(rejection, pace=rejection.code == "queue_full")
+        return rejection
 
     def _capacity(self) -> int:
         """Concurrent slots of every enabled provider in the config in force (cached per config)."""

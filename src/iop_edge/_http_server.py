@@ -33,6 +33,10 @@ no websockets, no HTTP/2). What the listener guarantees:
   ``WRITE_BUFFER_LIMIT`` bytes waiting (the relay then drops the run);
   ASGI ``send`` of a chunk waits only then, the last body message until
   everything is written.
+- **Pacing**: an app that sets ``scope[PAUSE_READING]`` to a number of seconds
+  (the Edge does after a refusal with ``Retry-After``) gets the connection left
+  unread that long after the response: the client's next request waits in the
+  socket buffers, at no CPU cost, and the connection counts as *paused*.
 
 ``wrap_stream`` is the seam for TLS: it gets each accepted socket stream and
 returns the stream to speak HTTP on (e.g. a ``trio.SSLStream``); it runs under
@@ -65,6 +69,9 @@ DRAIN_LIMIT = 64 * 1024
 _RECEIVE_SIZE = 65536
 _DISCONNECT: Message = {"type": "http.disconnect"}
 
+PAUSE_READING = "iop.pause_reading"
+"""Scope key: seconds to leave the connection unread after this response (pacing)."""
+
 
 @attrs.frozen(kw_only=True)
 class HttpLimits:
@@ -79,17 +86,18 @@ class HttpLimits:
 
 @final
 class ConnectionCounter:
-    """Open connections of one listener, and how many were refused at the cap."""
+    """Open connections of one listener, how many are paused now, how many were refused at the cap."""
 
-    __slots__ = ("open", "refused", "limit")
+    __slots__ = ("open", "paused", "refused", "limit")
 
     def __init__(self, limit: int) -> None:
         self.open = 0
+        self.paused = 0
         self.refused = 0
         self.limit = limit
 
     def __repr__(self) -> str:
-        return f"<ConnectionCounter {self.open}/{self.limit} open, {self.refused} refused>"
+        return f"<ConnectionCounter {self.open}/{self.limit} open, {self.paused} paused, {self.refused} refused>"
 
 
 class _PeerGone(Exception):
@@ -289,10 +297,11 @@ class _StreamTransport(_Transport):
 class _Connection:
     """One HTTP/1.1 connection: reads requests with h11, calls the app for each."""
 
-    def __init__(self, transport: _Transport, app: App, limits: HttpLimits) -> None:
+    def __init__(self, transport: _Transport, app: App, limits: HttpLimits, counter: ConnectionCounter) -> None:
         self.transport = transport
         self.app = app
         self.limits = limits
+        self.counter = counter
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
         self.gone = False
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
@@ -309,9 +318,11 @@ class _Connection:
                     request = await self._next_request()
                     if request is None:
                         return
-                    await self._respond(request)
+                    pause = await self._respond(request)
                     if not await self._ready_for_next():
                         return
+                    if pause > 0:
+                        await self._pause(pause)
             except _PeerGone:
                 return
             finally:
@@ -370,7 +381,16 @@ class _Connection:
 
     # -------------------------------------------------------------- the exchange
 
-    async def _respond(self, request: h11.Request) -> None:
+    async def _pause(self, seconds: float) -> None:
+        """Leave the connection unread for ``seconds`` (pacing); counted as paused meanwhile."""
+        self.counter.paused += 1
+        try:
+            await trio.sleep(seconds)
+        finally:
+            self.counter.paused -= 1
+
+    async def _respond(self, request: h11.Request) -> float:
+        """Call the app for ``request``; returns the pause it asked for (``PAUSE_READING``, s)."""
         self._head = None
         self._body_done = False
         self._response_started = False
@@ -398,6 +418,8 @@ class _Connection:
                 await self._send_message({"type": "http.response.body", "body": b"internal error"})
         if self.h11.our_state is h11.SEND_BODY and not self.gone:
             raise _PeerGone  # the app ended a response midway: the client cannot frame it
+        pause: float = scope.get(PAUSE_READING, 0.0)
+        return pause
 
     async def _receive_message(self) -> Message:
         """ASGI ``receive``: the next body chunk, then (after the body) the client's departure."""
@@ -593,7 +615,7 @@ async def serve_http(
                     await trio.aclose_forcefully(stream)
                     return
             transport = _SocketTransport(stream) if wrap_stream is None else _StreamTransport(http_stream)
-            await _Connection(transport, app, limits).serve()
+            await _Connection(transport, app, limits, connections).serve()
         finally:
             connections.open -= 1
 

@@ -16,9 +16,22 @@ requests and streams are never cut.
 Hysteresis: once lag shedding starts it lasts until the lag falls under half
 the threshold, so the decision does not flap with every lag sample.
 
-Retry-After (:func:`retry_after`): the time the queue ahead needs to drain --
-``(waiting + 1) x recent service time / total capacity`` seconds, rounded up,
-at least 1 and at most ``max_retry_after``.
+Retry-After and pacing (:class:`ReturnSchedule`). Under a flood the Edge is
+saturated whatever it does: 1,000 clients that retry 10 ms after each refusal
+offer tens of thousands of requests a second, and no process answers that
+many on one core. What protects the admitted requests is bounding the CPU spent
+on refusals. So each refusal (``429 queue_full`` / ``queue_timeout``, ``503
+overloaded``) books its client a *return time*: not before the queue ahead can
+drain (``(waiting + 1) x recent service time / total capacity``), and at
+least ``1 / refusal_rate`` after the return time booked before it -- refused
+clients are told to come back at most ``refusal_rate`` per second. The
+``Retry-After`` sent is that delay rounded up to whole seconds (at least 1, at
+most ``max_retry_after``); and after a refusal answered at once (not a
+``queue_timeout``, whose client already waited) the listener does not read the
+connection's next request before the return time (the delay unrounded,
+never longer than the ``Retry-After`` sent). A client that honours
+``Retry-After`` never notices; one that retries sooner waits in its socket
+buffer, costing the Edge no CPU.
 """
 
 from __future__ import annotations
@@ -48,12 +61,14 @@ class OverloadPolicy:
         shed_connections: open HTTP connections above which new requests are shed.
         max_connections: open HTTP connections past which new ones are closed at accept.
         max_retry_after: the largest ``Retry-After`` (s) the Edge advises.
+        refusal_rate: refused clients told to come back per second, at most.
     """
 
     shed_loop_lag: float = 0.2
     shed_connections: int = 6144
     max_connections: int = 8192
     max_retry_after: int = 30
+    refusal_rate: float = 1000.0
 
 
 @final
@@ -106,24 +121,41 @@ class LoadShedder:
         self.last_reason = reason
         return "shed"
 
-    def retry_after(self, waiting: int, capacity: int) -> int:
-        """Seconds a refused client should wait: see :func:`retry_after`."""
-        return retry_after(waiting, self.service_time, capacity, self.policy.max_retry_after)
 
-
-def retry_after(waiting: int, service_time: float, capacity: int, ceiling: int) -> int:
-    """``ceil((waiting + 1) x service_time / capacity)``, bounded to ``[1, ceiling]``.
+@final
+class ReturnSchedule:
+    """Books refused clients' return times, spread ``1 / rate`` apart (pure: ``now`` is given).
 
     Args:
-        waiting: requests queued now.
-        service_time: recent mean time an admitted request holds its slot (s).
-        capacity: concurrent slots of all providers (0: none configured).
-        ceiling: the largest value returned.
+        rate: return times per second, at most (``refusal_rate``).
+        ceiling: the longest delay booked (s) (``max_retry_after``).
     """
+
+    __slots__ = ("spacing", "ceiling", "last")
+
+    def __init__(self, rate: float, ceiling: float) -> None:
+        self.spacing = 1.0 / rate
+        self.ceiling = ceiling
+        self.last = -math.inf
+
+    def __repr__(self) -> str:
+        return f"<ReturnSchedule every {self.spacing * 1000:g} ms, last {self.last:.3f}>"
+
+    def book(self, now: float, drain: float) -> float:
+        """Book a return time no sooner than ``now + drain``; the delay until it (s).
+
+        The delay is at most ``ceiling``: past it, returns bunch at the ceiling.
+        """
+        slot = min(max(self.last + self.spacing, now + drain), now + self.ceiling)
+        self.last = slot
+        return max(0.0, slot - now)
+
+
+def drain_time(waiting: int, service_time: float, capacity: int) -> float:
+    """Seconds until the queue ahead drains: ``(waiting + 1) x service_time / capacity`` (inf: no capacity)."""
     if capacity <= 0:
-        return ceiling
-    seconds = (max(0, waiting) + 1) * max(0.0, service_time) / capacity
-    return max(1, min(ceiling, math.ceil(seconds)))
+        return math.inf
+    return (max(0, waiting) + 1) * max(0.0, service_time) / capacity
 
 
 @final
@@ -135,10 +167,11 @@ class FrontDoor:
     one; the API keeps both.
     """
 
-    __slots__ = ("shedder", "connections", "waiting", "running")
+    __slots__ = ("shedder", "connections", "waiting", "running", "returns")
 
     def __init__(self, policy: OverloadPolicy) -> None:
         self.shedder = LoadShedder(policy)
+        self.returns = ReturnSchedule(policy.refusal_rate, policy.max_retry_after)
         self.connections = ConnectionCounter(policy.max_connections)
         self.waiting = 0
         self.running = 0
@@ -150,9 +183,16 @@ class FrontDoor:
         """Whether to refuse a new request now (``503 overloaded``), counting it if so."""
         return self.shedder.action(self.connections.open, self.waiting) == "shed"
 
-    def retry_after(self, capacity: int) -> int:
-        """``Retry-After`` seconds for a refusal now (queue, service time, ``capacity``)."""
-        return self.shedder.retry_after(self.waiting, capacity)
+    def refusal(self, now: float, capacity: int) -> tuple[int, float]:
+        """Book a refused client's return: ``(Retry-After in whole seconds, pause in s)``.
+
+        The pause is how long the listener leaves the connection unread; it is
+        never longer than the ``Retry-After``.
+        """
+        drain = drain_time(self.waiting, self.shedder.service_time, capacity)
+        delay = self.returns.book(now, drain)
+        ceiling = self.shedder.policy.max_retry_after
+        return max(1, min(ceiling, math.ceil(delay))), min(delay, ceiling)
 
     def status(self) -> OverloadStatus:
         """The ``overload`` part of ``/status`` (and of the overload gauges)."""
@@ -165,6 +205,7 @@ class FrontDoor:
             shed_requests=shedder.shed_total,
             waiting=self.waiting,
             service_time_ms=round(shedder.service_time * 1000, 1),
+            paused_connections=self.connections.paused,
         )
 
 

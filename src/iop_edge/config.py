@@ -300,6 +300,7 @@ class OverloadConfig:
     shed_connections: int = 6144
     max_connections: int = 8192
     max_retry_after_s: int = 30
+    refusal_rate: int = 1000
 
     def policy(self) -> OverloadPolicy:
         """The front door's policy (milliseconds become seconds)."""
@@ -308,6 +309,7 @@ class OverloadConfig:
             shed_connections=self.shed_connections,
             max_connections=self.max_connections,
             max_retry_after=self.max_retry_after_s,
+            refusal_rate=self.refusal_rate,
         )
 
     def problems(self) -> Iterator[tuple[str, str]]:
@@ -317,6 +319,7 @@ class OverloadConfig:
         if self.shed_connections > self.max_connections:
             yield "overload.shed_connections", f"must be <= overload.max_connections ({self.max_connections})"
         yield from _at_least("overload.max_retry_after_s", self.max_retry_after_s, 1)
+        yield from _at_least("overload.refusal_rate", self.refusal_rate, 1)
 
 
 @final

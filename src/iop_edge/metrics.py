@@ -257,6 +257,11 @@ class _FrontDoorCollector(Collector):
             value=status.open_connections if status else None,
         )
         yield GaugeMetricFamily(
+            "iop_http_connections_paused",
+            "HTTP connections left unread after a refusal until the client's return time (pacing).",
+            value=status.paused_connections if status else None,
+        )
+        yield GaugeMetricFamily(
             "iop_shedding",
             "1 while new requests are shed (503 overloaded), else 0.",
             value=int(status.shedding) if status else None,

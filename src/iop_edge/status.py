@@ -54,6 +54,7 @@ class OverloadStatus:
         shed_requests: requests answered ``503 overloaded`` so far.
         waiting: requests of this Edge waiting for a lease now.
         service_time_ms: the recent service time behind ``Retry-After``.
+        paused_connections: connections left unread now after a refusal (pacing).
     """
 
     shedding: bool
@@ -63,6 +64,7 @@ class OverloadStatus:
     shed_requests: int
     waiting: int
     service_time_ms: float
+    paused_connections: int = 0
 
 
 @final

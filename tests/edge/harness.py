@@ -79,6 +79,8 @@ class EdgeLayout:
     shed_loop_lag_ms: int = 600_000
     """Lag shedding off: on a busy test machine the loop may lag; shedding has its own tests."""
     shed_connections: int = 6144
+    max_retry_after_s: int = 30
+    """Also the longest a refused connection is left unread (pacing)."""
     extra: tuple[str, ...] = ()
     """More top-level lines, e.g. ``"node_max_pending: 4"``."""
     retry: str | None = None  # provider_pool.retry, e.g. "{max_attempts: 3}"
@@ -97,7 +99,8 @@ class EdgeLayout:
             + "}",
             f"max_body_bytes: {self.max_body_bytes}",
             f"max_ws_message_bytes: {self.max_ws_message_bytes}",
-            f"overload: {{shed_loop_lag_ms: {self.shed_loop_lag_ms}, shed_connections: {self.shed_connections}}}",
+            f"overload: {{shed_loop_lag_ms: {self.shed_loop_lag_ms}, shed_connections: {self.shed_connections},"
+            f" max_retry_after_s: {self.max_retry_after_s}}}",
             *self.extra,
         ]
         if self.admin_token is not None:

@@ -71,7 +71,9 @@ async def test_queue_full_and_queue_timeout(tmp_path: Path) -> None:
                 start_chat(nursery, edge, results, "waiter", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
                 for model in (BIG, FAST):
-                    full = await edge.chat(model)
+                    # connection: close -- a refused keep-alive connection is paced (left unread
+                    # until its Retry-After), and the second chat must not wait for that.
+                    full = await edge.chat(model, headers={"connection": "close"})
                     assert_error(full, 429, "queue_full", "rate_limit_error")
                     assert full.headers["retry-after"] == "1"
                 await eventually(lambda: "waiter" in results)

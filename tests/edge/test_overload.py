@@ -5,8 +5,10 @@ real-socket flood of fast-retrying clients while ``/healthz`` and an admitted re
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import attrs
 import h11
 import httpx
 import pytest
@@ -15,7 +17,7 @@ import trio.testing
 
 from edge.harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
 from iop_config import ConfigFileError
-from iop_edge._overload import LoadShedder, OverloadPolicy, retry_after, watch_loop_lag
+from iop_edge._overload import FrontDoor, LoadShedder, OverloadPolicy, ReturnSchedule, drain_time, watch_loop_lag
 from iop_edge.config import load_edge_config
 
 POLICY = OverloadPolicy(shed_loop_lag=0.1, shed_connections=100, max_connections=200, max_retry_after=30)
@@ -54,18 +56,48 @@ def test_open_connections_over_the_threshold_shed() -> None:
     assert shedder.last_reason == "connections"
 
 
-def test_retry_after_follows_the_queue_and_is_bounded() -> None:
-    """Retry-After = ceil((waiting + 1) x service time / capacity), within [1, ceiling]."""
-    assert retry_after(0, 0.1, 8, 30) == 1  # an empty queue drains at once: the floor
-    assert retry_after(63, 1.0, 8, 30) == 8  # 64 x 1 s over 8 slots
-    assert retry_after(63, 0.1, 8, 30) == 1
-    assert retry_after(1000, 2.0, 4, 30) == 30  # the ceiling
-    assert retry_after(5, 1.0, 0, 30) == 30  # no capacity configured
+def test_drain_time_follows_the_queue() -> None:
+    """The queue ahead drains in (waiting + 1) x service time / capacity; no capacity: never."""
+    assert drain_time(0, 0.1, 8) == pytest.approx(0.0125)
+    assert drain_time(63, 1.0, 8) == pytest.approx(8.0)  # 64 x 1 s over 8 slots
+    assert drain_time(5, 1.0, 0) == math.inf
     shedder = LoadShedder(POLICY, initial_service_time=1.0)
     for _ in range(200):
         shedder.observe_service(3.0)
     assert shedder.service_time == pytest.approx(3.0, abs=0.01)
-    assert shedder.retry_after(waiting=7, capacity=8) == 3
+
+
+@pytest.mark.req("overload-admitted-first")
+def test_return_times_are_spread_by_the_refusal_rate() -> None:
+    """[overload-admitted-first] Each refusal books a return time 1 / rate after the one before,
+    never before the queue can drain, never past the ceiling; once booked times have passed,
+    the drain time is the floor again."""
+    schedule = ReturnSchedule(rate=100, ceiling=30)
+    delays = [schedule.book(now=10.0, drain=0.5) for _ in range(500)]
+    assert delays[0] == pytest.approx(0.5)
+    assert delays[1] - delays[0] == pytest.approx(0.01)
+    assert delays[-1] == pytest.approx(0.5 + 499 * 0.01)  # 500 returns spread over 5 s
+    assert schedule.book(now=20.0, drain=0.5) == pytest.approx(0.5)  # the queue is the floor again
+    assert schedule.book(now=20.0, drain=0.0) == pytest.approx(0.51)  # after the last booked one
+    capped = ReturnSchedule(rate=1, ceiling=3)
+    assert [capped.book(now=0.0, drain=0.0) for _ in range(5)] == pytest.approx([0.0, 1.0, 2.0, 3.0, 3.0])
+
+
+@pytest.mark.req("overload-admitted-first")
+def test_refusal_gives_a_retry_after_no_shorter_than_the_pause() -> None:
+    """[overload-admitted-first] A refusal's Retry-After is the booked delay rounded up (at least
+    1 s, at most the ceiling); the pause before its connection is read again never exceeds it.
+    With 1,000 clients refused at once at 1,000/s they are told 1 s; with 5,000, up to 5 s."""
+    door = FrontDoor(attrs.evolve(POLICY, refusal_rate=1000))
+    door.waiting = 63
+    door.shedder.service_time = 0.1  # drain: 64 x 0.1 s / 8 slots = 0.8 s
+    answers = [door.refusal(now=5.0, capacity=8) for _ in range(5000)]
+    assert answers[0] == (1, pytest.approx(0.8))
+    assert all(pause <= retry for retry, pause in answers)
+    assert max(retry for retry, _ in answers[:200]) == 1
+    assert answers[-1] == (6, pytest.approx(0.8 + 4.999))
+    door.waiting = 0
+    assert door.refusal(now=100.0, capacity=0) == (30, 30.0)  # no capacity: the ceiling
 
 
 @pytest.mark.req("overload-shed")
@@ -126,9 +158,11 @@ async def _client(port: int, requests: int, statuses: dict[int, int]) -> None:
 async def test_flood_is_shed_while_healthz_and_an_admitted_request_complete(tmp_path: Path) -> None:
     """[overload-shed] [overload-ops] [overload-admitted-first] 40 clients retrying every 10 ms
     while one request holds the only slot: the flood gets 503 overloaded (Retry-After) and 429s,
-    /healthz /status /metrics answer on the same listener, the admitted request completes with
-    200 and is never cut; afterwards every counter is back to 0 and every connection closed."""
-    layout = EdgeLayout(max_queue=2, queue_timeout_ms=300, shed_connections=0)  # shed whenever requests wait
+    and each refused connection is left unread until its client's return time (paced: at most
+    ``max_retry_after_s``, here 1 s); /healthz /status /metrics answer on the same listener, the
+    admitted request completes with 200 and is never cut; afterwards every counter is back to 0
+    (no connection paused) and every connection closed."""
+    layout = EdgeLayout(max_queue=2, queue_timeout_ms=300, shed_connections=0, max_retry_after_s=1)
     with trio.fail_after(60):
         async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
             door = edge.service.front_door
@@ -143,8 +177,8 @@ async def test_flood_is_shed_while_healthz_and_an_admitted_request_complete(tmp_
                 statuses: dict[int, int] = {}
                 async with trio.open_nursery() as flood:
                     for _ in range(40):
-                        flood.start_soon(_client, edge.http_port, 25, statuses)
-                    await eventually(lambda: door.shedder.shed_total > 0)
+                        flood.start_soon(_client, edge.http_port, 4, statuses)
+                    await eventually(lambda: door.shedder.shed_total > 0 and door.connections.paused > 0)
                     # A second client of its own, closed afterwards: only the admitted request's stays open.
                     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{edge.http_port}") as probe:
                         for path in ("/healthz", "/status", "/metrics"):
@@ -158,6 +192,7 @@ async def test_flood_is_shed_while_healthz_and_an_admitted_request_complete(tmp_
             overload = (await edge.status())["overload"]
             await edge.assert_drained()
             await eventually(lambda: door.connections.open == 1 and door.waiting == 0)
+            assert door.connections.paused == 0
     assert shed.status_code in (429, 503)
     if shed.status_code == 503:
         assert shed.json()["error"]["code"] == "overloaded"
