@@ -282,6 +282,11 @@ class Admission:
         """The configuration in force."""
         return self._core.config
 
+    @property
+    def queue_depth(self) -> int:
+        """The true number of queued waiters now (``snapshot().queue_depth`` without the snapshot)."""
+        return self._core.queue_depth
+
     def snapshot(self) -> Snapshot:
         """Read the state admission uses: counters, candidate pressure, queue depth."""
         policy = self._core.config.policy

@@ -358,7 +358,10 @@ class Responder:
         if rejection.pause > 0:
             self._scope[PAUSE_READING] = rejection.pause
         if not self.started:
-            await self.whole(rejection.status, rejection.headers(), rejection.body())
+            head, body = _canned(rejection)
+            self.started = self.finished = True
+            await self._send({"type": "http.response.start", "status": rejection.status, "headers": head})
+            await self._send({"type": "http.response.body", "body": body, "more_body": False})
         else:
             await self.finish(b"data: " + rejection.body() + b"\n\n")
 
@@ -448,7 +451,7 @@ class EdgeAPI:
         max_queue = service.config.provider_pool.max_queue
         if door.waiting < max_queue or door.running < self._capacity():
             return
-        if service.admission.snapshot().queue_depth >= max_queue:
+        if service.admission.queue_depth >= max_queue:
             service.metrics.request_rejected("", "queue_full")
             message = f"the queue is full ({max_queue} waiting) and every provider is busy"
             raise self._booked(RequestRejected(429, "queue_full", message, type="rate_limit_error"))
@@ -825,6 +828,29 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):  # 1e999 parses as infinity
         raise ValueError(f"number {text[:30]} is out of range")
     return value
+
+
+_CANNED: dict[tuple[object, ...], tuple[list[tuple[bytes, bytes]], bytes]] = {}
+_CANNED_MAX = 256
+
+
+def _canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The response head (with its content-length) and body of ``rejection``, built once per kind.
+
+    Refusals under a flood repeat (``queue_full`` with the same Retry-After thousands of times a
+    second): each distinct one is encoded once. Only the Edge's own refusals with a Retry-After
+    are kept (``queue_full``, ``queue_timeout``, ``overloaded``: no backend error object, no
+    attempt count or provider), the first ``_CANNED_MAX`` distinct ones.
+    """
+    key = (rejection.status, rejection.code, rejection.reason, rejection.type, rejection.message, rejection.retry_after)
+    canned = _CANNED.get(key)
+    if canned is None:
+        body = rejection.body()
+        canned = ([*rejection.headers(), (b"content-length", b"%d" % len(body))], body)
+        own = rejection.error is None and rejection.attempts is None and rejection.provider is None
+        if own and rejection.retry_after is not None and len(_CANNED) < _CANNED_MAX:
+            _CANNED[key] = canned
+    return canned
 
 
 def _too_large(limit: int) -> RequestRejected:
