@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [--runs N] [--peers] [--quick]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [--runs N] [--peers] [--quick]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,10 +12,17 @@ import platform
 import sys
 import time
 
-from . import admission, e2e, fleet, overload, scale
+from . import admission, config_scale, e2e, fleet, overload, scale
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-SUITES = {"admission": admission, "e2e": e2e, "overload": overload, "fleet": fleet, "scale": scale}
+SUITES = {
+    "admission": admission,
+    "e2e": e2e,
+    "overload": overload,
+    "fleet": fleet,
+    "scale": scale,
+    "config_scale": config_scale,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="overload: two short scenarios; fleet: K = 64 and 512 only; scale: 1,000 nodes only (for iteration)",
+        help="overload: two short scenarios; fleet: K = 64 and 512 only; scale, config_scale: 1,000 nodes only "
+        "(for iteration)",
     )
     args = parser.parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]
@@ -48,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             result = fleet.run(quick=args.quick, with_peers=args.peers)
         elif suite is scale:
             result = scale.run(sizes=(1_000,) if args.quick else scale.SIZES)
+        elif suite is config_scale:
+            result = config_scale.run(nodes=1_000 if args.quick else config_scale.NODES)
         else:
             result = suite.run(runs=args.runs)
         result["python"] = platform.python_version()

@@ -42,11 +42,12 @@ from iop_wire import Run, RunData, RunEnd, RunEvent
 from ._failover import AttemptFailed, serve_with_failover
 from ._http_server import PAUSE_READING
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
+from ._off_loop import run_off_loop
 from ._overload import FrontDoor
 from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
-from .status import EdgeStatus, status_document
+from .status import EdgeStatus, status_json
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -610,14 +611,14 @@ class EdgeAPI:
         10,000 providers into JSON runs in a worker thread, so streams keep flowing meanwhile."""
         query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
         model = self.service.status_model(node=_last(query, "node"), model=_last(query, "model"))
-        body = await trio.to_thread.run_sync(lambda: _dumps(status_document(model)))
+        body = await run_off_loop(lambda: status_json(model))
         await responder.whole(200, [_JSON], body)
 
     async def _healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await responder.whole(200, [_JSON], b'{"status":"ok"}')
 
     async def _metrics(self, scope: Scope, receive: Receive, responder: Responder) -> None:
-        body, content_type = self.service.metrics.render()
+        body, content_type = await self.service.metrics.render_off_loop()
         await responder.whole(200, [(b"content-type", content_type.encode())], body)
 
     async def _reload(self, scope: Scope, receive: Receive, responder: Responder) -> None:

@@ -9,11 +9,9 @@ config file and applies it with ``admission.refresh``, all or nothing.
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import os
 import ssl
-import sys
 from typing import Any, final
 
 import attrs
@@ -25,16 +23,13 @@ from iop_config import ConfigFileError, TlsFileError
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
+from ._off_loop import run_off_loop
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
 from .status import EdgeStatus, status_document
 
 logger = logging.getLogger("iop_edge")
-
-RELOAD_SWITCH_INTERVAL = 0.0005
-"""GIL switch interval (s) while a reload parses in its worker thread: the event loop
-thread, back from each socket call, waits at most this long for the GIL (default 5 ms)."""
 
 
 @final
@@ -97,41 +92,35 @@ class EdgeService:
         async with self._reload_lock:
             if self.config_path is None:
                 return ["this Edge was started without a config file"]
-            # While the thread parses: the loop thread gets the GIL back quickly, and no
-            # full garbage collection (which holds the GIL for the whole heap) starts.
-            switch, collecting = sys.getswitchinterval(), gc.isenabled()
-            sys.setswitchinterval(min(switch, RELOAD_SWITCH_INTERVAL))
-            gc.disable()
+            path = self.config_path
             try:
-                config, pool, tls = await trio.to_thread.run_sync(
-                    _read_config, self.config_path, abandon_on_cancel=True
-                )
-                _refuse_tls_switch(self.config, config, self.config_path)
+                config, pool, tls = await run_off_loop(lambda: _read_config(path))
+                _refuse_tls_switch(self.config, config, path)
                 self.admission.refresh(pool)
             except ConfigFileError as exc:
                 errors = list(exc.errors)
             except ConfigError as exc:
-                errors = [f"{self.config_path}: {problem}" for problem in exc.problems]
+                errors = [f"{path}: {problem}" for problem in exc.problems]
             except OSError as exc:
-                errors = [f"{self.config_path}: cannot read: {exc.strerror or exc}"]
+                errors = [f"{path}: cannot read: {exc.strerror or exc}"]
             else:
-                self.config = config
-                self.registry.heartbeat_timeout = config.heartbeat_timeout_ms / 1000
-                self.registry.handshake_timeout = config.node_handshake_timeout_ms / 1000
-                config.node_socket_limits(self.registry.limits)
-                # New connections only; established ones keep their TLS session.
-                self.registry.ssl_context, self.api_ssl_context = tls.node, tls.api
-                self.metrics.refresh_result("ok")
-                logger.info("config reloaded from %s", self.config_path)
+                self._apply(config, tls)
                 return []
-            finally:
-                sys.setswitchinterval(switch)
-                if collecting:
-                    gc.enable()
             self.metrics.refresh_result("rejected")
             for error in errors:
                 logger.error("config reload rejected: %s", error)
             return errors
+
+    def _apply(self, config: EdgeConfig, tls: _TlsContexts) -> None:
+        """Put a validated config in force (the pool is already refreshed)."""
+        self.config = config
+        self.registry.heartbeat_timeout = config.heartbeat_timeout_ms / 1000
+        self.registry.handshake_timeout = config.node_handshake_timeout_ms / 1000
+        config.node_socket_limits(self.registry.limits)
+        # New connections only; established ones keep their TLS session.
+        self.registry.ssl_context, self.api_ssl_context = tls.node, tls.api
+        self.metrics.refresh_result("ok")
+        logger.info("config reloaded from %s", self.config_path)
 
     # ------------------------------------------------------------------ status
 

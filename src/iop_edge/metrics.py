@@ -21,8 +21,9 @@ one process.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final, Literal, final, get_args
+from typing import Final, Literal, NamedTuple, final, get_args
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -32,6 +33,7 @@ from prometheus_client.registry import Collector
 from iop_admission import Admission, AdmissionEvent, ProviderSnapshot, Snapshot
 
 from ._failover import RETRY_REASONS
+from ._off_loop import run_off_loop
 from .status import OverloadStatus
 
 __all__ = [
@@ -139,6 +141,18 @@ def _check(value: str, allowed: Iterable[str], what: str) -> None:
 _NODE_LEVEL: Final = frozenset(("connected", "generation"))
 
 
+class _Reading(NamedTuple):
+    """What the scrape-time collectors read, taken on the event loop (see :meth:`EdgeMetrics.render_off_loop`)."""
+
+    snapshot: Snapshot
+    models: tuple[str, ...]
+    front_door: OverloadStatus | None
+
+
+#: Set around a render in a worker thread: the collectors read it instead of live state.
+_READING: contextvars.ContextVar[_Reading | None] = contextvars.ContextVar("iop_metrics_reading", default=None)
+
+
 @final
 class _SnapshotCollector(Collector):
     """Gauges read from ``admission.snapshot()`` at every scrape.
@@ -155,11 +169,14 @@ class _SnapshotCollector(Collector):
         return self._families(None)
 
     def collect(self) -> Iterator[Metric]:
-        return self._families(self._admission)
+        reading = _READING.get()
+        if reading is None:
+            reading = _Reading(self._admission.snapshot(), tuple(self._admission.config.models), None)
+        return self._families(reading)
 
-    def _families(self, admission: Admission | None) -> Iterator[Metric]:
-        """The gauge families, with samples from ``admission`` (none for ``describe``)."""
-        snap = admission.snapshot() if admission is not None else None
+    def _families(self, reading: _Reading | None) -> Iterator[Metric]:
+        """The gauge families, with samples from ``reading`` (none for ``describe``)."""
+        snap = reading.snapshot if reading is not None else None
         providers: tuple[ProviderSnapshot, ...] = snap.providers if snap is not None else ()
         for suffix, documentation, read in _PROVIDER_GAUGES:
             if self.per_provider:
@@ -179,7 +196,7 @@ class _SnapshotCollector(Collector):
                 for node_id, value in per_node.items():
                     family.add_metric((node_id,), value)
             yield family
-        yield from _health_families(snap, admission.config.models if admission else (), self.per_provider)
+        yield from _health_families(snap, reading.models if reading else (), self.per_provider)
         edge_wide = (
             (
                 "iop_queue_depth",
@@ -242,7 +259,8 @@ class _FrontDoorCollector(Collector):
         return self._families(None)
 
     def collect(self) -> Iterator[Metric]:
-        return self._families(self._read())
+        reading = _READING.get()
+        return self._families(reading.front_door if reading is not None and reading.front_door else self._read())
 
     @staticmethod
     def _families(status: OverloadStatus | None) -> Iterator[Metric]:
@@ -289,6 +307,7 @@ class EdgeMetrics:
         self._admission = admission
         self.registry = CollectorRegistry()
         self._gauges = _SnapshotCollector(admission, per_provider)
+        self._front_door: Callable[[], OverloadStatus] | None = None
         self.registry.register(self._gauges)
         self._declare_request_metrics(self.registry)
         self._declare_node_metrics(self.registry)
@@ -449,6 +468,7 @@ class EdgeMetrics:
 
     def follow_front_door(self, read: Callable[[], OverloadStatus]) -> None:
         """Read the overload gauges from ``read()`` (``FrontDoor.status``) at every scrape."""
+        self._front_door = read
         self.registry.register(_FrontDoorCollector(read))
 
     def follow_node_socket(self, pending: Callable[[], int]) -> None:
@@ -487,6 +507,22 @@ class EdgeMetrics:
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition of every metric, and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    async def render_off_loop(self) -> tuple[bytes, str]:
+        """:meth:`render`, with the text written in a worker thread ([status-at-size]).
+
+        The admission snapshot and the front door's figures are read on the
+        loop at once (one consistent reading); turning them and the counters
+        into text (about 8 µs per series: over a second at 10,000 providers)
+        runs off the loop, so streams keep flowing meanwhile. Checkpoints.
+        """
+        front_door = self._front_door() if self._front_door is not None else None
+        reading = _Reading(self._admission.snapshot(), tuple(self._admission.config.models), front_door)
+        token = _READING.set(reading)  # the worker thread runs in a copy of this context
+        try:
+            return await run_off_loop(self.render)
+        finally:
+            _READING.reset(token)
 
     def __repr__(self) -> str:
         return f"<EdgeMetrics of {self._admission!r}>"

@@ -10,6 +10,7 @@ other therefore fails loudly in the tests instead of vanishing from the CLI.
 
 from __future__ import annotations
 
+import json
 from typing import Any, final
 
 import attrs
@@ -18,7 +19,7 @@ from cattrs.errors import AttributeValidationNote
 
 from iop_admission import Snapshot
 
-__all__ = ["EdgeStatus", "NodeStatus", "OverloadStatus", "parse_status", "status_document"]
+__all__ = ["EdgeStatus", "NodeStatus", "OverloadStatus", "parse_status", "status_document", "status_json"]
 
 
 @final
@@ -86,6 +87,29 @@ def status_document(status: EdgeStatus) -> dict[str, Any]:
     document["nodes"] = _converter.unstructure(status.nodes, tuple[NodeStatus, ...])
     document["overload"] = _converter.unstructure(status.overload)
     return document
+
+
+def status_json(status: EdgeStatus) -> bytes:
+    """:func:`status_document` as compact UTF-8 JSON, written one list item at a time.
+
+    The same bytes as ``json.dumps(status_document(status), separators=(",",
+    ":"), ensure_ascii=False)``, but the encoder is called once per provider
+    and per node instead of once for the whole document: one call for 10,000
+    providers holds the GIL for 50-170 ms, stalling an event loop in another
+    thread; many small calls let it run in between.
+    """
+    parts = []
+    for key, value in status_document(status).items():
+        if isinstance(value, list | tuple) and value:
+            items = ",".join([_compact(item) for item in value])
+            parts.append(f"{_compact(key)}:[{items}]")
+        else:
+            parts.append(f"{_compact(key)}:{_compact(value)}")
+    return ("{" + ",".join(parts) + "}").encode()
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def parse_status(document: object) -> EdgeStatus:

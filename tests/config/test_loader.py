@@ -304,3 +304,48 @@ def test_paths_round_trip() -> None:
     assert parse_path("nodes[0].providers[12].capacity") == path
     assert format_path(("labels", "a b")) == "labels['a b']"
     assert parse_path("labels['a b']") == ("labels", "a b")
+
+
+SCALARS = """\
+groups:
+  - name: '7'
+    limits:
+      - {id: "1", capacity: 1}
+      - {id: yes, capacity: 0o17, weight: 1_000}
+      - {id: on, capacity: 0x1F, weight: 1, enabled: true}
+tags: [no, off, '1', 'x']
+labels: {a: 1, '1': 2, n: -3}
+"""
+
+
+@pytest.mark.req("reload-off-loop")
+@pytest.mark.parametrize("yields_gil", [False, True])
+def test_yaml_1_2_scalars_resolved_once_per_value_and_quoting(yields_gil: bool) -> None:
+    """[reload-off-loop] the fast loader keeps YAML 1.2 rules (yes/on/no are strings, 0o and 0x
+    ints) and resolves a repeated value by its quoting: quoted '1' is a string where plain 1
+    is an integer, in the same document; the reload path (yields_gil) reads the same."""
+    doc = load_config_text(SCALARS, Doc, filename="doc.yaml", yields_gil=yields_gil)
+    assert [(x.id, x.capacity, x.weight) for x in doc.groups[0].limits] == [
+        ("1", 1, 1.0),
+        ("yes", 15, 1000.0),
+        ("on", 31, 1.0),
+    ]
+    assert doc.groups[0].name == "7"
+    assert doc.tags == ["no", "off", "1", "x"]
+    assert doc.labels == {"a": 1, "1": 2, "n": -3}
+
+
+@pytest.mark.req("reload-off-loop")
+def test_reload_path_reports_errors_with_lines_like_the_start_path() -> None:
+    """[reload-off-loop] the same problems, at the same lines, whichever path reads the file."""
+    text = GOOD.replace("capacity: 1", "capacity: one").replace("{size: 4}", "{size: four}")
+    found = []
+    for yields_gil in (False, True):
+        with pytest.raises(ConfigFileError) as info:
+            load_config_text(text, Doc, filename="doc.yaml", yields_gil=yields_gil)
+        found.append(info.value.errors)
+    assert found[0] == found[1]
+    assert [error.split(": ")[0:2] for error in found[0]] == [
+        ["doc.yaml:6", "groups[0].limits[1].capacity"],
+        ["doc.yaml:9", "pool.size"],
+    ]

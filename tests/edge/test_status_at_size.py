@@ -6,12 +6,42 @@
 
 from __future__ import annotations
 
+import gc
+import json
+import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
+import trio.testing
 
 from edge.harness import BIG, FAST, EdgeLayout, fake_node, running_edge
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from iop_edge._off_loop import SWITCH_INTERVAL, run_off_loop
+from iop_edge.metrics import EdgeMetrics
+from iop_edge.status import EdgeStatus, NodeStatus, OverloadStatus, parse_status, status_document, status_json
+
+OVERLOAD = OverloadStatus(
+    shedding=False,
+    loop_lag_ms=0.5,
+    open_connections=2,
+    refused_connections=0,
+    shed_requests=0,
+    waiting=0,
+    service_time_ms=1000.0,
+)
+
+
+def _admission(providers: int) -> Admission:
+    keys = [ProviderKey(f"node-{i}", "p0") for i in range(providers)]
+    return Admission(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=8, queue_timeout=5.0),
+            providers={key: ProviderSpec(capacity=2) for key in keys},
+            models={"all": ModelGroup(candidates=tuple(keys))},
+        )
+    )
 
 
 def _keys(document: dict[str, object]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -57,3 +87,72 @@ async def test_metrics_per_node_instead_of_per_provider(tmp_path: Path) -> None:
             assert 'provider="gpu0"' not in text
         async with running_edge(tmp_path) as edge:
             assert 'iop_capacity{node="node-a",provider="gpu0"} 1.0' in (await edge.http.get("/metrics")).text
+
+
+@pytest.mark.req("status-at-size")
+@pytest.mark.parametrize("providers", [0, 1, 3])
+def test_status_json_is_the_status_document_in_compact_json(providers: int) -> None:
+    """[status-at-size] the body written item by item is byte for byte the compact JSON of the
+    document (the contract ``iop status`` reads back), empty lists included."""
+    snapshot = attrs.evolve(_admission(3).snapshot(), providers=_admission(3).snapshot().providers[:providers])
+    nodes = tuple(NodeStatus(f"node-{i}", False, 0, None, 0) for i in range(providers))
+    status = EdgeStatus(snapshot, nodes, OVERLOAD)
+    body = status_json(status)
+    assert body == json.dumps(status_document(status), separators=(",", ":"), ensure_ascii=False).encode()
+    assert parse_status(json.loads(body)) == status
+
+
+@pytest.mark.req("status-at-size")
+async def test_metrics_written_off_the_loop_read_the_state_at_the_call() -> None:
+    """[status-at-size] render_off_loop gives what render gives, read when it was called: a lease
+    granted while the text is being written does not show in it."""
+    admission = _admission(2)
+    metrics = EdgeMetrics(admission)
+    metrics.follow_front_door(lambda: OVERLOAD)
+    with trio.fail_after(10):
+        expected, content_type = metrics.render()
+        body, off_loop_type = await metrics.render_off_loop()
+        assert (body, off_loop_type) == (expected, content_type)
+        assert 'iop_in_flight{node="node-0",provider="p0"} 0.0' in body.decode()
+        admission.connect("node-0")
+        rendered: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+
+            async def scrape() -> None:
+                rendered.append((await metrics.render_off_loop())[0])
+
+            nursery.start_soon(scrape)
+            await trio.testing.wait_all_tasks_blocked()  # the scrape has its reading and waits for its thread
+            async with admission.lease("all"):
+                assert 'iop_in_flight{node="node-0",provider="p0"} 1.0' in metrics.render()[0].decode()
+                while not rendered:
+                    await trio.sleep(0.001)
+        (text,) = [body.decode() for body in rendered]
+        assert 'iop_connected{node="node-0",provider="p0"} 1.0' in text
+        assert 'iop_in_flight{node="node-0",provider="p0"} 0.0' in text
+
+
+@pytest.mark.req("reload-off-loop")
+async def test_off_loop_work_shortens_the_switch_interval_and_pauses_gc_until_the_last_ends() -> None:
+    """[reload-off-loop] while any off-loop work runs: short GIL switch interval, no automatic
+    garbage collection; both restored when the last of two overlapping pieces ends."""
+    switch, collecting = sys.getswitchinterval(), gc.isenabled()
+    first_may_end, second_may_end = trio.Event(), trio.Event()
+    seen: list[tuple[float, bool]] = []
+
+    def work(may_end: trio.Event) -> None:
+        seen.append((sys.getswitchinterval(), gc.isenabled()))
+        trio.from_thread.run(may_end.wait)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_off_loop, lambda: work(first_may_end))
+            nursery.start_soon(run_off_loop, lambda: work(second_may_end))
+            while len(seen) < 2:
+                await trio.sleep(0.001)
+            first_may_end.set()
+            await trio.sleep(0.01)
+            assert (sys.getswitchinterval(), gc.isenabled()) == (min(switch, SWITCH_INTERVAL), False)
+            second_may_end.set()
+    assert seen == [(min(switch, SWITCH_INTERVAL), False)] * 2
+    assert (sys.getswitchinterval(), gc.isenabled()) == (switch, collecting)
