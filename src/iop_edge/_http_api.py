@@ -715,7 +715,9 @@ async def _first_message(run: RunChannel, first_token: float | None) -> RunMessa
     Checkpoints. Past the timeout it raises a retryable provider failure; the
     caller leaving the run's ``async with`` then cancels the run on the node.
     """
-    with trio.move_on_after(math.inf if first_token is None else first_token):
+    if first_token is None:
+        return await _next(run)
+    with trio.move_on_after(first_token):
         return await _next(run)
     raise RequestRejected(
         502,

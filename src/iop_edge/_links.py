@@ -35,6 +35,7 @@ from __future__ import annotations
 import hmac
 import itertools
 import logging
+import os
 import ssl
 from collections.abc import Callable
 from types import TracebackType
@@ -81,6 +82,10 @@ OUTBOX_SIZE = 1024
 """Frames queued for one node before it counts as stalled and is dropped."""
 RUN_BUFFER = 1024
 """Messages buffered for one run before its client counts as too slow."""
+WS_QUEUE_SIZE = 8
+"""Messages the WebSocket reader parses ahead of the link's reader (several arrive in one read)."""
+WS_RECEIVE_BYTES = 65536
+"""Bytes read from a node's socket at once (a frame of many records, several frames)."""
 CANCEL_SETTLE_TIMEOUT = 2.0
 """Seconds a run left before its end waits for the node to confirm the cancel."""
 
@@ -355,8 +360,25 @@ class NodeLink:
         async with trio.open_nursery() as nursery:
             self._cancel_scope = nursery.cancel_scope
             nursery.start_soon(self._write)
-            await self._read(heartbeat_timeout)
+            with trio.CancelScope() as reading:
+                nursery.start_soon(self._watch_heartbeat, heartbeat_timeout, reading)
+                await self._read()
             nursery.cancel_scope.cancel()
+
+    async def _watch_heartbeat(self, heartbeat_timeout: float, reading: trio.CancelScope) -> None:
+        """Stop ``reading`` once no message came for ``heartbeat_timeout`` seconds.
+
+        A task of its own, so the reader pays no timer per message (it only
+        stamps :attr:`last_seen`).
+        """
+        while True:
+            expires = self.last_seen + heartbeat_timeout
+            if trio.current_time() >= expires:
+                self.cause = "heartbeat_timeout"
+                logger.warning("node %s sent nothing for %.1fs: dropping it", self.node_id, heartbeat_timeout)
+                reading.cancel()
+                return
+            await trio.sleep_until(expires)
 
     async def _write(self) -> None:
         try:
@@ -365,19 +387,14 @@ class NodeLink:
         except ConnectionClosed:
             self.abort()
 
-    async def _read(self, heartbeat_timeout: float) -> None:
+    async def _read(self) -> None:
         ws = self.ws
         while True:
-            with trio.move_on_after(heartbeat_timeout) as timer:
-                try:
-                    text = await ws.get_message()
-                except ConnectionClosed as exc:
-                    code = exc.reason.code if exc.reason else None
-                    self.cause = "graceful" if code in (1000, 1001) else "error"
-                    return
-            if timer.cancelled_caught:
-                self.cause = "heartbeat_timeout"
-                logger.warning("node %s sent nothing for %.1fs: dropping it", self.node_id, heartbeat_timeout)
+            try:
+                text = await ws.get_message()
+            except ConnectionClosed as exc:
+                code = exc.reason.code if exc.reason else None
+                self.cause = "graceful" if code in (1000, 1001) else "error"
                 return
             self.last_seen = trio.current_time()
             try:
@@ -452,15 +469,36 @@ class _PendingSlot:
 
 @final
 class _PeerWatch(trio.abc.Stream):
-    """A stream that sets :attr:`ended` once its peer closed it or it broke (reads only)."""
+    """A stream that sets :attr:`ended` once its peer closed it or it broke (reads only).
+
+    On a plain TCP stream, reads and writes are first tried as non-blocking
+    system calls on its socket: a read with data waiting, or a write the socket
+    takes whole, then costs no task switch (trio's stream reschedules the task
+    on every call); only a call that would block goes through the stream.
+    """
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.ended = trio.Event()
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+
+    def _fd(self) -> int:
+        """The socket's descriptor; -1 for a TLS stream or once the stream is closed."""
+        return -1 if self._socket is None else self._socket.fileno()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        fd = self._fd()
         try:
-            data = await self.stream.receive_some(max_bytes)
+            if fd >= 0:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    data: bytes | bytearray = os.read(fd, max_bytes or WS_RECEIVE_BYTES)
+                except BlockingIOError:
+                    data = await self.stream.receive_some(max_bytes)
+                except OSError as exc:
+                    raise trio.BrokenResourceError(exc) from exc
+            else:
+                data = await self.stream.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.ended.set()
             raise
@@ -469,6 +507,18 @@ class _PeerWatch(trio.abc.Stream):
         return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        fd = self._fd()
+        if fd >= 0:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            if sent == len(data):
+                return
+            data = memoryview(data)[sent:]
         await self.stream.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -657,7 +707,13 @@ class NodeRegistry:
         accepted: list[WebSocketConnection] = []
 
         async def handshake() -> None:
-            request = await wrap_server_stream(nursery, watched, max_message_size=self.max_message_bytes)
+            request = await wrap_server_stream(
+                nursery,
+                watched,
+                message_queue_size=WS_QUEUE_SIZE,
+                max_message_size=self.max_message_bytes,
+                receive_buffer_size=WS_RECEIVE_BYTES,
+            )
             accepted.append(await request.accept())
             race.cancel_scope.cancel()
 
