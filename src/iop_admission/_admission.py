@@ -287,15 +287,19 @@ class Admission:
         """The true number of queued waiters now (``snapshot().queue_depth`` without the snapshot)."""
         return self._core.queue_depth
 
-    def snapshot(self) -> Snapshot:
-        """Read the state admission uses: counters, candidate pressure, queue depth."""
+    def snapshot(self, *, first: int = 0, count: int | None = None) -> Snapshot:
+        """Read the state admission uses: counters, candidate pressure, queue depth.
+
+        ``first``/``count``: ``providers`` holds only the configured providers at
+        those positions of the config order (a large pool read a slice at a time).
+        """
         policy = self._core.config.policy
         return Snapshot(
             queue_depth=self._core.queue_depth,
             max_queue=policy.max_queue,
             queue_timeout=policy.queue_timeout,
             events_dropped=self._events_dropped,
-            providers=self._core.provider_snapshots(_now()),
+            providers=self._core.provider_snapshots(_now(), first, count),
             panic=self._core.panic_models(),
         )
 

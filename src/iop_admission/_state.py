@@ -713,15 +713,18 @@ class AdmissionState:
         """Model keys in panic mode: every eligible candidate is ejected or probing."""
         return tuple(name for name, g in self._groups.items() if g.in_panic(False))
 
-    def provider_snapshots(self, now: float | None = None) -> tuple[ProviderSnapshot, ...]:
+    def provider_snapshots(
+        self, now: float | None = None, first: int = 0, count: int | None = None
+    ) -> tuple[ProviderSnapshot, ...]:
         """Per configured provider, in configuration order (see ProviderSnapshot).
 
         ``ejection_left`` counts from ``now``, by default the latest time passed in.
+        ``first``/``count``: only the providers at those positions of the order.
         """
         now = self._now if now is None else now
         retried = self._retry_pressure()
         out = []
-        for p in self._configured:
+        for p in self._configured[first : None if count is None else first + count]:
             spec = p.spec
             queued, long_queued = p.queued() if p.eligible else (0, 0)
             if p.key in retried:

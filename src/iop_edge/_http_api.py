@@ -79,8 +79,8 @@ class EdgeParts(Protocol):
         """The ``/status`` body."""
         ...
 
-    def status_model(self, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
-        """The ``/status`` model, optionally filtered by node or model key."""
+    async def status_model(self, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
+        """The ``/status`` model, optionally filtered by node or model key (read in slices)."""
         ...
 
     async def reload(self) -> list[str]:
@@ -607,10 +607,10 @@ class EdgeAPI:
         await responder.whole(200, [_JSON], _dumps({"object": "list", "data": data}))
 
     async def _status(self, scope: Scope, receive: Receive, responder: Responder) -> None:
-        """``GET /status[?node=ID][&model=ID]``: the snapshot is taken on the loop at once; turning
-        10,000 providers into JSON runs in a worker thread, so streams keep flowing meanwhile."""
+        """``GET /status[?node=ID][&model=ID]``: the state is read on the loop a slice at a time;
+        turning 10,000 providers into JSON runs in a worker thread, so streams keep flowing meanwhile."""
         query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
-        model = self.service.status_model(node=_last(query, "node"), model=_last(query, "model"))
+        model = await self.service.status_model(node=_last(query, "node"), model=_last(query, "model"))
         body = await run_off_loop(lambda: status_json(model))
         await responder.whole(200, [_JSON], body)
 

@@ -23,11 +23,11 @@ from iop_config import ConfigFileError, TlsFileError
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
-from ._off_loop import run_off_loop
+from ._off_loop import SNAPSHOT_SLICE, run_off_loop, snapshot_in_slices
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
-from .status import EdgeStatus, status_document
+from .status import EdgeStatus, NodeStatus, status_document
 
 logger = logging.getLogger("iop_edge")
 
@@ -125,21 +125,26 @@ class EdgeService:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        """``/status``: the admission snapshot, per-node connection info and the overload state."""
-        return status_document(self.status_model())
+        """The ``/status`` document, read in one go (for tools and tests; the route reads in slices)."""
+        node_ids = [n.id for n in self.config.nodes]
+        nodes = self.registry.node_status(node_ids)
+        return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status()))
 
-    def status_model(self, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
+    async def status_model(self, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
         """The ``/status`` model, optionally only one node's or one model key's part.
 
         ``node``: that node and its providers. ``model``: the providers the
         model key lists and their nodes. Both: the intersection. An unknown
-        id gives empty lists. Cheap enough for the event loop (the snapshot is
-        taken at once); turning it into JSON is the caller's.
+        id gives empty lists. [status-at-size] Read a slice at a time
+        (:func:`snapshot_in_slices`, then the nodes' connection state
+        :data:`SNAPSHOT_SLICE` nodes per loop turn), so no stream waits for
+        10,000 rows; turning it into JSON is the caller's. Checkpoints.
         """
-        snapshot = self.admission.snapshot()
-        node_ids = [n.id for n in self.config.nodes]
+        snapshot = await snapshot_in_slices(self.admission)
+        config = self.config  # the config the snapshot's rows belong to (no checkpoint since)
+        node_ids = [n.id for n in config.nodes]
         if node is not None or model is not None:
-            listed = set(self.config.candidates_of(model)) if model is not None else None
+            listed = set(config.candidates_of(model)) if model is not None else None
             providers = tuple(
                 p
                 for p in snapshot.providers
@@ -149,7 +154,12 @@ class EdgeService:
             snapshot = attrs.evolve(snapshot, providers=providers)
             keep = {p.node_id for p in providers} if listed is not None else {node}
             node_ids = [n for n in node_ids if n in keep]
-        return EdgeStatus(snapshot, self.registry.node_status(node_ids), self.front_door.status())
+        nodes: list[NodeStatus] = []
+        for first in range(0, len(node_ids), SNAPSHOT_SLICE):
+            if first:
+                await trio.lowlevel.checkpoint()
+            nodes.extend(self.registry.node_status(node_ids[first : first + SNAPSHOT_SLICE]))
+        return EdgeStatus(snapshot, tuple(nodes), self.front_door.status())
 
     # ------------------------------------------------------------------- serve
 

@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from iop_admission import Admission, AdmissionEvent, ProviderSnapshot, Snapshot
 
 from ._failover import RETRY_REASONS
-from ._off_loop import run_off_loop
+from ._off_loop import run_off_loop, snapshot_in_slices
 from .status import OverloadStatus
 
 __all__ = [
@@ -511,13 +511,15 @@ class EdgeMetrics:
     async def render_off_loop(self) -> tuple[bytes, str]:
         """:meth:`render`, with the text written in a worker thread ([status-at-size]).
 
-        The admission snapshot and the front door's figures are read on the
-        loop at once (one consistent reading); turning them and the counters
-        into text (about 8 µs per series: over a second at 10,000 providers)
-        runs off the loop, so streams keep flowing meanwhile. Checkpoints.
+        The admission snapshot is read on the loop a slice at a time
+        (:func:`snapshot_in_slices`), the front door's figures at once; turning
+        them and the counters into text (about 8 µs per series: over a second
+        at 10,000 providers) runs off the loop, so streams keep flowing
+        meanwhile. Checkpoints.
         """
+        snapshot = await snapshot_in_slices(self._admission)
         front_door = self._front_door() if self._front_door is not None else None
-        reading = _Reading(self._admission.snapshot(), tuple(self._admission.config.models), front_door)
+        reading = _Reading(snapshot, tuple(self._admission.config.models), front_door)
         token = _READING.set(reading)  # the worker thread runs in a copy of this context
         try:
             return await run_off_loop(self.render)

@@ -18,7 +18,7 @@ import trio.testing
 
 from edge.harness import BIG, FAST, EdgeLayout, fake_node, running_edge
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_edge._off_loop import SWITCH_INTERVAL, run_off_loop
+from iop_edge._off_loop import SWITCH_INTERVAL, run_off_loop, snapshot_in_slices
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.status import EdgeStatus, NodeStatus, OverloadStatus, parse_status, status_document, status_json
 
@@ -156,3 +156,44 @@ async def test_off_loop_work_shortens_the_switch_interval_and_pauses_gc_until_th
             second_may_end.set()
     assert seen == [(min(switch, SWITCH_INTERVAL), False)] * 2
     assert (sys.getswitchinterval(), gc.isenabled()) == (switch, collecting)
+
+
+@pytest.mark.req("status-at-size")
+@pytest.mark.parametrize("size", [1, 2, 3, 500])
+async def test_snapshot_read_in_slices_is_the_whole_snapshot(size: int) -> None:
+    """[status-at-size] slices of any size, joined, are the snapshot read in one go (nothing
+    changed meanwhile); snapshot(first=, count=) lists exactly those positions."""
+    admission = _admission(5)
+    admission.connect("node-3")
+    whole = admission.snapshot()
+    assert await snapshot_in_slices(admission, size) == whole
+    assert admission.snapshot(first=1, count=2).providers == whole.providers[1:3]
+    assert admission.snapshot(first=4, count=10).providers == whole.providers[4:]
+
+
+@pytest.mark.req("status-at-size")
+async def test_a_refresh_between_slices_starts_the_reading_again() -> None:
+    """[status-at-size] rows are never mixed from two configs: a refresh after the first slice
+    makes the reading start over, under the new config (here 3 providers instead of 5)."""
+    admission = _admission(5)
+    smaller = _admission(3).config
+
+    class RefreshedAfterFirstSlice:
+        reads = 0
+
+        @property
+        def config(self) -> PoolConfig:
+            return admission.config
+
+        def snapshot(self, **window: int) -> object:
+            self.reads += 1
+            taken = admission.snapshot(**window)
+            if self.reads == 1:
+                admission.refresh(smaller)
+            return taken
+
+    reader = RefreshedAfterFirstSlice()
+    snapshot = await snapshot_in_slices(reader, 2)  # type: ignore[arg-type]
+    assert snapshot == admission.snapshot()
+    assert [p.node_id for p in snapshot.providers] == ["node-0", "node-1", "node-2"]
+    assert reader.reads == 3  # one slice of the old config, then two of the new
