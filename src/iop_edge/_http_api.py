@@ -115,7 +115,7 @@ class RequestRejected(Exception):
         provider: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.pause = 0.0  # seconds the listener leaves the connection unread after it (pacing)
+        self.read_after: float | None = None  # trio time before which the connection is not read again (pacing)
         self.status = status
         self.code = code
         self.message = message
@@ -356,8 +356,8 @@ class Responder:
         """Answer with an error: a JSON response, or a final SSE error event mid-stream."""
         if self.finished:
             return
-        if rejection.pause > 0:
-            self._scope[PAUSE_READING] = rejection.pause
+        if rejection.read_after is not None:
+            self._scope[PAUSE_READING] = rejection.read_after
         if not self.started:
             head, body = _canned(rejection)
             self.started = self.finished = True
@@ -577,8 +577,8 @@ class EdgeAPI:
         """``rejection`` with the client's return booked: its ``Retry-After`` and (``pace``) the
         pause before its connection is read again (the front door's return schedule)."""
         now = trio.current_time()
-        rejection.retry_after, pause = self.service.front_door.refusal(now, self._capacity())
-        rejection.pause = pause if pace else 0.0
+        rejection.retry_after, delay = self.service.front_door.refusal(now, self._capacity())
+        rejection.read_after = now + delay if pace else None
         return rejection
 
     def _admission_refusal(self, exc: AdmissionError) -> RequestRejected:

@@ -33,10 +33,11 @@ no websockets, no HTTP/2). What the listener guarantees:
   ``WRITE_BUFFER_LIMIT`` bytes waiting (the relay then drops the run);
   ASGI ``send`` of a chunk waits only then, the last body message until
   everything is written.
-- **Pacing**: an app that sets ``scope[PAUSE_READING]`` to a number of seconds
-  (the Edge does after a refusal with ``Retry-After``) gets the connection left
-  unread that long after the response: the client's next request waits in the
-  socket buffers, at no CPU cost, and the connection counts as *paused*.
+- **Pacing**: an app that sets ``scope[PAUSE_READING]`` to a time on trio's
+  clock (the Edge does after a refusal with ``Retry-After``: the client's booked
+  return time) gets the connection left unread until then after the response:
+  the client's next request waits in the socket buffers, at no CPU cost, and the
+  connection counts as *paused*.
 
 ``wrap_stream`` is the seam for TLS: it gets each accepted socket stream and
 returns the stream to speak HTTP on (e.g. a ``trio.SSLStream``); it runs under
@@ -70,7 +71,7 @@ _RECEIVE_SIZE = 65536
 _DISCONNECT: Message = {"type": "http.disconnect"}
 
 PAUSE_READING = "iop.pause_reading"
-"""Scope key: seconds to leave the connection unread after this response (pacing)."""
+"""Scope key: a time on trio's clock before which the connection's next request is not read (pacing)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -318,11 +319,11 @@ class _Connection:
                     request = await self._next_request()
                     if request is None:
                         return
-                    pause = await self._respond(request)
+                    until = await self._respond(request)
                     if not await self._ready_for_next():
                         return
-                    if pause > 0:
-                        await self._pause(pause)
+                    if until > trio.current_time():
+                        await self._pause(until)
             except _PeerGone:
                 return
             finally:
@@ -381,16 +382,16 @@ class _Connection:
 
     # -------------------------------------------------------------- the exchange
 
-    async def _pause(self, seconds: float) -> None:
-        """Leave the connection unread for ``seconds`` (pacing); counted as paused meanwhile."""
+    async def _pause(self, until: float) -> None:
+        """Leave the connection unread until ``until`` (trio's clock; pacing); counted as paused meanwhile."""
         self.counter.paused += 1
         try:
-            await trio.sleep(seconds)
+            await trio.sleep_until(until)
         finally:
             self.counter.paused -= 1
 
     async def _respond(self, request: h11.Request) -> float:
-        """Call the app for ``request``; returns the pause it asked for (``PAUSE_READING``, s)."""
+        """Call the app for ``request``; returns when the next request may be read (``PAUSE_READING``)."""
         self._head = None
         self._body_done = False
         self._response_started = False
@@ -418,8 +419,8 @@ class _Connection:
                 await self._send_message({"type": "http.response.body", "body": b"internal error"})
         if self.h11.our_state is h11.SEND_BODY and not self.gone:
             raise _PeerGone  # the app ended a response midway: the client cannot frame it
-        pause: float = scope.get(PAUSE_READING, 0.0)
-        return pause
+        until: float = scope.get(PAUSE_READING, -math.inf)
+        return until
 
     async def _receive_message(self) -> Message:
         """ASGI ``receive``: the next body chunk, then (after the body) the client's departure."""

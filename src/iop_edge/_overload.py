@@ -184,10 +184,10 @@ class FrontDoor:
         return self.shedder.action(self.connections.open, self.waiting) == "shed"
 
     def refusal(self, now: float, capacity: int) -> tuple[int, float]:
-        """Book a refused client's return: ``(Retry-After in whole seconds, pause in s)``.
+        """Book a refused client's return: ``(Retry-After in whole seconds, delay to it in s)``.
 
-        The pause is how long the listener leaves the connection unread; it is
-        never longer than the ``Retry-After``.
+        The listener leaves the connection unread until ``now + delay``; the delay
+        is never longer than the ``Retry-After``.
         """
         drain = drain_time(self.waiting, self.shedder.service_time, capacity)
         delay = self.returns.book(now, drain)
