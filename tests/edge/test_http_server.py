@@ -13,9 +13,10 @@ from typing import Any
 import h11
 import pytest
 import trio
+import trio.testing
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, running_edge
-from iop_edge._http_server import WRITE_BUFFER_LIMIT, ConnectionCounter, HttpLimits, serve_http
+from iop_edge._http_server import PAUSE_READING, WRITE_BUFFER_LIMIT, ConnectionCounter, HttpLimits, serve_http
 
 
 async def _read_response(stream: trio.SocketStream, buffer: bytearray) -> tuple[int, bytes, int]:
@@ -161,6 +162,50 @@ async def test_connections_past_the_cap_are_closed_at_once() -> None:
             assert (await _read_response(third, bytearray()))[0] == 200
             await third.aclose()
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.req("overload-admitted-first")
+async def test_a_paced_connection_is_not_read_until_its_time() -> None:
+    """[overload-admitted-first] A response whose scope sets ``PAUSE_READING`` (a time on trio's
+    clock) leaves that connection unread until then: its next request waits in the socket,
+    counted as paused, while other connections are served; a time already past pauses nothing.
+    Cancelling the listener ends the pause and the counts."""
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
+        seen.append(scope["path"])
+        if scope["path"] == "/refuse":
+            scope[PAUSE_READING] = trio.current_time() + 3600
+        elif scope["path"] == "/past":
+            scope[PAUSE_READING] = trio.current_time() - 1
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    counter = ConnectionCounter(limit=10)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                lambda task_status: serve_http(
+                    app, "127.0.0.1", 0, limits=HttpLimits(header_timeout=5), counter=counter, task_status=task_status
+                )
+            )
+            paced = await trio.open_tcp_stream("127.0.0.1", port)
+            await paced.send_all(b"GET /refuse HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await _read_response(paced, bytearray()))[:2] == (200, b"ok")
+            await paced.send_all(b"GET /next HTTP/1.1\r\nhost: x\r\n\r\n")
+            await eventually(lambda: counter.paused == 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == ["/refuse"]  # the second request waits unread
+            other = await trio.open_tcp_stream("127.0.0.1", port)
+            for path in (b"/past", b"/healthz"):
+                await other.send_all(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path)
+                assert (await _read_response(other, bytearray()))[0] == 200
+            assert seen == ["/refuse", "/past", "/healthz"]
+            assert (counter.open, counter.paused) == (2, 1)
+            nursery.cancel_scope.cancel()
+    assert (counter.open, counter.paused) == (0, 0)
+    await paced.aclose()
+    await other.aclose()
 
 
 async def _serve(nursery: trio.Nursery, app: object) -> int:
