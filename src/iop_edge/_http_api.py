@@ -439,8 +439,9 @@ class EdgeAPI:
 
         Raises:
             RequestRejected: 503 ``overloaded`` ([overload-shed]), 401, or 429
-                ``queue_full`` when the queue is full and every configured slot is
-                taken -- no request, whatever its model, could run or queue now.
+                ``queue_full`` when the queue is full and the requests already asking
+                for a lease fill it and every free slot (:meth:`FrontDoor.queue_full`)
+                -- no request, whatever its model, could run or queue now.
         """
         service = self.service
         door = service.front_door
@@ -450,9 +451,7 @@ class EdgeAPI:
             raise self._booked(RequestRejected(503, "overloaded", message, type="service_unavailable"))
         self._authorize(scope)
         max_queue = service.config.provider_pool.max_queue
-        if door.waiting < max_queue or door.running < self._capacity():
-            return
-        if service.admission.queue_depth >= max_queue:
+        if door.queue_full(max_queue, self._capacity(), service.admission.queue_depth):
             service.metrics.request_rejected("", "queue_full")
             message = f"the queue is full ({max_queue} waiting) and every provider is busy"
             raise self._booked(RequestRejected(429, "queue_full", message, type="rate_limit_error"))

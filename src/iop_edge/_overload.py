@@ -183,6 +183,19 @@ class FrontDoor:
         """Whether to refuse a new request now (``503 overloaded``), counting it if so."""
         return self.shedder.action(self.connections.open, self.waiting) == "shed"
 
+    def queue_full(self, max_queue: int, capacity: int, queue_depth: int) -> bool:
+        """Whether a new request could only be refused ``429 queue_full`` (before its body is read).
+
+        True when the queue holds ``max_queue`` waiters and the requests of this
+        Edge already asking for a lease (``waiting``) fill it and every slot not
+        leased (``capacity - running``). Counting the free slots this way, not
+        only "every slot leased", also covers the moment after a lease ends: the
+        slot is granted to a waiter at once, but ``running`` counts it only when
+        that waiter's task runs -- under loop lag, a whole pass later.
+        """
+        free = max(0, capacity - self.running)
+        return self.waiting >= max_queue + free and queue_depth >= max_queue
+
     def refusal(self, now: float, capacity: int) -> tuple[int, float]:
         """Book a refused client's return: ``(Retry-After in whole seconds, delay to it in s)``.
 

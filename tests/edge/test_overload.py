@@ -100,6 +100,23 @@ def test_refusal_gives_a_retry_after_no_shorter_than_the_pause() -> None:
     assert door.refusal(now=100.0, capacity=0) == (30, 30.0)  # no capacity: the ceiling
 
 
+@pytest.mark.req("overload-cheap-reject")
+def test_queue_full_counts_requests_already_asking_against_the_free_slots() -> None:
+    """[overload-cheap-reject] A new request is refused before its body while the queue is full
+    and the requests already asking fill it and every free slot -- also in the moment after a
+    lease ended, when the slot is granted but the granted request's task has not run yet."""
+    door = FrontDoor(POLICY)
+    door.running, door.waiting = 8, 64
+    assert door.queue_full(max_queue=64, capacity=8, queue_depth=64)
+    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=63)  # room in the queue
+    door.running = 7  # a lease ended; its slot went to a waiter still counted as waiting
+    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=64)
+    door.waiting = 65  # ... and one more is asking: the queue and the free slot are spoken for
+    assert door.queue_full(max_queue=64, capacity=8, queue_depth=64)
+    door.running, door.waiting = 0, 64  # every slot free: the newcomer may run at once
+    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=64)
+
+
 @pytest.mark.req("overload-shed")
 async def test_loop_lag_is_sampled_from_a_late_timer(autojump_clock: trio.testing.MockClock) -> None:
     """[overload-shed] The sampler reads lag as how late its timer fired (MockClock: a jump of
