@@ -44,13 +44,15 @@ class ProtocolViolation(Exception):
 class HttpConnection:
     """One keep-alive HTTP/1.1 connection to a loopback server (reconnects when closed)."""
 
-    __slots__ = ("host", "port", "_stream", "_buffer")
+    __slots__ = ("host", "port", "_stream", "_buffer", "last_head")
 
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
         self._stream: trio.SocketStream | None = None
         self._buffer = bytearray()
+        self.last_head = b""
+        """The head of the last response, lowered (for the headers ``request`` does not return)."""
 
     @staticmethod
     def build(method: str, path: str, body: bytes | None = None, host: str = "127.0.0.1") -> bytes:
@@ -97,19 +99,20 @@ class HttpConnection:
     async def _head(self) -> tuple[int, int, bool, bool]:
         while (end := self._buffer.find(b"\r\n\r\n")) < 0:
             await self._fill()
-        lines = bytes(self._buffer[:end]).split(b"\r\n")
+        self.last_head = bytes(self._buffer[:end]).lower()
+        lines = self.last_head.split(b"\r\n")
         del self._buffer[: end + 4]
         status = int(lines[0].split(b" ", 2)[1])
         length, chunked, close = 0, False, False
         for line in lines[1:]:
             name, _, value = line.partition(b":")
-            name = name.strip().lower()
+            name = name.strip()
             if name == b"content-length":
                 length = int(value)
             elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
+                chunked = b"chunked" in value
             elif name == b"connection":
-                close = b"close" in value.lower()
+                close = b"close" in value
         return status, length, chunked, close
 
     async def _exactly(self, n: int) -> bytes:

@@ -9,14 +9,22 @@ together: the *flood* and the *probe* (``python -m benchmarks.overload flood|pro
 
 - The flood: N closed-loop clients, each with its own keep-alive connection, send a
   small non-stream chat request; after a rejection (429 or 503) or a lost connection
-  the client waits ``retry`` (10 ms or 1 s) and sends again.
+  the client waits ``retry`` (10 ms or 1 s; or, in the ``Retry-After`` rows, the
+  ``Retry-After`` it was sent) and sends again. The flood's client is minimal (prebuilt
+  request bytes, the head parsed by hand) to leave the cores to the Edge, and its own CPU
+  is reported.
 - The probe: ``GET /healthz`` every 100 ms on the same listener, one connection,
   plus ``GET /metrics`` and ``GET /status`` every 500 ms.
 
-Scenarios: 200, 1,000 and 5,000 clients, each with 10 ms and 1 s retry (``--quick``:
-200 and 1,000 clients with 10 ms retry, shorter windows). Only answers completed in the
+Scenarios: 200, 1,000 and 5,000 clients, each with 10 ms and 1 s retry, and 1,000 and
+5,000 clients that honour ``Retry-After`` (``--quick``: 200 and 1,000 clients with 10 ms
+retry, shorter windows). A refusal's latency is the client's (request sent to answer
+read): when the Edge paces a refused connection, a request sent before its
+``Retry-After`` waited unread, and that wait is in the figure; refusals of requests
+sent after the previous ``Retry-After`` had passed are also reported apart. Only answers completed in the
 measurement window (after the warm-up) count. Reported per scenario: answered 200/s
-against the ideal, 200 p50/p99, rejection p99 and rejections/s, the probe's p99 per
+against the ideal, 200 p50/p99, the p99 of an on-time 200's latency beyond the queue
+wait the Edge reports (``x-iop-queue-ms``), rejection p99 (all; on-time) and rejections/s, the probe's p99 per
 endpoint, CPU (% of one core) of the Edge, the Node, the flood and the probe, and the
 Edge's CPU per answered request and per rejection (an upper bound for the rejection:
 all the Edge's CPU divided by the rejections). After each scenario the flood stops and
@@ -49,7 +57,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CAPACITY = 8
 BACKEND_LATENCY_MS = 100
 IDEAL_RPS = CAPACITY * 1000 / BACKEND_LATENCY_MS
-SCENARIOS = ((200, 0.01), (200, 1.0), (1000, 0.01), (1000, 1.0), (5000, 0.01), (5000, 1.0))
+HONOUR = -1.0
+"""A retry value: the client waits the Retry-After it was sent."""
+SCENARIOS = (
+    (200, 0.01),
+    (200, 1.0),
+    (1000, 0.01),
+    (1000, 1.0),
+    (1000, HONOUR),
+    (5000, 0.01),
+    (5000, 1.0),
+    (5000, HONOUR),
+)
 QUICK_SCENARIOS = ((200, 0.01), (1000, 0.01))
 WARMUP, DURATION = 3.0, 8.0
 QUICK_WARMUP, QUICK_DURATION = 1.5, 4.0
@@ -82,26 +101,46 @@ providers:
 # ------------------------------------------------------------------- the flood
 
 
+def _header(head: bytes, name: bytes) -> bytes | None:
+    start = head.find(b"\r\n" + name + b":")
+    if start < 0:
+        return None
+    start += len(name) + 3
+    stop = head.find(b"\r\n", start)
+    return head[start : stop if stop >= 0 else len(head)].strip()
+
+
 async def _flood(port: int, clients: int, retry: float, warmup: float, duration: float) -> dict[str, Any]:
-    """N closed-loop clients; answered-200 and rejection latencies inside the window."""
+    """N closed-loop clients; answered-200 and rejection latencies inside the window.
+
+    ``retry`` < 0: each client waits the ``Retry-After`` it was sent (clients that honour it).
+    A refusal's latency is the client's: from sending the request to the end of the answer,
+    so after pacing it includes the time the request waited unread. ``on_time`` refusals are
+    those of requests sent once the previous refusal's ``Retry-After`` had passed (or the
+    first on the connection): what a client that honours ``Retry-After`` sees.
+    """
     raw = HttpConnection.build("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
     clock = time.perf_counter
     begin = clock() + warmup
     end = begin + duration
     ok: list[float] = []
+    beyond_queue: list[float] = []  # a 200 sent on time: its latency minus the Edge's queue wait
     rejected: list[float] = []  # refused at once: queue_full, overloaded
+    on_time: list[float] = []  # of those, sent after the previous Retry-After had passed
     timed_out: list[float] = []  # queue_timeout: waited queue_timeout_ms, by design
     other: dict[str, int] = {}
 
     async def client(index: int) -> None:
         await trio.sleep(warmup * 0.5 * index / clients)  # connections open over the first half of the warm-up
         connection = HttpConnection("127.0.0.1", port)
+        come_back = 0.0  # when the last Retry-After ends
         try:
             while (t0 := clock()) < end:
                 try:
                     status, body = await connection.request(raw)
+                    head = connection.last_head
                 except Exception as exc:  # a lost connection is counted and retried
-                    status, kind = 0, type(exc).__name__
+                    status, head, kind = 0, b"", type(exc).__name__
                 else:
                     kind = str(status) if b'"queue_timeout"' not in body else "429 queue_timeout"
                 t1 = clock()
@@ -109,12 +148,20 @@ async def _flood(port: int, clients: int, retry: float, warmup: float, duration:
                 if status == 200:
                     if inside:
                         ok.append(t1 - t0)
+                        if t0 >= come_back:
+                            beyond_queue.append(t1 - t0 - int(_header(head, b"x-iop-queue-ms") or b"0") / 1000)
                     continue
+                advised = int(_header(head, b"retry-after") or b"0")
                 if inside:
-                    if status in (429, 503):
-                        (timed_out if kind == "429 queue_timeout" else rejected).append(t1 - t0)
+                    if kind in ("429", "503"):
+                        rejected.append(t1 - t0)
+                        if t0 >= come_back:
+                            on_time.append(t1 - t0)
+                    elif kind == "429 queue_timeout":
+                        timed_out.append(t1 - t0)
                     other[kind] = other.get(kind, 0) + 1
-                await trio.sleep(retry)
+                come_back = t1 + advised
+                await trio.sleep(retry if retry >= 0 else advised or 1.0)
         finally:
             await connection.aclose()
 
@@ -122,15 +169,20 @@ async def _flood(port: int, clients: int, retry: float, warmup: float, duration:
         for index in range(clients):
             nursery.start_soon(client, index)
     ok.sort()
+    beyond_queue.sort()
     rejected.sort()
+    on_time.sort()
     return {
         "ok": len(ok),
         "ok_rps": len(ok) / duration,
         "ok_p50_ms": _percentile(ok, 0.5) * 1000,
         "ok_p99_ms": _percentile(ok, 0.99) * 1000,
+        "beyond_queue_p99_ms": _percentile(beyond_queue, 0.99) * 1000,
         "rejected": len(rejected),
         "rejected_rps": len(rejected) / duration,
         "reject_p99_ms": _percentile(rejected, 0.99) * 1000,
+        "on_time": len(on_time),
+        "on_time_p99_ms": _percentile(on_time, 0.99) * 1000,
         "timed_out": len(timed_out),
         "answers": other,
     }
@@ -367,9 +419,12 @@ def _row(r: dict[str, Any]) -> str:
     probe = r["probe"]
     cpu = r["cpu_pct"]
     drain = r["drain"]
+    retry = "Retry-After" if r["retry_s"] < 0 else f"{r['retry_s'] * 1000:g} ms"
     return (
-        f"| {r['clients']:,} | {r['retry_s'] * 1000:g} ms | {r['ok_rps']:.1f} ({r['ok_rps'] / IDEAL_RPS:.0%})"
-        f" | {_ms(r['ok_p50_ms'])} / {_ms(r['ok_p99_ms'])} | {r['rejected_rps']:.0f}/s, p99 {_ms(r['reject_p99_ms'])}"
+        f"| {r['clients']:,} | {retry} | {r['ok_rps']:.1f} ({r['ok_rps'] / IDEAL_RPS:.0%})"
+        f" | {_ms(r['ok_p50_ms'])} / {_ms(r['ok_p99_ms'])} | {_ms(r['beyond_queue_p99_ms'])}"
+        f" | {r['rejected_rps']:.0f}/s, p99 {_ms(r['reject_p99_ms'])}"
+        f" | {_ms(r['on_time_p99_ms'])} ({r['on_time']})"
         f" | {r['timed_out'] / r['duration_s']:.0f}/s"
         f" | {_ms(probe['/healthz']['p99_ms'])} ({probe['/healthz']['n']})"
         f" | {_ms(probe['/status']['p99_ms'])} / {_ms(probe['/metrics']['p99_ms'])}"
@@ -380,9 +435,11 @@ def _row(r: dict[str, Any]) -> str:
 
 def table(result: dict[str, Any]) -> str:
     head = (
-        "| clients | retry | answered 200/s (of ideal) | 200 p50 / p99 | refused at once, p99 | queue timeouts | `/healthz` p99 (n)"
+        "| clients | retry | answered 200/s (of ideal) | 200 p50 / p99 | 200 beyond queue wait, p99"
+        " | refused at once, p99 (client side)"
+        " | refusals after Retry-After: p99 (n) | queue timeouts | `/healthz` p99 (n)"
         " | `/status` / `/metrics` p99 | Edge CPU | Edge CPU per refusal | flood CPU"
-        " | Node CPU | backend peak, drain |\n|" + "---|" * 13
+        " | Node CPU | backend peak, drain |\n|" + "---|" * 15
     )
     title = (
         f"ideal {result['ideal_rps']:g} answered/s; Edge CPU per served request without overload"
