@@ -47,7 +47,9 @@ class EdgeService:
         tls = _tls_contexts(config, config_path)
         self.api_ssl_context = tls.api
         self.admission = Admission(config.pool_config())
-        self.metrics = EdgeMetrics(self.admission, per_provider=config.metrics_per_provider)
+        self.metrics = EdgeMetrics(
+            self.admission, per_provider=config.metrics_per_provider, per_node=config.metrics_per_node
+        )
         self.registry = NodeRegistry(
             self.admission,
             token_for=lambda node_id: self.config.node_token(node_id),

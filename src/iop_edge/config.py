@@ -346,6 +346,7 @@ class EdgeConfig:
     node_handshake_timeout_ms: int = 5000
     node_listen_backlog: int = 4096
     metrics_per_provider: bool = True
+    metrics_per_node: bool = True
     node_max_pending: int = 256
     node_max_pending_per_address: int = 8
     node_reject_backoff_base_ms: int = 100

@@ -137,8 +137,20 @@ def _check(value: str, allowed: Iterable[str], what: str) -> None:
 
 
 # Per-node aggregation (metrics_per_provider: false): these two are the node's own
-# state, the same on each of its providers; every other gauge is summed.
+# state, the same on each of its providers; every other gauge is summed. Edge-wide
+# (metrics_per_node: false) ``connected`` is summed too and ``generation`` left out.
 _NODE_LEVEL: Final = frozenset(("connected", "generation"))
+
+Level = Literal["provider", "node", "edge"]
+"""How finely the per-provider series are labelled: ``node`` and ``provider``, ``node`` only, none."""
+_LABELS: Final[dict[str, tuple[str, ...]]] = {"provider": ("node", "provider"), "node": ("node",), "edge": ()}
+
+
+def _where(level: Level, p: ProviderSnapshot) -> tuple[str, ...]:
+    """The label values of provider ``p``'s series at ``level``."""
+    if level == "provider":
+        return (p.node_id, p.provider_id)
+    return (p.node_id,) if level == "node" else ()
 
 
 class _Reading(NamedTuple):
@@ -157,13 +169,14 @@ _READING: contextvars.ContextVar[_Reading | None] = contextvars.ContextVar("iop_
 class _SnapshotCollector(Collector):
     """Gauges read from ``admission.snapshot()`` at every scrape.
 
-    ``per_provider`` False labels them by node only: one series per node and
-    gauge (sums over its providers) instead of one per provider.
+    ``level`` ``node`` labels them by node only: one series per node and gauge
+    (sums over its providers) instead of one per provider; ``edge``: one series
+    per gauge, the sum over every provider.
     """
 
-    def __init__(self, admission: Admission, per_provider: bool) -> None:
+    def __init__(self, admission: Admission, level: Level) -> None:
         self._admission = admission
-        self.per_provider = per_provider
+        self.level = level
 
     def describe(self) -> Iterator[Metric]:
         return self._families(None)
@@ -178,25 +191,21 @@ class _SnapshotCollector(Collector):
         """The gauge families, with samples from ``reading`` (none for ``describe``)."""
         snap = reading.snapshot if reading is not None else None
         providers: tuple[ProviderSnapshot, ...] = snap.providers if snap is not None else ()
+        level = self.level
         for suffix, documentation, read in _PROVIDER_GAUGES:
-            if self.per_provider:
-                family = GaugeMetricFamily(f"iop_{suffix}", documentation, labels=("node", "provider"))
-                for p in providers:
-                    family.add_metric((p.node_id, p.provider_id), read(p))
-            else:
-                family = GaugeMetricFamily(f"iop_{suffix}", documentation, labels=("node",))
-                per_node: dict[str, int] = {}
-                for p in providers:
-                    value = read(p)
-                    seen = per_node.get(p.node_id)
-                    if seen is None:
-                        per_node[p.node_id] = value
-                    elif suffix not in _NODE_LEVEL:
-                        per_node[p.node_id] = seen + value
-                for node_id, value in per_node.items():
-                    family.add_metric((node_id,), value)
+            if level == "edge" and suffix == "generation":
+                continue  # a sum of generations means nothing
+            family = GaugeMetricFamily(f"iop_{suffix}", documentation, labels=_LABELS[level])
+            summed = level == "edge" or suffix not in _NODE_LEVEL
+            totals: dict[tuple[str, ...], float] = {}
+            for p in providers:
+                where = _where(level, p)
+                seen = totals.get(where)
+                totals[where] = read(p) if seen is None else seen + read(p) if summed else seen
+            for where, total in totals.items():
+                family.add_metric(where, total)
             yield family
-        yield from _health_families(snap, reading.models if reading else (), self.per_provider)
+        yield from _health_families(snap, reading.models if reading else (), level)
         edge_wide = (
             (
                 "iop_queue_depth",
@@ -224,15 +233,14 @@ class _SnapshotCollector(Collector):
         )
 
 
-def _health_families(snap: Snapshot | None, models: Iterable[str], per_provider: bool) -> Iterator[Metric]:
-    """[outlier-ejection] ejection and probe counters (per provider, or summed per node) and panic mode."""
+def _health_families(snap: Snapshot | None, models: Iterable[str], level: Level) -> Iterator[Metric]:
+    """[outlier-ejection] ejection and probe counters (per provider, or summed per node or Edge-wide) and panic mode."""
     providers = snap.providers if snap is not None else ()
-    labels = ("node", "provider") if per_provider else ("node",)
     for name, documentation, read in _PROVIDER_COUNTERS:
-        counter = CounterMetricFamily(name, documentation, labels=labels)
+        counter = CounterMetricFamily(name, documentation, labels=_LABELS[level])
         totals: dict[tuple[str, ...], int] = {}
         for p in providers:
-            where: tuple[str, ...] = (p.node_id, p.provider_id) if per_provider else (p.node_id,)
+            where = _where(level, p)
             totals[where] = totals.get(where, 0) + read(p)
         for where, value in totals.items():
             counter.add_metric(where, value)
@@ -301,12 +309,18 @@ class EdgeMetrics:
         per_provider: False aggregates the per-provider gauges per node (label
             ``node`` only) and counts ``iop_admitted_total`` with ``provider=""``:
             the series count then grows with nodes, not providers.
+        per_node: False (implies ``per_provider`` False) sums them over the
+            whole Edge (no label; ``iop_generation`` left out) and counts
+            ``iop_admitted_total``, ``iop_node_connects_total`` and
+            ``iop_node_disconnects_total`` with ``node=""``: the series count
+            then does not grow with the fleet at all.
     """
 
-    def __init__(self, admission: Admission, *, per_provider: bool = True) -> None:
+    def __init__(self, admission: Admission, *, per_provider: bool = True, per_node: bool = True) -> None:
         self._admission = admission
         self.registry = CollectorRegistry()
-        self._gauges = _SnapshotCollector(admission, per_provider)
+        level: Level = "edge" if not per_node else "provider" if per_provider else "node"
+        self._gauges = _SnapshotCollector(admission, level)
         self._front_door: Callable[[], OverloadStatus] | None = None
         self.registry.register(self._gauges)
         self._declare_request_metrics(self.registry)
@@ -414,14 +428,18 @@ class EdgeMetrics:
         kind = event.kind
         if kind == "granted":
             assert event.model is not None and event.provider is not None
-            provider = event.provider.provider_id if self._gauges.per_provider else ""
-            self._admitted.labels(event.model, event.provider.node_id, provider).inc()
+            node, provider = self._node_label(event.provider.node_id), event.provider.provider_id
+            self._admitted.labels(event.model, node, provider if self._gauges.level == "provider" else "").inc()
             self._queue_wait.labels(event.model).observe(event.waited or 0.0)
         elif kind == "rejected":
             reason = event.reason or "unknown"
             self._rejected.labels(event.model or "", _REASON_CODES.get(reason, reason)).inc()
         elif kind == "timed_out":
             self._rejected.labels(event.model or "", "queue_timeout").inc()
+
+    def _node_label(self, node_id: str) -> str:
+        """``node_id``, or ``""`` where series are Edge-wide (``per_node`` False)."""
+        return "" if self._gauges.level == "edge" else node_id
 
     # ------------------------------------------------------------------ hooks
 
@@ -455,7 +473,7 @@ class EdgeMetrics:
 
     def node_connected(self, node_id: str) -> None:
         """Count an accepted registration of ``node_id``."""
-        self._node_connects.labels(node_id).inc()
+        self._node_connects.labels(self._node_label(node_id)).inc()
 
     def node_disconnected(self, node_id: str, cause: DisconnectCause) -> None:
         """Count an authoritative disconnect of ``node_id`` (not a stale or rejected one).
@@ -464,7 +482,7 @@ class EdgeMetrics:
             ValueError: ``cause`` is not one of :data:`DISCONNECT_CAUSES`.
         """
         _check(cause, DISCONNECT_CAUSES, "disconnect cause")
-        self._node_disconnects.labels(node_id, cause).inc()
+        self._node_disconnects.labels(self._node_label(node_id), cause).inc()
 
     def follow_front_door(self, read: Callable[[], OverloadStatus]) -> None:
         """Read the overload gauges from ``read()`` (``FrontDoor.status``) at every scrape."""

@@ -90,6 +90,21 @@ async def test_metrics_per_node_instead_of_per_provider(tmp_path: Path) -> None:
 
 
 @pytest.mark.req("status-at-size")
+async def test_metrics_edge_wide_instead_of_per_node(tmp_path: Path) -> None:
+    """[status-at-size] metrics_per_node: false -> one series per gauge, summed over every provider;
+    no series carries a node's or provider's name, not even the node counters."""
+    layout = EdgeLayout(extra=("metrics_per_node: false",))
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge):
+            text = (await edge.http.get("/metrics")).text
+            assert "\niop_capacity 2.0\n" in text  # node-a/gpu0 and node-b/gpu1, capacity 1 each
+            assert "\niop_connected 1.0\n" in text  # only node-a is connected
+            assert 'iop_node_connects_total{node=""} 1.0' in text
+            assert "iop_generation" not in text
+            assert "node-a" not in text and "gpu0" not in text
+
+
+@pytest.mark.req("status-at-size")
 @pytest.mark.parametrize("providers", [0, 1, 3])
 def test_status_json_is_the_status_document_in_compact_json(providers: int) -> None:
     """[status-at-size] the body written item by item is byte for byte the compact JSON of the
