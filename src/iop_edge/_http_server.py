@@ -520,7 +520,12 @@ class _Connection:
         """
         if self.gone or self._suppress_body or self.h11.our_state is not h11.SEND_BODY:
             return True
-        return self.transport.write_nowait(self.h11.send(h11.Data(data=data)) or b"")
+        try:
+            framed = self.h11.send(h11.Data(data=data)) or b""
+        except h11.LocalProtocolError:  # more than a content-length said: the response cannot go on
+            self.gone = True
+            return False
+        return self.transport.write_nowait(framed)
 
     async def _send_bytes(self, data: bytes) -> None:
         await self.transport.send_all(data)

@@ -163,12 +163,14 @@ class RunChannel:
             link then forgets the run and cancels it on the node.
         """
         sink = self._sink
-        if sink is not None and type(message) is RunData:
-            if sink(message.data):
-                return True
-            self.overflowed = True
-            self._send.close()
-            return False
+        if sink is not None:
+            if type(message) is RunData:
+                if sink(message.data):
+                    return True
+                self.overflowed = True
+                self._send.close()
+                return False
+            self._sink = None  # the relay writes what follows, in order, from the buffer
         try:
             self._send.send_nowait(message)
         except trio.WouldBlock:
@@ -189,7 +191,8 @@ class RunChannel:
         socket without a task switch; the run's end and errors still come
         through :meth:`next`. ``sink`` returns False when the client is too far
         behind: the run then counts as overflowed (as a full buffer would).
-        Attaches only when nothing is buffered (else the order would break).
+        Attaches only when nothing is buffered (else the order would break);
+        any other message detaches it, so what follows keeps its order too.
 
         Returns:
             Whether ``sink`` is attached now.

@@ -24,7 +24,8 @@ from edge.harness import (
     running_edge,
     start_chat,
 )
-from iop_wire import Rejected, RunEvent
+from iop_edge._links import RunChannel
+from iop_wire import Rejected, RunData, RunEnd, RunEvent
 
 
 def _offline(entry: dict[str, object]) -> bool:
@@ -276,3 +277,30 @@ async def test_saturated_event_subscriber_changes_nothing(tmp_path: Path) -> Non
                 assert again.registered is not None and again.registered.generation == 2
             assert edge.service.admission.snapshot().events_dropped > 0
             await edge.assert_drained()
+
+
+async def test_run_channel_sink_takes_data_only_until_another_message_comes() -> None:
+    """A sink attached to a run takes its data records as they arrive; a message it cannot take
+    (a ``run_event``) detaches it, so records after that message queue behind it, in order."""
+    channel = RunChannel("r1", None)  # type: ignore[arg-type]  # the link is used only when leaving
+    written: list[bytes] = []
+
+    def sink(data: bytes) -> bool:
+        written.append(data)
+        return True
+
+    assert channel.attach(sink)
+    event = RunEvent("r1", {"n": 2})
+    for message in (RunData("r1", 0, b"1"), event, RunData("r1", 1, b"3"), RunEnd("r1", "ok")):
+        assert channel.deliver(message)
+    assert written == [b"1"]
+    assert [await channel.next() for _ in range(3)] == [event, RunData("r1", 1, b"3"), RunEnd("r1", "ok")]
+
+
+async def test_run_channel_sink_attaches_only_over_an_empty_buffer() -> None:
+    """Attaching over buffered messages would let newer data overtake them: refused."""
+    channel = RunChannel("r1", None)  # type: ignore[arg-type]
+    assert channel.deliver(RunData("r1", 0, b"1"))
+    assert not channel.attach(lambda data: True)
+    assert await channel.next() == RunData("r1", 0, b"1")
+    assert channel.attach(lambda data: True)
