@@ -9,11 +9,12 @@ the whole heap (over a second with 10,000 nodes configured). So while any
 such work runs, the switch interval is short and automatic collection is off;
 both are restored when the last one ends.
 
-Collection back on, the objects the work left (a reload's new config: some
+Collection back on, the objects a reload left (its new config: some
 300,000 of them at 10,000 nodes) would all be young: the next allocation on
 the loop would start a young-generation collection over all of them, then a
 middle one, then a full one (130, 60 and 260 ms measured on a loaded box).
-Instead, everything tracked is moved to the oldest generation first
+So after work that keeps what it made (``keeps_objects``), everything tracked
+is moved to the oldest generation first
 (``gc.freeze()`` then ``gc.unfreeze()``, O(1) each): nothing is scanned now,
 garbage among those objects is still found by the next full collection, and
 the full collections come no sooner than they would have.
@@ -46,16 +47,20 @@ SNAPSHOT_SLICE = 500
 
 _running = 0
 _saved: tuple[float, bool] = (0.005, True)
+_promote = False
 
 
-async def run_off_loop(work: Callable[[], T]) -> T:
+async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False) -> T:
     """``work()`` in a worker thread, with a short switch interval and automatic GC off meanwhile.
+
+    ``keeps_objects``: the result holds many new objects that will live on (a
+    config); they join the oldest generation when collection is switched back on.
 
     Checkpoints (it waits for the thread). Cancelled, it returns at once and the
     thread's result is dropped (the thread runs to its end). Raises what
     ``work`` raises.
     """
-    global _running, _saved
+    global _running, _saved, _promote
     if _running == 0:
         _saved = (sys.getswitchinterval(), gc.isenabled())
         sys.setswitchinterval(min(_saved[0], SWITCH_INTERVAL))
@@ -65,12 +70,15 @@ async def run_off_loop(work: Callable[[], T]) -> T:
         return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
     finally:
         _running -= 1
+        _promote = _promote or keeps_objects
         if _running == 0:
             sys.setswitchinterval(_saved[0])
             if _saved[1]:
-                gc.freeze()  # every generation to the permanent one,
-                gc.unfreeze()  # and all of it back as the oldest: no young scan of the work's objects
+                if _promote:
+                    gc.freeze()  # every generation to the permanent one,
+                    gc.unfreeze()  # and all of it back as the oldest: no young scan of the new objects
                 gc.enable()
+            _promote = False
 
 
 async def snapshot_in_slices(admission: Admission, size: int = SNAPSHOT_SLICE) -> Snapshot:

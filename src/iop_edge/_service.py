@@ -96,7 +96,7 @@ class EdgeService:
                 return ["this Edge was started without a config file"]
             path = self.config_path
             try:
-                config, pool, tls = await run_off_loop(lambda: _read_config(path))
+                config, pool, tls = await run_off_loop(lambda: _read_config(path), keeps_objects=True)
                 _refuse_tls_switch(self.config, config, path)
                 self.admission.refresh(pool)
             except ConfigFileError as exc:

@@ -212,3 +212,16 @@ async def test_a_refresh_between_slices_starts_the_reading_again() -> None:
     assert snapshot == admission.snapshot()
     assert [p.node_id for p in snapshot.providers] == ["node-0", "node-1", "node-2"]
     assert reader.reads == 3  # one slice of the old config, then two of the new
+
+
+@pytest.mark.req("reload-off-loop")
+async def test_objects_kept_from_off_loop_work_join_the_oldest_generation() -> None:
+    """[reload-off-loop] what a reload made is not left young (a young collection over a
+    10,000-node config would hold the loop): it is in the oldest generation afterwards, still
+    collectable (nothing stays frozen)."""
+    assert gc.isenabled()  # as in any process that does not turn it off
+    with trio.fail_after(10):
+        kept = await run_off_loop(lambda: [[index] for index in range(100)], keeps_objects=True)
+    assert gc.get_freeze_count() == 0
+    oldest = {id(obj) for obj in gc.get_objects(generation=2)}
+    assert id(kept) in oldest and all(id(item) in oldest for item in kept)
