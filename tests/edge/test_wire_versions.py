@@ -9,7 +9,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from edge.harness import BIG, FAST, TOKEN_A, chat_chunk, fake_node, running_edge, sse_events, start_chat
+from edge.harness import BIG, FAST, TOKEN_A, EdgeLayout, chat_chunk, fake_node, running_edge, sse_events, start_chat
 from iop_wire import CLOSE_PROTOCOL_ERROR, Rejected, RunData, RunEnd, RunEvent
 
 AWKWARD = [
@@ -90,6 +90,30 @@ async def test_v2_error_after_data_ends_the_stream_with_one_error_event(tmp_path
             events = sse_events(response.text)
             assert events[1]["error"]["code"] == "upstream_error"
             assert len(events) == 2
+            await edge.assert_drained()
+
+
+async def test_v2_frame_with_interleaved_runs_reaches_each_client_in_order(tmp_path: Path) -> None:
+    """One data frame carrying several records of two runs, interleaved: each client gets its
+    run's bytes in order (a run's records in one frame go out as one write)."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, EdgeLayout(gpu0_capacity=2)) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                for name in ("a", "b"):
+                    start_chat(nursery, edge, results, name, FAST, stream=True)
+                runs = [await node.next_run(), await node.next_run()]
+                records = [
+                    RunData(run.run_id, seq, f"data: {run.run_id}-{seq}\n\n".encode())
+                    for seq in range(3)
+                    for run in runs
+                ]
+                await node.send_data(*records)
+                for run in runs:
+                    await node.send(RunEnd(run.run_id, "ok"))
+            for run in runs:
+                expected = b"".join(f"data: {run.run_id}-{seq}\n\n".encode() for seq in range(3))
+                assert expected in {response.content for response in results.values()}
             await edge.assert_drained()
 
 
