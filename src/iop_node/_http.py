@@ -21,7 +21,7 @@ import json
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
-from typing import Any, final
+from typing import Any, Final, Protocol, final
 
 import attrs
 import httpx
@@ -47,6 +47,8 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+_encode_json: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+"""JSON as httpx encodes a ``json=`` body."""
 # httpx sets these itself from the URL and the body it sends.
 _REQUEST_OWNED = _HOP_BY_HOP | {"host", "content-length"}
 
@@ -111,10 +113,7 @@ class HttpUpstream:
             UpstreamUnreachable: connection error or timeout.
             UpstreamFailed: the upstream answered non-2xx.
         """
-        # The run URLs are few and fixed: parse each once (httpx would parse the string every time).
-        parsed = self._urls.get(url)
-        if parsed is None:
-            parsed = self._urls[url] = httpx.URL(url)
+        parsed = self._url(url)
         with _transport_errors_mapped():
             if self.direct is None:
                 async with self.client.stream("POST", parsed, json=body) as response:
@@ -133,6 +132,48 @@ class HttpUpstream:
                 yield response
             finally:
                 await response.aclose()
+
+    @asynccontextmanager
+    async def post_for_body(self, url: str, body: dict[str, Any]) -> AsyncIterator[ChunkReader]:
+        """Open a ``POST url`` with a JSON body; yield the 2xx answer's body reader.
+
+        The run path: with our :class:`H11Transport` the request goes straight to it,
+        no ``httpx`` request or response objects, and each :meth:`ChunkReader.next_chunk`
+        is every body byte read so far. Checkpoints. Transport errors raised while the
+        caller reads the body are mapped too. Leaving the block (also by cancellation)
+        closes the request.
+
+        Raises:
+            UpstreamUnreachable: connection error or timeout.
+            UpstreamFailed: the upstream answered non-2xx.
+        """
+        if self.direct is None:
+            async with self.post_json(url, body) as response, aclosing(BodyStream(response)) as chunks:
+                yield chunks
+            return
+        parsed = self._url(url)
+        content = _encode_json(body).encode()
+        headers = [
+            (b"host", parsed.netloc),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(content)).encode()),
+        ]
+        # No httpx request or response models either (see post_json for the client's layers).
+        with _transport_errors_mapped():
+            answer = await self.direct.request(b"POST", parsed, headers, content, self.timeouts)
+            try:
+                if not 200 <= answer.status < 300:
+                    raise await _failure(answer.status, answer.reason.decode("ascii", "replace"), answer)
+                yield answer
+            finally:
+                answer.close()
+
+    def _url(self, url: str) -> httpx.URL:
+        # The run URLs are few and fixed: parse each once (httpx would parse the string every time).
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = httpx.URL(url)
+        return parsed
 
     async def tunnel(
         self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
@@ -189,6 +230,14 @@ class _NoCookies(http.cookiejar.CookieJar):
 
     def extract_cookies(self, response: Any, request: Any) -> None:
         pass
+
+
+class ChunkReader(Protocol):
+    """An answer's body, read in chunks as they arrive."""
+
+    async def next_chunk(self) -> bytes | None:
+        """The next chunk, or None at the end. Checkpoints."""
+        ...
 
 
 @final
@@ -315,11 +364,16 @@ def error_message(value: dict[str, Any]) -> str | None:
 
 
 async def _failure_of(response: httpx.Response) -> UpstreamFailed:
-    body = bytearray()
     async with aclosing(BodyStream(response)) as stream:
-        while len(body) < UPSTREAM_BODY_LIMIT and (chunk := await stream.next_chunk()) is not None:
-            body += chunk
-    text = body[:UPSTREAM_BODY_LIMIT].decode("utf-8", "replace").strip()[:UPSTREAM_BODY_LIMIT]
+        return await _failure(response.status_code, response.reason_phrase, stream)
+
+
+async def _failure(status: int, reason: str, body: ChunkReader) -> UpstreamFailed:
+    """The error for a non-2xx answer: its status, message and (the start of) its body. Checkpoints."""
+    data = bytearray()
+    while len(data) < UPSTREAM_BODY_LIMIT and (chunk := await body.next_chunk()) is not None:
+        data += chunk
+    text = data[:UPSTREAM_BODY_LIMIT].decode("utf-8", "replace").strip()[:UPSTREAM_BODY_LIMIT]
     message = None
     try:
         value = json.loads(text)
@@ -329,8 +383,8 @@ async def _failure_of(response: httpx.Response) -> UpstreamFailed:
         if isinstance(value, dict):
             message = error_message(value)
     if not message:
-        message = text or response.reason_phrase or f"HTTP {response.status_code}"
-    return UpstreamFailed(message, status=response.status_code, body=text)
+        message = text or reason or f"HTTP {status}"
+    return UpstreamFailed(message, status=status, body=text)
 
 
 @contextmanager

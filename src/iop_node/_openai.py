@@ -71,10 +71,11 @@ class OpenAIAdapter(HttpAdapter):
     async def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
         """Yield the upstream's body bytes as they arrive, unparsed. See :meth:`iop_node.Adapter.relay`."""
         check_endpoint(endpoint)
-        async with self.http.post_json(f"{self.base_url}/{endpoint}", request_body(endpoint, body, stream)) as response:
-            async with aclosing(BodyStream(response)) as chunks:
-                while (chunk := await chunks.next_chunk()) is not None:
-                    yield chunk
+        async with self.http.post_for_body(
+            f"{self.base_url}/{endpoint}", request_body(endpoint, body, stream)
+        ) as chunks:
+            while (chunk := await chunks.next_chunk()) is not None:
+                yield chunk
 
 
 def request_body(endpoint: str, body: dict[str, Any], stream: bool) -> dict[str, Any]:

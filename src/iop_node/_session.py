@@ -333,8 +333,8 @@ class EdgeSession:
     async def _send(self, message: NodeMessage) -> None:
         """Queue one message for the writer task.
 
-        Checkpoints; cancellation-atomic (the message is either queued whole or
-        not at all).
+        Checkpoints only when the outbox is full; cancellation-atomic (the message
+        is either queued whole or not at all).
 
         Raises:
             trio.BrokenResourceError: the writer is gone (the connection is ending).
