@@ -6,7 +6,7 @@ runs the Edge's requests on local backends through one
 See ``docs/node.md``.
 """
 
-from ._adapter import Adapter, TunnelHead, encoded_run
+from ._adapter import Adapter, TunnelHead, encoded_run, relay_encoded
 from ._client import EdgeClient, backoff_delay, first_delay, websocket_connector
 from ._errors import (
     BadRunRequest,
@@ -51,5 +51,6 @@ __all__ = [
     "encoded_run",
     "first_delay",
     "load_node_config",
+    "relay_encoded",
     "websocket_connector",
 ]

@@ -14,7 +14,7 @@ inside a cancel scope or nursery, which keeps that pattern safe under trio.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Final, Protocol, final
 
@@ -51,14 +51,20 @@ class Adapter(Protocol):
         """
         ...
 
-    def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
-        """Yield one normalized run's answer as the bytes the client receives (wire v2).
+    async def relay(
+        self, endpoint: str, body: dict[str, Any], *, stream: bool, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        """Hand one normalized run's answer to ``send`` as the bytes the client receives (wire v2).
 
-        A streamed run yields the SSE body (``data:`` events, ``data: [DONE]`` at the
-        end) in pieces as they become available; a non-stream run yields the JSON
+        A streamed run sends the SSE body (``data:`` events, ``data: [DONE]`` at the
+        end) in pieces as they become available; a non-stream run sends the JSON
         response body. An adapter whose upstream speaks OpenAI passes the upstream's
         own bytes through without parsing them; the others encode what :meth:`run`
-        yields (:func:`encoded_run`). Same errors and cancellation as :meth:`run`.
+        yields (:func:`relay_encoded`). ``send`` is the session's queue of data
+        records: it checkpoints only when it waits for room and takes a piece whole
+        or not at all. Returns at the end of the answer. Same errors and cancellation
+        as :meth:`run` (a push, not a generator: a run's read timeout then spans many
+        reads in one cancel scope instead of one per read).
         """
         ...
 
@@ -92,6 +98,18 @@ def check_endpoint(endpoint: str) -> None:
 
 
 _encode: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+async def relay_encoded(
+    objects: AsyncGenerator[dict[str, Any], None], *, stream: bool, send: Callable[[bytes], Awaitable[None]]
+) -> None:
+    """:meth:`Adapter.relay` for an adapter that builds objects: hand :func:`encoded_run`'s bytes to ``send``.
+
+    Checkpoints; closes ``objects`` when it ends or is cancelled.
+    """
+    async with aclosing(encoded_run(objects, stream=stream)) as chunks:
+        async for chunk in chunks:
+            await send(chunk)
 
 
 async def encoded_run(objects: AsyncGenerator[dict[str, Any], None], *, stream: bool) -> AsyncGenerator[bytes, None]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import http.cookiejar
 import json
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from typing import Any, Final, Protocol, final
 
@@ -168,6 +168,19 @@ class HttpUpstream:
             finally:
                 answer.close()
 
+    async def relay_post(self, url: str, body: dict[str, Any], send: Callable[[bytes], Awaitable[None]]) -> None:
+        """``POST url`` with a JSON body and hand the 2xx answer's body to ``send`` as it arrives.
+
+        A run's relay: see :meth:`post_for_body` and :meth:`iop_node._transport.Answer.pump`.
+        Checkpoints; cancellation closes the request.
+
+        Raises:
+            UpstreamUnreachable: connection error or timeout.
+            UpstreamFailed: the upstream answered non-2xx.
+        """
+        async with self.post_for_body(url, body) as answer:
+            await answer.pump(send)
+
     def _url(self, url: str) -> httpx.URL:
         # The run URLs are few and fixed: parse each once (httpx would parse the string every time).
         parsed = self._urls.get(url)
@@ -239,6 +252,10 @@ class ChunkReader(Protocol):
         """The next chunk, or None at the end. Checkpoints."""
         ...
 
+    async def pump(self, send: Callable[[bytes], Awaitable[None]]) -> None:
+        """Hand every chunk to ``send`` until the end. Checkpoints."""
+        ...
+
 
 @final
 class BodyStream:
@@ -274,6 +291,15 @@ class BodyStream:
             return await self._chunks.__anext__()
         except StopAsyncIteration:
             return None
+
+    async def pump(self, send: Callable[[bytes], Awaitable[None]]) -> None:
+        """Hand every chunk to ``send`` until the end. Checkpoints.
+
+        Raises:
+            httpx.TransportError: the upstream connection failed.
+        """
+        while (chunk := await self.next_chunk()) is not None:
+            await send(chunk)
 
     async def next_line(self) -> str | None:
         """Return the next line without its line ending, or None at the end. Checkpoints.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar, final
 
@@ -27,7 +27,7 @@ import trio
 from iop_mock import completion as mock_completion
 from iop_mock import embedding as mock_embedding
 
-from ._adapter import TunnelHead, check_endpoint, encoded_run
+from ._adapter import TunnelHead, check_endpoint, relay_encoded
 from ._errors import UpstreamFailed
 from .config import ProviderConfig
 
@@ -61,9 +61,11 @@ class MockAdapter:
             fail_after_chunks=provider.fail_after_chunks,
         )
 
-    def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
+    async def relay(
+        self, endpoint: str, body: dict[str, Any], *, stream: bool, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
         """:meth:`run`'s objects as the client's bytes. See :meth:`iop_node.Adapter.relay`."""
-        return encoded_run(self.run(endpoint, body, stream=stream), stream=stream)
+        await relay_encoded(self.run(endpoint, body, stream=stream), stream=stream, send=send)
 
     async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Yield fake chunks (stream) or one fake response (non-stream).

@@ -18,14 +18,14 @@ import itertools
 import json
 import struct
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, final
 
 import attrs
 import httpx
 
-from ._adapter import check_endpoint, encoded_run
+from ._adapter import check_endpoint, relay_encoded
 from ._errors import BadRunRequest, UpstreamFailed
 from ._http import BodyStream, HttpAdapter, HttpUpstream, error_message, parse_object, read_object
 from .config import ProviderConfig
@@ -63,9 +63,11 @@ class OllamaAdapter(HttpAdapter):
         assert provider.base_url is not None  # checked by NodeConfig.problems
         return cls(http=HttpUpstream.for_provider(provider, provider.base_url, transport=transport))
 
-    def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
+    async def relay(
+        self, endpoint: str, body: dict[str, Any], *, stream: bool, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
         """:meth:`run`'s objects as the client's bytes. See :meth:`iop_node.Adapter.relay`."""
-        return encoded_run(self.run(endpoint, body, stream=stream), stream=stream)
+        await relay_encoded(self.run(endpoint, body, stream=stream), stream=stream, send=send)
 
     async def run(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Yield OpenAI chunks (stream) or one ``chat.completion`` (non-stream).

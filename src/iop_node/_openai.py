@@ -12,7 +12,7 @@ trailing ``/v1``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, final
 
@@ -68,14 +68,12 @@ class OpenAIAdapter(HttpAdapter):
                 async for chunk in chunks:
                     yield chunk
 
-    async def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncGenerator[bytes, None]:
-        """Yield the upstream's body bytes as they arrive, unparsed. See :meth:`iop_node.Adapter.relay`."""
+    async def relay(
+        self, endpoint: str, body: dict[str, Any], *, stream: bool, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        """Hand the upstream's body bytes to ``send`` as they arrive, unparsed. See :meth:`iop_node.Adapter.relay`."""
         check_endpoint(endpoint)
-        async with self.http.post_for_body(
-            f"{self.base_url}/{endpoint}", request_body(endpoint, body, stream)
-        ) as chunks:
-            while (chunk := await chunks.next_chunk()) is not None:
-                yield chunk
+        await self.http.relay_post(f"{self.base_url}/{endpoint}", request_body(endpoint, body, stream), send)
 
 
 def request_body(endpoint: str, body: dict[str, Any], stream: bool) -> dict[str, Any]:

@@ -314,12 +314,16 @@ class EdgeSession:
             return
         assert self._outbox is not None
         put = self._outbox.put_record
+        run_id = run.run_id
         seq = 0
-        async with aclosing(adapter.relay(run.endpoint, run.body, stream=run.stream)) as chunks:
-            async for chunk in chunks:
-                if chunk:
-                    await put(record_header(run.run_id, seq, len(chunk)), chunk)
-                    seq += 1
+
+        async def send(chunk: bytes) -> None:
+            nonlocal seq
+            if chunk:
+                await put(record_header(run_id, seq, len(chunk)), chunk)
+                seq += 1
+
+        await adapter.relay(run.endpoint, run.body, stream=run.stream, send=send)
 
     async def _relay_tunnel(self, request: TunnelRequest, body: bytes, adapter: Adapter) -> None:
         parts = adapter.tunnel(request.method, request.path, request.headers, body)

@@ -47,7 +47,7 @@ import math
 import select
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, final
 
 import attrs
@@ -134,17 +134,25 @@ class _Connection:
         # A bare cancel scope: trio.fail_after's context-manager machinery was ~10 % of the
         # Node's CPU with one read per token per stream (fleet benchmark, py-spy).
         with trio.CancelScope(deadline=trio.current_time() + timeout):
-            sock = self.sock
-            try:
-                while True:
-                    await trio.lowlevel.wait_readable(sock)
-                    try:
-                        return sock.recv(_RECEIVE_SIZE)
-                    except BlockingIOError:  # a spurious wakeup
-                        pass
-            except (OSError, trio.ClosedResourceError) as exc:
-                raise httpx.ReadError(f"upstream read failed: {exc or type(exc).__name__}") from None
+            return await self.receive_now()
         raise httpx.ReadTimeout(f"no data from the upstream for {timeout:g} s")
+
+    async def receive_now(self) -> bytes:
+        """Read some bytes (``b""`` at EOF), with no timeout of its own. Checkpoints.
+
+        Raises:
+            httpx.ReadError: the socket failed.
+        """
+        sock = self.sock
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    return sock.recv(_RECEIVE_SIZE)
+                except BlockingIOError:  # a spurious wakeup
+                    pass
+        except (OSError, trio.ClosedResourceError) as exc:
+            raise httpx.ReadError(f"upstream read failed: {exc or type(exc).__name__}") from None
 
     async def next_event(self, timeout: float) -> Any:
         """The next h11 event of the answer, reading as needed. Checkpoints if it reads.
@@ -468,36 +476,110 @@ class Answer:
             httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError: reading failed.
         """
         checkout = self._checkout
-        connection = checkout.connection
-        if connection is None:
-            return None
-        state = connection.h11
-        parts: list[bytes | bytearray] = []
         try:
-            while True:
-                event = state.next_event()
-                if event is h11.NEED_DATA:
-                    if parts:
-                        break
-                    state.receive_data(await connection.receive(self._timeout))
-                elif type(event) is h11.Data:
-                    parts.append(event.data)
-                elif type(event) is h11.EndOfMessage:
-                    checkout.give_back(reusable=True)
-                    break
-                else:
-                    raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__} in the answer body")
-        except h11.RemoteProtocolError as exc:
-            checkout.give_back(reusable=False)
-            raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}") from None
+            while (connection := checkout.connection) is not None:
+                chunk = _take_body(checkout, connection.h11)
+                if chunk is not None or checkout.connection is None:
+                    return chunk
+                connection.h11.receive_data(await connection.receive(self._timeout))
         except BaseException:
             checkout.give_back(reusable=False)
             raise
-        return b"".join(parts) if parts else None
+        return None
+
+    async def pump(self, send: Callable[[bytes], Awaitable[None]]) -> None:
+        """Hand the body to ``send`` until its end: every body byte available after each read.
+
+        The push counterpart of :meth:`next_chunk`, for a run's relay: the read
+        timeout is one cancel scope for many reads, moved only when it fires, where
+        :meth:`next_chunk` enters one per read (enter and exit cost about two
+        reschedules, paid once per token of a stream). Time spent in ``send`` (waiting
+        for room to queue) does not count as upstream silence. Checkpoints when it
+        reads; cancellation closes the connection, and a chunk is handed to ``send``
+        whole or not at all.
+
+        Raises:
+            httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError: reading failed.
+        """
+        checkout = self._checkout
+        pump = _Pump(self._timeout)
+        try:
+            while True:
+                with trio.CancelScope(deadline=pump.deadline()) as scope:
+                    await pump.run(checkout, send)
+                if not scope.cancelled_caught:
+                    return
+                if pump.timed_out():
+                    raise httpx.ReadTimeout(f"no data from the upstream for {self._timeout:g} s")
+        except BaseException:
+            checkout.give_back(reusable=False)
+            raise
 
     def close(self) -> None:
         """Stop reading; if the body was not read to its end, close the connection. Synchronous."""
         self._checkout.give_back(reusable=False)
+
+
+@final
+class _Pump:
+    """The state of :meth:`Answer.pump` across its cancel scopes."""
+
+    __slots__ = ("_timeout", "_waiting_since", "_pending")
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._waiting_since: float | None = None
+        """When the current wait for the upstream began (None: not waiting for it)."""
+        self._pending: bytes | None = None
+        """A chunk taken from h11 and not yet accepted by ``send``."""
+
+    def deadline(self) -> float:
+        since = self._waiting_since
+        return (trio.current_time() if since is None else since) + self._timeout
+
+    def timed_out(self) -> bool:
+        """The scope's deadline fired: True if the upstream really was silent for the timeout."""
+        since = self._waiting_since
+        return since is not None and trio.current_time() - since >= self._timeout
+
+    async def run(self, checkout: _Checkout, send: Callable[[bytes], Awaitable[None]]) -> None:
+        """Read and send until the body ends. Checkpoints; stops early only by cancellation."""
+        while True:
+            if self._pending is None and (connection := checkout.connection) is not None:
+                self._pending = _take_body(checkout, connection.h11)
+            if self._pending is not None:
+                await send(self._pending)
+                self._pending = None
+                continue
+            connection = checkout.connection
+            if connection is None:
+                return
+            if self._waiting_since is None:  # not when a wait resumes after a scope moved on
+                self._waiting_since = trio.current_time()
+            data = await connection.receive_now()
+            self._waiting_since = None
+            connection.h11.receive_data(data)
+
+
+def _take_body(checkout: _Checkout, state: h11.Connection) -> bytes | None:
+    """Every body byte h11 holds now, giving the checkout back at the end of the body.
+
+    Raises:
+        httpx.RemoteProtocolError: the answer is not valid HTTP/1.1.
+    """
+    parts: list[bytes | bytearray] = []
+    try:
+        while (event := state.next_event()) is not h11.NEED_DATA:
+            if type(event) is h11.Data:
+                parts.append(event.data)
+            elif type(event) is h11.EndOfMessage:
+                checkout.give_back(reusable=True)
+                break
+            else:
+                raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__} in the answer body")
+    except h11.RemoteProtocolError as exc:
+        raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}") from None
+    return b"".join(parts) if parts else None
 
 
 @final

@@ -316,3 +316,45 @@ async def test_upstream_cookies_are_not_kept() -> None:
             assert response.status_code == 200
     assert seen == [None, None]
     await upstream.aclose()
+
+
+async def test_pump_read_timeout_counts_only_upstream_silence(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Answer.pump: time spent in ``send`` (a full outbox) is not upstream silence, a piece
+    cut off by the timeout scope is sent again whole, and only a wait for the upstream
+    longer than the read timeout is httpx.ReadTimeout (exactly the timeout after it began)."""
+    client_sock, server_sock = socket.socketpair()
+
+    async def connect(*args: Any, **kwargs: Any) -> trio.SocketStream:
+        return trio.SocketStream(trio.socket.from_stdlib_socket(client_sock))
+
+    monkeypatch.setattr(trio, "open_tcp_stream", connect)
+
+    async def upstream() -> None:
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(server_sock))
+        await ScriptedServer._read_request(stream, conn := h11.Connection(h11.SERVER))
+        head = h11.Response(status_code=200, headers=[("transfer-encoding", "chunked")])
+        await stream.send_all(conn.send(head) + conn.send(h11.Data(data=b"one")))
+        await trio.sleep(10)
+        await stream.send_all(conn.send(h11.Data(data=b"two")))
+        await trio.sleep_forever()
+
+    received: list[tuple[float, bytes]] = []
+
+    async def send(chunk: bytes) -> None:
+        await trio.sleep_until(20)  # the Edge reads nothing until t=20
+        received.append((trio.current_time(), chunk))
+
+    transport = H11Transport(1)
+    url = httpx.URL("http://upstream.test/v1/chat/completions")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(upstream)
+        answer = await transport.request(b"POST", url, [(b"host", b"upstream.test")], b"", {"read": 5})
+        with pytest.raises(httpx.ReadTimeout):
+            await answer.pump(send)
+        assert trio.current_time() == 25
+        assert received == [(20, b"one"), (20, b"two")]
+        assert (transport.open_connections, transport.waiting) == (0, 0)
+        nursery.cancel_scope.cancel()
+    server_sock.close()

@@ -28,7 +28,7 @@ import json
 import random
 import typing
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -60,7 +60,7 @@ from iop_node import (
     RuntimeConfig,
     UpstreamFailed,
     UpstreamUnreachable,
-    encoded_run,
+    relay_encoded,
 )
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, decode, encode
 
@@ -328,9 +328,11 @@ class SimBackend:
         finally:
             world.upstream_exit(self.key)
 
-    def relay(self, endpoint: str, body: dict[str, Any], *, stream: bool) -> AsyncIterator[bytes]:
+    async def relay(
+        self, endpoint: str, body: dict[str, Any], *, stream: bool, send: Callable[[bytes], Awaitable[None]]
+    ) -> None:
         """:meth:`run` as the client's bytes (wire v2)."""
-        return encoded_run(self.run(endpoint, body, stream=stream), stream=stream)
+        await relay_encoded(self.run(endpoint, body, stream=stream), stream=stream, send=send)
 
     def tunnel(self, method: str, path: str, headers: Any, body: bytes) -> AsyncIterator[Any]:
         raise NotImplementedError("the simulation sends no tunnel requests")
