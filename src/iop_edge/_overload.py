@@ -21,17 +21,19 @@ saturated whatever it does: 1,000 clients that retry 10 ms after each refusal
 offer tens of thousands of requests a second, and no process answers that
 many on one core. What protects the admitted requests is bounding the CPU spent
 on refusals. So each refusal (``429 queue_full`` / ``queue_timeout``, ``503
-overloaded``) books its client a *return time*: not before the queue ahead can
-drain (``(waiting + 1) x recent service time / total capacity``), and at
-least ``1 / refusal_rate`` after the return time booked before it -- refused
-clients are told to come back at most ``refusal_rate`` per second. The
-``Retry-After`` sent is that delay rounded up to whole seconds (at least 1, at
-most ``max_retry_after``); and after a refusal answered at once (not a
-``queue_timeout``, whose client already waited) the listener does not read the
-connection's next request before the return time (the delay unrounded,
-never longer than the ``Retry-After`` sent). A client that honours
-``Retry-After`` never notices; one that retries sooner waits in its socket
-buffer, costing the Edge no CPU.
+overloaded``) books its client a *return time*: at least ``1 / refusal_rate``
+after the return time booked before it -- refused clients are told to come
+back at most ``refusal_rate`` per second -- and not before the queue ahead can
+drain (``(waiting + 1) x recent service time / total capacity``) or 1 s has
+passed, whichever is sooner. The ``Retry-After`` sent is the delay to the
+return time or the drain time, whichever is longer, rounded up to whole
+seconds (at least 1, at most ``max_retry_after``); and after a refusal answered
+at once (not a ``queue_timeout``, whose client already waited) the listener
+does not read the connection's next request before the return time (never
+later than the ``Retry-After`` sent). A client that honours ``Retry-After``
+never notices; one that retries sooner waits in its socket buffer, costing the
+Edge no CPU; one that retries after a second is held only as long as the
+refusal rate requires, even when a slow backend makes the drain time long.
 """
 
 from __future__ import annotations
@@ -203,9 +205,9 @@ class FrontDoor:
         is never longer than the ``Retry-After``.
         """
         drain = drain_time(self.waiting, self.shedder.service_time, capacity)
-        delay = self.returns.book(now, drain)
+        delay = self.returns.book(now, min(drain, 1.0))
         ceiling = self.shedder.policy.max_retry_after
-        return max(1, min(ceiling, math.ceil(delay))), min(delay, ceiling)
+        return max(1, math.ceil(min(max(delay, drain), ceiling))), min(delay, ceiling)
 
     def status(self) -> OverloadStatus:
         """The ``overload`` part of ``/status`` (and of the overload gauges)."""

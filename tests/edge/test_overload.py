@@ -85,9 +85,11 @@ def test_return_times_are_spread_by_the_refusal_rate() -> None:
 
 @pytest.mark.req("overload-admitted-first")
 def test_refusal_gives_a_retry_after_no_shorter_than_the_pause() -> None:
-    """[overload-admitted-first] A refusal's Retry-After is the booked delay rounded up (at least
-    1 s, at most the ceiling); the pause before its connection is read again never exceeds it.
-    With 1,000 clients refused at once at 1,000/s they are told 1 s; with 5,000, up to 5 s."""
+    """[overload-admitted-first] A refusal's Retry-After is the booked delay or the drain time,
+    whichever is longer, rounded up (at least 1 s, at most the ceiling); the pause before its
+    connection is read again never exceeds it, and waits for a long drain time only up to 1 s
+    (a client retrying after a second is held only as the refusal rate requires). With 1,000
+    clients refused at once at 1,000/s they are told 1 s; with 5,000, up to 5 s."""
     door = FrontDoor(attrs.evolve(POLICY, refusal_rate=1000))
     door.waiting = 63
     door.shedder.service_time = 0.1  # drain: 64 x 0.1 s / 8 slots = 0.8 s
@@ -96,8 +98,11 @@ def test_refusal_gives_a_retry_after_no_shorter_than_the_pause() -> None:
     assert all(pause <= retry for retry, pause in answers)
     assert max(retry for retry, _ in answers[:200]) == 1
     assert answers[-1] == (6, pytest.approx(0.8 + 4.999))
+    door.shedder.service_time = 0.5  # drain: 64 x 0.5 s / 8 = 4 s
+    retry, pause = door.refusal(now=100.0, capacity=8)
+    assert (retry, pause) == (4, pytest.approx(1.0))  # told the drain time, held at most 1 s
     door.waiting = 0
-    assert door.refusal(now=100.0, capacity=0) == (30, 30.0)  # no capacity: the ceiling
+    assert door.refusal(now=200.0, capacity=0) == (30, 1.0)  # no capacity: told the ceiling
 
 
 @pytest.mark.req("overload-cheap-reject")
