@@ -489,10 +489,11 @@ class _PendingSlot:
 class _PeerWatch(trio.abc.Stream):
     """A stream that sets :attr:`ended` once its peer closed it or it broke (reads only).
 
-    On a plain TCP stream, reads and writes are first tried as non-blocking
-    system calls on its socket: a read with data waiting, or a write the socket
-    takes whole, then costs no task switch (trio's stream reschedules the task
-    on every call); only a call that would block goes through the stream.
+    On a plain TCP stream, reads and writes are non-blocking system calls on
+    its socket, waiting with trio's ``wait_readable`` / ``wait_writable`` only
+    when the socket is not ready: a read with data waiting, or a write the
+    socket takes whole, then costs no task switch (trio's stream reschedules
+    the task on every call). TLS goes through the stream.
     """
 
     def __init__(self, stream: trio.abc.Stream) -> None:
@@ -508,13 +509,7 @@ class _PeerWatch(trio.abc.Stream):
         fd = self._fd()
         try:
             if fd >= 0:
-                await trio.lowlevel.checkpoint_if_cancelled()
-                try:
-                    data: bytes | bytearray = os.read(fd, max_bytes or WS_RECEIVE_BYTES)
-                except BlockingIOError:
-                    data = await self.stream.receive_some(max_bytes)
-                except OSError as exc:
-                    raise trio.BrokenResourceError(exc) from exc
+                data: bytes | bytearray = await self._read(fd, max_bytes or WS_RECEIVE_BYTES)
             else:
                 data = await self.stream.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -524,20 +519,38 @@ class _PeerWatch(trio.abc.Stream):
             self.ended.set()
         return data
 
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        fd = self._fd()
-        if fd >= 0:
-            await trio.lowlevel.checkpoint_if_cancelled()
+    async def _read(self, fd: int, size: int) -> bytes:
+        """Read the socket; waits (a checkpoint) only when nothing is there yet."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
             try:
-                sent = os.write(fd, data)
+                return os.read(fd, size)
             except BlockingIOError:
-                sent = 0
+                await trio.lowlevel.wait_readable(fd)
             except OSError as exc:
                 raise trio.BrokenResourceError(exc) from exc
-            if sent == len(data):
-                return
-            data = memoryview(data)[sent:]
-        await self.stream.send_all(data)
+            fd = self._fd()
+            if fd < 0:
+                raise trio.ClosedResourceError("the node's socket was closed")
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        fd = self._fd()
+        if fd < 0:
+            await self.stream.send_all(data)
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+                continue
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(fd)
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            fd = self._fd()
+            if fd < 0:
+                raise trio.ClosedResourceError("the node's socket was closed")
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()
