@@ -23,7 +23,7 @@ import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import final
+from typing import cast, final
 
 import attrs
 import trio
@@ -78,8 +78,12 @@ def websocket_connector(
     *,
     connect_timeout: float = CONNECT_TIMEOUT,
     ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None,
+    local_address: str | None = None,
 ) -> Connector:
     """Return a connector that opens ``url`` (``ws://`` or ``wss://``).
+
+    ``local_address`` binds the connection's source address (e.g. one of the
+    host's several addresses); None lets the kernel choose.
 
     ``wss://`` uses ``ssl_context`` (default: verify against the system's CAs);
     a callable is called at each connection, so renewed certificate files are
@@ -98,7 +102,11 @@ def websocket_connector(
             certificate is not trusted; the cause is the ``ssl.SSLError``).
         trio.TooSlowError: connecting and the handshake took longer than
             ``connect_timeout`` seconds.
-        trio_websocket.HandshakeError: the server refused the WebSocket handshake.
+        trio_websocket.HandshakeError: the server refused the WebSocket handshake,
+            or closed the connection before answering it (an Edge at its cap of
+            pending connections closes new ones at once [reconnect-storm]: the
+            node then backs off and retries instead of waiting out
+            ``connect_timeout``).
     """
     parts = urllib.parse.urlsplit(url)
     secure = parts.scheme == "wss"
@@ -111,9 +119,8 @@ def websocket_connector(
         with trio.fail_after(connect_timeout):
             if secure:
                 context = ssl_context() if callable(ssl_context) else ssl_context
-                tls = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=context or ssl.create_default_context()
-                )
+                tcp = await trio.open_tcp_stream(host, port, local_address=local_address)
+                tls = trio.SSLStream(tcp, context or ssl.create_default_context(), server_hostname=host)
                 stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = tls
                 try:
                     await tls.do_handshake()
@@ -121,16 +128,10 @@ def websocket_connector(
                     await trio.aclose_forcefully(tls)
                     raise
             else:
-                stream = await trio.open_tcp_stream(host, port)
+                stream = await trio.open_tcp_stream(host, port, local_address=local_address)
         try:
             with trio.fail_after(connect_timeout):
-                ws = await wrap_client_stream(
-                    nursery,
-                    stream,
-                    host,
-                    resource,
-                    max_message_size=MAX_MESSAGE_BYTES,
-                )
+                ws = await _handshake(nursery, stream, host, resource)
             try:
                 yield ws
             finally:
@@ -141,6 +142,70 @@ def websocket_connector(
                 await stream.aclose()
 
     return connect
+
+
+@final
+class _EndWatch(trio.abc.Stream):
+    """A stream that sets :attr:`ended` once the peer closed it or it broke."""
+
+    __slots__ = ("ended", "stream")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.ended = trio.Event()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        try:
+            data = await self.stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.ended.set()
+            raise
+        if not data:
+            self.ended.set()
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.ended.set()
+            raise
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        self.ended.set()
+        await self.stream.aclose()
+
+
+async def _handshake(nursery: trio.Nursery, stream: trio.abc.Stream, host: str, resource: str) -> WebSocketConnection:
+    """The client's WebSocket handshake, failing as soon as the Edge closes the connection.
+
+    trio-websocket's client waits for the handshake's answer even after the
+    peer closed the connection; racing it against the stream's end makes a
+    connection closed at accept fail now. Checkpoints.
+
+    Raises:
+        HandshakeError: the server refused the handshake or closed the connection first.
+    """
+    watched = _EndWatch(stream)
+    accepted: list[WebSocketConnection] = []
+
+    async def handshake() -> None:
+        # Documented as wrapping "an arbitrary stream" (the connection takes any
+        # trio.abc.Stream); only the annotation names socket and TLS streams.
+        stream = cast("trio.SocketStream", watched)
+        accepted.append(await wrap_client_stream(nursery, stream, host, resource, max_message_size=MAX_MESSAGE_BYTES))
+        race.cancel_scope.cancel()
+
+    async with trio.open_nursery() as race:
+        race.start_soon(handshake)
+        await watched.ended.wait()
+        race.cancel_scope.cancel()
+    if not accepted:
+        raise HandshakeError("the edge closed the connection before the WebSocket handshake")
+    return accepted[0]
 
 
 @final
