@@ -17,6 +17,7 @@ import trio
 
 from iop_config import ConfigFileError
 
+from . import _collector
 from ._service import EdgeService, load_config_off_loop
 
 logger = logging.getLogger("iop_edge")
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    _collector.tune()
     raise SystemExit(trio.run(start_edge, args.config))
 
 
