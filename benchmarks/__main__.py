@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="overload: two short scenarios; fleet: K = 64 and 512 only; scale, config_scale: 1,000 nodes only "
-        "(for iteration)",
+        help="overload: two short scenarios; fleet: K = 64 and 512 only; scale (wire v1 and v2), config_scale: "
+        "1,000 nodes only (for iteration)",
     )
     args = parser.parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]

@@ -1,18 +1,26 @@
-"""One Edge at fleet size: 1,000 / 5,000 / 10,000 fake nodes (``python -m benchmarks scale``).
+"""One Edge at fleet size: 1,000 / 5,000 / 10,000 fake nodes (``python -m benchmarks.scale``).
 
 Three processes, so the Edge's loop carries only the Edge: the Edge (``iop-edge``
 on a generated ``edge.yaml``), the fake fleet (``python -m benchmarks.scale fleet``:
-every node in one trio process, wire v1, one provider ``p0`` of capacity 4 each,
-heartbeats, answers runs at once) and the load generator
+every node in one trio process, one provider ``p0`` of capacity 4 each,
+heartbeats, answers runs at once, wire v1 or v2) and the load generator
 (:mod:`benchmarks.loadgen`). Model key ``one`` lists node-0's provider only,
 ``all`` lists every node's.
 
-Measured per fleet size: the registration storm (fleet start to every node
-registered), Edge start (spawn to listening), the Edge's RSS, ``/status`` and
-``/metrics`` time and size, requests/s on ``one`` and on ``all`` (32 clients,
-closed loop), the reload stall (the largest gap between two events of a running
-stream while the Edge reloads its config), and restart recovery (share of nodes
-registered again 5 / 15 / 30 s after a restarted Edge listens).
+Each fake node dials the Edge through iop-node's own connector
+(:func:`iop_node.websocket_connector`) with iop-node's reconnect delays, from
+its own loopback address (127.10.x.y: Linux routes all of 127.0.0.0/8 to the
+loopback interface), as the nodes of a real fleet each have their own address.
+The Edge runs with its default node socket limits (256 pending connections,
+8 per address).
+
+Measured per fleet size and wire version: the registration storm (fleet start
+to every node registered), Edge start (spawn to listening), the Edge's RSS,
+``/status`` and ``/metrics`` time and size, requests/s on ``one`` and on ``all``
+(32 clients, closed loop) with the Edge's and the fleet's CPU per request, the
+reload stall (the largest gap between two events of a running stream while
+the Edge reloads its config), and restart recovery (share of nodes registered
+again 5 / 15 / 30 s after a restarted Edge listens).
 
 Every port is chosen by the kernel; every wait is bounded.
 """
@@ -20,11 +28,15 @@ Every port is chosen by the kernel; every wait is bounded.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import itertools
 import json
+import os
 import pathlib
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -32,29 +44,36 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
 import trio_websocket
 
-from iop_node import ReconnectConfig, backoff_delay, first_delay
+from iop_node import ReconnectConfig, backoff_delay, first_delay, websocket_connector
 from iop_wire import (
-    PROTOCOL_VERSION,
     Heartbeat,
     ProtocolError,
     ProviderInfo,
     Register,
     Registered,
     Run,
+    RunData,
     RunEnd,
     RunEvent,
     decode,
     encode,
+    encode_data,
 )
 
-from .e2e import ROOT, BenchmarkFailed, Daemon, LoadGenerator
+from .e2e import ROOT, BenchmarkFailed, Daemon, LoadGenerator, _cpu_seconds
 from .loadgen import HttpConnection
 
+Connector = Callable[[trio.Nursery], AbstractAsyncContextManager[trio_websocket.WebSocketConnection]]
+
+HANDSHAKES = 64
+"""Connections the fleet process opens and registers at once (see :func:`_connection`)."""
 TOKEN = "scale-token"
 CAPACITY = 4
 STREAM_EVENTS = 400
@@ -62,15 +81,19 @@ STREAM_GAP = 0.005
 """A streamed run sends this many events, this many seconds apart."""
 
 
-def edge_yaml(nodes: int, heartbeat_timeout_ms: int = 15000) -> str:
-    """An ``edge.yaml`` for ``nodes`` fake nodes; ports are left to the kernel (``:0``)."""
+def edge_yaml(
+    nodes: int, heartbeat_timeout_ms: int = 15000, node_listen: str = "127.0.0.1:0", extra: tuple[str, ...] = ()
+) -> str:
+    """An ``edge.yaml`` for ``nodes`` fake nodes; ports are left to the kernel (``:0``).
+
+    ``extra``: more top-level lines (e.g. ``node_max_pending: 1024``).
+    """
     lines = [
         "listen: 127.0.0.1:0",
-        "node_listen: 127.0.0.1:0",
+        f"node_listen: {node_listen}",
         f"heartbeat_timeout_ms: {heartbeat_timeout_ms}",
         "provider_pool: {max_queue: 4096, queue_timeout_ms: 30000}",
-        # Every fake node dials from 127.0.0.1; a real fleet has one address per node.
-        "node_max_pending_per_address: 256",
+        *extra,
         "nodes:",
     ]
     for i in range(nodes):
@@ -87,6 +110,11 @@ def edge_yaml(nodes: int, heartbeat_timeout_ms: int = 15000) -> str:
     return "\n".join(lines) + "\n"
 
 
+def source_address(index: int) -> str:
+    """Node ``index``'s own loopback source address: 127.10.x.y, y in 1..250 (65,000 nodes at most)."""
+    return f"127.10.{index // 250}.{index % 250 + 1}"
+
+
 # ------------------------------------------------------------------ the fleet
 
 _COMPLETION = {
@@ -97,6 +125,7 @@ _COMPLETION = {
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
 }
+_COMPLETION_BYTES = json.dumps(_COMPLETION).encode()
 
 
 def _chunk(i: int) -> dict[str, Any]:
@@ -112,14 +141,29 @@ def _chunk(i: int) -> dict[str, Any]:
 class Fleet:
     """Counts of the fake nodes, reported on stdout."""
 
-    def __init__(self) -> None:
+    def __init__(self, wire: int) -> None:
+        self.wire = wire
         self.registered = 0
         self.registrations = 0
         self.attempts = 0
+        self.failures: dict[str, int] = {}
+        self.lag = 0.0
+        """The fleet loop's largest lateness since the last report, seconds."""
+        self.handshakes = trio.Semaphore(HANDSHAKES)
 
 
-async def _answer(ws: trio_websocket.WebSocketConnection, run: Run) -> None:
-    if run.stream:
+async def _answer(ws: trio_websocket.WebSocketConnection, run: Run, wire: int) -> None:
+    """Answer ``run``: v1 as ``run_event`` messages, v2 as data frames (the body's bytes)."""
+    if wire >= 2:
+        if run.stream:
+            for i in range(STREAM_EVENTS):
+                data = b"data: " + json.dumps(_chunk(i)).encode() + b"\n\n"
+                await ws.send_message(encode_data([RunData(run.run_id, i, data)]))
+                await trio.sleep(STREAM_GAP)
+            await ws.send_message(encode_data([RunData(run.run_id, STREAM_EVENTS, b"data: [DONE]\n\n")]))
+        else:
+            await ws.send_message(encode_data([RunData(run.run_id, 0, _COMPLETION_BYTES)]))
+    elif run.stream:
         for i in range(STREAM_EVENTS):
             await ws.send_message(encode(RunEvent(run.run_id, _chunk(i))))
             await trio.sleep(STREAM_GAP)
@@ -128,7 +172,7 @@ async def _answer(ws: trio_websocket.WebSocketConnection, run: Run) -> None:
     await ws.send_message(encode(RunEnd(run.run_id, "ok")))
 
 
-async def _session(ws: trio_websocket.WebSocketConnection, interval: float) -> None:
+async def _session(ws: trio_websocket.WebSocketConnection, interval: float, wire: int) -> None:
     async def heartbeat() -> None:
         seq = 0
         while True:
@@ -141,89 +185,166 @@ async def _session(ws: trio_websocket.WebSocketConnection, interval: float) -> N
         while True:
             message = decode(await ws.get_message())
             if type(message) is Run:
-                nursery.start_soon(_answer, ws, message)
+                nursery.start_soon(_answer, ws, message, wire)
+
+
+_GONE = (
+    OSError,
+    trio.TooSlowError,
+    trio.BrokenResourceError,
+    trio_websocket.HandshakeError,
+    trio_websocket.ConnectionClosed,
+    ProtocolError,
+)
+
+
+async def _connection(fleet: Fleet, index: int, connect: Connector, nursery: trio.Nursery) -> bool:
+    """One connection of node ``index``: register and serve it. Whether it registered.
+
+    At most :data:`HANDSHAKES` connections of the fleet are between dialling and
+    ``registered`` at once. A real node handshakes on its own CPU in a round
+    trip or two; this one process plays every node on a share of one core, and
+    thousands of handshakes advancing together all became slower than the
+    Edge's registration deadline (5 s), which then closed every one of them:
+    the benchmark measured the fake fleet. Nodes waiting here have not dialled.
+    """
+    async with fleet.handshakes:
+        stack = contextlib.AsyncExitStack()
+        ws = await stack.enter_async_context(connect(nursery))
+        try:
+            provider = ProviderInfo("p0", "mock", CAPACITY)
+            await ws.send_message(encode(Register(f"node-{index}", TOKEN, fleet.wire, (provider,))))
+            reply = decode(await ws.get_message())
+        except BaseException:
+            await stack.aclose()
+            raise
+    async with stack:
+        if type(reply) is not Registered:
+            fleet.failures["rejected"] = fleet.failures.get("rejected", 0) + 1
+            return False
+        fleet.registered += 1
+        fleet.registrations += 1
+        try:
+            await _session(ws, reply.heartbeat_interval_ms / 1000, fleet.wire)
+        finally:
+            fleet.registered -= 1
+    return True
 
 
 async def fake_node(fleet: Fleet, index: int, port: int, rng: random.Random) -> None:
     """One node: connect, register, heartbeat, answer runs; reconnect like iop-node does.
 
     The delays are iop-node's own (:func:`iop_node.first_delay`, :func:`iop_node.backoff_delay`,
-    default :class:`iop_node.ReconnectConfig`).
+    default :class:`iop_node.ReconnectConfig`), so is the connector.
     """
+    connect = websocket_connector(f"ws://127.0.0.1:{port}/", local_address=source_address(index))
     policy = ReconnectConfig()
     delay = first_delay(policy, rng)
     attempt = 0
+    async with trio.open_nursery() as nursery:
+        while True:
+            await trio.sleep(delay)
+            fleet.attempts += 1
+            before = fleet.registrations
+            try:
+                await _connection(fleet, index, connect, nursery)
+            except _GONE as exc:
+                kind = type(exc).__name__
+                fleet.failures[kind] = fleet.failures.get(kind, 0) + 1
+            except BaseExceptionGroup as group:
+                _, rest = group.split(_GONE)
+                if rest is not None:
+                    raise rest from None
+            if fleet.registrations > before:
+                attempt, delay = 0, first_delay(policy, rng)
+            else:
+                delay = backoff_delay(attempt, policy, rng)
+                attempt += 1
+
+
+async def _watch_lag(fleet: Fleet) -> None:
+    """Record how late a 10 ms sleep wakes up: the fleet loop's own delay."""
     while True:
-        await trio.sleep(delay)
-        fleet.attempts += 1
-        registered = False
-        try:
-            async with trio_websocket.open_websocket(
-                "127.0.0.1", port, "/", use_ssl=False, connect_timeout=10, disconnect_timeout=1
-            ) as ws:
-                provider = ProviderInfo("p0", "mock", CAPACITY)
-                await ws.send_message(encode(Register(f"node-{index}", TOKEN, PROTOCOL_VERSION, (provider,))))
-                reply = decode(await ws.get_message())
-                if type(reply) is Registered:
-                    registered = True
-                    fleet.registered += 1
-                    fleet.registrations += 1
-                    try:
-                        await _session(ws, reply.heartbeat_interval_ms / 1000)
-                    finally:
-                        fleet.registered -= 1
-        except _GONE:
-            pass
-        except BaseExceptionGroup as group:
-            _, rest = group.split(_GONE)
-            if rest is not None:
-                raise rest from None
-        if registered:
-            attempt, delay = 0, first_delay(policy, rng)
+        start = trio.current_time()
+        await trio.sleep(0.01)
+        fleet.lag = max(fleet.lag, trio.current_time() - start - 0.01)
+
+
+class GcClock:
+    """Seconds spent in full (generation 2) garbage collections, through ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.longest = 0.0
+        self.count = 0
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
         else:
-            delay = backoff_delay(attempt, policy, rng)
-            attempt += 1
+            took = time.perf_counter() - self._start
+            self.seconds += took
+            self.longest = max(self.longest, took)
+            self.count += 1
 
 
-_GONE = (OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed, ProtocolError)
+async def _freeze_survivors() -> None:
+    """``gc.freeze()`` every second: full collections then scan only what is newer.
+
+    Without it, each full collection of the fleet's growing heap (every node's
+    connection, tasks, parsers: millions of objects at 10,000 nodes) held its
+    loop for 1-2 s during the storm, long enough for the Edge to close
+    connections whose handshake had not arrived. Freezing is O(1); cyclic
+    garbage older than a young collection is kept (bounded by the run).
+    """
+    while True:
+        await trio.sleep(1.0)
+        gc.collect(1)
+        gc.freeze()
 
 
-async def run_fleet(port: int, nodes: int, spread: float, seed: int = 1) -> None:
-    """Run ``nodes`` fake nodes; print ``{"t", "registered", ...}`` every 0.1 s. Runs until killed."""
-    fleet = Fleet()
+async def run_fleet(port: int, nodes: int, wire: int, seed: int = 1) -> None:
+    """Run ``nodes`` fake nodes; print one JSON line of counts every 0.1 s. Runs until killed."""
+    fleet = Fleet(wire)
+    gc_clock = GcClock()
     rng = random.Random(seed)
 
     async def report() -> None:
         while True:
-            print(
-                json.dumps(
-                    {
-                        "t": time.time(),
-                        "registered": fleet.registered,
-                        "registrations": fleet.registrations,
-                        "attempts": fleet.attempts,
-                    }
-                ),
-                flush=True,
-            )
+            line = {
+                "t": time.time(),
+                "registered": fleet.registered,
+                "registrations": fleet.registrations,
+                "attempts": fleet.attempts,
+                "failures": fleet.failures,
+                "lag_ms": round(fleet.lag * 1000, 1),
+                "gc2": [gc_clock.count, round(gc_clock.seconds, 3), round(gc_clock.longest, 3)],
+            }
+            fleet.lag = 0.0
+            print(json.dumps(line), flush=True)
             await trio.sleep(0.1)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(report)
+        nursery.start_soon(_watch_lag, fleet)
+        nursery.start_soon(_freeze_survivors)
         for i in range(nodes):
             nursery.start_soon(fake_node, fleet, i, port, random.Random(rng.random()))
-            if spread and i % 100 == 99:
-                await trio.sleep(spread * 100 / nodes)
 
 
 # ------------------------------------------------------------- the measurement
 
 SIZES = (1_000, 5_000, 10_000)
+WIRES = (1, 2)
 CONCURRENCY = 32
 DURATION = 3.0
-WARMUP = 0.5
-STORM_TIMEOUT = 120.0
+STORM_TIMEOUT = 60.0
 START_TIMEOUT = 120.0
+STOP_TIMEOUT = 30.0
 RECOVERY_MARKS = (5.0, 15.0, 30.0)
 CHAT_PATH = "/v1/chat/completions"
 
@@ -233,24 +354,50 @@ def _chat(model: str, stream: bool = False) -> dict[str, Any]:
 
 
 class FleetProcess:
-    """The fake fleet as its own process; ``registered`` follows its reports."""
+    """The fake fleet as its own process; :attr:`last` is its latest report, :attr:`history` every one."""
 
-    def __init__(self, port: int, nodes: int, workdir: pathlib.Path) -> None:
-        self.registered = 0
+    def __init__(self, port: int, nodes: int, wire: int, workdir: pathlib.Path) -> None:
+        self.last: dict[str, Any] = {"registered": 0, "lag_ms": 0.0}
+        self.history: list[tuple[float, int, float]] = []
+        """``(monotonic time, registered, lag_ms)`` per report."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.scale", "fleet", "--port", str(port), "--nodes", str(nodes)],
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.scale",
+                "fleet",
+                "--port",
+                str(port),
+                "--nodes",
+                str(nodes),
+                "--wire",
+                str(wire),
+            ],
             stdout=subprocess.PIPE,
             stderr=(workdir / "fleet.log").open("wb"),
             cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])},
             text=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
+    @property
+    def registered(self) -> int:
+        return int(self.last["registered"])
+
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.registered = json.loads(line)["registered"]
+            self.last = json.loads(line)
+            self.history.append((time.perf_counter(), self.last["registered"], self.last["lag_ms"]))
+
+    def max_lag_ms(self, since: float) -> float:
+        """The fleet loop's largest lateness reported since ``since`` (``time.perf_counter``)."""
+        return max((lag for t, _, lag in self.history if t >= since), default=0.0)
+
+    def cpu_seconds(self) -> float:
+        return _cpu_seconds(self.proc.pid)
 
     async def wait_for(self, count: int, within: float) -> float | None:
         """Seconds until ``registered >= count`` (None: not ``within`` seconds). Checkpoints."""
@@ -271,7 +418,9 @@ class FleetProcess:
 async def _start_edge(workdir: pathlib.Path, name: str) -> tuple[Daemon, float, int, int]:
     """Spawn ``iop-edge``; return it, the seconds until it listens, and its HTTP and node ports."""
     start = time.perf_counter()
-    edge = Daemon(name, [sys.executable, "-m", "iop_edge", "--config", str(workdir / "edge.yaml")], workdir)
+    argv = [sys.executable, "-m", "benchmarks.scale", "edge", "--config", str(workdir / "edge.yaml")]
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    edge = Daemon(name, argv, workdir, env=env)
     pattern = re.compile(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
     with trio.move_on_after(START_TIMEOUT):
         while True:
@@ -307,27 +456,36 @@ async def _timed_get(port: int, path: str, runs: int = 3) -> tuple[float, bytes]
     return statistics.median(times), last
 
 
+def _pending_closed(metrics: bytes) -> dict[str, float]:
+    """``iop_node_pending_closed_total`` by reason, from a ``/metrics`` body."""
+    out = {}
+    for match in re.finditer(rb'^iop_node_pending_closed_total\{reason="([a-z_]+)"\} ([0-9.e+]+)$', metrics, re.M):
+        out[match[1].decode()] = float(match[2])
+    return out
+
+
 async def _reload_stall(edge: Daemon, port: int) -> dict[str, float]:
     """The largest gap between two events of a running stream while the Edge reloads (SIGHUP)."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     arrivals: list[float] = []
     body = json.dumps(_chat("one", stream=True)).encode()
-    async with stream:
-        await stream.send_all(HttpConnection.build("POST", CHAT_PATH, body))
-        reloads = edge.log.read_text(errors="replace").count("config reloaded")
-        signalled = 0.0
-        while True:
-            data = await stream.receive_some(65536)
-            if not data:
-                break
-            arrivals.extend([time.perf_counter()] * data.count(b"data: "))
-            if not signalled and len(arrivals) > 50:
-                edge.signal(signal.SIGHUP)
-                signalled = time.perf_counter()
-            if b"[DONE]" in data or b"0\r\n\r\n" in data:
-                break
+    signalled = 0.0
+    with trio.move_on_after(60):
+        async with stream:
+            await stream.send_all(HttpConnection.build("POST", CHAT_PATH, body))
+            reloads = edge.log.read_text(errors="replace").count("config reloaded")
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
+                arrivals.extend([time.perf_counter()] * data.count(b"data: "))
+                if not signalled and len(arrivals) > 50:
+                    edge.signal(signal.SIGHUP)
+                    signalled = time.perf_counter()
+                if b"[DONE]" in data or b"0\r\n\r\n" in data:
+                    break
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    during = [b - a for a, b in itertools.pairwise(arrivals) if b >= signalled]
+    during = [b - a for a, b in itertools.pairwise(arrivals) if signalled and b >= signalled]
     applied = edge.log.read_text(errors="replace").count("config reloaded") > reloads
     return {
         "max_gap_ms": max(during, default=0.0) * 1000,
@@ -337,28 +495,99 @@ async def _reload_stall(edge: Daemon, port: int) -> dict[str, float]:
     }
 
 
-async def _measure_size(nodes: int, workdir: pathlib.Path, loadgen: LoadGenerator) -> dict[str, Any]:
-    (workdir / "edge.yaml").write_text(edge_yaml(nodes))
-    edge, start_s, http_port, node_port = await _start_edge(workdir, f"edge-{nodes}")
-    fleet = FleetProcess(node_port, nodes, workdir)
+class Profiler:
+    """``py-spy record`` on a process for a while, when a py-spy binary was given (else nothing)."""
+
+    def __init__(self, py_spy: str | None, out: pathlib.Path) -> None:
+        self.py_spy = py_spy
+        self.out = out
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, pid: int, name: str, seconds: float) -> None:
+        if self.py_spy is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        argv = [self.py_spy, "record", "--pid", str(pid), "--duration", str(round(seconds)), "--rate", "200"]
+        argv += ["--format", "raw", "--output", str(self.out / f"{name}.txt"), "--nonblocking"]
+        self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def wait(self) -> None:
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+async def _load(
+    edge: Daemon, fleet: FleetProcess, loadgen: LoadGenerator, port: int, model: str, profiler: Profiler, tag: str
+) -> dict[str, Any]:
+    """Requests/s on ``model``, the Edge's and the fleet's CPU per request, the fleet's loop lag."""
+    profiler.start(edge.proc.pid, f"{tag}-{model}-edge", DURATION + 0.5)
+    profiler.start(fleet.proc.pid, f"{tag}-{model}-fleet", DURATION + 0.5)
+    edge_cpu, fleet_cpu, t0 = edge.cpu_seconds(), fleet.cpu_seconds(), time.perf_counter()
+    gc_before = edge_gc(edge)
+    result = await loadgen.measure(
+        port=port, path=CHAT_PATH, body=_chat(model), concurrency=CONCURRENCY, duration=DURATION
+    )
+    wall = time.perf_counter() - t0
+    requests = max(1, result["requests"])
+    profiler.wait()
+    await trio.sleep(0.6)  # the Edge's next GC report
+    gc_after = edge_gc(edge)
+    return {
+        "edge_gc2": gc_after[0] - gc_before[0],
+        "edge_gc2_s": gc_after[1] - gc_before[1],
+        "rps": result["rps"],
+        "errors": result["errors"],
+        "p50_ms": result.get("p50_ms"),
+        "edge_cpu_us_per_request": (edge.cpu_seconds() - edge_cpu) / requests * 1e6,
+        "edge_cpu_share": (edge.cpu_seconds() - edge_cpu) / wall,
+        "fleet_cpu_share": (fleet.cpu_seconds() - fleet_cpu) / wall,
+        "fleet_max_lag_ms": fleet.max_lag_ms(t0),
+    }
+
+
+async def _steady(edge: Daemon, fleet: FleetProcess, seconds: float) -> dict[str, float]:
+    """The Edge's and the fleet's CPU share over ``seconds`` with no client traffic (heartbeats)."""
+    edge_cpu, fleet_cpu, t0 = edge.cpu_seconds(), fleet.cpu_seconds(), time.perf_counter()
+    await trio.sleep(seconds)
+    wall = time.perf_counter() - t0
+    return {
+        "edge_idle_cpu_share": (edge.cpu_seconds() - edge_cpu) / wall,
+        "fleet_idle_cpu_share": (fleet.cpu_seconds() - fleet_cpu) / wall,
+    }
+
+
+async def _measure_size(
+    nodes: int, wire: int, workdir: pathlib.Path, loadgen: LoadGenerator, profiler: Profiler, extra: tuple[str, ...]
+) -> dict[str, Any]:
+    (workdir / "edge.yaml").write_text(edge_yaml(nodes, extra=extra))
+    edge, start_s, http_port, node_port = await _start_edge(workdir, f"edge-{nodes}-v{wire}")
+    fleet = FleetProcess(node_port, nodes, wire, workdir)
+    edge_cpu = edge.cpu_seconds()
     try:
         storm = await fleet.wait_for(nodes, STORM_TIMEOUT)
-        row: dict[str, Any] = {"nodes": nodes, "edge_start_s": start_s, "storm_s": storm}
+        row: dict[str, Any] = {"nodes": nodes, "wire": wire, "edge_start_s": start_s, "storm_s": storm}
+        row["storm_registered"] = fleet.registered
+        row["storm_edge_cpu_s"] = edge.cpu_seconds() - edge_cpu
+        row["storm_edge_gc2"] = edge_gc(edge)
+        row["storm_fleet_failures"] = fleet.last.get("failures", {})
         row["rss_mb"] = _rss_mb(edge.proc.pid)
+        row.update(await _steady(edge, fleet, 3.0))
         row["status_ms"], body = await _timed_get(http_port, "/status")
         row["status_bytes"] = len(body)
         row["status_node_ms"], _ = await _timed_get(http_port, "/status?node=node-0")
         row["metrics_ms"], body = await _timed_get(http_port, "/metrics")
         row["metrics_bytes"] = len(body)
         row["metrics_series"] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        row["storm_pending_closed"] = _pending_closed(body)
         for model in ("one", "all"):
-            result = await loadgen.measure(
-                port=http_port, path=CHAT_PATH, body=_chat(model), concurrency=CONCURRENCY, duration=DURATION
-            )
-            row[f"rps_{model}"] = result["rps"]
-            row[f"errors_{model}"] = result["errors"]
+            row[model] = await _load(edge, fleet, loadgen, http_port, model, profiler, f"{nodes}-v{wire}")
         row["reload"] = await _reload_stall(edge, http_port)
-        row["recovery"] = await _restart(edge, fleet, workdir, nodes, node_port)
+        row["recovery"] = await _restart(edge, fleet, workdir, nodes, node_port, wire, extra)
     finally:
         fleet.stop()
         edge.stop()
@@ -366,44 +595,87 @@ async def _measure_size(nodes: int, workdir: pathlib.Path, loadgen: LoadGenerato
 
 
 async def _restart(
-    edge: Daemon, fleet: FleetProcess, workdir: pathlib.Path, nodes: int, node_port: int
+    edge: Daemon,
+    fleet: FleetProcess,
+    workdir: pathlib.Path,
+    nodes: int,
+    node_port: int,
+    wire: int,
+    extra: tuple[str, ...],
 ) -> dict[str, Any]:
     """SIGTERM the Edge, start it again; share of nodes registered 5 / 15 / 30 s after it listens.
 
     The nodes keep dialling the port they know, so the new Edge binds the node port
-    the kernel gave the first one (free again once it exited).
+    the kernel gave the first one (free again once it exited). Stops early once
+    every node is back.
     """
-    edge.stop(timeout=30)
-    (workdir / "edge.yaml").write_text(
-        edge_yaml(nodes).replace("node_listen: 127.0.0.1:0", f"node_listen: 127.0.0.1:{node_port}")
-    )
-    new, start_s, _, _ = await _start_edge(workdir, f"edge-{nodes}-restarted")
+    edge.stop(timeout=STOP_TIMEOUT)
+    (workdir / "edge.yaml").write_text(edge_yaml(nodes, node_listen=f"127.0.0.1:{node_port}", extra=extra))
+    new, start_s, _, _ = await _start_edge(workdir, f"edge-{nodes}-v{wire}-restarted")
     out: dict[str, Any] = {"edge_start_s": start_s}
-    t0 = time.perf_counter()
-    for mark in RECOVERY_MARKS:
-        await trio.sleep(max(0.0, t0 + mark - time.perf_counter()))
-        out[f"share_{mark:g}s"] = fleet.registered / nodes
-    new.stop()
+    try:
+        t0 = time.perf_counter()
+        all_back = await fleet.wait_for(nodes, RECOVERY_MARKS[-1])
+        out["all_back_s"] = all_back
+        for mark in RECOVERY_MARKS:
+            counts = [n for t, n, _ in fleet.history if t <= t0 + mark]
+            out[f"share_{mark:g}s"] = (counts[-1] if counts else 0) / nodes
+            if all_back is not None and all_back <= mark:
+                out[f"share_{mark:g}s"] = 1.0
+        out["pending_closed"] = _pending_closed((await _timed_get(_http_port(new), "/metrics", runs=1))[1])
+    finally:
+        new.stop()
     return out
 
 
-async def _main(sizes: tuple[int, ...], workdir: pathlib.Path) -> dict[str, Any]:
+def _http_port(edge: Daemon) -> int:
+    match = re.search(r"listening: http://[^:]+:(\d+)", edge.log.read_text(errors="replace"))
+    assert match is not None
+    return int(match[1])
+
+
+async def _main(
+    sizes: tuple[int, ...], wires: tuple[int, ...], workdir: pathlib.Path, profiler: Profiler, extra: tuple[str, ...]
+) -> dict[str, Any]:
     loadgen = LoadGenerator()
+    load_before = os.getloadavg()
     try:
         rows = []
         for nodes in sizes:
-            print(f"   {nodes} nodes ...", file=sys.stderr, flush=True)
-            rows.append(await _measure_size(nodes, workdir, loadgen))
+            for wire in wires:
+                print(f"   {nodes} nodes, wire v{wire} ...", file=sys.stderr, flush=True)
+                rows.append(await _measure_size(nodes, wire, workdir, loadgen, profiler, extra))
+                print(table({"rows": rows[-1:]}).splitlines()[-1], file=sys.stderr, flush=True)
     finally:
         loadgen.stop()
-    return {"rows": rows, "concurrency": CONCURRENCY, "duration_s": DURATION}
+    return {
+        "rows": rows,
+        "concurrency": CONCURRENCY,
+        "duration_s": DURATION,
+        "edge_config": list(extra),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
 
 
-def run(runs: int = 1, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
-    """Measure every fleet size once (``runs`` is ignored: one pass takes minutes)."""
+def run(
+    runs: int = 1,
+    sizes: tuple[int, ...] = SIZES,
+    wires: tuple[int, ...] = WIRES,
+    py_spy: str | None = None,
+    profile_dir: pathlib.Path | None = None,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Measure every fleet size and wire version once (``runs`` is ignored: one pass takes minutes).
+
+    ``py_spy``: a py-spy binary; the Edge and the fleet are then profiled under
+    each load (raw folded stacks in ``profile_dir``). ``extra``: more
+    top-level ``edge.yaml`` lines.
+    """
     del runs
     with tempfile.TemporaryDirectory(prefix="iop-scale-") as tmp:
-        return trio.run(_main, sizes, pathlib.Path(tmp))
+        profiler = Profiler(py_spy, profile_dir or pathlib.Path(tmp) / "profiles")
+        return trio.run(_main, sizes, wires, pathlib.Path(tmp), profiler, extra)
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
@@ -411,39 +683,130 @@ def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """Format :func:`run`'s result as a Markdown table."""
+    """Format :func:`run`'s result as Markdown tables (the issue's figures, then the CPU behind them)."""
     lines = [
-        "| nodes | registration storm | Edge start | RSS | `/status` | `/metrics` | requests/s, 1 / all candidates "
-        "| reload: largest stream gap | after a restart: registered at 5 / 15 / 30 s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| nodes | wire | registration storm | Edge start | RSS | `/status` (all / `?node=`) | `/metrics` "
+        "| requests/s, 1 / all candidates | reload: largest stream gap (before) "
+        "| after a restart: registered at 5 / 15 / 30 s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         rec = r["recovery"]
         shares = " / ".join(f"{rec[f'share_{m:g}s']:.1%}" for m in RECOVERY_MARKS)
-        lines.append(
-            f"| {r['nodes']:,} | {_fmt(r['storm_s'], ' s')} | {_fmt(r['edge_start_s'], ' s')} "
-            f"| {r['rss_mb']:.0f} MB | {r['status_ms']:.0f} ms, {r['status_bytes'] / 1e6:.2f} MB "
-            f"| {r['metrics_ms']:.0f} ms, {r['metrics_bytes'] / 1e6:.2f} MB "
-            f"| {r['rps_one']:,.0f} / {r['rps_all']:,.0f} | {r['reload']['max_gap_ms']:.0f} ms "
-            f"| {shares} (Edge start {rec['edge_start_s']:.1f} s) |"
+        storm = (
+            _fmt(r["storm_s"], " s")
+            if r["storm_s"] is not None
+            else f"{r['storm_registered']:,} in {STORM_TIMEOUT:.0f} s"
         )
+        lines.append(
+            f"| {r['nodes']:,} | v{r['wire']} | {storm} | {_fmt(r['edge_start_s'], ' s')} "
+            f"| {r['rss_mb']:.0f} MB | {r['status_ms']:.0f} ms, {r['status_bytes'] / 1e6:.2f} MB / {r['status_node_ms']:.0f} ms "
+            f"| {r['metrics_ms']:.0f} ms, {r['metrics_bytes'] / 1e6:.2f} MB, {r['metrics_series']:,} series "
+            f"| {r['one']['rps']:,.0f} / {r['all']['rps']:,.0f} "
+            f"| {r['reload']['max_gap_ms']:.0f} ms ({r['reload']['max_gap_before_ms']:.0f} ms) "
+            f"| {shares} (all: {_fmt(rec['all_back_s'], ' s')}; Edge start {rec['edge_start_s']:.1f} s) |"
+        )
+    lines += [
+        "",
+        "| nodes | wire | Edge CPU per registration (storm) | refused at accept (storm / restart) "
+        "| CPU share with no requests (heartbeats): Edge / fleet "
+        "| Edge CPU per request, 1 / all | Edge CPU share, 1 / all | fleet CPU share, 1 / all | fleet loop lag, 1 / all "
+        "| Edge full GCs: storm (longest) / under load 1 + all |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        one, every = r["one"], r["all"]
+        gc_count, gc_s, gc_long = r["storm_edge_gc2"]
+        refused = sum(r["storm_pending_closed"].get(k, 0) for k in ("max_pending", "max_pending_per_source"))
+        refused_restart = sum(
+            r["recovery"]["pending_closed"].get(k, 0) for k in ("max_pending", "max_pending_per_source")
+        )
+        lines.append(
+            f"| {r['nodes']:,} | v{r['wire']} | {r['storm_edge_cpu_s'] / max(1, r['storm_registered']) * 1e6:,.0f} µs "
+            f"| {refused:,.0f} / {refused_restart:,.0f} "
+            f"| {r['edge_idle_cpu_share']:.0%} / {r['fleet_idle_cpu_share']:.0%} "
+            f"| {one['edge_cpu_us_per_request']:,.0f} / {every['edge_cpu_us_per_request']:,.0f} µs "
+            f"| {one['edge_cpu_share']:.0%} / {every['edge_cpu_share']:.0%} "
+            f"| {one['fleet_cpu_share']:.0%} / {every['fleet_cpu_share']:.0%} "
+            f"| {one['fleet_max_lag_ms']:.0f} / {every['fleet_max_lag_ms']:.0f} ms "
+            f"| {gc_count} in {gc_s:.2f} s ({gc_long * 1000:.0f} ms) / "
+            f"{one['edge_gc2'] + every['edge_gc2']} in {one['edge_gc2_s'] + every['edge_gc2_s']:.2f} s |"
+        )
+    if result.get("edge_config"):
+        lines += ["", "edge.yaml also set: " + ", ".join(f"`{line}`" for line in result["edge_config"])]
+    if "loadavg_before" in result:
+        before, after = result["loadavg_before"], result["loadavg_after"]
+        lines += ["", f"load average before {before[0]:.1f}, after {after[0]:.1f} (1 min)"]
     return "\n".join(lines)
+
+
+_GC_LINE = re.compile(r"^bench-gc2: (\d+) ([0-9.]+) ([0-9.]+)$", re.M)
+
+
+def edge_gc(edge: Daemon) -> tuple[int, float, float]:
+    """The Edge's full collections so far: count, seconds, longest (from its log)."""
+    found = _GC_LINE.findall(edge.log.read_text(errors="replace"))
+    if not found:
+        return 0, 0.0, 0.0
+    count, seconds, longest = found[-1]
+    return int(count), float(seconds), float(longest)
+
+
+def _main_edge(argv: list[str]) -> None:
+    """``iop-edge`` with its full garbage collections timed, written to stderr every 0.5 s."""
+    from iop_edge.__main__ import main as edge_main
+
+    clock = GcClock()
+
+    def report() -> None:
+        while True:
+            time.sleep(0.5)
+            print(f"bench-gc2: {clock.count} {clock.seconds:.4f} {clock.longest:.4f}", file=sys.stderr, flush=True)
+
+    threading.Thread(target=report, daemon=True).start()
+    edge_main(argv)
 
 
 def _main_fleet(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale fleet")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--nodes", type=int, required=True)
-    parser.add_argument("--spread", type=float, default=0.0, help="seconds over which nodes start")
+    parser.add_argument("--wire", type=int, choices=WIRES, default=2)
     args = parser.parse_args(argv)
-    trio.run(run_fleet, args.port, args.nodes, args.spread)
+    trio.run(run_fleet, args.port, args.nodes, args.wire)
+
+
+def main(argv: list[str]) -> None:
+    """``python -m benchmarks.scale [--quick] [--wire 1|2 ...] [--py-spy BIN] [SIZE ...]``."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sizes", nargs="*", type=int, help=f"fleet sizes (default {', '.join(map(str, SIZES))})")
+    parser.add_argument("--quick", action="store_true", help="1,000 nodes only (for iteration)")
+    parser.add_argument("--wire", type=int, choices=WIRES, action="append", help="wire version(s) (default: 1 and 2)")
+    parser.add_argument("--edge-config", action="append", default=[], help="one more edge.yaml line (repeatable)")
+    parser.add_argument("--py-spy", help="a py-spy binary: profile the Edge and the fleet under each load")
+    parser.add_argument("--profile-dir", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "scale-profiles")
+    args = parser.parse_args(argv)
+    sizes = tuple(args.sizes) or ((1_000,) if args.quick else SIZES)
+    py_spy = shutil.which(args.py_spy) if args.py_spy else None
+    print(
+        table(
+            run(
+                sizes=sizes,
+                wires=tuple(args.wire or WIRES),
+                py_spy=py_spy,
+                profile_dir=args.profile_dir,
+                extra=tuple(args.edge_config),
+            )
+        )
+    )
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["fleet"]:
         _main_fleet(sys.argv[2:])
+    elif sys.argv[1:2] == ["edge"]:
+        _main_edge(sys.argv[2:])
     elif sys.argv[1:2] == ["config"]:
         sys.stdout.write(edge_yaml(int(sys.argv[2])))
     else:
-        sizes = tuple(int(n) for n in sys.argv[1:]) or SIZES
-        print(table(run(sizes=sizes)))
+        main(sys.argv[1:])
