@@ -342,7 +342,7 @@ SIZES = (1_000, 5_000, 10_000)
 WIRES = (1, 2)
 CONCURRENCY = 32
 DURATION = 3.0
-STORM_TIMEOUT = 60.0
+STORM_TIMEOUT = 120.0
 START_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0
 RECOVERY_MARKS = (5.0, 15.0, 30.0)
@@ -615,8 +615,14 @@ async def _restart(
     out: dict[str, Any] = {"edge_start_s": start_s}
     try:
         t0 = time.perf_counter()
-        all_back = await fleet.wait_for(nodes, RECOVERY_MARKS[-1])
+        async with trio.open_nursery() as nursery:
+            probes: list[float] = []
+            nursery.start_soon(_probe_healthz, _http_port(new), probes)
+            all_back = await fleet.wait_for(nodes, RECOVERY_MARKS[-1])
+            nursery.cancel_scope.cancel()
         out["all_back_s"] = all_back
+        out["healthz_max_ms"] = max(probes, default=0.0) * 1000
+        out["healthz_p50_ms"] = statistics.median(probes) * 1000 if probes else 0.0
         for mark in RECOVERY_MARKS:
             counts = [n for t, n, _ in fleet.history if t <= t0 + mark]
             out[f"share_{mark:g}s"] = (counts[-1] if counts else 0) / nodes
@@ -626,6 +632,21 @@ async def _restart(
     finally:
         new.stop()
     return out
+
+
+async def _probe_healthz(port: int, probes: list[float]) -> None:
+    """``GET /healthz`` every 50 ms on one connection, each answer's seconds in ``probes`` (client
+    traffic while the fleet reconnects). Checkpoints; runs until cancelled."""
+    connection = HttpConnection("127.0.0.1", port)
+    try:
+        while True:
+            t0 = time.perf_counter()
+            await connection.request(HttpConnection.build("GET", "/healthz"))
+            probes.append(time.perf_counter() - t0)
+            await trio.sleep(0.05)
+    finally:
+        with trio.CancelScope(shield=True):
+            await connection.aclose()
 
 
 def _http_port(edge: Daemon) -> int:
@@ -688,7 +709,7 @@ def table(result: dict[str, Any]) -> str:
         "| nodes | wire | registration storm | Edge start | RSS | `/status` (all / `?node=`) | `/metrics` "
         "| requests/s, 1 / all candidates | reload: largest stream gap (before) "
         "| after a restart: registered at 5 / 15 / 30 s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         rec = r["recovery"]
@@ -709,10 +730,10 @@ def table(result: dict[str, Any]) -> str:
     lines += [
         "",
         "| nodes | wire | Edge CPU per registration (storm) | refused at accept (storm / restart) "
-        "| CPU share with no requests (heartbeats): Edge / fleet "
+        "| CPU share with no requests (heartbeats): Edge / fleet | `/healthz` during the restart storm: p50 / max "
         "| Edge CPU per request, 1 / all | Edge CPU share, 1 / all | fleet CPU share, 1 / all | fleet loop lag, 1 / all "
         "| Edge full GCs: storm (longest) / under load 1 + all |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         one, every = r["one"], r["all"]
@@ -725,6 +746,7 @@ def table(result: dict[str, Any]) -> str:
             f"| {r['nodes']:,} | v{r['wire']} | {r['storm_edge_cpu_s'] / max(1, r['storm_registered']) * 1e6:,.0f} µs "
             f"| {refused:,.0f} / {refused_restart:,.0f} "
             f"| {r['edge_idle_cpu_share']:.0%} / {r['fleet_idle_cpu_share']:.0%} "
+            f"| {r['recovery']['healthz_p50_ms']:.1f} / {r['recovery']['healthz_max_ms']:.0f} ms "
             f"| {one['edge_cpu_us_per_request']:,.0f} / {every['edge_cpu_us_per_request']:,.0f} µs "
             f"| {one['edge_cpu_share']:.0%} / {every['edge_cpu_share']:.0%} "
             f"| {one['fleet_cpu_share']:.0%} / {every['fleet_cpu_share']:.0%} "
