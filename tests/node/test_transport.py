@@ -6,6 +6,7 @@ server (h11 on the server side) when a test needs the server to misbehave on cue
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Callable
 from contextlib import aclosing
@@ -358,3 +359,43 @@ async def test_pump_read_timeout_counts_only_upstream_silence(
         assert (transport.open_connections, transport.waiting) == (0, 0)
         nursery.cancel_scope.cancel()
     server_sock.close()
+
+
+@pytest.mark.req("runtime-concurrency")
+async def test_pump_cancelled_mid_body_returns_the_slot_once(backend: Backend) -> None:
+    """[runtime-concurrency] A run cancelled while Answer.pump waits for the next token (the
+    Edge's cancel) closes its connection at once (the backend sees the client go) and returns
+    its pool slot exactly once: with capacity 1 the next request gets the slot and the one
+    after it times out waiting (a slot returned twice would let both in)."""
+    backend.backend.tokens_per_second = 5.0
+    transport = H11Transport(1)
+    url = httpx.URL(f"http://127.0.0.1:{backend.port}/v1/chat/completions")
+    body = json.dumps(STREAM).encode()
+    headers = [(b"host", url.netloc), (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    timeouts = {"read": 5.0, "pool": 0.05}
+    first = trio.Event()
+
+    async def send(chunk: bytes) -> None:
+        first.set()
+        await trio.lowlevel.checkpoint()
+
+    async def run() -> None:  # as HttpUpstream.post_for_body: the pump and the block's exit both give back
+        answer = await transport.request(b"POST", url, headers, body, timeouts)
+        try:
+            await answer.pump(send)
+        finally:
+            answer.close()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as runs:
+            runs.start_soon(run)
+            await first.wait()
+            runs.cancel_scope.cancel()
+        assert (transport.open_connections, transport.waiting) == (0, 0)
+        await backend.wait_idle()
+        backend.backend.tokens_per_second = 0.0
+        second = await transport.request(b"POST", url, headers, body, timeouts)
+        with pytest.raises(httpx.PoolTimeout):
+            await transport.request(b"POST", url, headers, body, timeouts)
+        second.close()
+    assert transport.opened == 2
