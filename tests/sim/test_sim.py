@@ -57,8 +57,18 @@ def test_a_seed_replays_the_same_trace(seed: int) -> None:
     """Two runs of one seed give an identical trace hash (faults, refreshes, every outcome)."""
     first, second = run_seed(seed), run_seed(seed)
     assert first.trace and first.fired
-    assert first.trace_hash == second.trace_hash
+    assert first.trace_hash == second.trace_hash, _first_difference(first.trace, second.trace)
     assert first.outcomes == second.outcomes
+
+
+def _first_difference(first: list[str], second: list[str]) -> str:
+    """Where two traces part, with a few lines of context: a failure carries its own diagnosis."""
+    at = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), min(len(first), len(second)))
+    context = slice(max(0, at - 3), at + 3)
+    return (
+        f"traces part at line {at} of {len(first)} / {len(second)}:\n"
+        f"first:  {first[context]}\nsecond: {second[context]}"
+    )
 
 
 def test_the_checker_sees_a_stranded_waiter(monkeypatch: pytest.MonkeyPatch) -> None:
