@@ -467,19 +467,14 @@ class EdgeAPI:
     ) -> None:
         service = self.service
         metrics = service.metrics
-        door = service.front_door
         started_at = trio.current_time()
         outcome = "error"
-        door.waiting += 1
-        asking = True
+        visit = service.front_door.enter()
         served: Lease | None = None  # the lease of the latest attempt
 
         async def attempt(lease: Lease) -> str:
-            nonlocal asking, served
-            if asking:
-                door.waiting -= 1
-                asking = False
-                door.running += 1  # from the first grant to the end, retries included
+            nonlocal served
+            visit.grant()
             served = lease
             try:
                 return await self._run(lease, model, endpoint, body, stream, responder)
@@ -492,9 +487,7 @@ class EdgeAPI:
                 service.admission, model, long, attempt, answered=lambda: responder.started, on_retry=on_retry
             )
         except AdmissionError as exc:
-            if asking:
-                door.waiting -= 1
-                asking = False
+            visit.stop_asking()
             if isinstance(exc, LeaseRevoked):
                 outcome = "revoked"
             await responder.reject(self._admission_refusal(exc))
@@ -508,13 +501,11 @@ class EdgeAPI:
             outcome = "cancelled"
             raise
         finally:
-            if asking:
-                door.waiting -= 1
+            visit.leave()
             if served is not None:
-                door.running -= 1
                 duration = trio.current_time() - started_at
                 metrics.lease_ended(model, outcome, duration)
-                door.shedder.observe_service(duration - served.queue_wait)
+                service.front_door.shedder.observe_service(duration - served.queue_wait)
 
     def _retried(self, model: str) -> Callable[[str, Lease], None]:
         """What to do before a retry ([failover-before-first-byte]): count it and say so."""

@@ -181,6 +181,11 @@ class FrontDoor:
     def __repr__(self) -> str:
         return f"<FrontDoor {self.shedder!r}, {self.connections!r}, {self.waiting} waiting>"
 
+    def enter(self) -> Visit:
+        """Count a new request as asking for a lease; the :class:`Visit` moves and ends its count."""
+        self.waiting += 1
+        return Visit(self)
+
     def shed(self) -> bool:
         """Whether to refuse a new request now (``503 overloaded``), counting it if so."""
         return self.shedder.action(self.connections.open, self.waiting) == "shed"
@@ -238,3 +243,40 @@ async def watch_loop_lag(shedder: LoadShedder, interval: float = LAG_INTERVAL) -
         start = trio.current_time()
         await trio.sleep(interval)
         shedder.observe_lag(trio.current_time() - start - interval)
+
+
+@final
+class Visit:
+    """One request's place in the :class:`FrontDoor`'s counts.
+
+    Asking (``waiting``) from :meth:`FrontDoor.enter` until its first grant,
+    then running (``running``) until :meth:`leave`, retries included. Every
+    method is idempotent, so each count is given back exactly once.
+    """
+
+    __slots__ = ("door", "asking", "granted")
+
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        self.asking = True
+        self.granted = False
+
+    def grant(self) -> None:
+        """The request holds a lease: from asking to running (the first time only)."""
+        if self.asking:
+            self.stop_asking()
+            self.door.running += 1
+            self.granted = True
+
+    def stop_asking(self) -> None:
+        """The request no longer asks for a lease (granted or refused)."""
+        if self.asking:
+            self.asking = False
+            self.door.waiting -= 1
+
+    def leave(self) -> None:
+        """The request is over: give back whichever count it holds."""
+        self.stop_asking()
+        if self.granted:
+            self.granted = False
+            self.door.running -= 1

@@ -105,6 +105,23 @@ def test_refusal_gives_a_retry_after_no_shorter_than_the_pause() -> None:
     assert door.refusal(now=200.0, capacity=0) == (30, 1.0)  # no capacity: told the ceiling
 
 
+def test_a_visit_gives_back_each_count_exactly_once() -> None:
+    """A request counts as waiting until its first grant, then as running until it leaves;
+    retries, a refusal after the grant and a second leave change nothing."""
+    door = FrontDoor(POLICY)
+    refused, served = door.enter(), door.enter()
+    assert (door.waiting, door.running) == (2, 0)
+    served.grant()
+    served.grant()  # a retry's grant
+    assert (door.waiting, door.running) == (1, 1)
+    refused.stop_asking()
+    served.stop_asking()
+    assert (door.waiting, door.running) == (0, 1)
+    for visit in (refused, served, served):
+        visit.leave()
+    assert (door.waiting, door.running) == (0, 0)
+
+
 @pytest.mark.req("overload-cheap-reject")
 def test_queue_full_counts_requests_already_asking_against_the_free_slots() -> None:
     """[overload-cheap-reject] A new request is refused before its body while the queue is full
