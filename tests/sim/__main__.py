@@ -3,12 +3,15 @@
 Exit status 1 if any seed violated an invariant (each such seed is printed with
 its violations; rerun it alone with ``--first-seed SEED --seeds 1 --trace``).
 ``--out FILE`` also writes the summary (the command, its table, the wall time)
-to ``FILE``: the figures of a run live there, not in the docs.
+to ``FILE``: the figures of a run live there, not in the docs. ``--json`` prints
+one JSON object per seed instead (seed, trace hash, trace, outcomes, outside
+wakeups): the replay test reads it from a fresh process.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import pathlib
 import sys
@@ -16,6 +19,7 @@ import time
 
 from ._fleet import run_fleet
 from ._report import run_and_summarize
+from ._world import run_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, help="also write the summary to this file")
     parser.add_argument("--fleet", type=int, default=0, help="run the fleet profile with this many nodes instead")
     parser.add_argument("--waves", type=int, default=3, help="fleet profile: mass drops per seed (default 3)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per seed, no summary")
     args = parser.parse_args(argv)
     logging.disable(logging.CRITICAL)  # the daemons log every drop; the summary says what matters
+    if args.json:
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            result = run_seed(seed)
+            fields = {"seed": seed, "trace_hash": result.trace_hash, "trace": result.trace}
+            fields |= {"outcomes": dict(result.outcomes), "outside_wakeups": result.outside_wakeups}
+            print(json.dumps(fields), flush=True)
+        return 0
     started = time.perf_counter()
     if args.fleet:
         failed = 0

@@ -23,6 +23,7 @@ Nothing in the sim writes private state.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import random
@@ -33,6 +34,7 @@ from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import attrs
+import hypothesis  # noqa: F401 -- see run_seed: loading it makes trio's scheduling repeatable
 import trio
 import trio.testing
 import trio_websocket
@@ -277,6 +279,10 @@ class SeedResult:
     violations: list[str] = attrs.field(factory=list)
     trace: list[str] = attrs.field(factory=list)
     virtual_time: float = 0.0
+    outside_wakeups: int = 0
+    """Loop turns that found a callback queued from outside the simulation (a
+    thread, a signal, a garbage-collected async generator): each reorders a batch
+    of tasks, so a run that saw one need not repeat its seed's trace."""
 
     @property
     def trace_hash(self) -> str:
@@ -1084,6 +1090,8 @@ class Steps(trio.abc.Instrument):
 
     def before_io_wait(self, timeout: float) -> None:
         stats = trio.lowlevel.current_statistics()
+        if stats.run_sync_soon_queue_size and not self.world.stopping:
+            self.world.result.outside_wakeups += 1
         if not stats.tasks_runnable and stats.seconds_to_next_deadline > 0 and not stats.run_sync_soon_queue_size:
             self.world.quiescent()
 
@@ -1092,17 +1100,34 @@ def run_seed(seed: int) -> SeedResult:
     """Run one seed to the end and return its figures (violations included, never raised).
 
     trio's scheduler shuffles each batch of runnable tasks with a module-level
-    ``random.Random`` (``trio._core._run._r``, private). Seeding it from the
+    ``random.Random`` (``trio._core._run._r``, private), in creation order first
+    once Hypothesis is loaded (trio registers a Hypothesis plugin for that,
+    hence the import above: a run under pytest and one from ``python -m
+    tests.sim`` schedule alike). Seeding it from the
     seed makes the schedule -- and so the trace -- repeat for a given seed. The
     private name is the only hook trio offers; if it disappears, runs still
     work, only less repeatable (the trace hash test would show it).
+
+    The schedule repeats only if nothing outside the simulation queues work on
+    the loop (:attr:`SeedResult.outside_wakeups` counts what did). Garbage
+    collection is one such source -- an abandoned async generator is closed by a
+    callback queued when the collector finds it, at a point that depends on the
+    whole process's allocation history -- so the run collects first and keeps
+    the collector off until it ends (a seed allocates a few MB).
     """
     scheduler_rng = getattr(getattr(trio._core, "_run", None), "_r", None)
     if isinstance(scheduler_rng, random.Random):
         scheduler_rng.seed(seed)
     clock = trio.testing.MockClock(autojump_threshold=0)
     world = World(seed, clock)
-    trio.run(world.run, clock=clock, instruments=[Steps(world)])
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        trio.run(world.run, clock=clock, instruments=[Steps(world)])
+    finally:
+        if collecting:
+            gc.enable()
     return world.result
 
 
