@@ -1,15 +1,20 @@
 """Load a YAML config file into frozen attrs classes, with file:line errors.
 
-Fast first, lines only on error [reload-off-loop]: the file is read with
-ruamel.yaml's C-based safe loader (``ruamel.yaml.clib``) under YAML 1.2 rules
--- the same rules as the round-trip loader -- with a resolver that resolves
-each distinct scalar once per file (:class:`_Yaml12Resolver`); it yields plain
-``dict``/``list``/scalars for cattrs. Only when something is wrong -- a YAML
-error or a config problem -- is the text parsed again with the round-trip
-loader, whose mappings and sequences remember where each key and item starts
-(``CommentedMap.lc.key(k)``, ``CommentedSeq.lc.item(i)``, 0-based), to find
-the lines. (Should the safe loader refuse a document the round-trip loader
-reads, the round-trip tree is used for everything.)
+Fast first, lines only on error [reload-off-loop]: the file is read by
+ruamel.yaml's C parser (``ruamel.yaml.clib``) under YAML 1.2 rules -- the same
+rules as the round-trip loader -- and the plain ``dict``/``list``/scalars for
+cattrs are built straight from the parser's events, each distinct scalar
+resolved and constructed once per file by the safe loader's own resolver
+(:class:`_Yaml12Resolver`) and constructor. No node tree is built: that tree
+was four fifths of a large file's load time. A document that uses anchors,
+aliases, tags, merge keys, duplicate or non-scalar keys is left to the C safe
+loader (compose, then construct), which decides what it means, as before.
+Only when something is wrong -- a YAML error or a config problem -- is the
+text parsed again with the round-trip loader, whose mappings and sequences
+remember where each key and item starts (``CommentedMap.lc.key(k)``,
+``CommentedSeq.lc.item(i)``, 0-based), to find the lines. (Should the C
+parser refuse a document the round-trip loader reads, the round-trip tree is
+used for everything.)
 
 How a problem finds its line: every problem carries a *path* -- a tuple of mapping
 keys and list indexes such as ``("nodes", 0, "providers", 1, "capacity")`` --
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from enum import Enum
 from typing import Any, Literal, TypeVar, final, get_args, get_origin
 
@@ -36,7 +41,16 @@ from cattrs.errors import (
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.nodes import Node
+from ruamel.yaml.events import (
+    AliasEvent,
+    DocumentStartEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+)
+from ruamel.yaml.nodes import Node, ScalarNode
 from ruamel.yaml.resolver import VersionedResolver
 
 from ._converter import make_converter
@@ -76,9 +90,11 @@ def load_config(
         cls: a frozen attrs class describing the file.
         converter: defaults to a shared :func:`make_converter` converter.
         yields_gil: never hold the GIL for long, so that an event loop in
-            another thread keeps running: the YAML node tree is freed a node
-            at a time (freed at once, the tree of a 10,000-node file holds the
-            GIL for up to 170 ms). Costs about 3 % more CPU.
+            another thread keeps running. The fast path builds no node tree
+            and holds the GIL for one parser event at a time; a document the
+            safe loader reads (anchors, tags, ...) has its node tree freed a
+            node at a time (freed at once, the tree of a 10,000-node file
+            holds the GIL for up to 170 ms).
 
     Returns:
         The structured, validated object.
@@ -222,6 +238,128 @@ class _Yaml12Resolver(VersionedResolver):
 
 
 def _fast_load(text: str, *, release: bool) -> Any:
+    """Plain Python data of ``text`` by ruamel.yaml's C parser (YAML 1.2).
+
+    The data is built straight from the parser's events (:func:`_plain_document`),
+    with no node tree in between. A document that uses anything beyond plain
+    mappings, sequences and untagged scalars -- anchors, aliases, tags, merge
+    keys, duplicate or non-scalar keys, a second document -- is read again by
+    the C safe loader (:func:`_safe_load`), which decides what it means.
+
+    ``release``: see :func:`_safe_load`.
+
+    Raises:
+        YAMLError: ``text`` is not a single valid YAML document.
+    """
+    yaml = YAML(typ="safe")
+    yaml.Resolver = _Yaml12Resolver
+    events = yaml.parse(text)
+    try:
+        return _plain_document(events, _Scalars(yaml))
+    except _NotPlain:
+        pass
+    finally:
+        events.close()
+    return _safe_load(text, release=release)
+
+
+class _NotPlain(Exception):
+    """The document uses a YAML feature :func:`_plain_document` leaves to the safe loader."""
+
+
+_NO_KEY = object()
+"""An open mapping's pending key when the next scalar is a key."""
+
+
+def _plain_document(events: Iterator[Any], scalar: Callable[[str, Any], Any]) -> Any:
+    """The data of a single YAML document from its parser events, as the safe loader builds it.
+
+    Mappings become ``dict`` (in file order), sequences ``list``, scalars what
+    ``scalar(value, implicit)`` makes of them.
+
+    Raises:
+        _NotPlain: the document needs the safe loader (see :func:`_fast_load`).
+        YAMLError: from the parser: ``text`` is not valid YAML.
+    """
+    document: list[Any] = []
+    top: Any = document  # the innermost open list or dict
+    key: Any = _NO_KEY
+    stack: list[tuple[Any, Any]] = []
+    documents = 0
+    for event in events:
+        kind = type(event)
+        if kind is ScalarEvent:
+            if event.anchor is not None or event.tag is not None:
+                raise _NotPlain
+            value = scalar(event.value, event.implicit)
+        elif kind is MappingStartEvent or kind is SequenceStartEvent:
+            if event.anchor is not None or event.tag is not None:
+                raise _NotPlain
+            value = {} if kind is MappingStartEvent else []
+        elif kind is MappingEndEvent or kind is SequenceEndEvent:
+            top, key = stack.pop()
+            continue
+        elif kind is DocumentStartEvent:
+            documents += 1
+            if documents > 1:
+                raise _NotPlain
+            continue
+        elif kind is AliasEvent:
+            raise _NotPlain
+        else:  # stream start and end, document end
+            continue
+        if type(top) is list:
+            top.append(value)
+        elif key is _NO_KEY:
+            if type(value) is dict or type(value) is list:
+                raise _NotPlain
+            key = value
+            continue
+        elif key in top:
+            raise _NotPlain
+        else:
+            top[key] = value
+            key = _NO_KEY
+        if type(value) is dict or type(value) is list:
+            stack.append((top, key))
+            top, key = value, _NO_KEY
+    return document[0] if document else None
+
+
+_PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in ("null", "bool", "int", "float", "str"))
+"""Tags of scalars the event reader builds itself: immutable values, made once per distinct text."""
+
+
+@final
+class _Scalars:
+    """Untagged scalars of one document, as the safe loader resolves and constructs them.
+
+    Each distinct ``(value, plain)`` is resolved by :class:`_Yaml12Resolver` and
+    constructed by the safe loader's constructor once; the result, an
+    immutable value, is shared by every occurrence. Only a plain (unquoted)
+    scalar is resolved by the YAML 1.2 rules; any other is a string.
+    """
+
+    def __init__(self, yaml: YAML) -> None:
+        self._resolver = yaml.resolver
+        self._constructor = yaml.constructor
+        self._plain: dict[str, Any] = {}
+        self._quoted: dict[str, Any] = {}
+
+    def __call__(self, value: str, implicit: Any) -> Any:
+        known = self._plain if implicit[0] else self._quoted
+        try:
+            return known[value]
+        except KeyError:
+            pass
+        tag = str(self._resolver.resolve(ScalarNode, value, implicit))
+        if tag not in _PLAIN_TAGS:
+            raise _NotPlain
+        made = known[value] = self._constructor.construct_object(ScalarNode(tag, value), deep=True)
+        return made
+
+
+def _safe_load(text: str, *, release: bool) -> Any:
     """Plain Python data of ``text`` by ruamel.yaml's C safe loader (YAML 1.2).
 
     ``release``: free the node tree a node at a time afterwards (see :func:`_release`).
