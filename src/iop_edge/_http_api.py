@@ -40,7 +40,7 @@ from iop_admission import (
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
-from ._http_server import PAUSE_READING
+from ._http_server import PAUSE_READING, CannedResponse, Headers
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor
@@ -92,6 +92,9 @@ CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
 UPSTREAM_RETRY_AFTER = 1
 """``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
+
+_COMPLETION_TARGETS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
+"""The request targets a flood can be refused on, before a scope is built (:meth:`EdgeAPI.refuse_head`)."""
 
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream")
@@ -352,6 +355,12 @@ class Responder:
         await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
         await self.finish(body)
 
+    async def canned(self, response: CannedResponse) -> None:
+        """Answer with a response encoded once (a refusal on the request head)."""
+        self.started = self.finished = True
+        await self._send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+        await self._send({"type": "http.response.body", "body": response.body, "more_body": False})
+
     async def reject(self, rejection: RequestRejected) -> None:
         """Answer with an error: a JSON response, or a final SSE error event mid-stream."""
         if self.finished:
@@ -385,6 +394,7 @@ class EdgeAPI:
         }
         self._paths = {path for _, path in self._routes}
         self._capacity_of: tuple[EdgeConfig | None, int] = (None, 0)
+        self._head_refusals: dict[tuple[str, int, int], CannedResponse] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -419,7 +429,11 @@ class EdgeAPI:
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
-        self._refuse_early(scope)
+        refused = self._refused_on_head(scope["headers"])
+        if refused is not None:
+            response, scope[PAUSE_READING] = refused
+            await responder.canned(response)
+            return
         body = await self._read_json(scope, receive)
         model = body.get("model")
         if not isinstance(model, str) or not model:
@@ -434,27 +448,69 @@ class EdgeAPI:
             await self._admit_and_run(model, long, endpoint, body, stream, responder)
             nursery.cancel_scope.cancel()
 
-    def _refuse_early(self, scope: Scope) -> None:
+    def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
+        """The listener's ``refuse_head``: a completion request refused on its head, or None.
+
+        Asked before a scope is built: the refusal is a response encoded once per
+        kind and the time before which the connection is not read again (the
+        client's booked return). Anything else -- another route, a query string,
+        a request that is not refused, a 401 -- goes to the app as usual.
+        """
+        if method != b"POST" or target not in _COMPLETION_TARGETS:
+            return None
+        try:
+            return self._refused_on_head(headers)
+        except RequestRejected:
+            return None  # unauthorized: the app answers it
+
+    def _refused_on_head(self, headers: Headers) -> tuple[CannedResponse, float] | None:
         """The refusals decided before the body is read: overload, authorization, a full queue.
 
+        Returns:
+            For 503 ``overloaded`` ([overload-shed]) or 429 ``queue_full`` (the
+            queue is full and the requests already asking for a lease fill it and
+            every free slot, :meth:`FrontDoor.queue_full`: no request, whatever its
+            model, could run or queue now): the canned response, with the
+            client's return booked, and the time before which its connection is
+            not read again. None when the request may go on.
+
         Raises:
-            RequestRejected: 503 ``overloaded`` ([overload-shed]), 401, or 429
-                ``queue_full`` when the queue is full and the requests already asking
-                for a lease fill it and every free slot (:meth:`FrontDoor.queue_full`)
-                -- no request, whatever its model, could run or queue now.
+            RequestRejected: 401 when an API key is required and missing or wrong.
         """
         service = self.service
         door = service.front_door
         if door.shed():
-            service.metrics.request_rejected("", "overloaded")
-            message = "the Edge is overloaded; retry later"
-            raise self._booked(RequestRejected(503, "overloaded", message, type="service_unavailable"))
-        self._authorize(scope)
-        max_queue = service.config.provider_pool.max_queue
-        if door.queue_full(max_queue, self._capacity(), service.admission.queue_depth):
-            service.metrics.request_rejected("", "queue_full")
-            message = f"the queue is full ({max_queue} waiting) and every provider is busy"
-            raise self._booked(RequestRejected(429, "queue_full", message, type="rate_limit_error"))
+            code = "overloaded"
+        else:
+            self._authorize(headers)
+            max_queue = service.config.provider_pool.max_queue
+            if not door.queue_full(max_queue, self._capacity(), service.admission.queue_depth):
+                return None
+            code = "queue_full"
+        service.metrics.request_rejected("", code)
+        now = trio.current_time()
+        retry_after, delay = door.refusal(now, self._capacity())
+        return self._refusal_on_head(code, retry_after), now + delay
+
+    def _refusal_on_head(self, code: str, retry_after: int) -> CannedResponse:
+        """The canned ``overloaded`` or ``queue_full`` answer with ``retry_after``, built once per kind."""
+        max_queue = self.service.config.provider_pool.max_queue
+        key = (code, retry_after, max_queue)
+        response = self._head_refusals.get(key)
+        if response is None:
+            if code == "overloaded":
+                rejection = RequestRejected(
+                    503, code, "the Edge is overloaded; retry later", type="service_unavailable"
+                )
+            else:
+                message = f"the queue is full ({max_queue} waiting) and every provider is busy"
+                rejection = RequestRejected(429, code, message, type="rate_limit_error")
+            rejection.retry_after = retry_after
+            head, body = _canned(rejection)
+            response = CannedResponse(rejection.status, head, body)
+            if len(self._head_refusals) < _CANNED_MAX:
+                self._head_refusals[key] = response
+        return response
 
     async def _admit_and_run(
         self,
@@ -592,7 +648,7 @@ class EdgeAPI:
     # ------------------------------------------------------------ other routes
 
     async def _models(self, scope: Scope, receive: Receive, responder: Responder) -> None:
-        self._authorize(scope)
+        self._authorize(scope["headers"])
         data = [{"id": m.id, "object": "model", "created": 0, "owned_by": "iop"} for m in self.service.config.models]
         await responder.whole(200, [_JSON], _dumps({"object": "list", "data": data}))
 
@@ -615,7 +671,7 @@ class EdgeAPI:
         config = self.service.config
         if not config.admin_token:
             raise RequestRejected(404, "not_found", "no route for /admin/reload")
-        if not config.accepts_admin_token(_bearer(scope) or ""):
+        if not config.accepts_admin_token(_bearer(scope["headers"]) or ""):
             raise RequestRejected(401, "unauthorized", "a valid admin token is required", type="authentication_error")
         errors = await self.service.reload()
         if errors:
@@ -633,11 +689,11 @@ class EdgeAPI:
 
     # ------------------------------------------------------------------ input
 
-    def _authorize(self, scope: Scope) -> None:
+    def _authorize(self, headers: Headers) -> None:
         config = self.service.config
         if not config.api_keys_required:
             return
-        key = _bearer(scope)
+        key = _bearer(headers)
         if key is None or not config.accepts_api_key(key):
             raise RequestRejected(
                 401,
@@ -850,8 +906,8 @@ def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
 
 
-def _bearer(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
+def _bearer(headers: Headers) -> str | None:
+    for name, value in headers:
         if name == b"authorization":
             text: str = value.decode("latin-1")
             if text[:7].lower() == "bearer ":

@@ -37,7 +37,14 @@ no websockets, no HTTP/2). What the listener guarantees:
   clock (the Edge does after a refusal with ``Retry-After``: the client's booked
   return time) gets the connection left unread until then after the response:
   the client's next request waits in the socket buffers, at no CPU cost, and the
-  connection counts as *paused*.
+  connection counts as *paused*. A pause is a place in the listener's queue of
+  paused connections, not a timer of its own: one task wakes them when due.
+- **Refusals on the head** (``refuse_head``): for each request head, before a
+  scope is built or the app called, the listener asks ``refuse_head(method,
+  target, headers)``; when it returns a :class:`CannedResponse` and a pause time,
+  that response goes out as bytes h11 encoded once, the body (if the client sent
+  it whole) is skipped, and the connection is paced as above. Requests refused
+  under a flood thus cost an h11 head parse, one ``send`` and one wake-up.
 
 ``wrap_stream`` is the seam for TLS: it gets each accepted socket stream and
 returns the stream to speak HTTP on (e.g. a ``trio.SSLStream``); it runs under
@@ -47,11 +54,13 @@ switch per write, as a stream needs).
 
 from __future__ import annotations
 
+import bisect
+import collections
 import logging
 import math
 import socket
 import urllib.parse
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, final
 
 import attrs
@@ -63,6 +72,7 @@ logger = logging.getLogger("iop_edge.http")
 Message = MutableMapping[str, Any]
 App = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Any]
 StreamWrapper = Callable[[trio.SocketStream], Awaitable[trio.abc.Stream]]
+Headers = Sequence[tuple[bytes, bytes]]
 
 DRAIN_LIMIT = 64 * 1024
 """Unread request body bytes the listener reads and drops to keep a connection alive."""
@@ -99,6 +109,110 @@ class ConnectionCounter:
 
     def __repr__(self) -> str:
         return f"<ConnectionCounter {self.open}/{self.limit} open, {self.paused} paused, {self.refused} refused>"
+
+
+@final
+class CannedResponse:
+    """A whole response (head and body) that h11 encodes once; answering with it is one ``send``.
+
+    Args:
+        status: the status code.
+        headers: the response headers, a ``content-length`` among them.
+        body: the body.
+
+    ``keep_alive`` and ``closing`` are the bytes on the wire after a request
+    that keeps the connection open or asks to close it (h11 adds ``connection:
+    close`` to the latter), ``event`` the h11 event for a connection that must
+    still send it through h11.
+    """
+
+    __slots__ = ("status", "headers", "body", "event", "keep_alive", "closing")
+
+    def __init__(self, status: int, headers: Headers, body: bytes) -> None:
+        self.status = status
+        self.headers = list(headers)
+        self.body = body
+        self.event = h11.Response(status_code=status, headers=self.headers, reason=b"")
+        self.keep_alive = _encoded(self.event, body, close=False)
+        self.closing = _encoded(self.event, body, close=True)
+
+    def __repr__(self) -> str:
+        return f"<CannedResponse {self.status}, {len(self.keep_alive)} bytes>"
+
+
+def _encoded(event: h11.Response, body: bytes, *, close: bool) -> bytes:
+    """The bytes h11 sends for ``event`` and ``body`` in answer to a request that keeps (or closes) the connection."""
+    conn = h11.Connection(h11.SERVER)
+    ending = b"connection: close\r\n\r\n" if close else b"\r\n"
+    conn.receive_data(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n" + ending)
+    conn.next_event()  # the request
+    conn.next_event()  # its end (no body)
+    return b"".join(conn.send(e) or b"" for e in (event, h11.Data(data=body), h11.EndOfMessage()))
+
+
+HeadRefuser = Callable[[bytes, bytes, Headers], "tuple[CannedResponse, float] | None"]
+"""``refuse_head(method, target, headers)``: ``(response, pause until)`` to refuse a request on its head, or None."""
+
+PACING_QUANTUM = 0.005
+"""Seconds: paused connections due within this of each other are woken together (one timer wake-up)."""
+
+
+def _due(entry: list[Any]) -> float:
+    due: float = entry[0]
+    return due
+
+
+@final
+class _Pacer:
+    """The paused connections of one listener, woken at their times by one task.
+
+    A pause is an entry in a queue sorted by time (the Edge books return times
+    in order, so an entry is nearly always appended), not a timer per
+    connection: :meth:`run` sleeps until the earliest time, then resumes every
+    connection due within :data:`PACING_QUANTUM`, so a flood of paced refusals
+    costs one timer wake-up per batch, and each connection one task wake-up.
+    """
+
+    __slots__ = ("queue", "timer")
+
+    def __init__(self) -> None:
+        self.queue: collections.deque[list[Any]] = collections.deque()  # [time, task or None]
+        self.timer: trio.CancelScope | None = None
+
+    def __repr__(self) -> str:
+        return f"<_Pacer {len(self.queue)} paused>"
+
+    async def pause(self, until: float) -> None:
+        """Wait until ``until`` (trio's clock), or somewhat less (:data:`PACING_QUANTUM`). Checkpoints."""
+        entry: list[Any] = [until, trio.lowlevel.current_task()]
+        queue = self.queue
+        if not queue or queue[-1][0] <= until:
+            queue.append(entry)
+        else:
+            queue.insert(bisect.bisect_right(queue, until, key=_due), entry)
+        timer = self.timer
+        if timer is not None and until < timer.deadline:
+            timer.deadline = until
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            entry[1] = None  # the waker drops the entry
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def run(self) -> None:
+        """Wake paused connections when due, until cancelled. Checkpoints."""
+        queue = self.queue
+        while True:
+            with trio.CancelScope(deadline=queue[0][0] if queue else math.inf) as timer:
+                self.timer = timer
+                await trio.sleep_forever()
+            self.timer = None
+            horizon = trio.current_time() + PACING_QUANTUM
+            while queue and queue[0][0] <= horizon:
+                task = queue.popleft()[1]
+                if task is not None:
+                    trio.lowlevel.reschedule(task)
 
 
 class _PeerGone(Exception):
@@ -197,6 +311,11 @@ class _Transport:
         """The next bytes from the client; ``b""`` at its end (raises :class:`_PeerGone`). Checkpoints."""
         raise NotImplementedError
 
+    def receive_nowait(self) -> bytes | None:
+        """The bytes the client already sent (``b""`` at its end), or None if none wait (or, for a
+        stream, always). Never waits; raises :class:`_PeerGone`."""
+        return None
+
     async def aclose(self) -> None:
         """Close the connection. Checkpoints."""
         raise NotImplementedError
@@ -253,6 +372,14 @@ class _SocketTransport(_Transport):
                 await trio.lowlevel.cancel_shielded_checkpoint()  # a schedule point, as trio's streams
             return data
 
+    def receive_nowait(self) -> bytes | None:
+        try:
+            return self.sock.recv(_RECEIVE_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError:
+            raise _PeerGone from None
+
     async def aclose(self) -> None:
         self.broken = True
         trio.lowlevel.notify_closing(self.sock)
@@ -298,13 +425,24 @@ class _StreamTransport(_Transport):
 class _Connection:
     """One HTTP/1.1 connection: reads requests with h11, calls the app for each."""
 
-    def __init__(self, transport: _Transport, app: App, limits: HttpLimits, counter: ConnectionCounter) -> None:
+    def __init__(
+        self,
+        transport: _Transport,
+        app: App,
+        limits: HttpLimits,
+        counter: ConnectionCounter,
+        pacer: _Pacer,
+        refuse_head: HeadRefuser | None = None,
+    ) -> None:
         self.transport = transport
         self.app = app
         self.limits = limits
         self.counter = counter
+        self.pacer = pacer
+        self.refuse_head = refuse_head
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
         self.gone = False
+        self._resumed = False  # woken from a pause: the next read need not be a schedule point
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._body_done = False
         self._suppress_body = False
@@ -319,8 +457,8 @@ class _Connection:
                     request = await self._next_request()
                     if request is None:
                         return
-                    until = await self._respond(request)
-                    if not await self._ready_for_next():
+                    until = await self._answer(request)
+                    if until is None:
                         return
                     if until > trio.current_time():
                         await self._pause(until)
@@ -335,7 +473,8 @@ class _Connection:
     async def _next_request(self) -> h11.Request | None:
         """The next request head, or None when the connection should end."""
         head_deadline = math.inf
-        received = False
+        scheduled = self._resumed  # a schedule point passed for this request (a pause's wake-up)
+        self._resumed = False
         while True:
             try:
                 event = self.h11.next_event()
@@ -343,19 +482,21 @@ class _Connection:
                 await self._protocol_error(exc)
                 return None
             if event is h11.NEED_DATA:
-                received = True
                 if head_deadline == math.inf and self.h11.trailing_data[0]:
                     head_deadline = trio.current_time() + self.limits.header_timeout
-                deadline = head_deadline
-                if deadline == math.inf:
-                    deadline = trio.current_time() + self.limits.keep_alive_timeout
-                data = await self._receive(deadline, "request head")
+                data = self.transport.receive_nowait() if scheduled else None  # waiting already: no timer
+                scheduled = True
+                if data is None:
+                    deadline = head_deadline
+                    if deadline == math.inf:
+                        deadline = trio.current_time() + self.limits.keep_alive_timeout
+                    data = await self._receive(deadline, "request head")
                 if data and head_deadline == math.inf:
                     head_deadline = trio.current_time() + self.limits.header_timeout
                 self.h11.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
-                if not received:
+                if not scheduled:
                     await trio.lowlevel.checkpoint()  # a pipelined head: still one schedule point per request
                 return event
             return None  # ConnectionClosed (or PAUSED after a close)
@@ -386,9 +527,60 @@ class _Connection:
         """Leave the connection unread until ``until`` (trio's clock; pacing); counted as paused meanwhile."""
         self.counter.paused += 1
         try:
-            await trio.sleep_until(until)
+            await self.pacer.pause(until)
         finally:
             self.counter.paused -= 1
+        self._resumed = True  # the wake-up was this request's schedule point: its head is read at once
+
+    async def _answer(self, request: h11.Request) -> float | None:
+        """Answer ``request``: refused on its head, or through the app.
+
+        Returns:
+            The time before which the next request is not read, or None when
+            the connection cannot carry another request.
+        """
+        if self.refuse_head is not None and request.method != b"HEAD":
+            try:
+                refused = self.refuse_head(request.method, request.target, request.headers)
+            except Exception:
+                logger.exception("error while deciding on %s %r: the app answers it", request.method, request.target)
+                refused = None
+            if refused is not None:
+                return await self._refuse(*refused)
+        until = await self._respond(request)
+        return until if await self._ready_for_next() else None
+
+    async def _refuse(self, response: CannedResponse, until: float) -> float | None:
+        """Answer with ``response`` before the app sees the request; like :meth:`_answer`.
+
+        A body already received whole is skipped and the pre-encoded bytes go out
+        as they are; h11 then starts afresh on what follows (the next request,
+        pipelined). A body still to come (or awaited behind ``100 Continue``)
+        leaves the exchange to h11: the response is sent through it and the body
+        drained as after any response.
+        """
+        conn = self.h11
+        try:
+            event = conn.next_event()
+            while isinstance(event, h11.Data):
+                event = conn.next_event()
+        except h11.RemoteProtocolError:
+            return None  # a malformed body: nothing to answer it with
+        if not isinstance(event, h11.EndOfMessage):
+            parts = (conn.send(e) or b"" for e in (response.event, h11.Data(data=response.body), h11.EndOfMessage()))
+            await self._send_bytes(b"".join(parts))
+            return until if await self._ready_for_next() else None
+        keep_alive = conn.their_state is h11.DONE  # MUST_CLOSE: HTTP/1.0, or connection: close
+        await self._send_bytes(response.keep_alive if keep_alive else response.closing)
+        if not keep_alive or self.gone:
+            return None
+        rest, closed = conn.trailing_data
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
+        if rest:
+            self.h11.receive_data(rest)
+        if closed:
+            self.h11.receive_data(b"")
+        return until
 
     async def _respond(self, request: h11.Request) -> float:
         """Call the app for ``request``; returns when the next request may be read (``PAUSE_READING``)."""
@@ -590,6 +782,7 @@ async def serve_http(
     limits: HttpLimits,
     counter: ConnectionCounter | None = None,
     wrap_stream: StreamWrapper | None = None,
+    refuse_head: HeadRefuser | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` over HTTP/1.1 on ``host:port`` until cancelled.
@@ -599,12 +792,14 @@ async def serve_http(
         limits: timeouts and sizes.
         counter: open/refused connections, kept up to date (its ``limit`` is the cap).
         wrap_stream: builds the stream to speak HTTP on from each accepted socket (TLS).
+        refuse_head: asked on each request head whether to refuse it at once (see the module).
 
     Reports the bound port through ``task_status`` once listening.
     Checkpoints; cancellation closes the listener and every connection at once.
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     connections = counter if counter is not None else ConnectionCounter(limits.max_connections)
+    pacer = _Pacer()
 
     async def handle(stream: trio.SocketStream) -> None:
         if connections.open >= connections.limit:
@@ -621,9 +816,11 @@ async def serve_http(
                     await trio.aclose_forcefully(stream)
                     return
             transport = _SocketTransport(stream) if wrap_stream is None else _StreamTransport(http_stream)
-            await _Connection(transport, app, limits, connections).serve()
+            await _Connection(transport, app, limits, connections, pacer, refuse_head).serve()
         finally:
             connections.open -= 1
 
-    task_status.started(listeners[0].socket.getsockname()[1])  # listening already: connections queue
-    await trio.serve_listeners(handle, listeners)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pacer.run)
+        task_status.started(listeners[0].socket.getsockname()[1])  # listening already: connections queue
+        await trio.serve_listeners(handle, listeners)

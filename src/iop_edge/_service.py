@@ -197,6 +197,7 @@ class EdgeService:
                     limits=limits,
                     counter=self.front_door.connections,
                     wrap_stream=wrap,
+                    refuse_head=self.api.refuse_head,
                 )
             )
             logger.info(
