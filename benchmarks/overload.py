@@ -70,6 +70,8 @@ SCENARIOS = (
     (5000, HONOUR),
 )
 QUICK_SCENARIOS = ((200, 0.01), (1000, 0.01))
+QUEUED_CLIENTS = 64
+"""Closed-loop clients of the served-through-the-queue baseline: every slot busy, the queue 56 deep, none refused."""
 WARMUP, DURATION = 3.0, 8.0
 QUICK_WARMUP, QUICK_DURATION = 1.5, 4.0
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
@@ -110,7 +112,21 @@ def _header(head: bytes, name: bytes) -> bytes | None:
     return head[start : stop if stop >= 0 else len(head)].strip()
 
 
-async def _flood(port: int, clients: int, retry: float, warmup: float, duration: float) -> dict[str, Any]:
+async def _cpu_window(pids: dict[str, int], begin: float, end: float, out: dict[str, float]) -> None:
+    """CPU seconds each of ``pids`` used between ``begin`` and ``end`` (``time.perf_counter``), into ``out``.
+
+    Read by the flood (and the probe alone, for the baseline) itself, so the CPU window is exactly
+    the window its answers are counted in, however long the process took to start.
+    """
+    await trio.sleep(max(0.0, begin - time.perf_counter()))
+    before = {name: _cpu(pid) for name, pid in pids.items()}
+    await trio.sleep(max(0.0, end - time.perf_counter()))
+    out.update({name: _cpu(pid) - before[name] for name, pid in pids.items()})
+
+
+async def _flood(
+    port: int, clients: int, retry: float, warmup: float, duration: float, pids: dict[str, int]
+) -> dict[str, Any]:
     """N closed-loop clients; answered-200 and rejection latencies inside the window.
 
     ``retry`` < 0: each client waits the ``Retry-After`` it was sent (clients that honour it).
@@ -165,7 +181,9 @@ async def _flood(port: int, clients: int, retry: float, warmup: float, duration:
         finally:
             await connection.aclose()
 
+    cpu: dict[str, float] = {}
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(_cpu_window, {**pids, "flood": os.getpid()}, begin, end, cpu)
         for index in range(clients):
             nursery.start_soon(client, index)
     ok.sort()
@@ -185,10 +203,11 @@ async def _flood(port: int, clients: int, retry: float, warmup: float, duration:
         "on_time_p99_ms": _percentile(on_time, 0.99) * 1000,
         "timed_out": len(timed_out),
         "answers": other,
+        "cpu_s": cpu,
     }
 
 
-async def _probe(port: int, warmup: float, duration: float) -> dict[str, Any]:
+async def _probe(port: int, warmup: float, duration: float, pids: dict[str, int]) -> dict[str, Any]:
     """``/healthz`` every 100 ms, ``/metrics`` and ``/status`` every 500 ms, one connection each."""
     clock = time.perf_counter
     begin = clock() + warmup
@@ -221,11 +240,14 @@ async def _probe(port: int, warmup: float, duration: float) -> dict[str, Any]:
         finally:
             await connection.aclose()
 
+    cpu: dict[str, float] = {}
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(_cpu_window, {**pids, "probe": os.getpid()}, begin, end, cpu)
         nursery.start_soon(probe, "/healthz", 0.1)
         nursery.start_soon(probe, "/metrics", 0.5)
         nursery.start_soon(probe, "/status", 0.5)
     out: dict[str, Any] = {"failures": failures, "edge_status": {k: [min(v), max(v)] for k, v in seen.items()}}
+    out["cpu_s"] = cpu
     for path, values in samples.items():
         values.sort()
         out[path] = {
@@ -248,6 +270,28 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _per_refusal(row: dict[str, Any], costs: dict[str, float]) -> None:
+    """The Edge's CPU per refusal in ``row``, against a served request's (same run).
+
+    ``edge_cpu_us_per_reject``: the Edge's CPU in the window, minus the answered requests at
+    the cost of a request served through a full queue (``queued_ms``: the 200s of a flood
+    waited in the queue too) and minus what the probe alone costs the Edge over as long
+    (``probe_ms_per_s``), divided by the refusals; ``reject_share`` is that against a
+    request served without overload (``served_ms``). ``edge_cpu_us_per_reject_all`` keeps
+    the probe's share in (an upper bound).
+    """
+    refusals = max(1, row["rejected"] + row["timed_out"])
+    rest = row["cpu_s"]["edge"] * 1000 - costs["queued_ms"] * row["ok"]
+    row["edge_cpu_us_per_reject_all"] = rest * 1000 / refusals
+    rest -= costs["probe_ms_per_s"] * row["duration_s"]
+    row["edge_cpu_us_per_reject"] = rest * 1000 / refusals
+    row["reject_share"] = row["edge_cpu_us_per_reject"] / (costs["served_ms"] * 1000)
+
+
+def _pid_args(pids: dict[str, int]) -> list[str]:
+    return ["--pids", ",".join(f"{name}={pid}" for name, pid in pids.items())]
+
+
 async def _scenario(
     daemons: dict[str, Daemon], http_port: int, backend_port: int, clients: int, retry: float, quick: bool
 ) -> dict[str, Any]:
@@ -256,29 +300,30 @@ async def _scenario(
     await backend.request(HttpConnection.build("POST", "/stats/reset"))
     await backend.aclose()
     common = ["--port", str(http_port), "--warmup", str(warmup), "--duration", str(duration)]
-    flood = subprocess.Popen(
-        _python("-m", "benchmarks.overload", "flood", *common, "--clients", str(clients), "--retry", str(retry)),
+    pids = {name: d.proc.pid for name, d in daemons.items()}
+    probe = subprocess.Popen(
+        _python("-m", "benchmarks.overload", "probe", *common, *_pid_args({})),
         stdout=subprocess.PIPE,
         cwd=ROOT,
         text=True,
     )
-    probe = subprocess.Popen(
-        _python("-m", "benchmarks.overload", "probe", *common), stdout=subprocess.PIPE, cwd=ROOT, text=True
-    )
-    await trio.sleep(warmup)
-    before = {name: d.cpu_seconds() for name, d in daemons.items()}
-    before |= {"flood": _cpu(flood.pid), "probe": _cpu(probe.pid)}
-    await trio.sleep(duration)
-    after = {name: d.cpu_seconds() for name, d in daemons.items()}
-    after |= {"flood": _cpu(flood.pid), "probe": _cpu(probe.pid)}
+    flood = subprocess.Popen(
+        _python(
+            "-m", "benchmarks.overload", "flood", *common, "--clients", str(clients), "--retry", str(retry),
+            *_pid_args({**pids, "probe": probe.pid}),
+        ),
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )  # fmt: skip
     flood_out, _ = await trio.to_thread.run_sync(flood.communicate)
     probe_out, _ = await trio.to_thread.run_sync(probe.communicate)
     if flood.returncode or probe.returncode:
         raise BenchmarkFailed(f"flood exited {flood.returncode}, probe exited {probe.returncode}")
     result: dict[str, Any] = {"clients": clients, "retry_s": retry, "duration_s": duration, **json.loads(flood_out)}
     result["probe"] = json.loads(probe_out)
-    result["cpu_pct"] = {k: round((after[k] - before[k]) * 100 / duration, 1) for k in after}
-    edge_cpu = after["edge"] - before["edge"]
+    result["cpu_pct"] = {k: round(v * 100 / duration, 1) for k, v in result["cpu_s"].items()}
+    edge_cpu = result["cpu_s"]["edge"]
     result["edge_cpu_ms_per_answer"] = edge_cpu * 1000 / max(1, result["ok"] + result["rejected"] + result["timed_out"])
     result["edge_cpu_ms_per_ok"] = edge_cpu * 1000 / max(1, result["ok"])
     result["drain"] = await _drained(http_port, backend)
@@ -323,10 +368,11 @@ async def _costs(edge: Daemon, http_port: int) -> dict[str, float]:
     unknown = {**CHAT, "model": "no-such-model"}
     commands = {
         "served_ms": ({"path": "/v1/chat/completions", "body": CHAT, "concurrency": CAPACITY}, 1.0),
+        "queued_ms": ({"path": "/v1/chat/completions", "body": CHAT, "concurrency": QUEUED_CLIENTS}, 1.0),
         "reject_us": ({"path": "/v1/chat/completions", "body": unknown, "concurrency": 32}, 1000.0),
         "healthz_us": ({"path": "/healthz", "body": None, "concurrency": 32}, 1000.0),
     }
-    out: dict[str, float] = {}
+    out: dict[str, float] = {"probe_ms_per_s": await _probe_only(edge, http_port)}
     try:
         for name, (command, unit) in commands.items():
             before = edge.cpu_seconds()
@@ -340,6 +386,23 @@ async def _costs(edge: Daemon, http_port: int) -> dict[str, float]:
     finally:
         loadgen.stop()
     return out
+
+
+async def _probe_only(edge: Daemon, http_port: int) -> float:
+    """The Edge's CPU (ms per second) with the probe as its only client: the baseline of every row."""
+    warmup, duration = 0.5, 2.0
+    command = ["--port", str(http_port), "--warmup", str(warmup), "--duration", str(duration)]
+    probe = subprocess.Popen(
+        _python("-m", "benchmarks.overload", "probe", *command, *_pid_args({"edge": edge.proc.pid})),
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )
+    out, _ = await trio.to_thread.run_sync(probe.communicate)
+    if probe.returncode:
+        raise BenchmarkFailed(f"probe exited {probe.returncode}")
+    spent: float = json.loads(out)["cpu_s"]["edge"]
+    return spent * 1000 / duration
 
 
 async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str, Any]:
@@ -381,10 +444,10 @@ async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str
             processes = {"edge": edge, "node": node, "backend": backend}
             rows.append(await _scenario(processes, http_port, backend_port, clients, retry, quick))
             row = rows[-1]
-            rest = row["edge_cpu_ms_per_ok"] * max(1, row["ok"]) - cost * row["ok"]
-            row["edge_cpu_us_per_reject"] = rest * 1000 / max(1, row["rejected"] + row["timed_out"])
+            _per_refusal(row, costs)
             print(_row(rows[-1]), file=sys.stderr, flush=True)
         return {
+            "load": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
             "costs": costs,
             "served_cpu_ms": cost,
             "ideal_rps": IDEAL_RPS,
@@ -428,7 +491,7 @@ def _row(r: dict[str, Any]) -> str:
         f" | {r['timed_out'] / r['duration_s']:.0f}/s"
         f" | {_ms(probe['/healthz']['p99_ms'])} ({probe['/healthz']['n']})"
         f" | {_ms(probe['/status']['p99_ms'])} / {_ms(probe['/metrics']['p99_ms'])}"
-        f" | {cpu['edge']:.0f} % | {r['edge_cpu_us_per_reject']:.0f} µs"
+        f" | {cpu['edge']:.0f} % | {r['edge_cpu_us_per_reject']:.0f} µs ({r['reject_share']:.1%})"
         f" | {cpu['flood']:.0f} % | {cpu['node']:.0f} % | {drain['backend_peak']}, drained {drain['seconds']} s |"
     )
 
@@ -438,13 +501,15 @@ def table(result: dict[str, Any]) -> str:
         "| clients | retry | answered 200/s (of ideal) | 200 p50 / p99 | 200 beyond queue wait, p99"
         " | refused at once, p99 (client side)"
         " | refusals after Retry-After: p99 (n) | queue timeouts | `/healthz` p99 (n)"
-        " | `/status` / `/metrics` p99 | Edge CPU | Edge CPU per refusal | flood CPU"
+        " | `/status` / `/metrics` p99 | Edge CPU | Edge CPU per refusal (of a served request) | flood CPU"
         " | Node CPU | backend peak, drain |\n|" + "---|" * 15
     )
+    costs = result["costs"]
     title = (
-        f"ideal {result['ideal_rps']:g} answered/s; Edge CPU per served request without overload"
-        f" {result['served_cpu_ms']:.2f} ms, per rejection {result['costs']['reject_us']:.0f} µs, per"
-        f" `/healthz` {result['costs']['healthz_us']:.0f} µs ({result['command']})"
+        f"ideal {result['ideal_rps']:g} answered/s; Edge CPU without overload: per served request"
+        f" {costs['served_ms']:.2f} ms ({costs['queued_ms']:.2f} ms through a full queue), per refused"
+        f" 404 {costs['reject_us']:.0f} µs, per `/healthz` {costs['healthz_us']:.0f} µs, with only the"
+        f" probe {costs['probe_ms_per_s']:.1f} ms/s ({result['command']}; load average {result['load']})"
     )
     return "\n".join([title, head, *map(_row, result["rows"])])
 
@@ -458,11 +523,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retry", type=float, default=0.01)
     parser.add_argument("--warmup", type=float, default=WARMUP)
     parser.add_argument("--duration", type=float, default=DURATION)
+    parser.add_argument("--pids", default="", help="name=pid,...: processes whose CPU to read over the window")
     args = parser.parse_args(argv)
+    pids = {name: int(pid) for name, _, pid in (item.partition("=") for item in args.pids.split(",") if item)}
     if args.role == "flood":
-        out = trio.run(_flood, args.port, args.clients, args.retry, args.warmup, args.duration)
+        out = trio.run(_flood, args.port, args.clients, args.retry, args.warmup, args.duration, pids)
     else:
-        out = trio.run(_probe, args.port, args.warmup, args.duration)
+        out = trio.run(_probe, args.port, args.warmup, args.duration, pids)
     print(json.dumps(out))
 
 
