@@ -30,7 +30,7 @@ from ._errors import (
 )
 from ._gate import GateStatistics, LocalGate, Permit
 from ._snapshot import ProviderSnapshot, Snapshot
-from ._state import Lease
+from ._state import Lease, PreparedRefresh
 
 __all__ = [
     "Admission",
@@ -48,6 +48,7 @@ __all__ = [
     "OutlierPolicy",
     "Permit",
     "PoolConfig",
+    "PreparedRefresh",
     "ProviderKey",
     "ProviderSnapshot",
     "ProviderSpec",

@@ -69,7 +69,18 @@ import trio
 from ._config import PoolConfig, ProviderKey
 from ._errors import LeaseRevoked, QueueTimeout
 from ._snapshot import Snapshot
-from ._state import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
+from ._state import (
+    AdmissionState,
+    Decision,
+    Ejected,
+    Failed,
+    Granted,
+    Lease,
+    PreparedRefresh,
+    Restored,
+    Revoked,
+    Waiter,
+)
 
 __all__ = ["Admission", "AdmissionEvent", "Lease"]
 
@@ -261,9 +272,27 @@ class Admission:
                 self._emit(AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation))
         return done
 
+    def prepare_refresh(self, config: PoolConfig) -> PreparedRefresh:
+        """Validate ``config`` and work out what it changes, for :meth:`refresh` to apply.
+
+        Reads only the configuration in force (no lease, waiter or node
+        state), so it is safe to call in a worker thread while this admission
+        serves; it changes nothing. ``refresh(prepared)`` then has the outcome
+        of ``refresh(config)`` whatever happened in between, and touches only
+        what changed if the configuration in force is still the one prepared
+        against. O(providers + candidates).
+
+        Raises:
+            ConfigError: listing every problem of ``config``.
+        """
+        return self._core.prepare_refresh(config)
+
     @trio.lowlevel.enable_ki_protection
-    def refresh(self, config: PoolConfig) -> None:
+    def refresh(self, config: PoolConfig | PreparedRefresh) -> None:
         """Replace the configuration atomically; existing leases are kept.
+
+        ``config``: a :class:`PoolConfig`, or what :meth:`prepare_refresh`
+        made of one (same outcome; see there).
 
         Raises:
             ConfigError: listing every problem; nothing changed.

@@ -374,6 +374,68 @@ class Restored:
 Decision = Granted | Failed | Revoked | Ejected | Restored
 
 
+@final
+class PreparedRefresh:
+    """A validated configuration and what it changes against the one in force when prepared.
+
+    Made by :func:`prepare_refresh` from the two (immutable) configurations
+    only, so it can be made in a worker thread while the state keeps
+    changing; :meth:`AdmissionState.refresh` applies it. Applied to the
+    configuration it was compared with, the refresh touches only what changed;
+    applied to any other (a refresh came in between), it is applied whole.
+
+    Attributes:
+        config: the configuration to put in force.
+    """
+
+    __slots__ = ("config", "base", "added", "changed", "removed", "groups", "dropped", "same_order")
+
+    def __init__(self, config: PoolConfig, base: PoolConfig) -> None:
+        self.config = config
+        self.base = base  # the configuration the differences below are against
+        self.added: list[ProviderKey] = []  # providers configured now and not in base, in config order
+        self.changed: list[ProviderKey] = []  # providers in both whose spec differs
+        self.removed: list[ProviderKey] = []  # providers in base only
+        self.groups: list[str] = []  # model keys new or with other candidates, in config order
+        self.dropped: list[str] = []  # model keys in base only
+        self.same_order = False  # the configured providers are base's, in base's order
+
+    def __repr__(self) -> str:
+        return (
+            f"<PreparedRefresh +{len(self.added)} ~{len(self.changed)} -{len(self.removed)} providers,"
+            f" {len(self.groups)} model groups new or changed>"
+        )
+
+
+def prepare_refresh(config: PoolConfig, base: PoolConfig) -> PreparedRefresh:
+    """Validate ``config`` and find what it changes against ``base``; reads nothing else.
+
+    O(providers + candidates), pure: safe in a worker thread.
+
+    Raises:
+        ConfigError: listing every problem of ``config``.
+    """
+    validate_pool(config)
+    prepared = PreparedRefresh(config, base)
+    old, new = base.providers, config.providers
+    for key, spec in new.items():
+        before = old.get(key)
+        if before is None:
+            prepared.added.append(key)
+        elif before is not spec and before != spec:
+            prepared.changed.append(key)
+    if len(old) + len(prepared.added) != len(new):
+        prepared.removed = [key for key in old if key not in new]
+    prepared.same_order = not prepared.added and not prepared.removed and list(old) == list(new)
+    old_models = base.models
+    for name, group in config.models.items():
+        before_group = old_models.get(name)
+        if before_group is None or before_group.candidates != group.candidates:
+            prepared.groups.append(name)
+    prepared.dropped = [name for name in old_models if name not in config.models]
+    return prepared
+
+
 class _Node:
     __slots__ = ("node_id", "generation", "connected", "providers")
 
@@ -470,6 +532,27 @@ class _Group:
             providers = self.providers
             heap[:] = [e for e in heap if e & _STAMP_MASK == providers[(e >> _STAMP_BITS) & _POSITION_MASK].stamp]
             heapify(heap)
+
+    def link(self, p: _Provider, position: int) -> None:
+        """Take in ``p``, just listed at ``position`` of a new group, as its other groups count and index it.
+
+        Its ``reindex`` afterwards (if it changed) moves every group's counts
+        together. Entries are appended unsorted: call :meth:`heapify` once all are in.
+        """
+        p.groups.append((self, position))
+        self.eligible += p.counted
+        self.long_eligible += p.long_counted
+        self.admitting += p.admit_counted
+        self.long_admitting += p.long_admit_counted
+        if p.eligible and p.admitting and p.in_flight < p.capacity:
+            entry = p.rank() + (position << _STAMP_BITS)
+            self.heap.append(entry)
+            if p.long_in_flight < p.long_capacity:
+                self.long_heap.append(entry)
+
+    def heapify(self) -> None:
+        heapify(self.heap)
+        heapify(self.long_heap)
 
     def drop_top(self, position: int, long_only: bool) -> None:
         """Pop the candidate's top entries that just went stale (it is no longer dispatchable)."""
@@ -598,7 +681,7 @@ class _Provider:
         Call after any change of its load, eligibility, health or spec: O(groups x log n).
         A provider that is not admitting (ejected, probe out) is left out like a full one.
         """
-        self.stamp = stamp = next(_STAMPS)
+        self.stamp = next(_STAMPS)
         eligible = self.eligible
         long_eligible = eligible and self.long_capacity >= 1
         if eligible != self.counted or long_eligible != self.long_counted:
@@ -618,8 +701,7 @@ class _Provider:
             for g, position in self.groups:
                 g.drop_top(position, False)
             return
-        load = int.from_bytes(_FLOAT.pack(self.in_flight / self.capacity), "big")
-        rank = (-self.priority << _PRIORITY_SHIFT) + (load << _LOAD_SHIFT) + stamp
+        rank = self.rank()
         long_room = self.long_in_flight < self.long_capacity
         for g, position in self.groups:
             entry = rank + (position << _STAMP_BITS)
@@ -628,6 +710,11 @@ class _Provider:
                 g.push(entry, position, True)
             else:
                 g.drop_top(position, True)
+
+    def rank(self) -> int:
+        """Its choice index entry, position aside: priority, load and current stamp (see ``_PRIORITY_SHIFT``)."""
+        load = int.from_bytes(_FLOAT.pack(self.in_flight / self.capacity), "big")
+        return (-self.priority << _PRIORITY_SHIFT) + (load << _LOAD_SHIFT) + self.stamp
 
     def queued(self) -> tuple[int, int]:
         """Candidate pressure: (waiters that could run here, of which long)."""
@@ -1011,7 +1098,17 @@ class AdmissionState:
 
     # ------------------------------------------------------------------ refresh
 
-    def refresh(self, config: PoolConfig) -> list[Decision]:
+    def prepare_refresh(self, config: PoolConfig) -> PreparedRefresh:
+        """:func:`prepare_refresh` against the configuration in force now (reads nothing else).
+
+        Safe in a worker thread while this state changes on another.
+
+        Raises:
+            ConfigError: listing every problem of ``config``.
+        """
+        return prepare_refresh(config, self._config)
+
+    def refresh(self, config: PoolConfig | PreparedRefresh) -> list[Decision]:
         """Apply a new configuration atomically; leases are kept.
 
         Validates first (on error nothing changes). Then: provider specs are
@@ -1023,13 +1120,22 @@ class AdmissionState:
         with :class:`Unavailable`; finally waiters are re-evaluated in arrival
         order against every provider.
 
+        A :class:`PreparedRefresh` applies its configuration with exactly the
+        same outcome. Prepared against the configuration in force, only what
+        it changes is touched: the providers whose spec changed (or that were
+        added or removed) and the model groups whose candidates changed; the
+        other groups keep their index and their waiters' places (O(changes +
+        queued waiters)). Otherwise the whole configuration is installed.
+
         Raises:
             ConfigError: listing every problem; the state is unchanged.
         """
+        if isinstance(config, PreparedRefresh):
+            if config.base is self._config:
+                return self._refresh_changes(config)
+            config = config.config
         validate_pool(config)
-        self._config = config
-        self._max_queue = config.policy.max_queue
-        self._timeout = config.policy.queue_timeout
+        self._set_config(config)
         for p in self._providers.values():
             p.configured = False
         self._install(config)
@@ -1038,13 +1144,68 @@ class AdmissionState:
                 self._forget_health(p)
                 if not p.leases:
                     self._drop_retired(p)
+        decisions = self._requeue()
+        decisions.extend(self._dispatch(self._groups.values()))
+        return decisions
 
+    def _refresh_changes(self, prepared: PreparedRefresh) -> list[Decision]:
+        """Apply ``prepared`` to the configuration it was prepared against: only what changed.
+
+        The outcome is :meth:`refresh`'s. Groups whose candidates did not change
+        are kept, with their counts, index and queued waiters; providers whose
+        spec did not change are not touched. Only the groups built anew and the
+        groups of changed providers can gain a dispatchable candidate, so only
+        they are dispatched (every other waiter could not run before and still cannot).
+        """
+        config = prepared.config
+        self._set_config(config)
+        providers = self._providers
+        for name in (*prepared.groups, *prepared.dropped):
+            old = self._groups.get(name)
+            for p in old.providers if old is not None else ():
+                p.groups = [entry for entry in p.groups if entry[0] is not old]
+        touched = [providers[key] for key in prepared.removed]
+        for p in touched:
+            p.configured = False
+        for key in prepared.changed:
+            p = providers[key]
+            p.set_spec(config.providers[key])
+            touched.append(p)
+        touched.extend(self._configure(key, config.providers[key]) for key in prepared.added)
+        built = {name: self._build_group(name, config.models[name].candidates) for name in prepared.groups}
+        kept = self._groups
+        self._groups = {name: built[name] if name in built else kept[name] for name in config.models}
+        if not prepared.same_order:
+            self._configured = tuple(map(providers.__getitem__, config.providers))
+        for p in touched:
+            p.update_eligibility()
+        for key in prepared.removed:
+            p = providers[key]
+            self._forget_health(p)
+            if not p.leases:
+                self._drop_retired(p)
+        decisions = self._requeue()
+        decisions.extend(self._dispatch(_groups_of(touched, built.values())))
+        return decisions
+
+    def _set_config(self, config: PoolConfig) -> None:
+        self._config = config
+        self._max_queue = config.policy.max_queue
+        self._timeout = config.policy.queue_timeout
+
+    def _requeue(self) -> list[Decision]:
+        """After a refresh: each queued waiter's new deadline, candidates and place, in arrival order.
+
+        A waiter of a model key that is gone fails with ModelNotFound, one whose
+        candidates can no longer run it with Unavailable. A waiter whose group
+        was kept stays where it is; the others join their new group's queue.
+        """
         decisions: list[Decision] = []
         retries: list[Waiter] = []
         for w in tuple(self._waiters.values()):
-            w._group = None  # the groups were just replaced
             group = self._groups.get(w.model)
             if group is None:
+                w._group = None
                 decisions.append(self._fail_unindexed(w, ModelNotFound(w.model)))
                 continue
             w.deadline = w.enqueue_time + self._timeout
@@ -1055,31 +1216,25 @@ class AdmissionState:
                 else:
                     decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
                 continue
+            if w._group is group:  # a kept group: the waiter keeps its place
+                if not group.could_run(w.long):
+                    self._remove(w, FAILED)
+                    w.error = Unavailable(w.model, w.long)
+                    decisions.append(Failed(w, w.error))
+                continue
+            w._group = None
             w._candidates = group.providers
             if group.could_run(w.long):
                 group.enqueue(w)
             else:
                 decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
         self._retries = retries
-        decisions.extend(self._dispatch(self._groups.values()))
         return decisions
 
     # ----------------------------------------------------------------- internals
 
     def _install(self, config: PoolConfig) -> None:
-        configured = []
-        for key, spec in config.providers.items():
-            p = self._providers.get(key)
-            if p is None:
-                node = self._node(key.node_id)
-                p = _Provider(key, node, spec)
-                self._providers[key] = p
-                node.providers.append(p)
-            else:
-                p.set_spec(spec)
-                p.configured = True
-            configured.append(p)
-        self._configured = tuple(configured)
+        self._configured = tuple(self._configure(key, spec) for key, spec in config.providers.items())
         for p in self._providers.values():
             p.groups = []
             p.counted = p.long_counted = p.admit_counted = p.long_admit_counted = False
@@ -1092,6 +1247,27 @@ class AdmissionState:
         self._groups = groups
         for p in self._providers.values():
             p.update_eligibility()
+
+    def _configure(self, key: ProviderKey, spec: ProviderSpec) -> _Provider:
+        """The provider ``key`` with ``spec``, configured: a new one, or the one kept (even retired)."""
+        p = self._providers.get(key)
+        if p is None:
+            node = self._node(key.node_id)
+            p = _Provider(key, node, spec)
+            self._providers[key] = p
+            node.providers.append(p)
+        else:
+            p.set_spec(spec)
+            p.configured = True
+        return p
+
+    def _build_group(self, name: str, candidates: tuple[ProviderKey, ...]) -> _Group:
+        """A model group new in a refresh, counted and indexed from its candidates' state now."""
+        group = _Group(name, tuple(map(self._providers.__getitem__, candidates)))
+        for position, p in enumerate(group.providers):
+            group.link(p, position)
+        group.heapify()
+        return group
 
     def _node(self, node_id: str) -> _Node:
         node = self._nodes.get(node_id)
@@ -1289,9 +1465,9 @@ class AdmissionState:
         return f"<AdmissionState {busy}/{cap} in flight with {len(self._waiters)} waiting>"
 
 
-def _groups_of(providers: Iterable[_Provider]) -> list[_Group]:
-    """The model groups listing any of ``providers``, each once."""
-    seen: dict[int, _Group] = {}
+def _groups_of(providers: Iterable[_Provider], also: Iterable[_Group] = ()) -> list[_Group]:
+    """The model groups listing any of ``providers``, each once (and ``also`` these)."""
+    seen: dict[int, _Group] = {id(g): g for g in also}
     for p in providers:
         for g, _ in p.groups:
             seen.setdefault(id(g), g)

@@ -17,7 +17,7 @@ from typing import Any, final
 import attrs
 import trio
 
-from iop_admission import Admission, ConfigError, PoolConfig, ProviderKey, validate_pool
+from iop_admission import Admission, ConfigError, PreparedRefresh, ProviderKey
 from iop_config import ConfigFileError, TlsFileError
 
 from ._http_api import EdgeAPI
@@ -80,7 +80,10 @@ class EdgeService:
         certificate files it names are read, in a worker thread, so the event
         loop (streams, heartbeats, other requests) keeps running; only the
         validated result is applied on the loop, at once
-        (``admission.refresh``). Reloads are serialized: one that arrives
+        (``admission.refresh``). What the new config changes in the pool is
+        worked out in the thread too (``admission.prepare_refresh``), as are
+        the config's lookup tables, so the step on the loop costs what changed,
+        not the size of the fleet. Reloads are serialized: one that arrives
         during another waits for it, then reads the file again. An invalid
         file changes nothing. ``listen``, ``node_listen``, the size limits and
         turning TLS on or off apply at the next start only; tokens, queue
@@ -96,7 +99,7 @@ class EdgeService:
                 return ["this Edge was started without a config file"]
             path = self.config_path
             try:
-                config, pool, tls = await run_off_loop(lambda: _read_config(path), keeps_objects=True)
+                config, pool, tls = await run_off_loop(lambda: _read_config(path, self.admission), keeps_objects=True)
                 _refuse_tls_switch(self.config, config, path)
                 self.admission.refresh(pool)
             except ConfigFileError as exc:
@@ -266,16 +269,19 @@ def _refuse_tls_switch(running: EdgeConfig, new: EdgeConfig, path: str | os.Path
         raise ConfigFileError(errors)
 
 
-def _read_config(path: str | os.PathLike[str]) -> tuple[EdgeConfig, PoolConfig, _TlsContexts]:
-    """Load and validate the config file and its pool, read its certificates (runs in a worker thread).
+def _read_config(
+    path: str | os.PathLike[str], admission: Admission
+) -> tuple[EdgeConfig, PreparedRefresh, _TlsContexts]:
+    """Load and validate the config file, prepare its pool's refresh of ``admission``, read its
+    certificates, build its lookup tables (runs in a worker thread; changes nothing).
 
     Raises:
         ConfigFileError, ConfigError, OSError: the file is unusable (see :func:`_tls_contexts`).
     """
     config = load_edge_config(path, yields_gil=True)
-    pool = config.pool_config()
-    validate_pool(pool)
-    return config, pool, _tls_contexts(config, path)
+    prepared = admission.prepare_refresh(config.pool_config())
+    config.build_lookups()
+    return config, prepared, _tls_contexts(config, path)
 
 
 async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:

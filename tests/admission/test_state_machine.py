@@ -28,6 +28,7 @@ from iop_admission import (
     ModelNotFound,
     OutlierPolicy,
     PoolConfig,
+    PreparedRefresh,
     ProviderKey,
     ProviderSpec,
     QueueFull,
@@ -142,6 +143,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.last_seq = 0
         self.lease_ids: set[int] = set()
         self.kept = 0  # waiters kept over max_queue by a refresh that lowered it
+        self.pending: PreparedRefresh | None = None  # a refresh prepared, not applied yet
         self.health: dict[ProviderKey, RefHealth] = {k: RefHealth() for k in KEYS}
         self.lease_epoch: dict[int, int] = {}  # lease id -> its provider's epoch at the grant
         self.reported: set[int] = set()
@@ -502,11 +504,34 @@ class AdmissionMachine(RuleBasedStateMachine):
             if lease.provider.node_id == node:
                 assert lease.revoked, "a lease of the fenced generation is still live"
 
-    @rule(config=pool_configs())
-    def refresh(self, config: PoolConfig) -> None:
+    @rule(config=pool_configs(), prepared=st.booleans())
+    def refresh(self, config: PoolConfig, prepared: bool) -> None:
+        """A refresh, direct or prepared just before (then only what changed is touched)."""
         self.step_grants = []
         self.set_config(config)
-        self.apply(self.core.refresh(config))
+        self.apply(self.core.refresh(self.core.prepare_refresh(config) if prepared else config))
+        self.kept = len(self.queued)
+
+    @rule(data=st.data())
+    def prepare_refresh(self, data: st.DataObject) -> None:
+        """[reload-off-loop] Prepare a refresh now, to apply it some steps later (as a reload
+        prepares in a worker thread while the pool keeps serving): an edit of the config in force."""
+        self.step_grants = []
+        providers = dict(self.config.providers)
+        providers[data.draw(st.sampled_from(sorted(providers)))] = data.draw(provider_specs())
+        edit = attrs.evolve(self.config, providers=providers)
+        config = data.draw(st.sampled_from((edit, self.config)) | pool_configs())
+        self.pending = self.core.prepare_refresh(config)
+
+    @precondition(lambda self: self.pending is not None)
+    @rule()
+    def apply_prepared(self) -> None:
+        """Apply the refresh prepared earlier, whatever happened since (another refresh too)."""
+        self.step_grants = []
+        assert self.pending is not None
+        prepared, self.pending = self.pending, None
+        self.set_config(prepared.config)
+        self.apply(self.core.refresh(prepared))
         self.kept = len(self.queued)
 
     def set_config(self, config: PoolConfig) -> None:
@@ -528,7 +553,8 @@ class AdmissionMachine(RuleBasedStateMachine):
             key = data.draw(st.sampled_from(sorted(providers)))
             providers[key] = data.draw(provider_specs())
         self.set_config(attrs.evolve(self.config, policy=policy, providers=providers))
-        self.apply(self.core.refresh(self.config))
+        prepared = data.draw(st.booleans())
+        self.apply(self.core.refresh(self.core.prepare_refresh(self.config) if prepared else self.config))
         self.kept = len(self.queued)
 
     @rule()

@@ -10,12 +10,14 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import attrs
 import httpx
 import pytest
 import trio
 import trio.testing
 
 from edge.harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge, start_chat
+from iop_admission import Admission
 from iop_edge import _service
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -222,12 +224,12 @@ async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
     first_entered, release_first = threading.Event(), threading.Event()
     reads: list[int] = []
 
-    def held_read(path: str) -> object:
+    def held_read(path: str, admission: Admission) -> object:
         reads.append(threading.get_ident())
         if len(reads) == 1:
             first_entered.set()
             release_first.wait(10)
-        return real_read(path)
+        return real_read(path, admission)
 
     monkeypatch.setattr(_service, "_read_config", held_read)
     with trio.fail_after(20):
@@ -254,16 +256,48 @@ async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
 
 
 @pytest.mark.req("reload-off-loop")
+async def test_reload_applies_whole_when_the_pool_was_refreshed_after_it_was_prepared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[reload-off-loop] the pool's refresh is prepared in the reload's thread against the config in
+    force; if another refresh lands before it is applied, the reload still puts its file in force."""
+    real_read = _service._read_config
+    prepared, release = threading.Event(), threading.Event()
+
+    def held_read(path: str, admission: Admission) -> object:
+        result = real_read(path, admission)
+        prepared.set()
+        release.wait(10)
+        return result
+
+    monkeypatch.setattr(_service, "_read_config", held_read)
+    with trio.fail_after(20):
+        async with running_edge(tmp_path) as edge:
+            admission = edge.service.admission
+            first = admission.config
+            edge.rewrite(EdgeLayout(gpu0_capacity=3))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(edge.service.reload)
+                await trio.to_thread.run_sync(prepared.wait, 10)
+                spec = first.providers[next(iter(first.providers))]
+                other = {key: attrs.evolve(spec, capacity=2) for key in first.providers}
+                admission.refresh(attrs.evolve(first, providers=other))  # in force now: not what was prepared against
+                release.set()
+            assert edge.provider("node-a", "gpu0")["capacity"] == 3
+            assert edge.service.config.pool_config() == admission.config
+
+
+@pytest.mark.req("reload-off-loop")
 async def test_reload_cancelled_while_reading_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """[reload-off-loop] a reload cancelled while its thread reads the file returns at once and
     applies nothing; the next reload works."""
     real_read = _service._read_config
     entered, release = threading.Event(), threading.Event()
 
-    def held_read(path: str) -> object:
+    def held_read(path: str, admission: Admission) -> object:
         entered.set()
         release.wait(10)
-        return real_read(path)
+        return real_read(path, admission)
 
     monkeypatch.setattr(_service, "_read_config", held_read)
     with trio.fail_after(20):
