@@ -136,12 +136,7 @@ def load_config_text(
     Raises:
         ConfigFileError: any problem at all; no partial object is returned.
     """
-    tree: Any = None
-    try:
-        data = _fast_load(text, release=yields_gil)
-    except YAMLError:
-        tree = _parse(text, filename)  # raises ConfigFileError with the line
-        data = _plain(tree)
+    data, tree = _read(text, filename, release=yields_gil)
     if converter is None:
         converter = _shared_converter()
     found: list[tuple[Path, str]] = []
@@ -166,13 +161,32 @@ def load_config_text(
     return obj
 
 
+def _read(text: str, filename: str, *, release: bool) -> tuple[Any, Any]:
+    """The document's plain data, and its line-keeping tree if it had to be parsed for it.
+
+    Raises:
+        ConfigFileError: not a valid YAML document, with the line.
+    """
+    try:
+        return _fast_load(text, release=release), None
+    except YAMLError:
+        pass
+    except Exception as exc:  # ruamel's constructors: a bare ValueError on `!!int abc`, and so on
+        raise ConfigFileError([_unreadable(text, filename, exc)]) from None
+    tree = _parse(text, filename)  # raises ConfigFileError with the line
+    try:
+        return _plain(tree), tree
+    except TypeError as exc:  # a mapping as a mapping key, which only the round-trip loader reads
+        raise ConfigFileError([_unreadable(text, filename, exc)]) from None
+
+
 def format_path(path: Path) -> str:
     """Render a path as ``nodes[0].providers[1].capacity``."""
     out: list[str] = []
     for part in path:
         if isinstance(part, int):
             out.append(f"[{part}]")
-        elif _PLAIN_KEY.fullmatch(part):
+        elif isinstance(part, str) and _PLAIN_KEY.fullmatch(part):
             out.append(f".{part}" if out else part)
         else:
             out.append(f"[{part!r}]")
@@ -391,6 +405,31 @@ def _safe_load(text: str, *, release: bool) -> Any:
     return data
 
 
+def _unreadable(text: str, filename: str, exc: Exception) -> str:
+    """``FILE:LINE: YAML error: ...`` for a document ruamel.yaml failed on with a bare exception.
+
+    Its constructors raise ``ValueError`` or ``KeyError`` without a position on
+    ``!!int abc`` or ``!!bool maybe`` (the safe and the round-trip loader
+    alike), and other bare exceptions on some tagged or anchored mapping keys.
+    The line is that of the first explicitly tagged scalar its tag's
+    constructor refuses, found from the parser's events; else line 1. The
+    value itself is never repeated (it may be a secret).
+    """
+    yaml = YAML(typ="safe")
+    yaml.Resolver = _Yaml12Resolver
+    constructor = yaml.constructor
+    tagged = (event for event in yaml.parse(text) if type(event) is ScalarEvent and event.tag is not None)
+    for event in tagged:
+        try:
+            constructor.construct_non_recursive_object(ScalarNode(event.tag, event.value), event.tag)
+        except YAMLError:
+            continue  # a tag the safe loader does not know: not this problem
+        except Exception:
+            short = str(event.tag).replace("tag:yaml.org,2002:", "!!")
+            return f"{filename}:{event.start_mark.line + 1}: YAML error: not a valid {short} value"
+    return f"{filename}:1: YAML error: the document cannot be read ({type(exc).__name__})"
+
+
 def _release(root: Any) -> None:
     """Free a YAML node tree a node at a time, in Python steps.
 
@@ -424,6 +463,8 @@ def _parse(text: str, filename: str) -> Any:
         raise ConfigFileError([f"{filename}:{line}: YAML syntax error: {what}"]) from None
     except YAMLError as exc:
         raise ConfigFileError([f"{filename}:1: YAML error: {exc}"]) from None
+    except Exception as exc:  # as in load_config_text
+        raise ConfigFileError([_unreadable(text, filename, exc)]) from None
 
 
 def _plain(node: Any) -> Any:

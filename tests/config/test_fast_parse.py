@@ -185,6 +185,20 @@ def test_plain_document_is_built_from_events_alone(text: str) -> None:
     assert fast == typed(_loader._plain(_loader._parse(text, "doc.yaml"))), text
 
 
+@pytest.mark.req("reload-off-loop")
+@given(documents(features=True))
+def test_any_document_loads_or_is_a_config_file_error(text: str) -> None:
+    """Whatever the YAML holds (bad tagged values such as ``!!int abc`` included), loading gives
+    the object or a ``ConfigFileError`` whose every line reads ``FILE:LINE: ...``, never another
+    exception."""
+    result = loaded(text, "any.yaml")
+    if isinstance(result, tuple):
+        assert result
+        assert all(error.startswith("any.yaml:") and error.split(":")[1].isdigit() for error in result)
+    else:
+        assert isinstance(result, Service)
+
+
 @attrs.frozen
 class Endpoint:
     name: str
@@ -229,9 +243,10 @@ def services(draw: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def loaded(text: str) -> Any:
+def loaded(text: str, filename: str = "svc.yaml") -> Any:
+    """The ``Service`` of ``text``, or its errors."""
     try:
-        return load_config_text(text, Service, filename="svc.yaml")
+        return load_config_text(text, Service, filename=filename)
     except ConfigFileError as exc:
         return exc.errors
 

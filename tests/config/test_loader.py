@@ -143,6 +143,25 @@ def test_syntax_error_mapping_value_line() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("groups: []\npool:\n  size: !!int abc\n", "doc.yaml:3: YAML error: not a valid !!int value"),
+        ("groups: []\ntags: [a, !!bool maybe]\n", "doc.yaml:2: YAML error: not a valid !!bool value"),
+        ("groups: []\n\nlabels: {k: !!float s3cret}\n", "doc.yaml:3: YAML error: not a valid !!float value"),
+        ("groups: []\n&a {}: *a\n", "doc.yaml:1: YAML error: the document cannot be read (TypeError)"),
+    ],
+)
+def test_value_its_tag_refuses_is_a_yaml_error_with_its_line(text: str, error: str) -> None:
+    """ruamel.yaml raises a bare ValueError/KeyError (no position) for these; the loader reports
+    them like any YAML error, at the tagged value's line, without echoing the value."""
+    assert errors_of(text) == (error,)
+
+
+def test_list_as_a_key_is_an_unknown_key() -> None:
+    assert errors_of("groups: []\n? [a]\n: 1\n") == ("doc.yaml:2: [('a',)]: unknown key ('a',)",)
+
+
 def test_duplicate_key_is_an_error() -> None:
     (error,) = errors_of("groups: []\npool: {size: 1}\ngroups: []\n")
     assert error.startswith("doc.yaml:3: YAML syntax error:")
