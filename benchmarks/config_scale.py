@@ -14,8 +14,9 @@ generated ``edge.yaml`` of N nodes with one provider each (the same file
    for :data:`AFTER_RELOAD` seconds after it answered), and
    while ``GET /status`` and ``GET /metrics`` are answered. A gap is what a
    stream's inter-event gap would be: the loop answers nothing while it is held.
-3. **Ops endpoints**: ``GET /status`` and ``GET /metrics`` time (median of 3)
-   and size, the metrics' series count, and the series count with
+3. **Ops endpoints**: ``GET /status`` and ``GET /metrics`` time (median of 3),
+   the Edge's CPU per request (the probe's own CPU, measured in the baseline,
+   taken off) and size, the metrics' series count, and the series count with
    ``metrics_per_provider: false`` and with ``metrics_per_node: false``
    (rendered in this process).
 
@@ -161,19 +162,22 @@ async def _edge_figures(workdir: pathlib.Path) -> dict[str, Any]:
         probe = Probe(port)
         async with trio.open_nursery() as nursery:
             await nursery.start(probe.run)
-            since = time.perf_counter()
+            since, cpu = time.perf_counter(), edge.cpu_seconds()
             await trio.sleep(BASELINE)
             out["baseline"] = probe.gaps_since(since)
+            idle_cpu = (edge.cpu_seconds() - cpu) / (time.perf_counter() - since)  # the probe's own cost
             since = time.perf_counter()
             out["reload_ms"], _ = await _request(port, "POST", "/admin/reload", ADMIN_TOKEN)
             await trio.sleep(AFTER_RELOAD)  # garbage collections the reload's allocations start come after it
             out["reload"] = probe.gaps_since(since)
             for name, path in (("status", "/status"), ("status_node", "/status?node=node-0"), ("metrics", "/metrics")):
-                since, times = time.perf_counter(), []
+                since, times, cpu = time.perf_counter(), [], edge.cpu_seconds()
                 for _ in range(3):
                     elapsed, body = await _request(port, "GET", path)
                     times.append(elapsed)
+                cpu = edge.cpu_seconds() - cpu - idle_cpu * (time.perf_counter() - since)
                 out[name] = {"ms": statistics.median(times), "bytes": len(body), **probe.gaps_since(since)}
+                out[name]["cpu_ms"] = cpu / 3 * 1000
                 if name == "metrics":
                     out[name]["series"] = _series(body)
             nursery.cancel_scope.cancel()
@@ -214,7 +218,8 @@ def table(result: dict[str, Any]) -> str:
     for name, path in (("status", "/status"), ("status_node", "/status?node=node-0"), ("metrics", "/metrics")):
         r = result[name]
         extra = f", {r['series']:,} series" if "series" in r else ""
-        rows.append(_gap_row(f"`GET {path}`: {r['ms']:.0f} ms, {r['bytes'] / 1e6:.2f} MB{extra}; loop gap", r))
+        what = f"`GET {path}`: {r['ms']:.0f} ms ({r['cpu_ms']:.0f} ms Edge CPU), {r['bytes'] / 1e6:.2f} MB{extra}"
+        rows.append(_gap_row(f"{what}; loop gap", r))
     rows.append(
         "| `/metrics` rendered in-process: per provider / per node (`metrics_per_provider: false`) "
         f"/ Edge-wide (`metrics_per_node: false`) | {m['per_provider_series']:,} / {m['per_node_series']:,} "

@@ -45,6 +45,10 @@ system call, waits at most this long for the GIL."""
 SNAPSHOT_SLICE = 500
 """Providers read per loop turn by :func:`snapshot_in_slices` (about 1.5 ms of CPU)."""
 
+NODE_SLICE = 1000
+"""Nodes whose connection state ``/status`` reads per loop turn (a node's row costs about
+a third of a provider's, so about the time of a :data:`SNAPSHOT_SLICE`)."""
+
 _running = 0
 _saved: tuple[float, bool] = (0.005, True)
 _promote = False

@@ -23,7 +23,7 @@ from iop_config import ConfigFileError, TlsFileError
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
-from ._off_loop import SNAPSHOT_SLICE, run_off_loop, snapshot_in_slices
+from ._off_loop import NODE_SLICE, run_off_loop, snapshot_in_slices
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
@@ -142,7 +142,7 @@ class EdgeService:
         model key lists and their nodes. Both: the intersection. An unknown
         id gives empty lists. [status-at-size] Read a slice at a time
         (:func:`snapshot_in_slices`, then the nodes' connection state
-        :data:`SNAPSHOT_SLICE` nodes per loop turn), so no stream waits for
+        :data:`NODE_SLICE` nodes per loop turn), so no stream waits for
         10,000 rows; turning it into JSON is the caller's. Checkpoints.
         """
         snapshot = await snapshot_in_slices(self.admission)
@@ -160,10 +160,10 @@ class EdgeService:
             keep = {p.node_id for p in providers} if listed is not None else {node}
             node_ids = [n for n in node_ids if n in keep]
         nodes: list[NodeStatus] = []
-        for first in range(0, len(node_ids), SNAPSHOT_SLICE):
+        for first in range(0, len(node_ids), NODE_SLICE):
             if first:
                 await trio.lowlevel.checkpoint()
-            nodes.extend(self.registry.node_status(node_ids[first : first + SNAPSHOT_SLICE]))
+            nodes.extend(self.registry.node_status(node_ids[first : first + NODE_SLICE]))
         return EdgeStatus(snapshot, tuple(nodes), self.front_door.status())
 
     # ------------------------------------------------------------------- serve
