@@ -395,6 +395,7 @@ class EdgeAPI:
         self._paths = {path for _, path in self._routes}
         self._capacity_of: tuple[EdgeConfig | None, int] = (None, 0)
         self._head_refusals: dict[tuple[str, int, int], CannedResponse] = {}
+        self._refusal_counters: dict[str, Callable[[], None]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -487,7 +488,10 @@ class EdgeAPI:
             if not door.queue_full(max_queue, self._capacity(), service.admission.queue_depth):
                 return None
             code = "queue_full"
-        service.metrics.request_rejected("", code)
+        count = self._refusal_counters.get(code)
+        if count is None:
+            count = self._refusal_counters[code] = service.metrics.rejection_counter("", code)
+        count()
         now = trio.current_time()
         retry_after, delay = door.refusal(now, self._capacity())
         return self._refusal_on_head(code, retry_after), now + delay

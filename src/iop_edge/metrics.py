@@ -452,6 +452,15 @@ class EdgeMetrics:
         _check(reason, REJECTION_REASONS, "rejection reason")
         self._rejected.labels(model, reason).inc()
 
+    def rejection_counter(self, model: str, reason: str) -> Callable[[], None]:
+        """What :meth:`request_rejected` does for ``model`` and ``reason``, looked up once (a hot path's).
+
+        Raises:
+            ValueError: ``reason`` is not one of :data:`REJECTION_REASONS`.
+        """
+        _check(reason, REJECTION_REASONS, "rejection reason")
+        return self._rejected.labels(model, reason).inc
+
     def lease_ended(self, model: str, outcome: str, duration: float) -> None:
         """Count an admitted request that ended, and observe its duration in seconds.
 
