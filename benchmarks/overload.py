@@ -25,9 +25,19 @@ sent after the previous ``Retry-After`` had passed are also reported apart. Only
 measurement window (after the warm-up) count. Reported per scenario: answered 200/s
 against the ideal, 200 p50/p99, the p99 of an on-time 200's latency beyond the queue
 wait the Edge reports (``x-iop-queue-ms``), rejection p99 (all; on-time) and rejections/s, the probe's p99 per
-endpoint, CPU (% of one core) of the Edge, the Node, the flood and the probe, and the
-Edge's CPU per answered request and per rejection (an upper bound for the rejection:
-all the Edge's CPU divided by the rejections). After each scenario the flood stops and
+endpoint, CPU (% of one core) of the Edge, the Node, the flood and the probe (each read
+from ``/proc`` by the flood itself at the start and end of its window, so CPU and answers
+cover the same seconds), and the Edge's CPU per refusal against a served request's.
+
+Edge CPU per refusal, measured against references taken in the same run, before the
+scenarios, with the same Edge: a request served without overload (8 clients, capacity 8:
+``served_ms``, the reference of the ratio), a request served through a full queue (64
+clients: every slot busy, 56 waiting, none refused; ``queued_ms``) and the Edge with only
+the probe as client (``probe_ms_per_s``). A row's refusal cost is its Edge CPU minus its
+answered requests at ``queued_ms`` (they waited in the queue too) minus the probe's
+baseline, divided by its refusals; the JSON also keeps it with the probe's share left in.
+Rows with fewer than ``FEW_REFUSALS`` refusals per answered request show no figure: there
+the remainder is within the noise of the served requests' cost. After each scenario the flood stops and
 the driver waits for ``/status`` to show nothing queued or in flight and reads the
 backend's peak concurrency (must be <= 8).
 
@@ -70,6 +80,8 @@ SCENARIOS = (
     (5000, HONOUR),
 )
 QUICK_SCENARIOS = ((200, 0.01), (1000, 0.01))
+FEW_REFUSALS = 4
+"""A row's Edge CPU per refusal is shown when it has at least this many refusals per answered request."""
 QUEUED_CLIENTS = 64
 """Closed-loop clients of the served-through-the-queue baseline: every slot busy, the queue 56 deep, none refused."""
 WARMUP, DURATION = 3.0, 8.0
@@ -478,6 +490,12 @@ def _ms(value: float) -> str:
     return "-" if value != value else f"{value:.0f} ms" if value < 1000 else f"{value / 1000:.2f} s"
 
 
+def _per_refusal_cell(r: dict[str, Any]) -> str:
+    if r["rejected"] + r["timed_out"] < FEW_REFUSALS * r["ok"]:
+        return "(few refusals)"  # the served requests' CPU dominates: the remainder is within its noise
+    return f"{r['edge_cpu_us_per_reject']:.0f} µs ({r['reject_share']:.1%})"
+
+
 def _row(r: dict[str, Any]) -> str:
     probe = r["probe"]
     cpu = r["cpu_pct"]
@@ -491,7 +509,7 @@ def _row(r: dict[str, Any]) -> str:
         f" | {r['timed_out'] / r['duration_s']:.0f}/s"
         f" | {_ms(probe['/healthz']['p99_ms'])} ({probe['/healthz']['n']})"
         f" | {_ms(probe['/status']['p99_ms'])} / {_ms(probe['/metrics']['p99_ms'])}"
-        f" | {cpu['edge']:.0f} % | {r['edge_cpu_us_per_reject']:.0f} µs ({r['reject_share']:.1%})"
+        f" | {cpu['edge']:.0f} % | {_per_refusal_cell(r)}"
         f" | {cpu['flood']:.0f} % | {cpu['node']:.0f} % | {drain['backend_peak']}, drained {drain['seconds']} s |"
     )
 
