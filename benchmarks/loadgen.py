@@ -62,16 +62,21 @@ class HttpConnection:
             head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
         return head.encode() + b"\r\n" + (body or b"")
 
+    async def connect(self) -> None:
+        """Open the connection now (``request`` opens it when needed otherwise). Checkpoints."""
+        if self._stream is None:
+            self._stream = await trio.open_tcp_stream(self.host, self.port)
+            self._buffer.clear()
+
     async def request(self, raw: bytes) -> tuple[int, bytes]:
         """Send prebuilt request bytes; return ``(status, body)``. Checkpoints.
 
         Cancellation leaves the connection unusable; it is closed and reopened by
         the next call.
         """
-        if self._stream is None:
-            self._stream = await trio.open_tcp_stream(self.host, self.port)
-            self._buffer.clear()
+        await self.connect()
         stream = self._stream
+        assert stream is not None
         try:
             await stream.send_all(raw)
             status, length, chunked, close = await self._head()

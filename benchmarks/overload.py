@@ -7,7 +7,8 @@ process on loopback, every port chosen by the OS: ``iop-mock-backend --latency-m
 answered requests/s -- and, for every scenario, two measuring processes started
 together: the *flood* and the *probe* (``python -m benchmarks.overload flood|probe``).
 
-- The flood: N closed-loop clients, each with its own keep-alive connection, send a
+- The flood: N closed-loop clients, each with its own keep-alive connection (all opened
+  before the warm-up starts, so the window holds no accept storm), send a
   small non-stream chat request; after a rejection (429 or 503) or a lost connection
   the client waits ``retry`` (10 ms or 1 s; or, in the ``Retry-After`` rows, the
   ``Retry-After`` it was sent) and sends again. The flood's client is minimal (prebuilt
@@ -124,6 +125,23 @@ def _header(head: bytes, name: bytes) -> bytes | None:
     return head[start : stop if stop >= 0 else len(head)].strip()
 
 
+READY = "connected"
+"""The flood's first line: every client's connection is open."""
+
+
+async def _connect_all(connections: list[HttpConnection], at_once: int = 64) -> None:
+    """Open every connection, ``at_once`` at a time (the listen backlog is finite). Checkpoints."""
+    limiter = trio.CapacityLimiter(at_once)
+
+    async def connect(connection: HttpConnection) -> None:
+        async with limiter:
+            await connection.connect()
+
+    async with trio.open_nursery() as nursery:
+        for connection in connections:
+            nursery.start_soon(connect, connection)
+
+
 async def _cpu_window(pids: dict[str, int], begin: float, end: float, out: dict[str, float]) -> None:
     """CPU seconds each of ``pids`` used between ``begin`` and ``end`` (``time.perf_counter``), into ``out``.
 
@@ -149,6 +167,9 @@ async def _flood(
     """
     raw = HttpConnection.build("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
     clock = time.perf_counter
+    connections = [HttpConnection("127.0.0.1", port) for _ in range(clients)]
+    await _connect_all(connections)
+    print(READY, flush=True)  # the driver starts the probe now: both windows begin after the accepts
     begin = clock() + warmup
     end = begin + duration
     ok: list[float] = []
@@ -159,8 +180,8 @@ async def _flood(
     other: dict[str, int] = {}
 
     async def client(index: int) -> None:
-        await trio.sleep(warmup * 0.5 * index / clients)  # connections open over the first half of the warm-up
-        connection = HttpConnection("127.0.0.1", port)
+        await trio.sleep(warmup * 0.5 * index / clients)  # first requests spread over the first half of the warm-up
+        connection = connections[index]
         come_back = 0.0  # when the last Retry-After ends
         try:
             while (t0 := clock()) < end:
@@ -313,27 +334,33 @@ async def _scenario(
     await backend.aclose()
     common = ["--port", str(http_port), "--warmup", str(warmup), "--duration", str(duration)]
     pids = {name: d.proc.pid for name, d in daemons.items()}
+    flood = subprocess.Popen(
+        _python(
+            "-m", "benchmarks.overload", "flood", *common, "--clients", str(clients), "--retry", str(retry),
+            *_pid_args(pids),
+        ),
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )  # fmt: skip
+    assert flood.stdout is not None
+    ready = await trio.to_thread.run_sync(flood.stdout.readline)
+    if ready.strip() != READY:
+        flood.kill()
+        raise BenchmarkFailed(f"the flood did not connect: {ready!r}")
     probe = subprocess.Popen(
         _python("-m", "benchmarks.overload", "probe", *common, *_pid_args({})),
         stdout=subprocess.PIPE,
         cwd=ROOT,
         text=True,
     )
-    flood = subprocess.Popen(
-        _python(
-            "-m", "benchmarks.overload", "flood", *common, "--clients", str(clients), "--retry", str(retry),
-            *_pid_args({**pids, "probe": probe.pid}),
-        ),
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-        text=True,
-    )  # fmt: skip
     flood_out, _ = await trio.to_thread.run_sync(flood.communicate)
     probe_out, _ = await trio.to_thread.run_sync(probe.communicate)
     if flood.returncode or probe.returncode:
         raise BenchmarkFailed(f"flood exited {flood.returncode}, probe exited {probe.returncode}")
     result: dict[str, Any] = {"clients": clients, "retry_s": retry, "duration_s": duration, **json.loads(flood_out)}
     result["probe"] = json.loads(probe_out)
+    result["cpu_s"]["probe"] = result["probe"]["cpu_s"]["probe"]  # over the probe's own window
     result["cpu_pct"] = {k: round(v * 100 / duration, 1) for k, v in result["cpu_s"].items()}
     edge_cpu = result["cpu_s"]["edge"]
     result["edge_cpu_ms_per_answer"] = edge_cpu * 1000 / max(1, result["ok"] + result["rejected"] + result["timed_out"])
