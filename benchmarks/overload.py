@@ -126,7 +126,7 @@ def _header(head: bytes, name: bytes) -> bytes | None:
 
 
 READY = "connected"
-"""The flood's first line: every client's connection is open."""
+"""The flood's first line (with its window's start): every client's connection is open."""
 
 
 async def _connect_all(connections: list[HttpConnection], at_once: int = 64) -> None:
@@ -169,9 +169,9 @@ async def _flood(
     clock = time.perf_counter
     connections = [HttpConnection("127.0.0.1", port) for _ in range(clients)]
     await _connect_all(connections)
-    print(READY, flush=True)  # the driver starts the probe now: both windows begin after the accepts
     begin = clock() + warmup
     end = begin + duration
+    print(READY, begin, flush=True)  # the driver hands the window to the probe (one clock for both)
     ok: list[float] = []
     beyond_queue: list[float] = []  # a 200 sent on time: its latency minus the Edge's queue wait
     rejected: list[float] = []  # refused at once: queue_full, overloaded
@@ -240,10 +240,16 @@ async def _flood(
     }
 
 
-async def _probe(port: int, warmup: float, duration: float, pids: dict[str, int]) -> dict[str, Any]:
-    """``/healthz`` every 100 ms, ``/metrics`` and ``/status`` every 500 ms, one connection each."""
+async def _probe(
+    port: int, warmup: float, duration: float, pids: dict[str, int], begin: float | None = None
+) -> dict[str, Any]:
+    """``/healthz`` every 100 ms, ``/metrics`` and ``/status`` every 500 ms, one connection each.
+
+    The window starts at ``begin`` (``time.perf_counter``, the system's monotonic clock: the
+    flood's window) or ``warmup`` from now.
+    """
     clock = time.perf_counter
-    begin = clock() + warmup
+    begin = clock() + warmup if begin is None else begin
     end = begin + duration
     samples: dict[str, list[float]] = {"/healthz": [], "/metrics": [], "/status": []}
     failures: dict[str, int] = {}
@@ -334,6 +340,15 @@ async def _scenario(
     await backend.aclose()
     common = ["--port", str(http_port), "--warmup", str(warmup), "--duration", str(duration)]
     pids = {name: d.proc.pid for name, d in daemons.items()}
+    # Both start now (a Python process takes seconds to start on a busy box); the probe then
+    # waits for the flood's window, sent on its stdin once every flood connection is open.
+    probe = subprocess.Popen(
+        _python("-m", "benchmarks.overload", "probe", *common, "--begin", "stdin", *_pid_args({})),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )
     flood = subprocess.Popen(
         _python(
             "-m", "benchmarks.overload", "flood", *common, "--clients", str(clients), "--retry", str(retry),
@@ -343,17 +358,14 @@ async def _scenario(
         cwd=ROOT,
         text=True,
     )  # fmt: skip
-    assert flood.stdout is not None
-    ready = await trio.to_thread.run_sync(flood.stdout.readline)
-    if ready.strip() != READY:
+    assert flood.stdout is not None and probe.stdin is not None
+    ready = (await trio.to_thread.run_sync(flood.stdout.readline)).split()
+    if ready[:1] != [READY]:
         flood.kill()
+        probe.kill()
         raise BenchmarkFailed(f"the flood did not connect: {ready!r}")
-    probe = subprocess.Popen(
-        _python("-m", "benchmarks.overload", "probe", *common, *_pid_args({})),
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-        text=True,
-    )
+    probe.stdin.write(ready[1] + "\n")
+    probe.stdin.flush()  # (communicate closes it)
     flood_out, _ = await trio.to_thread.run_sync(flood.communicate)
     probe_out, _ = await trio.to_thread.run_sync(probe.communicate)
     if flood.returncode or probe.returncode:
@@ -569,12 +581,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=WARMUP)
     parser.add_argument("--duration", type=float, default=DURATION)
     parser.add_argument("--pids", default="", help="name=pid,...: processes whose CPU to read over the window")
+    parser.add_argument(
+        "--begin", default=None, help="probe: 'stdin': read the window's start (time.perf_counter) from stdin"
+    )
     args = parser.parse_args(argv)
     pids = {name: int(pid) for name, _, pid in (item.partition("=") for item in args.pids.split(",") if item)}
     if args.role == "flood":
         out = trio.run(_flood, args.port, args.clients, args.retry, args.warmup, args.duration, pids)
     else:
-        out = trio.run(_probe, args.port, args.warmup, args.duration, pids)
+        begin = float(sys.stdin.readline()) if args.begin == "stdin" else None
+        out = trio.run(_probe, args.port, args.warmup, args.duration, pids, begin)
     print(json.dumps(out))
 
 
