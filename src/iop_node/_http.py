@@ -30,7 +30,8 @@ from iop_wire import UPSTREAM_BODY_LIMIT
 
 from ._adapter import TunnelHead
 from ._errors import BadRunRequest, UpstreamFailed, UpstreamUnreachable
-from ._transport import H11Transport
+from ._poller import RunOutput
+from ._transport import Answer, H11Transport
 from .config import ProviderConfig
 
 _HOP_BY_HOP = frozenset(
@@ -171,7 +172,9 @@ class HttpUpstream:
     async def relay_post(self, url: str, body: dict[str, Any], send: Callable[[bytes], Awaitable[None]]) -> None:
         """``POST url`` with a JSON body and hand the 2xx answer's body to ``send`` as it arrives.
 
-        A run's relay: see :meth:`post_for_body` and :meth:`iop_node._transport.Answer.pump`.
+        A run's relay: see :meth:`post_for_body` and :meth:`iop_node._transport.Answer.pump`;
+        when ``send`` is a :class:`~iop_node._poller.RunOutput` with a poller, the session's
+        poller reads the body instead (:meth:`iop_node._poller.BodyPoller.relay`).
         Checkpoints; cancellation closes the request.
 
         Raises:
@@ -179,7 +182,10 @@ class HttpUpstream:
             UpstreamFailed: the upstream answered non-2xx.
         """
         async with self.post_for_body(url, body) as answer:
-            await answer.pump(send)
+            if isinstance(send, RunOutput) and send.poller is not None and isinstance(answer, Answer):
+                await send.poller.relay(answer, send)
+            else:
+                await answer.pump(send)
 
     def _url(self, url: str) -> httpx.URL:
         # The run URLs are few and fixed: parse each once (httpx would parse the string every time).

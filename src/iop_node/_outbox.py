@@ -69,6 +69,31 @@ class Outbox:
         self._queued += len(header) + len(data)
         self._wakeup.set()
 
+    def put_record_nowait(self, header: bytes, data: bytes) -> None:
+        """Queue one data record now, room or not (the caller waits for room itself: :meth:`room`).
+
+        Raises:
+            trio.BrokenResourceError: the writer is gone.
+        """
+        if self._closed:
+            raise trio.BrokenResourceError("the connection's writer is gone")
+        self._items.append((header, data))
+        self._queued += len(header) + len(data)
+        self._wakeup.set()
+
+    async def room(self) -> bool:
+        """Return once there is room (or the writer is gone): True if it had to wait.
+
+        Does not checkpoint when there is room; otherwise checkpoints.
+        """
+        if self._queued <= LIMIT or self._closed:
+            return False
+        while self._queued > LIMIT and not self._closed:
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+        return True
+
     async def _wait_for_room(self) -> None:
         # Nothing awaits between the last check and the caller's append.
         await trio.lowlevel.checkpoint()

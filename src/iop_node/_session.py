@@ -64,6 +64,7 @@ from iop_wire import (
 from ._adapter import Adapter, TunnelHead
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout, RunFailed, UpstreamFailed
 from ._outbox import Outbox
+from ._poller import BodyPoller, RunOutput, new_poller
 from ._runtime import NodeRuntime
 from .config import NodeConfig
 
@@ -116,6 +117,7 @@ class EdgeSession:
     heartbeats_sent: int = attrs.field(default=0, init=False)
     _active: dict[str, trio.CancelScope] = attrs.field(factory=dict, init=False)
     _outbox: Outbox | None = attrs.field(default=None, init=False)
+    _poller: BodyPoller | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _close_code: int = attrs.field(default=CLOSE_GOING_AWAY, init=False)
     _close_reason: str = attrs.field(default="node going away", init=False)
@@ -151,9 +153,12 @@ class EdgeSession:
                 interval,
             )
             self._outbox = Outbox()
+            self._poller = new_poller() if self.protocol >= 2 else None
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write, self._outbox, nursery.cancel_scope)
+                if self._poller is not None:
+                    nursery.start_soon(self._poller.serve, self._outbox.room)
                 nursery.start_soon(self._heartbeat, interval)
                 await self._read()
                 nursery.cancel_scope.cancel()
@@ -313,17 +318,24 @@ class EdgeSession:
                     await self._send(RunEvent(run.run_id, data))
             return
         assert self._outbox is not None
-        put = self._outbox.put_record
+        outbox = self._outbox
         run_id = run.run_id
         seq = 0
 
         async def send(chunk: bytes) -> None:
             nonlocal seq
             if chunk:
-                await put(record_header(run_id, seq, len(chunk)), chunk)
+                await outbox.put_record(record_header(run_id, seq, len(chunk)), chunk)
                 seq += 1
 
-        await adapter.relay(run.endpoint, run.body, stream=run.stream, send=send)
+        def send_nowait(chunk: bytes) -> None:
+            nonlocal seq
+            if chunk:
+                outbox.put_record_nowait(record_header(run_id, seq, len(chunk)), chunk)
+                seq += 1
+
+        output = RunOutput(send, send_nowait, self._poller)
+        await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
 
     async def _relay_tunnel(self, request: TunnelRequest, body: bytes, adapter: Adapter) -> None:
         parts = adapter.tunnel(request.method, request.path, request.headers, body)

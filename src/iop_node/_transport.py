@@ -465,6 +465,16 @@ class Answer:
         self.reason = reason
         self.headers = headers
 
+    @property
+    def checkout(self) -> _Checkout:
+        """The pool slot and connection this answer holds (for :class:`iop_node._poller.BodyPoller`)."""
+        return self._checkout
+
+    @property
+    def read_timeout(self) -> float:
+        """Seconds of upstream silence that fail the body's reading."""
+        return self._timeout
+
     async def next_chunk(self) -> bytes | None:
         """Every body byte available now (reading once if none is), or None after the end.
 

@@ -21,6 +21,7 @@ import trio.testing
 
 from iop_node import OpenAIAdapter, UpstreamUnreachable
 from iop_node._http import BodyStream, HttpUpstream
+from iop_node._poller import BodyPoller, RunOutput
 from iop_node._transport import H11Transport
 from node.harness import Backend, openai_provider
 
@@ -362,11 +363,13 @@ async def test_pump_read_timeout_counts_only_upstream_silence(
 
 
 @pytest.mark.req("runtime-concurrency")
-async def test_pump_cancelled_mid_body_returns_the_slot_once(backend: Backend) -> None:
-    """[runtime-concurrency] A run cancelled while Answer.pump waits for the next token (the
-    Edge's cancel) closes its connection at once (the backend sees the client go) and returns
-    its pool slot exactly once: with capacity 1 the next request gets the slot and the one
-    after it times out waiting (a slot returned twice would let both in)."""
+@pytest.mark.parametrize("reader", ["pump", "poller"])
+async def test_run_cancelled_mid_body_returns_the_slot_once(backend: Backend, reader: str) -> None:
+    """[runtime-concurrency] A run cancelled while its body is being read (by Answer.pump in
+    the run task, or by the session's BodyPoller) when the Edge cancels it stops the reading,
+    closes its connection at once (the backend sees the client go) and returns its pool slot
+    exactly once: with capacity 1 the next request gets the slot and the one after it times
+    out waiting (a slot returned twice would let both in)."""
     backend.backend.tokens_per_second = 5.0
     transport = H11Transport(1)
     url = httpx.URL(f"http://127.0.0.1:{backend.port}/v1/chat/completions")
@@ -374,24 +377,32 @@ async def test_pump_cancelled_mid_body_returns_the_slot_once(backend: Backend) -
     headers = [(b"host", url.netloc), (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     timeouts = {"read": 5.0, "pool": 0.05}
     first = trio.Event()
+    poller = BodyPoller()
 
     async def send(chunk: bytes) -> None:
         first.set()
         await trio.lowlevel.checkpoint()
 
-    async def run() -> None:  # as HttpUpstream.post_for_body: the pump and the block's exit both give back
+    async def no_wait() -> bool:
+        return False
+
+    async def run() -> None:  # as HttpUpstream.post_for_body: the reading and the block's exit both give back
         answer = await transport.request(b"POST", url, headers, body, timeouts)
         try:
-            await answer.pump(send)
+            if reader == "pump":
+                await answer.pump(send)
+            else:
+                await poller.relay(answer, RunOutput(send, lambda chunk: first.set(), poller))
         finally:
             answer.close()
 
     with trio.fail_after(10):
         async with trio.open_nursery() as runs:
+            runs.start_soon(poller.serve, no_wait)
             runs.start_soon(run)
             await first.wait()
             runs.cancel_scope.cancel()
-        assert (transport.open_connections, transport.waiting) == (0, 0)
+        assert (transport.open_connections, transport.waiting, poller.reading) == (0, 0, 0)
         await backend.wait_idle()
         backend.backend.tokens_per_second = 0.0
         second = await transport.request(b"POST", url, headers, body, timeouts)

@@ -1,0 +1,240 @@
+"""One task reads the answer bodies of every run of a session: :class:`BodyPoller`.
+
+Why (measured with ``benchmarks fleet``, 512 streams at 20 tokens/s): a run task
+that waits for its own upstream socket costs, per token, a trio wakeup of that
+task and the re-arm of the socket in trio's epoll (``wait_readable`` registers
+it one-shot each time), about two fifths of the Node's CPU. Here every upstream
+socket whose body is being relayed stays registered in ONE epoll object of our
+own (level-triggered), from the first body byte the run task did not read
+itself to the end of the body; trio waits on that epoll object's descriptor
+alone, and one wakeup of the poller task reads every socket that has data,
+feeds h11 (HTTP stays h11's) and queues the body bytes with the run's
+:class:`RunOutput`, synchronously. The run task only sleeps until its body ends
+(or fails, or the upstream is silent for the read timeout).
+
+Linux only (``select.epoll``); elsewhere :func:`new_poller` returns None and runs
+read their own sockets (:meth:`iop_node._transport.Answer.pump`).
+
+Backpressure: before each wait the poller waits for room in the session's
+outbox (a node whose Edge does not read stops reading its upstreams); that time
+is not upstream silence for a run's read timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import select
+from collections.abc import Awaitable, Callable
+from typing import Final, final
+
+import httpx
+import trio
+
+from ._transport import _RECEIVE_SIZE, Answer, _Checkout, _take_body
+
+TICK: Final = 0.002
+"""Seconds between two reads of the poller while data keeps coming (an idle poller reads at once)."""
+
+
+def new_poller() -> BodyPoller | None:
+    """A poller where the platform has epoll, else None."""
+    return BodyPoller() if hasattr(select, "epoll") else None
+
+
+@final
+class RunOutput:
+    """Where a run's relay hands the bytes the client receives.
+
+    ``await output(chunk)`` queues a chunk (waiting for room if the outbox is full);
+    :meth:`nowait` queues one at once, for the :class:`BodyPoller`, which waits for
+    room itself. ``poller``: the session's poller, if it has one.
+    """
+
+    __slots__ = ("_put", "_put_nowait", "poller")
+
+    def __init__(
+        self,
+        put: Callable[[bytes], Awaitable[None]],
+        put_nowait: Callable[[bytes], None],
+        poller: BodyPoller | None,
+    ) -> None:
+        self._put = put
+        self._put_nowait = put_nowait
+        self.poller = poller
+
+    async def __call__(self, chunk: bytes) -> None:
+        """Queue ``chunk``. Checkpoints only when it waits for room; cancellation-atomic."""
+        await self._put(chunk)
+
+    def nowait(self, chunk: bytes) -> None:
+        """Queue ``chunk`` now, room or not.
+
+        Raises:
+            trio.BrokenResourceError: the connection's writer is gone.
+        """
+        self._put_nowait(chunk)
+
+
+@final
+class _Body:
+    """One answer body the poller reads."""
+
+    __slots__ = ("checkout", "output", "done", "error", "last_read")
+
+    def __init__(self, checkout: _Checkout, output: RunOutput, now: float) -> None:
+        self.checkout = checkout
+        self.output = output
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+        self.last_read = now
+
+
+@final
+class BodyPoller:
+    """Reads many upstream answer bodies from one task (see the module docstring)."""
+
+    __slots__ = ("_epoll", "_bodies", "_paused", "_resumed", "_closed")
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._bodies: dict[int, _Body] = {}
+        self._paused = False
+        self._resumed = -math.inf
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<BodyPoller reading {len(self._bodies)} bodies>"
+
+    @property
+    def reading(self) -> int:
+        """Bodies being read now."""
+        return len(self._bodies)
+
+    async def serve(self, wait_for_room: Callable[[], Awaitable[bool]]) -> None:
+        """Read every registered body until cancelled. Checkpoints.
+
+        ``wait_for_room`` returns when the session's outbox has room: True if it had
+        to wait, False (at once, without checkpointing) if it had room. When this ends
+        (cancelled, or a failure), every body still registered fails with
+        ``trio.BrokenResourceError``.
+        """
+        epoll = self._epoll
+        bodies = self._bodies
+        next_poll = -math.inf
+        try:
+            while True:
+                self._paused = True
+                if await wait_for_room():
+                    self._resumed = trio.current_time()
+                self._paused = False
+                await trio.lowlevel.wait_readable(epoll)
+                now = trio.current_time()
+                if now < next_poll:  # busy: let a tick's worth of data gather (see the module docstring)
+                    await trio.sleep_until(next_poll)
+                    now = trio.current_time()
+                next_poll = now + TICK
+                for fd, _ in epoll.poll(0, len(bodies) or 1):
+                    body = bodies.get(fd)
+                    if body is not None:
+                        self._step(fd, body, now)
+        finally:
+            self._closed = True
+            for fd, body in list(bodies.items()):
+                self._end(fd, body, trio.BrokenResourceError("the connection's body poller is gone"))
+            epoll.close()
+
+    def _step(self, fd: int, body: _Body, now: float) -> None:
+        """Read what ``fd`` has, queue the body bytes h11 yields; end the body at its end or failure."""
+        checkout = body.checkout
+        connection = checkout.connection
+        if connection is None:  # given back behind our back (cannot happen while registered)
+            self._end(fd, body, None)
+            return
+        try:
+            data = connection.sock.recv(_RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._end(fd, body, httpx.ReadError(f"upstream read failed: {exc or type(exc).__name__}"))
+            return
+        body.last_read = now
+        state = connection.h11
+        try:
+            state.receive_data(data)
+            chunk = _take_body(checkout, state)
+            if chunk is not None:
+                body.output.nowait(chunk)
+        except Exception as exc:  # bad HTTP (httpx.RemoteProtocolError) or the writer gone
+            self._end(fd, body, exc)
+            return
+        if checkout.connection is None:  # the body ended (and the connection went back to the pool)
+            self._end(fd, body, None)
+
+    def _end(self, fd: int, body: _Body, error: BaseException | None) -> None:
+        if self._bodies.get(fd) is body:
+            del self._bodies[fd]
+            try:
+                self._epoll.unregister(fd)
+            except (OSError, ValueError):  # closed already (the kernel dropped it), or the epoll is closed
+                pass
+        if not body.done.is_set():
+            body.error = error
+            body.done.set()
+
+    async def relay(self, answer: Answer, output: RunOutput) -> None:
+        """Hand ``answer``'s body to ``output`` until its end: what h11 holds already, then
+        every read of the poller (the counterpart of :meth:`Answer.pump`).
+
+        Checkpoints; cancellation closes the connection, as does a failure.
+
+        Raises:
+            httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError: reading failed.
+            trio.BrokenResourceError: the poller or the connection's writer is gone.
+        """
+        checkout = answer.checkout
+        try:
+            connection = checkout.connection
+            if connection is not None and (chunk := _take_body(checkout, connection.h11)) is not None:
+                await output(chunk)
+            if checkout.connection is not None:
+                await self.follow(checkout, answer.read_timeout, output)
+        except BaseException:
+            checkout.give_back(reusable=False)
+            raise
+
+    async def follow(self, checkout: _Checkout, read_timeout: float, output: RunOutput) -> None:
+        """Have the poller read ``checkout``'s answer body to its end into ``output``.
+
+        Sleeps until the body ends. Checkpoints. Cancellation stops the reading
+        (the caller closes the connection).
+
+        Raises:
+            httpx.ReadTimeout: the upstream sent nothing for ``read_timeout`` seconds
+                (time the poller waited for room in the outbox does not count).
+            httpx.ReadError, httpx.RemoteProtocolError: reading failed.
+            trio.BrokenResourceError: the poller or the connection's writer is gone.
+        """
+        connection = checkout.connection
+        assert connection is not None
+        if self._closed:
+            raise trio.BrokenResourceError("the connection's body poller is gone")
+        fd = connection.sock.fileno()
+        body = _Body(checkout, output, trio.current_time())
+        self._epoll.register(fd, select.EPOLLIN)
+        self._bodies[fd] = body
+        try:
+            while not body.done.is_set():
+                with trio.CancelScope(deadline=self._silent_since(body) + read_timeout):
+                    await body.done.wait()
+                if not body.done.is_set() and trio.current_time() - self._silent_since(body) >= read_timeout:
+                    raise httpx.ReadTimeout(f"no data from the upstream for {read_timeout:g} s")
+        finally:
+            self._end(fd, body, None)
+        if body.error is not None:
+            raise body.error
+
+    def _silent_since(self, body: _Body) -> float:
+        """When the upstream's current silence began, as far as the read timeout is concerned."""
+        if self._paused:
+            return trio.current_time()
+        return max(body.last_read, self._resumed)
