@@ -8,7 +8,7 @@ socket whose body is being relayed stays registered in ONE epoll object of our
 own (level-triggered), from the first body byte the run task did not read
 itself to the end of the body; trio waits on that epoll object's descriptor
 alone, and one wakeup of the poller task reads every socket that has data,
-feeds h11 (HTTP stays h11's) and queues the body bytes with the run's
+feeds the answer's parser (:mod:`iop_node._response`) and queues the body bytes with the run's
 :class:`RunOutput`, synchronously. The run task only sleeps until its body ends
 (or fails, or the upstream is silent for the read timeout).
 
@@ -144,7 +144,7 @@ class BodyPoller:
             epoll.close()
 
     def _step(self, fd: int, body: _Body, now: float) -> None:
-        """Read what ``fd`` has, queue the body bytes h11 yields; end the body at its end or failure."""
+        """Read what ``fd`` has, queue the body bytes parsed; end the body at its end or failure."""
         checkout = body.checkout
         connection = checkout.connection
         if connection is None:  # given back behind our back (cannot happen while registered)
@@ -158,10 +158,9 @@ class BodyPoller:
             self._end(fd, body, httpx.ReadError(f"upstream read failed: {exc or type(exc).__name__}"))
             return
         body.last_read = now
-        state = connection.h11
         try:
-            state.receive_data(data)
-            chunk = _take_body(checkout, state)
+            connection.feed(data)
+            chunk = _take_body(checkout, connection)
             if chunk is not None:
                 body.output.nowait(chunk)
         except Exception as exc:  # bad HTTP (httpx.RemoteProtocolError) or the writer gone
@@ -182,7 +181,7 @@ class BodyPoller:
             body.done.set()
 
     async def relay(self, answer: Answer, output: RunOutput) -> None:
-        """Hand ``answer``'s body to ``output`` until its end: what h11 holds already, then
+        """Hand ``answer``'s body to ``output`` until its end: what was parsed already, then
         every read of the poller (the counterpart of :meth:`Answer.pump`).
 
         Checkpoints; cancellation closes the connection, as does a failure.
@@ -194,7 +193,7 @@ class BodyPoller:
         checkout = answer.checkout
         try:
             connection = checkout.connection
-            if connection is not None and (chunk := _take_body(checkout, connection.h11)) is not None:
+            if connection is not None and (chunk := _take_body(checkout, connection)) is not None:
                 await output(chunk)
             if checkout.connection is not None:
                 await self.follow(checkout, answer.read_timeout, output)

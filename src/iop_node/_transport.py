@@ -1,4 +1,4 @@
-"""A lean HTTP/1.1 transport for ``httpx``: h11 over non-blocking sockets, one keep-alive pool.
+"""A lean HTTP/1.1 transport for ``httpx``: h11 and llhttp over non-blocking sockets, one keep-alive pool.
 
 :class:`H11Transport` replaces httpcore under the Node's ``httpx.AsyncClient``
 for plain ``http://`` upstreams (the backends are on loopback or the LAN).
@@ -8,7 +8,9 @@ connection on each request (``is_idle``, ``has_expired``, a readability poll
 per idle socket) and writes the request head and body as two socket sends.
 Here one request costs one ``send`` (head and body together), one poll of
 the ONE idle connection it takes, and the reads of the answer; HTTP itself is
-h11's (a sans-I/O state machine), this module only moves bytes. Runs use
+the libraries': h11 (a sans-I/O state machine) writes the request, httptools
+(llhttp, in C) parses the answer (:mod:`iop_node._response` says why), and this
+module only moves bytes. Runs use
 :meth:`H11Transport.request` and read the body from the :class:`Answer` (no
 ``httpx`` request/response objects); ``httpx`` clients get the same through
 :meth:`H11Transport.handle_async_request`.
@@ -22,8 +24,8 @@ Design notes:
   connections exist closes an idle one first, so never more than ``capacity``
   sockets are open. The Node's gate already keeps a provider's requests at or
   under its capacity, so in practice nobody waits.
-- Reuse. A connection goes back to the pool only when h11 says both sides
-  finished the exchange; anything else (``connection: close``, an error, a body
+- Reuse. A connection goes back to the pool only when its answer was read to
+  its end and HTTP allows another request on it; anything else (``connection: close``, an error, a body
   not read to its end because the run was cancelled or stopped early) closes it.
   An idle connection that became readable (the server closed it, or sent
   something unasked) is closed instead of used. A reused connection that fails
@@ -48,12 +50,14 @@ import select
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, final
+from typing import final
 
 import attrs
 import h11
 import httpx
 import trio
+
+from ._response import ResponseParser
 
 _RECEIVE_SIZE = 64 * 1024
 
@@ -86,7 +90,7 @@ def _sent(sock: socket.socket, data: bytes | memoryview) -> int:
 
 @attrs.define(eq=False)
 class _Connection:
-    """One non-blocking stdlib socket and its h11 state machine.
+    """One non-blocking stdlib socket and the parser of its current answer.
 
     The socket is read and written with plain non-blocking calls, waiting through
     trio's public low-level API (``wait_readable`` / ``wait_writable``) only when a
@@ -98,7 +102,8 @@ class _Connection:
 
     origin: _Origin
     sock: socket.socket
-    h11: h11.Connection = attrs.field(factory=lambda: h11.Connection(h11.CLIENT))
+    response: ResponseParser = attrs.field(factory=ResponseParser)
+    """The answer of the current exchange (a fresh parser per request)."""
     requests: int = 0
     """Requests sent on this connection so far (more than 1: it was reused)."""
 
@@ -154,20 +159,17 @@ class _Connection:
         except (OSError, trio.ClosedResourceError) as exc:
             raise httpx.ReadError(f"upstream read failed: {exc or type(exc).__name__}") from None
 
-    async def next_event(self, timeout: float) -> Any:
-        """The next h11 event of the answer, reading as needed. Checkpoints if it reads.
+    def feed(self, data: bytes) -> None:
+        """Parse bytes read from the socket (``b""``: the upstream closed it).
 
         Raises:
             httpx.RemoteProtocolError: the answer is not valid HTTP/1.1, or the
                 connection closed in the middle of it.
-            httpx.ReadTimeout, httpx.ReadError: see :meth:`receive`.
         """
-        try:
-            while (event := self.h11.next_event()) is h11.NEED_DATA:
-                self.h11.receive_data(await self.receive(timeout))
-        except h11.RemoteProtocolError as exc:
-            raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}") from None
-        return event
+        if data:
+            self.response.feed(data)
+        else:
+            self.response.feed_eof()
 
 
 class _StaleConnection(Exception):
@@ -176,7 +178,7 @@ class _StaleConnection(Exception):
 
 @final
 class H11Transport(httpx.AsyncBaseTransport):
-    """``httpx`` transport over h11 and trio sockets with a bounded keep-alive pool.
+    """``httpx`` transport over h11, llhttp and trio sockets with a bounded keep-alive pool.
 
     Plain ``http://`` only (``https://`` URLs raise ``httpx.UnsupportedProtocol``).
 
@@ -346,12 +348,13 @@ class H11Transport(httpx.AsyncBaseTransport):
         assert connection is not None
         reused = connection.requests > 0
         connection.requests += 1
-        state = connection.h11
-        data = state.send(head)
+        response = connection.response = ResponseParser(head_only=head.method == b"HEAD")
+        writer = h11.Connection(h11.CLIENT)  # h11 writes the request; the answer is parsed by llhttp
+        data = writer.send(head)
         assert data is not None
         if body:
-            data += state.send(h11.Data(data=body)) or b""
-        data += state.send(h11.EndOfMessage()) or b""
+            data += writer.send(h11.Data(data=body)) or b""
+        data += writer.send(h11.EndOfMessage()) or b""
         timeout = _seconds(timeouts.get("write"))
         try:
             await connection.send_all(data, timeout)
@@ -362,18 +365,13 @@ class H11Transport(httpx.AsyncBaseTransport):
                 raise _StaleConnection from None
             raise httpx.WriteError(f"upstream write failed: {exc or type(exc).__name__}") from None
         read_timeout = _seconds(timeouts.get("read"))
-        if reused and not state.trailing_data[0]:
+        if reused:
             # Nothing of the answer yet: EOF or a reset here means the server
             # closed the idle connection while our request was on its way.
-            state.receive_data(await self._receive_first(connection, read_timeout))
-        while True:
-            event = await connection.next_event(read_timeout)
-            if isinstance(event, h11.Response):
-                break
-            if isinstance(event, h11.ConnectionClosed):
-                raise httpx.RemoteProtocolError("the upstream closed the connection without answering")
-            # an InformationalResponse (1xx): the final answer follows
-        return Answer(checkout, read_timeout, event.status_code, event.reason, event.headers.raw_items())
+            connection.feed(await self._receive_first(connection, read_timeout))
+        while not response.head_done:  # (informational 1xx answers are skipped by the parser)
+            connection.feed(await connection.receive(read_timeout))
+        return Answer(checkout, read_timeout, response.status, response.reason, response.headers)
 
     @staticmethod
     async def _receive_first(connection: _Connection, timeout: float) -> bytes:
@@ -386,10 +384,8 @@ class H11Transport(httpx.AsyncBaseTransport):
         return data
 
     def _keep_or_discard(self, connection: _Connection) -> None:
-        """An answer was read to its end: keep the connection if h11 allows (and we are open)."""
-        state = connection.h11
-        if not self._closed and state.our_state is h11.DONE and state.their_state is h11.DONE:
-            state.start_next_cycle()
+        """An answer was read to its end: keep the connection if HTTP allows (and we are open)."""
+        if not self._closed and connection.response.reusable:
             self._idle.setdefault(connection.origin, []).append(connection)
         else:
             self._discard(connection)
@@ -442,10 +438,10 @@ class _Checkout:
 
 @final
 class Answer:
-    """An upstream answer: its status line and headers, and its body read straight from h11.
+    """An upstream answer: its status line and headers, and its body read straight from the parser.
 
     Holds the request's pool slot and connection until the body is read to its end
-    (the connection is kept for reuse if h11 allows) or :meth:`close` is called
+    (the connection is kept for reuse if HTTP allows) or :meth:`close` is called
     (the connection is closed).
 
     Attributes:
@@ -478,7 +474,7 @@ class Answer:
     async def next_chunk(self) -> bytes | None:
         """Every body byte available now (reading once if none is), or None after the end.
 
-        Takes every h11 event the bytes read so far hold in one pass, so a read that
+        Takes every body byte parsed from the bytes read so far, so a read that
         carries several chunks (or a whole body) is one chunk here. Checkpoints when
         it reads; cancellation closes the connection.
 
@@ -488,10 +484,10 @@ class Answer:
         checkout = self._checkout
         try:
             while (connection := checkout.connection) is not None:
-                chunk = _take_body(checkout, connection.h11)
+                chunk = _take_body(checkout, connection)
                 if chunk is not None or checkout.connection is None:
                     return chunk
-                connection.h11.receive_data(await connection.receive(self._timeout))
+                connection.feed(await connection.receive(self._timeout))
         except BaseException:
             checkout.give_back(reusable=False)
             raise
@@ -541,7 +537,7 @@ class _Pump:
         self._waiting_since: float | None = None
         """When the current wait for the upstream began (None: not waiting for it)."""
         self._pending: bytes | None = None
-        """A chunk taken from h11 and not yet accepted by ``send``."""
+        """A chunk taken from the parser and not yet accepted by ``send``."""
 
     def deadline(self) -> float:
         since = self._waiting_since
@@ -556,7 +552,7 @@ class _Pump:
         """Read and send until the body ends. Checkpoints; stops early only by cancellation."""
         while True:
             if self._pending is None and (connection := checkout.connection) is not None:
-                self._pending = _take_body(checkout, connection.h11)
+                self._pending = _take_body(checkout, connection)
             if self._pending is not None:
                 await send(self._pending)
                 self._pending = None
@@ -568,28 +564,16 @@ class _Pump:
                 self._waiting_since = trio.current_time()
             data = await connection.receive_now()
             self._waiting_since = None
-            connection.h11.receive_data(data)
+            connection.feed(data)
 
 
-def _take_body(checkout: _Checkout, state: h11.Connection) -> bytes | None:
-    """Every body byte h11 holds now, giving the checkout back at the end of the body.
-
-    Raises:
-        httpx.RemoteProtocolError: the answer is not valid HTTP/1.1.
-    """
-    parts: list[bytes | bytearray] = []
-    try:
-        while (event := state.next_event()) is not h11.NEED_DATA:
-            if type(event) is h11.Data:
-                parts.append(event.data)
-            elif type(event) is h11.EndOfMessage:
-                checkout.give_back(reusable=True)
-                break
-            else:
-                raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__} in the answer body")
-    except h11.RemoteProtocolError as exc:
-        raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}") from None
-    return b"".join(parts) if parts else None
+def _take_body(checkout: _Checkout, connection: _Connection) -> bytes | None:
+    """Every body byte parsed so far and not yet taken, giving the checkout back at the end of the body."""
+    response = connection.response
+    chunk = response.take()
+    if response.complete:
+        checkout.give_back(reusable=True)
+    return chunk
 
 
 @final
