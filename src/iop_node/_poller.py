@@ -36,9 +36,15 @@ TICK: Final = 0.002
 """Seconds between two reads of the poller while data keeps coming (an idle poller reads at once)."""
 
 
-def new_poller() -> BodyPoller | None:
-    """A poller where the platform has epoll, else None."""
-    return BodyPoller() if hasattr(select, "epoll") else None
+def new_poller(nursery: trio.Nursery, wait_for_room: Callable[[], Awaitable[bool]]) -> BodyPoller | None:
+    """A poller where the platform has epoll, else None; its task starts in ``nursery`` when first needed.
+
+    ``wait_for_room``: see :meth:`BodyPoller.serve`.
+    """
+    if not hasattr(select, "epoll"):
+        return None
+    poller = BodyPoller(lambda: nursery.start_soon(poller.serve, wait_for_room))
+    return poller
 
 
 @final
@@ -93,14 +99,16 @@ class _Body:
 class BodyPoller:
     """Reads many upstream answer bodies from one task (see the module docstring)."""
 
-    __slots__ = ("_epoll", "_bodies", "_paused", "_resumed", "_closed")
+    __slots__ = ("_epoll", "_bodies", "_paused", "_resumed", "_closed", "_start")
 
-    def __init__(self) -> None:
+    def __init__(self, start: Callable[[], None] | None = None) -> None:
         self._epoll = select.epoll()
         self._bodies: dict[int, _Body] = {}
         self._paused = False
         self._resumed = -math.inf
         self._closed = False
+        self._start = start
+        """Starts :meth:`serve` (called once, by the first :meth:`follow`); None: started by the owner."""
 
     def __repr__(self) -> str:
         return f"<BodyPoller reading {len(self._bodies)} bodies>"
@@ -142,6 +150,13 @@ class BodyPoller:
             for fd, body in list(bodies.items()):
                 self._end(fd, body, trio.BrokenResourceError("the connection's body poller is gone"))
             epoll.close()
+
+    def close(self) -> None:
+        """Stop taking bodies and release the epoll set (for a poller whose task never started). Idempotent."""
+        self._closed = True
+        self._start = None
+        if not self._bodies:
+            self._epoll.close()
 
     def _step(self, fd: int, body: _Body, now: float) -> None:
         """Read what ``fd`` has, queue the body bytes parsed; end the body at its end or failure."""
@@ -217,6 +232,9 @@ class BodyPoller:
         assert connection is not None
         if self._closed:
             raise trio.BrokenResourceError("the connection's body poller is gone")
+        if self._start is not None:  # the first body: a session whose runs never need it has no poller task
+            start, self._start = self._start, None
+            start()
         fd = connection.sock.fileno()
         body = _Body(checkout, output, trio.current_time())
         self._epoll.register(fd, select.EPOLLIN)

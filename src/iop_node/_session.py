@@ -153,16 +153,17 @@ class EdgeSession:
                 interval,
             )
             self._outbox = Outbox()
-            self._poller = new_poller() if self.protocol >= 2 else None
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.protocol >= 2:
+                    self._poller = new_poller(nursery, self._outbox.room)
                 nursery.start_soon(self._write, self._outbox, nursery.cancel_scope)
-                if self._poller is not None:
-                    nursery.start_soon(self._poller.serve, self._outbox.room)
                 nursery.start_soon(self._heartbeat, interval)
                 await self._read()
                 nursery.cancel_scope.cancel()
         finally:
+            if self._poller is not None:
+                self._poller.close()
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
                 await self.ws.aclose(self._close_code, self._close_reason)
             close = self.ws.closed
