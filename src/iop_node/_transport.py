@@ -45,7 +45,10 @@ Design notes:
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import math
+import os
 import select
 import socket
 import sys
@@ -86,6 +89,46 @@ def _sent(sock: socket.socket, data: bytes | memoryview) -> int:
         return sock.send(data)
     except BlockingIOError:
         return 0
+
+
+async def _open_socket(host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket (``TCP_NODELAY`` set) to ``host``:``port``. Checkpoints.
+
+    An IP address is connected with one non-blocking ``connect`` and a wait for
+    writability (about a quarter of ``trio.open_tcp_stream``'s CPU, which resolves
+    the name and races the addresses in a nursery); a host name, or Windows, goes
+    through ``trio.open_tcp_stream``. Cancellation leaves nothing open.
+
+    Raises:
+        OSError: the connection failed.
+    """
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = None
+    if family is None or sys.platform == "win32":
+        stream = await trio.open_tcp_stream(host, port)
+        # trio connected it (address resolution, happy eyeballs, TCP_NODELAY); from here
+        # on we drive the plain socket (see _Connection).
+        sock = socket.socket(fileno=stream.socket.detach())
+        sock.setblocking(False)
+        return sock
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        error = sock.connect_ex((host, port))
+        if error == errno.EINPROGRESS:
+            await trio.lowlevel.wait_writable(sock)
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        else:
+            await trio.lowlevel.checkpoint()
+        if error:
+            raise OSError(error, os.strerror(error))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 @attrs.define(eq=False)
@@ -316,15 +359,11 @@ class H11Transport(httpx.AsyncBaseTransport):
         host = origin[1].decode("ascii")
         try:
             with trio.fail_after(timeout):
-                stream = await trio.open_tcp_stream(host, origin[2])
+                sock = await _open_socket(host, origin[2])
         except trio.TooSlowError:
             raise httpx.ConnectTimeout(f"connecting to {host}:{origin[2]} took over {timeout:g} s") from None
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {host}:{origin[2]}: {exc}") from None
-        # trio connected it (address resolution, happy eyeballs, TCP_NODELAY); from here
-        # on we drive the plain socket (see _Connection).
-        sock = socket.socket(fileno=stream.socket.detach())
-        sock.setblocking(False)
         connection = _Connection(origin, sock)
         self._open.add(connection)
         self.opened += 1

@@ -273,6 +273,30 @@ async def test_connect_timeout(monkeypatch: pytest.MonkeyPatch, autojump_clock: 
     assert (transport.open_connections, transport.waiting) == (0, 0)
 
 
+async def test_connect_timeout_to_an_ip_address(autojump_clock: trio.testing.MockClock) -> None:
+    """An IP address is connected without trio.open_tcp_stream; a connect still pending at the
+    connect timeout (the listener's accept queue is full, so the kernel drops our SYN) is
+    httpx.ConnectTimeout, and its socket is closed."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        transport = H11Transport(1)
+        try:
+            async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30, connect=2)) as client:
+                with pytest.raises(httpx.ConnectTimeout):
+                    await client.get(f"http://127.0.0.1:{port}/")
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert trio.current_time() == 2
+    assert (transport.open_connections, transport.waiting, transport.opened) == (0, 0, 0)
+
+
 async def test_connection_refused_is_upstream_unreachable() -> None:
     """Nothing listens on the port: the adapter raises UpstreamUnreachable (upstream_unreachable)."""
     with socket.socket() as probe:
