@@ -280,9 +280,10 @@ class SeedResult:
     trace: list[str] = attrs.field(factory=list)
     virtual_time: float = 0.0
     outside_wakeups: int = 0
-    """Loop turns that found a callback queued from outside the simulation (a
-    thread, a signal, a garbage-collected async generator): each reorders a batch
-    of tasks, so a run that saw one need not repeat its seed's trace."""
+    """Steps of trio's task for work from outside the loop (callbacks queued by
+    a thread or a garbage-collected async generator, signals): each changes a
+    batch of runnable tasks, so a run that saw one need not repeat its seed's
+    trace."""
 
     @property
     def trace_hash(self) -> str:
@@ -1087,11 +1088,18 @@ class Steps(trio.abc.Instrument):
 
     def __init__(self, world: World) -> None:
         self.world = world
+        self.entry_steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        # trio's task that runs callbacks queued from outside the loop and
+        # drains its wake-up socket (signals, threads, finalizers); its first
+        # step, at the start of the run, only parks it
+        if task.name == "<TrioToken.run_sync_soon task>" and not self.world.stopping:
+            self.entry_steps += 1
+            self.world.result.outside_wakeups = self.entry_steps - 1
 
     def before_io_wait(self, timeout: float) -> None:
         stats = trio.lowlevel.current_statistics()
-        if stats.run_sync_soon_queue_size and not self.world.stopping:
-            self.world.result.outside_wakeups += 1
         if not stats.tasks_runnable and stats.seconds_to_next_deadline > 0 and not stats.run_sync_soon_queue_size:
             self.world.quiescent()
 
