@@ -264,11 +264,13 @@ class NodeLink:
         generation: int,
         ws: WebSocketConnection,
         protocol: int = PROTOCOL_VERSION,
+        wire: _PeerWatch | None = None,
     ) -> None:
         self.registry = registry
         self.node_id = node_id
         self.generation = generation
         self.ws = ws
+        self._wire = wire  # the stream under ws, when the link can batch its writes (the node socket's)
         self.protocol = protocol
         self.providers: tuple[str, ...] = ()
         self.last_seen = trio.current_time()
@@ -401,9 +403,40 @@ class NodeLink:
     async def _write(self) -> None:
         try:
             async for frame in self._outbox_receive:
-                await self.ws.send_message(frame)
+                await self._send_queued(frame)
         except ConnectionClosed:
             self.abort()
+
+    async def _send_queued(self, first: str) -> None:
+        """Send ``first`` and every frame queued behind it, in one write to the socket where possible.
+
+        A write to a loopback or LAN socket costs far more CPU than framing a
+        message, so the frames that queued up while the writer waited (runs
+        opened by several request handlers in one scheduling round) go out
+        together: every frame but the last is framed into the stream's held
+        bytes (:meth:`_PeerWatch.hold`), the last one writes them all.
+        """
+        await (
+            trio.lowlevel.cancel_shielded_checkpoint()
+        )  # one scheduling round: let the handlers now runnable queue theirs
+        frames = [first]
+        while True:
+            try:
+                frames.append(self._outbox_receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        ws = self.ws
+        wire = self._wire
+        if wire is not None and len(frames) > 1:
+            wire.hold(True)
+            try:
+                for frame in frames[:-1]:
+                    await ws.send_message(frame)
+            finally:
+                wire.hold(False)
+            frames = frames[-1:]
+        for frame in frames:
+            await ws.send_message(frame)
 
     async def _read(self) -> None:
         ws = self.ws
@@ -500,6 +533,16 @@ class _PeerWatch(trio.abc.Stream):
         self.stream = stream
         self.ended = trio.Event()
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._holding = False
+        self._held = bytearray()
+
+    def hold(self, holding: bool) -> None:
+        """While holding, :meth:`send_all` keeps its bytes; the first one after writes them first.
+
+        Lets a writer frame several messages and write them in one system call
+        (the WebSocket layer calls ``send_all`` once per frame, under its own lock).
+        """
+        self._holding = holding
 
     def _fd(self) -> int:
         """The socket's descriptor; -1 for a TLS stream or once the stream is closed."""
@@ -534,6 +577,13 @@ class _PeerWatch(trio.abc.Stream):
                 raise trio.ClosedResourceError("the node's socket was closed")
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._holding:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._held += data
+            return
+        if self._held:
+            data = self._held + data
+            self._held = bytearray()
         fd = self._fd()
         if fd < 0:
             await self.stream.send_all(data)
@@ -676,7 +726,11 @@ class NodeRegistry:
         try:
             async with trio.open_nursery() as nursery:
                 peer = await self._secure(stream, source, deadline)
-                ws = None if peer.stream is None else await self._handshake(nursery, peer.stream, deadline)
+                ws = None
+                if peer.stream is not None:
+                    watched = _PeerWatch(peer.stream)
+                    peer = peer._replace(stream=watched)
+                    ws = await self._handshake(nursery, watched, deadline)
                 if ws is not None:
                     await self._serve_ws(ws, peer, slot, deadline)
                 nursery.cancel_scope.cancel()
@@ -726,15 +780,14 @@ class NodeRegistry:
         return _Peer(source, tls, names)
 
     async def _handshake(
-        self, nursery: trio.Nursery, stream: trio.abc.Stream, deadline: float
+        self, nursery: trio.Nursery, watched: _PeerWatch, deadline: float
     ) -> WebSocketConnection | None:
-        """The WebSocket handshake by ``deadline``; None if the peer left or was too slow.
+        """The WebSocket handshake on ``watched`` by ``deadline``; None if the peer left or was too slow.
 
         The connection's reader runs in ``nursery``. A peer that closes its
         end before the handshake is noticed at once (trio-websocket itself
         would wait for a request that never comes).
         """
-        watched = _PeerWatch(stream)
         accepted: list[WebSocketConnection] = []
 
         async def handshake() -> None:
@@ -790,7 +843,7 @@ class NodeRegistry:
             await self._reject(ws, rejection, peer.source)
             return None
         assert isinstance(message, Register)
-        return self._connect(ws, message)
+        return self._connect(ws, message, peer.stream if isinstance(peer.stream, _PeerWatch) else None)
 
     async def _read_register(self, ws: WebSocketConnection) -> Register | _Rejection | None:
         """The first message: a ``register``, a rejection, or None (connection closed)."""
@@ -826,10 +879,10 @@ class NodeRegistry:
             return _Rejection("duplicate", f"node {node_id!r} already has a live connection", node_id)
         return None
 
-    def _connect(self, ws: WebSocketConnection, message: Register) -> NodeLink:
+    def _connect(self, ws: WebSocketConnection, message: Register, wire: _PeerWatch | None) -> NodeLink:
         node_id = message.node_id
         generation = self.admission.connect(node_id)
-        link = NodeLink(self, node_id, generation, ws, message.protocol)
+        link = NodeLink(self, node_id, generation, ws, message.protocol, wire)
         link.providers = tuple(p.id for p in message.providers)
         self._links[node_id] = link
         interval_ms = max(1, int(self.heartbeat_timeout * 1000 / 3))

@@ -7,6 +7,8 @@ connection event exactly.
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import httpx
@@ -24,8 +26,8 @@ from edge.harness import (
     running_edge,
     start_chat,
 )
-from iop_edge._links import RunChannel
-from iop_wire import Rejected, RunData, RunEnd, RunEvent
+from iop_edge._links import RunChannel, _PeerWatch
+from iop_wire import Rejected, Run, RunData, RunEnd, RunEvent
 
 
 def _offline(entry: dict[str, object]) -> bool:
@@ -304,3 +306,53 @@ async def test_run_channel_sink_attaches_only_over_an_empty_buffer() -> None:
     assert not channel.attach(lambda data: True)
     assert await channel.next() == RunData("r1", 0, b"1")
     assert channel.attach(lambda data: True)
+
+
+async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs opened in one scheduling round leave in ONE write to the node's socket, in order,
+    each frame intact; a run opened alone afterwards is written on its own."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
+            assert node.registered is not None
+            link = edge.service.registry.link("node-a", node.registered.generation)
+            assert link._wire is not None
+            fd = link._wire._fd()
+            writes: list[int] = []
+            real_write = os.write
+
+            def counting_write(target: int, data: bytes | memoryview) -> int:
+                if target == fd:
+                    writes.append(len(data))
+                return real_write(target, data)
+
+            monkeypatch.setattr(os, "write", counting_write)
+            body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            runs = [Run(f"t{i}", "gpu0", "chat/completions", body, False) for i in range(3)]
+            channels = [link.open_run(run) for run in runs]  # no checkpoint between them
+            assert [(await node.next_run()).run_id for _ in runs] == ["t0", "t1", "t2"]
+            assert len(writes) == 1
+            channels.append(link.open_run(Run("t3", "gpu0", "chat/completions", body, False)))
+            assert (await node.next_run()).run_id == "t3"
+            assert len(writes) == 2
+            monkeypatch.undo()
+            for channel in channels:
+                link.forget_run(channel.run_id)
+
+
+async def test_held_bytes_go_out_before_the_next_write_in_order() -> None:
+    """``_PeerWatch.hold``: bytes sent while holding are not written; the first send after
+    writes them first, in one piece with its own."""
+    left, right = socket.socketpair()
+    right.setblocking(False)
+    with trio.fail_after(5), left, right:
+        watched = _PeerWatch(trio.SocketStream(trio.socket.from_stdlib_socket(left)))
+        watched.hold(True)
+        await watched.send_all(b"one,")
+        await watched.send_all(b"two,")
+        with pytest.raises(BlockingIOError):
+            right.recv(100)  # nothing written yet
+        watched.hold(False)
+        await watched.send_all(b"three")
+        assert right.recv(100) == b"one,two,three"
