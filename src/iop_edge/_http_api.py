@@ -9,8 +9,9 @@ is sent to the node until the last byte reaches the client or the client goes
 away. A run that fails for a provider reason before its first byte reached the
 client is tried again under a new lease on another candidate
 ([failover-before-first-byte], ``_failover.py``); the answer names the
-provider that served it and the number of attempts. A watcher task turns the
-client's ``http.disconnect`` into cancellation of the handler: a queued
+provider that served it and the number of attempts. The client going away
+cancels the handler (the listener's ``iop.cancel_on_disconnect`` watcher, or a
+watcher task turning ``http.disconnect`` into cancellation): a queued
 request leaves the queue, a running one releases its lease and cancels its run
 on the node. This module decides nothing about admission; it maps the
 library's outcomes to HTTP.
@@ -444,6 +445,12 @@ class EdgeAPI:
         threshold = config.long_threshold(model)
         long = threshold is not None and estimate_tokens(endpoint, body) > threshold
 
+        watch = scope.get("extensions", {}).get("iop.cancel_on_disconnect")
+        if watch is not None:  # the connection's own watcher: no task per request
+            with trio.CancelScope() as cancel_scope:
+                watch(cancel_scope)
+                await self._admit_and_run(model, long, endpoint, body, stream, responder)
+            return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             await self._admit_and_run(model, long, endpoint, body, stream, responder)
@@ -730,7 +737,8 @@ class EdgeAPI:
             if not message.get("more_body", False):
                 break
         try:
-            body = json.loads(b"".join(chunks), parse_constant=_reject_constant, parse_float=_finite_float)
+            raw = b"".join(chunks)
+            body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads reads bytes
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise RequestRejected(400, "bad_request", f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
@@ -882,6 +890,9 @@ def _finite_float(text: str) -> float:
         raise ValueError(f"number {text[:30]} is out of range")
     return value
 
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+"""The request body's decoder, built once (``json.loads`` with hooks builds one per call)."""
 
 _CANNED: dict[tuple[object, ...], tuple[list[tuple[bytes, bytes]], bytes]] = {}
 _CANNED_MAX = 256

@@ -20,7 +20,11 @@ no websockets, no HTTP/2). What the listener guarantees:
   app did not read is drained (up to ``DRAIN_LIMIT`` bytes) to keep the
   connection, or the connection closes.
 - **Disconnect**: once the body is read, ``receive`` waits for the client to
-  go away and then returns ``http.disconnect``.
+  go away and then returns ``http.disconnect``. On a plain TCP connection the
+  scope's ``iop.cancel_on_disconnect(cancel_scope)`` does the same watching
+  without a task per request: one watcher task per connection, parked between
+  requests, cancels ``cancel_scope`` if the client goes away before the app
+  returns (bytes of a next request read meanwhile are kept for it).
 - **Connection cap**: past ``max_connections`` open connections, a new one is
   closed at once (before a byte is read) -- the cheapest possible refusal.
 - A response head goes out with the first body chunk, in one send.
@@ -447,6 +451,10 @@ class _Connection:
         self._body_done = False
         self._suppress_body = False
         self._response_started = False
+        self._watcher: _DisconnectWatcher | None = None
+        self._extensions: dict[str, Any] = {"iop.write_body_nowait": self._write_body_nowait}
+        if isinstance(transport, _SocketTransport):
+            self._extensions["iop.cancel_on_disconnect"] = self._cancel_on_disconnect
 
     async def serve(self) -> None:
         """Serve requests until the client leaves, a limit trips or a response says close. Checkpoints."""
@@ -600,7 +608,7 @@ class _Connection:
             "raw_path": path.encode("latin-1"),
             "query_string": query.encode("latin-1"),
             "headers": request.headers,
-            "extensions": {"iop.write_body_nowait": self._write_body_nowait},
+            "extensions": self._extensions,
         }
         try:
             await self.app(scope, self._receive_message, self._send_message)
@@ -609,6 +617,9 @@ class _Connection:
             if not self._response_started and not self.gone:
                 await self._send_message({"type": "http.response.start", "status": 500, "headers": []})
                 await self._send_message({"type": "http.response.body", "body": b"internal error"})
+        finally:
+            if self._watcher is not None:
+                self._watcher.stop()
         if self.h11.our_state is h11.SEND_BODY and not self.gone:
             raise _PeerGone  # the app ended a response midway: the client cannot frame it
         until: float = scope.get(PAUSE_READING, -math.inf)
@@ -652,6 +663,23 @@ class _Connection:
                 self._body_done = True
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return {"type": "http.request", "body": bytes(body), "more_body": True}  # NEED_DATA
+
+    def _cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
+        """Cancel ``cancel_scope`` if the client goes away before the app returns (never waits).
+
+        The scope's ``iop.cancel_on_disconnect`` extension (plain TCP connections
+        only). Call it once the request body is read, and do not ``receive``
+        meanwhile: the connection's watcher reads the socket until the app
+        returns, keeping what it reads for the next request.
+        """
+        if self.gone:
+            cancel_scope.cancel()
+            return
+        if self._watcher is None:
+            assert self.transport.nursery is not None and isinstance(self.transport, _SocketTransport)
+            self._watcher = _DisconnectWatcher(self, self.transport.sock)
+            self.transport.nursery.start_soon(self._watcher.run)
+        self._watcher.watch(cancel_scope)
 
     async def _wait_disconnect(self) -> Message:
         """Read (and keep, for the next request) until the client goes away."""
@@ -748,6 +776,80 @@ class _Connection:
     async def _close(self) -> None:
         with trio.CancelScope(shield=True):
             await self.transport.aclose()
+
+
+@final
+class _DisconnectWatcher:
+    """One connection's disconnect watcher: a task that lives as long as the connection.
+
+    Parked between requests; :meth:`watch` wakes it to wait for the socket to
+    become readable while the app runs. What it reads then (a pipelined next
+    request) goes to the connection's h11 at once, in the same step as the
+    read, so the bytes keep their order whoever reads next; an end of stream
+    or an error marks the connection gone and cancels the watched scope.
+    :meth:`stop` (the app returned) withdraws its wait at once, so the
+    connection's task can read the socket right after.
+    """
+
+    __slots__ = ("connection", "sock", "watched", "_parked", "_waiting")
+
+    def __init__(self, connection: _Connection, sock: socket.socket) -> None:
+        self.connection = connection
+        self.sock = sock
+        self.watched: trio.CancelScope | None = None
+        self._parked: trio.lowlevel.Task | None = None
+        self._waiting: trio.CancelScope | None = None
+
+    def watch(self, cancel_scope: trio.CancelScope) -> None:
+        """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
+        self.watched = cancel_scope
+        task, self._parked = self._parked, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    def stop(self) -> None:
+        """Stop watching (never waits); the socket is free for another reader when this returns."""
+        self.watched = None
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def run(self) -> None:
+        """Watch whenever asked, until the connection's nursery is cancelled. Checkpoints."""
+        while True:
+            if self.watched is None:
+                self._parked = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(self._abort_park)
+                continue
+            with trio.CancelScope() as self._waiting:
+                await self._wait_readable()
+            self._waiting = None
+
+    def _abort_park(self, _: Any) -> trio.lowlevel.Abort:
+        self._parked = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _wait_readable(self) -> None:
+        connection = self.connection
+        limit = connection.limits.max_head_bytes
+        while True:
+            await trio.lowlevel.wait_readable(self.sock)
+            if self.watched is None:
+                return  # stopped while the wake-up was on its way: the connection reads now
+            try:
+                data = self.sock.recv(_RECEIVE_SIZE)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                connection.gone = True
+                self.watched.cancel()
+                self.watched = None
+                return
+            connection.h11.receive_data(data)
+            if len(connection.h11.trailing_data[0]) > limit:
+                self.watched = None  # pipelined too far ahead: stop reading, keep the bytes
+                return
 
 
 _RESPONSES: dict[tuple[int, tuple[tuple[bytes, bytes], ...]], h11.Response] = {}

@@ -272,3 +272,72 @@ async def test_body_written_without_waiting_keeps_its_order_and_its_bound() -> N
             assert body == b"first;" + b"".join(written) + b";last"
             await stream.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_the_connection_watcher_cancels_a_request_whose_client_left() -> None:
+    """``iop.cancel_on_disconnect``: the client closing its end while the app waits cancels the
+    app's scope (no task of the app's watches); the connection then ends."""
+    cancelled = trio.Event()
+    waiting = trio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "http.request"
+        with trio.CancelScope() as cancel_scope:
+            scope["extensions"]["iop.cancel_on_disconnect"](cancel_scope)
+            waiting.set()
+            await trio.sleep_forever()
+        assert cancel_scope.cancelled_caught
+        cancelled.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await _serve(nursery, app)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            await waiting.wait()
+            await stream.aclose()
+            await cancelled.wait()
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_connection_watcher_keeps_a_pipelined_request_and_parks_between_requests() -> None:
+    """Requests on one keep-alive connection each watched by the connection's one watcher: a next
+    request sent while the app still runs is read by the watcher, kept, and served after, in order;
+    nothing is cancelled while the client stays."""
+    seen: list[str] = []
+    release = trio.Event()
+    watching = trio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "http.request"
+        with trio.CancelScope() as cancel_scope:
+            scope["extensions"]["iop.cancel_on_disconnect"](cancel_scope)
+            seen.append(scope["path"])
+            if scope["path"] == "/1":
+                watching.set()
+                await release.wait()
+            await trio.lowlevel.checkpoint()
+        assert not cancel_scope.cancelled_caught
+        body = scope["path"].encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await _serve(nursery, app)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                buffer = bytearray()
+                await stream.send_all(b"GET /1 HTTP/1.1\r\nhost: x\r\n\r\n")
+                await watching.wait()
+                await stream.send_all(b"GET /2 HTTP/1.1\r\nhost: x\r\n\r\n")
+                await trio.testing.wait_all_tasks_blocked()  # the watcher has read /2 by now
+                assert seen == ["/1"]
+                release.set()
+                assert (await _read_response(stream, buffer))[:2] == (200, b"/1")
+                assert (await _read_response(stream, buffer))[:2] == (200, b"/2")
+                for n in (3, 4):
+                    await stream.send_all(f"GET /{n} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+                    assert (await _read_response(stream, buffer))[:2] == (200, f"/{n}".encode())
+                assert seen == ["/1", "/2", "/3", "/4"]
+            nursery.cancel_scope.cancel()
