@@ -416,18 +416,20 @@ class NodeLink:
         together: every frame but the last is framed into the stream's held
         bytes (:meth:`_PeerWatch.hold`), the last one writes them all.
         """
-        await (
-            trio.lowlevel.cancel_shielded_checkpoint()
-        )  # one scheduling round: let the handlers now runnable queue theirs
+        ws = self.ws
+        wire = self._wire
+        if wire is None:  # a stream the link cannot hold (the simulation's): one frame at a time
+            await ws.send_message(first)
+            return
+        # One scheduling round first: the request handlers runnable now queue their frames too.
+        await trio.lowlevel.cancel_shielded_checkpoint()
         frames = [first]
         while True:
             try:
                 frames.append(self._outbox_receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-        ws = self.ws
-        wire = self._wire
-        if wire is not None and len(frames) > 1:
+        if len(frames) > 1:
             wire.hold(True)
             try:
                 for frame in frames[:-1]:
