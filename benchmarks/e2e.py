@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
 from . import peers, plot
@@ -388,28 +389,64 @@ async def _start_litellm(backend_port: int, workdir: pathlib.Path, daemons: list
     raise BenchmarkFailed(f"LiteLLM did not answer within 120 s:\n{litellm.tail()}")
 
 
+@attrs.frozen
+class Relay:
+    """The processes of a relay benchmark: the mock backend, an Edge and a Node registered to it."""
+
+    backend: Daemon
+    edge: Daemon
+    node: Daemon
+    backend_port: int
+    http_port: int
+    node_port: int
+
+
+async def start_relay(
+    workdir: pathlib.Path, daemons: list[Daemon], *, mock_args: list[str], edge_yaml: str, node_yaml: str
+) -> Relay:
+    """Start ``iop-mock-backend`` (with ``mock_args``), an Edge and a ``bench-node`` Node; return once it registered.
+
+    ``node_yaml`` is formatted with ``node_port`` and ``backend_port``. Every
+    process started is appended to ``daemons`` at once (the caller stops them).
+    """
+    backend = Daemon("mock-backend", _python("-m", "iop_mock", "--port", "0", *mock_args), workdir)
+    daemons.append(backend)
+    backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
+    (workdir / "edge.yaml").write_text(edge_yaml)
+    edge = Daemon("edge", _python("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
+    daemons.append(edge)
+    match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
+    http_port, node_port = int(match.group(1)), int(match.group(2))
+    (workdir / "bench-node.yaml").write_text(node_yaml.format(node_port=node_port, backend_port=backend_port))
+    node = Daemon("bench-node", _python("-m", "iop_node", "--config", str(workdir / "bench-node.yaml")), workdir)
+    daemons.append(node)
+    poller = HttpConnection("127.0.0.1", http_port)
+
+    async def bench_node_up() -> bool:
+        return _node_connected(await _get_json(poller, "/status"), "bench-node")
+
+    await _wait_until("bench-node to register", bench_node_up, node, edge)
+    await poller.aclose()
+    return Relay(backend, edge, node, backend_port, http_port, node_port)
+
+
+def load_average() -> str:
+    """The box's 1/5/15-minute load averages, for the report (a shared box says so here)."""
+    try:
+        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 async def _main(runs: int, with_peers: bool, workdir: pathlib.Path) -> dict[str, Any]:
     daemons: list[Daemon] = []
     loadgen: LoadGenerator | None = None
     try:
-        backend = Daemon("mock-backend", _python("-m", "iop_mock", "--port", "0", "--latency-ms", "0"), workdir)
-        daemons.append(backend)
-        backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
-        (workdir / "edge.yaml").write_text(EDGE_YAML)
-        edge = Daemon("edge", _python("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
-        daemons.append(edge)
-        match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
-        http_port, node_port = int(match.group(1)), int(match.group(2))
-        (workdir / "bench-node.yaml").write_text(BENCH_NODE_YAML.format(node_port=node_port, backend_port=backend_port))
-        node = Daemon("bench-node", _python("-m", "iop_node", "--config", str(workdir / "bench-node.yaml")), workdir)
-        daemons.append(node)
-        poller = HttpConnection("127.0.0.1", http_port)
-
-        async def bench_node_up() -> bool:
-            return _node_connected(await _get_json(poller, "/status"), "bench-node")
-
-        await _wait_until("bench-node to register", bench_node_up, node, edge)
-        await poller.aclose()
+        relay = await start_relay(
+            workdir, daemons, mock_args=["--latency-ms", "0"], edge_yaml=EDGE_YAML, node_yaml=BENCH_NODE_YAML
+        )
+        backend, edge, node = relay.backend, relay.edge, relay.node
+        backend_port, http_port, node_port = relay.backend_port, relay.http_port, relay.node_port
         ports = {"direct": backend_port, "edge": http_port}
         litellm_note = "not measured (run `make bench-peers`)"
         if with_peers:
@@ -459,6 +496,8 @@ def run(runs: int = 5, with_peers: bool = False) -> dict[str, Any]:
         raise
     shutil.rmtree(workdir, ignore_errors=True)
     result["command"] = "make bench-peers" if with_peers else "make bench"
+    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result["load_average"] = load_average()
     RESULTS.mkdir(exist_ok=True)
     png = RESULTS / "e2e.png"
     plot.plot(result, png)
@@ -561,8 +600,9 @@ def _update_doc(markdown: str, result: dict[str, Any]) -> None:
     """Replace the generated block of ``docs/benchmarks.md`` (the prose around it stays)."""
     block = (
         f"{_BEGIN}\n"
-        f"Produced by `{result['command']}` ({result['when'] if 'when' in result else time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{result['cpus']} CPUs, median of {result['runs']} runs of {result['duration_s']:g} s after {result['warmup_s']:g} s warm-up; "
+        f"Produced by `{result['command']}` ({result['when']}, {result['cpus']} CPUs, load average "
+        f"{result.get('load_average', 'unknown')} at the end, median of {result['runs']} runs of "
+        f"{result['duration_s']:g} s after {result['warmup_s']:g} s warm-up; "
         f"LiteLLM: {result['litellm']}).\n\n{markdown}\n\n![throughput and p50 vs concurrency](benchmarks-e2e.png)\n{_END}"
     )
     replace_doc_block(_BEGIN, _END, block)

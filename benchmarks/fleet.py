@@ -37,7 +37,6 @@ import trio
 
 from . import e2e, peers
 from .e2e import BenchmarkFailed, Daemon
-from .loadgen import HttpConnection
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -145,27 +144,11 @@ async def _measure(
 
 
 async def _start(workdir: pathlib.Path, daemons: list[Daemon]) -> tuple[dict[str, int], dict[str, list[Daemon]]]:
-    argv = e2e._python("-m", "iop_mock", "--port", "0", "--tokens-per-second", str(RATE))
-    backend = Daemon("mock-backend", argv, workdir)
-    daemons.append(backend)
-    backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
-    (workdir / "edge.yaml").write_text(EDGE_YAML)
-    edge = Daemon("edge", e2e._python("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
-    daemons.append(edge)
-    match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
-    http_port, node_port = int(match.group(1)), int(match.group(2))
-    (workdir / "node.yaml").write_text(NODE_YAML.format(node_port=node_port, backend_port=backend_port))
-    node = Daemon("bench-node", e2e._python("-m", "iop_node", "--config", str(workdir / "node.yaml")), workdir)
-    daemons.append(node)
-    poller = HttpConnection("127.0.0.1", http_port)
-
-    async def node_up() -> bool:
-        return e2e._node_connected(await e2e._get_json(poller, "/status"), "bench-node")
-
-    await e2e._wait_until("bench-node to register", node_up, node, edge)
-    await poller.aclose()
-    ports = {"direct": backend_port, "edge": http_port}
-    processes = {"direct": [backend], "edge": [edge, node, backend]}
+    relay = await e2e.start_relay(
+        workdir, daemons, mock_args=["--tokens-per-second", str(RATE)], edge_yaml=EDGE_YAML, node_yaml=NODE_YAML
+    )
+    ports = {"direct": relay.backend_port, "edge": relay.http_port}
+    processes = {"direct": [relay.backend], "edge": [relay.edge, relay.node, relay.backend]}
     return ports, processes
 
 
@@ -218,6 +201,7 @@ def run(quick: bool = False, with_peers: bool = False) -> dict[str, Any]:
     shutil.rmtree(workdir, ignore_errors=True)
     result["command"] = "make bench-peers" if with_peers else "make bench"
     result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result["load_average"] = e2e.load_average()
     RESULTS.mkdir(exist_ok=True)
     png = RESULTS / "fleet.png"
     plot(result, png)
@@ -315,7 +299,8 @@ _END = "<!-- fleet-results:end -->"
 def _update_doc(markdown: str, result: dict[str, Any]) -> None:
     """Replace the generated block of ``docs/benchmarks.md`` (the prose around it stays)."""
     block = (
-        f"{_BEGIN}\nProduced by `{result['command']}` ({result['when']}, {result['cpus']} CPUs, one run: "
+        f"{_BEGIN}\nProduced by `{result['command']}` ({result['when']}, {result['cpus']} CPUs, load average "
+        f"{result.get('load_average', 'unknown')} at the end, one run: "
         f"{result['ramp_s']:g} s ramp, {result['duration_s']:g} s window; LiteLLM: {result['litellm']}).\n\n"
         f"{markdown}\n\n![tokens/s vs concurrent streams](benchmarks-fleet.png)\n{_END}"
     )
