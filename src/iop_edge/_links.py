@@ -410,19 +410,23 @@ class NodeLink:
     async def _send_queued(self, first: str) -> None:
         """Send ``first`` and every frame queued behind it, in one write to the socket where possible.
 
-        A write to a loopback or LAN socket costs far more CPU than framing a
+        A write to a loopback or LAN socket costs more CPU than framing a
         message, so the frames that queued up while the writer waited (runs
         opened by several request handlers in one scheduling round) go out
         together: every frame but the last is framed into the stream's held
-        bytes (:meth:`_PeerWatch.hold`), the last one writes them all.
+        bytes (:meth:`_PeerWatch.hold`), the last one writes them all. The
+        writer waits one scheduling round for more only when others were
+        queued already (at concurrency 1 that round would be latency for nothing).
         """
         ws = self.ws
         wire = self._wire
         if wire is None:  # a stream the link cannot hold (the simulation's): one frame at a time
             await ws.send_message(first)
             return
-        # One scheduling round first: the request handlers runnable now queue their frames too.
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if self._outbox_receive.statistics().current_buffer_used:
+            # Others queued already, so requests are arriving together: one more scheduling
+            # round lets the handlers runnable now queue theirs (never at concurrency 1).
+            await trio.lowlevel.cancel_shielded_checkpoint()
         frames = [first]
         while True:
             try:
