@@ -86,6 +86,8 @@ WS_QUEUE_SIZE = 8
 """Messages the WebSocket reader parses ahead of the link's reader (several arrive in one read)."""
 WS_RECEIVE_BYTES = 65536
 """Bytes read from a node's socket at once (a frame of many records, several frames)."""
+WRITE_BATCH_BYTES = 64 * 1024
+"""Characters of queued frames past which the node link's writer stops adding frames to one write."""
 CANCEL_SETTLE_TIMEOUT = 2.0
 """Seconds a run left before its end waits for the node to confirm the cancel."""
 
@@ -414,7 +416,9 @@ class NodeLink:
         message, so the frames that queued up while the writer waited (runs
         opened by several request handlers in one scheduling round) go out
         together: every frame but the last is framed into the stream's held
-        bytes (:meth:`_PeerWatch.hold`), the last one writes them all. The
+        bytes (:meth:`_PeerWatch.hold`), the last one writes them all; a batch
+        stops growing past :data:`WRITE_BATCH_BYTES`, so large frames go one by
+        one and a node that stops reading leaves the rest in its outbox. The
         writer waits one scheduling round for more only when others were
         queued already (at concurrency 1 that round would be latency for nothing).
         """
@@ -428,11 +432,13 @@ class NodeLink:
             # round lets the handlers runnable now queue theirs (never at concurrency 1).
             await trio.lowlevel.cancel_shielded_checkpoint()
         frames = [first]
-        while True:
+        size = len(first)
+        while size < WRITE_BATCH_BYTES:  # large frames go one by one, the rest wait in the outbox
             try:
                 frames.append(self._outbox_receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
+            size += len(frames[-1])
         if len(frames) > 1:
             wire.hold(True)
             try:
