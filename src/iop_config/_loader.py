@@ -25,11 +25,12 @@ file, so a missing key points at its parent.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from enum import Enum
-from typing import Any, Literal, TypeVar, final, get_args, get_origin
+from typing import Any, Literal, TypeVar, cast, final, get_args, get_origin
 
 import cattrs
 from cattrs.errors import (
@@ -40,6 +41,7 @@ from cattrs.errors import (
 )
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (
     AliasEvent,
@@ -50,7 +52,7 @@ from ruamel.yaml.events import (
     SequenceEndEvent,
     SequenceStartEvent,
 )
-from ruamel.yaml.nodes import Node, ScalarNode
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ruamel.yaml.resolver import VersionedResolver
 
 from ._converter import make_converter
@@ -453,9 +455,39 @@ def _release(root: Any) -> None:
                     stack.append(child)
 
 
+class _RoundTripConstructor(RoundTripConstructor):
+    """ruamel's round-trip constructor, with no generator of its own left suspended for an unknown tag.
+
+    A node with a tag no constructor knows is built in two steps: the empty,
+    tagged value first, its contents once the rest of the document is known.
+    ruamel's generator for it turns ``GeneratorExit`` into ``ConstructorError``,
+    so when a load fails between the two steps, the garbage collector reports
+    an ignored exception at whatever moment it finds the generator. Here
+    ruamel's generator gives the tagged value and is closed at once (its second
+    step only keeps anchors for dumping, which a config never does), and the
+    contents are filled by this plain generator.
+    """
+
+    def construct_unknown(self, node: Any) -> Iterator[Any]:
+        steps = cast(Generator[Any, None, None], super().construct_unknown(node))  # annotated as an Iterator
+        value = next(steps)
+        with contextlib.suppress(ConstructorError):
+            steps.close()
+        yield value
+        if isinstance(node, MappingNode):
+            self.construct_mapping(node, value)
+        elif isinstance(node, SequenceNode):
+            value.extend(self.construct_sequence(node))
+
+
+_RoundTripConstructor.add_constructor(None, _RoundTripConstructor.construct_unknown)
+
+
 def _parse(text: str, filename: str) -> Any:
+    yaml = YAML(typ="rt")
+    yaml.Constructor = _RoundTripConstructor
     try:
-        return YAML(typ="rt").load(text)
+        return yaml.load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
