@@ -61,7 +61,7 @@ from typing import Any
 
 import trio
 
-from .e2e import BenchmarkFailed, Daemon, LoadGenerator, _get_json, _node_connected, _python, _wait_until
+from .e2e import BenchmarkFailed, Daemon, LoadGenerator, _get_json, _python, start_relay
 from .loadgen import HttpConnection, _percentile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -465,33 +465,15 @@ async def _probe_only(edge: Daemon, http_port: int) -> float:
 async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str, Any]:
     daemons: list[Daemon] = []
     try:
-        backend = Daemon(
-            "mock-backend",
-            _python(
-                "-m", "iop_mock", "--port", "0", "--latency-ms", str(BACKEND_LATENCY_MS),
-                "--tokens-per-second", "0",
-            ),
+        relay = await start_relay(
             workdir,
-        )  # fmt: skip
-        daemons.append(backend)
-        backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
-        (workdir / "edge.yaml").write_text(EDGE_YAML.format(capacity=CAPACITY, extra=edge_extra))
-        edge = Daemon("edge", _python("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
-        daemons.append(edge)
-        match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
-        http_port, node_port = int(match.group(1)), int(match.group(2))
-        (workdir / "node.yaml").write_text(
-            NODE_YAML.format(node_port=node_port, backend_port=backend_port, capacity=CAPACITY)
+            daemons,
+            mock_args=["--latency-ms", str(BACKEND_LATENCY_MS), "--tokens-per-second", "0"],
+            edge_yaml=EDGE_YAML.format(capacity=CAPACITY, extra=edge_extra),
+            node_yaml=NODE_YAML.replace("{capacity}", str(CAPACITY)),  # the ports are start_relay's to fill
         )
-        node = Daemon("node", _python("-m", "iop_node", "--config", str(workdir / "node.yaml")), workdir)
-        daemons.append(node)
-        poller = HttpConnection("127.0.0.1", http_port)
-
-        async def node_up() -> bool:
-            return _node_connected(await _get_json(poller, "/status"), "bench-node")
-
-        await _wait_until("bench-node to register", node_up, node, edge)
-        await poller.aclose()
+        edge, node, backend = relay.edge, relay.node, relay.backend
+        http_port, backend_port = relay.http_port, relay.backend_port
         costs = await _costs(edge, http_port)
         cost = costs["served_ms"]
         print(f"   Edge CPU without overload: {costs}", file=sys.stderr, flush=True)
