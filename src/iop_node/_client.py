@@ -117,18 +117,10 @@ def websocket_connector(
     @asynccontextmanager
     async def connect(nursery: trio.Nursery) -> AsyncIterator[WebSocketConnection]:
         with trio.fail_after(connect_timeout):
+            context = None
             if secure:
-                context = ssl_context() if callable(ssl_context) else ssl_context
-                tcp = await trio.open_tcp_stream(host, port, local_address=local_address)
-                tls = trio.SSLStream(tcp, context or ssl.create_default_context(), server_hostname=host)
-                stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = tls
-                try:
-                    await tls.do_handshake()
-                except BaseException:
-                    await trio.aclose_forcefully(tls)
-                    raise
-            else:
-                stream = await trio.open_tcp_stream(host, port, local_address=local_address)
+                context = (ssl_context() if callable(ssl_context) else ssl_context) or ssl.create_default_context()
+            stream = await _open_stream(host, port, context, local_address)
         try:
             with trio.fail_after(connect_timeout):
                 ws = await _handshake(nursery, stream, host, resource)
@@ -142,6 +134,25 @@ def websocket_connector(
                 await stream.aclose()
 
     return connect
+
+
+async def _open_stream(
+    host: str, port: int, tls: ssl.SSLContext | None, local_address: str | None
+) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
+    """A TCP connection to ``host:port``, with TLS over it (handshake done) when ``tls`` is given.
+
+    Checkpoints. On a failed TLS handshake the connection is closed before the error propagates.
+    """
+    tcp = await trio.open_tcp_stream(host, port, local_address=local_address)
+    if tls is None:
+        return tcp
+    stream = trio.SSLStream(tcp, tls, server_hostname=host)
+    try:
+        await stream.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return stream
 
 
 @final
