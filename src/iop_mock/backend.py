@@ -18,13 +18,16 @@ The capacity smoke reads the backend's peak concurrency from ``/stats``.
 
 Design notes:
 
-- A raw ASGI app (no framework) on hypercorn's trio worker: the benchmark calls it directly at
-  up to ~2,000 requests/s, so there is no per-request logging, each response object is encoded
-  to JSON once, identical consecutive stream chunks reuse the same bytes, and an unthrottled
+- A raw ASGI app (no framework) on a small h11 server of its own (:mod:`iop_mock._server`):
+  the mock stands in for a GPU server, whose tokens cost the host nothing, so its own CPU
+  per request and per token must stay small next to the Edge's and the Node's (with hypercorn
+  it was ~0.15-0.18 ms per streamed token). There is no per-request logging, each response
+  object is encoded to JSON once, identical consecutive stream chunks reuse the same bytes,
+  a response head goes out with the first body bytes in one ``send()``, and an unthrottled
   stream (``tokens_per_second == 0``) goes out as one body message.
 - In-flight accounting: a generation request counts from the moment its body has been read and
   parsed until its response is complete or the client is gone. "Gone" is noticed three ways:
-  hypercorn delivers ``http.disconnect`` (a watcher task cancels the response), ``send`` raises,
+  the server delivers ``http.disconnect`` (a watcher task cancels the response), ``send`` raises,
   or the task is cancelled (server shutdown). The count is released in one ``finally``, so no
   path can leak it.
 """
@@ -41,21 +44,20 @@ import signal
 import sys
 import time
 import typing
-import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
-import hypercorn
-import hypercorn.trio
 import trio
 
+from . import _server as mock_server
 from . import completion as mock_completion
 from . import embedding as mock_embedding
+from ._pacing import Pacer
 
 __all__ = ["MockBackend", "main", "serve_mock_backend"]
 
-# hypercorn passes TypedDicts; a raw ASGI app reads them as mappings and sends plain dicts.
+# ASGI servers pass TypedDicts; a raw ASGI app reads them as mappings and sends plain dicts.
 Scope = Mapping[str, Any]
 Message = Mapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -154,6 +156,7 @@ class MockBackend:
     _total: int = attrs.field(default=0, init=False)
     _ids: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _models_body: bytes = attrs.field(init=False)
+    _pacer: Pacer = attrs.field(factory=Pacer, init=False)
 
     def __attrs_post_init__(self) -> None:
         created = int(time.time())
@@ -369,9 +372,12 @@ class MockBackend:
         """Send a streamed response paced like a real generation.
 
         After the latency: the headers and the ``head`` frames (the role chunk); then the
-        ``n_tokens`` token frames, each ``1 / tokens_per_second`` after the previous one; then the
-        remaining frames (finish chunk, usage chunk) with ``trailer`` in one message. With
-        ``tokens_per_second == 0`` the whole body is one message.
+        ``n_tokens`` token frames, token ``k`` at ``k / tokens_per_second`` after the head (a
+        schedule anchored on the head, so time spent sending does not slow the rate down; a
+        stream more than one interval late starts its schedule again from now rather than
+        sending a burst; every stream of the backend waits on one :class:`Pacer`, which may
+        send a token up to 1 ms early to share a wake-up with another stream's); then the remaining frames (finish chunk, usage chunk) with ``trailer``
+        in one message. With ``tokens_per_second == 0`` the whole body is one message.
         """
         if self.latency:
             await trio.sleep(self.latency)
@@ -380,12 +386,15 @@ class MockBackend:
         if not tps:
             await send({"type": "http.response.body", "body": b"".join(frames) + trailer})
             return
-        if head:
-            first = b"".join(itertools.islice(frames, head))
-            await send({"type": "http.response.body", "body": first, "more_body": True})
+        first = b"".join(itertools.islice(frames, head))
+        await send({"type": "http.response.body", "body": first, "more_body": True})
         interval = 1.0 / tps
+        due = trio.current_time()
         for frame in itertools.islice(frames, n_tokens):
-            await trio.sleep(interval)
+            due += interval
+            await self._pacer.wait_until(due)
+            if (late := trio.current_time() - due) > interval:
+                due += late
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"".join(frames) + trailer})
 
@@ -491,11 +500,11 @@ async def serve_mock_backend(
     port: int = 0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``backend.app`` over HTTP/1.1 with hypercorn's trio worker until cancelled.
+    """Serve ``backend.app`` over HTTP/1.1 (h11 on trio sockets) until cancelled.
 
-    Use with ``port = await nursery.start(serve_mock_backend, backend)``. Hypercorn's access log
-    is off; its error log goes to the ``hypercorn.error`` logger (warnings and above show with
-    the default logging setup).
+    Use with ``port = await nursery.start(serve_mock_backend, backend)``. Nothing is logged per
+    request; an exception in the app is logged by the ``iop_mock.server`` logger (the request
+    gets a 500 if its response had not started, and its connection closes).
 
     Args:
         backend: the backend whose app and counters are served.
@@ -509,17 +518,8 @@ async def serve_mock_backend(
     Checkpoints. Runs until cancelled; cancellation closes the listener and every open
     connection at once (responses in progress end, their in-flight counts are released).
     """
-    config = hypercorn.Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
-    # A Logger object is used as is: hypercorn neither adds handlers nor changes its level.
-    config.errorlog = logging.getLogger("hypercorn.error")
-    config.backlog = 1024  # the benchmark opens many connections at once
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(functools.partial(hypercorn.trio.serve, backend.app, config, mode="asgi"))
-        bound_port = urllib.parse.urlsplit(binds[0]).port
-        if bound_port is None:
-            raise RuntimeError(f"hypercorn reported no port in its binds {binds!r}")
+        bound_port = await nursery.start(functools.partial(mock_server.serve_asgi, backend.app, host, port))
         task_status.started(bound_port)
 
 
