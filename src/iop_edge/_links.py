@@ -66,8 +66,8 @@ from iop_wire import (
     TunnelRequest,
     TunnelStart,
     decode,
-    decode_data,
     encode,
+    split_data,
 )
 
 from ._node_limits import UNKNOWN_SOURCE, PendingLimits, Source, source_of
@@ -111,7 +111,7 @@ class RunChannel:
     once the node has freed the provider (see :meth:`__aexit__`).
     """
 
-    __slots__ = ("run_id", "link", "_send", "_receive", "ended", "overflowed", "_next_seq", "_sink")
+    __slots__ = ("run_id", "link", "_send", "_receive", "ended", "overflowed", "next_seq", "_sink")
 
     def __init__(self, run_id: str, link: NodeLink) -> None:
         self.run_id = run_id
@@ -119,7 +119,8 @@ class RunChannel:
         self._send, self._receive = trio.open_memory_channel[RunMessage](RUN_BUFFER)
         self.ended = False
         self.overflowed = False
-        self._next_seq = 0
+        self.next_seq = 0
+        """The number the run's next data record must carry (its node link checks and counts)."""
         self._sink: Callable[[bytes], bool] | None = None
 
     async def __aenter__(self) -> RunChannel:
@@ -185,6 +186,21 @@ class RunChannel:
             self._send.close()
         return True
 
+    def deliver_data(self, seq: int, data: bytes) -> bool:
+        """Hand on the bytes of the run's data record ``seq`` (never waits).
+
+        With a sink attached they go to it at once (no :class:`RunData`);
+        otherwise as :meth:`deliver` of that record. Returns as :meth:`deliver`.
+        """
+        sink = self._sink
+        if sink is None:
+            return self.deliver(RunData(self.run_id, seq, data))
+        if sink(data):
+            return True
+        self.overflowed = True
+        self._send.close()
+        return False
+
     def attach(self, sink: Callable[[bytes], bool]) -> bool:
         """Hand the bytes of later data records to ``sink`` as they arrive, in the node link's reader.
 
@@ -208,13 +224,6 @@ class RunChannel:
     def detach(self) -> None:
         """Buffer data records again (for :meth:`next`); call it when the relay stops writing."""
         self._sink = None
-
-    def check_seq(self, seq: int) -> bool:
-        """Whether ``seq`` is the next data record number of this run (and count it)."""
-        if seq != self._next_seq:
-            return False
-        self._next_seq += 1
-        return True
 
     def close(self) -> None:
         """The connection ended: :meth:`next` raises :class:`NodeGone` after what is buffered."""
@@ -345,25 +354,23 @@ class NodeLink:
 
         A run with several records in the frame gets their bytes joined, in
         order, as one delivery: one write to its client instead of one per record.
+        Every record's order is checked before any is delivered.
         """
-        first: dict[str, RunData] = {}
-        more: dict[str, list[bytes]] = {}
-        for record in decode_data(frame, max_bytes=self.registry.max_message_bytes):
-            run_id = record.run_id
-            channel = self._runs.get(run_id)
+        runs = self._runs
+        batch: dict[str, tuple[RunChannel, int, bytes]] = {}
+        for run_id, seq, data in split_data(frame, max_bytes=self.registry.max_message_bytes):
+            channel = runs.get(run_id)
             if channel is None:
                 continue  # a late record for a run we already gave up on
-            if not channel.check_seq(record.seq):
-                return f"run {run_id}: data record {record.seq} out of order"
-            if run_id not in first:
-                first[run_id] = record
-            elif run_id in more:
-                more[run_id].append(record.data)
-            else:
-                more[run_id] = [first[run_id].data, record.data]
-        for run_id, record in first.items():
-            parts = more.get(run_id)
-            self._deliver(run_id, record if parts is None else RunData(run_id, record.seq, b"".join(parts)))
+            if seq != channel.next_seq:
+                return f"run {run_id}: data record {seq} out of order"
+            channel.next_seq = seq + 1
+            joined = batch.get(run_id)
+            batch[run_id] = (channel, seq, data) if joined is None else (channel, joined[1], joined[2] + data)
+        for run_id, (channel, seq, data) in batch.items():
+            if not channel.deliver_data(seq, data):
+                self.cancel_run(run_id)
+                self.forget_run(run_id)
         return None
 
     @property

@@ -7,7 +7,7 @@ tagged by ``"type"``; v2 adds binary data frames (:func:`encode_data`,
 """
 
 from ._codec import decode, encode, make_converter
-from ._data import MAX_RUN_ID_BYTES, RunData, decode_data, encode_data, record_header
+from ._data import MAX_RUN_ID_BYTES, RunData, decode_data, encode_data, record_header, split_data
 from ._errors import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -92,4 +92,5 @@ __all__ = [
     "failure_kind",
     "make_converter",
     "record_header",
+    "split_data",
 ]

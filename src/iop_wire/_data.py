@@ -81,6 +81,19 @@ def decode_data(frame: bytes | bytearray, *, max_bytes: int = MAX_MESSAGE_BYTES)
     """The records of one data frame, in order.
 
     Raises:
+        ProtocolError: see :func:`split_data`.
+    """
+    return [RunData(run_id, seq, data) for run_id, seq, data in split_data(frame, max_bytes=max_bytes)]
+
+
+def split_data(frame: bytes | bytearray, *, max_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int, bytes]]:
+    """The records of one data frame, in order, as ``(run_id, seq, data)`` tuples.
+
+    What :func:`decode_data` returns without an object per record: for a relay that
+    hands each record's bytes on at once. The whole frame is checked before anything
+    is returned.
+
+    Raises:
         ProtocolError: the frame is larger than ``max_bytes`` (close code 1009), empty,
             or a record is truncated or has a run id that is not ASCII (1002).
     """
@@ -89,23 +102,24 @@ def decode_data(frame: bytes | bytearray, *, max_bytes: int = MAX_MESSAGE_BYTES)
         raise ProtocolError(f"data frame too large: {size} bytes > {max_bytes}", close_code=CLOSE_TOO_BIG)
     if not size:
         raise ProtocolError("empty data frame")
-    view = memoryview(frame)
-    records: list[RunData] = []
-    offset = 0
+    raw = frame if type(frame) is bytes else bytes(frame)  # slices of bytes are the records' bytes
+    records: list[tuple[str, int, bytes]] = []
+    append = records.append
     unpack = _COUNTERS.unpack_from
+    offset = 0
     while offset < size:
-        id_end = offset + 1 + frame[offset]
+        id_end = offset + 1 + raw[offset]
         data_start = id_end + 8
         if data_start > size:
             raise ProtocolError(f"truncated data record header at byte {offset}")
-        seq, length = unpack(frame, id_end)
+        seq, length = unpack(raw, id_end)
         data_end = data_start + length
         if data_end > size:
             raise ProtocolError(f"data record at byte {offset} announces {length} bytes, {size - data_start} left")
         try:
-            run_id = bytes(view[offset + 1 : id_end]).decode("ascii")
+            run_id = raw[offset + 1 : id_end].decode("ascii")
         except UnicodeDecodeError:
             raise ProtocolError(f"data record at byte {offset}: run id is not ASCII") from None
-        records.append(RunData(run_id, seq, bytes(view[data_start:data_end])))
+        append((run_id, seq, raw[data_start:data_end]))
         offset = data_end
     return records

@@ -274,6 +274,51 @@ async def test_body_written_without_waiting_keeps_its_order_and_its_bound() -> N
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize(
+    ("request_head", "headers", "reusable"),
+    [
+        (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", [], True),  # h11 frames chunks: later ones framed alike
+        (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", [(b"content-length", b"17")], True),  # h11 frames all
+        (b"GET / HTTP/1.0\r\n\r\n", [], False),  # HTTP/1.0: the body ends with the connection
+    ],
+)
+async def test_body_chunks_are_framed_as_h11_frames_the_response(
+    request_head: bytes, headers: list[tuple[bytes, bytes]], reusable: bool
+) -> None:
+    """Body chunks written by the app and by ``iop.write_body_nowait`` (empty ones too) reach an
+    h11 client whole and in order, whichever framing h11 chose for the response; a kept-alive
+    connection then serves its next request."""
+
+    async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
+        write_nowait = scope["extensions"]["iop.write_body_nowait"]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"one;", "more_body": True})
+        assert write_nowait(b"two;") and write_nowait(b"") and write_nowait(b"three;")
+        await send({"type": "http.response.body", "body": b"", "more_body": True})
+        await send({"type": "http.response.body", "body": b"end", "more_body": False})
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await _serve(nursery, app)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            client = h11.Connection(h11.CLIENT)
+            for _ in range(2 if reusable else 1):
+                await stream.send_all(request_head)
+                client.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+                client.send(h11.EndOfMessage())
+                body = bytearray()
+                while not isinstance(event := client.next_event(), h11.EndOfMessage):
+                    if event is h11.NEED_DATA:
+                        client.receive_data(await stream.receive_some(65536))
+                    elif isinstance(event, h11.Data):
+                        body += event.data
+                assert bytes(body) == b"one;two;three;end"
+                if reusable:
+                    client.start_next_cycle()
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
 async def test_the_connection_watcher_cancels_a_request_whose_client_left() -> None:
     """``iop.cancel_on_disconnect``: the client closing its end while the app waits cancels the
     app's scope (no task of the app's watches); the connection then ends."""
