@@ -161,6 +161,11 @@ PACING_QUANTUM = 0.005
 """Seconds: paused connections due within this of each other are woken together (one timer wake-up)."""
 
 
+PACING_BATCH = 64
+"""Paused connections woken in one scheduling round, at most: a bunch due at once is answered
+over several rounds, with every other task (``/healthz``, admitted requests) running between them."""
+
+
 def _due(entry: list[Any]) -> float:
     due: float = entry[0]
     return due
@@ -175,6 +180,8 @@ class _Pacer:
     connection: :meth:`run` sleeps until the earliest time, then resumes every
     connection due within :data:`PACING_QUANTUM`, so a flood of paced refusals
     costs one timer wake-up per batch, and each connection one task wake-up.
+    A batch larger than :data:`PACING_BATCH` is woken over several scheduling
+    rounds, so the loop never runs a whole bunch of refusals in one pass.
     """
 
     __slots__ = ("queue", "timer")
@@ -213,10 +220,15 @@ class _Pacer:
                 await trio.sleep_forever()
             self.timer = None
             horizon = trio.current_time() + PACING_QUANTUM
+            woken = 0
             while queue and queue[0][0] <= horizon:
                 task = queue.popleft()[1]
                 if task is not None:
                     trio.lowlevel.reschedule(task)
+                    woken += 1
+                    if woken == PACING_BATCH:  # the rest wake in the next scheduling round
+                        await trio.lowlevel.checkpoint()
+                        woken = 0
 
 
 class _PeerGone(Exception):

@@ -17,7 +17,15 @@ import trio.testing
 
 from edge.harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
 from iop_config import ConfigFileError
-from iop_edge._overload import FrontDoor, LoadShedder, OverloadPolicy, ReturnSchedule, drain_time, watch_loop_lag
+from iop_edge._overload import (
+    RETURN_GRACE,
+    FrontDoor,
+    LoadShedder,
+    OverloadPolicy,
+    ReturnSchedule,
+    drain_time,
+    watch_loop_lag,
+)
 from iop_edge.config import load_edge_config
 
 POLICY = OverloadPolicy(shed_loop_lag=0.1, shed_connections=100, max_connections=200, max_retry_after=30)
@@ -86,23 +94,25 @@ def test_return_times_are_spread_by_the_refusal_rate() -> None:
 @pytest.mark.req("overload-admitted-first")
 def test_refusal_gives_a_retry_after_no_shorter_than_the_pause() -> None:
     """[overload-admitted-first] A refusal's Retry-After is the booked delay or the drain time,
-    whichever is longer, rounded up (at least 1 s, at most the ceiling); the pause before its
-    connection is read again never exceeds it, and waits for a long drain time only up to 1 s
-    (a client retrying after a second is held only as the refusal rate requires). With 1,000
-    clients refused at once at 1,000/s they are told 1 s; with 5,000, up to 5 s."""
+    whichever is longer, rounded up (at least 1 s, at most the ceiling); the connection is left
+    unread for the booked delay rounded up to whole seconds plus ``RETURN_GRACE`` (a client that
+    honours Retry-After has sent its request by then), never more than the Retry-After plus that
+    grace, and waits for a long drain time only up to 1 s (a client retrying after a second is
+    held only as the refusal rate requires). With 1,000 clients refused at once at 1,000/s they
+    are told 1 s; with 5,000, up to 5 s."""
     door = FrontDoor(attrs.evolve(POLICY, refusal_rate=1000))
     door.waiting = 63
     door.shedder.service_time = 0.1  # drain: 64 x 0.1 s / 8 slots = 0.8 s
     answers = [door.refusal(now=5.0, capacity=8) for _ in range(5000)]
-    assert answers[0] == (1, pytest.approx(0.8))
-    assert all(pause <= retry for retry, pause in answers)
+    assert answers[0] == (1, pytest.approx(1 + RETURN_GRACE))
+    assert all(pause == pytest.approx(retry + RETURN_GRACE) for retry, pause in answers)  # just after the return
     assert max(retry for retry, _ in answers[:200]) == 1
-    assert answers[-1] == (6, pytest.approx(0.8 + 4.999))
+    assert answers[-1] == (6, pytest.approx(6 + RETURN_GRACE))  # booked 0.8 + 4.999 s
     door.shedder.service_time = 0.5  # drain: 64 x 0.5 s / 8 = 4 s
     retry, pause = door.refusal(now=100.0, capacity=8)
-    assert (retry, pause) == (4, pytest.approx(1.0))  # told the drain time, held at most 1 s
+    assert (retry, pause) == (4, pytest.approx(1 + RETURN_GRACE))  # told the drain time, held about 1 s
     door.waiting = 0
-    assert door.refusal(now=200.0, capacity=0) == (30, 1.0)  # no capacity: told the ceiling
+    assert door.refusal(now=200.0, capacity=0) == (30, pytest.approx(1 + RETURN_GRACE))  # no capacity: the ceiling
 
 
 def test_a_visit_gives_back_each_count_exactly_once() -> None:

@@ -16,7 +16,15 @@ import trio.testing
 
 from edge.harness import eventually
 from edge.test_http_server import _read_response
-from iop_edge._http_server import PACING_QUANTUM, CannedResponse, ConnectionCounter, HttpLimits, _Pacer, serve_http
+from iop_edge._http_server import (
+    PACING_BATCH,
+    PACING_QUANTUM,
+    CannedResponse,
+    ConnectionCounter,
+    HttpLimits,
+    _Pacer,
+    serve_http,
+)
 
 FULL = CannedResponse(
     429, [(b"content-type", b"text/plain"), (b"retry-after", b"1"), (b"content-length", b"4")], b"full"
@@ -55,6 +63,35 @@ async def test_paused_connections_wake_in_time_order_from_one_timer(
         assert len(pacer.queue) == 0
         nursery.cancel_scope.cancel()
     assert woke == {"early": 0.5, "a": 1.0, "b": 1.0, "c": 3.0}
+
+
+@pytest.mark.req("overload-ops")
+async def test_a_bunch_of_paused_connections_wakes_over_several_scheduling_rounds(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """[overload-ops] Connections due in one moment are woken at most ``PACING_BATCH`` per
+    scheduling round: the first of a bunch run while the rest still wait, and other tasks (a
+    ``/healthz``) get the loop between the rounds."""
+    pacer = _Pacer()
+    waiting_when_woken: list[int] = []  # paused connections still queued when each one ran
+    start = trio.current_time()
+    bunch = 2 * PACING_BATCH + PACING_BATCH // 2
+
+    async def paused() -> None:
+        await pacer.pause(start + 1.0)
+        waiting_when_woken.append(len(pacer.queue))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pacer.run)
+        for _ in range(bunch):
+            nursery.start_soon(paused)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(1.0)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert len(waiting_when_woken) == bunch and len(pacer.queue) == 0
+    assert min(waiting_when_woken[:PACING_BATCH]) >= bunch - 2 * PACING_BATCH  # the first batch ran early
+    assert waiting_when_woken[-1] == 0
 
 
 async def _listener(nursery: trio.Nursery, seen: list[str], counter: ConnectionCounter, pause: float) -> int:
