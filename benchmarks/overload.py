@@ -34,9 +34,24 @@ Edge CPU per refusal, measured against references taken in the same run, before 
 scenarios, with the same Edge: a request served without overload (8 clients, capacity 8:
 ``served_ms``, the reference of the ratio), a request served through a full queue (64
 clients: every slot busy, 56 waiting, none refused; ``queued_ms``) and the Edge with only
-the probe as client (``probe_ms_per_s``). A row's refusal cost is its Edge CPU minus its
+the probe as client (``probe_ms_per_s``, read over 6 s). Both request references leave
+out the idle Edge's own CPU over their rounds (``idle_ms_per_s``: node heartbeats, the
+loop-lag sampler, read over 4 s with no client), which the probe's baseline already holds:
+counted in both, it was subtracted twice from a row, and it made a served request look
+dearer than it is. A row's refusal cost is its Edge CPU minus its
 answered requests at ``queued_ms`` (they waited in the queue too) minus the probe's
 baseline, divided by its refusals; the JSON also keeps it with the probe's share left in.
+
+That figure is a remainder: it leans on the served requests of the flood costing what
+they cost in the references. So the refusal cost is also measured with nothing to subtract
+(*refusals alone*, after the scenarios, on a relay of its own): a backend that answers
+after an hour and a queue timeout as long, so a flood's first 72 requests hold every slot
+and queue place and every later request is refused on its head; the Edge's CPU in the
+window minus the idle Edge's, divided by the refusals (1,000 clients retrying after 10 ms
+and 1 s, 5,000 after 1 s; ``--quick``: 1,000 after 1 s). It is the dearer case for a
+refusal -- no other work shares the event loop's passes -- and its clients are told the
+longest ``Retry-After`` the queue gives (the service time is not known yet: 1 s), so the
+``Retry-After`` rows have no counterpart there.
 Rows with fewer than ``FEW_REFUSALS`` refusals per answered request show no figure: there
 the remainder is within the noise of the served requests' cost. After each scenario the flood stops and
 the driver waits for ``/status`` to show nothing queued or in flight and reads the
@@ -61,12 +76,13 @@ from typing import Any
 
 import trio
 
-from .e2e import BenchmarkFailed, Daemon, LoadGenerator, _get_json, _python, start_relay
+from .e2e import BenchmarkFailed, Daemon, LoadGenerator, Relay, _get_json, _python, start_relay
 from .loadgen import HttpConnection, _percentile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CAPACITY = 8
 BACKEND_LATENCY_MS = 100
+QUEUE_TIMEOUT_MS = 2000
 IDEAL_RPS = CAPACITY * 1000 / BACKEND_LATENCY_MS
 HONOUR = -1.0
 """A retry value: the client waits the Retry-After it was sent."""
@@ -92,7 +108,7 @@ CHAT = {"model": "mock", "messages": [{"role": "user", "content": "Hello"}], "ma
 EDGE_YAML = """\
 listen: 127.0.0.1:0
 node_listen: 127.0.0.1:0
-provider_pool: {{max_queue: 64, queue_timeout_ms: 2000}}
+provider_pool: {{max_queue: 64, queue_timeout_ms: {queue_timeout_ms}}}
 {extra}nodes:
   - id: bench-node
     token: bench-token
@@ -186,7 +202,8 @@ async def _flood(
         try:
             while (t0 := clock()) < end:
                 try:
-                    status, body = await connection.request(raw)
+                    with trio.fail_after(max(1.0, end + 1.0 - t0)):  # bounded: an admitted request may never end
+                        status, body = await connection.request(raw)
                     head = connection.last_head
                 except Exception as exc:  # a lost connection is counted and retried
                     status, head, kind = 0, b"", type(exc).__name__
@@ -332,7 +349,13 @@ def _pid_args(pids: dict[str, int]) -> list[str]:
 
 
 async def _scenario(
-    daemons: dict[str, Daemon], http_port: int, backend_port: int, clients: int, retry: float, quick: bool
+    daemons: dict[str, Daemon],
+    http_port: int,
+    backend_port: int,
+    clients: int,
+    retry: float,
+    quick: bool,
+    with_probe: bool = True,
 ) -> dict[str, Any]:
     warmup, duration = (QUICK_WARMUP, QUICK_DURATION) if quick else (WARMUP, DURATION)
     backend = HttpConnection("127.0.0.1", backend_port)
@@ -348,7 +371,7 @@ async def _scenario(
         stdout=subprocess.PIPE,
         cwd=ROOT,
         text=True,
-    )
+    ) if with_probe else None  # fmt: skip
     flood = subprocess.Popen(
         _python(
             "-m", "benchmarks.overload", "flood", *common, "--clients", str(clients), "--retry", str(retry),
@@ -358,21 +381,25 @@ async def _scenario(
         cwd=ROOT,
         text=True,
     )  # fmt: skip
-    assert flood.stdout is not None and probe.stdin is not None
+    assert flood.stdout is not None
     ready = (await trio.to_thread.run_sync(flood.stdout.readline)).split()
     if ready[:1] != [READY]:
         flood.kill()
-        probe.kill()
+        if probe is not None:
+            probe.kill()
         raise BenchmarkFailed(f"the flood did not connect: {ready!r}")
-    probe.stdin.write(ready[1] + "\n")
-    probe.stdin.flush()  # (communicate closes it)
+    if probe is not None:
+        assert probe.stdin is not None
+        probe.stdin.write(ready[1] + "\n")
+        probe.stdin.flush()  # (communicate closes it)
     flood_out, _ = await trio.to_thread.run_sync(flood.communicate)
-    probe_out, _ = await trio.to_thread.run_sync(probe.communicate)
-    if flood.returncode or probe.returncode:
-        raise BenchmarkFailed(f"flood exited {flood.returncode}, probe exited {probe.returncode}")
+    probe_out, _ = await trio.to_thread.run_sync(probe.communicate) if probe is not None else ("", None)
+    if flood.returncode or (probe is not None and probe.returncode):
+        raise BenchmarkFailed(f"flood exited {flood.returncode}, probe exited {probe and probe.returncode}")
     result: dict[str, Any] = {"clients": clients, "retry_s": retry, "duration_s": duration, **json.loads(flood_out)}
-    result["probe"] = json.loads(probe_out)
-    result["cpu_s"]["probe"] = result["probe"]["cpu_s"]["probe"]  # over the probe's own window
+    if probe is not None:
+        result["probe"] = json.loads(probe_out)
+        result["cpu_s"]["probe"] = result["probe"]["cpu_s"]["probe"]  # over the probe's own window
     result["cpu_pct"] = {k: round(v * 100 / duration, 1) for k, v in result["cpu_s"].items()}
     edge_cpu = result["cpu_s"]["edge"]
     result["edge_cpu_ms_per_answer"] = edge_cpu * 1000 / max(1, result["ok"] + result["rejected"] + result["timed_out"])
@@ -424,18 +451,20 @@ async def _costs(edge: Daemon, http_port: int) -> dict[str, float]:
         "reject_us": ({"path": "/v1/chat/completions", "body": unknown, "concurrency": 32}, 1000.0, 1),
         "healthz_us": ({"path": "/healthz", "body": None, "concurrency": 32}, 1000.0, 1),
     }
-    out: dict[str, float] = {"probe_ms_per_s": await _probe_only(edge, http_port)}
+    idle = await _idle_ms_per_s(edge)
+    out: dict[str, float] = {"idle_ms_per_s": idle, "probe_ms_per_s": await _probe_only(edge, http_port)}
     try:
         for name, (command, unit, rounds) in commands.items():
             # The references of the refusal figure take three rounds: at ~80 requests/s one
-            # round is ~0.3 s of Edge CPU, read from /proc in 10 ms ticks.
+            # round is ~0.3 s of Edge CPU, read from /proc in 10 ms ticks. The idle Edge's own
+            # CPU (node heartbeats, the loop-lag sampler) over the round is not the requests'.
             spent = answered = rps = 0.0
             for _ in range(rounds):
-                before = edge.cpu_seconds()
+                before, start = edge.cpu_seconds(), time.perf_counter()
                 result = await loadgen.measure(
                     port=http_port, method="GET" if command["body"] is None else "POST", **command
                 )
-                spent += edge.cpu_seconds() - before
+                spent += edge.cpu_seconds() - before - idle / 1000 * (time.perf_counter() - start)
                 answered += (result["requests"] + result["errors"]) * (2.0 + 0.5) / 2.0
                 rps += result["rps"] / rounds
             out[name] = spent * 1000 * unit / max(1.0, answered)
@@ -445,9 +474,20 @@ async def _costs(edge: Daemon, http_port: int) -> dict[str, float]:
     return out
 
 
+IDLE_S = 4.0
+"""Seconds the idle Edge's CPU is read over (in 10 ms ticks)."""
+
+
+async def _idle_ms_per_s(edge: Daemon) -> float:
+    """The Edge's CPU (ms per second) with no client at all: node heartbeats, the loop-lag sampler."""
+    before, start = edge.cpu_seconds(), time.perf_counter()
+    await trio.sleep(IDLE_S)
+    return (edge.cpu_seconds() - before) * 1000 / (time.perf_counter() - start)
+
+
 async def _probe_only(edge: Daemon, http_port: int) -> float:
     """The Edge's CPU (ms per second) with the probe as its only client: the baseline of every row."""
-    warmup, duration = 0.5, 2.0
+    warmup, duration = 0.5, 6.0  # ~10-20 ms/s read in 10 ms ticks: 6 s keep the tick within 2 ms/s
     command = ["--port", str(http_port), "--warmup", str(warmup), "--duration", str(duration)]
     probe = subprocess.Popen(
         _python("-m", "benchmarks.overload", "probe", *command, *_pid_args({"edge": edge.proc.pid})),
@@ -462,16 +502,62 @@ async def _probe_only(edge: Daemon, http_port: int) -> float:
     return spent * 1000 / duration
 
 
+async def _start(
+    workdir: pathlib.Path, daemons: list[Daemon], latency_ms: int, queue_timeout_ms: int, edge_extra: str
+) -> Relay:
+    """The mock backend (``latency_ms`` to answer), an Edge (``queue_timeout_ms``) and a Node."""
+    return await start_relay(
+        workdir,
+        daemons,
+        mock_args=["--latency-ms", str(latency_ms), "--tokens-per-second", "0"],
+        edge_yaml=EDGE_YAML.format(capacity=CAPACITY, extra=edge_extra, queue_timeout_ms=queue_timeout_ms),
+        node_yaml=NODE_YAML.replace("{capacity}", str(CAPACITY)),  # the ports are start_relay's to fill
+    )
+
+
+ALONE_SCENARIOS = ((1000, 0.01), (1000, 1.0), (5000, 1.0))
+QUICK_ALONE_SCENARIOS = ((1000, 1.0),)
+STUCK_MS = 3_600_000
+"""The refusals-alone relay's backend latency and queue timeout: no admitted request ends in a window."""
+
+
+async def _refusals_alone(workdir: pathlib.Path, quick: bool, edge_extra: str) -> dict[str, Any]:
+    """Edge CPU per refusal measured with nothing else to subtract: a second relay whose backend
+    never answers within the window (``--latency-ms`` of an hour, ``queue_timeout_ms`` as long),
+    so the first 72 requests of a flood hold every slot and queue place and every other one is
+    refused on its head. A row's figure is the Edge's CPU in the window minus the idle Edge's
+    (read before the floods), divided by the refusals; no probe runs."""
+    daemons: list[Daemon] = []
+    try:
+        relay = await _start(workdir, daemons, STUCK_MS, STUCK_MS, edge_extra)
+        idle = await _idle_ms_per_s(relay.edge)
+        rows = []
+        for clients, retry in QUICK_ALONE_SCENARIOS if quick else ALONE_SCENARIOS:
+            print(f"   refusals alone: {clients} clients, retry {retry * 1000:g} ms ...", file=sys.stderr, flush=True)
+            processes = {"edge": relay.edge, "node": relay.node, "backend": relay.backend}
+            row = await _scenario(processes, relay.http_port, relay.backend_port, clients, retry, quick, False)
+            spent_ms = row["cpu_s"]["edge"] * 1000 - idle * row["duration_s"]
+            row["edge_cpu_us_per_reject"] = spent_ms * 1000 / max(1, row["rejected"])
+            rows.append(row)
+            print(_alone_row(row), file=sys.stderr, flush=True)
+        return {"idle_ms_per_s": idle, "rows": rows}
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+
+
+def _alone_row(r: dict[str, Any]) -> str:
+    retry = "Retry-After" if r["retry_s"] < 0 else f"{r['retry_s'] * 1000:g} ms"
+    return (
+        f"| {r['clients']:,} | {retry} | {r['rejected_rps']:.0f}/s | {r['cpu_pct']['edge']:.0f} %"
+        f" | {r['edge_cpu_us_per_reject']:.0f} µs | {r['ok']} |"
+    )
+
+
 async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str, Any]:
     daemons: list[Daemon] = []
     try:
-        relay = await start_relay(
-            workdir,
-            daemons,
-            mock_args=["--latency-ms", str(BACKEND_LATENCY_MS), "--tokens-per-second", "0"],
-            edge_yaml=EDGE_YAML.format(capacity=CAPACITY, extra=edge_extra),
-            node_yaml=NODE_YAML.replace("{capacity}", str(CAPACITY)),  # the ports are start_relay's to fill
-        )
+        relay = await _start(workdir, daemons, BACKEND_LATENCY_MS, QUEUE_TIMEOUT_MS, edge_extra)
         edge, node, backend = relay.edge, relay.node, relay.backend
         http_port, backend_port = relay.http_port, relay.backend_port
         costs = await _costs(edge, http_port)
@@ -485,7 +571,11 @@ async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str
             row = rows[-1]
             _per_refusal(row, costs)
             print(_row(rows[-1]), file=sys.stderr, flush=True)
+        for daemon in reversed(daemons):
+            daemon.stop()  # the refusals-alone relay gets the cores to itself
+        alone = await _refusals_alone(workdir / "alone", quick, edge_extra)
         return {
+            "alone": alone,
             "load": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
             "costs": costs,
             "served_cpu_ms": cost,
@@ -503,6 +593,7 @@ async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str
 def run(runs: int = 1, quick: bool = False, edge_extra: str = "") -> dict[str, Any]:
     """Start the processes and run every scenario once (``runs`` is ignored: each row is long)."""
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-overload-"))
+    (workdir / "alone").mkdir()
     try:
         result = trio.run(_main, quick, workdir, edge_extra)
     except BenchmarkFailed:
@@ -553,10 +644,24 @@ def table(result: dict[str, Any]) -> str:
     title = (
         f"ideal {result['ideal_rps']:g} answered/s; Edge CPU without overload: per served request"
         f" {costs['served_ms']:.2f} ms ({costs['queued_ms']:.2f} ms through a full queue), per refused"
-        f" 404 {costs['reject_us']:.0f} µs, per `/healthz` {costs['healthz_us']:.0f} µs, with only the"
-        f" probe {costs['probe_ms_per_s']:.1f} ms/s ({result['command']}; load average {result['load']})"
+        f" 404 {costs['reject_us']:.0f} µs, per `/healthz` {costs['healthz_us']:.0f} µs (the idle Edge's"
+        f" {costs['idle_ms_per_s']:.1f} ms/s left out), with only the probe {costs['probe_ms_per_s']:.1f} ms/s"
+        f" ({result['command']}; load average {result['load']})"
     )
-    return "\n".join([title, head, *map(_row, result["rows"])])
+    alone = result["alone"]
+    alone_title = (
+        f"\nRefusals alone (a backend that never answers in the window; idle Edge {alone['idle_ms_per_s']:.1f} ms/s"
+        f" subtracted): Edge CPU per refusal, against a served request's {costs['served_ms']:.2f} ms"
+    )
+    alone_head = (
+        "| clients | retry | refusals | Edge CPU | Edge CPU per refusal | answered (must be 0) |\n|" + "---|" * 6
+    )
+    alone_rows = [_alone_row(r).replace(" µs |", f" µs ({_share(r, costs)}) |", 1) for r in alone["rows"]]
+    return "\n".join([title, head, *map(_row, result["rows"]), alone_title, alone_head, *alone_rows])
+
+
+def _share(row: dict[str, Any], costs: dict[str, float]) -> str:
+    return f"{row['edge_cpu_us_per_reject'] / (costs['served_ms'] * 1000):.1%}"
 
 
 def main(argv: list[str] | None = None) -> None:
