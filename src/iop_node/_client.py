@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import cast, final
+from typing import final
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
+from trio_websocket import ConnectionClosed, HandshakeError
 
 from iop_config import TlsFileError
 from iop_wire import MAX_MESSAGE_BYTES, PROTOCOL_VERSION
@@ -35,6 +36,7 @@ from iop_wire import MAX_MESSAGE_BYTES, PROTOCOL_VERSION
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout
 from ._runtime import NodeRuntime
 from ._session import CLOSE_TIMEOUT, EdgeSession
+from ._websocket import EdgeSocket, EdgeWebSocket
 from .config import NodeConfig, ReconnectConfig
 
 logger = logging.getLogger("iop_node")
@@ -42,13 +44,14 @@ logger = logging.getLogger("iop_node")
 CONNECT_TIMEOUT = 10.0
 """Seconds to open the TCP connection and, again, for the WebSocket handshake."""
 
-Connector = Callable[[trio.Nursery], AbstractAsyncContextManager[WebSocketConnection]]
+Connector = Callable[[trio.Nursery], AbstractAsyncContextManager[EdgeWebSocket]]
 """Opens one WebSocket connection to the Edge as an async context manager.
 
-It is given a nursery for the connection's background task (trio-websocket's
-reader), like ``trio_websocket.wrap_client_stream(nursery, stream, ...)``. That
-nursery outlives the session, so the reader can still complete the closing
-handshake after a shutdown cancelled the session. A simulation can wrap
+It is given a nursery for the connection's background tasks, if it has any
+(:func:`websocket_connector`'s connections have none; a trio-websocket
+connection's reader, as in ``trio_websocket.wrap_client_stream(nursery, stream, ...)``).
+That nursery outlives the session, so such a reader can still complete the
+closing handshake after a shutdown cancelled the session. A simulation can wrap
 ``trio.testing.memory_stream_pair`` streams with ``wrap_client_stream`` here.
 """
 
@@ -90,11 +93,11 @@ def websocket_connector(
     read at the next reconnect. The TLS handshake completes before the
     WebSocket handshake starts.
 
-    The connector owns the TCP stream and always closes it on exit. (With
-    ``open_websocket_url``, a client whose peer closed the WebSocket first
-    never closes its own socket: trio-websocket 0.12 leaves that to the
-    garbage collector.) Frames up to :data:`iop_wire.MAX_MESSAGE_BYTES` are
-    accepted.
+    The connection is the node's own :class:`~iop_node._websocket.EdgeSocket`
+    (wsproto on the plain socket, or on the TLS stream): it always closes its
+    socket on exit (a close frame first, waiting for the Edge's for at most
+    :data:`CLOSE_TIMEOUT`). Messages up to :data:`iop_wire.MAX_MESSAGE_BYTES`
+    are accepted; a larger one closes the connection with 1009.
 
     Raises (on entering the returned context manager):
         OSError: the TCP connection failed.
@@ -115,37 +118,38 @@ def websocket_connector(
     resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
     @asynccontextmanager
-    async def connect(nursery: trio.Nursery) -> AsyncIterator[WebSocketConnection]:
+    async def connect(nursery: trio.Nursery) -> AsyncIterator[EdgeWebSocket]:
         with trio.fail_after(connect_timeout):
             context = None
             if secure:
                 context = (ssl_context() if callable(ssl_context) else ssl_context) or ssl.create_default_context()
-            stream = await _open_stream(host, port, context, local_address)
+            transport = await _open_transport(host, port, context, local_address)
+        ws = EdgeSocket(transport, max_message_size=MAX_MESSAGE_BYTES)
         try:
             with trio.fail_after(connect_timeout):
-                ws = await _handshake(nursery, stream, host, resource)
-            try:
-                yield ws
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
-                    await ws.aclose()
+                await ws.handshake(host, resource)
+            yield ws
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
-                await stream.aclose()
+                await ws.aclose()
 
     return connect
 
 
-async def _open_stream(
+async def _open_transport(
     host: str, port: int, tls: ssl.SSLContext | None, local_address: str | None
-) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
-    """A TCP connection to ``host:port``, with TLS over it (handshake done) when ``tls`` is given.
+) -> socket.socket | trio.SSLStream[trio.SocketStream]:
+    """A TCP connection to ``host:port``: the plain socket, or TLS over it (handshake done) when ``tls`` is given.
 
     Checkpoints. On a failed TLS handshake the connection is closed before the error propagates.
     """
     tcp = await trio.open_tcp_stream(host, port, local_address=local_address)
     if tls is None:
-        return tcp
+        # trio connected it (address resolution, happy eyeballs, TCP_NODELAY); from here
+        # on the node's WebSocket drives the plain socket (iop_node._websocket).
+        sock = socket.socket(fileno=tcp.socket.detach())
+        sock.setblocking(False)
+        return sock
     stream = trio.SSLStream(tcp, tls, server_hostname=host)
     try:
         await stream.do_handshake()
@@ -153,70 +157,6 @@ async def _open_stream(
         await trio.aclose_forcefully(stream)
         raise
     return stream
-
-
-@final
-class _EndWatch(trio.abc.Stream):
-    """A stream that sets :attr:`ended` once the peer closed it or it broke."""
-
-    __slots__ = ("ended", "stream")
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.ended = trio.Event()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        try:
-            data = await self.stream.receive_some(max_bytes)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.ended.set()
-            raise
-        if not data:
-            self.ended.set()
-        return data
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        try:
-            await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.ended.set()
-            raise
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        self.ended.set()
-        await self.stream.aclose()
-
-
-async def _handshake(nursery: trio.Nursery, stream: trio.abc.Stream, host: str, resource: str) -> WebSocketConnection:
-    """The client's WebSocket handshake, failing as soon as the Edge closes the connection.
-
-    trio-websocket's client waits for the handshake's answer even after the
-    peer closed the connection; racing it against the stream's end makes a
-    connection closed at accept fail now. Checkpoints.
-
-    Raises:
-        HandshakeError: the server refused the handshake or closed the connection first.
-    """
-    watched = _EndWatch(stream)
-    accepted: list[WebSocketConnection] = []
-
-    async def handshake() -> None:
-        # Documented as wrapping "an arbitrary stream" (the connection takes any
-        # trio.abc.Stream); only the annotation names socket and TLS streams.
-        stream = cast("trio.SocketStream", watched)
-        accepted.append(await wrap_client_stream(nursery, stream, host, resource, max_message_size=MAX_MESSAGE_BYTES))
-        race.cancel_scope.cancel()
-
-    async with trio.open_nursery() as race:
-        race.start_soon(handshake)
-        await watched.ended.wait()
-        race.cancel_scope.cancel()
-    if not accepted:
-        raise HandshakeError("the edge closed the connection before the WebSocket handshake")
-    return accepted[0]
 
 
 @final

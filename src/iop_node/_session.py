@@ -1,6 +1,7 @@
 """One Edge connection: register, heartbeat, serve runs, cancel them all at the end.
 
-:class:`EdgeSession` serves ONE already-open ``trio_websocket.WebSocketConnection``;
+:class:`EdgeSession` serves ONE already-open connection (the node's own
+:class:`~iop_node._websocket.EdgeSocket`, or a ``trio_websocket.WebSocketConnection``);
 it never connects. That keeps it usable over in-memory streams (a simulation can
 wrap ``trio.testing.memory_stream_pair`` with ``trio_websocket.wrap_client_stream``)
 and leaves reconnecting to :class:`~iop_node.EdgeClient`.
@@ -15,7 +16,7 @@ Design notes:
   task is spawned, and returned by the task with ``with permit:``. The permit
   is returned *before* the ``run_end`` / ``tunnel_end`` is sent, so when the
   Edge sees the end and dispatches the next run, the permit is already free.
-- Sending. trio-websocket serializes ``send_message`` (an internal lock), but a
+- Sending. The connection serializes ``send_message``, but a
   send cancelled half-way could leave a partial frame on the socket, and runs
   are cancelled all the time. So run tasks never write to the socket: they hand
   frames to one writer task through an unbuffered memory channel, whose
@@ -34,7 +35,7 @@ from typing import final
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
+from trio_websocket import ConnectionClosed
 
 from iop_admission import ConcurrencyLimitExceeded, Permit
 from iop_wire import (
@@ -66,6 +67,7 @@ from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTi
 from ._outbox import Outbox
 from ._poller import BodyPoller, RunOutput, new_poller
 from ._runtime import NodeRuntime
+from ._websocket import EdgeWebSocket
 from .config import NodeConfig
 
 logger = logging.getLogger("iop_node")
@@ -108,7 +110,7 @@ class EdgeSession:
         heartbeats_sent: number of heartbeats sent on this connection.
     """
 
-    ws: WebSocketConnection
+    ws: EdgeWebSocket
     config: NodeConfig
     runtime: NodeRuntime
     token: str = attrs.field(repr=False)
