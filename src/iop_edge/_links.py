@@ -1,12 +1,13 @@
 """The node socket: registration, heartbeats, and runs multiplexed per connection.
 
-:class:`NodeRegistry` serves each node WebSocket from ``trio-websocket``'s
-server (or from an in-memory stream in the simulation: it takes a
-``WebSocketRequest``, whatever carries it). It owns no admission state: an
-accepted registration calls ``admission.connect(node_id)``; the end of that
-connection -- close, drop, heartbeat timeout, protocol error -- calls
-``admission.disconnect(node_id, generation)`` at once, and a stale or rejected
-connection never does. Admission then fences the generation's leases, which
+:class:`NodeRegistry` serves each connection of the node socket with its own
+WebSocket end (:class:`NodeSocket`: wsproto, read in the link's reader task,
+no reader task of its own), and connections that arrive as trio-websocket's
+``WebSocketRequest`` (the simulation's in-memory ones) with trio-websocket's.
+It owns no admission state: an accepted registration calls
+``admission.connect(node_id)``; the end of that connection -- close, drop,
+heartbeat timeout, protocol error -- calls ``admission.disconnect(node_id,
+generation)`` at once, and a stale or rejected connection never does. Admission then fences the generation's leases, which
 cancels their request handlers.
 
 Design notes:
@@ -42,7 +43,7 @@ from types import TracebackType
 from typing import NamedTuple, final
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, wrap_server_stream
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
 
 from iop_admission import Admission
 from iop_wire import (
@@ -71,6 +72,7 @@ from iop_wire import (
 )
 
 from ._node_limits import UNKNOWN_SOURCE, PendingLimits, Source, source_of
+from ._node_socket import RECEIVE_BYTES, NodeSocket
 from .metrics import DisconnectCause
 from .status import NodeStatus
 
@@ -82,10 +84,6 @@ OUTBOX_SIZE = 1024
 """Frames queued for one node before it counts as stalled and is dropped."""
 RUN_BUFFER = 1024
 """Messages buffered for one run before its client counts as too slow."""
-WS_QUEUE_SIZE = 8
-"""Messages the WebSocket reader parses ahead of the link's reader (several arrive in one read)."""
-WS_RECEIVE_BYTES = 65536
-"""Bytes read from a node's socket at once (a frame of many records, several frames)."""
 WRITE_BATCH_BYTES = 64 * 1024
 """Characters of queued frames past which the node link's writer stops adding frames to one write."""
 CANCEL_SETTLE_TIMEOUT = 2.0
@@ -93,6 +91,9 @@ CANCEL_SETTLE_TIMEOUT = 2.0
 
 RunMessage = RunEvent | RunData | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
 """What a run's channel carries: JSON messages (v1 and v2) and v2 data records."""
+MessageSocket = NodeSocket | WebSocketConnection
+"""A node connection's WebSocket: the node socket's own (:class:`NodeSocket`), or trio-websocket's
+(connections handed to :meth:`NodeRegistry.serve`, e.g. the simulation's in-memory ones)."""
 
 
 class NodeGone(Exception):
@@ -273,15 +274,13 @@ class NodeLink:
         registry: NodeRegistry,
         node_id: str,
         generation: int,
-        ws: WebSocketConnection,
+        ws: MessageSocket,
         protocol: int = PROTOCOL_VERSION,
-        wire: _PeerWatch | None = None,
     ) -> None:
         self.registry = registry
         self.node_id = node_id
         self.generation = generation
         self.ws = ws
-        self._wire = wire  # the stream under ws, when the link can batch its writes (the node socket's)
         self.protocol = protocol
         self.providers: tuple[str, ...] = ()
         self.last_seen = trio.current_time()
@@ -422,16 +421,14 @@ class NodeLink:
         A write to a loopback or LAN socket costs more CPU than framing a
         message, so the frames that queued up while the writer waited (runs
         opened by several request handlers in one scheduling round) go out
-        together: every frame but the last is framed into the stream's held
-        bytes (:meth:`_PeerWatch.hold`), the last one writes them all; a batch
-        stops growing past :data:`WRITE_BATCH_BYTES`, so large frames go one by
-        one and a node that stops reading leaves the rest in its outbox. The
-        writer waits one scheduling round for more only when others were
-        queued already (at concurrency 1 that round would be latency for nothing).
+        together (:meth:`NodeSocket.send_messages`); a batch stops growing past
+        :data:`WRITE_BATCH_BYTES`, so large frames go one by one and a node that
+        stops reading leaves the rest in its outbox. The writer waits one
+        scheduling round for more only when others were queued already (at
+        concurrency 1 that round would be latency for nothing).
         """
         ws = self.ws
-        wire = self._wire
-        if wire is None:  # a stream the link cannot hold (the simulation's): one frame at a time
+        if not isinstance(ws, NodeSocket):  # trio-websocket's (the simulation's): one frame at a time
             await ws.send_message(first)
             return
         if self._outbox_receive.statistics().current_buffer_used:
@@ -446,16 +443,7 @@ class NodeLink:
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
             size += len(frames[-1])
-        if len(frames) > 1:
-            wire.hold(True)
-            try:
-                for frame in frames[:-1]:
-                    await ws.send_message(frame)
-            finally:
-                wire.hold(False)
-            frames = frames[-1:]
-        for frame in frames:
-            await ws.send_message(frame)
+        await ws.send_messages(frames)
 
     async def _read(self) -> None:
         ws = self.ws
@@ -552,16 +540,6 @@ class _PeerWatch(trio.abc.Stream):
         self.stream = stream
         self.ended = trio.Event()
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
-        self._holding = False
-        self._held = bytearray()
-
-    def hold(self, holding: bool) -> None:
-        """While holding, :meth:`send_all` keeps its bytes; the first one after writes them first.
-
-        Lets a writer frame several messages and write them in one system call
-        (the WebSocket layer calls ``send_all`` once per frame, under its own lock).
-        """
-        self._holding = holding
 
     def _fd(self) -> int:
         """The socket's descriptor; -1 for a TLS stream or once the stream is closed."""
@@ -571,7 +549,7 @@ class _PeerWatch(trio.abc.Stream):
         fd = self._fd()
         try:
             if fd >= 0:
-                data: bytes | bytearray = await self._read(fd, max_bytes or WS_RECEIVE_BYTES)
+                data: bytes | bytearray = await self._read(fd, max_bytes or RECEIVE_BYTES)
             else:
                 data = await self.stream.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -596,13 +574,6 @@ class _PeerWatch(trio.abc.Stream):
                 raise trio.ClosedResourceError("the node's socket was closed")
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if self._holding:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            self._held += data
-            return
-        if self._held:
-            data = self._held + data
-            self._held = bytearray()
         fd = self._fd()
         if fd < 0:
             await self.stream.send_all(data)
@@ -640,7 +611,7 @@ def _peer_host(stream: trio.abc.Stream) -> str | None:
         return None
 
 
-async def _close(ws: WebSocketConnection, code: int, reason: str) -> None:
+async def _close(ws: MessageSocket, code: int, reason: str) -> None:
     with trio.move_on_after(1.0) as scope:
         scope.shield = True
         try:
@@ -743,19 +714,16 @@ class NodeRegistry:
         slot = _PendingSlot(self.limits, source)
         deadline = trio.current_time() + self.handshake_timeout
         try:
-            async with trio.open_nursery() as nursery:
-                peer = await self._secure(stream, source, deadline)
-                ws = None
-                if peer.stream is not None:
-                    watched = _PeerWatch(peer.stream)
-                    peer = peer._replace(stream=watched)
-                    ws = await self._handshake(nursery, watched, deadline)
+            peer = await self._secure(stream, source, deadline)
+            if peer.stream is not None:
+                watched = _PeerWatch(peer.stream)
+                peer = peer._replace(stream=watched)
+                ws = await self._handshake(watched, deadline)
                 if ws is not None:
                     await self._serve_ws(ws, peer, slot, deadline)
-                nursery.cancel_scope.cancel()
-        except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             # The peer broke the connection mid-handshake: its end, not the listener's.
-            logger.debug("node socket: connection from %s broke: %r", source.key, group.exceptions[0])
+            logger.debug("node socket: connection from %s broke: %r", source.key, exc)
         finally:
             slot.release()
             await trio.aclose_forcefully(stream)
@@ -798,38 +766,15 @@ class NodeRegistry:
         names = frozenset(str(value) for kind, value in cert.get("subjectAltName", ()) if kind == "DNS")
         return _Peer(source, tls, names)
 
-    async def _handshake(
-        self, nursery: trio.Nursery, watched: _PeerWatch, deadline: float
-    ) -> WebSocketConnection | None:
-        """The WebSocket handshake on ``watched`` by ``deadline``; None if the peer left or was too slow.
+    async def _handshake(self, watched: _PeerWatch, deadline: float) -> NodeSocket | None:
+        """The WebSocket handshake on ``watched`` by ``deadline``; None if the peer left, failed it or was too slow."""
+        ws = NodeSocket(watched, self.max_message_bytes)
+        with trio.move_on_at(deadline):
+            return ws if await ws.handshake() else None
+        self._pending_closed("handshake_timeout")
+        return None
 
-        The connection's reader runs in ``nursery``. A peer that closes its
-        end before the handshake is noticed at once (trio-websocket itself
-        would wait for a request that never comes).
-        """
-        accepted: list[WebSocketConnection] = []
-
-        async def handshake() -> None:
-            request = await wrap_server_stream(
-                nursery,
-                watched,
-                message_queue_size=WS_QUEUE_SIZE,
-                max_message_size=self.max_message_bytes,
-                receive_buffer_size=WS_RECEIVE_BYTES,
-            )
-            accepted.append(await request.accept())
-            race.cancel_scope.cancel()
-
-        with trio.move_on_at(deadline) as timer:
-            async with trio.open_nursery() as race:
-                race.start_soon(handshake)
-                await watched.ended.wait()
-                race.cancel_scope.cancel()
-        if timer.cancelled_caught:
-            self._pending_closed("handshake_timeout")
-        return accepted[0] if accepted else None
-
-    async def _serve_ws(self, ws: WebSocketConnection, peer: _Peer, slot: _PendingSlot | None, deadline: float) -> None:
+    async def _serve_ws(self, ws: MessageSocket, peer: _Peer, slot: _PendingSlot | None, deadline: float) -> None:
         link: NodeLink | None = None
         try:
             link = await self._register(ws, peer, deadline)
@@ -846,7 +791,7 @@ class NodeRegistry:
 
     # -------------------------------------------------------- registration
 
-    async def _register(self, ws: WebSocketConnection, peer: _Peer, deadline: float) -> NodeLink | None:
+    async def _register(self, ws: MessageSocket, peer: _Peer, deadline: float) -> NodeLink | None:
         """Read ``register`` by ``deadline`` and register the node, or reject it (then None)."""
         message: Register | _Rejection | None = None
         with trio.move_on_at(deadline) as timer:
@@ -862,9 +807,9 @@ class NodeRegistry:
             await self._reject(ws, rejection, peer.source)
             return None
         assert isinstance(message, Register)
-        return self._connect(ws, message, peer.stream if isinstance(peer.stream, _PeerWatch) else None)
+        return self._connect(ws, message)
 
-    async def _read_register(self, ws: WebSocketConnection) -> Register | _Rejection | None:
+    async def _read_register(self, ws: MessageSocket) -> Register | _Rejection | None:
         """The first message: a ``register``, a rejection, or None (connection closed)."""
         try:
             text = await ws.get_message()
@@ -898,10 +843,10 @@ class NodeRegistry:
             return _Rejection("duplicate", f"node {node_id!r} already has a live connection", node_id)
         return None
 
-    def _connect(self, ws: WebSocketConnection, message: Register, wire: _PeerWatch | None) -> NodeLink:
+    def _connect(self, ws: MessageSocket, message: Register) -> NodeLink:
         node_id = message.node_id
         generation = self.admission.connect(node_id)
-        link = NodeLink(self, node_id, generation, ws, message.protocol, wire)
+        link = NodeLink(self, node_id, generation, ws, message.protocol)
         link.providers = tuple(p.id for p in message.providers)
         self._links[node_id] = link
         interval_ms = max(1, int(self.heartbeat_timeout * 1000 / 3))
@@ -917,7 +862,7 @@ class NodeRegistry:
             self._on_connect(node_id, generation)
         return link
 
-    async def _reject(self, ws: WebSocketConnection, rejection: _Rejection, source: Source) -> None:
+    async def _reject(self, ws: MessageSocket, rejection: _Rejection, source: Source) -> None:
         """Answer ``rejected`` and close; a failed credential is answered after its source's backoff.
 
         The token is never logged. Checkpoints; the delay is bounded by the

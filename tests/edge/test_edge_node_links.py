@@ -8,7 +8,6 @@ connection event exactly.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ from edge.harness import (
     start_chat,
 )
 from iop_edge._links import RunChannel, _PeerWatch
+from iop_edge._node_socket import NodeSocket
 from iop_wire import Rejected, Run, RunData, RunEnd, RunEvent
 
 
@@ -317,8 +317,8 @@ async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             assert node.registered is not None
             link = edge.service.registry.link("node-a", node.registered.generation)
-            assert link._wire is not None
-            fd = link._wire._fd()
+            assert isinstance(link.ws, NodeSocket) and isinstance(link.ws.stream, _PeerWatch)
+            fd = link.ws.stream._fd()
             writes: list[int] = []
             real_write = os.write
 
@@ -339,20 +339,3 @@ async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
             monkeypatch.undo()
             for channel in channels:
                 link.forget_run(channel.run_id)
-
-
-async def test_held_bytes_go_out_before_the_next_write_in_order() -> None:
-    """``_PeerWatch.hold``: bytes sent while holding are not written; the first send after
-    writes them first, in one piece with its own."""
-    left, right = socket.socketpair()
-    right.setblocking(False)
-    with trio.fail_after(5), left, right:
-        watched = _PeerWatch(trio.SocketStream(trio.socket.from_stdlib_socket(left)))
-        watched.hold(True)
-        await watched.send_all(b"one,")
-        await watched.send_all(b"two,")
-        with pytest.raises(BlockingIOError):
-            right.recv(100)  # nothing written yet
-        watched.hold(False)
-        await watched.send_all(b"three")
-        assert right.recv(100) == b"one,two,three"
