@@ -8,7 +8,10 @@ two cores at 512 streams x 20 tokens/s. Here one task per connection drives an
 the mock uses (``http`` only: no lifespan, websockets or HTTP/2):
 
 - Keep-alive: a connection serves requests one after another until the client closes it or
-  asks to (``connection: close``); a malformed request gets a 400 and the connection closes.
+  asks to (``connection: close``), or sends nothing of a next request for
+  ``keep_alive_timeout`` seconds (5 s, as hypercorn's and uvicorn's default: a client's pool
+  meets idle connections closed by the server, as with a real one); a malformed request gets a
+  400 and the connection closes.
 - The whole request body is read before the app runs; ``expect: 100-continue`` is answered.
 - ``receive`` returns the body once, then waits for the client to go away and returns
   ``http.disconnect`` (bytes of a pipelined next request read meanwhile are kept for it).
@@ -46,6 +49,7 @@ async def serve_asgi(
     port: int,
     *,
     backlog: int = 1024,
+    keep_alive_timeout: float = 5.0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` (0: a free port) until cancelled.
@@ -55,6 +59,8 @@ async def serve_asgi(
         host: the address to bind.
         port: the TCP port; 0 picks a free one.
         backlog: the listen queue length.
+        keep_alive_timeout: seconds a connection may wait for its next request (the first one
+            included) before the server closes it.
         task_status: receives the bound port once the socket listens.
 
     Raises:
@@ -66,7 +72,7 @@ async def serve_asgi(
     bound = listeners[0].socket.getsockname()[1]
 
     async def handle(stream: trio.SocketStream) -> None:
-        await _Connection(stream).serve(app)
+        await _Connection(stream).serve(app, keep_alive_timeout)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
@@ -86,10 +92,15 @@ class _Connection:
         self._body: bytes | None = None
         self._head: h11.Response | None = None
 
-    async def serve(self, app: App) -> None:
+    async def serve(self, app: App, keep_alive_timeout: float) -> None:
         """Serve requests until the client leaves or the connection cannot go on. Checkpoints."""
         try:
-            while (request := await self._next_request()) is not None:
+            while True:
+                request = None
+                with trio.move_on_after(keep_alive_timeout):
+                    request = await self._next_request()
+                if request is None:
+                    return
                 if not await self._call(app, request):
                     return
                 if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -10,6 +11,7 @@ import trio.testing
 
 from iop_mock import MockBackend, serve_mock_backend
 from iop_mock._pacing import Pacer
+from iop_mock._server import serve_asgi
 
 TIMEOUT = 10.0
 
@@ -134,3 +136,18 @@ async def test_server_keeps_alive_answers_100_continue_and_refuses_garbage(nurse
         refused = await _exchange(port, b"NOT HTTP AT ALL\r\n\r\n", b"bad request")
         assert refused.startswith(b"HTTP/1.1 400 ")
     assert backend.stats()["in_flight"] == 0
+
+
+async def test_server_closes_a_connection_idle_past_keep_alive(nursery: trio.Nursery) -> None:
+    """A connection that sends nothing of its next request is closed, after a response too."""
+    backend = MockBackend()
+    with trio.fail_after(TIMEOUT):
+        port = await nursery.start(functools.partial(serve_asgi, backend.app, "127.0.0.1", 0, keep_alive_timeout=0.05))
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(b"GET /stats HTTP/1.1\r\nhost: m\r\n\r\n")
+            received = b""
+            while chunk := await stream.receive_some():
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b'"total":0}')
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            assert await stream.receive_some() == b""
