@@ -273,7 +273,10 @@ async def _watch_lag(fleet: Fleet) -> None:
 class GcClock:
     """Seconds spent in full (generation 2) garbage collections, through ``gc.callbacks``."""
 
-    def __init__(self) -> None:
+    def __init__(self, write_over: float | None = None) -> None:
+        self.write_over = write_over
+        """Write each collection (any generation) longer than this many seconds to stderr:
+        ``bench-gc: END MS GENERATION`` (END as :class:`LoopTracer`'s)."""
         self.seconds = 0.0
         self.longest = 0.0
         self.count = 0
@@ -281,12 +284,13 @@ class GcClock:
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
-        if info["generation"] != 2:
-            return
         if phase == "start":
             self._start = time.perf_counter()
-        else:
-            took = time.perf_counter() - self._start
+            return
+        took = time.perf_counter() - self._start
+        if self.write_over is not None and took > self.write_over:
+            print(f"bench-gc: {time.monotonic():.4f} {took * 1000:.2f} {info['generation']}", file=sys.stderr)
+        if info["generation"] == 2:
             self.seconds += took
             self.longest = max(self.longest, took)
             self.count += 1
@@ -480,35 +484,72 @@ def _pending_closed(metrics: bytes) -> dict[str, float]:
     return out
 
 
-async def _reload_stall(edge: Daemon, port: int) -> dict[str, float]:
-    """The largest gap between two events of a running stream while the Edge reloads (SIGHUP)."""
+async def _stream_gaps(edge: Daemon, port: int, reload: bool) -> tuple[float, list[float]]:
+    """Run one streamed request; with ``reload``, SIGHUP the Edge at its 51st event.
+
+    Returns the time of the 51st event (``time.monotonic()``, as the Edge's
+    :class:`LoopTracer` lines) and every event's arrival time.
+    """
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     arrivals: list[float] = []
     body = json.dumps(_chat("one", stream=True)).encode()
-    signalled = 0.0
+    mark = 0.0
     with trio.move_on_after(60):
         async with stream:
             await stream.send_all(HttpConnection.build("POST", CHAT_PATH, body))
-            reloads = edge.log.read_text(errors="replace").count("config reloaded")
             while True:
                 data = await stream.receive_some(65536)
                 if not data:
                     break
-                arrivals.extend([time.perf_counter()] * data.count(b"data: "))
-                if not signalled and len(arrivals) > 50:
-                    edge.signal(signal.SIGHUP)
-                    signalled = time.perf_counter()
+                arrivals.extend([time.monotonic()] * data.count(b"data: "))
+                if not mark and len(arrivals) > 50:
+                    if reload:
+                        edge.signal(signal.SIGHUP)
+                    mark = time.monotonic()
                 if b"[DONE]" in data or b"0\r\n\r\n" in data:
                     break
-    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    during = [b - a for a, b in itertools.pairwise(arrivals) if signalled and b >= signalled]
-    applied = edge.log.read_text(errors="replace").count("config reloaded") > reloads
-    return {
-        "max_gap_ms": max(during, default=0.0) * 1000,
-        "max_gap_before_ms": max(gaps[:40], default=0.0) * 1000,
-        "events": len(arrivals),
-        "reload_applied": float(applied),
-    }
+    return mark, arrivals
+
+
+_LOOP_LINE = re.compile(r"^bench-loop: ([0-9.]+) ([0-9.]+) (\d+) ([0-9.]+) (\S+)", re.M)
+_RELOAD_LINE = re.compile(r"config reloaded from \S+ \((.*)\)$", re.M)
+
+
+def _loop_holds(log: str, since: float, until: float) -> tuple[float, str, int]:
+    """The Edge loop's longest batch between ``since`` and ``until`` (ms, its longest step's task,
+    its steps), from :class:`LoopTracer`'s lines."""
+    holds = [(float(m[2]), m[5], int(m[3])) for m in _LOOP_LINE.finditer(log) if since <= float(m[1]) <= until]
+    return max(holds, default=(0.0, "", 0))
+
+
+async def _reload_stall(edge: Daemon, port: int) -> dict[str, Any]:
+    """The largest gap between two events of a running stream while the Edge reloads (SIGHUP),
+    against the same stream with no reload just before; where the Edge's time went.
+
+    Both streams count their gaps from the 51st event to the end (about 1.75 s),
+    so the two maxima cover windows of the same length. The Edge's log gives
+    the reload's steps (the worker thread's: parse, prepare, lookups; the
+    loop's: waited, refresh, swap) and its loop's longest batch in each window.
+    """
+    reloads = edge.log.read_text(errors="replace").count("config reloaded")
+    out: dict[str, Any] = {}
+    for key, reload in (("baseline", False), ("reload", True)):
+        mark, arrivals = await _stream_gaps(edge, port, reload)
+        gaps = [b - a for a, b in itertools.pairwise(arrivals) if mark and b >= mark]
+        if reload:
+            with trio.move_on_after(30):
+                while edge.log.read_text(errors="replace").count("config reloaded") <= reloads:
+                    await trio.sleep(0.05)
+        await trio.sleep(0.2)  # the Edge's last loop lines
+        hold = _loop_holds(edge.log.read_text(errors="replace"), mark, arrivals[-1] if arrivals else mark)
+        out[f"{key}_max_gap_ms"] = max(gaps, default=0.0) * 1000
+        out[f"{key}_loop_max_ms"], out[f"{key}_loop_max_task"], out[f"{key}_loop_max_steps"] = hold
+        out[f"{key}_events"] = len(arrivals)
+    steps = _RELOAD_LINE.findall(edge.log.read_text(errors="replace"))
+    out["reload_applied"] = float(len(steps) > reloads)
+    out["steps"] = steps[-1] if len(steps) > reloads else ""
+    out["max_gap_ms"] = out["reload_max_gap_ms"]
+    return out
 
 
 class Profiler:
@@ -682,7 +723,7 @@ async def _main(
             for wire in wires:
                 print(f"   {nodes} nodes, wire v{wire} ...", file=sys.stderr, flush=True)
                 rows.append(await _measure_size(nodes, wire, workdir, loadgen, profiler, extra))
-                print(table({"rows": rows[-1:]}).splitlines()[-1], file=sys.stderr, flush=True)
+                print(table({"rows": rows[-1:]}).splitlines()[2], file=sys.stderr, flush=True)
     finally:
         loadgen.stop()
     return {
@@ -723,7 +764,7 @@ def table(result: dict[str, Any]) -> str:
     """Format :func:`run`'s result as Markdown tables (the issue's figures, then the CPU behind them)."""
     lines = [
         "| nodes | wire | registration storm | Edge start | RSS | `/status` (all / `?node=`) | `/metrics` "
-        "| requests/s, 1 / all candidates | reload: largest stream gap (before) "
+        "| requests/s, 1 / all candidates | reload: largest stream gap (same stream, no reload) "
         "| after a restart: registered at 5 / 15 / 30 s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -740,7 +781,7 @@ def table(result: dict[str, Any]) -> str:
             f"| {r['rss_mb']:.0f} MB | {r['status_ms']:.0f} ms, {r['status_bytes'] / 1e6:.2f} MB / {r['status_node_ms']:.0f} ms "
             f"| {r['metrics_ms']:.0f} ms, {r['metrics_bytes'] / 1e6:.2f} MB, {r['metrics_series']:,} series "
             f"| {r['one']['rps']:,.0f} / {r['all']['rps']:,.0f} "
-            f"| {r['reload']['max_gap_ms']:.0f} ms ({r['reload']['max_gap_before_ms']:.0f} ms) "
+            f"| {r['reload']['reload_max_gap_ms']:.0f} ms ({r['reload']['baseline_max_gap_ms']:.0f} ms) "
             f"| {shares} (all: {_fmt(rec['all_back_s'], ' s')}; Edge start {rec['edge_start_s']:.1f} s) |"
         )
     lines += [
@@ -770,12 +811,29 @@ def table(result: dict[str, Any]) -> str:
             f"| {gc_count} in {gc_s:.2f} s ({gc_long * 1000:.0f} ms) / "
             f"{one['edge_gc2'] + every['edge_gc2']} in {one['edge_gc2_s'] + every['edge_gc2_s']:.2f} s |"
         )
+    lines += [
+        "",
+        "| nodes | wire | stream's largest gap: no reload / reload | Edge loop's longest batch (task, steps): "
+        "no reload / reload | the reload's steps |",
+        "|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        rel = r["reload"]
+        lines.append(
+            f"| {r['nodes']:,} | v{r['wire']} | {rel['baseline_max_gap_ms']:.1f} / {rel['reload_max_gap_ms']:.1f} ms "
+            f"| {_hold(rel, 'baseline')} / {_hold(rel, 'reload')} | {rel['steps'] or 'not applied'} |"
+        )
     if result.get("edge_config"):
         lines += ["", "edge.yaml also set: " + ", ".join(f"`{line}`" for line in result["edge_config"])]
     if "loadavg_before" in result:
         before, after = result["loadavg_before"], result["loadavg_after"]
         lines += ["", f"load average before {before[0]:.1f}, after {after[0]:.1f} (1 min)"]
     return "\n".join(lines)
+
+
+def _hold(reload: dict[str, Any], key: str) -> str:
+    task = reload[f"{key}_loop_max_task"].rsplit(".", 1)[-1]
+    return f"{reload[f'{key}_loop_max_ms']:.1f} ms ({task}, {reload[f'{key}_loop_max_steps']})"
 
 
 _GC_LINE = re.compile(r"^bench-gc2: (\d+) ([0-9.]+) ([0-9.]+)$", re.M)
@@ -790,11 +848,71 @@ def edge_gc(edge: Daemon) -> tuple[int, float, float]:
     return int(count), float(seconds), float(longest)
 
 
+class LoopTracer(trio.abc.Instrument):
+    """Writes each long hold of the Edge's loop to stderr: ``bench-loop: END MS STEPS LONGEST_MS TASK``.
+
+    A *batch* is what the loop does between two waits for I/O: every task step
+    that was ready. While a batch runs, no stream event is read or written, so
+    a stream's inter-event gap is at least its longest batch. END is the
+    batch's end (``time.monotonic()``, comparable across processes), MS its
+    length, STEPS how many task steps it ran, LONGEST_MS the longest of them
+    and TASK that step's task. A wait for I/O that overran its timeout by more
+    than :attr:`threshold` (the loop thread waited for the GIL after
+    ``epoll_wait``) is written as a batch of 0 steps, TASK ``io-wait``.
+    """
+
+    def __init__(self, threshold: float = 0.005, period: float = 0.1) -> None:
+        self.threshold = threshold
+        self.period = period
+        self._batch = self._step = self._io = self._since = time.monotonic()
+        self._steps = 0
+        self._longest = (0.0, "")
+        self._timeout = 0.0
+        self._busy = self._in_steps = 0.0
+        self._all_steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._step = time.monotonic()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        took = time.monotonic() - self._step
+        self._steps += 1
+        self._in_steps += took
+        if took > self._longest[0]:
+            self._longest = (took, task.name)
+
+    def before_io_wait(self, timeout: float) -> None:
+        now = time.monotonic()
+        if now - self._batch > self.threshold:
+            self._write(now, now - self._batch, self._steps, *self._longest)
+        self._busy += now - self._batch
+        self._all_steps += self._steps
+        if now - self._since >= self.period:
+            print(
+                f"bench-loopsum: {now:.4f} {now - self._since:.4f} {self._busy * 1000:.2f} "
+                f"{self._in_steps * 1000:.2f} {self._all_steps}",
+                file=sys.stderr,
+            )
+            self._since, self._busy, self._in_steps, self._all_steps = now, 0.0, 0.0, 0
+        self._io, self._timeout = now, timeout
+
+    def after_io_wait(self, timeout: float) -> None:
+        now = time.monotonic()
+        if now - self._io - self._timeout > self.threshold:
+            self._write(now, now - self._io - self._timeout, 0, 0.0, "io-wait")
+        self._batch, self._steps, self._longest = now, 0, (0.0, "")
+
+    @staticmethod
+    def _write(end: float, took: float, steps: int, longest: float, task: str) -> None:
+        print(f"bench-loop: {end:.4f} {took * 1000:.2f} {steps} {longest * 1000:.2f} {task}", file=sys.stderr)
+
+
 def _main_edge(argv: list[str]) -> None:
-    """``iop-edge`` with its full garbage collections timed, written to stderr every 0.5 s."""
+    """``iop-edge`` with its full garbage collections timed, written to stderr every 0.5 s, and its
+    loop's long holds (:class:`LoopTracer`)."""
     from iop_edge.__main__ import main as edge_main
 
-    clock = GcClock()
+    clock = GcClock(write_over=0.005)
 
     def report() -> None:
         while True:
@@ -802,7 +920,7 @@ def _main_edge(argv: list[str]) -> None:
             print(f"bench-gc2: {clock.count} {clock.seconds:.4f} {clock.longest:.4f}", file=sys.stderr, flush=True)
 
     threading.Thread(target=report, daemon=True).start()
-    edge_main(argv)
+    edge_main(argv, instruments=[LoopTracer()])
 
 
 def _main_fleet(argv: list[str]) -> None:

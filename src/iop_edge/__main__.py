@@ -47,8 +47,11 @@ async def serve_edge(service: EdgeService) -> int:
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point of ``iop-edge``."""
+def main(argv: Sequence[str] | None = None, *, instruments: Sequence[trio.abc.Instrument] = ()) -> None:
+    """Console entry point of ``iop-edge``.
+
+    ``instruments``: trio instruments for the Edge's run (benchmarks time the loop with them).
+    """
     parser = argparse.ArgumentParser(
         prog="iop-edge", description="IOP Edge: OpenAI-compatible gateway with provider-wide admission."
     )
@@ -61,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stream=sys.stderr,
     )
     _collector.tune()
-    raise SystemExit(trio.run(start_edge, args.config))
+    raise SystemExit(trio.run(start_edge, args.config, instruments=instruments))
 
 
 async def start_edge(config_path: str) -> int:

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import ssl
+import time
 from typing import Any, final
 
 import attrs
@@ -98,10 +99,15 @@ class EdgeService:
             if self.config_path is None:
                 return ["this Edge was started without a config file"]
             path = self.config_path
+            times = _ReloadTimes(time.perf_counter())
             try:
-                config, pool, tls = await run_off_loop(lambda: _read_config(path, self.admission), keeps_objects=True)
+                config, pool, tls = await run_off_loop(
+                    lambda: _read_config(path, self.admission, times), keeps_objects=True
+                )
+                times.mark("waited")
                 _refuse_tls_switch(self.config, config, path)
                 self.admission.refresh(pool)
+                times.mark("refresh")
             except ConfigFileError as exc:
                 errors = list(exc.errors)
             except ConfigError as exc:
@@ -110,6 +116,8 @@ class EdgeService:
                 errors = [f"{path}: cannot read: {exc.strerror or exc}"]
             else:
                 self._apply(config, tls)
+                times.mark("swap")
+                logger.info("config reloaded from %s (%s)", path, times)
                 return []
             self.metrics.refresh_result("rejected")
             for error in errors:
@@ -125,7 +133,6 @@ class EdgeService:
         # New connections only; established ones keep their TLS session.
         self.registry.ssl_context, self.api_ssl_context = tls.node, tls.api
         self.metrics.refresh_result("ok")
-        logger.info("config reloaded from %s", self.config_path)
 
     # ------------------------------------------------------------------ status
 
@@ -269,19 +276,40 @@ def _refuse_tls_switch(running: EdgeConfig, new: EdgeConfig, path: str | os.Path
         raise ConfigFileError(errors)
 
 
+@attrs.define
+class _ReloadTimes:
+    """Where a reload's time went: each step's seconds, for the log line (``str``)."""
+
+    last: float
+    steps: dict[str, float] = attrs.field(factory=dict)
+
+    def mark(self, step: str) -> None:
+        """``step`` ended now (it began at the previous mark)."""
+        now = time.perf_counter()
+        self.steps[step], self.last = now - self.last, now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{step} {seconds * 1000:.1f} ms" for step, seconds in self.steps.items())
+
+
 def _read_config(
-    path: str | os.PathLike[str], admission: Admission
+    path: str | os.PathLike[str], admission: Admission, times: _ReloadTimes
 ) -> tuple[EdgeConfig, PreparedRefresh, _TlsContexts]:
     """Load and validate the config file, prepare its pool's refresh of ``admission``, read its
-    certificates, build its lookup tables (runs in a worker thread; changes nothing).
+    certificates, build its lookup tables (runs in a worker thread; changes nothing but ``times``).
 
     Raises:
         ConfigFileError, ConfigError, OSError: the file is unusable (see :func:`_tls_contexts`).
     """
+    times.mark("thread start")
     config = load_edge_config(path, yields_gil=True)
+    times.mark("parse")
     prepared = admission.prepare_refresh(config.pool_config())
+    times.mark("prepare")
     config.build_lookups()
-    return config, prepared, _tls_contexts(config, path)
+    tls = _tls_contexts(config, path)
+    times.mark("lookups+tls")
+    return config, prepared, tls
 
 
 async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:

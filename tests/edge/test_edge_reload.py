@@ -224,12 +224,12 @@ async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
     first_entered, release_first = threading.Event(), threading.Event()
     reads: list[int] = []
 
-    def held_read(path: str, admission: Admission) -> object:
+    def held_read(path: str, admission: Admission, times: object) -> object:
         reads.append(threading.get_ident())
         if len(reads) == 1:
             first_entered.set()
             release_first.wait(10)
-        return real_read(path, admission)
+        return real_read(path, admission, times)
 
     monkeypatch.setattr(_service, "_read_config", held_read)
     with trio.fail_after(20):
@@ -264,8 +264,8 @@ async def test_reload_applies_whole_when_the_pool_was_refreshed_after_it_was_pre
     real_read = _service._read_config
     prepared, release = threading.Event(), threading.Event()
 
-    def held_read(path: str, admission: Admission) -> object:
-        result = real_read(path, admission)
+    def held_read(path: str, admission: Admission, times: object) -> object:
+        result = real_read(path, admission, times)
         prepared.set()
         release.wait(10)
         return result
@@ -294,10 +294,10 @@ async def test_reload_cancelled_while_reading_changes_nothing(tmp_path: Path, mo
     real_read = _service._read_config
     entered, release = threading.Event(), threading.Event()
 
-    def held_read(path: str, admission: Admission) -> object:
+    def held_read(path: str, admission: Admission, times: object) -> object:
         entered.set()
         release.wait(10)
-        return real_read(path, admission)
+        return real_read(path, admission, times)
 
     monkeypatch.setattr(_service, "_read_config", held_read)
     with trio.fail_after(20):
