@@ -125,6 +125,18 @@ def test_status_json_is_the_status_document_in_compact_json(providers: int) -> N
 
 
 @pytest.mark.req("status-at-size")
+def test_status_json_spells_tiny_floats_differently_but_keeps_their_value() -> None:
+    """[status-at-size] a heartbeat age of 10 us is written ``0.00001`` (the json module writes
+    ``1e-05``): the same number, read back the same."""
+    admission = _admission(1)
+    status = EdgeStatus(admission.snapshot(), (NodeStatus("node-0", True, 1, 1e-05, 0),), OVERLOAD)
+    body = status_json(status)
+    assert b'"last_heartbeat_age":0.00001,' in body
+    assert json.loads(body) == status_document(status)
+    assert parse_status(json.loads(body)) == status
+
+
+@pytest.mark.req("status-at-size")
 async def test_metrics_written_off_the_loop_read_the_state_at_the_call() -> None:
     """[status-at-size] render_off_loop gives what render gives, read when it was called: a lease
     granted while the text is being written does not show in it."""
