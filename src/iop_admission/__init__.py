@@ -29,10 +29,11 @@ from ._errors import (
     Unavailable,
 )
 from ._gate import GateStatistics, LocalGate, Permit
-from ._snapshot import ProviderSnapshot, Snapshot
+from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, Snapshot
 from ._state import Lease, PreparedRefresh
 
 __all__ = [
+    "PROVIDER_FIELDS",
     "Admission",
     "AdmissionError",
     "AdmissionEvent",
@@ -50,6 +51,7 @@ __all__ = [
     "PoolConfig",
     "PreparedRefresh",
     "ProviderKey",
+    "ProviderRow",
     "ProviderSnapshot",
     "ProviderSpec",
     "QueueFull",

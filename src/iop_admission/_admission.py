@@ -68,7 +68,7 @@ import trio
 
 from ._config import PoolConfig, ProviderKey
 from ._errors import LeaseRevoked, QueueTimeout
-from ._snapshot import Snapshot
+from ._snapshot import ProviderRow, Snapshot
 from ._state import (
     AdmissionState,
     Decision,
@@ -331,6 +331,15 @@ class Admission:
             providers=self._core.provider_snapshots(_now(), first, count),
             panic=self._core.panic_models(),
         )
+
+    def provider_rows(self, *, first: int = 0, count: int | None = None) -> list[ProviderRow]:
+        """``snapshot(first=, count=).providers`` as plain dicts (:data:`ProviderRow`), the same values.
+
+        For writers of JSON: no :class:`ProviderSnapshot` objects are made, and
+        the dicts need no unstructuring (at 10,000 providers about half the CPU
+        of the objects plus ``cattrs.unstructure``).
+        """
+        return self._core.provider_rows(_now(), first, count)
 
     def generation(self, node_id: str) -> int:
         """The node's current generation (0 if it never connected)."""

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import final
+from typing import Any, final
 
 import attrs
 
@@ -49,6 +49,14 @@ class ProviderSnapshot:
     ejection_left: float = 0.0
     ejections: int = 0
     probes: int = 0
+
+
+PROVIDER_FIELDS: tuple[str, ...] = tuple(a.name for a in attrs.fields(ProviderSnapshot))
+""":class:`ProviderSnapshot`'s field names, in order."""
+
+ProviderRow = dict[str, Any]
+"""One provider's :class:`ProviderSnapshot` as a plain dict: each of :data:`PROVIDER_FIELDS`,
+in order, to its value (what ``cattrs.unstructure`` makes of the object)."""
 
 
 @final

@@ -85,11 +85,11 @@ import struct
 from collections import deque
 from collections.abc import Iterable, Iterator
 from heapq import heapify, heappop, heappush, heapreplace
-from typing import final
+from typing import Any, final
 
 from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
 from ._errors import AdmissionError, ModelNotFound, QueueFull, QueueTimeout, RetriesExhausted, Unavailable
-from ._snapshot import ProviderSnapshot
+from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot
 
 
 @final
@@ -808,9 +808,16 @@ class AdmissionState:
         ``ejection_left`` counts from ``now``, by default the latest time passed in.
         ``first``/``count``: only the providers at those positions of the order.
         """
+        return tuple(ProviderSnapshot(*values) for values in self._provider_values(now, first, count))
+
+    def provider_rows(self, now: float | None = None, first: int = 0, count: int | None = None) -> list[ProviderRow]:
+        """:meth:`provider_snapshots` as plain dicts (see :data:`ProviderRow`), without the objects."""
+        return [dict(zip(PROVIDER_FIELDS, values, strict=True)) for values in self._provider_values(now, first, count)]
+
+    def _provider_values(self, now: float | None, first: int, count: int | None) -> Iterator[tuple[Any, ...]]:
+        """Each provider's :class:`ProviderSnapshot` field values, in field order."""
         now = self._now if now is None else now
         retried = self._retry_pressure()
-        out = []
         for p in self._configured[first : None if count is None else first + count]:
             spec = p.spec
             queued, long_queued = p.queued() if p.eligible else (0, 0)
@@ -826,30 +833,27 @@ class AdmissionState:
                 health = "offline"
             else:
                 health = "online" if p.health is HEALTHY else "ejected"
-            out.append(
-                ProviderSnapshot(
-                    node_id=p.key.node_id,
-                    provider_id=p.key.provider_id,
-                    connected=connected,
-                    status=status,
-                    health=health,
-                    generation=p.node.generation,
-                    capacity=spec.capacity,
-                    long_context_capacity=spec.long_context_capacity,
-                    effective_capacity=spec.capacity if eligible else 0,
-                    effective_long_capacity=spec.long_context_capacity if eligible else 0,
-                    in_flight=p.in_flight,
-                    long_in_flight=p.long_in_flight,
-                    queued=queued,
-                    long_queued=long_queued,
-                    priority=spec.priority,
-                    failures=p.failures,
-                    ejection_left=max(0.0, p.ejected_until - now) if p.health is EJECTED else 0.0,
-                    ejections=p.ejections,
-                    probes=p.probes,
-                )
+            yield (
+                p.key.node_id,
+                p.key.provider_id,
+                connected,
+                status,
+                health,
+                p.node.generation,
+                spec.capacity,
+                spec.long_context_capacity,
+                spec.capacity if eligible else 0,
+                spec.long_context_capacity if eligible else 0,
+                p.in_flight,
+                p.long_in_flight,
+                queued,
+                long_queued,
+                spec.priority,
+                p.failures,
+                max(0.0, p.ejected_until - now) if p.health is EJECTED else 0.0,
+                p.ejections,
+                p.probes,
             )
-        return tuple(out)
 
     def _retry_pressure(self) -> dict[ProviderKey, tuple[int, int]]:
         """Candidate pressure of queued retries: (waiters, of which long) per provider."""

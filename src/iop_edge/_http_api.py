@@ -48,7 +48,7 @@ from ._overload import FrontDoor
 from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
-from .status import EdgeStatus, status_json
+from .status import StatusRows, status_json_rows
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -80,8 +80,8 @@ class EdgeParts(Protocol):
         """The ``/status`` body."""
         ...
 
-    async def status_model(self, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
-        """The ``/status`` model, optionally filtered by node or model key (read in slices)."""
+    async def status_rows(self, *, node: str | None = None, model: str | None = None) -> StatusRows:
+        """What ``/status`` writes, optionally filtered by node or model key (read in slices)."""
         ...
 
     async def reload(self) -> list[str]:
@@ -667,8 +667,8 @@ class EdgeAPI:
         """``GET /status[?node=ID][&model=ID]``: the state is read on the loop a slice at a time;
         turning 10,000 providers into JSON runs in a worker thread, so streams keep flowing meanwhile."""
         query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
-        model = await self.service.status_model(node=_last(query, "node"), model=_last(query, "model"))
-        body = await run_off_loop(lambda: status_json(model))
+        rows = await self.service.status_rows(node=_last(query, "node"), model=_last(query, "model"))
+        body = await run_off_loop(lambda: status_json_rows(rows))
         await responder.whole(200, [_JSON], body)
 
     async def _healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:

@@ -24,11 +24,11 @@ from iop_config import ConfigFileError, TlsFileError
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
-from ._off_loop import NODE_SLICE, run_off_loop, snapshot_in_slices
+from ._off_loop import NODE_SLICE, rows_in_slices, run_off_loop
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
-from .status import EdgeStatus, NodeStatus, status_document
+from .status import EdgeStatus, NodeStatus, StatusRows, status_document
 
 logger = logging.getLogger("iop_edge")
 
@@ -142,36 +142,35 @@ class EdgeService:
         nodes = self.registry.node_status(node_ids)
         return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status()))
 
-    async def status_model(self, *, node: str | None = None, model: str | None = None) -> EdgeStatus:
-        """The ``/status`` model, optionally only one node's or one model key's part.
+    async def status_rows(self, *, node: str | None = None, model: str | None = None) -> StatusRows:
+        """What ``/status`` writes, optionally only one node's or one model key's part.
 
         ``node``: that node and its providers. ``model``: the providers the
         model key lists and their nodes. Both: the intersection. An unknown
         id gives empty lists. [status-at-size] Read a slice at a time
-        (:func:`snapshot_in_slices`, then the nodes' connection state
+        (:func:`rows_in_slices`, then the nodes' connection state
         :data:`NODE_SLICE` nodes per loop turn), so no stream waits for
         10,000 rows; turning it into JSON is the caller's. Checkpoints.
         """
-        snapshot = await snapshot_in_slices(self.admission)
-        config = self.config  # the config the snapshot's rows belong to (no checkpoint since)
+        head, rows = await rows_in_slices(self.admission)
+        config = self.config  # the config the rows belong to (no checkpoint since)
         node_ids = [n.id for n in config.nodes]
         if node is not None or model is not None:
             listed = set(config.candidates_of(model)) if model is not None else None
-            providers = tuple(
-                p
-                for p in snapshot.providers
-                if (node is None or p.node_id == node)
-                and (listed is None or ProviderKey(p.node_id, p.provider_id) in listed)
-            )
-            snapshot = attrs.evolve(snapshot, providers=providers)
-            keep = {p.node_id for p in providers} if listed is not None else {node}
+            rows = [
+                r
+                for r in rows
+                if (node is None or r["node_id"] == node)
+                and (listed is None or ProviderKey(r["node_id"], r["provider_id"]) in listed)
+            ]
+            keep = {r["node_id"] for r in rows} if listed is not None else {node}
             node_ids = [n for n in node_ids if n in keep]
         nodes: list[NodeStatus] = []
         for first in range(0, len(node_ids), NODE_SLICE):
             if first:
                 await trio.lowlevel.checkpoint()
             nodes.extend(self.registry.node_status(node_ids[first : first + NODE_SLICE]))
-        return EdgeStatus(snapshot, tuple(nodes), self.front_door.status())
+        return StatusRows(head, rows, tuple(nodes), self.front_door.status())
 
     # ------------------------------------------------------------------- serve
 

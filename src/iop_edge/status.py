@@ -17,9 +17,18 @@ import cattrs
 import orjson
 from cattrs.errors import AttributeValidationNote
 
-from iop_admission import Snapshot
+from iop_admission import ProviderRow, ProviderSnapshot, Snapshot
 
-__all__ = ["EdgeStatus", "NodeStatus", "OverloadStatus", "parse_status", "status_document", "status_json"]
+__all__ = [
+    "EdgeStatus",
+    "NodeStatus",
+    "OverloadStatus",
+    "StatusRows",
+    "parse_status",
+    "status_document",
+    "status_json",
+    "status_json_rows",
+]
 
 
 @final
@@ -78,6 +87,26 @@ class EdgeStatus:
     overload: OverloadStatus
 
 
+@final
+@attrs.frozen
+class StatusRows:
+    """What ``/status`` writes, with the providers as plain rows (no :class:`ProviderSnapshot` objects).
+
+    ``snapshot``: the admission snapshot's Edge-wide fields, its ``providers``
+    empty; ``providers``: its rows (:meth:`iop_admission.Admission.provider_rows`).
+    """
+
+    snapshot: Snapshot
+    providers: list[ProviderRow]
+    nodes: tuple[NodeStatus, ...]
+    overload: OverloadStatus
+
+    def model(self) -> EdgeStatus:
+        """The same status as an :class:`EdgeStatus` (the rows made objects)."""
+        providers = tuple(ProviderSnapshot(**row) for row in self.providers)
+        return EdgeStatus(attrs.evolve(self.snapshot, providers=providers), self.nodes, self.overload)
+
+
 _converter = cattrs.Converter(forbid_extra_keys=True)
 
 
@@ -94,6 +123,15 @@ def status_document(status: EdgeStatus) -> dict[str, Any]:
     return document
 
 
+def status_json_rows(status: StatusRows) -> bytes:
+    """:func:`status_json` of ``status.model()``, the same bytes, written from the rows as they are."""
+    document: dict[str, Any] = _converter.unstructure(status.snapshot)
+    document["providers"] = status.providers
+    document["nodes"] = _converter.unstructure(status.nodes, tuple[NodeStatus, ...])
+    document["overload"] = _converter.unstructure(status.overload)
+    return _write(document)
+
+
 def status_json(status: EdgeStatus) -> bytes:
     """:func:`status_document` as compact UTF-8 JSON, its lists written :data:`_ROWS_PER_CALL` items at a time.
 
@@ -105,8 +143,13 @@ def status_json(status: EdgeStatus) -> bytes:
     stalling an event loop in another thread, so the lists go
     :data:`_ROWS_PER_CALL` items per call, not the whole document in one.
     """
+    return _write(status_document(status))
+
+
+def _write(document: dict[str, Any]) -> bytes:
+    """``document`` as compact JSON, its lists :data:`_ROWS_PER_CALL` items per encoder call."""
     parts = []
-    for key, value in status_document(status).items():
+    for key, value in document.items():
         name = orjson.dumps(key)
         if isinstance(value, list | tuple) and value:
             step = _ROWS_PER_CALL

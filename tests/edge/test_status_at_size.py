@@ -11,16 +11,35 @@ import json
 import sys
 from pathlib import Path
 
+import attrs
 import cattrs
 import pytest
 import trio
 import trio.testing
 
 from edge.harness import BIG, FAST, EdgeLayout, fake_node, running_edge
-from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSnapshot, ProviderSpec, QueuePolicy
-from iop_edge._off_loop import SWITCH_INTERVAL, run_off_loop, snapshot_in_slices
+from iop_admission import (
+    PROVIDER_FIELDS,
+    Admission,
+    ModelGroup,
+    PoolConfig,
+    ProviderKey,
+    ProviderSnapshot,
+    ProviderSpec,
+    QueuePolicy,
+)
+from iop_edge._off_loop import SWITCH_INTERVAL, rows_in_slices, run_off_loop, snapshot_in_slices
 from iop_edge.metrics import EdgeMetrics
-from iop_edge.status import EdgeStatus, NodeStatus, OverloadStatus, parse_status, status_document, status_json
+from iop_edge.status import (
+    EdgeStatus,
+    NodeStatus,
+    OverloadStatus,
+    StatusRows,
+    parse_status,
+    status_document,
+    status_json,
+    status_json_rows,
+)
 
 OVERLOAD = OverloadStatus(
     shedding=False,
@@ -122,6 +141,26 @@ def test_status_json_is_the_status_document_in_compact_json(providers: int) -> N
     plain = cattrs.Converter()
     assert document["providers"] == plain.unstructure(snapshot.providers, list[ProviderSnapshot])
     assert document["nodes"] == plain.unstructure(nodes, list[NodeStatus])
+
+
+@pytest.mark.req("status-at-size")
+async def test_status_written_from_rows_is_the_status_of_the_objects() -> None:
+    """[status-at-size] the providers read as plain rows (in slices) are what cattrs makes of the
+    snapshot's objects, and the body written from them is the body of the objects, byte for byte;
+    a provider with a lease and one disconnected included."""
+    admission = _admission(7)
+    for i in range(6):
+        admission.connect(f"node-{i}")
+    async with admission.lease("all"):
+        head, rows = await rows_in_slices(admission, size=3)
+        snapshot = admission.snapshot()
+    assert head == attrs.evolve(snapshot, providers=())
+    assert rows == cattrs.Converter().unstructure(snapshot.providers, list[ProviderSnapshot])
+    assert [list(row) for row in rows] == [list(PROVIDER_FIELDS)] * 7
+    nodes = tuple(NodeStatus(f"node-{i}", i < 6, 1, 0.5 if i < 6 else None, 0) for i in range(7))
+    status = StatusRows(head, rows, nodes, OVERLOAD)
+    assert status.model() == EdgeStatus(snapshot, nodes, OVERLOAD)
+    assert status_json_rows(status) == status_json(status.model())
 
 
 @pytest.mark.req("status-at-size")
