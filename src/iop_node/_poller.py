@@ -150,12 +150,14 @@ class BodyPoller:
             epoll.close()
 
     async def _wait(self, next_poll: float, *, busy: bool) -> list[tuple[int, int]]:
-        """Wait until ``next_poll`` and until a socket has data; return the sockets ready. Checkpoints.
+        """Wait until a socket has data (and, reading several bodies, until ``next_poll``);
+        return the sockets ready. Checkpoints.
 
         ``busy`` (the last read found several sockets with data): sleep out the tick
         first and look without waiting for readiness (one task wakeup per tick);
         otherwise, or if nothing came during the tick, wait for readiness first (a
-        poller that was idle reads at once).
+        poller that was idle, or that reads one body only, reads at once: a lone
+        request's answer is never held back).
         """
         epoll = self._epoll
         if busy:
@@ -164,7 +166,7 @@ class BodyPoller:
                 return ready
         while True:
             await trio.lowlevel.wait_readable(epoll)
-            if trio.current_time() < next_poll:  # let a tick's worth of data gather (module docstring)
+            if len(self._bodies) > 1 and trio.current_time() < next_poll:  # a tick's worth (module docstring)
                 await trio.sleep_until(next_poll)
             if ready := epoll.poll(0, len(self._bodies) or 1):
                 return ready
