@@ -33,7 +33,8 @@ import trio
 from ._transport import _RECEIVE_SIZE, Answer, _Checkout, _take_body
 
 TICK: Final = 0.005
-"""Seconds between two reads of the poller while data keeps coming (an idle poller reads at once)."""
+"""Seconds between two reads of the poller while data keeps coming (an idle poller, and a body's
+first read by the poller, read at once)."""
 
 
 def new_poller(nursery: trio.Nursery, wait_for_room: Callable[[], Awaitable[bool]]) -> BodyPoller | None:
@@ -85,7 +86,7 @@ class RunOutput:
 class _Body:
     """One answer body the poller reads."""
 
-    __slots__ = ("checkout", "output", "done", "error", "last_read")
+    __slots__ = ("checkout", "output", "done", "error", "last_read", "polled")
 
     def __init__(self, checkout: _Checkout, output: RunOutput, now: float) -> None:
         self.checkout = checkout
@@ -93,6 +94,8 @@ class _Body:
         self.done = trio.Event()
         self.error: BaseException | None = None
         self.last_read = now
+        self.polled = False
+        """Whether the poller has read this body yet (a first read does not wait for the tick)."""
 
 
 @final
@@ -157,7 +160,9 @@ class BodyPoller:
         first and look without waiting for readiness (one task wakeup per tick);
         otherwise, or if nothing came during the tick, wait for readiness first (a
         poller that was idle, or that reads one body only, reads at once: a lone
-        request's answer is never held back).
+        request's answer is never held back). Data for a body the poller has not read
+        yet is read at once too: a new answer (a non-stream body behind its head)
+        would otherwise wait up to a tick for nothing.
         """
         epoll = self._epoll
         if busy:
@@ -166,10 +171,17 @@ class BodyPoller:
                 return ready
         while True:
             await trio.lowlevel.wait_readable(epoll)
-            if len(self._bodies) > 1 and trio.current_time() < next_poll:  # a tick's worth (module docstring)
-                await trio.sleep_until(next_poll)
-            if ready := epoll.poll(0, len(self._bodies) or 1):
+            ready = epoll.poll(0, len(self._bodies) or 1)
+            if len(self._bodies) > 1 and trio.current_time() < next_poll and not self._first_read(ready):
+                await trio.sleep_until(next_poll)  # let a tick's worth of data gather (module docstring)
+                ready = epoll.poll(0, len(self._bodies) or 1)
+            if ready:
                 return ready
+
+    def _first_read(self, ready: list[tuple[int, int]]) -> bool:
+        """Whether a socket in ``ready`` carries a body the poller has not read yet."""
+        bodies = self._bodies
+        return any((body := bodies.get(fd)) is not None and not body.polled for fd, _ in ready)
 
     def close(self) -> None:
         """Stop taking bodies and release the epoll set (for a poller whose task never started). Idempotent."""
@@ -193,6 +205,7 @@ class BodyPoller:
             self._end(fd, body, httpx.ReadError(f"upstream read failed: {exc or type(exc).__name__}"))
             return
         body.last_read = now
+        body.polled = True
         try:
             connection.feed(data)
             chunk = _take_body(checkout, connection)

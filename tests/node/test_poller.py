@@ -240,3 +240,44 @@ async def test_runs_fail_when_the_poller_ends(
         assert (poller.reading, transport.open_connections, transport.waiting) == (0, 0, 0)
         nursery.cancel_scope.cancel()
     await transport.aclose()
+
+
+async def test_poller_reads_a_new_body_at_once_within_a_tick(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A body's first data (a non-stream answer whose head came alone) is read when it
+    arrives, even within the tick after another body's read: only a body the poller
+    reads already waits for the tick."""
+    scripts: list[list[float | bytes]] = [[0.1, b"a1", 1.0, b"a2"], [0.1 + TICK / 4, b"b1"]]
+    servers = socket_upstreams(monkeypatch, len(scripts))
+    transport = H11Transport(len(scripts))
+    poller = BodyPoller()
+    read_at: dict[bytes, float] = {}
+    start = trio.current_time()
+
+    def output() -> RunOutput:
+        async def put(chunk: bytes) -> None:
+            raise AssertionError(f"the run task read {chunk!r}")
+
+        def put_nowait(chunk: bytes) -> None:
+            read_at[chunk] = round(trio.current_time() - start, 6)
+
+        return RunOutput(put, put_nowait, poller)
+
+    async def run() -> None:
+        answer = await transport.request(b"POST", URL, HEADERS, b"", {"read": 5})
+        await poller.relay(answer, output())
+
+    async def no_wait() -> bool:
+        return False
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poller.serve, no_wait)
+        async with trio.open_nursery() as runs:
+            for server, script in zip(servers, scripts, strict=True):
+                runs.start_soon(run)
+                nursery.start_soon(serve_chunks, server, script)
+                await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    await transport.aclose()
+    assert read_at == {b"a1": 0.1, b"b1": round(0.1 + TICK / 4, 6), b"a2": 1.1}
