@@ -19,6 +19,7 @@ from edge.harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_e
 from iop_config import ConfigFileError
 from iop_edge._overload import (
     RETURN_GRACE,
+    RETURN_GRID,
     FrontDoor,
     LoadShedder,
     OverloadPolicy,
@@ -95,24 +96,27 @@ def test_return_times_are_spread_by_the_refusal_rate() -> None:
 def test_refusal_gives_a_retry_after_no_shorter_than_the_pause() -> None:
     """[overload-admitted-first] A refusal's Retry-After is the booked delay or the drain time,
     whichever is longer, rounded up (at least 1 s, at most the ceiling); the connection is left
-    unread for the booked delay rounded up to whole seconds plus ``RETURN_GRACE`` (a client that
-    honours Retry-After has sent its request by then), never more than the Retry-After plus that
-    grace, and waits for a long drain time only up to 1 s (a client retrying after a second is
+    unread until the first multiple of ``RETURN_GRID`` after the booked delay rounded up to whole
+    seconds plus ``RETURN_GRACE`` (a client that honours Retry-After has sent its request by
+    then), and waits for a long drain time only up to 1 s (a client retrying after a second is
     held only as the refusal rate requires). With 1,000 clients refused at once at 1,000/s they
     are told 1 s; with 5,000, up to 5 s."""
     door = FrontDoor(attrs.evolve(POLICY, refusal_rate=1000))
     door.waiting = 63
     door.shedder.service_time = 0.1  # drain: 64 x 0.1 s / 8 slots = 0.8 s
-    answers = [door.refusal(now=5.0, capacity=8) for _ in range(5000)]
-    assert answers[0] == (1, pytest.approx(1 + RETURN_GRACE))
-    assert all(pause == pytest.approx(retry + RETURN_GRACE) for retry, pause in answers)  # just after the return
+    now = 5.003
+    answers = [door.refusal(now=now, capacity=8) for _ in range(5000)]
+    assert answers[0] == (1, pytest.approx(6.02 - now))  # 5.003 + 1 + 0.01, up to the grid: 6.02
+    for retry, pause in answers:
+        assert retry + RETURN_GRACE <= pause < retry + RETURN_GRACE + RETURN_GRID
+        assert (now + pause) / RETURN_GRID == pytest.approx(round((now + pause) / RETURN_GRID))
     assert max(retry for retry, _ in answers[:200]) == 1
-    assert answers[-1] == (6, pytest.approx(6 + RETURN_GRACE))  # booked 0.8 + 4.999 s
+    assert answers[-1][0] == 6  # booked 0.8 + 4.999 s
     door.shedder.service_time = 0.5  # drain: 64 x 0.5 s / 8 = 4 s
     retry, pause = door.refusal(now=100.0, capacity=8)
-    assert (retry, pause) == (4, pytest.approx(1 + RETURN_GRACE))  # told the drain time, held about 1 s
+    assert (retry, pause) == (4, pytest.approx(1.02))  # told the drain time, held about 1 s
     door.waiting = 0
-    assert door.refusal(now=200.0, capacity=0) == (30, pytest.approx(1 + RETURN_GRACE))  # no capacity: the ceiling
+    assert door.refusal(now=200.0, capacity=0) == (30, pytest.approx(1.02))  # no capacity: the ceiling
 
 
 def test_a_visit_gives_back_each_count_exactly_once() -> None:
