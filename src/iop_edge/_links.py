@@ -2,8 +2,8 @@
 
 :class:`NodeRegistry` serves each connection of the node socket with its own
 WebSocket end (:class:`NodeSocket`: wsproto, read in the link's reader task,
-no reader task of its own), and connections that arrive as trio-websocket's
-``WebSocketRequest`` (the simulation's in-memory ones) with trio-websocket's.
+no reader task of its own): TCP connections from its listener and the
+simulation's in-memory streams alike, through :meth:`NodeRegistry.serve_stream`.
 It owns no admission state: an accepted registration calls
 ``admission.connect(node_id)``; the end of that connection -- close, drop,
 heartbeat timeout, protocol error -- calls ``admission.disconnect(node_id,
@@ -43,7 +43,7 @@ from types import TracebackType
 from typing import NamedTuple, final
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
+from trio_websocket import ConnectionClosed
 
 from iop_admission import Admission
 from iop_wire import (
@@ -71,7 +71,7 @@ from iop_wire import (
     split_data,
 )
 
-from ._node_limits import UNKNOWN_SOURCE, PendingLimits, Source, source_of
+from ._node_limits import PendingLimits, Source, source_of
 from ._node_socket import RECEIVE_BYTES, NodeSocket
 from .metrics import DisconnectCause
 from .status import NodeStatus
@@ -91,9 +91,6 @@ CANCEL_SETTLE_TIMEOUT = 2.0
 
 RunMessage = RunEvent | RunData | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
 """What a run's channel carries: JSON messages (v1 and v2) and v2 data records."""
-MessageSocket = NodeSocket | WebSocketConnection
-"""A node connection's WebSocket: the node socket's own (:class:`NodeSocket`), or trio-websocket's
-(connections handed to :meth:`NodeRegistry.serve`, e.g. the simulation's in-memory ones)."""
 
 
 class NodeGone(Exception):
@@ -274,7 +271,7 @@ class NodeLink:
         registry: NodeRegistry,
         node_id: str,
         generation: int,
-        ws: MessageSocket,
+        ws: NodeSocket,
         protocol: int = PROTOCOL_VERSION,
     ) -> None:
         self.registry = registry
@@ -428,9 +425,6 @@ class NodeLink:
         concurrency 1 that round would be latency for nothing).
         """
         ws = self.ws
-        if not isinstance(ws, NodeSocket):  # trio-websocket's (the simulation's): one frame at a time
-            await ws.send_message(first)
-            return
         if self._outbox_receive.statistics().current_buffer_used:
             # Others queued already, so requests are arriving together: one more scheduling
             # round lets the handlers runnable now queue theirs (never at concurrency 1).
@@ -611,7 +605,7 @@ def _peer_host(stream: trio.abc.Stream) -> str | None:
         return None
 
 
-async def _close(ws: MessageSocket, code: int, reason: str) -> None:
+async def _close(ws: NodeSocket, code: int, reason: str) -> None:
     with trio.move_on_after(1.0) as scope:
         scope.shield = True
         try:
@@ -701,8 +695,9 @@ class NodeRegistry:
         The connection is *pending* until it registers: counted against the
         caps of :attr:`limits` (refused and closed at once beyond them), and
         closed if the WebSocket handshake and a valid ``register`` do not
-        arrive within :attr:`handshake_timeout`. Never raises for what the peer
-        does. Checkpoints (it runs for the life of the connection);
+        arrive within :attr:`handshake_timeout`. A stream that is not a socket
+        (the simulation's in-memory ones) comes from one ``unknown`` source: its
+        per-source cap counts them all. Never raises for what the peer does. Checkpoints (it runs for the life of the connection);
         cancellation closes the connection and disconnects its node.
         """
         source = source_of(_peer_host(stream))
@@ -727,22 +722,6 @@ class NodeRegistry:
         finally:
             slot.release()
             await trio.aclose_forcefully(stream)
-
-    async def serve(self, request: WebSocketRequest) -> None:
-        """Serve one node connection whose WebSocket request has arrived, from accept to close.
-
-        For connections that do not come from the node socket's listener (the
-        simulation's in-memory streams): no pending caps, one unknown source;
-        the registration deadline applies. Checkpoints (it runs for the life of
-        the connection). Cancellation closes the connection (going away) and
-        disconnects the node.
-        """
-        deadline = trio.current_time() + self.handshake_timeout
-        try:
-            ws = await request.accept()
-        except ConnectionClosed:
-            return
-        await self._serve_ws(ws, _Peer(UNKNOWN_SOURCE, None, None), None, deadline)
 
     async def _secure(self, stream: trio.abc.Stream, source: Source, deadline: float) -> _Peer:
         """The TLS handshake by ``deadline`` when TLS is on; a peer whose ``stream`` is None failed it."""
@@ -774,14 +753,13 @@ class NodeRegistry:
         self._pending_closed("handshake_timeout")
         return None
 
-    async def _serve_ws(self, ws: MessageSocket, peer: _Peer, slot: _PendingSlot | None, deadline: float) -> None:
+    async def _serve_ws(self, ws: NodeSocket, peer: _Peer, slot: _PendingSlot, deadline: float) -> None:
         link: NodeLink | None = None
         try:
             link = await self._register(ws, peer, deadline)
             if link is None:
                 return
-            if slot is not None:
-                slot.release()  # registered: never counted against the pending caps again
+            slot.release()  # registered: never counted against the pending caps again
             await link._serve(self.heartbeat_timeout)
         finally:
             if link is not None:
@@ -791,7 +769,7 @@ class NodeRegistry:
 
     # -------------------------------------------------------- registration
 
-    async def _register(self, ws: MessageSocket, peer: _Peer, deadline: float) -> NodeLink | None:
+    async def _register(self, ws: NodeSocket, peer: _Peer, deadline: float) -> NodeLink | None:
         """Read ``register`` by ``deadline`` and register the node, or reject it (then None)."""
         message: Register | _Rejection | None = None
         with trio.move_on_at(deadline) as timer:
@@ -809,7 +787,7 @@ class NodeRegistry:
         assert isinstance(message, Register)
         return self._connect(ws, message)
 
-    async def _read_register(self, ws: MessageSocket) -> Register | _Rejection | None:
+    async def _read_register(self, ws: NodeSocket) -> Register | _Rejection | None:
         """The first message: a ``register``, a rejection, or None (connection closed)."""
         try:
             text = await ws.get_message()
@@ -843,7 +821,7 @@ class NodeRegistry:
             return _Rejection("duplicate", f"node {node_id!r} already has a live connection", node_id)
         return None
 
-    def _connect(self, ws: MessageSocket, message: Register) -> NodeLink:
+    def _connect(self, ws: NodeSocket, message: Register) -> NodeLink:
         node_id = message.node_id
         generation = self.admission.connect(node_id)
         link = NodeLink(self, node_id, generation, ws, message.protocol)
@@ -862,7 +840,7 @@ class NodeRegistry:
             self._on_connect(node_id, generation)
         return link
 
-    async def _reject(self, ws: MessageSocket, rejection: _Rejection, source: Source) -> None:
+    async def _reject(self, ws: NodeSocket, rejection: _Rejection, source: Source) -> None:
         """Answer ``rejected`` and close; a failed credential is answered after its source's backoff.
 
         The token is never logged. Checkpoints; the delay is bounded by the

@@ -36,7 +36,7 @@ from iop_wire import MAX_MESSAGE_BYTES, PROTOCOL_VERSION
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout
 from ._runtime import NodeRuntime
 from ._session import CLOSE_TIMEOUT, EdgeSession
-from ._websocket import EdgeSocket, EdgeWebSocket
+from ._websocket import EdgeWebSocket, open_edge_socket
 from .config import NodeConfig, ReconnectConfig
 
 logger = logging.getLogger("iop_node")
@@ -51,8 +51,9 @@ It is given a nursery for the connection's background tasks, if it has any
 (:func:`websocket_connector`'s connections have none; a trio-websocket
 connection's reader, as in ``trio_websocket.wrap_client_stream(nursery, stream, ...)``).
 That nursery outlives the session, so such a reader can still complete the
-closing handshake after a shutdown cancelled the session. A simulation can wrap
-``trio.testing.memory_stream_pair`` streams with ``wrap_client_stream`` here.
+closing handshake after a shutdown cancelled the session. A simulation can hand
+the node's own socket on an in-memory stream here
+(:func:`~iop_node._websocket.open_edge_socket`, as :func:`websocket_connector` does).
 """
 
 
@@ -124,14 +125,16 @@ def websocket_connector(
             if secure:
                 context = (ssl_context() if callable(ssl_context) else ssl_context) or ssl.create_default_context()
             transport = await _open_transport(host, port, context, local_address)
-        ws = EdgeSocket(transport, max_message_size=MAX_MESSAGE_BYTES)
-        try:
-            with trio.fail_after(connect_timeout):
-                await ws.handshake(host, resource)
+        edge_socket = open_edge_socket(
+            transport,
+            host,
+            resource,
+            max_message_size=MAX_MESSAGE_BYTES,
+            handshake_timeout=connect_timeout,
+            close_timeout=CLOSE_TIMEOUT,
+        )
+        async with edge_socket as ws:
             yield ws
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
-                await ws.aclose()
 
     return connect
 

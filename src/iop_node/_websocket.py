@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 import socket
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn, Protocol
 
 import trio
@@ -55,7 +57,7 @@ _TOO_BIG = 1009
 
 class EdgeWebSocket(Protocol):
     """What a session needs of its open connection: :class:`EdgeSocket`, or a
-    ``trio_websocket.WebSocketConnection`` (tests and simulations wrap in-memory streams)."""
+    ``trio_websocket.WebSocketConnection`` (some tests wrap in-memory streams with it)."""
 
     @property
     def closed(self) -> CloseReason | None: ...
@@ -65,6 +67,35 @@ class EdgeWebSocket(Protocol):
     async def get_message(self) -> str | bytes: ...
 
     async def aclose(self, code: int = 1000, reason: str | None = None) -> None: ...
+
+
+@asynccontextmanager
+async def open_edge_socket(
+    transport: socket.socket | trio.abc.Stream,
+    host: str,
+    resource: str,
+    *,
+    max_message_size: int,
+    handshake_timeout: float,
+    close_timeout: float,
+) -> AsyncIterator[EdgeSocket]:
+    """An :class:`EdgeSocket` on ``transport`` (a connected socket or stream), its handshake done.
+
+    On exit it sends a close frame (if still open), waits at most ``close_timeout``
+    seconds for the Edge's, and closes ``transport`` whatever happens (shielded).
+
+    Raises (on entering):
+        HandshakeError: the Edge refused the handshake or closed the connection first.
+        trio.TooSlowError: no answer to the handshake within ``handshake_timeout`` seconds.
+    """
+    ws = EdgeSocket(transport, max_message_size=max_message_size)
+    try:
+        with trio.fail_after(handshake_timeout):
+            await ws.handshake(host, resource)
+        yield ws
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(close_timeout):
+            await ws.aclose()
 
 
 class EdgeSocket:

@@ -2,7 +2,8 @@
 
 [reconnect-storm] ``nodes`` real node clients (iop-node's :class:`EdgeClient`,
 default reconnect policy) register over in-memory wires with a real
-:class:`EdgeService`, on a mock clock. Then, ``waves`` times, every wire is cut
+:class:`EdgeService`, on a mock clock; both ends speak the production WebSocket
+code (see :mod:`tests.sim._wire`). Then, ``waves`` times, every wire is cut
 at the same instant (an Edge restart, as the nodes see it) and the fleet comes
 back. After each wave these must hold:
 
@@ -24,14 +25,14 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 import trio.testing
-import trio_websocket
 
 from iop_admission import LocalGate
 from iop_edge import EdgeService
 from iop_edge.config import EdgeCandidate, EdgeConfig, EdgeModel, EdgeNode, EdgeProvider
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig
+from iop_node._websocket import EdgeSocket
 
-from ._wire import Wire, serve_edge_end
+from ._wire import Wire, node_socket, one_source, serve_edge_end
 
 TOKEN = "fleet-token"
 SPREAD_LIMIT = 0.25
@@ -51,10 +52,11 @@ class FleetResult:
 
 def _edge_config(nodes: int) -> EdgeConfig:
     ids = [f"node-{i}" for i in range(nodes)]
-    return EdgeConfig(
+    config = EdgeConfig(
         nodes=tuple(EdgeNode(id=i, providers=(EdgeProvider(id="p0", capacity=1),), token=TOKEN) for i in ids),
         models=(EdgeModel(id="all", candidates=tuple(EdgeCandidate(node=i, provider="p0") for i in ids)),),
     )
+    return one_source(config)
 
 
 class Fleet:
@@ -69,17 +71,13 @@ class Fleet:
         self.nursery: trio.Nursery | None = None
 
     @asynccontextmanager
-    async def connector(self, node_id: str, nursery: trio.Nursery) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    async def connector(self, node_id: str, nursery: trio.Nursery) -> AsyncIterator[EdgeSocket]:
         wire = self.wires[node_id] = Wire(node_id, len(self.dials))
         self.dials.append(trio.current_time())
         assert self.nursery is not None
         self.nursery.start_soon(serve_edge_end, self.service, wire)
-        try:
-            ws = await trio_websocket.wrap_client_stream(nursery, wire.node_end, "edge", "/")
+        async with node_socket(wire) as ws:
             yield ws
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await wire.node_end.aclose()
 
     async def node(self, node_id: str) -> None:
         config = NodeConfig(

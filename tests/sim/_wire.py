@@ -1,12 +1,15 @@
 """An in-memory network link with fault knobs, for the simulation.
 
 A :class:`Wire` is one ``trio.testing.memory_stream_pair`` connection between a
-node and the Edge, each end wrapped in a :class:`SimStream`. Faults act on the
-wire, below trio-websocket, the way a real network misbehaves:
+node and the Edge, each end wrapped in a :class:`SimStream`. Both ends speak
+the production WebSocket code over it: the node's :class:`iop_node._websocket.EdgeSocket`
+(:func:`node_socket`) and the Edge's :class:`iop_edge._node_socket.NodeSocket`,
+entered through ``NodeRegistry.serve_stream`` (:func:`serve_edge_end`). Faults
+act on the wire, below the WebSocket, the way a real network misbehaves:
 
 - ``fail_next_send(side)``: the next ``send_all`` on that end raises
-  ``trio.BrokenResourceError`` (a send on a reset socket) -- trio-websocket turns
-  it into ``ConnectionClosed`` for the sender.
+  ``trio.BrokenResourceError`` (a send on a reset socket) -- either socket turns
+  it into ``ConnectionClosed`` (1006) for the sender.
 - ``blackhole()``: the peer vanishes without a close: bytes sent either way are
   silently lost, a local ``aclose`` sends no FIN either. Only a later
   :meth:`cut` (the sim's "TCP timeout") makes both ends see the end of stream.
@@ -15,13 +18,19 @@ wire, below trio-websocket, the way a real network misbehaves:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import final
 
+import attrs
 import trio
 import trio.testing
-import trio_websocket
 
 from iop_edge import EdgeService
+from iop_edge.config import EdgeConfig
+from iop_node._session import CLOSE_TIMEOUT
+from iop_node._websocket import EdgeSocket, open_edge_socket
+from iop_wire import MAX_MESSAGE_BYTES
 
 EDGE = "edge"
 NODE = "node"
@@ -107,18 +116,41 @@ class SimStream(trio.abc.Stream):
         await self.inner.aclose()
 
 
+HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a node waits for the Edge's answer to its WebSocket handshake (the production connect timeout)."""
+
+
 async def serve_edge_end(service: EdgeService, wire: Wire) -> None:
-    """Serve the Edge end of ``wire`` with the service's node registry, as its listener would."""
-    try:
-        async with trio.open_nursery() as nursery:
-            try:
-                with trio.fail_after(10):
-                    request = await trio_websocket.wrap_server_stream(nursery, wire.edge_end)
-            except (trio_websocket.ConnectionClosed, trio.TooSlowError):
-                nursery.cancel_scope.cancel()
-                return
-            await service.registry.serve(request)
-            nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
-            await wire.edge_end.aclose()
+    """Serve the Edge end of ``wire`` as the node socket's listener serves an accepted connection.
+
+    ``NodeRegistry.serve_stream`` runs it: the pending caps (every in-memory
+    stream is one ``unknown`` source, see :func:`one_source`), the handshake
+    deadline, the Edge's :class:`~iop_edge._node_socket.NodeSocket`; it closes the stream.
+    """
+    await service.registry.serve_stream(wire.edge_end)
+
+
+@asynccontextmanager
+async def node_socket(wire: Wire) -> AsyncIterator[EdgeSocket]:
+    """The node's end of ``wire``: its own WebSocket client, as ``websocket_connector`` opens it."""
+    edge_socket = open_edge_socket(
+        wire.node_end,
+        "edge",
+        "/",
+        max_message_size=MAX_MESSAGE_BYTES,
+        handshake_timeout=HANDSHAKE_TIMEOUT,
+        close_timeout=CLOSE_TIMEOUT,
+    )
+    async with edge_socket as ws:
+        yield ws
+
+
+def one_source(config: EdgeConfig) -> EdgeConfig:
+    """``config`` with its per-address pending cap raised to the overall one (``node_max_pending``).
+
+    Every in-memory wire comes from the one ``unknown`` source, so the
+    per-address cap (8 by default) would refuse a fleet's reconnect storm that
+    real nodes, each from its own address, never meet. The overall cap and the
+    counting of every connection in and out stay as in production.
+    """
+    return attrs.evolve(config, node_max_pending_per_address=config.node_max_pending)

@@ -4,11 +4,12 @@ Everything runs in a single ``trio.run`` on ``MockClock(autojump_threshold=0)``:
 
 - the real Edge (:class:`iop_edge.EdgeService`: admission, node registry, the
   ASGI :class:`~iop_edge._http_api.EdgeAPI`), with no sockets: each node
-  connection is a :class:`~tests.sim._wire.Wire` (memory streams) wrapped with
-  ``trio_websocket.wrap_server_stream`` and handed to ``NodeRegistry.serve``;
+  connection is a :class:`~tests.sim._wire.Wire` (memory streams) served by
+  ``NodeRegistry.serve_stream`` as the node socket's listener serves a TCP
+  connection (pending caps, handshake deadline, the Edge's ``NodeSocket``);
 - two real Nodes (:class:`iop_node.EdgeClient` + ``EdgeSession`` +
   :class:`iop_node.NodeRuntime` with its ``LocalGate``), their connector
-  injected (``wrap_client_stream`` over the same wire); every provider is the
+  injected (the node's own ``EdgeSocket`` over the same wire); every provider is the
   in-process :class:`iop_node.MockAdapter`, behind a thin :class:`SimBackend`
   that counts concurrent upstream requests per provider and can hang;
 - clients that call the ASGI app directly with a fake receive/send pair.
@@ -37,7 +38,7 @@ import attrs
 import hypothesis  # noqa: F401 -- see run_seed: loading it makes trio's scheduling repeatable
 import trio
 import trio.testing
-import trio_websocket
+from trio_websocket import ConnectionClosed, HandshakeError
 
 from iop_admission import LocalGate, ProviderKey
 from iop_edge import EdgeService
@@ -64,9 +65,10 @@ from iop_node import (
     UpstreamUnreachable,
     relay_encoded,
 )
+from iop_node._websocket import EdgeSocket
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, decode, encode
 
-from ._wire import EDGE, NODE, Wire, serve_edge_end
+from ._wire import EDGE, NODE, Wire, node_socket, one_source, serve_edge_end
 
 SITES = (
     "ws_send_failure",
@@ -182,7 +184,7 @@ def edge_config(o: Overrides = Overrides()) -> EdgeConfig:
         )
         for name, keys in MODELS.items()
     )
-    return EdgeConfig(
+    config = EdgeConfig(
         nodes=tuple(nodes),
         models=models,
         heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
@@ -193,6 +195,7 @@ def edge_config(o: Overrides = Overrides()) -> EdgeConfig:
             outlier=OutlierSettings(consecutive_failures=2, base_ejection_ms=1000, max_ejection_ms=4000),
         ),
     )
+    return one_source(config)
 
 
 def node_config(node_id: str) -> NodeConfig:
@@ -471,20 +474,15 @@ class World:
     # ---------------------------------------------------------------- nodes
 
     @asynccontextmanager
-    async def connector(self, node_id: str, nursery: trio.Nursery) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    async def connector(self, node_id: str, nursery: trio.Nursery) -> AsyncIterator[EdgeSocket]:
         """The node's injected connector: a fresh :class:`Wire`, its Edge end served by the registry."""
         wires = self.wires[node_id]
         wire = Wire(node_id, len(wires) + 1)
         wires.append(wire)
         assert self.nursery is not None
         self.nursery.start_soon(serve_edge_end, self.service, wire)
-        try:
-            with trio.fail_after(10):
-                ws = await trio_websocket.wrap_client_stream(nursery, wire.node_end, "edge", "/")
+        async with node_socket(wire) as ws:
             yield ws
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await wire.node_end.aclose()
 
     async def node_process(self, node_id: str, restart: trio.Event | None = None) -> None:
         """One node 'process' after another: a graceful shutdown is followed by a restart."""
@@ -745,9 +743,8 @@ class World:
         assert self.nursery is not None
         self.nursery.start_soon(serve_edge_end, self.service, wire)
         try:
-            async with trio.open_nursery() as nursery:
+            async with node_socket(wire) as ws:
                 with trio.fail_after(10):
-                    ws = await trio_websocket.wrap_client_stream(nursery, wire.node_end, "edge", "/")
                     providers = tuple(ProviderInfo(p.id, "mock", p.capacity) for p in node_config(node_id).providers)
                     await ws.send_message(encode(Register(node_id, TOKEN, PROTOCOL_VERSION, providers)))
                     answer = decode(await ws.get_message())
@@ -760,12 +757,8 @@ class World:
                         self.violation(f"a rejected duplicate registration of {node_id} changed its generation")
                 with trio.move_on_after(1):
                     await ws.aclose(1000, "sim duplicate done")
-                nursery.cancel_scope.cancel()
-        except (trio_websocket.ConnectionClosed, trio.TooSlowError) as exc:
+        except (ConnectionClosed, HandshakeError, trio.TooSlowError) as exc:
             self.trace(f"duplicate {node_id} ended: {type(exc).__name__}")
-        finally:
-            with trio.CancelScope(shield=True):
-                await wire.node_end.aclose()
 
     async def fault_stale_close_after_reconnect(self) -> None:
         """The end of an old connection's serve, arriving after the node reconnected.
