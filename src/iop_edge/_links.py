@@ -52,6 +52,7 @@ from iop_wire import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
+    RECEIVE_BYTES,
     Cancel,
     Heartbeat,
     ProtocolError,
@@ -72,7 +73,7 @@ from iop_wire import (
 )
 
 from ._node_limits import PendingLimits, Source, source_of
-from ._node_socket import RECEIVE_BYTES, NodeSocket
+from ._node_socket import NodeSocket
 from .metrics import DisconnectCause
 from .status import NodeStatus
 

@@ -1,5 +1,9 @@
 """The node's end of the Edge link: a WebSocket client driven with wsproto, :class:`EdgeSocket`.
 
+It is :class:`iop_wire.WebSocketEnd` (wsproto: messages, pings, the closing
+handshake, shared with the Edge's end) with the client's opening handshake and
+a transport of its own.
+
 Why not trio-websocket here (measured with ``benchmarks fleet`` at 64 streams, trio
 instrumentation of the Node): a message sent through it cost the writer task
 three trips through the scheduler (its wakeup, the connection's send lock, the
@@ -27,32 +31,18 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import trio
 from trio_websocket import CloseReason, ConnectionClosed, HandshakeError
-from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Event,
-    Message,
-    Ping,
-    RejectConnection,
-    Request,
-    TextMessage,
-)
+from wsproto import ConnectionType
+from wsproto.events import AcceptConnection, RejectConnection, Request
+
+from iop_wire import RECEIVE_BYTES, WebSocketEnd
 
 logger = logging.getLogger("iop_node")
-
-_RECEIVE_SIZE = 64 * 1024
-_ABNORMAL = 1006
-_TOO_BIG = 1009
 
 
 class EdgeWebSocket(Protocol):
@@ -98,25 +88,20 @@ async def open_edge_socket(
             await ws.aclose()
 
 
-class EdgeSocket:
+class EdgeSocket(WebSocketEnd):
     """One open WebSocket client connection on a socket (or stream) it owns.
 
     Use :func:`open_edge_socket`. ``closed``: why the connection closed, None while open.
     """
 
-    __slots__ = ("_sock", "_stream", "_ws", "_max_size", "_out", "_lock", "_events", "_parts", "_size", "closed")
+    __slots__ = ("_sock", "_stream", "_out", "_lock")
 
     def __init__(self, transport: socket.socket | trio.abc.Stream, *, max_message_size: int) -> None:
+        super().__init__(ConnectionType.CLIENT, max_message_size)
         self._sock = transport if isinstance(transport, socket.socket) else None
         self._stream = None if isinstance(transport, socket.socket) else transport
-        self._ws = WSConnection(ConnectionType.CLIENT)
-        self._max_size = max_message_size
         self._out = bytearray()
         self._lock = trio.Lock()
-        self._events: deque[Event] = deque()
-        self._parts: list[Any] = []
-        self._size = 0
-        self.closed: CloseReason | None = None
 
     async def handshake(self, host: str, resource: str) -> None:
         """The client's opening handshake. Checkpoints.
@@ -126,7 +111,7 @@ class EdgeSocket:
         """
         closed_first = "the edge closed the connection before the WebSocket handshake"
         try:
-            await self._send(self._ws.send(Request(host=host, target=resource)))
+            await self._write(self._ws.send(Request(host=host, target=resource)))
         except ConnectionClosed:
             raise HandshakeError(closed_first) from None
         while True:
@@ -143,102 +128,7 @@ class EdgeSocket:
                 if isinstance(event, RejectConnection):
                     raise HandshakeError(f"the edge refused the WebSocket handshake with status {event.status_code}")
 
-    async def send_message(self, message: str | bytes) -> None:
-        """Send one message. Checkpoints only when it has to wait for the socket (see the module docstring).
-
-        Raises:
-            ConnectionClosed: the connection is closed or the socket failed.
-        """
-        if self.closed is not None:
-            raise ConnectionClosed(self.closed)
-        event = TextMessage(data=message) if isinstance(message, str) else BytesMessage(data=message)
-        await self._send(self._ws.send(event))
-
-    async def get_message(self) -> str | bytes:
-        """The next message. Checkpoints only when it reads the socket.
-
-        Raises:
-            ConnectionClosed: the connection closed (by the Edge, or it dropped).
-        """
-        while True:
-            while self._events:
-                message = await self._handle(self._events.popleft())
-                if message is not None:
-                    return message
-            if self.closed is not None:
-                raise ConnectionClosed(self.closed)
-            data = await self._receive()
-            if not data:
-                self._drop("the edge closed the socket without a close frame")
-            self._ws.receive_data(data)
-            self._events.extend(self._ws.events())
-
-    async def _handle(self, event: Event) -> str | bytes | None:
-        """One wsproto event: a complete message is returned, a ping answered, a close ends the connection."""
-        if isinstance(event, Message):
-            self._parts.append(event.data)
-            self._size += len(event.data)
-            if self._size > self._max_size:
-                await self._close_now(_TOO_BIG, f"message larger than {self._max_size} bytes")
-            if not event.message_finished:
-                return None
-            parts, self._parts, self._size = self._parts, [], 0
-            if isinstance(event, TextMessage):
-                return parts[0] if len(parts) == 1 else "".join(parts)
-            return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
-        if isinstance(event, Ping):
-            await self._send(self._ws.send(event.response()))
-        elif isinstance(event, CloseConnection):
-            self.closed = CloseReason(event.code, event.reason)
-            if self._ws.state is ConnectionState.REMOTE_CLOSING:
-                await self._send_quietly(event.response())
-            self._close_transport()
-            raise ConnectionClosed(self.closed)
-        return None
-
-    async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
-        """Close: send a close frame (if open), wait for the Edge's, close the socket. Idempotent. Checkpoints.
-
-        The caller bounds the wait (the Edge may never answer); the socket is closed whatever happens.
-        """
-        try:
-            if self._ws.state is ConnectionState.OPEN:
-                logger.debug("websocket closing with %d %s", code, reason or "")
-                self.closed = CloseReason(code, reason)
-                await self._send(self._ws.send(CloseConnection(code=code, reason=reason)))
-                await self._wait_for_close()
-        except ConnectionClosed:
-            pass
-        finally:
-            self._close_transport()
-            if self._stream is not None:
-                await trio.aclose_forcefully(self._stream)
-
-    async def _wait_for_close(self) -> None:
-        """Read (and drop messages) until the Edge's close frame or the end of the socket."""
-        while self._ws.state is not ConnectionState.CLOSED:
-            data = await self._receive()
-            if not data:
-                return
-            self._ws.receive_data(data)
-            for event in self._ws.events():
-                if isinstance(event, CloseConnection):
-                    return
-
-    async def _close_now(self, code: int, reason: str) -> NoReturn:
-        """We end the connection (a protocol limit broken): send a close frame, close the socket, raise."""
-        self.closed = CloseReason(code, reason)
-        await self._send_quietly(CloseConnection(code=code, reason=reason))
-        self._close_transport()
-        raise ConnectionClosed(self.closed)
-
-    async def _send_quietly(self, event: Event) -> None:
-        try:
-            await self._send(self._ws.send(event))
-        except ConnectionClosed:
-            pass
-
-    async def _send(self, data: bytes) -> None:
+    async def _write(self, data: bytes) -> None:
         """Queue ``data`` behind what is queued and send it all; see the module docstring."""
         out = self._out
         out += data
@@ -282,7 +172,7 @@ class EdgeSocket:
         """Bytes from the socket, b"" at its end (or when it failed). Checkpoints."""
         if self._stream is not None:
             try:
-                return bytes(await self._stream.receive_some(_RECEIVE_SIZE))
+                return bytes(await self._stream.receive_some(RECEIVE_BYTES))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return b""
         sock = self._sock
@@ -290,21 +180,24 @@ class EdgeSocket:
         while True:
             try:
                 await trio.lowlevel.wait_readable(sock)
-                return sock.recv(_RECEIVE_SIZE)
+                return sock.recv(RECEIVE_BYTES)
             except BlockingIOError:
                 continue
             except (OSError, trio.ClosedResourceError):
                 return b""
 
     def _drop(self, why: str) -> NoReturn:
-        """The connection is gone without a closing handshake: close the socket and raise."""
-        if self.closed is None:
-            self.closed = CloseReason(_ABNORMAL, why)
-        self._close_transport()
-        raise ConnectionClosed(self.closed)
+        """The socket failed under a send: close it now and raise (1006 unless a close came first)."""
+        self._close_socket()
+        self._lost(why)
 
-    def _close_transport(self) -> None:
-        """Close a plain socket now (a stream is closed by :meth:`aclose`). Synchronous, idempotent."""
+    async def _close_transport(self) -> None:
+        self._close_socket()
+        if self._stream is not None:
+            await trio.aclose_forcefully(self._stream)
+
+    def _close_socket(self) -> None:
+        """Close a plain socket now. Synchronous, idempotent."""
         sock = self._sock
         if sock is not None and sock.fileno() >= 0:
             trio.lowlevel.notify_closing(sock)

@@ -3,7 +3,9 @@
 The contract is ``docs/wire.md``. Messages are JSON text frames, one message each,
 tagged by ``"type"``; v2 adds binary data frames (:func:`encode_data`,
 :func:`decode_data`) that carry runs' output bytes. :func:`decode` and
-:func:`decode_data` raise only :class:`ProtocolError`.
+:func:`decode_data` raise only :class:`ProtocolError`. :class:`WebSocketEnd` is the
+message layer both daemons' WebSocket ends share (wsproto; each adds its role's
+handshake and its transport).
 """
 
 from ._codec import decode, encode, make_converter
@@ -47,8 +49,10 @@ from ._messages import (
     TunnelStart,
     failure_kind,
 )
+from ._websocket import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
 __all__ = [
+    "ABNORMAL_CLOSURE",
     "CLOSE_GOING_AWAY",
     "CLOSE_NORMAL",
     "CLOSE_POLICY",
@@ -64,6 +68,7 @@ __all__ = [
     "PROTOCOL_VERSIONS",
     "PROVIDER_FAILURES",
     "PROVIDER_STATUSES_4XX",
+    "RECEIVE_BYTES",
     "REJECT_CODES",
     "UPSTREAM_BODY_LIMIT",
     "Cancel",
@@ -85,6 +90,7 @@ __all__ = [
     "TunnelEnd",
     "TunnelRequest",
     "TunnelStart",
+    "WebSocketEnd",
     "decode",
     "decode_data",
     "encode",
