@@ -9,6 +9,7 @@ back. After each wave these must hold:
 
 - every node is registered again, in a new generation, with exactly one live link;
 - admission agrees: every provider available, nothing in flight, nothing queued;
+- the node socket counts no connection pending (each was released when it registered);
 - the dials were spread: no 100 ms window after the drop holds more than
   ``SPREAD_LIMIT`` of the fleet's reconnects (iop-node waits uniform(0, 1 s)
   before its first attempt).
@@ -109,6 +110,8 @@ class Fleet:
                 result.violations.append(f"wave {wave}: {p.node_id} {p.status} gen {p.generation} {p.in_flight}")
         if snap.queue_depth:
             result.violations.append(f"wave {wave}: queue depth {snap.queue_depth}")
+        if pending := self.service.registry.limits.pending:
+            result.violations.append(f"wave {wave}: {pending} node connections still counted pending")
 
 
 async def _run(nodes: int, waves: int, seed: int) -> FleetResult:

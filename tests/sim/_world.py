@@ -764,7 +764,7 @@ class World:
         """The end of an old connection's serve, arriving after the node reconnected.
 
         ``NodeRegistry`` refuses a second live link per node, so a stale end
-        cannot happen through ``serve`` itself; this calls the code path an old
+        cannot happen through ``serve_stream`` itself; this calls the code path an old
         connection's ``finally`` runs (``NodeRegistry._release``) on a link
         of an older generation, and checks it changes nothing.
         """
@@ -983,7 +983,8 @@ class World:
         self.check()
 
     def final_check(self) -> None:
-        """Liveness after healing: every request ended, every counter 0, every lease released once."""
+        """Liveness after healing: every request ended, every counter 0 (the node socket's pending
+        count too), every lease released once."""
         self.check()
         admission = self.service.admission
         snap = admission.snapshot()
@@ -1000,6 +1001,8 @@ class World:
             self.violation(
                 f"leases granted but never released: {sorted(self.ledger_granted - self.ledger_released)[:10]}"
             )
+        if pending := self.service.registry.limits.pending:
+            self.violation(f"{pending} node connections still counted pending at the end")
         for key, n in self.upstream.items():
             if n:
                 self.violation(f"backend {key}: {n} upstream requests left")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from iop_admission import _state
+from iop_edge import _links
 
 from ._report import run_and_summarize
 from ._world import SITES, run_seed
@@ -118,3 +119,11 @@ def test_the_checker_sees_a_leaked_lease(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(_state.AdmissionState, "release", leaky)
     result = run_seed(8)  # no fault enabled: no fencing that would mask the leak
     assert any("not 0 at the end" in v or "live leases left" in v for v in result.violations), result.violations[:5]
+
+
+def test_the_checker_sees_a_pending_connection_never_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sensitivity: with the node socket's pending slot never released, the final check reports
+    the connections still counted pending (in production they would end up refusing every node)."""
+    monkeypatch.setattr(_links._PendingSlot, "release", lambda self: None)
+    result = run_seed(8)
+    assert any("still counted pending at the end" in v for v in result.violations), result.violations[:5]
