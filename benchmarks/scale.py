@@ -48,6 +48,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import attrs
 import trio
 import trio_websocket
 
@@ -156,11 +157,15 @@ async def _answer(ws: trio_websocket.WebSocketConnection, run: Run, wire: int) -
     """Answer ``run``: v1 as ``run_event`` messages, v2 as data frames (the body's bytes)."""
     if wire >= 2:
         if run.stream:
+            sent: list[float] = []
             for i in range(STREAM_EVENTS):
                 data = b"data: " + json.dumps(_chunk(i)).encode() + b"\n\n"
                 await ws.send_message(encode_data([RunData(run.run_id, i, data)]))
+                sent.append(time.monotonic())
                 await trio.sleep(STREAM_GAP)
             await ws.send_message(encode_data([RunData(run.run_id, STREAM_EVENTS, b"data: [DONE]\n\n")]))
+            sent.append(time.monotonic())
+            print("bench-sent: " + " ".join(f"{t:.4f}" for t in sent), file=sys.stderr, flush=True)
         else:
             await ws.send_message(encode_data([RunData(run.run_id, 0, _COMPLETION_BYTES)]))
     elif run.stream:
@@ -372,8 +377,10 @@ class FleetProcess:
         self.counts = [0, 0]
         self.last: dict[str, Any] = {"registered": 0, "lag_ms": 0.0}
         self.history: list[tuple[float, int, float]] = []
+        self.node0_log = workdir / "fleet-node-0.log"
+        """node-0's process's stderr (its streams' send times, ``bench-sent:`` lines)."""
         self.procs = [
-            self._spawn(port, 0, 1, wire, workdir / "fleet-node-0.log"),
+            self._spawn(port, 0, 1, wire, self.node0_log),
             self._spawn(port, 1, nodes - 1, wire, workdir / "fleet.log"),
         ]
         for index in (0, 1):
@@ -511,39 +518,88 @@ async def _stream_gaps(edge: Daemon, port: int, reload: bool) -> tuple[float, li
     return mark, arrivals
 
 
-_LOOP_LINE = re.compile(r"^bench-loop: ([0-9.]+) ([0-9.]+) (\d+) ([0-9.]+) (\S+)", re.M)
+_LOOP_LINE = re.compile(r"^bench-loop: ([0-9.]+) ([0-9.]+) (\d+) ([0-9.]+) (\S+) ([0-9.]+)", re.M)
+_LOOPSUM_LINE = re.compile(r"^bench-loopsum: ([0-9.]+) ([0-9.]+) ([0-9.]+) ([0-9.]+) (\d+) ([0-9.]+) ([0-9.]+)", re.M)
 _RELOAD_LINE = re.compile(r"config reloaded from \S+ \((.*)\)$", re.M)
+_SENT_LINE = re.compile(r"^bench-sent: (.*)$", re.M)
 
 
-def _loop_holds(log: str, since: float, until: float) -> tuple[float, str, int]:
+def _loop_holds(log: str, since: float, until: float) -> tuple[float, str, int, float]:
     """The Edge loop's longest batch between ``since`` and ``until`` (ms, its longest step's task,
-    its steps), from :class:`LoopTracer`'s lines."""
-    holds = [(float(m[2]), m[5], int(m[3])) for m in _LOOP_LINE.finditer(log) if since <= float(m[1]) <= until]
-    return max(holds, default=(0.0, "", 0))
+    its steps, the loop thread's CPU ms in it), from :class:`LoopTracer`'s lines."""
+    holds = [
+        (float(m[2]), m[5], int(m[3]), float(m[6])) for m in _LOOP_LINE.finditer(log) if since <= float(m[1]) <= until
+    ]
+    return max(holds, default=(0.0, "", 0, 0.0))
 
 
-async def _reload_stall(edge: Daemon, port: int) -> dict[str, Any]:
+def _loop_time(log: str, since: float, until: float) -> dict[str, float]:
+    """The Edge loop's time between ``since`` and ``until`` (:class:`LoopTracer`'s 0.1 s sums), ms: in
+    batches, the loop thread's CPU time, the batches' time it did not run (``waited``: for the GIL or
+    for a CPU) and its time runnable but waiting for a CPU (in batches or not)."""
+    sums = [m for m in _LOOPSUM_LINE.finditer(log) if since <= float(m[1]) <= until]
+    busy, cpu, runq = (sum(float(m[k]) for m in sums) for k in (3, 6, 7))
+    return {"busy_ms": busy, "cpu_ms": cpu, "waited_ms": max(0.0, busy - cpu), "runq_ms": runq}
+
+
+def _sent_times(node0_log: pathlib.Path | None) -> list[list[float]]:
+    """node-0's send times of each stream it answered so far (its ``bench-sent:`` lines)."""
+    text = node0_log.read_text(errors="replace") if node0_log else ""
+    return [[float(t) for t in line.split()] for line in _SENT_LINE.findall(text)]
+
+
+def _largest_gap(mark: float, arrivals: list[float], sent: list[float], log: str) -> dict[str, Any]:
+    """The stream's largest gap from ``mark`` on, taken apart: where the time went.
+
+    ``sent``: node-0's send time of each event (``time.monotonic()``, the same
+    clock in every process). ``sent_ms`` is node-0's own gap between the two
+    events, ``transit_ms`` the later event's time from node-0's send to the
+    client's read (the earlier one's in brackets: their difference is what
+    the path after node-0 added to the gap), ``loop_ms`` the Edge loop's
+    longest batch or late I/O wait that ended inside the gap.
+    """
+    pairs = [(b - a, i) for i, (a, b) in enumerate(itertools.pairwise(arrivals), start=1) if mark and b >= mark]
+    gap, i = max(pairs, default=(0.0, 0))
+    out: dict[str, Any] = {"max_gap_ms": gap * 1000, "sent_ms": None, "transit_ms": None, "transit_before_ms": None}
+    if i and len(sent) == len(arrivals):
+        out["sent_ms"] = (sent[i] - sent[i - 1]) * 1000
+        out["transit_ms"] = (arrivals[i] - sent[i]) * 1000
+        out["transit_before_ms"] = (arrivals[i - 1] - sent[i - 1]) * 1000
+    start, end = (arrivals[i - 1], arrivals[i]) if i else (mark, mark)
+    out["loop_ms"], out["loop_task"], out["loop_steps"], out["loop_cpu_ms"] = _loop_holds(log, start, end + 0.001)
+    return out
+
+
+async def _reload_stall(edge: Daemon, port: int, node0_log: pathlib.Path | None = None) -> dict[str, Any]:
     """The largest gap between two events of a running stream while the Edge reloads (SIGHUP),
     against the same stream with no reload just before; where the Edge's time went.
 
     Both streams count their gaps from the 51st event to the end (about 1.75 s),
     so the two maxima cover windows of the same length. The Edge's log gives
     the reload's steps (the worker thread's: parse, prepare, lookups; the
-    loop's: waited, refresh, swap) and its loop's longest batch in each window.
+    loop's: waited, refresh, swap) and its loop's longest batch in each window;
+    node-0's log (``node0_log``) its send times, to tell the Edge's part of the
+    largest gap from node-0's (:func:`_largest_gap`).
     """
     reloads = edge.log.read_text(errors="replace").count("config reloaded")
     out: dict[str, Any] = {}
     for key, reload in (("baseline", False), ("reload", True)):
+        sent_before = len(_sent_times(node0_log))
         mark, arrivals = await _stream_gaps(edge, port, reload)
-        gaps = [b - a for a, b in itertools.pairwise(arrivals) if mark and b >= mark]
         if reload:
             with trio.move_on_after(30):
                 while edge.log.read_text(errors="replace").count("config reloaded") <= reloads:
                     await trio.sleep(0.05)
-        await trio.sleep(0.2)  # the Edge's last loop lines
-        hold = _loop_holds(edge.log.read_text(errors="replace"), mark, arrivals[-1] if arrivals else mark)
-        out[f"{key}_max_gap_ms"] = max(gaps, default=0.0) * 1000
-        out[f"{key}_loop_max_ms"], out[f"{key}_loop_max_task"], out[f"{key}_loop_max_steps"] = hold
+        await trio.sleep(0.2)  # the Edge's last loop lines, node-0's send times
+        log = edge.log.read_text(errors="replace")
+        streams = _sent_times(node0_log)
+        sent = streams[-1] if len(streams) > sent_before else []
+        end = arrivals[-1] if arrivals else mark
+        hold = _loop_holds(log, mark, end)
+        out[f"{key}_largest"] = _largest_gap(mark, arrivals, sent, log)
+        out[f"{key}_max_gap_ms"] = out[f"{key}_largest"]["max_gap_ms"]
+        out[f"{key}_loop_max_ms"], out[f"{key}_loop_max_task"], out[f"{key}_loop_max_steps"], _ = hold
+        out[f"{key}_loop_time"] = _loop_time(log, mark, end)
         out[f"{key}_events"] = len(arrivals)
     steps = _RELOAD_LINE.findall(edge.log.read_text(errors="replace"))
     out["reload_applied"] = float(len(steps) > reloads)
@@ -618,9 +674,22 @@ async def _steady(edge: Daemon, fleet: FleetProcess, seconds: float) -> dict[str
     }
 
 
+@attrs.frozen
+class Options:
+    """What a run measures besides the fleet sizes and wires."""
+
+    extra: tuple[str, ...] = ()
+    """More top-level ``edge.yaml`` lines."""
+    reload_only: bool = False
+    """After the storm, only ``/status`` and the reload stall (no load, ``/metrics`` or restart)."""
+    reloads: int = 1
+    """Reload stalls measured per fleet size (each: a stream with no reload, then one with)."""
+
+
 async def _measure_size(
-    nodes: int, wire: int, workdir: pathlib.Path, loadgen: LoadGenerator, profiler: Profiler, extra: tuple[str, ...]
+    nodes: int, wire: int, workdir: pathlib.Path, loadgen: LoadGenerator, profiler: Profiler, options: Options
 ) -> dict[str, Any]:
+    extra = options.extra
     (workdir / "edge.yaml").write_text(edge_yaml(nodes, extra=extra))
     edge, start_s, http_port, node_port = await _start_edge(workdir, f"edge-{nodes}-v{wire}")
     fleet = FleetProcess(node_port, nodes, wire, workdir)
@@ -637,13 +706,17 @@ async def _measure_size(
         row["status_ms"], body = await _timed_get(http_port, "/status")
         row["status_bytes"] = len(body)
         row["status_node_ms"], _ = await _timed_get(http_port, "/status?node=node-0")
+        if options.reload_only:
+            row["reloads"] = [await _reload_stall(edge, http_port, fleet.node0_log) for _ in range(options.reloads)]
+            return row
         row["metrics_ms"], body = await _timed_get(http_port, "/metrics")
         row["metrics_bytes"] = len(body)
         row["metrics_series"] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
         row["storm_pending_closed"] = _pending_closed(body)
         for model in ("one", "all"):
             row[model] = await _load(edge, fleet, loadgen, http_port, model, profiler, f"{nodes}-v{wire}")
-        row["reload"] = await _reload_stall(edge, http_port)
+        row["reloads"] = [await _reload_stall(edge, http_port, fleet.node0_log) for _ in range(options.reloads)]
+        row["reload"] = row["reloads"][0]
         row["recovery"] = await _restart(edge, fleet, workdir, nodes, node_port, wire, extra)
     finally:
         fleet.stop()
@@ -713,7 +786,7 @@ def _http_port(edge: Daemon) -> int:
 
 
 async def _main(
-    sizes: tuple[int, ...], wires: tuple[int, ...], workdir: pathlib.Path, profiler: Profiler, extra: tuple[str, ...]
+    sizes: tuple[int, ...], wires: tuple[int, ...], workdir: pathlib.Path, profiler: Profiler, options: Options
 ) -> dict[str, Any]:
     loadgen = LoadGenerator()
     load_before = os.getloadavg()
@@ -722,15 +795,17 @@ async def _main(
         for nodes in sizes:
             for wire in wires:
                 print(f"   {nodes} nodes, wire v{wire} ...", file=sys.stderr, flush=True)
-                rows.append(await _measure_size(nodes, wire, workdir, loadgen, profiler, extra))
-                print(table({"rows": rows[-1:]}).splitlines()[2], file=sys.stderr, flush=True)
+                rows.append(await _measure_size(nodes, wire, workdir, loadgen, profiler, options))
+                if not options.reload_only:
+                    print(table({"rows": rows[-1:]}).splitlines()[2], file=sys.stderr, flush=True)
     finally:
         loadgen.stop()
     return {
         "rows": rows,
         "concurrency": CONCURRENCY,
         "duration_s": DURATION,
-        "edge_config": list(extra),
+        "edge_config": list(options.extra),
+        "reload_only": options.reload_only,
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
     }
@@ -743,17 +818,20 @@ def run(
     py_spy: str | None = None,
     profile_dir: pathlib.Path | None = None,
     extra: tuple[str, ...] = (),
+    reload_only: bool = False,
+    reloads: int = 1,
 ) -> dict[str, Any]:
     """Measure every fleet size and wire version once (``runs`` is ignored: one pass takes minutes).
 
     ``py_spy``: a py-spy binary; the Edge and the fleet are then profiled under
-    each load (raw folded stacks in ``profile_dir``). ``extra``: more
-    top-level ``edge.yaml`` lines.
+    each load (raw folded stacks in ``profile_dir``). ``extra``, ``reload_only``,
+    ``reloads``: see :class:`Options`.
     """
     del runs
     with tempfile.TemporaryDirectory(prefix="iop-scale-") as tmp:
         profiler = Profiler(py_spy, profile_dir or pathlib.Path(tmp) / "profiles")
-        return trio.run(_main, sizes, wires, pathlib.Path(tmp), profiler, extra)
+        options = Options(extra, reload_only, reloads)
+        return trio.run(_main, sizes, wires, pathlib.Path(tmp), profiler, options)
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
@@ -761,14 +839,29 @@ def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """Format :func:`run`'s result as Markdown tables (the issue's figures, then the CPU behind them)."""
+    """Format :func:`run`'s result as Markdown tables (the issue's figures, then the CPU behind them,
+    then the reload stall taken apart; with ``reload_only``, the storm and ``/status``, then the stalls)."""
+    if result.get("reload_only"):
+        lines = _reload_only_table(result["rows"])
+    else:
+        lines = _load_tables(result["rows"])
+    lines += _reload_table(result["rows"])
+    if result.get("edge_config"):
+        lines += ["", "edge.yaml also set: " + ", ".join(f"`{line}`" for line in result["edge_config"])]
+    if "loadavg_before" in result:
+        before, after = result["loadavg_before"], result["loadavg_after"]
+        lines += ["", f"load average before {before[0]:.1f}, after {after[0]:.1f} (1 min)"]
+    return "\n".join(lines)
+
+
+def _load_tables(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| nodes | wire | registration storm | Edge start | RSS | `/status` (all / `?node=`) | `/metrics` "
         "| requests/s, 1 / all candidates | reload: largest stream gap (same stream, no reload) "
         "| after a restart: registered at 5 / 15 / 30 s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
+    for r in rows:
         rec = r["recovery"]
         shares = " / ".join(f"{rec[f'share_{m:g}s']:.1%}" for m in RECOVERY_MARKS)
         storm = (
@@ -792,7 +885,7 @@ def table(result: dict[str, Any]) -> str:
         "| Edge full GCs: storm (longest) / under load 1 + all |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
+    for r in rows:
         one, every = r["one"], r["all"]
         gc_count, gc_s, gc_long = r["storm_edge_gc2"]
         refused = sum(r["storm_pending_closed"].get(k, 0) for k in ("max_pending", "max_pending_per_source"))
@@ -811,24 +904,58 @@ def table(result: dict[str, Any]) -> str:
             f"| {gc_count} in {gc_s:.2f} s ({gc_long * 1000:.0f} ms) / "
             f"{one['edge_gc2'] + every['edge_gc2']} in {one['edge_gc2_s'] + every['edge_gc2_s']:.2f} s |"
         )
-    lines += [
+    return lines
+
+
+def _reload_only_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| nodes | wire | registration storm | Edge start | RSS | `/status` (all / `?node=`) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        storm = _fmt(r["storm_s"], " s") if r["storm_s"] is not None else f"{r['storm_registered']:,} registered"
+        lines.append(
+            f"| {r['nodes']:,} | v{r['wire']} | {storm} | {_fmt(r['edge_start_s'], ' s')} | {r['rss_mb']:.0f} MB "
+            f"| {r['status_ms']:.0f} ms, {r['status_bytes'] / 1e6:.2f} MB / {r['status_node_ms']:.0f} ms |"
+        )
+    return lines
+
+
+def _reload_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "",
         "| nodes | wire | stream's largest gap: no reload / reload | Edge loop's longest batch (task, steps): "
-        "no reload / reload | the reload's steps |",
-        "|---|---|---|---|---|",
+        "no reload / reload | the largest gap taken apart, no reload / reload: node-0's own gap, "
+        "transit of the later event (of the earlier), Edge loop's longest hold inside it (its CPU) "
+        "| Edge loop from the 51st event on, no reload / reload: in batches, its CPU, waited in batches "
+        "(GIL or CPU), waited for a CPU anywhere "
+        "| the reload's steps |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        rel = r["reload"]
-        lines.append(
-            f"| {r['nodes']:,} | v{r['wire']} | {rel['baseline_max_gap_ms']:.1f} / {rel['reload_max_gap_ms']:.1f} ms "
-            f"| {_hold(rel, 'baseline')} / {_hold(rel, 'reload')} | {rel['steps'] or 'not applied'} |"
-        )
-    if result.get("edge_config"):
-        lines += ["", "edge.yaml also set: " + ", ".join(f"`{line}`" for line in result["edge_config"])]
-    if "loadavg_before" in result:
-        before, after = result["loadavg_before"], result["loadavg_after"]
-        lines += ["", f"load average before {before[0]:.1f}, after {after[0]:.1f} (1 min)"]
-    return "\n".join(lines)
+    for r in rows:
+        for rel in r["reloads"]:
+            lines.append(
+                f"| {r['nodes']:,} | v{r['wire']} "
+                f"| {rel['baseline_max_gap_ms']:.1f} / {rel['reload_max_gap_ms']:.1f} ms "
+                f"| {_hold(rel, 'baseline')} / {_hold(rel, 'reload')} "
+                f"| {_apart(rel['baseline_largest'])} / {_apart(rel['reload_largest'])} "
+                f"| {_loop_split(rel['baseline_loop_time'])} / {_loop_split(rel['reload_loop_time'])} "
+                f"| {rel['steps'] or 'not applied'} |"
+            )
+    return lines
+
+
+def _apart(largest: dict[str, Any]) -> str:
+    task = largest["loop_task"].rsplit(".", 1)[-1] or "none"
+    return (
+        f"{_fmt(largest['sent_ms'], ' ms')}, {_fmt(largest['transit_ms'], ' ms')} "
+        f"({_fmt(largest['transit_before_ms'], ' ms')}), {largest['loop_ms']:.1f} ms {task} "
+        f"({largest['loop_cpu_ms']:.1f} ms)"
+    )
+
+
+def _loop_split(spent: dict[str, float]) -> str:
+    return f"{spent['busy_ms']:.0f}, {spent['cpu_ms']:.0f}, {spent['waited_ms']:.0f}, {spent['runq_ms']:.0f} ms"
 
 
 def _hold(reload: dict[str, Any], key: str) -> str:
@@ -849,7 +976,7 @@ def edge_gc(edge: Daemon) -> tuple[int, float, float]:
 
 
 class LoopTracer(trio.abc.Instrument):
-    """Writes each long hold of the Edge's loop to stderr: ``bench-loop: END MS STEPS LONGEST_MS TASK``.
+    """Writes each long hold of the Edge's loop to stderr: ``bench-loop: END MS STEPS LONGEST_MS TASK CPU_MS``.
 
     A *batch* is what the loop does between two waits for I/O: every task step
     that was ready. While a batch runs, no stream event is read or written, so
@@ -858,7 +985,15 @@ class LoopTracer(trio.abc.Instrument):
     length, STEPS how many task steps it ran, LONGEST_MS the longest of them
     and TASK that step's task. A wait for I/O that overran its timeout by more
     than :attr:`threshold` (the loop thread waited for the GIL after
-    ``epoll_wait``) is written as a batch of 0 steps, TASK ``io-wait``.
+    ``epoll_wait``) is written as a batch of 0 steps, TASK ``io-wait``. CPU_MS
+    is the CPU time the loop thread used in the batch: the rest of MS it
+    waited, for the GIL or for a CPU.
+
+    Every :attr:`period` it also writes ``bench-loopsum: END SECONDS BUSY_MS
+    IN_STEPS_MS STEPS CPU_MS RUNQ_MS``: over the last SECONDS, the time in
+    batches, in task steps, the steps, the loop thread's CPU time and its time
+    runnable but waiting for a CPU (``/proc``'s ``schedstat``): BUSY_MS minus
+    CPU_MS minus RUNQ_MS is, roughly, the time the loop waited for the GIL.
     """
 
     def __init__(self, threshold: float = 0.005, period: float = 0.1) -> None:
@@ -870,6 +1005,18 @@ class LoopTracer(trio.abc.Instrument):
         self._timeout = 0.0
         self._busy = self._in_steps = 0.0
         self._all_steps = 0
+        self._cpu = self._since_cpu = time.thread_time()
+        try:
+            self._schedstat: int | None = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+        except OSError:
+            self._schedstat = None
+        self._since_runq = self._runq()
+
+    def _runq(self) -> float:
+        """Seconds the loop thread has been runnable but not running, so far (0.0 without ``/proc``)."""
+        if self._schedstat is None:
+            return 0.0
+        return int(os.pread(self._schedstat, 100, 0).split()[1]) / 1e9
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._step = time.monotonic()
@@ -882,29 +1029,35 @@ class LoopTracer(trio.abc.Instrument):
             self._longest = (took, task.name)
 
     def before_io_wait(self, timeout: float) -> None:
-        now = time.monotonic()
+        now, cpu = time.monotonic(), time.thread_time()
         if now - self._batch > self.threshold:
-            self._write(now, now - self._batch, self._steps, *self._longest)
+            self._write(now, now - self._batch, self._steps, *self._longest, cpu - self._cpu)
         self._busy += now - self._batch
         self._all_steps += self._steps
         if now - self._since >= self.period:
+            runq = self._runq()
             print(
                 f"bench-loopsum: {now:.4f} {now - self._since:.4f} {self._busy * 1000:.2f} "
-                f"{self._in_steps * 1000:.2f} {self._all_steps}",
+                f"{self._in_steps * 1000:.2f} {self._all_steps} {(cpu - self._since_cpu) * 1000:.2f} "
+                f"{(runq - self._since_runq) * 1000:.2f}",
                 file=sys.stderr,
             )
             self._since, self._busy, self._in_steps, self._all_steps = now, 0.0, 0.0, 0
+            self._since_cpu, self._since_runq = cpu, runq
         self._io, self._timeout = now, timeout
 
     def after_io_wait(self, timeout: float) -> None:
         now = time.monotonic()
         if now - self._io - self._timeout > self.threshold:
-            self._write(now, now - self._io - self._timeout, 0, 0.0, "io-wait")
-        self._batch, self._steps, self._longest = now, 0, (0.0, "")
+            self._write(now, now - self._io - self._timeout, 0, 0.0, "io-wait", 0.0)
+        self._batch, self._steps, self._longest, self._cpu = now, 0, (0.0, ""), time.thread_time()
 
     @staticmethod
-    def _write(end: float, took: float, steps: int, longest: float, task: str) -> None:
-        print(f"bench-loop: {end:.4f} {took * 1000:.2f} {steps} {longest * 1000:.2f} {task}", file=sys.stderr)
+    def _write(end: float, took: float, steps: int, longest: float, task: str, cpu: float) -> None:
+        print(
+            f"bench-loop: {end:.4f} {took * 1000:.2f} {steps} {longest * 1000:.2f} {task} {cpu * 1000:.2f}",
+            file=sys.stderr,
+        )
 
 
 def _main_edge(argv: list[str]) -> None:
@@ -920,6 +1073,7 @@ def _main_edge(argv: list[str]) -> None:
             print(f"bench-gc2: {clock.count} {clock.seconds:.4f} {clock.longest:.4f}", file=sys.stderr, flush=True)
 
     threading.Thread(target=report, daemon=True).start()
+
     edge_main(argv, instruments=[LoopTracer()])
 
 
@@ -934,12 +1088,16 @@ def _main_fleet(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m benchmarks.scale [--quick] [--wire 1|2 ...] [--py-spy BIN] [SIZE ...]``."""
+    """``python -m benchmarks.scale [--quick] [--wire 1|2 ...] [--py-spy BIN] [--reload-only] [--reloads N] [SIZE ...]``."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("sizes", nargs="*", type=int, help=f"fleet sizes (default {', '.join(map(str, SIZES))})")
     parser.add_argument("--quick", action="store_true", help="1,000 nodes only (for iteration)")
     parser.add_argument("--wire", type=int, choices=WIRES, action="append", help="wire version(s) (default: 1 and 2)")
     parser.add_argument("--edge-config", action="append", default=[], help="one more edge.yaml line (repeatable)")
+    parser.add_argument(
+        "--reload-only", action="store_true", help="after the storm, only /status and the reload stall (minutes less)"
+    )
+    parser.add_argument("--reloads", type=int, default=1, help="reload stalls measured per fleet size (default 1)")
     parser.add_argument("--py-spy", help="a py-spy binary: profile the Edge and the fleet under each load")
     parser.add_argument("--profile-dir", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "scale-profiles")
     args = parser.parse_args(argv)
@@ -953,6 +1111,8 @@ def main(argv: list[str]) -> None:
                 py_spy=py_spy,
                 profile_dir=args.profile_dir,
                 extra=tuple(args.edge_config),
+                reload_only=args.reload_only,
+                reloads=args.reloads,
             )
         )
     )
