@@ -57,7 +57,7 @@ Rules this module implements (and why):
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import NoReturn, final
@@ -272,7 +272,7 @@ class Admission:
                 self._emit(AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation))
         return done
 
-    def prepare_refresh(self, config: PoolConfig) -> PreparedRefresh:
+    def prepare_refresh(self, config: PoolConfig, *, pause: Callable[[], None] | None = None) -> PreparedRefresh:
         """Validate ``config`` and work out what it changes, for :meth:`refresh` to apply.
 
         Reads only the configuration in force (no lease, waiter or node
@@ -280,12 +280,13 @@ class Admission:
         serves; it changes nothing. ``refresh(prepared)`` then has the outcome
         of ``refresh(config)`` whatever happened in between, and touches only
         what changed if the configuration in force is still the one prepared
-        against. O(providers + candidates).
+        against. O(providers + candidates). ``pause``: called every few dozen
+        providers and candidates (a worker thread's chance to let the loop run).
 
         Raises:
             ConfigError: listing every problem of ``config``.
         """
-        return self._core.prepare_refresh(config)
+        return self._core.prepare_refresh(config, pause)
 
     @trio.lowlevel.enable_ki_protection
     def refresh(self, config: PoolConfig | PreparedRefresh) -> None:

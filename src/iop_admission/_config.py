@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Iterable, Mapping
-from typing import Any, final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar, final
 
 import attrs
 
@@ -209,8 +209,12 @@ class PoolConfig:
 _last_valid: list[PoolConfig] = []
 
 
-def validate_pool(config: object) -> None:
-    """Check a whole :class:`PoolConfig`; raise :class:`ConfigError` listing every problem."""
+def validate_pool(config: object, *, pause: Callable[[], None] | None = None) -> None:
+    """Check a whole :class:`PoolConfig`; raise :class:`ConfigError` listing every problem.
+
+    ``pause``: called every :data:`PAUSE_EVERY` providers and candidates (a worker
+    thread's chance to let an event loop in another thread run).
+    """
     if not isinstance(config, PoolConfig):
         raise TypeError(f"expected PoolConfig, got {type(config).__name__}")
     if _last_valid and _last_valid[0] is config:
@@ -222,7 +226,7 @@ def validate_pool(config: object) -> None:
         problems.append(f"retry: expected RetryPolicy, got {type(config.retry).__name__}")
     if not isinstance(config.outlier, OutlierPolicy):
         problems.append(f"outlier: expected OutlierPolicy, got {type(config.outlier).__name__}")
-    for key, spec in config.providers.items():
+    for key, spec in paced(config.providers.items(), pause):
         if not isinstance(key, ProviderKey):
             problems.append(f"providers: key {key!r} is not a ProviderKey")
             continue
@@ -241,7 +245,7 @@ def validate_pool(config: object) -> None:
         if not group.candidates:
             problems.append(f"models[{name!r}].candidates: must list at least one provider")
         seen: set[ProviderKey] = set()
-        for i, key in enumerate(group.candidates):
+        for i, key in enumerate(paced(group.candidates, pause)):
             if key in seen:
                 problems.append(f"models[{name!r}].candidates[{i}]: {key} is listed twice")
             seen.add(key)
@@ -250,6 +254,19 @@ def validate_pool(config: object) -> None:
     if problems:
         raise ConfigError(problems)
     _last_valid[:] = [config]
+
+
+T = TypeVar("T")
+
+PAUSE_EVERY = 64
+"""Items between two calls of a ``pause`` callback (:func:`paced`)."""
+
+
+def paced(items: Iterable[T], pause: Callable[[], None] | None) -> Iterable[T]:
+    """``items``, calling ``pause`` before every :data:`PAUSE_EVERY`-th (``items`` itself if None)."""
+    if pause is None:
+        return items
+    return (item for i, item in enumerate(items) if i % PAUSE_EVERY or pause() is None)
 
 
 def _is_int(value: object) -> bool:

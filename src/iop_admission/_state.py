@@ -83,11 +83,11 @@ import enum
 import itertools
 import struct
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any, final
 
-from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
+from ._config import PoolConfig, ProviderKey, ProviderSpec, paced, validate_pool
 from ._errors import AdmissionError, ModelNotFound, QueueFull, QueueTimeout, RetriesExhausted, Unavailable
 from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot
 
@@ -407,18 +407,19 @@ class PreparedRefresh:
         )
 
 
-def prepare_refresh(config: PoolConfig, base: PoolConfig) -> PreparedRefresh:
+def prepare_refresh(config: PoolConfig, base: PoolConfig, pause: Callable[[], None] | None = None) -> PreparedRefresh:
     """Validate ``config`` and find what it changes against ``base``; reads nothing else.
 
-    O(providers + candidates), pure: safe in a worker thread.
+    O(providers + candidates), pure: safe in a worker thread. ``pause``: see
+    :func:`validate_pool`.
 
     Raises:
         ConfigError: listing every problem of ``config``.
     """
-    validate_pool(config)
+    validate_pool(config, pause=pause)
     prepared = PreparedRefresh(config, base)
     old, new = base.providers, config.providers
-    for key, spec in new.items():
+    for key, spec in paced(new.items(), pause):
         before = old.get(key)
         if before is None:
             prepared.added.append(key)
@@ -1102,7 +1103,7 @@ class AdmissionState:
 
     # ------------------------------------------------------------------ refresh
 
-    def prepare_refresh(self, config: PoolConfig) -> PreparedRefresh:
+    def prepare_refresh(self, config: PoolConfig, pause: Callable[[], None] | None = None) -> PreparedRefresh:
         """:func:`prepare_refresh` against the configuration in force now (reads nothing else).
 
         Safe in a worker thread while this state changes on another.
@@ -1110,7 +1111,7 @@ class AdmissionState:
         Raises:
             ConfigError: listing every problem of ``config``.
         """
-        return prepare_refresh(config, self._config)
+        return prepare_refresh(config, self._config, pause)
 
     def refresh(self, config: PoolConfig | PreparedRefresh) -> list[Decision]:
         """Apply a new configuration atomically; leases are kept.

@@ -84,6 +84,7 @@ def load_config(
     *,
     converter: cattrs.Converter | None = None,
     yields_gil: bool = False,
+    pause: Callable[[], None] | None = None,
 ) -> T:
     """Read the YAML file at ``path`` and structure it into ``cls``.
 
@@ -97,6 +98,9 @@ def load_config(
             safe loader reads (anchors, tags, ...) has its node tree freed a
             node at a time (freed at once, the tree of a 10,000-node file
             holds the GIL for up to 170 ms).
+        pause: called every :data:`PAUSE_EVERY` parser events (or tree nodes
+            freed): a worker thread's chance to wait while an event loop in
+            another thread has work to do.
 
     Returns:
         The structured, validated object.
@@ -113,7 +117,7 @@ def load_config(
         raise ConfigFileError([f"{filename}: cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigFileError([f"{filename}: not UTF-8 text: {exc.reason}"]) from None
-    return load_config_text(text, cls, filename=filename, converter=converter, yields_gil=yields_gil)
+    return load_config_text(text, cls, filename=filename, converter=converter, yields_gil=yields_gil, pause=pause)
 
 
 def load_config_text(
@@ -123,6 +127,7 @@ def load_config_text(
     filename: str = "<config>",
     converter: cattrs.Converter | None = None,
     yields_gil: bool = False,
+    pause: Callable[[], None] | None = None,
 ) -> T:
     """Parse YAML ``text`` and structure it into ``cls``, reporting every problem.
 
@@ -138,7 +143,7 @@ def load_config_text(
     Raises:
         ConfigFileError: any problem at all; no partial object is returned.
     """
-    data, tree = _read(text, filename, release=yields_gil)
+    data, tree = _read(text, filename, release=yields_gil, pause=pause)
     if converter is None:
         converter = _shared_converter()
     found: list[tuple[Path, str]] = []
@@ -163,14 +168,14 @@ def load_config_text(
     return obj
 
 
-def _read(text: str, filename: str, *, release: bool) -> tuple[Any, Any]:
+def _read(text: str, filename: str, *, release: bool, pause: Callable[[], None] | None) -> tuple[Any, Any]:
     """The document's plain data, and its line-keeping tree if it had to be parsed for it.
 
     Raises:
         ConfigFileError: not a valid YAML document, with the line.
     """
     try:
-        return _fast_load(text, release=release), None
+        return _fast_load(text, release=release, pause=pause), None
     except YAMLError:
         pass
     except Exception as exc:  # ruamel's constructors: a bare ValueError on `!!int abc`, and so on
@@ -253,7 +258,7 @@ class _Yaml12Resolver(VersionedResolver):
         return tag
 
 
-def _fast_load(text: str, *, release: bool) -> Any:
+def _fast_load(text: str, *, release: bool, pause: Callable[[], None] | None = None) -> Any:
     """Plain Python data of ``text`` by ruamel.yaml's C parser (YAML 1.2).
 
     The data is built straight from the parser's events (:func:`_plain_document`),
@@ -262,7 +267,7 @@ def _fast_load(text: str, *, release: bool) -> Any:
     keys, duplicate or non-scalar keys, a second document -- is read again by
     the C safe loader (:func:`_safe_load`), which decides what it means.
 
-    ``release``: see :func:`_safe_load`.
+    ``release``, ``pause``: see :func:`_safe_load`.
 
     Raises:
         YAMLError: ``text`` is not a single valid YAML document.
@@ -271,12 +276,23 @@ def _fast_load(text: str, *, release: bool) -> Any:
     yaml.Resolver = _Yaml12Resolver
     events = yaml.parse(text)
     try:
-        return _plain_document(events, _Scalars(yaml))
+        return _plain_document(_pausing(events, pause), _Scalars(yaml))
     except _NotPlain:
         pass
     finally:
         events.close()
-    return _safe_load(text, release=release)
+    return _safe_load(text, release=release, pause=pause)
+
+
+PAUSE_EVERY = 64
+"""Parser events (or freed tree nodes) between two calls of a loader's ``pause`` (about 0.1 ms)."""
+
+
+def _pausing(items: Iterator[Any], pause: Callable[[], None] | None) -> Iterator[Any]:
+    """``items``, calling ``pause`` before every :data:`PAUSE_EVERY`-th (``items`` itself if None)."""
+    if pause is None:
+        return items
+    return (item for i, item in enumerate(items) if i % PAUSE_EVERY or pause() is None)
 
 
 class _NotPlain(Exception):
@@ -388,10 +404,11 @@ class _Scalars:
         return name
 
 
-def _safe_load(text: str, *, release: bool) -> Any:
+def _safe_load(text: str, *, release: bool, pause: Callable[[], None] | None = None) -> Any:
     """Plain Python data of ``text`` by ruamel.yaml's C safe loader (YAML 1.2).
 
-    ``release``: free the node tree a node at a time afterwards (see :func:`_release`).
+    ``release``: free the node tree a node at a time afterwards (see :func:`_release`),
+    calling ``pause`` (if given) every :data:`PAUSE_EVERY` nodes.
 
     Raises:
         YAMLError: ``text`` is not a single valid YAML document.
@@ -403,7 +420,7 @@ def _safe_load(text: str, *, release: bool) -> Any:
         return None
     data = yaml.constructor.construct_document(node)
     if release:
-        _release(node)
+        _release(node, pause)
     return data
 
 
@@ -432,7 +449,7 @@ def _unreadable(text: str, filename: str, exc: Exception) -> str:
     return f"{filename}:1: YAML error: the document cannot be read ({type(exc).__name__})"
 
 
-def _release(root: Any) -> None:
+def _release(root: Any, pause: Callable[[], None] | None = None) -> None:
     """Free a YAML node tree a node at a time, in Python steps.
 
     Dropping the last reference to a tree of 300,000 objects frees all of them
@@ -443,8 +460,7 @@ def _release(root: Any) -> None:
     threads between any two steps.
     """
     stack = [root]
-    while stack:
-        item = stack.pop()
+    for item in _pausing(_popping(stack), pause):
         children = item.value if isinstance(item, Node) else None
         if isinstance(children, list):
             while children:
@@ -453,6 +469,12 @@ def _release(root: Any) -> None:
                     stack.extend(child)
                 else:
                     stack.append(child)
+
+
+def _popping(stack: list[Any]) -> Iterator[Any]:
+    """Items popped off ``stack`` until it is empty (it may grow meanwhile)."""
+    while stack:
+        yield stack.pop()
 
 
 class _RoundTripConstructor(RoundTripConstructor):

@@ -9,6 +9,15 @@ the whole heap (over a second with 10,000 nodes configured). So while any
 such work runs, the switch interval is short and automatic collection is off;
 both are restored when the last one ends.
 
+A short switch interval still leaves the loop waiting for the GIL at each
+system call while the worker computes, and on a busy box the worker may be
+off the CPU, holding the GIL, when the loop wants it back. Long work
+therefore calls :func:`yield_to_loop` every few hundred microseconds of its
+own: while the loop has tasks to run, the worker waits there without the
+GIL (a trio instrument tells it when the loop waits for I/O again). The
+reload's parse, structuring, validation and pool comparison do
+([reload-off-loop]); a reload then runs in the loop's idle time.
+
 Collection back on, the objects a reload left (its new config: some
 300,000 of them at 10,000 nodes) would all be young: the next allocation on
 the loop would start a young-generation collection over all of them, then a
@@ -27,7 +36,9 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import attrs
@@ -53,9 +64,63 @@ NODE_SLICE = 1000
 """Nodes whose connection state ``/status`` reads per loop turn (a node's row costs about
 a third of a provider's, so about the time of a :data:`SNAPSHOT_SLICE`)."""
 
+MAX_PAUSE = 0.01
+"""Longest a worker's :func:`yield_to_loop` waits for the loop to go idle (s); after that the
+worker runs on for :data:`FREE_RUN` whatever the loop does, so a loop that is never idle
+still lets the work end."""
+
+FREE_RUN = 0.002
+"""How long a worker runs on after a :data:`MAX_PAUSE` wait without checking the loop (s)."""
+
+
 _running = 0
 _saved: tuple[float, bool] = (0.005, True)
 _promote = False
+_worker = threading.local()
+
+
+class _LoopIdle(trio.abc.Instrument):
+    """Tells worker threads whether the loop is waiting for I/O with nothing to run (see
+    :func:`yield_to_loop`)."""
+
+    def __init__(self) -> None:
+        self.idle = threading.Event()
+        self.free_until = 0.0
+
+    def before_io_wait(self, timeout: float) -> None:
+        if timeout > 0:
+            self.idle.set()
+
+    def after_io_wait(self, timeout: float) -> None:
+        if self.idle.is_set():
+            self.idle.clear()
+
+    def wait(self) -> None:
+        """In a worker: return once the loop is idle, or after :data:`MAX_PAUSE` (then run free for a while)."""
+        if time.perf_counter() < self.free_until:
+            return
+        if not self.idle.wait(MAX_PAUSE):
+            self.free_until = time.perf_counter() + FREE_RUN
+
+
+_gate: _LoopIdle | None = None
+
+
+def yield_to_loop() -> None:
+    """In work that :func:`run_off_loop` runs: wait while the event loop has work to do.
+
+    The worker and the loop share the GIL: each time the loop makes a system
+    call (a stream's read, its write) the worker takes the GIL, and the loop
+    waits for it again -- up to the switch interval, longer if the worker is
+    off the CPU then. Long work calls this often (every few hundred
+    microseconds of its own): while the loop runs tasks, the worker then
+    waits without the GIL, so the loop's system calls cost it nothing; it
+    carries on while the loop waits for I/O. Anywhere else (the loop's own
+    thread, a thread not started by :func:`run_off_loop`) it returns at once.
+    """
+    gate: _LoopIdle | None = getattr(_worker, "gate", None)
+    if gate is not None and not gate.idle.is_set():
+        gate.wait()
 
 
 async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False) -> T:
@@ -63,23 +128,38 @@ async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False) ->
 
     ``keeps_objects``: the result holds many new objects that will live on (a
     config); they join the oldest generation when collection is switched back on.
+    ``work`` may call :func:`yield_to_loop` (directly or through :func:`paced`).
 
     Checkpoints (it waits for the thread). Cancelled, it returns at once and the
     thread's result is dropped (the thread runs to its end). Raises what
     ``work`` raises.
     """
-    global _running, _saved, _promote
-    if _running == 0:
+    global _running, _saved, _promote, _gate
+    if _gate is None:
         _saved = (sys.getswitchinterval(), gc.isenabled())
         sys.setswitchinterval(min(_saved[0], SWITCH_INTERVAL))
         gc.disable()
+        _gate = _LoopIdle()
+        trio.lowlevel.add_instrument(_gate)
     _running += 1
+    gate = _gate
+
+    def gated() -> T:
+        _worker.gate = gate
+        try:
+            return work()
+        finally:
+            _worker.gate = None
+
     try:
-        return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+        return await trio.to_thread.run_sync(gated, abandon_on_cancel=True)
     finally:
         _running -= 1
         _promote = _promote or keeps_objects
         if _running == 0:
+            trio.lowlevel.remove_instrument(gate)
+            gate.idle.set()  # a thread left running (its wait was cancelled) runs on freely
+            _gate = None
             sys.setswitchinterval(_saved[0])
             if _saved[1]:
                 if _promote:
@@ -87,6 +167,13 @@ async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False) ->
                     gc.unfreeze()  # and all of it back as the oldest: no young scan of the new objects
                 gc.enable()
             _promote = False
+
+
+def paced(items: Iterable[T]) -> Iterator[T]:
+    """``items``, with :func:`yield_to_loop` before each (for a loop over many in off-loop work)."""
+    for item in items:
+        yield_to_loop()
+        yield item
 
 
 async def snapshot_in_slices(admission: Admission, size: int = SNAPSHOT_SLICE) -> Snapshot:

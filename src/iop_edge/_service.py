@@ -24,7 +24,7 @@ from iop_config import ConfigFileError, TlsFileError
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
-from ._off_loop import NODE_SLICE, rows_in_slices, run_off_loop
+from ._off_loop import NODE_SLICE, rows_in_slices, run_off_loop, yield_to_loop
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
@@ -303,7 +303,7 @@ def _read_config(
     times.mark("thread start")
     config = load_edge_config(path, yields_gil=True)
     times.mark("parse")
-    prepared = admission.prepare_refresh(config.pool_config())
+    prepared = admission.prepare_refresh(config.pool_config(), pause=yield_to_loop)
     times.mark("prepare")
     config.build_lookups()
     tls = _tls_contexts(config, path)

@@ -20,8 +20,8 @@ import hmac
 import os
 import re
 import ssl
-from collections.abc import Iterator, Mapping
-from typing import ClassVar, NamedTuple, final
+from collections.abc import Callable, Iterator, Mapping
+from typing import ClassVar, NamedTuple, TypeVar, final
 
 import attrs
 import cattrs
@@ -40,7 +40,10 @@ from iop_admission import (
 from iop_config import load_config, make_converter, server_ssl_context, tls_problems
 
 from ._node_limits import PendingLimits
+from ._off_loop import paced, yield_to_loop
 from ._overload import OverloadPolicy
+
+T = TypeVar("T")
 
 __all__ = [
     "ApiKeyDigest",
@@ -367,9 +370,13 @@ class EdgeConfig:
         return PoolConfig(
             policy=self.provider_pool.policy(),
             providers={
-                ProviderKey(node.id, provider.id): provider.spec() for node in self.nodes for provider in node.providers
+                ProviderKey(node.id, provider.id): provider.spec()
+                for node in paced(self.nodes)
+                for provider in node.providers
             },
-            models={model.id: ModelGroup(candidates=tuple(c.key for c in model.candidates)) for model in self.models},
+            models={
+                model.id: ModelGroup(candidates=tuple(c.key for c in paced(model.candidates))) for model in self.models
+            },
             retry=self.provider_pool.retry.policy(),
             outlier=self.provider_pool.outlier.policy(),
         )
@@ -438,7 +445,7 @@ class EdgeConfig:
 
     @functools.cached_property
     def _nodes_by_id(self) -> dict[str, EdgeNode]:
-        return {node.id: node for node in reversed(self.nodes)}
+        return {node.id: node for node in paced(reversed(self.nodes))}
 
     @functools.cached_property
     def _models_by_id(self) -> dict[str, EdgeModel]:
@@ -449,7 +456,7 @@ class EdgeConfig:
         return {
             (model.id, c.key): c.upstream_model or model.id
             for model in reversed(self._models_by_id.values())
-            for c in reversed(model.candidates)
+            for c in paced(reversed(model.candidates))
         }
 
     @property
@@ -503,7 +510,7 @@ class EdgeConfig:
         if not found:
             # Backstop: the library's own whole-pool check must agree.
             try:
-                validate_pool(self.pool_config())
+                validate_pool(self.pool_config(), pause=yield_to_loop)
             except ConfigError as exc:
                 found.extend(("", problem) for problem in exc.problems)
         return iter(found)
@@ -531,7 +538,7 @@ class EdgeConfig:
 
     def _node_problems(self) -> Iterator[tuple[str, str]]:
         yield from _duplicates("nodes", "node id", [node.id for node in self.nodes])
-        for i, node in enumerate(self.nodes):
+        for i, node in enumerate(paced(self.nodes)):
             where = f"nodes[{i}]"
             yield from _secret_problems(
                 f"{where}.token", node.token, f"{where}.token_env", node.token_env, required=True
@@ -553,7 +560,7 @@ class EdgeConfig:
             if not model.candidates:
                 yield f"{where}.candidates", "must list at least one provider"
             seen: dict[ProviderKey, int] = {}
-            for j, candidate in enumerate(model.candidates):
+            for j, candidate in enumerate(paced(model.candidates)):
                 at = f"{where}.candidates[{j}]"
                 if candidate.node not in providers:
                     yield f"{at}.node", f"node {candidate.node!r} is not configured under nodes"
@@ -634,7 +641,19 @@ def _edge_converter() -> cattrs.Converter:
     converter = make_converter()
     converter.register_structure_hook(HostPort, _structure_host_port)
     converter.register_structure_hook(ApiKeyDigest, _structure_api_key)
+    for cls in (EdgeNode, EdgeCandidate):  # one of each per node in a large file
+        converter.register_structure_hook(cls, _pausing_hook(converter.get_structure_hook(cls)))
     return converter
+
+
+def _pausing_hook(hook: Callable[[object, type[T]], T]) -> Callable[[object, type[T]], T]:
+    """``hook``, calling :func:`yield_to_loop` first (structuring runs in a reload's worker thread)."""
+
+    def pausing(value: object, cls: type[T]) -> T:
+        yield_to_loop()
+        return hook(value, cls)
+
+    return pausing
 
 
 _CONVERTER = _edge_converter()
@@ -648,7 +667,7 @@ def load_edge_config(path: str | os.PathLike[str], *, yields_gil: bool = False) 
     Raises:
         iop_config.ConfigFileError: listing every problem as ``FILE:LINE: path: message``.
     """
-    config = load_config(path, EdgeConfig, converter=_CONVERTER, yields_gil=yields_gil)
+    config = load_config(path, EdgeConfig, converter=_CONVERTER, yields_gil=yields_gil, pause=yield_to_loop)
     return _with_environment(config, os.environ)
 
 

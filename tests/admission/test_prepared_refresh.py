@@ -310,3 +310,20 @@ def test_prepared_refresh_indexes_full_providers_of_a_new_group_as_full() -> Non
     assert isinstance(waiter, Waiter)  # a's long slot is taken, b is offline
     lease = core.request("m1", False, 0.0)
     assert isinstance(lease, Lease) and lease.provider == a
+
+
+@pytest.mark.req("reload-off-loop")
+def test_prepare_refresh_calls_pause_as_it_goes_and_prepares_the_same() -> None:
+    """``pause`` (a reload's worker giving way to the loop) is called once per PAUSE_EVERY
+    providers and candidates, by the validation and the comparison; what is prepared is the same."""
+    keys = [ProviderKey(f"n{i}", "p") for i in range(200)]
+    base = PoolConfig(providers={k: ProviderSpec(capacity=1) for k in keys}, models={"m": ModelGroup(tuple(keys))})
+    changed = {**base.providers, keys[7]: ProviderSpec(capacity=2)}
+    target = PoolConfig(providers=changed, models={"m": ModelGroup(tuple(keys[:150]))})
+    calls: list[None] = []
+    paused = AdmissionState(base).prepare_refresh(target, lambda: calls.append(None))
+    plain = AdmissionState(base).prepare_refresh(target)
+    assert [paused.changed, paused.added, paused.removed, paused.groups] == [[keys[7]], [], [], ["m"]]
+    assert [plain.changed, plain.added, plain.removed, plain.groups] == [[keys[7]], [], [], ["m"]]
+    # validation: 200 providers (4 calls) and 150 candidates (3); comparison: 200 providers (4)
+    assert len(calls) == 4 + 3 + 4

@@ -11,6 +11,7 @@ import pytest
 
 from iop_config import (
     ConfigFileError,
+    _loader,
     format_path,
     load_config,
     load_config_text,
@@ -368,3 +369,20 @@ def test_reload_path_reports_errors_with_lines_like_the_start_path() -> None:
         ["doc.yaml:6", "groups[0].limits[1].capacity"],
         ["doc.yaml:9", "pool.size"],
     ]
+
+
+@pytest.mark.req("reload-off-loop")
+@pytest.mark.parametrize("anchors", [False, True])
+def test_pause_is_called_as_the_document_is_read_and_changes_nothing(anchors: bool) -> None:
+    """[reload-off-loop] ``pause`` is called once per PAUSE_EVERY parser events (the fast path) or
+    tree nodes freed (a document with anchors, read by the safe loader), and the result is the
+    same as without it."""
+    limits = "".join(f"      - {{id: l{i}, capacity: 2}}\n" for i in range(200))
+    text = f"groups:\n  - name: g\n    limits:\n{limits}"
+    if anchors:
+        text = text.replace("{id: l0,", "&first {id: l0,")
+    calls: list[None] = []
+    paused = load_config_text(text, Doc, filename="doc.yaml", yields_gil=True, pause=lambda: calls.append(None))
+    assert paused == load_config_text(text, Doc, filename="doc.yaml")
+    items = 200 * 5 + 8  # each limit: a mapping's start, 2 keys, 2 values ... (at least)
+    assert len(calls) >= items // _loader.PAUSE_EVERY

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+import threading
 from pathlib import Path
 
 import attrs
@@ -28,7 +29,15 @@ from iop_admission import (
     ProviderSpec,
     QueuePolicy,
 )
-from iop_edge._off_loop import SWITCH_INTERVAL, rows_in_slices, run_off_loop, snapshot_in_slices
+from iop_edge import _off_loop
+from iop_edge._off_loop import (
+    SWITCH_INTERVAL,
+    paced,
+    rows_in_slices,
+    run_off_loop,
+    snapshot_in_slices,
+    yield_to_loop,
+)
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.status import (
     EdgeStatus,
@@ -283,3 +292,56 @@ async def test_objects_kept_from_off_loop_work_join_the_oldest_generation() -> N
     assert gc.get_freeze_count() == 0
     oldest = {id(obj) for obj in gc.get_objects(generation=2)}
     assert id(kept) in oldest and all(id(item) in oldest for item in kept)
+
+
+@pytest.mark.req("reload-off-loop")
+async def test_off_loop_work_waits_at_yield_to_loop_while_the_loop_runs_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[reload-off-loop] work that calls yield_to_loop() waits there while the loop has tasks to
+    run (here: one that never waits), and goes on once the loop waits for I/O."""
+    monkeypatch.setattr(_off_loop, "MAX_PAUSE", 60.0)  # the test's bound, not the pause's
+    entered, passed = threading.Event(), threading.Event()
+
+    def work() -> None:
+        entered.set()
+        yield_to_loop()
+        passed.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_off_loop, work)
+            while not entered.is_set():
+                await trio.lowlevel.checkpoint()
+            for _ in range(1000):
+                await trio.lowlevel.checkpoint()
+                yield_to_loop()  # on the loop's own thread: returns at once
+            assert not passed.is_set()
+        assert passed.is_set()  # the nursery waited for the work, the loop waiting for I/O
+
+
+@pytest.mark.req("reload-off-loop")
+async def test_off_loop_work_goes_on_when_the_loop_is_never_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[reload-off-loop] a loop that always has a task to run does not stop the work for good:
+    each yield_to_loop() waits at most MAX_PAUSE, then the work runs on a while."""
+    monkeypatch.setattr(_off_loop, "MAX_PAUSE", 0.001)
+    done = threading.Event()
+
+    def work() -> int:
+        for _ in range(100):
+            yield_to_loop()
+        done.set()
+        return 100
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_off_loop, work)
+            while not done.is_set():
+                await trio.lowlevel.checkpoint()
+
+
+def test_yield_to_loop_outside_off_loop_work_returns_at_once() -> None:
+    """Called anywhere but in work run by run_off_loop (a plain thread here) it does nothing."""
+    calls: list[None] = []
+    thread = threading.Thread(target=lambda: calls.extend(None for _ in paced(range(3))))
+    thread.start()
+    thread.join(10)
+    assert calls == [None] * 3
