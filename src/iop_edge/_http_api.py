@@ -487,7 +487,7 @@ class EdgeAPI:
         """
         service = self.service
         door = service.front_door
-        if door.shed():
+        if door.shed(service.admission.queue_depth):
             code = "overloaded"
         else:
             self._authorize(headers)

@@ -218,9 +218,17 @@ class FrontDoor:
         self.waiting += 1
         return Visit(self)
 
-    def shed(self) -> bool:
-        """Whether to refuse a new request now (``503 overloaded``), counting it if so."""
-        return self.shedder.action(self.connections.open, self.waiting) == "shed"
+    def shed(self, queue_depth: int) -> bool:
+        """Whether to refuse a new request now (``503 overloaded``), counting it if so.
+
+        ``queue_depth``: the requests queued for a lease in admission now. Those are
+        the ones that wait (every slot of their model taken), not :attr:`waiting`,
+        which also counts requests about to be granted a free slot -- under loop lag
+        for a whole pass: when 512 streams started within a second on a loaded box,
+        hundreds of those were in it at every moment and, with the lag over the
+        threshold, a third of the streams were shed while most slots were free.
+        """
+        return self.shedder.action(self.connections.open, queue_depth) == "shed"
 
     def queue_full(self, max_queue: int, capacity: int, queue_depth: int) -> bool:
         """Whether a new request could only be refused ``429 queue_full`` (before its body is read).

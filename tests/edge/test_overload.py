@@ -45,6 +45,19 @@ def test_lag_sheds_only_when_requests_already_wait() -> None:
 
 
 @pytest.mark.req("overload-shed")
+def test_requests_about_to_be_granted_a_free_slot_do_not_count_as_waiting() -> None:
+    """[overload-shed] Requests asking for a lease while slots are free (``waiting``, granted
+    within a pass of the loop) are not waiters: under lag, only a queue in admission sheds."""
+    door = FrontDoor(POLICY)
+    for _ in range(300):
+        door.enter()
+    door.shedder.observe_lag(0.25)
+    assert not door.shed(queue_depth=0)
+    assert door.shed(queue_depth=1)
+    assert door.shedder.shed_total == 1
+
+
+@pytest.mark.req("overload-shed")
 def test_lag_shedding_has_hysteresis() -> None:
     """[overload-shed] Shedding starts above the lag threshold and ends only under half of it."""
     shedder = LoadShedder(POLICY)
