@@ -7,6 +7,7 @@ Real sockets on 127.0.0.1 port 0, bounded by ``trio.fail_after``.
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,14 @@ import trio
 import trio.testing
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, running_edge
-from iop_edge._http_server import PAUSE_READING, WRITE_BUFFER_LIMIT, ConnectionCounter, HttpLimits, serve_http
+from iop_edge._http_server import (
+    PAUSE_READING,
+    WRITE_BUFFER_LIMIT,
+    ConnectionCounter,
+    HttpLimits,
+    accept_waiting,
+    serve_http,
+)
 
 
 async def _read_response(stream: trio.SocketStream, buffer: bytearray) -> tuple[int, bytes, int]:
@@ -130,6 +138,26 @@ async def test_chunked_body_over_the_limit_is_refused(tmp_path: Path) -> None:
                 status, body, _ = await _read_response(stream, bytearray())
                 assert status == 413
                 assert json.loads(body)["error"]["code"] == "request_too_large"
+
+
+def test_one_wake_up_accepts_every_connection_waiting_up_to_the_batch() -> None:
+    """The listener takes every connection the kernel holds in one call (trio's accept takes one
+    per scheduling round), at most ``limit``; nothing waiting: none, without blocking."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as listener:
+        listener.setblocking(False)
+        assert accept_waiting(listener) == []
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(20)]
+        accepted: list[socket.socket] = []
+        try:
+            accepted += accept_waiting(listener, limit=15)
+            assert len(accepted) == 15
+            accepted += accept_waiting(listener)
+            assert len(accepted) == 20
+            assert accept_waiting(listener) == []
+            assert sorted(sock.getpeername() for sock in accepted) == sorted(c.getsockname() for c in clients)
+        finally:
+            for sock in accepted + clients:
+                sock.close()
 
 
 @pytest.mark.req("overload-shed")
