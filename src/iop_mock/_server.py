@@ -7,6 +7,10 @@ two cores at 512 streams x 20 tokens/s. Here one task per connection drives an
 :class:`h11.Connection` and calls the app with the ASGI ``scope``, ``receive`` and ``send``
 the mock uses (``http`` only: no lifespan, websockets or HTTP/2):
 
+- Accept: each wake-up of the listener accepts every connection waiting (as uvicorn's asyncio
+  loop does, up to its backlog), where ``trio.serve_listeners`` accepts one per scheduling
+  round: a Node opening hundreds of connections at once to a mock busy streaming met seconds
+  of accept delay that a real server does not add.
 - Keep-alive: a connection serves requests one after another until the client closes it or
   asks to (``connection: close``), or sends nothing of a next request for
   ``keep_alive_timeout`` seconds (5 s, as hypercorn's and uvicorn's default: a client's pool
@@ -23,6 +27,7 @@ the mock uses (``http`` only: no lifespan, websockets or HTTP/2):
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
@@ -70,13 +75,38 @@ async def serve_asgi(
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
     bound = listeners[0].socket.getsockname()[1]
+    sockets = [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
+    try:
+        async with trio.open_nursery() as nursery:
+            for sock in sockets:
+                sock.setblocking(False)
+                nursery.start_soon(_accept, sock, nursery, app, keep_alive_timeout)
+            task_status.started(bound)
+    finally:
+        for sock in sockets:
+            sock.close()
 
-    async def handle(stream: trio.SocketStream) -> None:
-        await _Connection(stream).serve(app, keep_alive_timeout)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handle, listeners)
-        task_status.started(bound)
+_GIVEN_UP = frozenset({errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT})
+"""``accept`` errors about one connection its client gave up: skipped."""
+
+
+async def _accept(listener: socket.socket, nursery: trio.Nursery, app: App, keep_alive_timeout: float) -> None:
+    """Serve every connection to ``listener``, accepting all those waiting at each wake-up. Checkpoints."""
+    while True:
+        await trio.lowlevel.wait_readable(listener)
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno in _GIVEN_UP:
+                    continue
+                logger.error("accept failed (%s); retrying in 0.1 s", exc)
+                await trio.sleep(0.1)
+                break
+            nursery.start_soon(_Connection(sock).serve, app, keep_alive_timeout)
 
 
 @final
@@ -85,9 +115,10 @@ class _Connection:
 
     __slots__ = ("sock", "h11", "_body", "_head")
 
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.sock = socket.socket(fileno=stream.socket.detach())
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
         self.sock.setblocking(False)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.h11 = h11.Connection(h11.SERVER)
         self._body: bytes | None = None
         self._head: h11.Response | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import socket
 
 import pytest
 import trio
@@ -151,3 +152,21 @@ async def test_server_closes_a_connection_idle_past_keep_alive(nursery: trio.Nur
         assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b'"total":0}')
         async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
             assert await stream.receive_some() == b""
+
+
+async def test_server_serves_every_connection_that_waited_for_its_accept(nursery: trio.Nursery) -> None:
+    """Connections opened while the server's task does not run (the kernel completes them) are
+    accepted together at its next wake-up, each served on its own."""
+    backend = MockBackend()
+    with trio.fail_after(TIMEOUT):
+        port = await nursery.start(serve_mock_backend, backend)
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]  # blocking: no checkpoint
+        streams = [trio.SocketStream(trio.socket.from_stdlib_socket(sock)) for sock in clients]
+        for stream in streams:
+            await stream.send_all(b"GET /stats HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n")
+        for stream in streams:
+            received = b""
+            while chunk := await stream.receive_some():
+                received += chunk
+            assert received.startswith(b"HTTP/1.1 200 ")
+            await stream.aclose()
