@@ -34,11 +34,13 @@ Edge CPU per refusal, measured against references taken in the same run, before 
 scenarios, with the same Edge: a request served without overload (8 clients, capacity 8:
 ``served_ms``, the reference of the ratio), a request served through a full queue (64
 clients: every slot busy, 56 waiting, none refused; ``queued_ms``) and the Edge with only
-the probe as client (``probe_ms_per_s``, read over 6 s). Both request references leave
-out the idle Edge's own CPU over their rounds (``idle_ms_per_s``: node heartbeats, the
-loop-lag sampler, read over 4 s with no client), which the probe's baseline already holds:
-counted in both, it was subtracted twice from a row, and it made a served request look
-dearer than it is. A row's refusal cost is its Edge CPU minus its
+the probe as client (``probe_ms_per_s``, read over 6 s). Both request references are
+measured as a row is: by the flood process (8 or 64 clients, no probe), the Edge's CPU
+over the flood's own window divided by the 200s answered in it, connections opened before
+the warm-up (so neither a row nor a reference pays for accepting or closing connections:
+the flood's clients keep theirs alive, as the Edge asks of a refused client), and the
+idle Edge's own CPU over the window left out (``idle_ms_per_s``: node heartbeats, the
+loop-lag sampler, read over 4 s with no client), which the probe's baseline already holds. A row's refusal cost is its Edge CPU minus its
 answered requests at ``queued_ms`` (they waited in the queue too) minus the probe's
 baseline, divided by its refusals; the JSON also keeps it with the probe's share left in.
 
@@ -435,46 +437,54 @@ async def _drained(http_port: int, backend: HttpConnection) -> dict[str, Any]:
     }
 
 
-async def _costs(edge: Daemon, http_port: int) -> dict[str, float]:
-    """The Edge's CPU per answer without overload, closed loop (e2e's 2 s window after 0.5 s).
+async def _costs(processes: dict[str, Daemon], http_port: int, backend_port: int, quick: bool) -> dict[str, float]:
+    """The Edge's CPU per answer without overload; the references of a row's refusal figure.
 
-    ``served_ms``: a chat answered by the backend (8 clients, capacity 8; three rounds);
-    ``queued_ms``: the same through a full queue (64 clients; three rounds); ``reject_us``:
-    a chat for an unknown model (body read and parsed, admission asked, 404: the path of
-    a queue-full 429 without the queue), 32 clients; ``healthz_us``: ``GET /healthz``, 32 clients.
+    ``served_ms``: a chat answered by the backend (8 closed-loop clients, capacity 8), and
+    ``queued_ms``: the same through a full queue (64 clients: 8 running, 56 waiting), each
+    measured the way a row is -- by the flood process, over its own window, connections
+    opened before its warm-up -- and the idle Edge's CPU over the window left out: the
+    Edge's CPU in the window divided by the 200s answered in it. (They used to be read
+    around a whole load-generator run and divided by the answers in its window scaled to
+    the run: the requests still in flight at the window's end -- 64 of ~200 through the
+    full queue -- were paid for and not counted, which made ``queued_ms`` a third too
+    dear, so a row subtracted too much for its answered requests and its refusals looked
+    cheaper than they are.) ``reject_us``: a chat for an unknown model (body read and
+    parsed, admission asked, 404: the path of a queue-full 429 without the queue), 32
+    clients, and ``healthz_us``: ``GET /healthz``, 32 clients (load-generator runs, shown
+    for comparison only).
     """
-    loadgen = LoadGenerator()
-    unknown = {**CHAT, "model": "no-such-model"}
-    commands = {  # name: (load, unit, rounds)
-        "served_ms": ({"path": "/v1/chat/completions", "body": CHAT, "concurrency": CAPACITY}, 1.0, 3),
-        "queued_ms": ({"path": "/v1/chat/completions", "body": CHAT, "concurrency": QUEUED_CLIENTS}, 1.0, 3),
-        "reject_us": ({"path": "/v1/chat/completions", "body": unknown, "concurrency": 32}, 1000.0, 1),
-        "healthz_us": ({"path": "/healthz", "body": None, "concurrency": 32}, 1000.0, 1),
-    }
+    edge = processes["edge"]
     idle = await _idle_ms_per_s(edge)
     out: dict[str, float] = {"idle_ms_per_s": idle, "probe_ms_per_s": await _probe_only(edge, http_port)}
+    for name, clients in (("served_ms", CAPACITY), ("queued_ms", QUEUED_CLIENTS)):
+        row = await _scenario(processes, http_port, backend_port, clients, 0.01, quick, with_probe=False)
+        spent_ms = row["cpu_s"]["edge"] * 1000 - idle * row["duration_s"]
+        out[name] = spent_ms / max(1, row["ok"])
+        out[name.split("_")[0] + "_rps"] = row["ok_rps"]
+        out[name.split("_")[0] + "_refused"] = row["rejected"] + row["timed_out"]
+    loadgen = LoadGenerator()
+    unknown = {**CHAT, "model": "no-such-model"}
+    commands = {  # name: load
+        "reject_us": {"path": "/v1/chat/completions", "body": unknown, "concurrency": 32},
+        "healthz_us": {"path": "/healthz", "body": None, "concurrency": 32},
+    }
     try:
-        for name, (command, unit, rounds) in commands.items():
-            # The references of the refusal figure take three rounds: at ~80 requests/s one
-            # round is ~0.3 s of Edge CPU, read from /proc in 10 ms ticks. The idle Edge's own
-            # CPU (node heartbeats, the loop-lag sampler) over the round is not the requests'.
-            spent = answered = rps = 0.0
-            for _ in range(rounds):
-                before, start = edge.cpu_seconds(), time.perf_counter()
-                result = await loadgen.measure(
-                    port=http_port, method="GET" if command["body"] is None else "POST", **command
-                )
-                spent += edge.cpu_seconds() - before - idle / 1000 * (time.perf_counter() - start)
-                answered += (result["requests"] + result["errors"]) * (2.0 + 0.5) / 2.0
-                rps += result["rps"] / rounds
-            out[name] = spent * 1000 * unit / max(1.0, answered)
-            out[name.split("_")[0] + "_rps"] = rps
+        for name, command in commands.items():
+            before, start = edge.cpu_seconds(), time.perf_counter()
+            result = await loadgen.measure(
+                port=http_port, method="GET" if command["body"] is None else "POST", **command
+            )
+            spent = edge.cpu_seconds() - before - idle / 1000 * (time.perf_counter() - start)
+            answered = (result["requests"] + result["errors"]) * (2.0 + 0.5) / 2.0
+            out[name] = spent * 1e6 / max(1.0, answered)
+            out[name.split("_")[0] + "_rps"] = result["rps"]
     finally:
         loadgen.stop()
     return out
 
 
-IDLE_S = 4.0
+IDLE_S = 8.0
 """Seconds the idle Edge's CPU is read over (in 10 ms ticks)."""
 
 
@@ -560,13 +570,13 @@ async def _main(quick: bool, workdir: pathlib.Path, edge_extra: str) -> dict[str
         relay = await _start(workdir, daemons, BACKEND_LATENCY_MS, QUEUE_TIMEOUT_MS, edge_extra)
         edge, node, backend = relay.edge, relay.node, relay.backend
         http_port, backend_port = relay.http_port, relay.backend_port
-        costs = await _costs(edge, http_port)
+        processes = {"edge": edge, "node": node, "backend": backend}
+        costs = await _costs(processes, http_port, backend_port, quick)
         cost = costs["served_ms"]
         print(f"   Edge CPU without overload: {costs}", file=sys.stderr, flush=True)
         rows = []
         for clients, retry in QUICK_SCENARIOS if quick else SCENARIOS:
             print(f"   {clients} clients, retry {retry * 1000:g} ms ...", file=sys.stderr, flush=True)
-            processes = {"edge": edge, "node": node, "backend": backend}
             rows.append(await _scenario(processes, http_port, backend_port, clients, retry, quick))
             row = rows[-1]
             _per_refusal(row, costs)
