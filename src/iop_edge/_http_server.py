@@ -52,8 +52,14 @@ no websockets, no HTTP/2). What the listener guarantees:
   scope is built or the app called, the listener asks ``refuse_head(method,
   target, headers)``; when it returns a :class:`CannedResponse` and a pause time,
   that response goes out as bytes h11 encoded once, the body (if the client sent
-  it whole) is skipped, and the connection is paced as above. Requests refused
-  under a flood thus cost an h11 head parse, one ``send`` and one wake-up.
+  it whole) is skipped, and the connection is paced as above. When a paused
+  connection is due, the pacer's task reads it itself: if what the client sent
+  is, byte for byte, a whole request h11 parsed and the listener refused before
+  (a flood's retries repeat), ``refuse_head`` is asked again on that request's
+  head, and a refusal goes out and the connection is paused again, all without
+  waking the connection's task or parsing the bytes again; anything else is
+  handed to the connection's task. A refused retry under a flood thus costs a
+  ``recv``, a dictionary look-up, the decision and one ``send``.
 
 ``wrap_stream`` is the seam for TLS: it gets each accepted socket stream and
 returns the stream to speak HTTP on (e.g. a ``trio.SSLStream``); it runs under
@@ -172,6 +178,15 @@ PACING_BATCH = 64
 """Paused connections woken in one scheduling round, at most: a bunch due at once is answered
 over several rounds, with every other task (``/healthz``, admitted requests) running between them."""
 
+REMEMBERED_HEADS = 256
+"""Refused requests the pacer remembers by their bytes, at most (:meth:`_Pacer.remember`)."""
+
+REMEMBERED_BYTES = 16 * 1024
+"""Longest request (head and body) the pacer remembers."""
+
+Head = tuple[bytes, bytes, Headers]
+"""A request head as ``refuse_head`` is asked about it: method, target, headers."""
+
 
 def _due(entry: list[Any]) -> float:
     due: float = entry[0]
@@ -189,20 +204,47 @@ class _Pacer:
     costs one timer wake-up per batch, and each connection one task wake-up.
     A batch larger than :data:`PACING_BATCH` is woken over several scheduling
     rounds, so the loop never runs a whole bunch of refusals in one pass.
+
+    A pause may come with an ``answer`` callable, asked first when the pause is
+    due: it returns a new time to stay paused until (it answered the client
+    itself, without its task) or None (wake the task). The requests refused
+    before, by their exact bytes, are kept here for those answers
+    (:meth:`remember`, :meth:`recall`).
     """
 
-    __slots__ = ("queue", "timer")
+    __slots__ = ("queue", "timer", "heads")
 
     def __init__(self) -> None:
-        self.queue: collections.deque[list[Any]] = collections.deque()  # [time, task or None]
+        self.queue: collections.deque[list[Any]] = collections.deque()  # [time, task or None, answer or None]
         self.timer: trio.CancelScope | None = None
+        self.heads: dict[bytes, Head] = {}
 
     def __repr__(self) -> str:
         return f"<_Pacer {len(self.queue)} paused>"
 
-    async def pause(self, until: float) -> None:
-        """Wait until ``until`` (trio's clock), or somewhat less (:data:`PACING_QUANTUM`). Checkpoints."""
-        entry: list[Any] = [until, trio.lowlevel.current_task()]
+    def remember(self, request: bytes, head: Head) -> None:
+        """Keep ``head``, parsed from exactly the bytes ``request`` (a whole request, body included), refused."""
+        if len(request) <= REMEMBERED_BYTES and len(self.heads) < REMEMBERED_HEADS:
+            self.heads[request] = head
+
+    def recall(self, request: bytes) -> Head | None:
+        """The head remembered for exactly the bytes ``request``, or None."""
+        return self.heads.get(request)
+
+    async def pause(self, until: float, answer: Callable[[], float | None] | None = None) -> None:
+        """Wait until ``until`` (trio's clock), or somewhat less (:data:`PACING_QUANTUM`); when due,
+        ``answer()`` (if given) may extend the pause by returning a later time. Checkpoints."""
+        entry: list[Any] = [until, trio.lowlevel.current_task(), answer]
+        self._enqueue(entry)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            entry[1] = None  # the waker drops the entry
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _enqueue(self, entry: list[Any]) -> None:
+        until = entry[0]
         queue = self.queue
         if not queue or queue[-1][0] <= until:
             queue.append(entry)
@@ -211,12 +253,6 @@ class _Pacer:
         timer = self.timer
         if timer is not None and until < timer.deadline:
             timer.deadline = until
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            entry[1] = None  # the waker drops the entry
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def run(self) -> None:
         """Wake paused connections when due, until cancelled. Checkpoints."""
@@ -229,13 +265,29 @@ class _Pacer:
             horizon = trio.current_time() + PACING_QUANTUM
             woken = 0
             while queue and queue[0][0] <= horizon:
-                task = queue.popleft()[1]
-                if task is not None:
+                entry = queue.popleft()
+                task, answer = entry[1], entry[2]
+                if task is None:
+                    continue
+                again = _answered(answer) if answer is not None else None
+                if again is not None and again > horizon:
+                    entry[0] = again  # answered without the task: paused again
+                    self._enqueue(entry)
+                else:
                     trio.lowlevel.reschedule(task)
-                    woken += 1
-                    if woken == PACING_BATCH:  # the rest wake in the next scheduling round
-                        await trio.lowlevel.checkpoint()
-                        woken = 0
+                woken += 1
+                if woken == PACING_BATCH:  # the rest wake in the next scheduling round
+                    await trio.lowlevel.checkpoint()
+                    woken = 0
+
+
+def _answered(answer: Callable[[], float | None]) -> float | None:
+    """``answer()``; None (wake the task) if it raised: a paused connection must not stop the pacer."""
+    try:
+        return answer()
+    except Exception:
+        logger.exception("error while answering a paused connection: its task takes over")
+        return None
 
 
 class _PeerGone(Exception):
@@ -466,6 +518,7 @@ class _Connection:
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
         self.gone = False
         self._resumed = False  # woken from a pause: the next read need not be a schedule point
+        self._unparsed: bytes | None = None  # all the bytes h11 holds, read whole on a pause's end
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._body_done = False
         self._suppress_body = False
@@ -490,6 +543,8 @@ class _Connection:
                         return
                     if until > trio.current_time():
                         await self._pause(until)
+                        if self.gone:
+                            return
             except _PeerGone:
                 return
             finally:
@@ -512,6 +567,7 @@ class _Connection:
             if event is h11.NEED_DATA:
                 if head_deadline == math.inf and self.h11.trailing_data[0]:
                     head_deadline = trio.current_time() + self.limits.header_timeout
+                self._unparsed = None  # h11 now holds more than the bytes read on the pause's end
                 data = self.transport.receive_nowait() if scheduled else None  # waiting already: no timer
                 scheduled = True
                 if data is None:
@@ -555,10 +611,50 @@ class _Connection:
         """Leave the connection unread until ``until`` (trio's clock; pacing); counted as paused meanwhile."""
         self.counter.paused += 1
         try:
-            await self.pacer.pause(until)
+            await self.pacer.pause(until, self._answer_paused if self.refuse_head is not None else None)
         finally:
             self.counter.paused -= 1
         self._resumed = True  # the wake-up was this request's schedule point: its head is read at once
+
+    def _answer_paused(self) -> float | None:
+        """The pacer's answer when this connection's pause is due (runs in the pacer's task, never waits).
+
+        Reads what the client sent. When it is exactly a request the listener
+        refused before (:meth:`_Pacer.recall`) and ``refuse_head`` refuses it
+        again, the refusal goes out here and the new pause time is returned:
+        the connection's task sleeps on. Otherwise the bytes go to h11 and None
+        wakes the task, which carries on as after any pause.
+        """
+        conn = self.h11
+        if conn.their_state is not h11.IDLE or conn.trailing_data != (b"", False):
+            return None
+        try:
+            data = self.transport.receive_nowait()
+        except _PeerGone:
+            data = b""
+        if data is None:
+            return None
+        head = self.pacer.recall(data) if data else None
+        refused = self._decide(*head) if head is not None else None
+        if refused is None:
+            conn.receive_data(data)
+            self._unparsed = data
+            return None
+        response, until = refused
+        self.transport.write_nowait(response.keep_alive)
+        if self.transport.broken:
+            self.gone = True
+            return None
+        return until
+
+    def _decide(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
+        """``refuse_head``'s answer for a request head; None (the app answers) if it raised."""
+        assert self.refuse_head is not None
+        try:
+            return self.refuse_head(method, target, headers)
+        except Exception:
+            logger.exception("error while deciding on %s %r: the app answers it", method, target)
+            return None
 
     async def _answer(self, request: h11.Request) -> float | None:
         """Answer ``request``: refused on its head, or through the app.
@@ -567,25 +663,26 @@ class _Connection:
             The time before which the next request is not read, or None when
             the connection cannot carry another request.
         """
+        unparsed, self._unparsed = self._unparsed, None
         if self.refuse_head is not None and request.method != b"HEAD":
-            try:
-                refused = self.refuse_head(request.method, request.target, request.headers)
-            except Exception:
-                logger.exception("error while deciding on %s %r: the app answers it", request.method, request.target)
-                refused = None
+            refused = self._decide(request.method, request.target, request.headers)
             if refused is not None:
-                return await self._refuse(*refused)
+                return await self._refuse(*refused, request, unparsed)
         until = await self._respond(request)
         return until if await self._ready_for_next() else None
 
-    async def _refuse(self, response: CannedResponse, until: float) -> float | None:
-        """Answer with ``response`` before the app sees the request; like :meth:`_answer`.
+    async def _refuse(
+        self, response: CannedResponse, until: float, request: h11.Request, unparsed: bytes | None
+    ) -> float | None:
+        """Answer ``request`` with ``response`` before the app sees it; like :meth:`_answer`.
 
         A body already received whole is skipped and the pre-encoded bytes go out
         as they are; h11 then starts afresh on what follows (the next request,
         pipelined). A body still to come (or awaited behind ``100 Continue``)
         leaves the exchange to h11: the response is sent through it and the body
-        drained as after any response.
+        drained as after any response. When the request was exactly the bytes
+        ``unparsed`` (read whole on a pause's end, nothing after them), the pacer
+        remembers its head by them.
         """
         conn = self.h11
         try:
@@ -603,6 +700,8 @@ class _Connection:
         if not keep_alive or self.gone:
             return None
         rest, closed = conn.trailing_data
+        if unparsed is not None and not rest and not closed:
+            self.pacer.remember(unparsed, (request.method, request.target, request.headers))
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
         if rest:
             self.h11.receive_data(rest)

@@ -1,0 +1,121 @@
+"""Refusals answered by the listener's pacer: when a paused connection is due and the client sent
+again exactly a request refused before, the pacer's task asks ``refuse_head`` and answers it
+itself, pausing the connection again, without its task or a new parse; anything else goes to the
+connection's task as after any pause.
+
+On trio's ``MockClock`` (no time passes but the pauses'), the connection on a Unix socket pair:
+bytes written are in the peer's buffer when the write returns, so what a pause's end finds to read
+does not depend on timing.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from edge.test_http_server import _read_response
+from edge.test_refuse_head import FULL
+from iop_edge._http_server import CannedResponse, ConnectionCounter, HttpLimits, _Connection, _Pacer, _SocketTransport
+
+REFUSED = b"POST /full HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello"
+
+
+@pytest.fixture
+def clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_a_paused_connection_has_its_answer_extend_the_pause(clock: trio.testing.MockClock) -> None:
+    """The pacer asks a pause's ``answer`` when it is due: a later time keeps the task asleep until
+    then; None, or an answer that raised, wakes it."""
+    pacer = _Pacer()
+    answers = [2.0, 3.5, None, 5.0]
+    asked: list[float] = []
+    start = trio.current_time()
+
+    def answer() -> float | None:
+        asked.append(trio.current_time() - start)
+        later = answers.pop(0)
+        return None if later is None else start + later
+
+    def broken() -> float | None:
+        raise RuntimeError("boom")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pacer.run)
+        await pacer.pause(start + 1.0, answer)
+        assert trio.current_time() - start == 3.5 and asked == [1.0, 2.0, 3.5]
+        await pacer.pause(start + 4.0, broken)
+        assert trio.current_time() - start == 4.0
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.req("overload-cheap-reject")
+async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_task(
+    clock: trio.testing.MockClock,
+) -> None:
+    """[overload-cheap-reject] The first refusal after a pause goes through the connection's task
+    (h11 parses it; the pacer remembers it by its bytes); the same bytes again are answered from the
+    pacer's task, paused again each time. The same bytes no longer refused go to the app; a request
+    that differs, or comes in pieces, is parsed by the connection's task; a client that leaves
+    during a pause ends the connection."""
+    pacer = _Pacer()
+    refuse = [True]
+    decided_in: list[str] = []  # which task asked refuse_head
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+        while (await receive())["more_body"]:
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def refuse_head(method: bytes, target: bytes, headers: object) -> tuple[CannedResponse, float] | None:
+        decided_in.append("pacer" if "_Pacer.run" in trio.lowlevel.current_task().name else "connection")
+        if refuse[0] and (method, target) == (b"POST", b"/full"):
+            return FULL, trio.current_time() + 1.0
+        return None
+
+    ours, theirs = socket.socketpair()
+    server = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    client = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
+    limits = HttpLimits(header_timeout=5)
+    connection = _Connection(_SocketTransport(server), app, limits, ConnectionCounter(10), pacer, refuse_head)
+    buffer = bytearray()
+
+    async def ask(request: bytes) -> tuple[int, bytes]:
+        await client.send_all(request)
+        status, body, _ = await _read_response(client, buffer)
+        return status, body
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pacer.run)
+            async with trio.open_nursery() as serving:
+                serving.start_soon(connection.serve)
+                assert await ask(REFUSED) == (429, b"full")  # not paused before: its task
+                assert await ask(REFUSED) == (429, b"full")  # after the pause: parsed by its task, remembered
+                assert await ask(REFUSED) == (429, b"full")
+                assert await ask(REFUSED) == (429, b"full")
+                assert decided_in == ["connection", "connection", "pacer", "pacer"]
+                assert seen == [] and len(pacer.queue) == 1
+                refuse[0] = False
+                assert await ask(REFUSED) == (200, b"ok")  # remembered, not refused now: the app answers
+                assert seen == ["/full"] and decided_in[4:] == ["pacer", "connection"]
+                refuse[0] = True
+                assert await ask(REFUSED) == (429, b"full")  # not paused: its task
+                await client.send_all(REFUSED[:20])  # in pieces: the pause ends on the first
+                clock.jump(1.0)
+                await trio.testing.wait_all_tasks_blocked()
+                assert await ask(REFUSED[20:]) == (429, b"full")
+                other = REFUSED.replace(b"hello", b"world")
+                assert await ask(other) == (429, b"full")  # not remembered: its task
+                assert decided_in[6:] == ["connection", "connection", "connection"]
+                await client.aclose()
+            nursery.cancel_scope.cancel()  # the connection ended (its client left during a pause)
+    assert len(pacer.queue) == 0
