@@ -177,7 +177,7 @@ second one wake-up per refusal would cost more than the refusals themselves."""
 
 def _grid_pause(now: float, delay: float) -> float:
     """The pause from ``now`` to the first multiple of :data:`RETURN_GRID` at or after ``now + delay``."""
-    return math.ceil((now + delay) / RETURN_GRID) * RETURN_GRID - now
+    return grid_step(now + delay) - now
 
 
 def _whole_seconds(delay: float) -> int:
@@ -273,19 +273,27 @@ class FrontDoor:
 
 
 LAG_INTERVAL = 0.05
-"""Seconds between two loop-lag samples."""
+"""Seconds between two loop-lag samples, at least."""
+
+
+def grid_step(at: float) -> float:
+    """The first multiple of :data:`RETURN_GRID` at or after ``at`` (trio's clock)."""
+    return math.ceil(at / RETURN_GRID) * RETURN_GRID
 
 
 async def watch_loop_lag(shedder: LoadShedder, interval: float = LAG_INTERVAL) -> None:
     """Sample the event loop's lag into ``shedder`` until cancelled (the one trio part here).
 
-    The lag is how late a ``sleep(interval)`` wakes: the time every runnable
-    task took before this one ran again. Checkpoints; cancellation just stops it.
+    The lag is how late a timer wakes: the time every runnable task took before
+    this one ran again. The timer is set ``interval`` ahead, on the next step of
+    the :data:`RETURN_GRID` grid: under a flood, paced connections are read on
+    the same steps, so the sampler's wake-ups are theirs (one wake-up of the
+    loop, not two). Checkpoints; cancellation just stops it.
     """
     while True:
-        start = trio.current_time()
-        await trio.sleep(interval)
-        shedder.observe_lag(trio.current_time() - start - interval)
+        due = grid_step(trio.current_time() + interval)
+        await trio.sleep_until(due)
+        shedder.observe_lag(trio.current_time() - due)
 
 
 @final

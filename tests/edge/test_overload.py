@@ -25,6 +25,7 @@ from iop_edge._overload import (
     OverloadPolicy,
     ReturnSchedule,
     drain_time,
+    grid_step,
     watch_loop_lag,
 )
 from iop_edge.config import load_edge_config
@@ -169,16 +170,20 @@ def test_queue_full_counts_requests_already_asking_against_the_free_slots() -> N
 @pytest.mark.req("overload-shed")
 async def test_loop_lag_is_sampled_from_a_late_timer(autojump_clock: trio.testing.MockClock) -> None:
     """[overload-shed] The sampler reads lag as how late its timer fired (MockClock: a jump of
-    0.3 s while it sleeps 0.05 s is a lag of 0.25 s); the next on-time sample ends shedding."""
+    0.3 s while it sleeps until the first step of the 20 ms grid 0.05 s on is a lag of 0.3 s less
+    that sleep); the next on-time sample ends shedding."""
     shedder = LoadShedder(POLICY)
+    start = trio.current_time()
+    due = grid_step(start + 0.05)
+    assert 0.05 <= due - start < 0.05 + RETURN_GRID
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_loop_lag, shedder, 0.05)
         await trio.testing.wait_all_tasks_blocked()
         autojump_clock.jump(0.3)
         await trio.testing.wait_all_tasks_blocked()
-        assert shedder.loop_lag == pytest.approx(0.25)
+        assert shedder.loop_lag == pytest.approx(start + 0.3 - due)
         assert shedder.lag_shedding
-        await trio.sleep(0.05)  # autojump: the timer fires on time
+        await trio.sleep(0.05 + RETURN_GRID)  # autojump: the next timer fires on time
         await trio.testing.wait_all_tasks_blocked()
         assert shedder.loop_lag == pytest.approx(0.0)
         assert not shedder.lag_shedding
