@@ -178,6 +178,12 @@ PACING_BATCH = 64
 """Paused connections woken in one scheduling round, at most: a bunch due at once is answered
 over several rounds, with every other task (``/healthz``, admitted requests) running between them."""
 
+RECHECK_AFTER = 0.02
+"""Seconds after which the pacer looks again at a connection whose pause ended with nothing to read."""
+
+RECHECKS = 3
+"""Times the pacer looks again (:data:`RECHECK_AFTER` apart) before the connection's task waits for the socket."""
+
 REMEMBERED_HEADS = 256
 """Refused requests the pacer remembers by their bytes, at most (:meth:`_Pacer.remember`)."""
 
@@ -206,8 +212,9 @@ class _Pacer:
     rounds, so the loop never runs a whole bunch of refusals in one pass.
 
     A pause may come with an ``answer`` callable, asked first when the pause is
-    due: it returns a new time to stay paused until (it answered the client
-    itself, without its task) or None (wake the task). The requests refused
+    due (with the time it was due): it returns a new time to stay paused until
+    (it answered the client itself, without its task, or will look again) or
+    None (wake the task). The requests refused
     before, by their exact bytes, are kept here for those answers
     (:meth:`remember`, :meth:`recall`).
     """
@@ -231,7 +238,7 @@ class _Pacer:
         """The head remembered for exactly the bytes ``request``, or None."""
         return self.heads.get(request)
 
-    async def pause(self, until: float, answer: Callable[[], float | None] | None = None) -> None:
+    async def pause(self, until: float, answer: Callable[[float], float | None] | None = None) -> None:
         """Wait until ``until`` (trio's clock), or somewhat less (:data:`PACING_QUANTUM`); when due,
         ``answer()`` (if given) may extend the pause by returning a later time. Checkpoints."""
         entry: list[Any] = [until, trio.lowlevel.current_task(), answer]
@@ -269,7 +276,7 @@ class _Pacer:
                 task, answer = entry[1], entry[2]
                 if task is None:
                     continue
-                again = _answered(answer) if answer is not None else None
+                again = _answered(answer, entry[0]) if answer is not None else None
                 if again is not None and again > horizon:
                     entry[0] = again  # answered without the task: paused again
                     self._enqueue(entry)
@@ -281,10 +288,10 @@ class _Pacer:
                     woken = 0
 
 
-def _answered(answer: Callable[[], float | None]) -> float | None:
-    """``answer()``; None (wake the task) if it raised: a paused connection must not stop the pacer."""
+def _answered(answer: Callable[[float], float | None], due: float) -> float | None:
+    """``answer(due)``; None (wake the task) if it raised: a paused connection must not stop the pacer."""
     try:
-        return answer()
+        return answer(due)
     except Exception:
         logger.exception("error while answering a paused connection: its task takes over")
         return None
@@ -519,6 +526,7 @@ class _Connection:
         self.gone = False
         self._resumed = False  # woken from a pause: the next read need not be a schedule point
         self._unparsed: bytes | None = None  # all the bytes h11 holds, read whole on a pause's end
+        self._rechecks = 0  # times the pacer found nothing to read since the pause's end
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._body_done = False
         self._suppress_body = False
@@ -616,14 +624,17 @@ class _Connection:
             self.counter.paused -= 1
         self._resumed = True  # the wake-up was this request's schedule point: its head is read at once
 
-    def _answer_paused(self) -> float | None:
-        """The pacer's answer when this connection's pause is due (runs in the pacer's task, never waits).
+    def _answer_paused(self, due: float) -> float | None:
+        """The pacer's answer when this connection's pause is ``due`` (runs in the pacer's task, never waits).
 
         Reads what the client sent. When it is exactly a request the listener
         refused before (:meth:`_Pacer.recall`) and ``refuse_head`` refuses it
         again, the refusal goes out here and the new pause time is returned:
-        the connection's task sleeps on. Otherwise the bytes go to h11 and None
-        wakes the task, which carries on as after any pause.
+        the connection's task sleeps on. When nothing came yet, the pacer looks
+        again :data:`RECHECK_AFTER` later, up to :data:`RECHECKS` times (a
+        client a little late, as on a busy host, costs a ``recv`` each time, not
+        a wake-up of its own and a wait for the socket). Otherwise the bytes go
+        to h11 and None wakes the task, which carries on as after any pause.
         """
         conn = self.h11
         if conn.their_state is not h11.IDLE or conn.trailing_data != (b"", False):
@@ -633,7 +644,13 @@ class _Connection:
         except _PeerGone:
             data = b""
         if data is None:
+            if self._rechecks < RECHECKS:
+                self._rechecks += 1  # the next step RECHECK_AFTER apart from the due time, after this pass
+                steps = math.floor((trio.current_time() + PACING_QUANTUM - due) / RECHECK_AFTER) + 1
+                return due + max(1, steps) * RECHECK_AFTER
+            self._rechecks = 0
             return None
+        self._rechecks = 0
         head = self.pacer.recall(data) if data else None
         refused = self._decide(*head) if head is not None else None
         if refused is None:

@@ -19,7 +19,16 @@ import trio.testing
 
 from edge.test_http_server import _read_response
 from edge.test_refuse_head import FULL
-from iop_edge._http_server import CannedResponse, ConnectionCounter, HttpLimits, _Connection, _Pacer, _SocketTransport
+from iop_edge._http_server import (
+    RECHECK_AFTER,
+    RECHECKS,
+    CannedResponse,
+    ConnectionCounter,
+    HttpLimits,
+    _Connection,
+    _Pacer,
+    _SocketTransport,
+)
 
 REFUSED = b"POST /full HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello"
 
@@ -37,12 +46,13 @@ async def test_a_paused_connection_has_its_answer_extend_the_pause(clock: trio.t
     asked: list[float] = []
     start = trio.current_time()
 
-    def answer() -> float | None:
+    def answer(due: float) -> float | None:
+        assert due <= trio.current_time()
         asked.append(trio.current_time() - start)
         later = answers.pop(0)
         return None if later is None else start + later
 
-    def broken() -> float | None:
+    def broken(due: float) -> float | None:
         raise RuntimeError("boom")
 
     async with trio.open_nursery() as nursery:
@@ -116,6 +126,21 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                 other = REFUSED.replace(b"hello", b"world")
                 assert await ask(other) == (429, b"full")  # not remembered: its task
                 assert decided_in[6:] == ["connection", "connection", "connection"]
+                # Nothing to read when the pause ends: looked at again RECHECK_AFTER later (or, the
+                # pacer running late, at the next such step still ahead) ...
+                assert RECHECKS == 3
+                for step in (1.0 + RECHECK_AFTER * 1.5, RECHECK_AFTER):
+                    clock.jump(step)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert len(pacer.queue) == 1
+                assert await ask(other) == (429, b"full")  # ... and answered there
+                # ... up to RECHECKS times; then its task waits for the socket.
+                for step in (1.0, *[RECHECK_AFTER] * RECHECKS):
+                    clock.jump(step)
+                    await trio.testing.wait_all_tasks_blocked()
+                assert len(pacer.queue) == 0
+                assert await ask(other) == (429, b"full")
+                assert decided_in[9:] == ["pacer", "connection"]
                 await client.aclose()
             nursery.cancel_scope.cancel()  # the connection ended (its client left during a pause)
     assert len(pacer.queue) == 0
