@@ -518,7 +518,7 @@ class EdgeAPI:
                 rejection = RequestRejected(429, code, message, type="rate_limit_error")
             rejection.retry_after = retry_after
             head, body = _canned(rejection)
-            response = CannedResponse(rejection.status, head, body)
+            response = CannedResponse(rejection.status, head, body, retry_after)
             if len(self._head_refusals) < _CANNED_MAX:
                 self._head_refusals[key] = response
         return response

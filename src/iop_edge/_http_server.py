@@ -58,8 +58,11 @@ no websockets, no HTTP/2). What the listener guarantees:
   (a flood's retries repeat), ``refuse_head`` is asked again on that request's
   head, and a refusal goes out and the connection is paused again, all without
   waking the connection's task or parsing the bytes again; anything else is
-  handed to the connection's task. A refused retry under a flood thus costs a
-  ``recv``, a dictionary look-up, the decision and one ``send``.
+  handed to the connection's task. A connection with nothing to read yet is
+  looked at again by the pacer (:data:`RECHECK_AFTER`, up to :data:`RECHECKS`
+  times, and once after the time its client was told to come back, when a
+  :class:`CannedResponse` says) before its task waits for the socket. A refused retry under a flood
+  thus costs a ``recv``, a dictionary look-up, the decision and one ``send``.
 
 ``wrap_stream`` is the seam for TLS: it gets each accepted socket stream and
 returns the stream to speak HTTP on (e.g. a ``trio.SSLStream``); it runs under
@@ -136,6 +139,8 @@ class CannedResponse:
         status: the status code.
         headers: the response headers, a ``content-length`` among them.
         body: the body.
+        retry_after: the ``Retry-After`` among the headers, in seconds, if any: the pacer
+            looks at a paused connection again when its client was told to come back.
 
     ``keep_alive`` and ``closing`` are the bytes on the wire after a request
     that keeps the connection open or asks to close it (h11 adds ``connection:
@@ -143,12 +148,13 @@ class CannedResponse:
     still send it through h11.
     """
 
-    __slots__ = ("status", "headers", "body", "event", "keep_alive", "closing")
+    __slots__ = ("status", "headers", "body", "retry_after", "event", "keep_alive", "closing")
 
-    def __init__(self, status: int, headers: Headers, body: bytes) -> None:
+    def __init__(self, status: int, headers: Headers, body: bytes, retry_after: float | None = None) -> None:
         self.status = status
         self.headers = list(headers)
         self.body = body
+        self.retry_after = retry_after
         self.event = h11.Response(status_code=status, headers=self.headers, reason=b"")
         self.keep_alive = _encoded(self.event, body, close=False)
         self.closing = _encoded(self.event, body, close=True)
@@ -181,8 +187,12 @@ over several rounds, with every other task (``/healthz``, admitted requests) run
 RECHECK_AFTER = 0.02
 """Seconds after which the pacer looks again at a connection whose pause ended with nothing to read."""
 
-RECHECKS = 3
+RECHECKS = 10
 """Times the pacer looks again (:data:`RECHECK_AFTER` apart) before the connection's task waits for the socket."""
+
+TOLD_GRACE = 0.01
+"""Seconds after the time a refused client was told to come back (``Retry-After``) that the pacer
+looks at its connection once more, when its pause ended sooner and nothing came meanwhile."""
 
 REMEMBERED_HEADS = 256
 """Refused requests the pacer remembers by their bytes, at most (:meth:`_Pacer.remember`)."""
@@ -286,6 +296,11 @@ class _Pacer:
                 if woken == PACING_BATCH:  # the rest wake in the next scheduling round
                     await trio.lowlevel.checkpoint()
                     woken = 0
+
+
+def _step_after(due: float, at: float) -> float:
+    """The first of ``due`` plus whole :data:`RECHECK_AFTER` steps (one at least) later than ``at``."""
+    return due + max(1, math.floor((at - due) / RECHECK_AFTER) + 1) * RECHECK_AFTER
 
 
 def _answered(answer: Callable[[float], float | None], due: float) -> float | None:
@@ -527,6 +542,7 @@ class _Connection:
         self._resumed = False  # woken from a pause: the next read need not be a schedule point
         self._unparsed: bytes | None = None  # all the bytes h11 holds, read whole on a pause's end
         self._rechecks = 0  # times the pacer found nothing to read since the pause's end
+        self._told = -math.inf  # when the last refused client was told to come back (Retry-After)
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._body_done = False
         self._suppress_body = False
@@ -631,7 +647,10 @@ class _Connection:
         refused before (:meth:`_Pacer.recall`) and ``refuse_head`` refuses it
         again, the refusal goes out here and the new pause time is returned:
         the connection's task sleeps on. When nothing came yet, the pacer looks
-        again :data:`RECHECK_AFTER` later, up to :data:`RECHECKS` times (a
+        again :data:`TOLD_GRACE` after the time its client was told to come
+        back, if that is later (the pause ends at the refusal rate's return
+        time, which may come before the ``Retry-After`` of a long queue), and
+        after that :data:`RECHECK_AFTER` apart, up to :data:`RECHECKS` times (a
         client a little late, as on a busy host, costs a ``recv`` each time, not
         a wake-up of its own and a wait for the socket). Otherwise the bytes go
         to h11 and None wakes the task, which carries on as after any pause.
@@ -644,10 +663,12 @@ class _Connection:
         except _PeerGone:
             data = b""
         if data is None:
-            if self._rechecks < RECHECKS:
-                self._rechecks += 1  # the next step RECHECK_AFTER apart from the due time, after this pass
-                steps = math.floor((trio.current_time() + PACING_QUANTUM - due) / RECHECK_AFTER) + 1
-                return due + max(1, steps) * RECHECK_AFTER
+            now = trio.current_time()
+            if self._told + TOLD_GRACE > now + PACING_QUANTUM:  # told to come back later: look then
+                return _step_after(due, self._told + TOLD_GRACE)
+            if self._rechecks < RECHECKS:  # late: look again soon
+                self._rechecks += 1
+                return _step_after(due, now + PACING_QUANTUM)
             self._rechecks = 0
             return None
         self._rechecks = 0
@@ -662,7 +683,13 @@ class _Connection:
         if self.transport.broken:
             self.gone = True
             return None
+        self._booked(response)
         return until
+
+    def _booked(self, response: CannedResponse) -> None:
+        """Note when the client refused with ``response`` was told to come back (its ``Retry-After``)."""
+        after = response.retry_after
+        self._told = -math.inf if after is None else trio.current_time() + after
 
     def _decide(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
         """``refuse_head``'s answer for a request head; None (the app answers) if it raised."""
@@ -719,6 +746,7 @@ class _Connection:
         rest, closed = conn.trailing_data
         if unparsed is not None and not rest and not closed:
             self.pacer.remember(unparsed, (request.method, request.target, request.headers))
+        self._booked(response)
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
         if rest:
             self.h11.receive_data(rest)

@@ -38,6 +38,16 @@ def clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
 
 
+def _connection(pacer: _Pacer, app: Any, refuse_head: Any) -> tuple[_Connection, trio.SocketStream]:
+    """A listener's connection over a Unix socket pair (paced by ``pacer``), and its client's end."""
+    ours, theirs = socket.socketpair()
+    server = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    client = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
+    limits = HttpLimits(header_timeout=5)
+    connection = _Connection(_SocketTransport(server), app, limits, ConnectionCounter(10), pacer, refuse_head)
+    return connection, client
+
+
 async def test_a_paused_connection_has_its_answer_extend_the_pause(clock: trio.testing.MockClock) -> None:
     """The pacer asks a pause's ``answer`` when it is due: a later time keeps the task asleep until
     then; None, or an answer that raised, wakes it."""
@@ -91,11 +101,7 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
             return FULL, trio.current_time() + 1.0
         return None
 
-    ours, theirs = socket.socketpair()
-    server = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-    client = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
-    limits = HttpLimits(header_timeout=5)
-    connection = _Connection(_SocketTransport(server), app, limits, ConnectionCounter(10), pacer, refuse_head)
+    connection, client = _connection(pacer, app, refuse_head)
     buffer = bytearray()
 
     async def ask(request: bytes) -> tuple[int, bytes]:
@@ -128,8 +134,7 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                 assert decided_in[6:] == ["connection", "connection", "connection"]
                 # Nothing to read when the pause ends: looked at again RECHECK_AFTER later (or, the
                 # pacer running late, at the next such step still ahead) ...
-                assert RECHECKS == 3
-                for step in (1.0 + RECHECK_AFTER * 1.5, RECHECK_AFTER):
+                for step in (1.0 + RECHECK_AFTER * 1.5, *[RECHECK_AFTER] * (RECHECKS - 2)):
                     clock.jump(step)
                     await trio.testing.wait_all_tasks_blocked()
                     assert len(pacer.queue) == 1
@@ -144,3 +149,37 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                 await client.aclose()
             nursery.cancel_scope.cancel()  # the connection ended (its client left during a pause)
     assert len(pacer.queue) == 0
+
+
+@pytest.mark.req("overload-cheap-reject")
+async def test_a_client_told_to_come_back_after_its_pause_is_looked_at_then(clock: trio.testing.MockClock) -> None:
+    """[overload-cheap-reject] A client told ``Retry-After: 2`` whose connection's pause ended after
+    1 s with nothing to read is looked at again right after the 2 s (not waited for on the socket):
+    a client that honours the ``Retry-After`` is read there."""
+    told = CannedResponse(429, [(b"retry-after", b"2"), (b"content-length", b"4")], b"full", retry_after=2)
+    pacer = _Pacer()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise AssertionError("every request is refused")
+
+    def refuse_head(method: bytes, target: bytes, headers: object) -> tuple[CannedResponse, float]:
+        return told, trio.current_time() + 1.0
+
+    connection, client = _connection(pacer, app, refuse_head)
+    buffer = bytearray()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pacer.run)
+            nursery.start_soon(connection.serve)
+            await client.send_all(REFUSED)
+            assert (await _read_response(client, buffer))[0] == 429
+            start = trio.current_time()
+            for step in (1.0, *[RECHECK_AFTER] * RECHECKS):
+                clock.jump(step)
+                await trio.testing.wait_all_tasks_blocked()
+            assert len(pacer.queue) == 1  # the look at the time it was told
+            await client.send_all(REFUSED)
+            assert (await _read_response(client, buffer))[0] == 429
+            assert 2.0 < trio.current_time() - start <= 2.0 + 2 * RECHECK_AFTER
+            nursery.cancel_scope.cancel()
+    await client.aclose()
