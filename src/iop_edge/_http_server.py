@@ -542,6 +542,8 @@ class _Connection:
         self._resumed = False  # woken from a pause: the next read need not be a schedule point
         self._unparsed: bytes | None = None  # all the bytes h11 holds, read whole on a pause's end
         self._rechecks = 0  # times the pacer found nothing to read since the pause's end
+        self._idle = False  # the pacer gave up looking: the task waits for the client's bytes
+        self._plain = isinstance(transport, _SocketTransport)  # a pause's end may be answered without the task
         self._told = -math.inf  # when the last refused client was told to come back (Retry-After)
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._body_done = False
@@ -632,13 +634,39 @@ class _Connection:
     # -------------------------------------------------------------- the exchange
 
     async def _pause(self, until: float) -> None:
-        """Leave the connection unread until ``until`` (trio's clock; pacing); counted as paused meanwhile."""
-        self.counter.paused += 1
-        try:
-            await self.pacer.pause(until, self._answer_paused if self.refuse_head is not None else None)
-        finally:
-            self.counter.paused -= 1
+        """Leave the connection unread until ``until`` (trio's clock; pacing); counted as paused meanwhile.
+
+        On a plain TCP connection with ``refuse_head``, the pacer answers a
+        refused retry itself (:meth:`_answer_paused`); when it found nothing to
+        read and gave up, the task waits for the client's bytes here and
+        answers them the same way, pausing again when they are refused again.
+        """
+        answer = self._answer_paused if self.refuse_head is not None and self._plain else None
+        while True:
+            self.counter.paused += 1
+            try:
+                await self.pacer.pause(until, answer)
+            finally:
+                self.counter.paused -= 1
+            if not self._idle:
+                break
+            self._idle = False
+            again = await self._answer_when_readable()
+            if again is None:
+                break
+            until = again
         self._resumed = True  # the wake-up was this request's schedule point: its head is read at once
+
+    async def _answer_when_readable(self) -> float | None:
+        """Wait (up to ``keep_alive_timeout``) for the client's next bytes; :meth:`_answer_bytes` them."""
+        assert isinstance(self.transport, _SocketTransport)
+        with trio.move_on_after(self.limits.keep_alive_timeout):
+            while True:
+                await trio.lowlevel.wait_readable(self.transport.sock)
+                data = self.transport.receive_nowait()
+                if data is not None:
+                    return self._answer_bytes(data)
+        raise _PeerGone
 
     def _answer_paused(self, due: float) -> float | None:
         """The pacer's answer when this connection's pause is ``due`` (runs in the pacer's task, never waits).
@@ -670,8 +698,16 @@ class _Connection:
                 self._rechecks += 1
                 return _step_after(due, now + PACING_QUANTUM)
             self._rechecks = 0
+            self._idle = True  # the task waits for the client (:meth:`_answer_when_readable`)
             return None
         self._rechecks = 0
+        return self._answer_bytes(data)
+
+    def _answer_bytes(self, data: bytes) -> float | None:
+        """Answer ``data``, the client's bytes read on a fresh h11 connection: the time to pause until
+        when it is a remembered request refused again (the refusal sent), else None (the bytes are
+        h11's)."""
+        conn = self.h11
         head = self.pacer.recall(data) if data else None
         refused = self._decide(*head) if head is not None else None
         if refused is None:

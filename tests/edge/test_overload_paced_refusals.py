@@ -38,6 +38,19 @@ def clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
 
 
+async def _refused_only(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    raise AssertionError("every request is refused")
+
+
+def _refusing(response: CannedResponse) -> Any:
+    """A ``refuse_head`` that refuses every request with ``response``, paused 1 s."""
+
+    def refuse_head(method: bytes, target: bytes, headers: object) -> tuple[CannedResponse, float]:
+        return response, trio.current_time() + 1.0
+
+    return refuse_head
+
+
 def _connection(pacer: _Pacer, app: Any, refuse_head: Any) -> tuple[_Connection, trio.SocketStream]:
     """A listener's connection over a Unix socket pair (paced by ``pacer``), and its client's end."""
     ours, theirs = socket.socketpair()
@@ -139,12 +152,15 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                     await trio.testing.wait_all_tasks_blocked()
                     assert len(pacer.queue) == 1
                 assert await ask(other) == (429, b"full")  # ... and answered there
-                # ... up to RECHECKS times; then its task waits for the socket.
+                # ... up to RECHECKS times; then its task waits for the socket, and answers a
+                # remembered request the same way, without h11.
                 for step in (1.0, *[RECHECK_AFTER] * RECHECKS):
                     clock.jump(step)
                     await trio.testing.wait_all_tasks_blocked()
                 assert len(pacer.queue) == 0
+                parser = connection.h11
                 assert await ask(other) == (429, b"full")
+                assert connection.h11 is parser and len(pacer.queue) == 1
                 assert decided_in[9:] == ["pacer", "connection"]
                 await client.aclose()
             nursery.cancel_scope.cancel()  # the connection ended (its client left during a pause)
@@ -155,19 +171,13 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
 async def test_a_client_told_to_come_back_after_its_pause_is_looked_at_then(clock: trio.testing.MockClock) -> None:
     """[overload-cheap-reject] A client told ``Retry-After: 2`` whose connection's pause ended after
     1 s with nothing to read is looked at again right after the 2 s (not waited for on the socket):
-    a client that honours the ``Retry-After`` is read there."""
+    a client that honours the ``Retry-After`` is read there. One that never comes back is closed
+    after the keep-alive timeout."""
     told = CannedResponse(429, [(b"retry-after", b"2"), (b"content-length", b"4")], b"full", retry_after=2)
     pacer = _Pacer()
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        raise AssertionError("every request is refused")
-
-    def refuse_head(method: bytes, target: bytes, headers: object) -> tuple[CannedResponse, float]:
-        return told, trio.current_time() + 1.0
-
-    connection, client = _connection(pacer, app, refuse_head)
+    connection, client = _connection(pacer, _refused_only, _refusing(told))
     buffer = bytearray()
-    with trio.fail_after(60):
+    with trio.fail_after(600):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pacer.run)
             nursery.start_soon(connection.serve)
@@ -181,5 +191,10 @@ async def test_a_client_told_to_come_back_after_its_pause_is_looked_at_then(cloc
             await client.send_all(REFUSED)
             assert (await _read_response(client, buffer))[0] == 429
             assert 2.0 < trio.current_time() - start <= 2.0 + 2 * RECHECK_AFTER
+            # A client that never comes back: once the pacer stopped looking, its connection
+            # waits as long as an idle kept-alive connection does, then closes.
+            start = trio.current_time()
+            assert await client.receive_some() == b""
+            assert trio.current_time() - start >= 2.0 + connection.limits.keep_alive_timeout
             nursery.cancel_scope.cancel()
     await client.aclose()
