@@ -40,9 +40,13 @@ over the flood's own window divided by the 200s answered in it, connections open
 the warm-up (so neither a row nor a reference pays for accepting or closing connections:
 the flood's clients keep theirs alive, as the Edge asks of a refused client), and the
 idle Edge's own CPU over the window left out (``idle_ms_per_s``: node heartbeats, the
-loop-lag sampler, read over 4 s with no client), which the probe's baseline already holds. A row's refusal cost is its Edge CPU minus its
-answered requests at ``queued_ms`` (they waited in the queue too) minus the probe's
-baseline, divided by its refusals; the JSON also keeps it with the probe's share left in.
+loop-lag sampler, read over 8 s with no client), which the probe's baseline already
+holds. A row's refusal cost is its Edge CPU minus its answered requests at ``queued_ms``
+(they waited in the queue too) minus the probe's baseline, divided by its refusals; the
+JSON also keeps it with the probe's share left in. What it counts is what the flood adds
+to the Edge's CPU per refusal -- the refusals' own work and the loop wake-ups and other
+work they cause -- for clients that keep their connection (what a refused connection that
+closes costs on top, an accept and a close, is not in any row).
 
 That figure is a remainder: it leans on the served requests of the flood costing what
 they cost in the references. So the refusal cost is also measured with nothing to subtract
