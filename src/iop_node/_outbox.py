@@ -2,10 +2,13 @@
 
 Run tasks queue JSON text frames (run ends, heartbeats, tunnel messages) and, in
 wire v2, data records (a header plus the run's output bytes). The writer takes
-the next frame with :meth:`Outbox.next_frame`: a text frame alone, or every data
-record queued since its last write in ONE binary frame, across runs, in queue
-order. So a run's end never overtakes its data, and a busy node sends few large
-frames instead of one per upstream read.
+every frame queued since its last write with :meth:`Outbox.next_frames`, for ONE
+write to the socket: text frames as queued, and each stretch of data records
+(across runs, in queue order) joined into ONE binary frame. So a run's end never
+overtakes its data, a busy node sends few large frames instead of one per
+upstream read, and a run whose answer and end are queued together (a non-stream
+answer read whole) costs one ``send()``, not two (the Edge then finds both in
+one read).
 
 Queuing is synchronous once there is room, hence cancellation-atomic: a record or
 frame is queued whole or not at all. Room: while more than :data:`LIMIT` bytes
@@ -104,20 +107,28 @@ class Outbox:
         if self._closed:
             raise trio.BrokenResourceError("the connection's writer is gone")
 
-    async def next_frame(self) -> str | bytes:
-        """The next frame to write: a text frame, or the queued data records joined. Checkpoints."""
+    async def next_frames(self) -> list[str | bytes]:
+        """Every frame queued now (at least one), in queue order, for one write. Checkpoints.
+
+        Text frames come as queued; each stretch of data records becomes one binary
+        frame. Frames are added while the total stays under :data:`MAX_FRAME` bytes
+        (the first frame goes whatever its size; one record may exceed it).
+        """
         while not self._items:
             if self._wakeup.is_set():
                 self._wakeup = trio.Event()
             await self._wakeup.wait()
         items = self._items
-        first = items.popleft()
-        if isinstance(first, str):
-            frame: str | bytes = first
-            size = len(first)
-        else:
+        frames: list[str | bytes] = []
+        size = 0
+        while items and size < MAX_FRAME:
+            first = items.popleft()
+            if isinstance(first, str):
+                frames.append(first)
+                size += len(first)
+                continue
             parts = list(first)
-            size = len(first[0]) + len(first[1])
+            size += len(first[0]) + len(first[1])
             while items and size < MAX_FRAME:
                 record = items[0]
                 if isinstance(record, str):
@@ -125,11 +136,11 @@ class Outbox:
                 items.popleft()
                 parts += record
                 size += len(record[0]) + len(record[1])
-            frame = b"".join(parts)
+            frames.append(b"".join(parts))
         self._queued -= size
         if self._queued <= LIMIT:
             self._room.set()
-        return frame
+        return frames
 
     def close(self) -> None:
         """The writer is gone: queuing raises from now on, waiters wake up."""

@@ -67,7 +67,7 @@ from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTi
 from ._outbox import Outbox
 from ._poller import BodyPoller, RunOutput, new_poller
 from ._runtime import NodeRuntime
-from ._websocket import EdgeWebSocket
+from ._websocket import EdgeSocket, EdgeWebSocket
 from .config import NodeConfig
 
 logger = logging.getLogger("iop_node")
@@ -364,13 +364,20 @@ class EdgeSession:
     async def _write(self, outbox: Outbox, connection: trio.CancelScope) -> None:
         """The only task that writes to the socket; a failed write ends the connection.
 
-        Every data record queued since the last write goes out in one binary frame.
+        Every frame queued since the last write goes out in one write (the data
+        records among them in one binary frame): a run's output and its end
+        queued together cost one ``send()``.
         """
+        ws = self.ws
         try:
             while True:
-                frame = await outbox.next_frame()
+                frames = await outbox.next_frames()
                 try:
-                    await self.ws.send_message(frame)
+                    if isinstance(ws, EdgeSocket):
+                        await ws.send_messages(frames)
+                    else:  # trio-websocket's connection (tests, simulations): one message at a time
+                        for frame in frames:
+                            await ws.send_message(frame)
                 except ConnectionClosed:
                     connection.cancel()
                     return

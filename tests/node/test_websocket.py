@@ -191,3 +191,18 @@ async def test_sends_from_several_tasks_stay_whole_and_in_order_through_a_full_b
             nursery.start_soon(edge)
         assert received == messages
         await close(client, server)
+
+
+async def test_send_messages_frames_them_in_order_into_one_write() -> None:
+    """send_messages: every message framed whole and in order, in ONE write (the Edge's first read has them all)."""
+    with trio.fail_after(10):
+        client, server = await connected()
+        await client.send_messages([b"records", '{"type":"run_end"}', b"more"])
+        server.ws.receive_data(await server.stream.receive_some(65536))  # one read
+        events = list(server.ws.events())
+        assert [(type(e), e.data) for e in events if isinstance(e, Message)] == [
+            (BytesMessage, b"records"),
+            (TextMessage, '{"type":"run_end"}'),
+            (BytesMessage, b"more"),
+        ]
+        await close(client, server)

@@ -1,0 +1,45 @@
+"""The Outbox: what the session's writer takes for one write."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from iop_node._outbox import MAX_FRAME, Outbox
+
+
+async def test_next_frames_takes_everything_queued_in_order() -> None:
+    """Text frames as queued, each stretch of data records joined into one binary frame, all for one write
+    (a non-stream answer and its run end queued together go out in one ``send()``)."""
+    outbox = Outbox()
+    await outbox.put_record(b"h1", b"a")
+    outbox.put_record_nowait(b"h2", b"b")
+    await outbox.put_text('{"type":"run_end"}')
+    await outbox.put_record(b"h3", b"c")
+    await outbox.put_text("heartbeat")
+    assert await outbox.next_frames() == [b"h1ah2b", '{"type":"run_end"}', b"h3c", "heartbeat"]
+
+
+async def test_next_frames_waits_for_a_frame_and_stops_past_the_frame_bound() -> None:
+    """An empty outbox waits for the next frame; one write takes frames while they total under
+    MAX_FRAME bytes, the rest wait for the next write, in order."""
+    outbox = Outbox()
+    taken: list[list[str | bytes]] = []
+
+    async def writer() -> None:
+        taken.append(await outbox.next_frames())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert taken == []
+        await outbox.put_text("first")
+    assert taken == [["first"]]
+
+    half = b"x" * (MAX_FRAME // 2)
+    await outbox.put_record(b"h", half)
+    await outbox.put_text("end")
+    await outbox.put_record(b"h", half)
+    outbox.put_record_nowait(b"h", b"y")  # past the bound: the next write
+    assert await outbox.next_frames() == [b"h" + half, "end", b"h" + half]
+    assert await outbox.next_frames() == [b"hy"]
