@@ -12,8 +12,12 @@ Design notes:
   closes or drops, or the session is cancelled (shutdown), the nursery is
   cancelled, which cancels every run that came over this connection and
   closes its upstream request (adapters are iterated inside ``aclosing``).
+- Reading hops, runs stay. The task that reads a ``run`` with nothing else
+  read behind it serves that run itself and hands the reading to a new task
+  (:meth:`EdgeSession._read`): at low concurrency the upstream request goes out
+  without a task switch. Every task of the connection is in its nursery either way.
 - Permits are taken synchronously in the message dispatch, before the run
-  task is spawned, and returned by the task with ``with permit:``. The permit
+  is served, and returned by its task with ``with permit:``. The permit
   is returned *before* the ``run_end`` / ``tunnel_end`` is sent, so when the
   Edge sees the end and dispatches the next run, the permit is already free.
 - Sending. The connection serializes ``send_message``, but a
@@ -161,8 +165,7 @@ class EdgeSession:
                     self._poller = new_poller(nursery, self._outbox.room)
                 nursery.start_soon(self._write, self._outbox, nursery.cancel_scope)
                 nursery.start_soon(self._heartbeat, interval)
-                await self._read()
-                nursery.cancel_scope.cancel()
+                await self._read()  # it cancels the nursery when the connection ends
         finally:
             if self._poller is not None:
                 self._poller.close()
@@ -207,8 +210,26 @@ class EdgeSession:
         self._close_code, self._close_reason = code, reason
 
     async def _read(self) -> None:
-        """Dispatch Edge messages until the connection closes or breaks the protocol."""
-        handlers: dict[type, Callable[..., Awaitable[None]]] = {
+        """Read and dispatch the Edge's messages; at the connection's end, cancel its nursery.
+
+        A run (or tunnel request) that arrives with nothing read behind it is served
+        by the reading task itself, which hands the reading on to a new task first:
+        the run's upstream request then goes out without a task switch (the switch
+        goes to the next read instead, which has to wait for the socket anyway). A
+        run with more messages read behind it gets a task of its own, and the
+        reading goes on at once.
+        """
+        serve = await self._dispatch()
+        if serve is None:
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+        else:
+            await serve()
+
+    async def _dispatch(self) -> Callable[[], Awaitable[None]] | None:
+        """Dispatch Edge messages until the connection closes or breaks the protocol (None), or
+        until a run for this task to serve arrives (see :meth:`_read`)."""
+        handlers: dict[type, Callable[..., Awaitable[Callable[[], Awaitable[None]] | None]]] = {
             Run: self._on_run,
             TunnelRequest: self._on_tunnel_request,
             Cancel: self._on_cancel,
@@ -217,41 +238,50 @@ class EdgeSession:
             try:
                 data = await self.ws.get_message()
             except ConnectionClosed:
-                return
+                return None
             try:
                 message = decode(data)
             except ProtocolError as exc:
                 self._protocol_error(exc.close_code, exc.close_reason)
-                return
+                return None
             handler = handlers.get(type(message))
             if handler is None:
                 self._protocol_error(CLOSE_PROTOCOL_ERROR, f"unexpected {type(message).__name__} after registered")
-                return
+                return None
             if isinstance(message, Run | TunnelRequest) and message.run_id in self._active:
                 self._protocol_error(CLOSE_PROTOCOL_ERROR, f"duplicate run_id {message.run_id!r}")
-                return
-            await handler(message)
+                return None
+            serve = await handler(message)
+            if serve is not None:
+                assert self._nursery is not None
+                ws = self.ws
+                if isinstance(ws, EdgeSocket) and not ws.buffered:
+                    self._nursery.start_soon(self._read)
+                    return serve
+                self._nursery.start_soon(serve)
 
-    async def _on_run(self, run: Run) -> None:
+    async def _on_run(self, run: Run) -> Callable[[], Awaitable[None]] | None:
         end = functools.partial(_run_end, run_id=run.run_id)
         admitted = await self._admit(run.provider, end)
-        if admitted is not None:
-            permit, adapter = admitted
-            relay = functools.partial(self._relay_run, run, adapter)
-            self._spawn(run.run_id, permit, relay, end)
+        if admitted is None:
+            return None
+        permit, adapter = admitted
+        relay = functools.partial(self._relay_run, run, adapter)
+        return self._serving(run.run_id, permit, relay, end)
 
-    async def _on_tunnel_request(self, request: TunnelRequest) -> None:
+    async def _on_tunnel_request(self, request: TunnelRequest) -> Callable[[], Awaitable[None]] | None:
         end = functools.partial(_tunnel_end, run_id=request.run_id)
         try:
             body = request.body_bytes()
         except ProtocolError as exc:
             await self._send(end("error", "bad_request", exc.reason, None))
-            return
+            return None
         admitted = await self._admit(request.provider, end)
-        if admitted is not None:
-            permit, adapter = admitted
-            relay = functools.partial(self._relay_tunnel, request, body, adapter)
-            self._spawn(request.run_id, permit, relay, end)
+        if admitted is None:
+            return None
+        permit, adapter = admitted
+        relay = functools.partial(self._relay_tunnel, request, body, adapter)
+        return self._serving(request.run_id, permit, relay, end)
 
     async def _on_cancel(self, cancel: Cancel) -> None:
         scope = self._active.get(cancel.run_id)
@@ -271,12 +301,14 @@ class EdgeSession:
             await self._send(end("error", code, str(exc), None))
             return None
 
-    def _spawn(self, run_id: str, permit: Permit, relay: Callable[[], Awaitable[None]], end: _EndFactory) -> None:
-        # The scope exists before the task runs, so a cancel that arrives
-        # before the task's first checkpoint still takes effect.
+    def _serving(
+        self, run_id: str, permit: Permit, relay: Callable[[], Awaitable[None]], end: _EndFactory
+    ) -> Callable[[], Awaitable[None]]:
+        """The run as one call that serves it (in whichever task :meth:`_dispatch` chooses)."""
+        # The scope exists before the run is served, so a cancel that arrives
+        # before its first checkpoint still takes effect.
         scope = self._active[run_id] = trio.CancelScope()
-        assert self._nursery is not None
-        self._nursery.start_soon(self._serve_one, run_id, permit, scope, relay, end)
+        return functools.partial(self._serve_one, run_id, permit, scope, relay, end)
 
     async def _serve_one(
         self,

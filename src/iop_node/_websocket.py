@@ -103,6 +103,11 @@ class EdgeSocket(WebSocketEnd):
         self._out = bytearray()
         self._lock = trio.Lock()
 
+    @property
+    def buffered(self) -> bool:
+        """Whether frames read from the socket wait to be taken (the next :meth:`get_message` may not read)."""
+        return bool(self._events)
+
     async def handshake(self, host: str, resource: str) -> None:
         """The client's opening handshake. Checkpoints.
 

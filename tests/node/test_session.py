@@ -173,6 +173,29 @@ async def test_edge_close_cancels_every_run_of_the_connection(edge: FakeEdge, ba
             assert node.client.connections == 2
 
 
+@pytest.mark.req("runtime-concurrency")
+async def test_reading_goes_on_while_the_reading_task_serves_a_run(edge: FakeEdge, backend: Backend) -> None:
+    """A run that arrives alone is served by the task that read it, which hands the reading on:
+    runs and a cancel that come after it (alone or several together) are still read and served,
+    and every permit comes back. [runtime-concurrency]"""
+    backend.backend.tokens_per_second = 20
+    with trio.fail_after(10):
+        async with running_node(node_config(edge.url, openai_provider(backend.port, capacity=4))) as node:
+            conn = await edge.next_connection()
+            await conn.send(chat_run("slow", max_tokens=1000))
+            assert isinstance(await conn.receive_for("slow"), RunData)
+            backend.backend.tokens_per_second = 0
+            for run_id in ("a", "b", "c"):
+                await conn.send(chat_run(run_id, stream=False))
+            for run_id in ("a", "b", "c"):
+                assert (await conn.receive_until_end(run_id))[-1] == RunEnd(run_id, "ok")
+            await conn.send(Cancel("slow"))
+            assert (await conn.receive_until_end("slow"))[-1].status == "cancelled"  # type: ignore[union-attr]
+            assert node.runtime.gate.statistics().total_in_use == 0
+            await conn.send(chat_run("last", stream=False))
+            assert (await conn.receive_until_end("last"))[-1] == RunEnd("last", "ok")
+
+
 async def test_unknown_provider_is_a_bad_request(edge: FakeEdge, backend: Backend) -> None:
     with trio.fail_after(5):
         async with running_node(node_config(edge.url, openai_provider(backend.port))):
