@@ -12,12 +12,15 @@ cancels their request handlers.
 
 Design notes:
 
-- One nursery per connection, with one reader and one writer task. Only the
-  writer touches the socket for sending; everything else queues frames in the
-  connection's *outbox* without waiting (``send_nowait``), so a request
-  handler being cancelled can never leave half a frame on the socket, and a
-  node that stops reading its socket stalls only its own writer. A full outbox
-  means the node is not keeping up: the connection is dropped.
+- One nursery per connection, with one reader and one writer task. Nothing
+  waits to send: a frame (a run, a cancel) goes to the socket at once from
+  the task that has it when the writer is idle with nothing queued
+  (:meth:`NodeSocket.send_nowait`: one non-blocking write, so a request
+  handler being cancelled can never leave half a frame on the socket; what the
+  socket does not take is the writer's to send), and otherwise into the
+  connection's *outbox* (``send_nowait``), behind the frames already there, for
+  the writer. A node that stops reading its socket stalls only its own writer.
+  A full outbox means the node is not keeping up: the connection is dropped.
 - The reader never blocks on a consumer either: events for a run go into that
   run's bounded channel with ``send_nowait``. A run whose client cannot keep
   up overflows its channel and is cancelled (the handler answers
@@ -89,6 +92,9 @@ WRITE_BATCH_BYTES = 64 * 1024
 """Characters of queued frames past which the node link's writer stops adding frames to one write."""
 CANCEL_SETTLE_TIMEOUT = 2.0
 """Seconds a run left before its end waits for the node to confirm the cancel."""
+FLUSH = ""
+"""Queued (never sent) behind a frame sent without waiting: the node link's writer sends what the
+socket did not take of it, and what was queued behind it in the same scheduling round."""
 
 RunMessage = RunEvent | RunData | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
 """What a run's channel carries: JSON messages (v1 and v2) and v2 data records."""
@@ -284,6 +290,8 @@ class NodeLink:
         self.last_seen = trio.current_time()
         self.cause: DisconnectCause = "error"
         self._outbox_send, self._outbox_receive = trio.open_memory_channel[str](OUTBOX_SIZE)
+        self._writer_busy = False  # frames queued for the writer, or taken and not written yet
+        self._ending = False
         self._runs: dict[str, RunChannel] = {}
         self._cancel_scope: trio.CancelScope | None = None
 
@@ -326,8 +334,27 @@ class NodeLink:
             channel.close()
 
     def _queue(self, frame: str) -> None:
+        """Send ``frame`` now if the writer is idle with nothing queued, else queue it for the writer.
+
+        A request handler then writes its run's frame itself: at concurrency 1 the
+        frame leaves without waiting for the writer task's turn (a scheduling round
+        or two on the request's path). The write cannot be cancelled half-way (it
+        does not wait). The writer is still woken (with :data:`FLUSH`): it sends
+        what the socket did not take, and frames queued in the same scheduling
+        round wait behind it and leave together in its one write, as before.
+        """
+        ws = self.ws
+        if not (self._writer_busy or self._ending):
+            try:
+                sent = ws.send_nowait(frame)
+            except ConnectionClosed:
+                self.abort()
+                raise NodeGone(f"node {self.node_id} is disconnecting") from None
+            if sent:
+                frame = FLUSH
         try:
             self._outbox_send.send_nowait(frame)
+            self._writer_busy = True  # what follows queues behind it: the order of frames is kept
         except trio.WouldBlock:
             logger.warning("node %s is not reading its socket; dropping it", self.node_id)
             self.cause = "error"
@@ -379,6 +406,7 @@ class NodeLink:
 
     def abort(self) -> None:
         """Drop the connection now (its serve loop ends and disconnects the node)."""
+        self._ending = True
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
 
@@ -410,6 +438,7 @@ class NodeLink:
         try:
             async for frame in self._outbox_receive:
                 await self._send_queued(frame)
+                self._writer_busy = bool(self._outbox_receive.statistics().current_buffer_used)
         except ConnectionClosed:
             self.abort()
 
@@ -438,7 +467,9 @@ class NodeLink:
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
             size += len(frames[-1])
-        await ws.send_messages(frames)
+        messages = [frame for frame in frames if frame]  # without FLUSH
+        if messages or ws.backlogged:
+            await ws.send_messages(messages)  # none: the rest of a frame sent without waiting
 
     async def _read(self) -> None:
         ws = self.ws
@@ -474,6 +505,7 @@ class NodeLink:
             return
 
     def _end_runs(self) -> None:
+        self._ending = True
         self._outbox_send.close()
         for channel in self._runs.values():
             channel.close()
@@ -586,6 +618,22 @@ class _PeerWatch(trio.abc.Stream):
             fd = self._fd()
             if fd < 0:
                 raise trio.ClosedResourceError("the node's socket was closed")
+
+    def write_nowait(self, data: bytes) -> int:
+        """Bytes of ``data`` the socket took now (none for a TLS stream, which is written by awaiting it).
+
+        Raises:
+            trio.BrokenResourceError: the socket failed.
+        """
+        fd = self._fd()
+        if fd < 0:
+            return 0
+        try:
+            return os.write(fd, data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(exc) from exc
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()

@@ -6,19 +6,21 @@ frames in the caller's task, so a node frame goes from the socket to the runs'
 clients in one task) with the server's opening handshake, on a trio stream.
 Sends from several tasks are serialized by a lock, each write whole;
 :meth:`~iop_wire.WebSocketEnd.send_messages` frames several messages into one
-write. A close from the node is answered and then ends the TCP connection (the
+write, and :meth:`NodeSocket.send_nowait` writes one message from a task that
+cannot wait (the bytes the socket does not take then go first in the next write). A close from the node is answered and then ends the TCP connection (the
 server closes first).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import final
 
 import trio
 from trio_websocket import ConnectionClosed
 from wsproto import ConnectionType
-from wsproto.events import AcceptConnection, Request
+from wsproto.events import AcceptConnection, BytesMessage, Request, TextMessage
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from iop_wire import RECEIVE_BYTES, WebSocketEnd
@@ -34,13 +36,50 @@ class NodeSocket(WebSocketEnd):
     sends from several tasks are serialized, each message whole.
     """
 
-    __slots__ = ("stream", "_send_lock")
+    __slots__ = ("stream", "_send_lock", "_write_now", "_backlog")
 
     def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
         super().__init__(ConnectionType.SERVER, max_message_bytes)
         self.stream = stream
         """The stream the WebSocket is spoken on."""
         self._send_lock = trio.Lock()
+        self._write_now: Callable[[bytes], int] | None = getattr(stream, "write_nowait", None)
+        """The stream's ``write_nowait(data) -> bytes taken now``, if it has one."""
+        self._backlog = b""
+        """Bytes of a message sent by :meth:`send_nowait` that the socket did not take: the next write sends them first."""
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether bytes of a :meth:`send_nowait` wait for the next write (any send, or ``send_messages([])``)."""
+        return bool(self._backlog)
+
+    def send_nowait(self, message: str | bytes) -> bool:
+        """Send ``message`` now without waiting, if no other send is under way. Does not checkpoint.
+
+        Returns:
+            False when nothing was sent (a send is under way, bytes wait in the
+            backlog, the connection is closed, the socket took none of it, or
+            the stream has no ``write_nowait``): send it with
+            :meth:`send_messages`. True when the message is taken whole:
+            written, or, when the socket took only a part, its rest in the
+            backlog (see :attr:`backlogged`), which the next write sends first.
+
+        Raises:
+            ConnectionClosed: the socket failed.
+        """
+        write_now = self._write_now
+        if write_now is None or self._backlog or self.closed is not None or self._send_lock.locked():
+            return False
+        data = self._ws.send(TextMessage(message) if isinstance(message, str) else BytesMessage(message))
+        try:
+            sent = write_now(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._lost(f"send failed: {exc!r}")
+        if not sent:
+            return False  # nothing on the wire: the frame is the caller's again
+        if sent < len(data):
+            self._backlog = data[sent:]
+        return True
 
     async def handshake(self) -> bool:
         """Read the opening request and accept it. Checkpoints.
@@ -70,11 +109,19 @@ class NodeSocket(WebSocketEnd):
                 return False
 
     async def _write(self, data: bytes) -> None:
-        async with self._send_lock:
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._lost(f"send failed: {exc!r}")
+        lock = self._send_lock
+        try:
+            lock.acquire_nowait()  # no scheduling round for a free lock (the stream's write checkpoints if it waits)
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
+            if self._backlog:
+                data, self._backlog = self._backlog + data, b""
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._lost(f"send failed: {exc!r}")
+        finally:
+            lock.release()
 
     async def _receive(self) -> bytes:
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from edge.harness import (
     BIG,
@@ -311,8 +312,9 @@ async def test_run_channel_sink_attaches_only_over_an_empty_buffer() -> None:
 async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Runs opened in one scheduling round leave in ONE write to the node's socket, in order,
-    each frame intact; a run opened alone afterwards is written on its own."""
+    """The first run opened while the link's writer is idle leaves at once, written by the task that
+    opens it; the runs opened behind it in the same scheduling round leave in ONE write (the
+    writer's), in order, each frame intact; a run opened alone afterwards is written at once again."""
     with trio.fail_after(10):
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             assert node.registered is not None
@@ -327,15 +329,17 @@ async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
                     writes.append(len(data))
                 return real_write(target, data)
 
+            await trio.testing.wait_all_tasks_blocked()  # the writer is idle (it has seen to `registered`)
             monkeypatch.setattr(os, "write", counting_write)
             body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
             runs = [Run(f"t{i}", "gpu0", "chat/completions", body, False) for i in range(3)]
             channels = [link.open_run(run) for run in runs]  # no checkpoint between them
+            assert len(writes) == 1  # t0, before any checkpoint
             assert [(await node.next_run()).run_id for _ in runs] == ["t0", "t1", "t2"]
-            assert len(writes) == 1
-            channels.append(link.open_run(Run("t3", "gpu0", "chat/completions", body, False)))
-            assert (await node.next_run()).run_id == "t3"
             assert len(writes) == 2
+            channels.append(link.open_run(Run("t3", "gpu0", "chat/completions", body, False)))
+            assert len(writes) == 3
+            assert (await node.next_run()).run_id == "t3"
             monkeypatch.undo()
             for channel in channels:
                 link.forget_run(channel.run_id)

@@ -140,3 +140,65 @@ async def test_a_peer_that_leaves_before_the_handshake(autojump_clock: trio.test
     await client_end.aclose()
     with trio.fail_after(5):
         assert not await NodeSocket(server_end, 1024).handshake()
+
+
+class _TakesPart(trio.abc.Stream):
+    """A stream whose ``write_nowait`` takes only the first ``limit`` bytes (a socket with little room);
+    what it took reaches the peer with its next write, before anything sent later."""
+
+    def __init__(self, inner: trio.abc.Stream, limit: int) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.taken = bytearray()
+
+    def write_nowait(self, data: bytes) -> int:
+        self.taken += data[: self.limit]
+        return min(self.limit, len(data))
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        taken, self.taken = bytes(self.taken), bytearray()
+        await self.inner.send_all(taken + bytes(data))
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_send_nowait_keeps_what_the_socket_did_not_take_for_the_next_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """send_nowait: a message the socket takes none of is not sent (the caller keeps it); one whose
+    bytes the socket took only in part is kept whole: its rest goes first in the next write
+    (``send_messages([])`` alone sends it); meanwhile, and while another send holds the socket,
+    send_nowait sends nothing and says so."""
+    with trio.fail_after(5):
+        client_end, server_end = trio.testing.memory_stream_pair()
+        stream = _TakesPart(server_end, limit=5)
+        server = NodeSocket(stream, 1024)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.handshake)
+            client = await wrap_client_stream(nursery, client_end, "edge", "/", max_message_size=1 << 20)
+            await trio.testing.wait_all_tasks_blocked()
+            stream.limit = 0
+            assert not server.send_nowait("none taken")  # nothing on the wire: not sent at all
+            assert not server.backlogged
+            stream.limit = 5
+            assert server.send_nowait('{"type":"run","run_id":"r1"}')
+            assert server.backlogged
+            assert not server.send_nowait("behind")  # nothing sent: it would overtake the rest
+            await server.send_messages([])
+            assert not server.backlogged
+            assert await client.get_message() == '{"type":"run","run_id":"r1"}'
+            stream.limit = 1 << 20
+            assert server.send_nowait(b"whole")
+            assert not server.backlogged
+            await server.send_messages([])  # (this stream passes on what it took with its next write)
+            assert await client.get_message() == b"whole"
+            async with server._send_lock:  # another send under way
+                assert not server.send_nowait("later")
+            nursery.cancel_scope.cancel()
