@@ -854,22 +854,27 @@ async def _relay_whole(
     """Relay a non-stream run: the body bytes (v2 records) or the one response object (v1).
 
     ``first`` is the run's first message when the caller received it already.
+    Messages that arrived with it are taken without waiting (the answer and its
+    end usually come in one read: no scheduling round between them).
     """
     parts: list[bytes] = []
     while True:
-        message, first = (first, None) if first is not None else (await _next(run), None)
-        if isinstance(message, RunData):
-            parts.append(message.data)
-        elif isinstance(message, RunEvent):
-            parts.append(_dumps(message.data))
-        else:
-            _end_of(message)
-            if not parts:
-                raise RequestRejected(
-                    502, "upstream_error", "the node ended the run without a response", type="upstream_error"
-                )
-            await responder.whole(200, [_JSON, *head], b"".join(parts))
-            return
+        if first is None:
+            first = await _next(run)
+        for message in (first, *run.buffered()):
+            if isinstance(message, RunData):
+                parts.append(message.data)
+            elif isinstance(message, RunEvent):
+                parts.append(_dumps(message.data))
+            else:
+                _end_of(message)
+                if not parts:
+                    raise RequestRejected(
+                        502, "upstream_error", "the node ended the run without a response", type="upstream_error"
+                    )
+                await responder.whole(200, [_JSON, *head], b"".join(parts))
+                return
+        first = None
 
 
 class _ClientGone(RequestRejected):
