@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, running_edge
+from iop_edge import _http_server
 from iop_edge._http_server import (
     PAUSE_READING,
     WRITE_BUFFER_LIMIT,
@@ -347,7 +348,17 @@ async def test_body_chunks_are_framed_as_h11_frames_the_response(
             nursery.cancel_scope.cancel()
 
 
-async def test_the_connection_watcher_cancels_a_request_whose_client_left() -> None:
+@pytest.fixture(params=["listener poller", "task per connection"])
+def watch_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a connection is watched: the listener's one epoll poller (Linux), or a watcher
+    task per connection (elsewhere)."""
+    kind: str = request.param
+    if kind == "task per connection":
+        monkeypatch.setattr(_http_server, "_CAN_POLL", False)
+    return kind
+
+
+async def test_the_connection_watcher_cancels_a_request_whose_client_left(watch_kind: str) -> None:
     """``iop.cancel_on_disconnect``: the client closing its end while the app waits cancels the
     app's scope (no task of the app's watches); the connection then ends."""
     cancelled = trio.Event()
@@ -373,7 +384,7 @@ async def test_the_connection_watcher_cancels_a_request_whose_client_left() -> N
             nursery.cancel_scope.cancel()
 
 
-async def test_the_connection_watcher_keeps_a_pipelined_request_and_parks_between_requests() -> None:
+async def test_the_connection_watcher_keeps_a_pipelined_request_and_parks_between_requests(watch_kind: str) -> None:
     """Requests on one keep-alive connection each watched by the connection's one watcher: a next
     request sent while the app still runs is read by the watcher, kept, and served after, in order;
     nothing is cancelled while the client stays."""
