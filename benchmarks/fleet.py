@@ -100,6 +100,10 @@ class FleetGenerator:
             raise BenchmarkFailed(f"load generator: {result['failed']}")
         return result
 
+    @property
+    def pid(self) -> int:
+        return self._inner.proc.pid
+
     def stop(self) -> None:
         self._inner.stop()
 
@@ -111,10 +115,23 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _figures(raw: dict[str, Any], k: int, cpu: dict[str, float]) -> dict[str, Any]:
+def _runqueue_seconds(pid: int) -> float:
+    """Time the process's main thread has spent runnable but waiting for a CPU (``/proc``'s schedstat); 0.0 without."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _figures(raw: dict[str, Any], k: int, cpu: dict[str, float], waited: float, wall: float) -> dict[str, Any]:
     ideal_span = (TOKENS - 1) / RATE
     tokens = max(1, raw["tokens"])
     return {
+        "wall_s": wall,
+        "cores_used": sum(cpu.values()) / wall,
+        "cpu_wait": waited / wall,
+        "load_1m": os.getloadavg()[0],
         "streams": k,
         "tokens_per_s": raw["window_tokens"] / raw["window"],
         "ideal_tokens_per_s": k * RATE,
@@ -135,12 +152,17 @@ def _figures(raw: dict[str, Any], k: int, cpu: dict[str, float]) -> dict[str, An
 async def _measure(
     generator: FleetGenerator, port: int, processes: list[Daemon], k: int, duration: float
 ) -> dict[str, Any]:
+    pids = [d.proc.pid for d in processes] + [generator.pid]
     before = {d.name: d.cpu_seconds() for d in processes}
     before["loadgen"] = generator.cpu_seconds()
+    waited = -sum(_runqueue_seconds(pid) for pid in pids)
+    started = time.monotonic()
     raw = await generator.fleet(port=port, path=CHAT_PATH, body=STREAM, streams=k, ramp=RAMP, duration=duration)
+    wall = time.monotonic() - started
+    waited += sum(_runqueue_seconds(pid) for pid in pids)
     after = {d.name: d.cpu_seconds() for d in processes}
     after["loadgen"] = generator.cpu_seconds()
-    return _figures(raw, k, {name: after[name] - before[name] for name in after})
+    return _figures(raw, k, {name: after[name] - before[name] for name in after}, waited, wall)
 
 
 async def _start(workdir: pathlib.Path, daemons: list[Daemon]) -> tuple[dict[str, int], dict[str, list[Daemon]]]:
@@ -236,15 +258,25 @@ def table(result: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "CPU per 1,000 tokens received (ms, user + system from /proc, whole measurement):",
+        "CPU per 1,000 tokens received (ms, user + system from /proc, whole measurement); all: every "
+        "process of the path, the load generator included; cores: their CPU time over the measurement's "
+        "wall time (on a shared box, what the path got), with the box's 1-minute load average at its end; "
+        "waiting: the time their main threads were runnable but waited for a CPU (/proc schedstat), over "
+        "the wall time:",
         "",
-        "| streams | path | " + " | ".join(_CPU_COLUMNS) + " |",
-        "|---|---|" + "---|" * len(_CPU_COLUMNS),
+        "| streams | path | " + " | ".join(_CPU_COLUMNS) + " | all | cores (load) | waiting |",
+        "|---|---|" + "---|" * (len(_CPU_COLUMNS) + 3),
     ]
     for k in sorted({int(k) for by_k in fleet.values() for k in by_k}):
         for path, by_k in fleet.items():
-            cpu = by_k[str(k)]["cpu_ms_per_1k_tokens"]
+            f = by_k[str(k)]
+            cpu = f["cpu_ms_per_1k_tokens"]
             cells = [f"{cpu[name]:.1f}" if name in cpu else "—" for name in _CPU_COLUMNS]
+            cells += [
+                f"{sum(cpu.values()):.1f}",
+                f"{f.get('cores_used', math.nan):.2f} ({f.get('load_1m', math.nan):.1f})",
+                f"{f.get('cpu_wait', math.nan):.2f}",
+            ]
             lines.append(f"| {k} | {path} | " + " | ".join(cells) + " |")
     failed = [
         f"{path} at {k}: {f['errors']} ({', '.join(f'{n}x {s!r}' for s, n in f['error_statuses'].items())[:300]})"
