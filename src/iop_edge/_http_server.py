@@ -1260,6 +1260,46 @@ def _response(status: int, headers: list[tuple[bytes, bytes]]) -> h11.Response:
     return event
 
 
+@final
+@attrs.frozen
+class _Listener:
+    """What every connection of one listener shares; :meth:`handle` serves one accepted connection."""
+
+    app: App
+    limits: HttpLimits
+    connections: ConnectionCounter
+    pacer: _Pacer
+    disconnects: _DisconnectPoller | None
+    wrap_stream: StreamWrapper | None
+    refuse_head: HeadRefuser | None
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        """Serve ``stream`` from accept to close: closed at once past the connection cap, wrapped
+        (TLS) within the head timeout, then served. Checkpoints."""
+        connections = self.connections
+        if connections.open >= connections.limit:
+            connections.refused += 1
+            await trio.aclose_forcefully(stream)
+            return
+        connections.open += 1
+        try:
+            transport: _Transport
+            if self.wrap_stream is None:
+                transport = _SocketTransport(stream)
+            else:
+                with trio.move_on_after(self.limits.header_timeout) as scope:
+                    transport = _StreamTransport(await self.wrap_stream(stream))
+                if scope.cancelled_caught:
+                    await trio.aclose_forcefully(stream)
+                    return
+            connection = _Connection(
+                transport, self.app, self.limits, connections, self.pacer, self.refuse_head, self.disconnects
+            )
+            await connection.serve()
+        finally:
+            connections.open -= 1
+
+
 async def serve_http(
     app: App,
     host: str,
@@ -1287,26 +1327,7 @@ async def serve_http(
     connections = counter if counter is not None else ConnectionCounter(limits.max_connections)
     pacer = _Pacer()
     disconnects = _DisconnectPoller() if _CAN_POLL else None
-
-    async def handle(stream: trio.SocketStream) -> None:
-        if connections.open >= connections.limit:
-            connections.refused += 1
-            await trio.aclose_forcefully(stream)
-            return
-        connections.open += 1
-        try:
-            http_stream: trio.abc.Stream = stream
-            if wrap_stream is not None:
-                with trio.move_on_after(limits.header_timeout) as scope:
-                    http_stream = await wrap_stream(stream)
-                if scope.cancelled_caught:
-                    await trio.aclose_forcefully(stream)
-                    return
-            transport = _SocketTransport(stream) if wrap_stream is None else _StreamTransport(http_stream)
-            await _Connection(transport, app, limits, connections, pacer, refuse_head, disconnects).serve()
-        finally:
-            connections.open -= 1
-
+    handle = _Listener(app, limits, connections, pacer, disconnects, wrap_stream, refuse_head).handle
     bound = listeners[0].socket.getsockname()[1]
     sockets = [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
     try:
