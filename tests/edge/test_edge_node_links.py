@@ -26,7 +26,7 @@ from edge.harness import (
     running_edge,
     start_chat,
 )
-from iop_edge._links import RunChannel, _PeerWatch
+from iop_edge._links import RUN_BUFFER, NodeGone, RunChannel, _PeerWatch
 from iop_edge._node_socket import NodeSocket
 from iop_wire import Rejected, Run, RunData, RunEnd, RunEvent
 
@@ -307,6 +307,43 @@ async def test_run_channel_sink_attaches_only_over_an_empty_buffer() -> None:
     assert not channel.attach(lambda data: True)
     assert await channel.next() == RunData("r1", 0, b"1")
     assert channel.attach(lambda data: True)
+
+
+async def test_run_channel_parks_its_relay_until_a_message_and_keeps_order_past_a_cancelled_wait() -> None:
+    """The relay parked in ``next`` wakes for the next message; a cancelled wait takes nothing, so a
+    message delivered afterwards is the next one read; a full buffer overflows the run, and once the
+    connection ends ``next`` gives what is buffered, then raises :class:`NodeGone`."""
+    channel = RunChannel("r1", None)  # type: ignore[arg-type]
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            got: list[object] = []
+
+            async def relay() -> None:
+                got.append(await channel.next())
+
+            nursery.start_soon(relay)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []
+            assert channel.deliver(RunData("r1", 0, b"a"))
+        assert got == [RunData("r1", 0, b"a")]
+        with trio.move_on_after(0):
+            await channel.next()
+        assert channel.deliver(RunData("r1", 1, b"b"))
+        assert await channel.next() == RunData("r1", 1, b"b")
+        for seq in range(RUN_BUFFER):
+            assert channel.deliver(RunData("r1", seq, b"x"))
+        assert not channel.deliver(RunData("r1", RUN_BUFFER, b"x"))
+        assert channel.overflowed
+        assert len(channel.buffered()) == RUN_BUFFER
+        with pytest.raises(NodeGone, match="client too slow"):
+            await channel.next()
+    gone = RunChannel("r2", None)  # type: ignore[arg-type]
+    assert gone.deliver(RunData("r2", 0, b"a"))
+    gone.close()
+    assert not gone.deliver(RunData("r2", 1, b"b"))
+    assert await gone.next() == RunData("r2", 0, b"a")
+    with pytest.raises(NodeGone, match="connection lost"):
+        await gone.next()
 
 
 async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
