@@ -329,15 +329,23 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
 class Responder:
     """Sends one HTTP response; knows whether the head is out already."""
 
-    __slots__ = ("_send", "_scope", "started", "finished", "write_nowait")
+    __slots__ = ("_send", "_scope", "started", "finished", "write_nowait", "respond_nowait")
 
-    def __init__(self, send: Send, scope: Scope, write_nowait: Callable[[bytes], bool] | None = None) -> None:
+    def __init__(
+        self,
+        send: Send,
+        scope: Scope,
+        write_nowait: Callable[[bytes], bool] | None = None,
+        respond_nowait: Callable[[int, list[tuple[bytes, bytes]], bytes], bool] | None = None,
+    ) -> None:
         self._send = send
         self._scope = scope
         self.started = False
         self.finished = False
         self.write_nowait = write_nowait
         """The server's ``iop.write_body_nowait``: a body chunk written from any task, never waiting."""
+        self.respond_nowait = respond_nowait
+        """The server's ``iop.respond_nowait``: a whole response written from any task, never waiting."""
 
     async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -351,10 +359,21 @@ class Responder:
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def whole(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
-        # With a content-length the server frames the body as is; without one it
-        # chunk-encodes it and writes the terminating chunk as one more socket send.
-        await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
+        await self.start(status, _framing(headers, body))
         await self.finish(body)
+
+    def whole_nowait(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Answer with a whole response now, from any task, never waiting (the server's ``iop.respond_nowait``).
+
+        Returns:
+            Whether it went out; if not (no such extension, the response started, the client
+            gone), answer with :meth:`whole` as usual.
+        """
+        respond = self.respond_nowait
+        if respond is None or self.started or not respond(status, _framing(headers, body), body):
+            return False
+        self.started = self.finished = True
+        return True
 
     async def canned(self, response: CannedResponse) -> None:
         """Answer with a response encoded once (a refusal on the request head)."""
@@ -405,7 +424,10 @@ class EdgeAPI:
             return
         if kind != "http":
             return
-        responder = Responder(send, scope, scope.get("extensions", {}).get("iop.write_body_nowait"))
+        extensions = scope.get("extensions", {})
+        responder = Responder(
+            send, scope, extensions.get("iop.write_body_nowait"), extensions.get("iop.respond_nowait")
+        )
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
             if handler is None:
@@ -606,6 +628,8 @@ class EdgeAPI:
             (b"x-iop-attempts", str(lease.attempt).encode()),
         ]
         first_token = self.service.config.first_token_timeout(model)
+        if not stream:  # the node link's reader may write the whole answer itself (see _relay_whole)
+            run.answer_whole(lambda answer: responder.whole_nowait(200, [_JSON, *head], answer))
         async with run:
             first = await _first_message(run, first_token)
             if isinstance(first, RunData | RunEvent):
@@ -855,7 +879,11 @@ async def _relay_whole(
 
     ``first`` is the run's first message when the caller received it already.
     Messages that arrived with it are taken without waiting (the answer and its
-    end usually come in one read: no scheduling round between them).
+    end usually come in one read: no scheduling round between them). When the
+    whole answer came before this task took any of it, the node link's reader
+    has written it to the client already (:meth:`RunChannel.answer_whole`):
+    the client has its answer one scheduling round sooner, and this task only
+    goes through the run's messages.
     """
     parts: list[bytes] = []
     while True:
@@ -872,7 +900,8 @@ async def _relay_whole(
                     raise RequestRejected(
                         502, "upstream_error", "the node ended the run without a response", type="upstream_error"
                     )
-                await responder.whole(200, [_JSON, *head], b"".join(parts))
+                if not run.answered:
+                    await responder.whole(200, [_JSON, *head], b"".join(parts))
                 return
         first = None
 
@@ -920,6 +949,15 @@ def _canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], byte
         if own and rejection.retry_after is not None and len(_CANNED) < _CANNED_MAX:
             _CANNED[key] = canned
     return canned
+
+
+def _framing(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> list[tuple[bytes, bytes]]:
+    """``headers`` and the ``content-length`` of ``body``.
+
+    With a content-length the server frames the body as is; without one it
+    chunk-encodes it and writes the terminating chunk as one more socket send.
+    """
+    return [*headers, (b"content-length", b"%d" % len(body))]
 
 
 def _too_large(limit: int) -> RequestRejected:

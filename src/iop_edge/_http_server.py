@@ -38,7 +38,8 @@ no websockets, no HTTP/2). What the listener guarantees:
   non-blocking stdlib socket with trio's low-level waits; bytes go to the
   socket at once from whichever task has them (the scope's
   ``iop.write_body_nowait`` lets a relay write body chunks from a node link's
-  reader), and what the socket does not take waits in the connection's
+  reader, ``iop.respond_nowait`` a whole response), and what the socket does
+  not take waits in the connection's
   buffer, written by a flusher task. A body chunk is refused past
   ``WRITE_BUFFER_LIMIT`` bytes waiting (the relay then drops the run);
   ASGI ``send`` of a chunk waits only then, the last body message until
@@ -377,6 +378,10 @@ class _Transport:
         Cancelled, the bytes stay pending and are still written in order.
         """
         self.write_nowait(data)
+        await self.wait_written()
+
+    async def wait_written(self) -> None:
+        """Wait until every pending byte is written (or the client is gone). Checkpoints only when it waits."""
         if self._flushing:
             await self._drained.wait()
 
@@ -556,7 +561,10 @@ class _Connection:
         self._response_started = False
         self._chunked = False  # h11 frames this response's body as chunks: later ones are framed alike
         self._watcher: _DisconnectWatcher | _PolledWatch | None = None
-        self._extensions: dict[str, Any] = {"iop.write_body_nowait": self._write_body_nowait}
+        self._extensions: dict[str, Any] = {
+            "iop.write_body_nowait": self._write_body_nowait,
+            "iop.respond_nowait": self._respond_nowait,
+        }
         if isinstance(transport, _SocketTransport):
             self._extensions["iop.cancel_on_disconnect"] = self._cancel_on_disconnect
 
@@ -826,6 +834,7 @@ class _Connection:
         finally:
             if self._watcher is not None:
                 self._watcher.stop()
+        await self.transport.wait_written()  # a response written without waiting (iop.respond_nowait)
         if self.h11.our_state is h11.SEND_BODY and not self.gone:
             raise _PeerGone  # the app ended a response midway: the client cannot frame it
         until: float = scope.get(PAUSE_READING, -math.inf)
@@ -913,8 +922,20 @@ class _Connection:
             self._response_started = True
             self._head = (message["status"], list(message.get("headers", ())))
             return
-        body = message.get("body", b"")
         more = message.get("more_body", False)
+        data = self._encoded(message.get("body", b""), more)
+        if not data:
+            return
+        if more:  # a body chunk: written at once, waiting only for a client far behind
+            self.transport.write_nowait(data)
+            await self.transport.wait_below_limit()
+        else:
+            await self._send_bytes(data)
+        if self.transport.broken:
+            self.gone = True
+
+    def _encoded(self, body: bytes, more: bool) -> bytes:
+        """The response's bytes for ``body``: after the head if it is not out yet, before the end unless ``more``."""
         parts: list[bytes] = []
         if self._head is not None:
             status, headers = self._head
@@ -925,15 +946,35 @@ class _Connection:
         if not more:
             self._chunked = False
             parts.append(self.h11.send(h11.EndOfMessage()) or b"")
-        if not parts:
-            return
-        if more:  # a body chunk: written at once, waiting only for a client far behind
-            self.transport.write_nowait(b"".join(parts))
-            await self.transport.wait_below_limit()
-        else:
-            await self._send_bytes(b"".join(parts))
+        return b"".join(parts)
+
+    def _respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write a whole response now, from any task (never waits).
+
+        The ``iop.respond_nowait`` extension of the scope: a relay whose whole
+        answer arrives in another task (a node link's reader) writes it from
+        there, without a task switch to the handler; the handler still returns
+        as usual, and the connection reads its next request once every byte is
+        written. ``headers`` must frame ``body`` (a ``content-length``).
+
+        Returns:
+            False when nothing was written: the response was started already
+            (send the rest through ``send``), or the client is gone (as is the
+            connection when the head does not frame the body).
+        """
+        if self._response_started or self.gone:
+            return False
+        self._head = (status, headers)
+        try:
+            data = self._encoded(body, more=False)
+        except h11.LocalProtocolError:  # the head does not frame the body: nothing went out, nothing can
+            self.gone = True
+            return False
+        self._response_started = True
+        self.transport.write_nowait(data)
         if self.transport.broken:
             self.gone = True
+        return True
 
     def _write_body_nowait(self, data: bytes) -> bool:
         """Write a chunk of the response body now, from any task (never waits).

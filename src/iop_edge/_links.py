@@ -28,7 +28,9 @@ Design notes:
   stream's relay has written everything it received, it attaches its
   client's writer (:meth:`RunChannel.attach`): data records then go from
   the reader to the client's socket without a task switch, and a client too
-  far behind overflows the run the same way.
+  far behind overflows the run the same way. A non-stream answer whose
+  records and end arrive before its relay took any of them is written to the
+  client by the reader too, whole (:meth:`RunChannel.answer_whole`).
 - Every message from the node counts as liveness. No message for
   ``heartbeat_timeout`` seconds and the Edge drops the connection itself: the
   fallback for a peer that vanished without a close.
@@ -122,7 +124,20 @@ class RunChannel:
     was about a fiftieth of the Edge's CPU per request (py-spy, concurrency 64).
     """
 
-    __slots__ = ("run_id", "link", "_queue", "_waiter", "_closed", "ended", "overflowed", "next_seq", "_sink")
+    __slots__ = (
+        "run_id",
+        "link",
+        "_queue",
+        "_waiter",
+        "_closed",
+        "ended",
+        "overflowed",
+        "next_seq",
+        "_sink",
+        "_whole",
+        "_taken",
+        "answered",
+    )
 
     def __init__(self, run_id: str, link: NodeLink) -> None:
         self.run_id = run_id
@@ -135,6 +150,10 @@ class RunChannel:
         self.next_seq = 0
         """The number the run's next data record must carry (its node link checks and counts)."""
         self._sink: Callable[[bytes], bool] | None = None
+        self._whole: Callable[[bytes], bool] | None = None
+        self._taken = False  # the relay took a message: the reader no longer holds the whole answer
+        self.answered = False
+        """Whether the node link's reader wrote the whole answer to the client (:meth:`answer_whole`)."""
 
     async def __aenter__(self) -> RunChannel:
         return self
@@ -158,7 +177,7 @@ class RunChannel:
         from the caller's cancellation (a client that went away is the usual
         reason to be here) and bounded by :data:`CANCEL_SETTLE_TIMEOUT`.
         """
-        self._sink = None
+        self._sink = self._whole = None
         if not self.ended and self.link.cancel_run(self.run_id):
             with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SETTLE_TIMEOUT):
                 while not self.ended:
@@ -193,8 +212,37 @@ class RunChannel:
         self._queue.append(message)
         if type(message) is RunEnd or type(message) is TunnelEnd:
             self._closed = True
+            if self._whole is not None and not self._taken:
+                self._answer_whole(message)
         self._wake()
         return True
+
+    def answer_whole(self, writer: Callable[[bytes], bool]) -> None:
+        """Let the node link's reader answer a non-stream run itself: ``writer(body)`` writes it whole.
+
+        When the run's end arrives (``ok``) with every data record of the run
+        still buffered -- the relay took none of them, the usual case, since the
+        node sends an answer and its end in one write -- the reader joins the
+        records and calls ``writer`` (never waiting; it returns whether the
+        answer went out), then :attr:`answered` tells the relay, which still
+        gets every message, that there is nothing left to write. The client gets
+        its answer without waiting for the relay's task to be scheduled.
+        """
+        self._whole = writer
+
+    def _answer_whole(self, end: RunEnd | TunnelEnd) -> None:
+        if type(end) is not RunEnd or end.status != "ok" or len(self._queue) < 2:
+            return
+        parts: list[bytes] = []
+        for index, message in enumerate(self._queue):
+            if type(message) is RunData:
+                parts.append(message.data)
+            elif index < len(self._queue) - 1:  # only data records before the end (a v1 answer: the relay)
+                return
+        try:
+            self.answered = self._whole is not None and self._whole(b"".join(parts))
+        except Exception:  # the reader serves every run of its node: one answer must not stop it
+            logger.exception("run %s: writing its answer failed; its relay answers", self.run_id)
 
     def deliver_data(self, seq: int, data: bytes) -> bool:
         """Hand on the bytes of the run's data record ``seq`` (never waits).
@@ -266,6 +314,7 @@ class RunChannel:
             await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
         if not self._queue:
             raise NodeGone("run dropped: client too slow" if self.overflowed else "node connection lost")
+        self._taken = True
         message = self._queue.popleft()
         if type(message) is RunEnd or type(message) is TunnelEnd:
             self.ended = True
@@ -284,6 +333,7 @@ class RunChannel:
         messages: list[RunMessage] = []
         queue = self._queue
         while queue and not self.ended:
+            self._taken = True
             message = queue.popleft()
             if type(message) is RunEnd or type(message) is TunnelEnd:
                 self.ended = True

@@ -346,6 +346,49 @@ async def test_run_channel_parks_its_relay_until_a_message_and_keeps_order_past_
         await gone.next()
 
 
+async def test_a_whole_answer_buffered_at_its_end_is_written_by_the_reader() -> None:
+    """A non-stream run whose data records are all still buffered when its ``ok`` end arrives is
+    answered by the node link's reader (the writer gets the joined records, once); the relay still
+    reads every message. Not when the relay took a record already, nor on an error end, nor for a
+    v1 answer (a ``run_event``); a writer that declines or fails leaves the answer to the relay."""
+    written: list[bytes] = []
+
+    def writer(body: bytes) -> bool:
+        written.append(body)
+        return True
+
+    def failing(body: bytes) -> bool:
+        raise RuntimeError("boom")
+
+    whole = RunChannel("r1", None)  # type: ignore[arg-type]
+    whole.answer_whole(writer)
+    messages = [RunData("r1", 0, b"{"), RunData("r1", 1, b"}"), RunEnd("r1", "ok")]
+    for message in messages:
+        assert whole.deliver(message)
+    assert written == [b"{}"] and whole.answered
+    assert [await whole.next() for _ in range(3)] == messages
+
+    taken = RunChannel("r2", None)  # type: ignore[arg-type]
+    taken.answer_whole(writer)
+    assert taken.deliver(RunData("r2", 0, b"{"))
+    assert await taken.next() == RunData("r2", 0, b"{")
+    assert taken.deliver(RunData("r2", 1, b"}")) and taken.deliver(RunEnd("r2", "ok"))
+    assert not taken.answered
+
+    for run_id, first, end, given in (
+        ("r3", RunData("r3", 0, b"{}"), RunEnd("r3", "error", code="upstream_error"), writer),
+        ("r4", RunEvent("r4", {"id": 1}), RunEnd("r4", "ok"), writer),
+        ("r5", RunData("r5", 0, b"{}"), RunEnd("r5", "ok"), lambda body: False),
+        ("r6", RunData("r6", 0, b"{}"), RunEnd("r6", "ok"), failing),
+    ):
+        channel = RunChannel(run_id, None)  # type: ignore[arg-type]
+        channel.answer_whole(given)
+        assert channel.deliver(first) and channel.deliver(end)
+        assert not channel.answered
+        assert channel.buffered() == [first, end]
+    assert written == [b"{}"]
+
+
 async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

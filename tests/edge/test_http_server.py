@@ -303,6 +303,47 @@ async def test_body_written_without_waiting_keeps_its_order_and_its_bound() -> N
             nursery.cancel_scope.cancel()
 
 
+async def test_a_whole_response_written_from_another_task_goes_out_before_the_app_returns() -> None:
+    """``iop.respond_nowait`` writes a whole response at once from another task (as a node link's
+    reader answers a non-stream run): the client has it while the app still runs, a second
+    response or a later ``send`` is refused, and the connection serves its next request once the
+    app returned."""
+    answered = trio.Event()
+    calls: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
+        respond_nowait = scope["extensions"]["iop.respond_nowait"]
+        if scope["path"] == "/next":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+            await send({"type": "http.response.body", "body": b"next", "more_body": False})
+            return
+
+        async def reader() -> None:  # another task, never waiting
+            assert respond_nowait(200, [(b"content-length", b"5")], b"whole")
+            assert not respond_nowait(200, [(b"content-length", b"5")], b"again")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+        await answered.wait()  # the client read the answer while this app had not returned
+        calls.append("returned")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await _serve(nursery, app)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            buffer = bytearray()
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await _read_response(stream, buffer))[:2] == (200, b"whole")
+            assert calls == []
+            answered.set()
+            await stream.send_all(b"GET /next HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await _read_response(stream, buffer))[:2] == (200, b"next")
+            assert calls == ["returned"]
+            assert buffer == b""
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize(
     ("request_head", "headers", "reusable"),
     [
