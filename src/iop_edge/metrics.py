@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final, Literal, NamedTuple, final, get_args
+from typing import Final, Generic, Literal, NamedTuple, TypeVar, final, get_args
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -151,6 +151,32 @@ def _where(level: Level, p: ProviderSnapshot) -> tuple[str, ...]:
     if level == "provider":
         return (p.node_id, p.provider_id)
     return (p.node_id,) if level == "node" else ()
+
+
+_Metric = TypeVar("_Metric", Counter, Histogram)
+
+
+@final
+class _Series(Generic[_Metric]):
+    """The children of one labelled metric, each looked up through ``labels()`` once.
+
+    ``labels()`` converts and checks the label values and takes the metric's
+    lock on every call: a few microseconds, several times on every admitted
+    request's path. A child never changes once made (nothing here removes
+    one), so each is kept by its label values.
+    """
+
+    __slots__ = ("_labels", "_children")
+
+    def __init__(self, metric: _Metric) -> None:
+        self._labels: Callable[..., _Metric] = metric.labels
+        self._children: dict[tuple[str, ...], _Metric] = {}
+
+    def __call__(self, *values: str) -> _Metric:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._labels(*values)
+        return child
 
 
 class _Reading(NamedTuple):
@@ -378,6 +404,11 @@ class EdgeMetrics:
             buckets=_REQUEST_DURATION_BUCKETS,
             registry=registry,
         )
+        # The series every admitted request touches.
+        self._admitted_by = _Series(self._admitted)
+        self._queue_wait_by = _Series(self._queue_wait)
+        self._lease_endings_by = _Series(self._lease_endings)
+        self._request_duration_by = _Series(self._request_duration)
 
     def _declare_node_metrics(self, registry: CollectorRegistry) -> None:
         self._node_connects = Counter(
@@ -429,8 +460,8 @@ class EdgeMetrics:
         if kind == "granted":
             assert event.model is not None and event.provider is not None
             node, provider = self._node_label(event.provider.node_id), event.provider.provider_id
-            self._admitted.labels(event.model, node, provider if self._gauges.level == "provider" else "").inc()
-            self._queue_wait.labels(event.model).observe(event.waited or 0.0)
+            self._admitted_by(event.model, node, provider if self._gauges.level == "provider" else "").inc()
+            self._queue_wait_by(event.model).observe(event.waited or 0.0)
         elif kind == "rejected":
             reason = event.reason or "unknown"
             self._rejected.labels(event.model or "", _REASON_CODES.get(reason, reason)).inc()
@@ -468,8 +499,8 @@ class EdgeMetrics:
             ValueError: ``outcome`` is not one of :data:`LEASE_OUTCOMES`.
         """
         _check(outcome, LEASE_OUTCOMES, "lease outcome")
-        self._lease_endings.labels(outcome).inc()
-        self._request_duration.labels(model).observe(duration)
+        self._lease_endings_by(outcome).inc()
+        self._request_duration_by(model).observe(duration)
 
     def retried(self, model: str, reason: str) -> None:
         """Count an attempt retried on another candidate ([failover-before-first-byte]).

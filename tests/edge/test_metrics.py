@@ -290,3 +290,21 @@ def test_hooks_refuse_label_values_outside_the_documented_sets(
     metrics = EdgeMetrics(Admission(shared_pool()))
     with pytest.raises(ValueError, match=message):
         getattr(metrics, hook)(*args)
+
+
+def test_hooks_on_every_request_count_into_the_same_series_each_time() -> None:
+    """``lease_ended`` looks each child up once and keeps it: repeated calls add to one series per
+    label set, and two instances still keep their own."""
+    admission = Admission(shared_pool())
+    metrics, other = EdgeMetrics(admission), EdgeMetrics(admission)
+    for duration in (0.5, 1.5, 2.0):
+        metrics.lease_ended(BIG, "ok", duration)
+    metrics.lease_ended(FAST, "error", 0.25)
+    other.lease_ended(BIG, "ok", 1.0)
+    samples = scrape(metrics)
+    assert value(samples, "iop_lease_endings_total", outcome="ok") == 3
+    assert value(samples, "iop_lease_endings_total", outcome="error") == 1
+    assert value(samples, "iop_request_duration_seconds_count", model=BIG) == 3
+    assert value(samples, "iop_request_duration_seconds_sum", model=BIG) == 4.0
+    assert value(samples, "iop_request_duration_seconds_count", model=FAST) == 1
+    assert value(scrape(other), "iop_lease_endings_total", outcome="ok") == 1
