@@ -357,6 +357,8 @@ class EdgeConfig:
     overload: OverloadConfig = attrs.field(factory=OverloadConfig)
     node_tls: NodeTls | None = None
     tls: ApiTls | None = None
+    _pool: PoolConfig | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    """The pool, once built (:meth:`pool_config`); not a key of the file."""
 
     config_key_hints: ClassVar[Mapping[str, str]] = {
         "max_queue": "belongs under provider_pool (provider_pool: {max_queue: ...})",
@@ -366,14 +368,28 @@ class EdgeConfig:
     # -- what the Edge asks of its config -------------------------------------
 
     def pool_config(self) -> PoolConfig:
-        """Map the file to the admission library's :class:`PoolConfig`."""
-        return PoolConfig(
-            policy=self.provider_pool.policy(),
-            providers={
+        """Map the file to the admission library's :class:`PoolConfig`.
+
+        Built once per config: a config from :func:`load_edge_config` has the
+        one its check built and validated ([reload-off-loop]: each provider's
+        spec is built once per load, and a reload's ``prepare_refresh`` finds
+        the pool already valid).
+        """
+        if self._pool is None:
+            specs = {
                 ProviderKey(node.id, provider.id): provider.spec()
                 for node in paced(self.nodes)
                 for provider in node.providers
-            },
+            }
+            object.__setattr__(self, "_pool", self._pool_of(specs))
+        assert self._pool is not None
+        return self._pool
+
+    def _pool_of(self, specs: Mapping[ProviderKey, ProviderSpec]) -> PoolConfig:
+        """The :class:`PoolConfig` of this file with the providers' ``specs`` (in file order)."""
+        return PoolConfig(
+            policy=self.provider_pool.policy(),
+            providers=specs,
             models={
                 model.id: ModelGroup(candidates=tuple(c.key for c in paced(model.candidates))) for model in self.models
             },
@@ -483,6 +499,7 @@ class EdgeConfig:
         Called by :func:`iop_config.load_config` on the file as written (before
         :func:`load_edge_config` resolves the environment).
         """
+        specs: dict[ProviderKey, ProviderSpec] = {}
         found = [
             *_at_least("heartbeat_timeout_ms", self.heartbeat_timeout_ms, 100),
             *_at_least("provider_pool.max_queue", self.provider_pool.max_queue, 0),
@@ -504,15 +521,18 @@ class EdgeConfig:
             *(tls_problems("tls", self.tls.ssl_context) if self.tls else ()),
             *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env, required=False),
             *self._api_key_problems(),
-            *self._node_problems(),
+            *self._node_problems(specs),
             *self._model_problems(),
         ]
         if not found:
             # Backstop: the library's own whole-pool check must agree.
+            pool = self._pool_of(specs)
             try:
-                validate_pool(self.pool_config(), pause=yield_to_loop)
+                validate_pool(pool, pause=yield_to_loop)
             except ConfigError as exc:
                 found.extend(("", problem) for problem in exc.problems)
+            else:
+                object.__setattr__(self, "_pool", pool)
         return iter(found)
 
     def _listen_problems(self) -> Iterator[tuple[str, str]]:
@@ -536,7 +556,8 @@ class EdgeConfig:
                     ),
                 )
 
-    def _node_problems(self) -> Iterator[tuple[str, str]]:
+    def _node_problems(self, specs: dict[ProviderKey, ProviderSpec]) -> Iterator[tuple[str, str]]:
+        """The nodes' problems; each provider's spec that has none goes into ``specs``."""
         yield from _duplicates("nodes", "node id", [node.id for node in self.nodes])
         for i, node in enumerate(paced(self.nodes)):
             where = f"nodes[{i}]"
@@ -545,7 +566,10 @@ class EdgeConfig:
             )
             yield from _duplicates(f"{where}.providers", "provider id", [provider.id for provider in node.providers])
             for j, provider in enumerate(node.providers):
-                yield from _spec_problems(f"{where}.providers[{j}]", provider)
+                try:
+                    specs[ProviderKey(node.id, provider.id)] = provider.spec()
+                except ConfigError as exc:
+                    yield from _spec_problems(f"{where}.providers[{j}]", exc)
 
     def _model_problems(self) -> Iterator[tuple[str, str]]:
         # reversed: with a duplicate node id (reported elsewhere) the first entry wins.
@@ -566,9 +590,10 @@ class EdgeConfig:
                     yield f"{at}.node", f"node {candidate.node!r} is not configured under nodes"
                 elif candidate.provider not in providers[candidate.node]:
                     yield f"{at}.provider", (f"node {candidate.node!r} has no provider {candidate.provider!r}")
-                if candidate.key in seen:
-                    yield at, f"{candidate.key} is listed twice (first at candidates[{seen[candidate.key]}])"
-                seen.setdefault(candidate.key, j)
+                key = candidate.key
+                first = seen.setdefault(key, j)
+                if first != j:
+                    yield at, f"{key} is listed twice (first at candidates[{first}])"
                 if candidate.upstream_model == "":
                     yield f"{at}.upstream_model", "must not be empty (leave it out to use the model id)"
 
@@ -608,17 +633,15 @@ def _secret_problems(
         yield env_path, f"environment variable {env_name!r} is not set or empty"
 
 
-def _spec_problems(where: str, provider: EdgeProvider) -> Iterator[tuple[str, str]]:
-    """The library's own ProviderSpec rules ([long-state], capacity), at this provider's keys."""
-    try:
-        provider.spec()
-    except ConfigError as exc:
-        for problem in exc.problems:
-            field, sep, message = problem.removeprefix("provider.").partition(": ")
-            if sep and field.isidentifier():
-                yield f"{where}.{field}", message
-            else:
-                yield where, problem
+def _spec_problems(where: str, error: ConfigError) -> Iterator[tuple[str, str]]:
+    """The library's own ProviderSpec rules ([long-state], capacity) a provider broke (``error``,
+    from building its spec), at that provider's keys."""
+    for problem in error.problems:
+        field, sep, message = problem.removeprefix("provider.").partition(": ")
+        if sep and field.isidentifier():
+            yield f"{where}.{field}", message
+        else:
+            yield where, problem
 
 
 def _split_keys(text: str) -> list[str]:
@@ -683,4 +706,6 @@ def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeCon
     api_keys = config.api_keys
     if config.api_keys_env is not None:
         api_keys = tuple(ApiKeyDigest.of(key) for key in _split_keys(environ.get(config.api_keys_env, "")))
-    return attrs.evolve(config, nodes=nodes, admin_token=admin_token, api_keys=api_keys)
+    resolved = attrs.evolve(config, nodes=nodes, admin_token=admin_token, api_keys=api_keys)
+    object.__setattr__(resolved, "_pool", config._pool)  # no secret is in the pool: it is the same
+    return resolved

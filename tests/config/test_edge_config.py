@@ -7,6 +7,7 @@ import importlib.resources
 import pathlib
 import textwrap
 
+import attrs
 import pytest
 import trustme
 
@@ -21,7 +22,7 @@ from iop_admission import (
     validate_pool,
 )
 from iop_config import ConfigFileError
-from iop_edge.config import EdgeConfig, HostPort, load_edge_config, parse_host_port
+from iop_edge.config import EdgeConfig, EdgeProvider, HostPort, load_edge_config, parse_host_port
 
 EXAMPLE = importlib.resources.files("iop_stack") / "examples" / "edge.yaml"
 GPU0 = ProviderKey("node-a", "gpu0")
@@ -130,6 +131,35 @@ def test_defaults() -> None:
     assert config.upstream_model("m", ProviderKey("n", "p")) == "m"  # default: the model id
     assert config.long_threshold("m") is None
     assert config.node_token("nobody") is None
+
+
+@pytest.mark.req("reload-off-loop")
+def test_the_pool_is_built_and_validated_once_per_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[reload-off-loop] Loading builds each provider's spec once and validates the pool once: the
+    loaded config keeps the pool its check validated (secrets resolved from the environment or
+    not), so a reload's ``prepare_refresh`` of it checks no spec again. A config made otherwise
+    builds its own pool on first use."""
+    built: list[str] = []
+    checked: list[str] = []
+    spec, problems = EdgeProvider.spec, ProviderSpec.problems
+    monkeypatch.setattr(EdgeProvider, "spec", lambda self: built.append(self.id) or spec(self))
+    monkeypatch.setattr(ProviderSpec, "problems", lambda self, *a: checked.append("") or problems(self, *a))
+    monkeypatch.setenv("IOP_TEST_TOKEN", "from-env")
+    admission = Admission(load(BASE).pool_config())
+    for text in (BASE, edit("token: dev-token", "token_env: IOP_TEST_TOKEN")):
+        built.clear()
+        config = load(text)
+        assert built == ["gpu0", "gpu1"]
+        pool = config.pool_config()
+        assert config.pool_config() is pool and built == ["gpu0", "gpu1"]
+        checked.clear()
+        admission.prepare_refresh(pool)
+        assert checked == []
+    made = attrs.evolve(config)
+    built.clear()
+    assert made.pool_config() == pool and made.pool_config() is not pool
+    assert built == ["gpu0", "gpu1"]
+    assert made.pool_config() is made.pool_config() and built == ["gpu0", "gpu1"]
 
 
 def test_queue_timeout_ms_becomes_seconds() -> None:
