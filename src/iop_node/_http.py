@@ -31,7 +31,7 @@ from iop_wire import UPSTREAM_BODY_LIMIT
 from ._adapter import TunnelHead
 from ._errors import BadRunRequest, UpstreamFailed, UpstreamUnreachable
 from ._poller import RunOutput
-from ._transport import Answer, H11Transport
+from ._transport import Answer, H11Transport, PostRequests
 from .config import ProviderConfig
 
 _HOP_BY_HOP = frozenset(
@@ -71,7 +71,7 @@ class HttpUpstream:
     client: httpx.AsyncClient
     direct: H11Transport | None = None
     timeouts: dict[str, float | None] = attrs.field(factory=dict)
-    _urls: dict[str, httpx.URL] = attrs.field(factory=dict, init=False)
+    _posts: dict[str, PostRequests] = attrs.field(factory=dict, init=False)
 
     @classmethod
     def for_provider(
@@ -152,16 +152,10 @@ class HttpUpstream:
             async with self.post_json(url, body) as response, aclosing(BodyStream(response)) as chunks:
                 yield chunks
             return
-        parsed = self._url(url)
         content = _encode_json(body).encode()
-        headers = [
-            (b"host", parsed.netloc),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(content)).encode()),
-        ]
         # No httpx request or response models either (see post_json for the client's layers).
         with _transport_errors_mapped():
-            answer = await self.direct.request(b"POST", parsed, headers, content, self.timeouts)
+            answer = await self.direct.post(self._post(url), content, self.timeouts)
             try:
                 if not 200 <= answer.status < 300:
                     raise await _failure(answer.status, answer.reason.decode("ascii", "replace"), answer)
@@ -188,11 +182,15 @@ class HttpUpstream:
                 await answer.pump(send)
 
     def _url(self, url: str) -> httpx.URL:
-        # The run URLs are few and fixed: parse each once (httpx would parse the string every time).
-        parsed = self._urls.get(url)
-        if parsed is None:
-            parsed = self._urls[url] = httpx.URL(url)
-        return parsed
+        return self._post(url).url
+
+    def _post(self, url: str) -> PostRequests:
+        # The run URLs are few and fixed: parse each once (httpx would parse the string every
+        # time), and let h11 write their requests' head once (PostRequests).
+        post = self._posts.get(url)
+        if post is None:
+            post = self._posts[url] = PostRequests(httpx.URL(url), b"application/json")
+        return post
 
     async def tunnel(
         self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes

@@ -22,7 +22,7 @@ import trio.testing
 from iop_node import OpenAIAdapter, UpstreamUnreachable
 from iop_node._http import BodyStream, HttpUpstream
 from iop_node._poller import BodyPoller, RunOutput
-from iop_node._transport import H11Transport
+from iop_node._transport import H11Transport, PostRequests, written
 from node.harness import Backend, openai_provider
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -113,6 +113,34 @@ async def test_keep_alive_connection_is_reused(backend: Backend) -> None:
             assert (transport.opened, transport.open_connections) == (1, 1)
     assert backend.backend.stats()["total"] == 3
     assert transport.open_connections == 0  # the client closed it
+
+
+def test_post_requests_are_the_bytes_h11_writes() -> None:
+    """After h11 wrote the first request, later ones take its head with their own content-length:
+    byte for byte what h11 writes, for any body length (none too)."""
+    url = httpx.URL("http://127.0.0.1:9100/v1/chat/completions")
+    posts = PostRequests(url, b"application/json")
+    for body in (b'{"a":1}', b"", b"x" * 100_000, b'{"b":"\xc3\xa9"}'):
+        headers = [(b"host", b"127.0.0.1:9100"), (b"content-type", b"application/json")]
+        expected = written(b"POST", url, [*headers, (b"content-length", b"%d" % len(body))], body)
+        assert posts.written(body) == expected
+
+
+async def test_posts_on_a_reused_connection_carry_their_own_bodies(backend: Backend) -> None:
+    """Requests written from the remembered head reach the backend whole, each with its body."""
+    transport = H11Transport(1)
+    posts = PostRequests(httpx.URL(f"http://127.0.0.1:{backend.port}/v1/chat/completions"), b"application/json")
+    with trio.fail_after(10):
+        for tokens in (3, 12, 7):
+            answer = await transport.post(posts, json.dumps({**CHAT, "max_tokens": tokens}).encode(), {"read": 5})
+            assert answer.status == 200
+            body = b""
+            while (chunk := await answer.next_chunk()) is not None:
+                body += chunk
+            assert json.loads(body)["usage"]["completion_tokens"] == tokens
+        assert (transport.opened, transport.open_connections) == (1, 1)
+        await transport.aclose()
+    assert backend.backend.stats()["total"] == 3
 
 
 async def test_stream_is_relayed_chunk_by_chunk(backend: Backend) -> None:
