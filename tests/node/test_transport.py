@@ -19,7 +19,7 @@ import pytest
 import trio
 import trio.testing
 
-from iop_node import OpenAIAdapter, UpstreamUnreachable
+from iop_node import OpenAIAdapter, UpstreamFailed, UpstreamUnreachable
 from iop_node._http import BodyStream, HttpUpstream
 from iop_node._poller import BodyPoller, RunOutput
 from iop_node._transport import H11Transport, PostRequests, written
@@ -340,6 +340,41 @@ async def test_connection_refused_is_upstream_unreachable() -> None:
     await adapter.aclose()
 
 
+async def test_relay_maps_what_goes_wrong(backend: Backend, nursery: trio.Nursery) -> None:
+    """A run's relay straight to H11Transport: a refused connection and a silent upstream are
+    UpstreamUnreachable, a 4xx is UpstreamFailed with its status and body; each returns its slot."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        refused_port = probe.getsockname()[1]
+    silent = await scripted(nursery, lambda connection, n: "hang")
+    chunks: list[bytes] = []
+
+    async def send(chunk: bytes) -> None:
+        chunks.append(chunk)
+        await trio.lowlevel.checkpoint()
+
+    async def relay(port: int, body: dict[str, Any], *, kept: int = 0) -> Exception:
+        adapter = OpenAIAdapter.from_config(openai_provider(port, timeout_ms=200))
+        transport = adapter.http.direct
+        assert transport is not None
+        for _ in range(2):  # the second one needs the slot (capacity 1) the first returned
+            with pytest.raises((UpstreamUnreachable, UpstreamFailed)) as caught:
+                await adapter.relay("chat/completions", body, stream=False, send=send)
+            assert (transport.open_connections, transport.waiting) == (kept, 0)
+        await adapter.aclose()
+        return caught.value
+
+    with trio.fail_after(10):
+        refused = await relay(refused_port, CHAT)
+        assert isinstance(refused, UpstreamUnreachable) and "unreachable" in refused.message
+        timed_out = await relay(silent.port, CHAT)
+        assert isinstance(timed_out, UpstreamUnreachable) and "timed out" in timed_out.message
+        failed = await relay(backend.port, {**CHAT, "max_tokens": 100_000}, kept=1)  # read to its end: kept
+        assert isinstance(failed, UpstreamFailed) and failed.status == 400
+        assert failed.body is not None and "maximum" in json.loads(failed.body)["error"]["message"]
+    assert chunks == []
+
+
 def test_https_uses_httpx_default_transport() -> None:
     """https:// upstreams keep httpx's own transport (TLS); http:// ones get H11Transport."""
     provider = attrs.evolve(openai_provider(1), base_url="https://gpu.example/v1")
@@ -438,7 +473,7 @@ async def test_run_cancelled_mid_body_returns_the_slot_once(backend: Backend, re
     async def no_wait() -> bool:
         return False
 
-    async def run() -> None:  # as HttpUpstream.post_for_body: the reading and the block's exit both give back
+    async def run() -> None:  # as HttpUpstream.relay_post: the reading and its finally both give back
         answer = await transport.request(b"POST", url, headers, body, timeouts)
         try:
             if reader == "pump":
