@@ -37,7 +37,7 @@ MAX_FRAME: Final = 1024 * 1024
 class Outbox:
     """A bounded FIFO of text frames and data records with one reader (the writer task)."""
 
-    __slots__ = ("_items", "_queued", "_wakeup", "_room", "_closed")
+    __slots__ = ("_items", "_queued", "_wakeup", "_room", "_closed", "_idle")
 
     def __init__(self) -> None:
         self._items: deque[str | tuple[bytes, bytes]] = deque()
@@ -45,6 +45,8 @@ class Outbox:
         self._wakeup = trio.Event()
         self._room = trio.Event()
         self._closed = False
+        self._idle = False
+        """The writer waits for work in :meth:`next_frames` (and has not been woken)."""
 
     async def put_text(self, frame: str) -> None:
         """Queue a text frame. Checkpoints only when it waits for room; cancellation-atomic.
@@ -117,7 +119,11 @@ class Outbox:
         while not self._items:
             if self._wakeup.is_set():
                 self._wakeup = trio.Event()
-            await self._wakeup.wait()
+            self._idle = True
+            try:
+                await self._wakeup.wait()
+            finally:
+                self._idle = False
         items = self._items
         frames: list[str | bytes] = []
         size = 0
@@ -141,6 +147,17 @@ class Outbox:
         if self._queued <= LIMIT:
             self._room.set()
         return frames
+
+    def take_if_idle(self, record: tuple[bytes, bytes] | None, text: str) -> list[str | bytes] | None:
+        """The frames of ``record`` (if any) and ``text``, for the caller to write itself, when the
+        writer waits for work with nothing queued; else None (queue them: the writer writes them).
+
+        Frames the caller writes this way go out before anything queued after this call only if
+        its write is ordered before the writer's next one (the connection's sends are).
+        """
+        if not self._idle or self._items or self._closed:
+            return None
+        return [text] if record is None else [record[0] + record[1], text]
 
     def close(self) -> None:
         """The writer is gone: queuing raises from now on, waiters wake up."""

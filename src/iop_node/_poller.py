@@ -54,20 +54,24 @@ class RunOutput:
 
     ``await output(chunk)`` queues a chunk (waiting for room if the outbox is full);
     :meth:`nowait` queues one at once, for the :class:`BodyPoller`, which waits for
-    room itself. ``poller``: the session's poller, if it has one.
+    room itself. ``poller``: the session's poller, if it has one. ``last``: when
+    set, a body that came whole with the answer's head is handed to it instead
+    (the session sends it with the run's end: :meth:`BodyPoller.relay`).
     """
 
-    __slots__ = ("_put", "_put_nowait", "poller")
+    __slots__ = ("_put", "_put_nowait", "poller", "last")
 
     def __init__(
         self,
         put: Callable[[bytes], Awaitable[None]],
         put_nowait: Callable[[bytes], None],
         poller: BodyPoller | None,
+        last: Callable[[bytes], None] | None = None,
     ) -> None:
         self._put = put
         self._put_nowait = put_nowait
         self.poller = poller
+        self.last = last
 
     async def __call__(self, chunk: bytes) -> None:
         """Queue ``chunk``. Checkpoints only when it waits for room; cancellation-atomic."""
@@ -232,7 +236,9 @@ class BodyPoller:
         """Hand ``answer``'s body to ``output`` until its end: what was parsed already, then
         every read of the poller (the counterpart of :meth:`Answer.pump`).
 
-        Checkpoints; cancellation closes the connection, as does a failure.
+        A body that came whole with the head (a non-stream answer, usually) goes to
+        ``output.last`` when it is set, without queuing. Checkpoints (not when the body
+        came whole with the head); cancellation closes the connection, as does a failure.
 
         Raises:
             httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError: reading failed.
@@ -242,6 +248,9 @@ class BodyPoller:
         try:
             connection = checkout.connection
             if connection is not None and (chunk := _take_body(checkout, connection)) is not None:
+                if checkout.connection is None and output.last is not None:  # the whole body
+                    output.last(chunk)
+                    return
                 await output(chunk)
             if checkout.connection is not None:
                 await self.follow(checkout, answer.read_timeout, output)

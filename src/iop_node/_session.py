@@ -26,7 +26,11 @@ Design notes:
   frames to one writer task through an unbuffered memory channel, whose
   ``send`` is cancellation-atomic. Only the writer touches the socket, and it is
   cancelled only when the whole connection is being torn down. A failed write
-  (``ConnectionClosed``) ends the connection and with it every run.
+  (``ConnectionClosed``) ends the connection and with it every run. One
+  exception (:meth:`EdgeSession._end`): a run that ends alone, with the writer
+  idle, writes its last data record and its end itself through the node's own
+  :class:`~iop_node._websocket.EdgeSocket` (whole and in order even when
+  cancelled), after its cancel scope, saving the writer's wakeup.
 """
 
 from __future__ import annotations
@@ -82,6 +86,10 @@ CLOSE_TIMEOUT = 1.0
 """Seconds the closing handshake may take before the socket is dropped."""
 
 _EndFactory = Callable[[str, str | None, str | None, UpstreamFailed | None], RunEnd | TunnelEnd]
+_Record = tuple[bytes, bytes]
+"""A data record: its header (:func:`iop_wire.record_header`) and its data."""
+_Relay = Callable[[], Awaitable[_Record | None]]
+"""Serves one run; returns the run's last data record when it is held for the run's end."""
 
 
 def _run_end(
@@ -301,9 +309,7 @@ class EdgeSession:
             await self._send(end("error", code, str(exc), None))
             return None
 
-    def _serving(
-        self, run_id: str, permit: Permit, relay: Callable[[], Awaitable[None]], end: _EndFactory
-    ) -> Callable[[], Awaitable[None]]:
+    def _serving(self, run_id: str, permit: Permit, relay: _Relay, end: _EndFactory) -> Callable[[], Awaitable[None]]:
         """The run as one call that serves it (in whichever task :meth:`_dispatch` chooses)."""
         # The scope exists before the run is served, so a cancel that arrives
         # before its first checkpoint still takes effect.
@@ -315,17 +321,19 @@ class EdgeSession:
         run_id: str,
         permit: Permit,
         scope: trio.CancelScope,
-        relay: Callable[[], Awaitable[None]],
+        relay: _Relay,
         end: _EndFactory,
     ) -> None:
-        """Run one relay under its permit and cancel scope, then send its end.
+        """Run one relay under its permit and cancel scope, then send its end (behind the
+        run's last data record, if the relay held it: :meth:`_end`).
 
         The permit is returned before the end is sent. Cancellation of the
         session (drop, shutdown) propagates: no end is sent then.
         """
+        held = None
         try:
             with permit, scope:
-                await relay()
+                held = await relay()
             if scope.cancelled_caught:
                 final = end("cancelled", "cancelled", "cancelled by the edge", None)
             else:
@@ -342,16 +350,45 @@ class EdgeSession:
         finally:
             del self._active[run_id]
         try:
-            await self._send(final)
+            await self._end(final, held)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
-    async def _relay_run(self, run: Run, adapter: Adapter) -> None:
+    async def _end(self, final: RunEnd | TunnelEnd, held: _Record | None) -> None:
+        """Send a run's end, behind its last data record if the relay held it.
+
+        The run task writes them itself (one write, no scheduling round for the
+        writer) when no other run is in flight and the writer waits for work with
+        nothing queued; otherwise they are queued for the writer. Checkpoints.
+
+        Raises:
+            trio.BrokenResourceError: the writer is gone (the connection is ending).
+        """
+        assert self._outbox is not None
+        outbox = self._outbox
+        frame = encode(final)
+        ws = self.ws
+        # Only the node's own socket: its sends are whole and in order even when
+        # cancelled (trio-websocket's could leave half a frame on the socket).
+        if not self._active and isinstance(ws, EdgeSocket):
+            frames = outbox.take_if_idle(held, frame)
+            if frames is not None:
+                try:
+                    await ws.send_messages(frames)
+                except ConnectionClosed:
+                    assert self._nursery is not None
+                    self._nursery.cancel_scope.cancel()
+                return
+        if held is not None:
+            await outbox.put_record(*held)
+        await outbox.put_text(frame)
+
+    async def _relay_run(self, run: Run, adapter: Adapter) -> _Record | None:
         if self.protocol < 2:
             async with aclosing(adapter.run(run.endpoint, run.body, stream=run.stream)) as events:
                 async for data in events:
                     await self._send(RunEvent(run.run_id, data))
-            return
+            return None
         assert self._outbox is not None
         outbox = self._outbox
         run_id = run.run_id
@@ -369,8 +406,12 @@ class EdgeSession:
                 outbox.put_record_nowait(record_header(run_id, seq, len(chunk)), chunk)
                 seq += 1
 
-        output = RunOutput(send, send_nowait, self._poller)
+        held: list[bytes] = []
+        output = RunOutput(send, send_nowait, self._poller, held.append)
         await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
+        if held:  # the whole body, held for the run's end (BodyPoller.relay)
+            return record_header(run_id, seq, len(held[0])), held[0]
+        return None
 
     async def _relay_tunnel(self, request: TunnelRequest, body: bytes, adapter: Adapter) -> None:
         parts = adapter.tunnel(request.method, request.path, request.headers, body)

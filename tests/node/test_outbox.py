@@ -8,6 +8,11 @@ import trio.testing
 from iop_node._outbox import MAX_FRAME, Outbox
 
 
+async def writes_once(outbox: Outbox, taken: list[list[str | bytes]]) -> None:
+    """A writer's one write: what it takes from ``outbox``, appended to ``taken``."""
+    taken.append(await outbox.next_frames())
+
+
 async def test_next_frames_takes_everything_queued_in_order() -> None:
     """Text frames as queued, each stretch of data records joined into one binary frame, all for one write
     (a non-stream answer and its run end queued together go out in one ``send()``)."""
@@ -25,12 +30,8 @@ async def test_next_frames_waits_for_a_frame_and_stops_past_the_frame_bound() ->
     MAX_FRAME bytes, the rest wait for the next write, in order."""
     outbox = Outbox()
     taken: list[list[str | bytes]] = []
-
-    async def writer() -> None:
-        taken.append(await outbox.next_frames())
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer)
+        nursery.start_soon(writes_once, outbox, taken)
         await trio.testing.wait_all_tasks_blocked()
         assert taken == []
         await outbox.put_text("first")
@@ -43,3 +44,23 @@ async def test_next_frames_waits_for_a_frame_and_stops_past_the_frame_bound() ->
     outbox.put_record_nowait(b"h", b"y")  # past the bound: the next write
     assert await outbox.next_frames() == [b"h" + half, "end", b"h" + half]
     assert await outbox.next_frames() == [b"hy"]
+
+
+async def test_take_if_idle_only_while_the_writer_waits_with_nothing_queued() -> None:
+    """A run's last record and end are handed back for the caller to write only while the writer
+    waits for work with nothing queued (and without waking it); otherwise they are for the queue."""
+    outbox = Outbox()
+    assert outbox.take_if_idle((b"h", b"data"), "end") is None  # no writer waiting
+    taken: list[list[str | bytes]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writes_once, outbox, taken)
+        await trio.testing.wait_all_tasks_blocked()
+        assert outbox.take_if_idle((b"h", b"data"), "end") == [b"hdata", "end"]
+        assert outbox.take_if_idle(None, "end") == ["end"]
+        await trio.testing.wait_all_tasks_blocked()
+        assert taken == []  # the writer was not woken
+        await outbox.put_text("heartbeat")
+        assert outbox.take_if_idle(None, "end") is None  # something is queued: behind it
+    assert taken == [["heartbeat"]]
+    outbox.close()
+    assert outbox.take_if_idle(None, "end") is None

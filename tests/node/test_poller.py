@@ -281,3 +281,47 @@ async def test_poller_reads_a_new_body_at_once_within_a_tick(
         nursery.cancel_scope.cancel()
     await transport.aclose()
     assert read_at == {b"a1": 0.1, b"b1": round(0.1 + TICK / 4, 6), b"a2": 1.1}
+
+
+@pytest.mark.parametrize("head_alone", [False, True])
+async def test_a_body_that_came_with_its_head_goes_to_last(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock, head_alone: bool
+) -> None:
+    """A run whose output has ``last``: a body that came whole with the head is handed to it, not
+    queued (the session sends it with the run's end); a body that came after the head is queued."""
+    (server,) = socket_upstreams(monkeypatch, 1)
+    transport = H11Transport(1)
+    poller = BodyPoller()
+    collected = Collected()
+    held: list[bytes] = []
+    body = b'{"object":"chat.completion"}'
+
+    async def serve() -> None:
+        async with trio.SocketStream(trio.socket.from_stdlib_socket(server)) as stream:
+            conn = h11.Connection(h11.SERVER)
+            while type(event := conn.next_event()) is not h11.EndOfMessage:
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await stream.receive_some(65536))
+            head = conn.send(h11.Response(status_code=200, headers=[("content-length", str(len(body)))])) or b""
+            rest = (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
+            if head_alone:
+                await stream.send_all(head)
+                await trio.sleep(0.1)
+                await stream.send_all(rest)
+            else:
+                await stream.send_all(head + rest)
+            await trio.sleep_forever()
+
+    output = collected.output(poller)
+    output.last = held.append
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poller.serve, collected.room)
+        nursery.start_soon(serve)
+        answer = await transport.request(b"POST", URL, HEADERS, b"", {"read": 5})
+        await poller.relay(answer, output)
+        nursery.cancel_scope.cancel()
+    await transport.aclose()
+    if head_alone:
+        assert (collected.chunks, held) == ([("nowait", body)], [])
+    else:
+        assert (collected.chunks, held) == ([], [body])
