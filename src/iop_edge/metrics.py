@@ -447,13 +447,22 @@ class EdgeMetrics:
 
         Subscribes with a 4096-event buffer, calls ``task_status.started()``
         once subscribed (use ``await nursery.start(metrics.run)``), then
-        consumes events. Checkpoints while waiting for events; cancellation
-        ends it and closes the subscription, losing nothing but future events.
+        consumes events: every event waiting at each wake-up (a grant per
+        admitted request: one scheduling round of this task each was about a
+        thirtieth of the Edge's CPU per request at concurrency 64). Checkpoints
+        while waiting for events; cancellation ends it and closes the
+        subscription, losing nothing but future events.
         """
         async with self._admission.subscribe(buffer=4096) as events:
             task_status.started()
             async for event in events:
                 self._observe(event)
+                while True:
+                    try:
+                        event = events.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    self._observe(event)
 
     def _observe(self, event: AdmissionEvent) -> None:
         kind = event.kind
