@@ -25,7 +25,9 @@ no websockets, no HTTP/2). What the listener guarantees:
   without a task per request: the listener's one disconnect poller (an epoll
   set of its own, Linux; elsewhere one watcher task per connection, parked
   between requests) cancels ``cancel_scope`` if the client goes away before
-  the app returns (bytes of a next request read meanwhile are kept for it).
+  the app returns, or before the app's whole response went out through
+  ``iop.respond_nowait`` (bytes of a next request read meanwhile are kept
+  for it).
 - **Accept**: each wake-up of the listener accepts every connection waiting
   (up to :data:`ACCEPT_BATCH`), where ``trio.serve_listeners`` accepts one per
   scheduling round: when hundreds of clients connect within a second to a busy
@@ -955,7 +957,8 @@ class _Connection:
         answer arrives in another task (a node link's reader) writes it from
         there, without a task switch to the handler; the handler still returns
         as usual, and the connection reads its next request once every byte is
-        written. ``headers`` must frame ``body`` (a ``content-length``).
+        written. The request's disconnect watch (``iop.cancel_on_disconnect``)
+        ends here. ``headers`` must frame ``body`` (a ``content-length``).
 
         Returns:
             False when nothing was written: the response was started already
@@ -974,6 +977,10 @@ class _Connection:
         self.transport.write_nowait(data)
         if self.transport.broken:
             self.gone = True
+        if self._watcher is not None:
+            # The client has its answer: its leaving no longer cancels anything, and a next request
+            # it sends before the app returns waits in the socket for this task (no poller wake-up).
+            self._watcher.stop()
         return True
 
     def _write_body_nowait(self, data: bytes) -> bool:

@@ -305,27 +305,31 @@ async def test_body_written_without_waiting_keeps_its_order_and_its_bound() -> N
 
 async def test_a_whole_response_written_from_another_task_goes_out_before_the_app_returns() -> None:
     """``iop.respond_nowait`` writes a whole response at once from another task (as a node link's
-    reader answers a non-stream run): the client has it while the app still runs, a second
-    response or a later ``send`` is refused, and the connection serves its next request once the
-    app returned."""
+    reader answers a non-stream run): the client has it while the app still runs, and a second
+    response is refused. The client's leaving after that does not cancel the app (its disconnect
+    watch ended with the answer), and a next request it sent meanwhile is served once the app
+    returned."""
     answered = trio.Event()
     calls: list[str] = []
 
     async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
-        respond_nowait = scope["extensions"]["iop.respond_nowait"]
+        extensions = scope["extensions"]
         if scope["path"] == "/next":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
             await send({"type": "http.response.body", "body": b"next", "more_body": False})
             return
 
         async def reader() -> None:  # another task, never waiting
-            assert respond_nowait(200, [(b"content-length", b"5")], b"whole")
-            assert not respond_nowait(200, [(b"content-length", b"5")], b"again")
+            assert extensions["iop.respond_nowait"](200, [(b"content-length", b"5")], b"whole")
+            assert not extensions["iop.respond_nowait"](200, [(b"content-length", b"5")], b"again")
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(reader)
-        await answered.wait()  # the client read the answer while this app had not returned
-        calls.append("returned")
+        with trio.CancelScope() as watched:
+            extensions["iop.cancel_on_disconnect"](watched)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader)
+            await answered.wait()  # the client read the answer, sent another request and left
+            calls.append("returned")
+        calls.append("cancelled" if watched.cancelled_caught else "not cancelled")
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -334,12 +338,14 @@ async def test_a_whole_response_written_from_another_task_goes_out_before_the_ap
             buffer = bytearray()
             await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
             assert (await _read_response(stream, buffer))[:2] == (200, b"whole")
+            await stream.send_all(b"GET /next HTTP/1.1\r\nhost: x\r\n\r\n")
+            await stream.send_eof()
+            await trio.testing.wait_all_tasks_blocked()
             assert calls == []
             answered.set()
-            await stream.send_all(b"GET /next HTTP/1.1\r\nhost: x\r\n\r\n")
             assert (await _read_response(stream, buffer))[:2] == (200, b"next")
-            assert calls == ["returned"]
-            assert buffer == b""
+            assert calls == ["returned", "not cancelled"]
+            assert await stream.receive_some() == b""  # the client's end closes the connection
             await stream.aclose()
             nursery.cancel_scope.cancel()
 
