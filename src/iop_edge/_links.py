@@ -18,9 +18,10 @@ Design notes:
   (:meth:`NodeSocket.send_nowait`: one non-blocking write, so a request
   handler being cancelled can never leave half a frame on the socket; what the
   socket does not take is the writer's to send), and otherwise into the
-  connection's *outbox* (``send_nowait``), behind the frames already there, for
-  the writer. A node that stops reading its socket stalls only its own writer.
-  A full outbox means the node is not keeping up: the connection is dropped.
+  connection's *outbox* (a deque the writer is parked on), behind the frames
+  already there, for the writer. A node that stops reading its socket stalls
+  only its own writer. A full outbox (:data:`OUTBOX_SIZE` frames) means the
+  node is not keeping up: the connection is dropped.
 - The reader never blocks on a consumer either: events for a run go into that
   run's bounded channel with ``send_nowait``. A run whose client cannot keep
   up overflows its channel and is cancelled (the handler answers
@@ -108,6 +109,36 @@ class NodeGone(Exception):
 
 
 @final
+class _Parked:
+    """The one task that waits for a queue of this module (a run's relay, a link's writer), if parked.
+
+    A queue with a single consumer needs no more than this: :meth:`wake` is a
+    reschedule of that task (never waits), and a cancelled wait leaves nothing
+    behind.
+    """
+
+    __slots__ = ("task",)
+
+    def __init__(self) -> None:
+        self.task: trio.lowlevel.Task | None = None
+
+    async def park(self) -> None:
+        """Wait until :meth:`wake`. Checkpoints (cancellation ends the wait)."""
+        self.task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: object) -> trio.lowlevel.Abort:
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def wake(self) -> None:
+        """Let the parked task run (nothing if none is parked)."""
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+
+@final
 class RunChannel:
     """One run's messages from its node, and its cancellation.
 
@@ -143,7 +174,7 @@ class RunChannel:
         self.run_id = run_id
         self.link = link
         self._queue: collections.deque[RunMessage] = collections.deque()
-        self._waiter: trio.lowlevel.Task | None = None  # the relay, parked in :meth:`next`
+        self._waiter = _Parked()  # the relay, in :meth:`next`
         self._closed = False  # nothing more comes: the end arrived, the run was dropped, or the relay left
         self.ended = False
         self.overflowed = False
@@ -214,7 +245,7 @@ class RunChannel:
             self._closed = True
             if self._whole is not None and not self._taken:
                 self._answer_whole(message)
-        self._wake()
+        self._waiter.wake()
         return True
 
     def answer_whole(self, writer: Callable[[bytes], bool]) -> None:
@@ -263,11 +294,6 @@ class RunChannel:
         self.close()
         return False
 
-    def _wake(self) -> None:
-        task, self._waiter = self._waiter, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
-
     def attach(self, sink: Callable[[bytes], bool]) -> bool:
         """Hand the bytes of later data records to ``sink`` as they arrive, in the node link's reader.
 
@@ -295,7 +321,7 @@ class RunChannel:
     def close(self) -> None:
         """The connection ended: :meth:`next` raises :class:`NodeGone` after what is buffered."""
         self._closed = True
-        self._wake()
+        self._waiter.wake()
 
     async def next(self) -> RunMessage:
         """The next message of this run.
@@ -310,8 +336,7 @@ class RunChannel:
         if self._queue or self._closed:
             await trio.lowlevel.cancel_shielded_checkpoint()
         else:
-            self._waiter = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+            await self._waiter.park()
         if not self._queue:
             raise NodeGone("run dropped: client too slow" if self.overflowed else "node connection lost")
         self._taken = True
@@ -319,10 +344,6 @@ class RunChannel:
         if type(message) is RunEnd or type(message) is TunnelEnd:
             self.ended = True
         return message
-
-    def _abort_wait(self, _: object) -> trio.lowlevel.Abort:
-        self._waiter = None
-        return trio.lowlevel.Abort.SUCCEEDED
 
     def buffered(self) -> list[RunMessage]:
         """The messages of this run that have arrived already, up to its end (never waits).
@@ -361,7 +382,11 @@ class NodeLink:
         self.providers: tuple[str, ...] = ()
         self.last_seen = trio.current_time()
         self.cause: DisconnectCause = "error"
-        self._outbox_send, self._outbox_receive = trio.open_memory_channel[str](OUTBOX_SIZE)
+        # The frames for the writer (a deque and the writer parked on it, not a memory channel:
+        # one reader, and a frame per request pays neither the channel's calls nor its WouldBlock).
+        self._outbox: collections.deque[str] = collections.deque()
+        self._outbox_closed = False
+        self._writer = _Parked()  # the writer task, when it waits for frames
         self._writer_busy = False  # frames queued for the writer, or taken and not written yet
         self._ending = False
         self._runs: dict[str, RunChannel] = {}
@@ -415,6 +440,8 @@ class NodeLink:
         what the socket did not take, and frames queued in the same scheduling
         round wait behind it and leave together in its one write, as before.
         """
+        if self._outbox_closed:
+            raise NodeGone(f"node {self.node_id} is disconnecting")
         ws = self.ws
         if not (self._writer_busy or self._ending):
             try:
@@ -424,16 +451,19 @@ class NodeLink:
                 raise NodeGone(f"node {self.node_id} is disconnecting") from None
             if sent:
                 frame = FLUSH
-        try:
-            self._outbox_send.send_nowait(frame)
-            self._writer_busy = True  # what follows queues behind it: the order of frames is kept
-        except trio.WouldBlock:
+        if len(self._outbox) >= OUTBOX_SIZE:
             logger.warning("node %s is not reading its socket; dropping it", self.node_id)
             self.cause = "error"
             self.abort()
-            raise NodeGone(f"node {self.node_id} is stalled") from None
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise NodeGone(f"node {self.node_id} is disconnecting") from None
+            raise NodeGone(f"node {self.node_id} is stalled")
+        self._outbox.append(frame)
+        self._writer_busy = True  # what follows queues behind it: the order of frames is kept
+        self._writer.wake()
+
+    @property
+    def queued_frames(self) -> int:
+        """Frames waiting for the writer (a node that does not read its socket makes them pile up)."""
+        return len(self._outbox)
 
     def _deliver(self, run_id: str, message: RunMessage) -> None:
         channel = self._runs.get(run_id)
@@ -507,15 +537,20 @@ class NodeLink:
             await trio.sleep_until(expires)
 
     async def _write(self) -> None:
+        """Send the outbox's frames until it is closed and empty, or the connection fails. Checkpoints."""
+        outbox = self._outbox
         try:
-            async for frame in self._outbox_receive:
-                await self._send_queued(frame)
-                self._writer_busy = bool(self._outbox_receive.statistics().current_buffer_used)
+            while outbox or not self._outbox_closed:
+                if not outbox:
+                    await self._writer.park()
+                    continue
+                await self._send_queued()
+                self._writer_busy = bool(outbox)
         except ConnectionClosed:
             self.abort()
 
-    async def _send_queued(self, first: str) -> None:
-        """Send ``first`` and every frame queued behind it, in one write to the socket where possible.
+    async def _send_queued(self) -> None:
+        """Send the first frame queued and those behind it, in one write to the socket where possible.
 
         A write to a loopback or LAN socket costs more CPU than framing a
         message, so the frames that queued up while the writer waited (runs
@@ -527,17 +562,15 @@ class NodeLink:
         concurrency 1 that round would be latency for nothing).
         """
         ws = self.ws
-        if self._outbox_receive.statistics().current_buffer_used:
+        outbox = self._outbox
+        if len(outbox) > 1:
             # Others queued already, so requests are arriving together: one more scheduling
             # round lets the handlers runnable now queue theirs (never at concurrency 1).
             await trio.lowlevel.cancel_shielded_checkpoint()
-        frames = [first]
-        size = len(first)
-        while size < WRITE_BATCH_BYTES:  # large frames go one by one, the rest wait in the outbox
-            try:
-                frames.append(self._outbox_receive.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
+        frames = [outbox.popleft()]
+        size = len(frames[0])
+        while outbox and size < WRITE_BATCH_BYTES:  # large frames go one by one, the rest wait
+            frames.append(outbox.popleft())
             size += len(frames[-1])
         messages = [frame for frame in frames if frame]  # without FLUSH
         if messages or ws.backlogged:
@@ -578,7 +611,8 @@ class NodeLink:
 
     def _end_runs(self) -> None:
         self._ending = True
-        self._outbox_send.close()
+        self._outbox_closed = True
+        self._writer.wake()
         for channel in self._runs.values():
             channel.close()
         self._runs.clear()

@@ -160,7 +160,7 @@ async def test_node_that_stops_reading_stalls_only_itself(tmp_path: Path) -> Non
                     stuck.start_soon(edge.chat, FAST, big_prompt)
                 link = edge.service.registry.link("node-a", generations[0])
                 await eventually(lambda: edge.provider("node-a", "gpu0")["in_flight"] == 8)
-                await eventually(lambda: link._outbox_receive.statistics().current_buffer_used > 0)
+                await eventually(lambda: link.queued_frames > 0)
 
                 start = trio.current_time()
                 served = 0
@@ -173,7 +173,7 @@ async def test_node_that_stops_reading_stalls_only_itself(tmp_path: Path) -> Non
                 assert served >= 10
                 assert (admission.generation("node-a"), admission.generation("node-b")) == generations
                 assert admission.is_connected("node-a") and admission.is_connected("node-b")
-                assert link._outbox_receive.statistics().current_buffer_used > 0  # still stalled
+                assert link.queued_frames > 0  # still stalled
                 stuck.cancel_scope.cancel()
             beating.cancel()  # before the drop: a heartbeat sent after it would fail the test
             await stalled.drop()
