@@ -556,12 +556,21 @@ def _largest_gap(mark: float, arrivals: list[float], sent: list[float], log: str
     events, ``transit_ms`` the later event's time from node-0's send to the
     client's read (the earlier one's in brackets: their difference is what
     the path after node-0 added to the gap), ``loop_ms`` the Edge loop's
-    longest batch or late I/O wait that ended inside the gap.
+    longest batch or late I/O wait that ended inside the gap. ``sent_max_ms``
+    is node-0's own largest gap between two events from ``mark`` on, wherever
+    it fell: how long the fake fleet's process itself was held up.
     """
     pairs = [(b - a, i) for i, (a, b) in enumerate(itertools.pairwise(arrivals), start=1) if mark and b >= mark]
     gap, i = max(pairs, default=(0.0, 0))
-    out: dict[str, Any] = {"max_gap_ms": gap * 1000, "sent_ms": None, "transit_ms": None, "transit_before_ms": None}
+    out: dict[str, Any] = {
+        "max_gap_ms": gap * 1000,
+        "sent_ms": None,
+        "transit_ms": None,
+        "transit_before_ms": None,
+        "sent_max_ms": None,
+    }
     if i and len(sent) == len(arrivals):
+        out["sent_max_ms"] = max((sent[j] - sent[j - 1]) * 1000 for _, j in pairs)
         out["sent_ms"] = (sent[i] - sent[i - 1]) * 1000
         out["transit_ms"] = (arrivals[i] - sent[i]) * 1000
         out["transit_before_ms"] = (arrivals[i - 1] - sent[i - 1]) * 1000
@@ -925,7 +934,8 @@ def _reload_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
         "| nodes | wire | stream's largest gap: no reload / reload | Edge loop's longest batch (task, steps): "
-        "no reload / reload | the largest gap taken apart, no reload / reload: node-0's own gap, "
+        "no reload / reload | the largest gap taken apart, no reload / reload: node-0's own gap "
+        "[node-0's largest anywhere from the 51st event on], "
         "transit of the later event (of the earlier), Edge loop's longest hold inside it (its CPU) "
         "| Edge loop from the 51st event on, no reload / reload: in batches, its CPU, waited in batches "
         "(GIL or CPU), waited for a CPU anywhere "
@@ -948,7 +958,8 @@ def _reload_table(rows: list[dict[str, Any]]) -> list[str]:
 def _apart(largest: dict[str, Any]) -> str:
     task = largest["loop_task"].rsplit(".", 1)[-1] or "none"
     return (
-        f"{_fmt(largest['sent_ms'], ' ms')}, {_fmt(largest['transit_ms'], ' ms')} "
+        f"{_fmt(largest['sent_ms'], ' ms')} [{_fmt(largest['sent_max_ms'], ' ms')}], "
+        f"{_fmt(largest['transit_ms'], ' ms')} "
         f"({_fmt(largest['transit_before_ms'], ' ms')}), {largest['loop_ms']:.1f} ms {task} "
         f"({largest['loop_cpu_ms']:.1f} ms)"
     )

@@ -7,6 +7,8 @@ shared provider ``node-a/gpu0``.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 from pathlib import Path
 
@@ -48,6 +50,23 @@ async def test_capacity_up_dispatches_queued_waiter_at_once(tmp_path: Path) -> N
                 await node.answer(first)
             assert {r.status_code for r in results.values()} == {200}
             await edge.assert_drained()
+
+
+@pytest.mark.req("reload-off-loop")
+async def test_an_applied_reload_logs_each_step_and_the_worker_cpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """[reload-off-loop] a reload that applied logs each step's time and the CPU time its worker
+    thread used (parse, prepare, lookups and certificates together)."""
+    caplog.set_level(logging.INFO, logger="iop_edge")
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge:
+            await _reload(edge, EdgeLayout())
+    (line,) = [record.getMessage() for record in caplog.records if "config reloaded" in record.getMessage()]
+    steps = ("thread start", "parse", "prepare", r"lookups\+tls", "waited", "refresh", "swap", "worker CPU")
+    assert re.fullmatch(
+        r"config reloaded from \S+ \(" + ", ".join(f"{step} [0-9]+\\.[0-9] ms" for step in steps) + r"\)", line
+    ), line
 
 
 @pytest.mark.req("refresh-consistency")
