@@ -28,7 +28,7 @@ from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception as cattrs_format_exception
 
 from ._errors import CLOSE_TOO_BIG, ProtocolError
-from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message
+from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message, Run
 
 _CLASS_OF_TAG: Final = {tag: cls for cls, tag in MESSAGE_TYPES.items()}
 
@@ -184,6 +184,35 @@ def encode(message: Message) -> str:
     return _ENCODER.encode(_unstructure_message(message))
 
 
+_RUN_KEYS: Final = frozenset(("type", "run_id", "provider", "endpoint", "body", "stream"))
+
+
+def _plain_run(obj: dict[str, Any]) -> Run | None:
+    """A ``run`` frame whose fields are exactly the ones of :class:`Run`, each of its JSON
+    type and value, built without the converter; None for anything else (the converter
+    then structures it, or says what is wrong).
+
+    Every run a node serves is decoded: this costs about a third of the converter's time.
+    """
+    if obj.keys() != _RUN_KEYS:
+        return None
+    run_id, provider, endpoint, body, stream = (
+        obj["run_id"],
+        obj["provider"],
+        obj["endpoint"],
+        obj["body"],
+        obj["stream"],
+    )
+    if type(run_id) is not str or type(provider) is not str or type(endpoint) is not str:
+        return None
+    if type(body) is not dict or type(stream) is not bool:
+        return None
+    try:
+        return Run(run_id, provider, endpoint, body, stream)
+    except ValueError:  # a value rule (the endpoint): the converter's reason names it
+        return None
+
+
 def _format_exception(exc: BaseException, type_: type | None) -> str:
     if isinstance(exc, (_WrongJsonType, _WrongArrayLength)):
         return str(exc)
@@ -241,6 +270,8 @@ def decode(data: str | bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     if type(tag) is not str or tag not in _CLASS_OF_TAG:
         shown = repr(tag) if len(repr(tag)) <= 40 else repr(tag)[:37] + "..."
         raise ProtocolError(f"unknown message type {shown} (field 'type')")
+    if tag == "run" and (run := _plain_run(obj)) is not None:
+        return run
     try:
         return _structure_message(obj, Message)
     except Exception as exc:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest import mock
 
 import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import iop_wire._codec
 from iop_wire import (
     ENDPOINTS,
     ERROR_CODES,
@@ -171,3 +173,35 @@ def test_decode_mutated_message_raises_only_protocol_error(message: Any, mutatio
     else:
         obj[key] = data.draw(json_values, label="value")
         decode_or_error(json.dumps(obj))
+
+
+runs = st.builds(
+    Run, run_id=texts, provider=texts, endpoint=st.sampled_from(ENDPOINTS), body=json_objects, stream=st.booleans()
+)
+
+
+@SETTINGS
+@given(runs, st.sampled_from(("keep", *MUTATIONS)), st.data())
+def test_run_frames_decode_as_the_converter_decodes_them(run: Run, mutation: str, data: st.DataObject) -> None:
+    """decode() builds a plain ``run`` without the converter: same message, same refusals."""
+    obj = json.loads(encode(run))
+    if mutation == "add":
+        obj[data.draw(texts.filter(lambda k: k not in obj), label="key")] = data.draw(json_values, label="value")
+    elif mutation != "keep":
+        key = data.draw(st.sampled_from(sorted(obj)), label="key")
+        if mutation == "delete":
+            del obj[key]
+        else:
+            obj[key] = data.draw(json_values | st.sampled_from(["run", *ENDPOINTS, "rerank"]), label="value")
+    frame = json.dumps(obj)
+    fast = decode_or_error(frame)
+    with mock.patch.object(iop_wire._codec, "_plain_run", return_value=None):
+        converted = decode_or_error(frame)
+    if isinstance(converted, ProtocolError):
+        assert isinstance(fast, ProtocolError)
+        assert (fast.reason, fast.close_code) == (converted.reason, converted.close_code)
+    else:
+        assert type(fast) is type(converted)
+        assert fast == converted
+    if mutation == "keep":
+        assert fast == run
