@@ -41,7 +41,7 @@ from iop_admission import (
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
-from ._http_server import PAUSE_READING, CannedResponse, Headers
+from ._http_server import HEAD_LET_THROUGH, PAUSE_READING, CannedResponse, Headers
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor
@@ -96,6 +96,17 @@ UPSTREAM_RETRY_AFTER = 1
 
 _COMPLETION_TARGETS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 """The request targets a flood can be refused on, before a scope is built (:meth:`EdgeAPI.refuse_head`)."""
+
+
+def _let_through_on_head(scope: Scope) -> bool:
+    """Whether the listener asked :meth:`EdgeAPI.refuse_head` on this request's head and it let
+    the request through (decided: the target is exactly a completion target, no query string)."""
+    return bool(
+        scope.get("extensions", {}).get(HEAD_LET_THROUGH)
+        and not scope["query_string"]
+        and scope["raw_path"] in _COMPLETION_TARGETS
+    )
+
 
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream")
@@ -453,11 +464,14 @@ class EdgeAPI:
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
-        refused = self._refused_on_head(scope["headers"])
-        if refused is not None:
-            response, scope[PAUSE_READING] = refused
-            await responder.canned(response)
-            return
+        if _let_through_on_head(scope):
+            self._authorize(scope["headers"])
+        else:
+            refused = self._refused_on_head(scope["headers"])
+            if refused is not None:
+                response, scope[PAUSE_READING] = refused
+                await responder.canned(response)
+                return
         body = await self._read_json(scope, receive)
         model = body.get("model")
         if not isinstance(model, str) or not model:
@@ -509,19 +523,20 @@ class EdgeAPI:
         """
         service = self.service
         door = service.front_door
+        now = trio.current_time()
         if door.shed(service.admission.queue_depth):
             code = "overloaded"
         else:
             self._authorize(headers)
             max_queue = service.config.provider_pool.max_queue
-            if not door.queue_full(max_queue, self._capacity(), service.admission.queue_depth):
+            if not door.queue_full(max_queue, self._capacity(), service.admission.queue_depth, now):
+                door.let_through(now)
                 return None
             code = "queue_full"
         count = self._refusal_counters.get(code)
         if count is None:
             count = self._refusal_counters[code] = service.metrics.rejection_counter("", code)
         count()
-        now = trio.current_time()
         retry_after, delay = door.refusal(now, self._capacity())
         return self._refusal_on_head(code, retry_after), now + delay
 

@@ -62,7 +62,10 @@ no websockets, no HTTP/2). What the listener guarantees:
   (a flood's retries repeat), ``refuse_head`` is asked again on that request's
   head, and a refusal goes out and the connection is paused again, all without
   waking the connection's task or parsing the bytes again; anything else is
-  handed to the connection's task. A connection with nothing to read yet is
+  handed to the connection's task (a remembered request let through there is
+  not asked about again: its task calls the app at once, with the scope
+  extension :data:`HEAD_LET_THROUGH` set, as for every request ``refuse_head``
+  let through). A connection with nothing to read yet is
   looked at again by the pacer (:data:`RECHECK_AFTER`, up to :data:`RECHECKS`
   times, and once after the time its client was told to come back, when a
   :class:`CannedResponse` says) before its task waits for the socket. A refused retry under a flood
@@ -107,6 +110,10 @@ _DISCONNECT: Message = {"type": "http.disconnect"}
 
 PAUSE_READING = "iop.pause_reading"
 """Scope key: a time on trio's clock before which the connection's next request is not read (pacing)."""
+
+HEAD_LET_THROUGH = "iop.head_let_through"
+"""Scope extension: True when the listener asked ``refuse_head`` on this request's head and it
+was let through (the app need not ask again)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -553,6 +560,7 @@ class _Connection:
         self.gone = False
         self._resumed = False  # woken from a pause: the next read need not be a schedule point
         self._unparsed: bytes | None = None  # all the bytes h11 holds, read whole on a pause's end
+        self._let_through = False  # refuse_head let those bytes' request through already
         self._rechecks = 0  # times the pacer found nothing to read since the pause's end
         self._idle = False  # the pacer gave up looking: the task waits for the client's bytes
         self._plain = isinstance(transport, _SocketTransport)  # a pause's end may be answered without the task
@@ -728,6 +736,7 @@ class _Connection:
         if refused is None:
             conn.receive_data(data)
             self._unparsed = data
+            self._let_through = head is not None
             return None
         response, until = refused
         self.transport.write_nowait(response.keep_alive)
@@ -759,10 +768,13 @@ class _Connection:
             the connection cannot carry another request.
         """
         unparsed, self._unparsed = self._unparsed, None
-        if self.refuse_head is not None and request.method != b"HEAD":
+        decided, self._let_through = self._let_through and unparsed is not None, False
+        asked = self.refuse_head is not None and request.method != b"HEAD"
+        if asked and not decided:
             refused = self._decide(request.method, request.target, request.headers)
             if refused is not None:
                 return await self._refuse(*refused, request, unparsed)
+        self._extensions[HEAD_LET_THROUGH] = asked
         until = await self._respond(request)
         return until if await self._ready_for_next() else None
 

@@ -201,7 +201,7 @@ class FrontDoor:
     one; the API keeps both.
     """
 
-    __slots__ = ("shedder", "connections", "waiting", "running", "returns")
+    __slots__ = ("shedder", "connections", "waiting", "running", "returns", "passing", "passing_until")
 
     def __init__(self, policy: OverloadPolicy) -> None:
         self.shedder = LoadShedder(policy)
@@ -209,14 +209,40 @@ class FrontDoor:
         self.connections = ConnectionCounter(policy.max_connections)
         self.waiting = 0
         self.running = 0
+        self.passing = 0  # let through on their heads and not asking yet (:meth:`let_through`)
+        self.passing_until = -math.inf  # when that count lapses
 
     def __repr__(self) -> str:
         return f"<FrontDoor {self.shedder!r}, {self.connections!r}, {self.waiting} waiting>"
 
     def enter(self) -> Visit:
-        """Count a new request as asking for a lease; the :class:`Visit` moves and ends its count."""
+        """Count a new request as asking for a lease; the :class:`Visit` moves and ends its count.
+
+        A request let through on its head (:meth:`let_through`) stops counting as passing here.
+        """
         self.waiting += 1
+        if self.passing > 0:
+            self.passing -= 1
         return Visit(self)
+
+    def let_through(self, now: float) -> None:
+        """Count a request let through on its head (not refused there): it will ask for a lease soon.
+
+        Between the decision on a head and the request's :meth:`enter` there is at least a task
+        switch: the pacer decides on every paused connection due at once in one pass, and a
+        connection let through is read and parsed by its own task afterwards. Without this count
+        every connection due in the pass that frees a place in the queue would be let through, and
+        all but one refused by its task after all -- the dearest way to refuse (a wake-up and an
+        h11 parse each). The count lapses :data:`PASSING_WINDOW` after the first request it holds
+        (a request let through that never asks, a 404 say, holds a place no longer than that).
+        """
+        if now > self.passing_until:
+            self.passing = 0
+            self.passing_until = now + PASSING_WINDOW
+        self.passing += 1
+
+    def _passing(self, now: float) -> int:
+        return self.passing if now <= self.passing_until else 0
 
     def shed(self, queue_depth: int) -> bool:
         """Whether to refuse a new request now (``503 overloaded``), counting it if so.
@@ -230,7 +256,7 @@ class FrontDoor:
         """
         return self.shedder.action(self.connections.open, queue_depth) == "shed"
 
-    def queue_full(self, max_queue: int, capacity: int, queue_depth: int) -> bool:
+    def queue_full(self, max_queue: int, capacity: int, queue_depth: int, now: float) -> bool:
         """Whether a new request could only be refused ``429 queue_full`` (before its body is read).
 
         True when the queue holds ``max_queue`` waiters and the requests of this
@@ -238,10 +264,13 @@ class FrontDoor:
         leased (``capacity - running``). Counting the free slots this way, not
         only "every slot leased", also covers the moment after a lease ends: the
         slot is granted to a waiter at once, but ``running`` counts it only when
-        that waiter's task runs -- under loop lag, a whole pass later.
+        that waiter's task runs -- under loop lag, a whole pass later. The
+        requests let through on their heads at ``now`` and not asking yet
+        (:meth:`let_through`) count as waiting and queued already.
         """
+        passing = self._passing(now)
         free = max(0, capacity - self.running)
-        return self.waiting >= max_queue + free and queue_depth >= max_queue
+        return self.waiting + passing >= max_queue + free and queue_depth + passing >= max_queue
 
     def refusal(self, now: float, capacity: int) -> tuple[int, float]:
         """Book a refused client's return: ``(Retry-After in whole seconds, pause in s)``.
@@ -270,6 +299,11 @@ class FrontDoor:
             service_time_ms=round(shedder.service_time * 1000, 1),
             paused_connections=self.connections.paused,
         )
+
+
+PASSING_WINDOW = 0.01
+"""Seconds a request let through on its head counts as passing, at most, if it does not ask for a
+lease before (:meth:`FrontDoor.let_through`): its task runs within a pass or two of the loop."""
 
 
 LAG_INTERVAL = 0.05

@@ -18,6 +18,7 @@ import trio.testing
 from edge.harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
 from iop_config import ConfigFileError
 from iop_edge._overload import (
+    PASSING_WINDOW,
     RETURN_GRACE,
     RETURN_GRID,
     FrontDoor,
@@ -157,14 +158,38 @@ def test_queue_full_counts_requests_already_asking_against_the_free_slots() -> N
     lease ended, when the slot is granted but the granted request's task has not run yet."""
     door = FrontDoor(POLICY)
     door.running, door.waiting = 8, 64
-    assert door.queue_full(max_queue=64, capacity=8, queue_depth=64)
-    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=63)  # room in the queue
+    assert door.queue_full(max_queue=64, capacity=8, queue_depth=64, now=0.0)
+    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=63, now=0.0)  # room in the queue
     door.running = 7  # a lease ended; its slot went to a waiter still counted as waiting
-    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=64)
+    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=64, now=0.0)
     door.waiting = 65  # ... and one more is asking: the queue and the free slot are spoken for
-    assert door.queue_full(max_queue=64, capacity=8, queue_depth=64)
+    assert door.queue_full(max_queue=64, capacity=8, queue_depth=64, now=0.0)
     door.running, door.waiting = 0, 64  # every slot free: the newcomer may run at once
-    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=64)
+    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=64, now=0.0)
+
+
+@pytest.mark.req("overload-cheap-reject")
+def test_requests_let_through_on_their_heads_count_until_they_ask() -> None:
+    """[overload-cheap-reject] A request let through on its head counts against the queue and the
+    free slots until it asks for a lease: of the connections decided on in one pass after a lease
+    ended, one is let through, the others refused on their heads. The count lapses after
+    PASSING_WINDOW (a request let through that never asks holds no place for longer)."""
+    door = FrontDoor(POLICY)
+    door.running, door.waiting = 7, 64  # a lease ended; its slot went to a waiter not yet running
+    now = 100.0
+    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=63, now=now)
+    door.let_through(now)
+    assert door.queue_full(max_queue=64, capacity=8, queue_depth=63, now=now)
+    assert door.queue_full(max_queue=64, capacity=8, queue_depth=63, now=now + PASSING_WINDOW)
+    door.enter()  # it asks: counted as waiting, no longer as passing
+    assert (door.waiting, door.passing) == (65, 0)
+    assert door.queue_full(max_queue=64, capacity=8, queue_depth=64, now=now)
+    door.waiting = 64
+    door.let_through(now)  # let through, and never asks (a 404, say)
+    assert door.queue_full(max_queue=64, capacity=8, queue_depth=63, now=now)
+    assert not door.queue_full(max_queue=64, capacity=8, queue_depth=63, now=now + PASSING_WINDOW * 1.5)
+    door.let_through(now + PASSING_WINDOW * 1.5)  # a new window: the lapsed count is dropped
+    assert door.passing == 1
 
 
 @pytest.mark.req("overload-shed")

@@ -20,6 +20,7 @@ import trio.testing
 from edge.test_http_server import _read_response
 from edge.test_refuse_head import FULL
 from iop_edge._http_server import (
+    HEAD_LET_THROUGH,
     RECHECK_AFTER,
     RECHECKS,
     CannedResponse,
@@ -100,9 +101,11 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
     refuse = [True]
     decided_in: list[str] = []  # which task asked refuse_head
     seen: list[str] = []
+    let_through: list[bool] = []  # the app's scope says refuse_head let the request through
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         seen.append(scope["path"])
+        let_through.append(scope["extensions"][HEAD_LET_THROUGH])
         while (await receive())["more_body"]:
             pass
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
@@ -134,8 +137,10 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                 assert decided_in == ["connection", "connection", "pacer", "pacer"]
                 assert seen == [] and len(pacer.queue) == 1
                 refuse[0] = False
-                assert await ask(REFUSED) == (200, b"ok")  # remembered, not refused now: the app answers
-                assert seen == ["/full"] and decided_in[4:] == ["pacer", "connection"]
+                # Remembered, not refused now: the app answers, and the pacer's decision stands (its
+                # task does not ask again; the scope tells the app it was let through).
+                assert await ask(REFUSED) == (200, b"ok")
+                assert seen == ["/full"] and decided_in[4:] == ["pacer"] and let_through == [True]
                 refuse[0] = True
                 assert await ask(REFUSED) == (429, b"full")  # not paused: its task
                 await client.send_all(REFUSED[:20])  # in pieces: the pause ends on the first
@@ -144,7 +149,7 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                 assert await ask(REFUSED[20:]) == (429, b"full")
                 other = REFUSED.replace(b"hello", b"world")
                 assert await ask(other) == (429, b"full")  # not remembered: its task
-                assert decided_in[6:] == ["connection", "connection", "connection"]
+                assert decided_in[5:] == ["connection", "connection", "connection"]
                 # Nothing to read when the pause ends: looked at again RECHECK_AFTER later (or, the
                 # pacer running late, at the next such step still ahead) ...
                 for step in (1.0 + RECHECK_AFTER * 1.5, *[RECHECK_AFTER] * (RECHECKS - 2)):
@@ -161,7 +166,7 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                 parser = connection.h11
                 assert await ask(other) == (429, b"full")
                 assert connection.h11 is parser and len(pacer.queue) == 1
-                assert decided_in[9:] == ["pacer", "connection"]
+                assert decided_in[8:] == ["pacer", "connection"]
                 await client.aclose()
             nursery.cancel_scope.cancel()  # the connection ended (its client left during a pause)
     assert len(pacer.queue) == 0
