@@ -617,20 +617,22 @@ class _Connection:
                 if head_deadline == math.inf and self.h11.trailing_data[0]:
                     head_deadline = trio.current_time() + self.limits.header_timeout
                 self._unparsed = None  # h11 now holds more than the bytes read on the pause's end
-                data = self.transport.receive_nowait() if scheduled else None  # waiting already: no timer
-                scheduled = True
+                # Bytes already there (a keep-alive client's next request usually is, by the time the
+                # previous one is done) are read without a timer; the schedule point follows the head.
+                data = self.transport.receive_nowait()
                 if data is None:
                     deadline = head_deadline
                     if deadline == math.inf:
                         deadline = trio.current_time() + self.limits.keep_alive_timeout
                     data = await self._receive(deadline, "request head")
+                    scheduled = True
                 if data and head_deadline == math.inf:
                     head_deadline = trio.current_time() + self.limits.header_timeout
                 self.h11.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
                 if not scheduled:
-                    await trio.lowlevel.checkpoint()  # a pipelined head: still one schedule point per request
+                    await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
                 return event
             return None  # ConnectionClosed (or PAUSED after a close)
 

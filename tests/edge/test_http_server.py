@@ -350,6 +350,40 @@ async def test_a_whole_response_written_from_another_task_goes_out_before_the_ap
             nursery.cancel_scope.cancel()
 
 
+async def test_requests_read_without_waiting_still_pass_one_schedule_point_each() -> None:
+    """A request whose bytes are there already is read without a timer, but the connection's
+    task still lets the others run once per request: 20 requests pipelined in one send, answered
+    by an app that never waits, are served over as many scheduling rounds (another task, which
+    runs once a round, counts them), not in one step."""
+    rounds = 0
+    seen: list[int] = []
+
+    async def ticker() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await trio.lowlevel.checkpoint()
+
+    async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
+        seen.append(rounds)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await _serve(nursery, app)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            nursery.start_soon(ticker)
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n" * 20)
+            buffer = bytearray()
+            for _ in range(20):
+                assert (await _read_response(stream, buffer))[:2] == (200, b"ok")
+            assert len(seen) == 20
+            assert seen[-1] - seen[1] >= 17  # one round per request (the ticker's place in a round varies)
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize(
     ("request_head", "headers", "reusable"),
     [
