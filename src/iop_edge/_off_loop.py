@@ -18,6 +18,14 @@ GIL (a trio instrument tells it when the loop waits for I/O again). The
 reload's parse, structuring, validation and pool comparison do
 ([reload-off-loop]); a reload then runs in the loop's idle time.
 
+Idle time of the loop is not idle time of the machine: a reload's worker
+busy for a second takes a core from everything else on it (a Node, the
+backend, the clients on a small box), and a stream's events wait for a CPU.
+Work started with ``cpu_share`` below 1 therefore rests without the GIL at
+:func:`yield_to_loop` after each :data:`WORK_SLICE` of running, long
+enough to use at most that share of a core; the reload uses
+:data:`RELOAD_CPU_SHARE`.
+
 Collection back on, the objects a reload left (its new config: some
 300,000 of them at 10,000 nodes) would all be young: the next allocation on
 the loop would start a young-generation collection over all of them, then a
@@ -63,6 +71,15 @@ an object: about the time of a :data:`SNAPSHOT_SLICE`)."""
 NODE_SLICE = 1000
 """Nodes whose connection state ``/status`` reads per loop turn (a node's row costs about
 a third of a provider's, so about the time of a :data:`SNAPSHOT_SLICE`)."""
+
+WORK_SLICE = 0.002
+"""How long work started with a ``cpu_share`` below 1 runs between two rests (s)."""
+
+RELOAD_CPU_SHARE = 0.5
+"""The share of a core a config reload's worker uses (its parse takes twice its CPU time in
+wall time): measured on the 2-core benchmark box with 10,000 nodes, a running stream's
+largest gap during a reload stayed <= 20 ms in 25 of 25 reloads, against 23 of 25 at a
+full core (docs/benchmarks-history.md, Scale)."""
 
 MAX_PAUSE = 0.01
 """Longest a worker's :func:`yield_to_loop` waits for the loop to go idle (s); after that the
@@ -119,22 +136,32 @@ def yield_to_loop() -> None:
     thread, a thread not started by :func:`run_off_loop`) it returns at once.
     """
     gate: _LoopIdle | None = getattr(_worker, "gate", None)
-    if gate is not None and not gate.idle.is_set():
+    if gate is None:
+        return
+    if not gate.idle.is_set():
         gate.wait()
+        _worker.slice_start = time.perf_counter()
+    elif _worker.rest and time.perf_counter() - _worker.slice_start >= WORK_SLICE:
+        time.sleep(_worker.rest)
+        _worker.slice_start = time.perf_counter()
 
 
-async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False) -> T:
+async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False, cpu_share: float = 1.0) -> T:
     """``work()`` in a worker thread, with a short switch interval and automatic GC off meanwhile.
 
     ``keeps_objects``: the result holds many new objects that will live on (a
     config); they join the oldest generation when collection is switched back on.
     ``work`` may call :func:`yield_to_loop` (directly or through :func:`paced`).
+    ``cpu_share`` (0 < share <= 1): at most this share of a core; below 1, the
+    work rests at :func:`yield_to_loop` after each :data:`WORK_SLICE` of running.
 
     Checkpoints (it waits for the thread). Cancelled, it returns at once and the
     thread's result is dropped (the thread runs to its end). Raises what
-    ``work`` raises.
+    ``work`` raises, and ValueError for a ``cpu_share`` outside (0, 1].
     """
     global _running, _saved, _promote, _gate
+    if not 0 < cpu_share <= 1:
+        raise ValueError(f"cpu_share must be in (0, 1], not {cpu_share}")
     if _gate is None:
         _saved = (sys.getswitchinterval(), gc.isenabled())
         sys.setswitchinterval(min(_saved[0], SWITCH_INTERVAL))
@@ -143,9 +170,12 @@ async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False) ->
         trio.lowlevel.add_instrument(_gate)
     _running += 1
     gate = _gate
+    rest = WORK_SLICE * (1 - cpu_share) / cpu_share
 
     def gated() -> T:
         _worker.gate = gate
+        _worker.rest = rest
+        _worker.slice_start = time.perf_counter()
         try:
             return work()
         finally:

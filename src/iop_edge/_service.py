@@ -24,7 +24,7 @@ from iop_config import ConfigFileError, TlsFileError
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
-from ._off_loop import NODE_SLICE, rows_in_slices, run_off_loop, yield_to_loop
+from ._off_loop import NODE_SLICE, RELOAD_CPU_SHARE, rows_in_slices, run_off_loop, yield_to_loop
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
@@ -102,7 +102,9 @@ class EdgeService:
             times = _ReloadTimes(time.perf_counter())
             try:
                 config, pool, tls = await run_off_loop(
-                    lambda: _read_config(path, self.admission, times), keeps_objects=True
+                    lambda: _read_config(path, self.admission, times),
+                    keeps_objects=True,
+                    cpu_share=RELOAD_CPU_SHARE,
                 )
                 times.mark("waited")
                 _refuse_tls_switch(self.config, config, path)

@@ -345,3 +345,51 @@ def test_yield_to_loop_outside_off_loop_work_returns_at_once() -> None:
     thread.start()
     thread.join(10)
     assert calls == [None] * 3
+
+
+@pytest.mark.req("reload-off-loop")
+@pytest.mark.parametrize(("share", "rests"), [(0.5, 4), (1.0, 0)])
+async def test_off_loop_work_with_a_cpu_share_rests_after_each_slice(
+    monkeypatch: pytest.MonkeyPatch, share: float, rests: int
+) -> None:
+    """[reload-off-loop] work started with a cpu_share below 1 rests at yield_to_loop() once each
+    WORK_SLICE of running, long enough to keep to that share (at 0.5: as long as it ran); a
+    part of a slice does not rest; at a full share it never rests (the loop idle throughout)."""
+    clock = [0.0]
+    slept: list[float] = []
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter() -> float:
+            return clock[0]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            slept.append(seconds)
+
+    monkeypatch.setattr(_off_loop, "time", FakeTime)
+
+    def work() -> None:
+        gate = _off_loop._gate
+        assert gate is not None
+        for _ in range(4):
+            gate.idle.wait()  # the loop waits for this thread's end: idle
+            clock[0] += _off_loop.WORK_SLICE
+            yield_to_loop()
+        clock[0] += _off_loop.WORK_SLICE / 2
+        yield_to_loop()
+
+    with trio.fail_after(10):
+        await run_off_loop(work, cpu_share=share)
+    assert slept == [pytest.approx(_off_loop.WORK_SLICE)] * rests
+
+
+@pytest.mark.req("reload-off-loop")
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.5])
+async def test_off_loop_work_refuses_a_cpu_share_outside_zero_to_one(share: float) -> None:
+    """[reload-off-loop] a cpu_share outside (0, 1] is refused before anything is switched."""
+    switch, collecting = sys.getswitchinterval(), gc.isenabled()
+    with pytest.raises(ValueError, match="cpu_share"):
+        await run_off_loop(lambda: None, cpu_share=share)
+    assert _off_loop._gate is None
+    assert (sys.getswitchinterval(), gc.isenabled()) == (switch, collecting)
