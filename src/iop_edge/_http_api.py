@@ -472,14 +472,17 @@ class EdgeAPI:
                 response, scope[PAUSE_READING] = refused
                 await responder.canned(response)
                 return
-        body = await self._read_json(scope, receive)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise RequestRejected(400, "bad_request", "'model' is required and must be a string")
-        stream = checked_stream(endpoint, body)
-        config = service.config
-        threshold = config.long_threshold(model)
-        long = threshold is not None and estimate_tokens(endpoint, body) > threshold
+        try:
+            body = await self._read_json(scope, receive)
+            model = body.get("model")
+            if not isinstance(model, str) or not model:
+                raise RequestRejected(400, "bad_request", "'model' is required and must be a string")
+            stream = checked_stream(endpoint, body)
+            threshold = service.config.long_threshold(model)
+            long = threshold is not None and estimate_tokens(endpoint, body) > threshold
+        except BaseException:
+            service.front_door.gave_up()  # let through on its head, it will not ask for a lease
+            raise
 
         watch = scope.get("extensions", {}).get("iop.cancel_on_disconnect")
         if watch is not None:  # the connection's own watcher: no task per request

@@ -241,6 +241,13 @@ class FrontDoor:
             self.passing_until = now + PASSING_WINDOW
         self.passing += 1
 
+    def gave_up(self) -> None:
+        """A request let through on its head ends before it asks for a lease (a bad body, an
+        unknown field, the client gone): it stops counting as passing (:meth:`let_through`), so
+        a burst of such requests does not read as a full queue."""
+        if self.passing > 0:
+            self.passing -= 1
+
     def _passing(self, now: float) -> int:
         return self.passing if now <= self.passing_until else 0
 

@@ -31,6 +31,7 @@ from edge.harness import (
     sse_events,
     start_chat,
 )
+from iop_edge import _overload
 from iop_wire import RunEnd, RunEvent
 
 
@@ -214,6 +215,26 @@ async def test_bad_requests(tmp_path: Path) -> None:
                 "request_too_large",
                 "invalid_request_error",
             )
+            await edge.assert_drained()
+
+
+@pytest.mark.req("overload-cheap-reject")
+async def test_bad_requests_let_through_on_their_heads_do_not_fill_the_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[overload-cheap-reject] a request let through on its head that ends before it asks for a
+    lease (a bad body) stops counting as passing: a burst of them, more than the queue and the
+    free slots hold, all get their 400, none a 429 queue_full (the count's window held open here
+    for the whole test, so how fast the box is does not matter)."""
+    monkeypatch.setattr(_overload, "PASSING_WINDOW", 3600.0)
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, EdgeLayout(max_queue=2)) as edge, fake_node(edge):
+            for _ in range(10):
+                response = await edge.http.post(
+                    "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+                )
+                assert_error(response, 400, "bad_request", "invalid_request_error")
+            assert edge.service.front_door.passing == 0
             await edge.assert_drained()
 
 

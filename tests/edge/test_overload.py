@@ -190,6 +190,10 @@ def test_requests_let_through_on_their_heads_count_until_they_ask() -> None:
     assert not door.queue_full(max_queue=64, capacity=8, queue_depth=63, now=now + PASSING_WINDOW * 1.5)
     door.let_through(now + PASSING_WINDOW * 1.5)  # a new window: the lapsed count is dropped
     assert door.passing == 1
+    door.gave_up()  # it ended before asking (a bad body): no longer passing
+    assert door.passing == 0
+    door.gave_up()  # never below nothing
+    assert door.passing == 0
 
 
 @pytest.mark.req("overload-shed")
