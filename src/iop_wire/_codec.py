@@ -28,7 +28,7 @@ from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception as cattrs_format_exception
 
 from ._errors import CLOSE_TOO_BIG, ProtocolError
-from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message, Run
+from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message, Run, RunEnd
 
 _CLASS_OF_TAG: Final = {tag: cls for cls, tag in MESSAGE_TYPES.items()}
 
@@ -179,9 +179,26 @@ def encode(message: Message) -> str:
             contains a value JSON cannot represent.
         ValueError: a JSON object it holds contains NaN or infinity.
     """
+    if type(message) is RunEnd and _plain_ok_end(message):
+        return _OK_END_HEAD + _ENCODER.encode(message.run_id) + _OK_END_TAIL
     if type(message) not in MESSAGE_TYPES:
         raise TypeError(f"encode() expects a wire message, got {type(message).__name__}")
     return _ENCODER.encode(_unstructure_message(message))
+
+
+def _plain_ok_end(end: RunEnd) -> bool:
+    """Whether ``end`` is a run's plain ``ok`` end (every answered run has one): :func:`encode`
+    writes it from a template around its run id, without the converter (about 4 µs less)."""
+    return (
+        end.status == "ok"
+        and end.code is None
+        and end.message is None
+        and end.upstream_status is None
+        and end.upstream_body is None
+    )
+
+
+_OK_END_HEAD, _OK_END_TAIL = _ENCODER.encode(_unstructure_message(RunEnd("\0", "ok"))).split('"\\u0000"')
 
 
 _RUN_KEYS: Final = frozenset(("type", "run_id", "provider", "endpoint", "body", "stream"))

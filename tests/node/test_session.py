@@ -9,11 +9,8 @@ from typing import Any
 
 import pytest
 import trio
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from iop_node import MockAdapter, ProviderConfig
-from iop_node._session import _end_frame
 from iop_wire import (
     PROTOCOL_VERSION,
     Cancel,
@@ -26,7 +23,6 @@ from iop_wire import (
     TunnelEnd,
     TunnelRequest,
     TunnelStart,
-    encode,
 )
 from node.harness import TOKEN, Backend, FakeEdge, node_config, openai_provider, running_node
 
@@ -298,21 +294,3 @@ async def test_an_unexpected_adapter_error_ends_only_that_run(edge: FakeEdge, mo
             assert node.client.connections == 1
     assert isinstance(end, RunEnd) and (end.status, end.code) == ("error", "upstream_error")
     assert end.message is not None and "KeyError" in end.message
-
-
-@settings(deadline=None)
-@given(
-    st.text(max_size=16),
-    st.sampled_from([("ok", None), ("error", "upstream_error"), ("cancelled", "cancelled")]),
-    st.none() | st.text(max_size=8),
-    st.none() | st.integers(min_value=100, max_value=599),
-)
-def test_end_frames_are_what_the_codec_writes(
-    run_id: str, outcome: tuple[str, str | None], message: str | None, upstream_status: int | None
-) -> None:
-    """A run's plain ok end comes from a template: byte for byte the codec's frame."""
-    end = RunEnd(run_id, outcome[0], outcome[1], message, upstream_status)
-    assert _end_frame(end) == encode(end)
-    assert _end_frame(TunnelEnd(run_id, outcome[0], outcome[1], message)) == encode(
-        TunnelEnd(run_id, outcome[0], outcome[1], message)
-    )

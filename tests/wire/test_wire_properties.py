@@ -205,3 +205,20 @@ def test_run_frames_decode_as_the_converter_decodes_them(run: Run, mutation: str
         assert fast == converted
     if mutation == "keep":
         assert fast == run
+
+
+@settings(deadline=None)
+@given(
+    st.text(max_size=16),
+    st.sampled_from([("ok", None), ("error", "upstream_error"), ("cancelled", "cancelled")]),
+    st.none() | st.text(max_size=8),
+    st.none() | st.integers(min_value=100, max_value=599),
+)
+def test_end_frames_are_what_the_converter_writes(
+    run_id: str, outcome: tuple[str, str | None], message: str | None, upstream_status: int | None
+) -> None:
+    """A run's plain ok end is written from a template: byte for byte the converter's frame."""
+    end = RunEnd(run_id, outcome[0], outcome[1], message, upstream_status)
+    with mock.patch.object(iop_wire._codec, "_plain_ok_end", return_value=False):
+        by_converter = encode(end)
+    assert encode(end) == by_converter
