@@ -814,10 +814,16 @@ async def _first_message(run: RunChannel, first_token: float | None) -> RunMessa
 
     Checkpoints. Past the timeout it raises a retryable provider failure; the
     caller leaving the run's ``async with`` then cancels the run on the node.
+    A message that arrived in the scheduling round the timeout ended the wait
+    came in time: the node link's reader may have written the whole answer to
+    the client already (:meth:`RunChannel.answer_whole`), which must then count
+    as answered, not as a failure of the provider.
     """
     if first_token is None:
         return await _next(run)
     with trio.move_on_after(first_token):
+        return await _next(run)
+    if run.ready():
         return await _next(run)
     raise RequestRejected(
         502,

@@ -345,6 +345,10 @@ class RunChannel:
             self.ended = True
         return message
 
+    def ready(self) -> bool:
+        """Whether :meth:`next` has a message to give without waiting (never waits)."""
+        return bool(self._queue)
+
     def buffered(self) -> list[RunMessage]:
         """The messages of this run that have arrived already, up to its end (never waits).
 

@@ -26,6 +26,7 @@ from edge.harness import (
     running_edge,
     start_chat,
 )
+from iop_edge._http_api import _first_message
 from iop_edge._links import RUN_BUFFER, NodeGone, RunChannel, _PeerWatch
 from iop_edge._node_socket import NodeSocket
 from iop_wire import Rejected, Run, RunData, RunEnd, RunEvent
@@ -423,3 +424,38 @@ async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
             monkeypatch.undo()
             for channel in channels:
                 link.forget_run(channel.run_id)
+
+
+async def test_an_answer_arriving_as_the_first_token_timeout_ends_the_wait_counts_as_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """[first-token-timeout] The whole answer and its end arrive in the scheduling round whose
+    deadline ended the relay's wait: the node link's reader wrote it to the client already, so the
+    relay takes the answer (no ``first_token_timeout`` failure reported for a provider that answered)."""
+    run = RunChannel("r1", None)  # type: ignore[arg-type]  # the link is used only when leaving
+    written: list[bytes] = []
+    run.answer_whole(lambda body: written.append(body) is None)
+    relay_task: list[trio.lowlevel.Task] = []
+    steps = 0
+
+    class ArrivesWithTheDeadline(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            nonlocal steps
+            if relay_task and task is relay_task[0]:
+                steps += 1
+                if steps == 1:  # woken by the deadline, not yet run: the answer comes now
+                    assert run.deliver(RunData("r1", 0, b"{}")) and run.deliver(RunEnd("r1", "ok"))
+
+    got: list[object] = []
+
+    async def relay() -> None:
+        relay_task.append(trio.lowlevel.current_task())
+        got.append(await _first_message(run, 1.0))
+
+    trio.lowlevel.add_instrument(ArrivesWithTheDeadline())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(relay)
+    assert written == [b"{}"] and run.answered
+    assert got == [RunData("r1", 0, b"{}")]
+    assert run.buffered() == [RunEnd("r1", "ok")]
+    assert trio.current_time() == pytest.approx(1.0)
