@@ -426,6 +426,7 @@ async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
                 link.forget_run(channel.run_id)
 
 
+@pytest.mark.req("first-token-timeout")
 async def test_an_answer_arriving_as_the_first_token_timeout_ends_the_wait_counts_as_answered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
