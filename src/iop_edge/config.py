@@ -185,19 +185,30 @@ class EdgeProvider:
     total_context_tokens: int | None = None
     priority: int = 0
     enabled: bool = True
+    _spec: ProviderSpec | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    """The spec, once built (:meth:`spec`); not a key of the file."""
 
     config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a provider")
 
     def spec(self) -> ProviderSpec:
-        """The library's spec. Raises ``ConfigError`` on bad values."""
-        return ProviderSpec(
-            capacity=self.capacity,
-            long_context_capacity=self.long_context_capacity,
-            context_window_tokens=self.context_window_tokens,
-            total_context_tokens=self.total_context_tokens,
-            priority=self.priority,
-            enabled=self.enabled,
-        )
+        """The library's spec, built once per provider object. Raises ``ConfigError`` on bad values.
+
+        [reload-off-loop] A loaded file shares one provider object among the
+        providers written alike (see :func:`_memoized_hook`), so a spec is
+        built and checked once per distinct provider.
+        """
+        if self._spec is None:
+            spec = ProviderSpec(
+                capacity=self.capacity,
+                long_context_capacity=self.long_context_capacity,
+                context_window_tokens=self.context_window_tokens,
+                total_context_tokens=self.total_context_tokens,
+                priority=self.priority,
+                enabled=self.enabled,
+            )
+            object.__setattr__(self, "_spec", spec)
+        assert self._spec is not None
+        return self._spec
 
 
 @final
@@ -664,9 +675,48 @@ def _edge_converter() -> cattrs.Converter:
     converter = make_converter()
     converter.register_structure_hook(HostPort, _structure_host_port)
     converter.register_structure_hook(ApiKeyDigest, _structure_api_key)
+    # Before the hooks that structure it are made (they take the hook registered then):
+    converter.register_structure_hook(EdgeProvider, _memoized_hook(converter.get_structure_hook(EdgeProvider)))
     for cls in (EdgeNode, EdgeCandidate):  # one of each per node in a large file
         converter.register_structure_hook(cls, _pausing_hook(converter.get_structure_hook(cls)))
     return converter
+
+
+MEMO_SIZE = 16384
+"""Distinct provider mappings :func:`_memoized_hook` remembers (the oldest is forgotten first)."""
+
+
+def _memoized_hook(hook: Callable[[object, type[T]], T]) -> Callable[[object, type[T]], T]:
+    """``hook`` for a flat mapping of scalars, structured once per distinct mapping.
+
+    [reload-off-loop] A large fleet's nodes mostly list providers written
+    alike (``{id: gpu0, capacity: 4, ...}`` on every node): each distinct one
+    is structured once and its (frozen) result shared, in one load and from
+    one load to the next. The memo is keyed by the mapping's keys, values and
+    the values' types, in file order (``1``, ``1.0`` and ``true`` are equal in
+    Python, not in a config file), so a hit is what ``hook`` would return;
+    a mapping ``hook`` refuses is not remembered, and one holding a list or a
+    mapping is structured as usual (never remembered). Thread-safe: two
+    loads at once may both structure a mapping, never get a wrong result.
+    """
+    memo: dict[tuple[tuple[object, ...], tuple[type, ...]], T] = {}
+
+    def memoized(value: object, cls: type[T]) -> T:
+        if type(value) is not dict:
+            return hook(value, cls)
+        key = (tuple(value.items()), tuple(map(type, value.values())))
+        try:
+            return memo[key]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable: a list or a mapping where a scalar belongs
+            return hook(value, cls)
+        made = memo[key] = hook(value, cls)
+        if len(memo) > MEMO_SIZE:
+            memo.pop(next(iter(memo)), None)
+        return made
+
+    return memoized
 
 
 def _pausing_hook(hook: Callable[[object, type[T]], T]) -> Callable[[object, type[T]], T]:

@@ -567,3 +567,73 @@ def test_node_tls_file_errors_name_the_file_and_the_field(tmp_path: pathlib.Path
     assert errors_of(node_tls(key, key) + BASE) == (
         f"edge.yaml:2: node_tls.cert_file: '{key}' holds no PEM certificate",
     )
+
+
+# [reload-off-loop] Providers written alike are structured once (the memo), their spec built once.
+
+TWO_NODES = edit(
+    "models:",
+    """\
+  - id: node-b
+    token: dev-token
+    providers:
+      - {id: gpu1, capacity: 2}
+models:""",
+)
+
+
+def _providers(config: EdgeConfig) -> dict[ProviderKey, EdgeProvider]:
+    return {ProviderKey(node.id, p.id): p for node in config.nodes for p in node.providers}
+
+
+@pytest.mark.req("reload-off-loop")
+def test_providers_written_alike_share_one_object_and_one_spec_across_loads() -> None:
+    """[reload-off-loop] A provider mapping written alike on two nodes, or in the next load of the
+    file, gives the same (frozen) provider object, whose spec is built once; the pool holds it."""
+    first = load(TWO_NODES)
+    a, b = _providers(first)[GPU1], _providers(first)[ProviderKey("node-b", "gpu1")]
+    assert a is b and a == EdgeProvider(id="gpu1", capacity=2)
+    pool = first.pool_config()
+    assert pool.providers[GPU1] is pool.providers[ProviderKey("node-b", "gpu1")] is a.spec()
+    again = load(TWO_NODES)
+    assert _providers(again)[GPU1] is a and again.pool_config().providers[GPU1] is a.spec()
+
+
+@pytest.mark.req("reload-off-loop")
+def test_a_changed_provider_is_structured_anew() -> None:
+    """[reload-off-loop] A provider whose mapping changed (a value, its type, a key) is structured
+    anew; the memo never stands in for a different mapping."""
+    before = _providers(load(TWO_NODES))[ProviderKey("node-b", "gpu1")]
+    changed = _providers(load(edit("{id: gpu1, capacity: 2}\nmodels:", "{id: gpu1, capacity: 3}\nmodels:", TWO_NODES)))
+    assert changed[ProviderKey("node-b", "gpu1")].capacity == 3
+    assert changed[GPU1] is before  # node-a's, unchanged
+    enabled = _providers(
+        load(edit("{id: gpu1, capacity: 2}\nmodels:", "{id: gpu1, capacity: 2, enabled: true}\nmodels:", TWO_NODES))
+    )
+    assert enabled[ProviderKey("node-b", "gpu1")] == before and enabled[ProviderKey("node-b", "gpu1")] is not before
+
+
+@pytest.mark.req("reload-off-loop")
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("true", "must be an integer, got a boolean"),
+        ("1.0", "must be an integer, got a float"),
+        ("'1'", "must be an integer, got a string"),
+        ("[1]", "must be an integer, got a list"),
+    ],
+)
+def test_a_value_equal_in_python_is_not_the_remembered_one(value: str, message: str) -> None:
+    """[reload-off-loop] ``capacity: 1`` is remembered; ``true`` and ``1.0`` equal ``1`` in Python but
+    are still refused with their line, in the same file and in the next load (a failed load
+    remembers nothing), and the file with ``1`` loads as before afterwards."""
+    one = edit(
+        "{id: gpu1, capacity: 2}",
+        "{id: gpu1, capacity: 1}",
+        TWO_NODES.replace("capacity: 2}\nmodels:", "capacity: 1}\nmodels:"),
+    )
+    good = load(one)
+    bad = edit("{id: gpu1, capacity: 1}\nmodels:", f"{{id: gpu1, capacity: {value}}}\nmodels:", one)
+    line = bad.splitlines().index(f"      - {{id: gpu1, capacity: {value}}}") + 1
+    assert errors_of(bad) == (f"edge.yaml:{line}: nodes[1].providers[0].capacity: {message}",)
+    assert load(one) == good
