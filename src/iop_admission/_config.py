@@ -226,6 +226,7 @@ def validate_pool(config: object, *, pause: Callable[[], None] | None = None) ->
         problems.append(f"retry: expected RetryPolicy, got {type(config.retry).__name__}")
     if not isinstance(config.outlier, OutlierPolicy):
         problems.append(f"outlier: expected OutlierPolicy, got {type(config.outlier).__name__}")
+    clean: set[int] = set()  # ids of specs found sound: one shared by many providers is checked once
     for key, spec in paced(config.providers.items(), pause):
         if not isinstance(key, ProviderKey):
             problems.append(f"providers: key {key!r} is not a ProviderKey")
@@ -234,7 +235,13 @@ def validate_pool(config: object, *, pause: Callable[[], None] | None = None) ->
             problems.append(f"providers[{key}]: expected ProviderSpec, got {type(spec).__name__}")
             continue
         # Specs validate themselves on construction; re-check in case of evolve() tricks.
-        problems.extend(spec.problems(f"providers[{key}]"))
+        if id(spec) in clean:
+            continue
+        found = spec.problems(f"providers[{key}]")
+        if found:
+            problems.extend(found)
+        else:
+            clean.add(id(spec))
     for name, group in config.models.items():
         if not isinstance(name, str) or not name:
             problems.append(f"models: key {name!r} must be a non-empty string")

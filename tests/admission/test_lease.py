@@ -610,3 +610,23 @@ async def test_state_changes_run_protected_from_keyboard_interrupt(autojump_cloc
     }
     assert all(protected for _, protected in calls), calls
     drain_check(adm)
+
+
+@pytest.mark.req("long-state")
+def test_validate_pool_reports_a_shared_bad_spec_for_every_provider(pool):
+    """[long-state] A spec shared by many providers is checked once when sound; a shared spec
+    changed past its own checks (as ``evolve()`` tricks could) is reported for each provider."""
+    sound = pool.spec()
+    keys = [ProviderKey(f"node-{i}", "gpu0") for i in range(3)]
+    validate_pool(PoolConfig(providers=dict.fromkeys(keys, sound), models={BIG: ModelGroup(candidates=tuple(keys))}))
+    bad = pool.spec()
+    object.__setattr__(bad, "capacity", 0)
+    with pytest.raises(ConfigError) as info:
+        validate_pool(
+            PoolConfig(
+                providers={keys[0]: sound, keys[1]: bad, keys[2]: bad}, models={BIG: ModelGroup(candidates=tuple(keys))}
+            )
+        )
+    where = {p.split("]")[0] + "]" for p in info.value.problems}
+    assert where == {f"providers[{keys[1]}]", f"providers[{keys[2]}]"}
+    assert sum(f"providers[{keys[1]}].capacity" in p for p in info.value.problems) == 1
