@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import httpx
 import pytest
 
@@ -99,3 +101,21 @@ def test_an_answer_to_head_ends_with_its_head_and_is_not_reused() -> None:
 def test_bad_http_is_a_protocol_error(answer: bytes) -> None:
     with pytest.raises(httpx.RemoteProtocolError):
         ResponseParser().feed(answer)
+
+
+def test_an_answer_read_to_its_end_leaves_no_garbage_for_the_collector() -> None:
+    """llhttp's parser and its callbacks' object refer to each other until the answer ends; then
+    the cycle is cut, so a finished answer is freed by reference counting (no collection needed)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        parser, body = parse(CHUNKED[:40], CHUNKED[40:])
+        assert body == BODY and parser.complete
+        parser.feed(b"unasked")  # after the end: noted, not parsed
+        assert not parser.reusable
+        del parser
+        assert gc.collect() == 0
+    finally:
+        if was_enabled:
+            gc.enable()
