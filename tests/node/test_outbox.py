@@ -13,16 +13,20 @@ async def writes_once(outbox: Outbox, taken: list[list[str | bytes]]) -> None:
     taken.append(await outbox.next_frames())
 
 
-async def test_next_frames_takes_everything_queued_in_order() -> None:
-    """Text frames as queued, each stretch of data records joined into one binary frame, all for one write
-    (a non-stream answer and its run end queued together go out in one ``send()``)."""
+async def test_next_frames_takes_everything_queued_records_first() -> None:
+    """Every data record queued joined into one binary frame (in queue order), then the text frames as
+    queued, all for one write: a run's end still follows its records, and the records of runs whose
+    ends are queued in between are not split into a frame per run (a non-stream answer and its run end
+    queued together go out in one ``send()``)."""
     outbox = Outbox()
     await outbox.put_record(b"h1", b"a")
     outbox.put_record_nowait(b"h2", b"b")
     await outbox.put_text('{"type":"run_end"}')
     await outbox.put_record(b"h3", b"c")
     await outbox.put_text("heartbeat")
-    assert await outbox.next_frames() == [b"h1ah2b", '{"type":"run_end"}', b"h3c", "heartbeat"]
+    assert await outbox.next_frames() == [b"h1ah2bh3c", '{"type":"run_end"}', "heartbeat"]
+    await outbox.put_text("end")
+    assert await outbox.next_frames() == ["end"]
 
 
 async def test_next_frames_waits_for_a_frame_and_stops_past_the_frame_bound() -> None:
@@ -42,7 +46,7 @@ async def test_next_frames_waits_for_a_frame_and_stops_past_the_frame_bound() ->
     await outbox.put_text("end")
     await outbox.put_record(b"h", half)
     outbox.put_record_nowait(b"h", b"y")  # past the bound: the next write
-    assert await outbox.next_frames() == [b"h" + half, "end", b"h" + half]
+    assert await outbox.next_frames() == [b"h" + half + b"h" + half, "end"]
     assert await outbox.next_frames() == [b"hy"]
 
 
