@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import h11
 import httpx
 import openai
 import trio
@@ -401,3 +402,18 @@ async def real_node(edge: Edge, config: NodeConfig) -> AsyncIterator[EdgeClient]
 def mock_provider(provider_id: str = "gpu0", **knobs: Any) -> ProviderConfig:
     """An ``adapter: mock`` provider of capacity 1."""
     return ProviderConfig(id=provider_id, adapter="mock", capacity=1, **knobs)
+
+
+async def h11_answer(client: h11.Connection, stream: trio.abc.ReceiveStream) -> tuple[h11.Response, bytes]:
+    """Read one whole answer from ``stream`` with the client connection ``client``: its head and body."""
+    response: h11.Response | None = None
+    body = bytearray()
+    while not isinstance(event := client.next_event(), h11.EndOfMessage):
+        if event is h11.NEED_DATA:
+            client.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Response):
+            response = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+    assert response is not None
+    return response, bytes(body)

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from edge.harness import FAST, EdgeLayout, eventually, fake_node, running_edge
+from edge.harness import FAST, EdgeLayout, eventually, fake_node, h11_answer, running_edge
 from iop_edge import _http_server
 from iop_edge._http_server import (
     PAUSE_READING,
@@ -416,13 +416,8 @@ async def test_body_chunks_are_framed_as_h11_frames_the_response(
                 await stream.send_all(request_head)
                 client.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
                 client.send(h11.EndOfMessage())
-                body = bytearray()
-                while not isinstance(event := client.next_event(), h11.EndOfMessage):
-                    if event is h11.NEED_DATA:
-                        client.receive_data(await stream.receive_some(65536))
-                    elif isinstance(event, h11.Data):
-                        body += event.data
-                assert bytes(body) == b"one;two;three;end"
+                _, body = await h11_answer(client, stream)
+                assert body == b"one;two;three;end"
                 if reusable:
                     client.start_next_cycle()
             await stream.aclose()

@@ -12,6 +12,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge.harness import h11_answer
 from iop_edge._http_server import HttpLimits, serve_http
 from iop_edge._plain_http import parse_plain, plain_response
 
@@ -214,15 +215,8 @@ async def test_a_plain_request_answered_as_a_stream_goes_through_h11_with_the_re
             for target in ("/stream", "/next"):
                 client.send(h11.Request(method="GET", target=target, headers=[("host", "x")]))
                 client.send(h11.EndOfMessage())
-                body = bytearray()
-                while not isinstance(event := client.next_event(), h11.EndOfMessage):
-                    if event is h11.NEED_DATA:
-                        client.receive_data(await stream.receive_some(65536))
-                    elif isinstance(event, h11.Response):
-                        chunked = (b"transfer-encoding", b"chunked") in list(event.headers)
-                    elif isinstance(event, h11.Data):
-                        body += event.data
-                answers.append((bytes(body), chunked))
+                response, body = await h11_answer(client, stream)
+                answers.append((body, (b"transfer-encoding", b"chunked") in list(response.headers)))
                 client.start_next_cycle()
             assert answers == [(b"first;end", True), (b"/next", False)]
             await stream.aclose()
