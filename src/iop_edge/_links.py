@@ -82,7 +82,7 @@ from iop_wire import (
 from ._node_limits import PendingLimits, Source, source_of
 from ._node_socket import NodeSocket
 from .metrics import DisconnectCause
-from .status import NodeStatus
+from .status import NodeRow, NodeStatus
 
 logger = logging.getLogger("iop_edge.nodes")
 
@@ -1043,20 +1043,26 @@ class NodeRegistry:
 
     def node_status(self, node_ids: list[str]) -> tuple[NodeStatus, ...]:
         """Per configured node: connected, generation, last heartbeat age, active runs (no secrets)."""
+        return tuple(NodeStatus(**row) for row in self.node_rows(node_ids))
+
+    def node_rows(self, node_ids: list[str]) -> list[NodeRow]:
+        """:meth:`node_status` as plain dicts (:data:`~iop_edge.status.NodeRow`), without the objects."""
         now = trio.current_time()
+        generation = self.admission.generation
+        links = self._links
         out = []
         for node_id in node_ids:
-            link = self._links.get(node_id)
+            link = links.get(node_id)
             out.append(
-                NodeStatus(
-                    node_id=node_id,
-                    connected=link is not None,
-                    generation=self.admission.generation(node_id),
-                    last_heartbeat_age=None if link is None else round(max(0.0, now - link.last_seen), 3),
-                    active_runs=0 if link is None else link.active_runs,
-                )
+                {
+                    "node_id": node_id,
+                    "connected": link is not None,
+                    "generation": generation(node_id),
+                    "last_heartbeat_age": None if link is None else round(max(0.0, now - link.last_seen), 3),
+                    "active_runs": 0 if link is None else link.active_runs,
+                }
             )
-        return tuple(out)
+        return out
 
     def close_all(self) -> None:
         """Drop every node connection at once (the fallback when the Edge is cancelled)."""

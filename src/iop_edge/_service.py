@@ -28,7 +28,7 @@ from ._off_loop import NODE_SLICE, RELOAD_CPU_SHARE, rows_in_slices, run_off_loo
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
-from .status import EdgeStatus, NodeStatus, StatusRows, status_document
+from .status import EdgeStatus, NodeRow, StatusRows, status_document
 
 logger = logging.getLogger("iop_edge")
 
@@ -167,12 +167,12 @@ class EdgeService:
             ]
             keep = {r["node_id"] for r in rows} if listed is not None else {node}
             node_ids = [n for n in node_ids if n in keep]
-        nodes: list[NodeStatus] = []
+        nodes: list[NodeRow] = []
         for first in range(0, len(node_ids), NODE_SLICE):
             if first:
                 await trio.lowlevel.checkpoint()
-            nodes.extend(self.registry.node_status(node_ids[first : first + NODE_SLICE]))
-        return StatusRows(head, rows, tuple(nodes), self.front_door.status())
+            nodes.extend(self.registry.node_rows(node_ids[first : first + NODE_SLICE]))
+        return StatusRows(head, rows, nodes, self.front_door.status())
 
     # ------------------------------------------------------------------- serve
 

@@ -21,6 +21,7 @@ from iop_admission import ProviderRow, ProviderSnapshot, Snapshot
 
 __all__ = [
     "EdgeStatus",
+    "NodeRow",
     "NodeStatus",
     "OverloadStatus",
     "StatusRows",
@@ -49,6 +50,11 @@ class NodeStatus:
     generation: int
     last_heartbeat_age: float | None
     active_runs: int
+
+
+NodeRow = dict[str, Any]
+"""A :class:`NodeStatus`'s fields as a plain dict, in field order: what cattrs makes of one,
+made without the object (``/status`` writes 10,000 of them)."""
 
 
 @final
@@ -90,21 +96,24 @@ class EdgeStatus:
 @final
 @attrs.frozen
 class StatusRows:
-    """What ``/status`` writes, with the providers as plain rows (no :class:`ProviderSnapshot` objects).
+    """What ``/status`` writes, with the providers and nodes as plain rows (no
+    :class:`ProviderSnapshot` or :class:`NodeStatus` objects).
 
     ``snapshot``: the admission snapshot's Edge-wide fields, its ``providers``
-    empty; ``providers``: its rows (:meth:`iop_admission.Admission.provider_rows`).
+    empty; ``providers``: its rows (:meth:`iop_admission.Admission.provider_rows`);
+    ``nodes``: the nodes' rows (:data:`NodeRow`).
     """
 
     snapshot: Snapshot
     providers: list[ProviderRow]
-    nodes: tuple[NodeStatus, ...]
+    nodes: list[NodeRow]
     overload: OverloadStatus
 
     def model(self) -> EdgeStatus:
         """The same status as an :class:`EdgeStatus` (the rows made objects)."""
         providers = tuple(ProviderSnapshot(**row) for row in self.providers)
-        return EdgeStatus(attrs.evolve(self.snapshot, providers=providers), self.nodes, self.overload)
+        nodes = tuple(NodeStatus(**row) for row in self.nodes)
+        return EdgeStatus(attrs.evolve(self.snapshot, providers=providers), nodes, self.overload)
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -127,7 +136,7 @@ def status_json_rows(status: StatusRows) -> bytes:
     """:func:`status_json` of ``status.model()``, the same bytes, written from the rows as they are."""
     document: dict[str, Any] = _converter.unstructure(status.snapshot)
     document["providers"] = status.providers
-    document["nodes"] = _converter.unstructure(status.nodes, tuple[NodeStatus, ...])
+    document["nodes"] = status.nodes
     document["overload"] = _converter.unstructure(status.overload)
     return _write(document)
 

@@ -103,6 +103,27 @@ async def test_status_filters_by_node_and_by_model(tmp_path: Path) -> None:
 
 
 @pytest.mark.req("status-at-size")
+async def test_node_rows_are_what_cattrs_makes_of_the_node_status(tmp_path: Path) -> None:
+    """[status-at-size] the registry's plain node rows (what ``/status`` writes) are what cattrs
+    makes of :class:`NodeStatus` objects, field for field and in field order, for a connected
+    node and one never connected; an unknown id is a never-connected node."""
+    with trio.fail_after(10):
+        async with running_edge(tmp_path) as edge, fake_node(edge):
+            registry = edge.service.registry
+            ids = ["node-a", "node-b", "nope"]
+            rows = registry.node_rows(ids)
+            converter = cattrs.Converter(forbid_extra_keys=True)
+            objects = converter.structure(rows, list[NodeStatus])
+            assert converter.unstructure(objects, list[NodeStatus]) == rows
+            assert [list(row) for row in rows] == [[f.name for f in attrs.fields(NodeStatus)]] * 3
+            assert [(r["connected"], r["generation"], r["last_heartbeat_age"] is None) for r in rows] == [
+                (True, 1, False),
+                (False, 0, True),
+                (False, 0, True),
+            ]
+
+
+@pytest.mark.req("status-at-size")
 async def test_metrics_per_node_instead_of_per_provider(tmp_path: Path) -> None:
     """[status-at-size] metrics_per_provider: false -> one series per node and gauge."""
     layout = EdgeLayout(extra=("metrics_per_provider: false",))
@@ -167,7 +188,7 @@ async def test_status_written_from_rows_is_the_status_of_the_objects() -> None:
     assert rows == cattrs.Converter().unstructure(snapshot.providers, list[ProviderSnapshot])
     assert [list(row) for row in rows] == [list(PROVIDER_FIELDS)] * 7
     nodes = tuple(NodeStatus(f"node-{i}", i < 6, 1, 0.5 if i < 6 else None, 0) for i in range(7))
-    status = StatusRows(head, rows, nodes, OVERLOAD)
+    status = StatusRows(head, rows, cattrs.Converter().unstructure(nodes, list[NodeStatus]), OVERLOAD)
     assert status.model() == EdgeStatus(snapshot, nodes, OVERLOAD)
     assert status_json_rows(status) == status_json(status.model())
 
