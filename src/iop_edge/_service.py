@@ -152,9 +152,16 @@ class EdgeService:
         id gives empty lists. [status-at-size] Read a slice at a time
         (:func:`rows_in_slices`, then the nodes' connection state
         :data:`NODE_SLICE` nodes per loop turn), so no stream waits for
-        10,000 rows; turning it into JSON is the caller's. Checkpoints.
+        10,000 rows; with ``node``, only that node's rows are read, in one
+        go. Turning it into JSON is the caller's. Checkpoints.
         """
-        head, rows = await rows_in_slices(self.admission)
+        if node is None:
+            head, rows = await rows_in_slices(self.admission)
+        else:
+            # The config and the pool are swapped in one loop turn, so the span is the pool's.
+            first, count = self.config.provider_span(node)
+            head = self.admission.snapshot(count=0)
+            rows = self.admission.provider_rows(first=first, count=count) if count else []
         config = self.config  # the config the rows belong to (no checkpoint since)
         node_ids = [n.id for n in config.nodes]
         if node is not None or model is not None:

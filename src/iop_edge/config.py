@@ -457,13 +457,22 @@ class EdgeConfig:
         ms = None if entry is None else entry.first_token_timeout_ms
         return None if ms is None else ms / 1000
 
+    def provider_span(self, node_id: str) -> tuple[int, int]:
+        """Where node ``node_id``'s providers are in :meth:`pool_config`'s order: ``(first, count)``.
+
+        A node's providers are consecutive there (file order, node by node);
+        ``(0, 0)`` for a node that is not configured. [status-at-size]
+        ``/status?node=`` reads only these rows.
+        """
+        return self._provider_spans.get(node_id, (0, 0))
+
     def build_lookups(self) -> None:
         """Build the lookup tables by id now instead of at their first use.
 
         [reload-off-loop] A reload calls it in its worker thread, so the event
         loop never builds them (about 15 ms at 10,000 nodes).
         """
-        for table in (self._nodes_by_id, self._models_by_id, self._upstream_models):
+        for table in (self._nodes_by_id, self._models_by_id, self._upstream_models, self._provider_spans):
             assert table is not None
 
     # Lookups by id, built once per config object ([reconnect-storm]: a registration
@@ -473,6 +482,15 @@ class EdgeConfig:
     @functools.cached_property
     def _nodes_by_id(self) -> dict[str, EdgeNode]:
         return {node.id: node for node in paced(reversed(self.nodes))}
+
+    @functools.cached_property
+    def _provider_spans(self) -> dict[str, tuple[int, int]]:
+        spans: dict[str, tuple[int, int]] = {}
+        first = 0
+        for node in paced(self.nodes):
+            spans.setdefault(node.id, (first, len(node.providers)))
+            first += len(node.providers)
+        return spans
 
     @functools.cached_property
     def _models_by_id(self) -> dict[str, EdgeModel]:

@@ -29,7 +29,7 @@ from iop_admission import (
     ProviderSpec,
     QueuePolicy,
 )
-from iop_edge import _off_loop
+from iop_edge import EdgeService, _off_loop
 from iop_edge._off_loop import (
     SWITCH_INTERVAL,
     paced,
@@ -38,6 +38,7 @@ from iop_edge._off_loop import (
     snapshot_in_slices,
     yield_to_loop,
 )
+from iop_edge.config import load_edge_config
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.status import (
     EdgeStatus,
@@ -100,6 +101,39 @@ async def test_status_filters_by_node_and_by_model(tmp_path: Path) -> None:
             filtered = (await edge.http.get("/status?node=node-a")).json()
             assert filtered["nodes"][0]["connected"] is True
             assert filtered["queue_depth"] == 0
+
+
+def _spans_yaml(providers: dict[str, int]) -> str:
+    """An ``edge.yaml`` whose nodes carry ``providers[node]`` providers each; model ``m`` lists them all."""
+    lines = ["listen: 127.0.0.1:0", "node_listen: 127.0.0.1:0", "admin_token: admin-secret-token", "nodes:"]
+    for node, count in providers.items():
+        lines += [f"  - id: {node}", f"    token: {node}-token-0123456789", "    providers:" + ("" if count else " []")]
+        lines += [f"      - {{id: p{i}, capacity: {i + 1}}}" for i in range(count)]
+    lines += ["models:", "  - id: m", "    candidates:"]
+    lines += [f"      - {{node: {node}, provider: p{i}}}" for node, count in providers.items() for i in range(count)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.req("status-at-size")
+async def test_status_of_one_node_reads_its_rows_only_and_is_the_filtered_whole(tmp_path: Path) -> None:
+    """[status-at-size] ``?node=`` reads only that node's providers (its span of the pool's order),
+    and gets exactly the rows the whole status filtered by node gives, for nodes with two, none
+    and three providers and an unknown one; after a reload that lengthens the first node (every
+    span after it moves), still."""
+    path = tmp_path / "edge.yaml"
+    path.write_text(_spans_yaml({"a": 2, "b": 0, "c": 3}))
+    service = EdgeService(load_edge_config(path), config_path=path)
+    for layout in ({"a": 2, "b": 0, "c": 3}, {"a": 4, "b": 0, "c": 3}):
+        path.write_text(_spans_yaml(layout))
+        assert await service.reload() == []
+        whole = await service.status_rows()
+        for node in ("a", "b", "c", "nope"):
+            part = await service.status_rows(node=node)
+            assert part.providers == [r for r in whole.providers if r["node_id"] == node]
+            assert [r["provider_id"] for r in part.providers] == [f"p{i}" for i in range(layout.get(node, 0))]
+            assert [r["node_id"] for r in part.nodes] == ([node] if node in layout else [])
+            assert part.snapshot == whole.snapshot
+        assert service.config.provider_span("c") == (layout["a"], 3)
 
 
 @pytest.mark.req("status-at-size")
