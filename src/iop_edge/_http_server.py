@@ -94,6 +94,7 @@ import collections
 import errno
 import logging
 import math
+import re
 import select
 import socket
 import urllib.parse
@@ -105,6 +106,8 @@ import h11
 import trio
 
 from ._plain_http import PlainRequest, parse_plain, plain_response
+
+_ABSOLUTE_FORM: Final = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://")
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -660,6 +663,10 @@ class _Connection:
                 conn.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
+                problem = _request_line_problem(event.method, event.target, event.http_version)
+                if problem is not None:
+                    await self._protocol_error(h11.RemoteProtocolError(problem, 400))
+                    return None
                 if not scheduled:
                     await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
                 return event
@@ -1486,3 +1493,17 @@ async def serve_http(
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _request_line_problem(method: bytes, target: bytes, http_version: bytes) -> str | None:
+    """What is wrong with a request line h11 read (it reads any ``HTTP/x.y`` and any target), or None.
+
+    HTTP/1.0 and 1.1 only; the target in origin form (``/path?query``),
+    absolute form (``http://host/path``) or, for ``OPTIONS``, ``*``
+    (RFC 9112, 3.2): anything else is answered 400 and the connection closed.
+    """
+    if http_version not in (b"1.0", b"1.1"):
+        return f"unsupported HTTP version {http_version.decode('latin-1')}"
+    if target.startswith(b"/") or (target == b"*" and method == b"OPTIONS") or _ABSOLUTE_FORM.match(target):
+        return None
+    return f"request target {target[:64].decode('latin-1')!r} is not a path"
