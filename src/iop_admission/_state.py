@@ -426,15 +426,22 @@ def prepare_refresh(config: PoolConfig, base: PoolConfig, pause: Callable[[], No
         elif before is not spec and before != spec:
             prepared.changed.append(key)
     if len(old) + len(prepared.added) != len(new):
-        prepared.removed = [key for key in old if key not in new]
-    prepared.same_order = not prepared.added and not prepared.removed and list(old) == list(new)
+        prepared.removed = [key for key in paced(old, pause) if key not in new]
+    prepared.same_order = not prepared.added and not prepared.removed and _same_items(old, new, pause)
     old_models = base.models
     for name, group in config.models.items():
         before_group = old_models.get(name)
-        if before_group is None or before_group.candidates != group.candidates:
+        if before_group is None or not _same_items(before_group.candidates, group.candidates, pause):
             prepared.groups.append(name)
     prepared.dropped = [name for name in old_models if name not in config.models]
     return prepared
+
+
+def _same_items(old: Iterable[object], new: Iterable[object], pause: Callable[[], None] | None) -> bool:
+    """Whether ``old`` and ``new`` hold equal items in the same order (``pause``: as in :func:`paced`)."""
+    done = object()
+    pairs = itertools.zip_longest(old, new, fillvalue=done)
+    return all(a is b or a == b for a, b in paced(pairs, pause))
 
 
 class _Node:

@@ -314,8 +314,9 @@ def test_prepared_refresh_indexes_full_providers_of_a_new_group_as_full() -> Non
 
 @pytest.mark.req("reload-off-loop")
 def test_prepare_refresh_calls_pause_as_it_goes_and_prepares_the_same() -> None:
-    """``pause`` (a reload's worker giving way to the loop) is called once per PAUSE_EVERY
-    providers and candidates, by the validation and the comparison; what is prepared is the same."""
+    """``pause`` (a reload giving way to the loop) is called once per PAUSE_EVERY providers and
+    candidates, by the validation and every comparison (the providers, their order, each model's
+    candidates); what is prepared is the same."""
     keys = [ProviderKey(f"n{i}", "p") for i in range(200)]
     base = PoolConfig(providers={k: ProviderSpec(capacity=1) for k in keys}, models={"m": ModelGroup(tuple(keys))})
     changed = {**base.providers, keys[7]: ProviderSpec(capacity=2)}
@@ -325,5 +326,6 @@ def test_prepare_refresh_calls_pause_as_it_goes_and_prepares_the_same() -> None:
     plain = AdmissionState(base).prepare_refresh(target)
     assert [paused.changed, paused.added, paused.removed, paused.groups] == [[keys[7]], [], [], ["m"]]
     assert [plain.changed, plain.added, plain.removed, plain.groups] == [[keys[7]], [], [], ["m"]]
-    # validation: 200 providers (4 calls) and 150 candidates (3); comparison: 200 providers (4)
-    assert len(calls) == 4 + 3 + 4
+    # validation: 200 providers (4 calls) and 150 candidates (3); comparison: 200 providers (4),
+    # their order (4), the model's candidates up to the first difference, the 151st (3)
+    assert len(calls) == 4 + 3 + 4 + 4 + 3
