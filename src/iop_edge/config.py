@@ -14,7 +14,6 @@ exist in the loaded config in plain form: each is structured straight into an
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import os
@@ -337,6 +336,41 @@ class OverloadConfig:
 
 
 @final
+@attrs.frozen
+class _Lookups:
+    """An :class:`EdgeConfig`'s tables by id ([reconnect-storm]: a registration and a request
+    cost the same whatever the number of nodes and candidates). The first entry of an id wins,
+    as a scan would find it."""
+
+    nodes_by_id: dict[str, EdgeNode]
+    provider_spans: dict[str, tuple[int, int]]
+    """Node id -> ``(first, count)`` of its providers in the pool's order."""
+    models_by_id: dict[str, EdgeModel]
+    upstream_models: dict[tuple[str, ProviderKey], str]
+    """``(model, provider)`` -> the model name sent upstream."""
+
+    @classmethod
+    def of(cls, config: EdgeConfig) -> _Lookups:
+        """The tables of ``config`` (calls :func:`~iop_edge._off_loop.yield_to_loop` as it goes)."""
+        spans: dict[str, tuple[int, int]] = {}
+        first = 0
+        for node in paced(config.nodes):
+            spans.setdefault(node.id, (first, len(node.providers)))
+            first += len(node.providers)
+        models_by_id = {model.id: model for model in reversed(config.models)}
+        return cls(
+            nodes_by_id={node.id: node for node in paced(reversed(config.nodes))},
+            provider_spans=spans,
+            models_by_id=models_by_id,
+            upstream_models={
+                (model.id, c.key): c.upstream_model or model.id
+                for model in reversed(models_by_id.values())
+                for c in paced(reversed(model.candidates))
+            },
+        )
+
+
+@final
 @attrs.frozen(kw_only=True)
 class EdgeConfig:
     """The whole ``edge.yaml``. See docs/edge-config.md for every key.
@@ -370,6 +404,8 @@ class EdgeConfig:
     tls: ApiTls | None = None
     _pool: PoolConfig | None = attrs.field(default=None, init=False, eq=False, repr=False)
     """The pool, once built (:meth:`pool_config`); not a key of the file."""
+    _lookups: _Lookups | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    """The lookup tables by id, once built (:meth:`build_lookups`); not a key of the file."""
 
     config_key_hints: ClassVar[Mapping[str, str]] = {
         "max_queue": "belongs under provider_pool (provider_pool: {max_queue: ...})",
@@ -415,7 +451,7 @@ class EdgeConfig:
             KeyError: ``key`` is not a candidate of ``model``.
         """
         try:
-            return self._upstream_models[model, key]
+            return self._tables.upstream_models[model, key]
         except KeyError:
             raise KeyError(f"provider {key} is not a candidate of model {model!r}") from None
 
@@ -438,22 +474,22 @@ class EdgeConfig:
 
     def candidates_of(self, model: str) -> tuple[ProviderKey, ...]:
         """The provider keys ``model`` lists, in order; empty for an unknown model."""
-        entry = self._models_by_id.get(model)
+        entry = self._tables.models_by_id.get(model)
         return () if entry is None else tuple(c.key for c in entry.candidates)
 
     def node_token(self, node_id: str) -> str | None:
         """The token node ``node_id`` must register with; None if it is not configured."""
-        node = self._nodes_by_id.get(node_id)
+        node = self._tables.nodes_by_id.get(node_id)
         return None if node is None else node.token
 
     def long_threshold(self, model: str) -> int | None:
         """Tokens above which a request for ``model`` is long; None: never long (or unknown)."""
-        entry = self._models_by_id.get(model)
+        entry = self._tables.models_by_id.get(model)
         return None if entry is None else entry.long_context_threshold_tokens
 
     def first_token_timeout(self, model: str) -> float | None:
         """Seconds a run of ``model`` may take to its first byte ([first-token-timeout]); None: no limit."""
-        entry = self._models_by_id.get(model)
+        entry = self._tables.models_by_id.get(model)
         ms = None if entry is None else entry.first_token_timeout_ms
         return None if ms is None else ms / 1000
 
@@ -464,45 +500,24 @@ class EdgeConfig:
         ``(0, 0)`` for a node that is not configured. [status-at-size]
         ``/status?node=`` reads only these rows.
         """
-        return self._provider_spans.get(node_id, (0, 0))
+        return self._tables.provider_spans.get(node_id, (0, 0))
 
     def build_lookups(self) -> None:
         """Build the lookup tables by id now instead of at their first use.
 
-        [reload-off-loop] A reload calls it in its worker thread, so the event
-        loop never builds them (about 15 ms at 10,000 nodes).
+        [reload-off-loop] A reload's reader builds them in its own process and
+        they travel with the config (they are one of its fields), so the event
+        loop never builds them (tens of milliseconds at 10,000 nodes).
         """
-        for table in (self._nodes_by_id, self._models_by_id, self._upstream_models, self._provider_spans):
-            assert table is not None
+        assert self._tables is not None
 
-    # Lookups by id, built once per config object ([reconnect-storm]: a registration
-    # and a request cost the same whatever the number of nodes and candidates).
-    # The first entry of an id wins, as a scan would find it.
-
-    @functools.cached_property
-    def _nodes_by_id(self) -> dict[str, EdgeNode]:
-        return {node.id: node for node in paced(reversed(self.nodes))}
-
-    @functools.cached_property
-    def _provider_spans(self) -> dict[str, tuple[int, int]]:
-        spans: dict[str, tuple[int, int]] = {}
-        first = 0
-        for node in paced(self.nodes):
-            spans.setdefault(node.id, (first, len(node.providers)))
-            first += len(node.providers)
-        return spans
-
-    @functools.cached_property
-    def _models_by_id(self) -> dict[str, EdgeModel]:
-        return {model.id: model for model in reversed(self.models)}
-
-    @functools.cached_property
-    def _upstream_models(self) -> dict[tuple[str, ProviderKey], str]:
-        return {
-            (model.id, c.key): c.upstream_model or model.id
-            for model in reversed(self._models_by_id.values())
-            for c in paced(reversed(model.candidates))
-        }
+    @property
+    def _tables(self) -> _Lookups:
+        lookups = self._lookups
+        if lookups is None:
+            lookups = _Lookups.of(self)
+            object.__setattr__(self, "_lookups", lookups)
+        return lookups
 
     @property
     def api_keys_required(self) -> bool:
