@@ -1,4 +1,4 @@
-"""Run long pure-Python work in a worker thread without stalling the event loop.
+"""Run long pure-Python work without stalling the event loop.
 
 A worker thread alone is not enough: the thread and the loop share the GIL.
 Each time the loop thread makes a system call it lets the GIL go, the worker
@@ -6,25 +6,24 @@ takes it, and the loop then waits up to the interpreter's switch interval
 (5 ms by default) to get it back -- several times per request it answers. A
 full garbage collection started by the worker's allocations holds the GIL for
 the whole heap (over a second with 10,000 nodes configured). So while any
-such work runs, the switch interval is short and automatic collection is off;
-both are restored when the last one ends.
+such work runs (:func:`bulk_work`), the switch interval is short and
+automatic collection is off; both are restored when the last one ends.
 
 A short switch interval still leaves the loop waiting for the GIL at each
 system call while the worker computes, and on a busy box the worker may be
-off the CPU, holding the GIL, when the loop wants it back. Long work
-therefore calls :func:`yield_to_loop` every few hundred microseconds of its
-own: while the loop has tasks to run, the worker waits there without the
-GIL (a trio instrument tells it when the loop waits for I/O again). The
-reload's parse, structuring, validation and pool comparison do
-([reload-off-loop]); a reload then runs in the loop's idle time.
+off the CPU, holding the GIL, when the loop wants it back. Two ways out:
 
-Idle time of the loop is not idle time of the machine: a reload's worker
-busy for a second takes a core from everything else on it (a Node, the
-backend, the clients on a small box), and a stream's events wait for a CPU.
-Work started with ``cpu_share`` below 1 therefore rests without the GIL at
-:func:`yield_to_loop` after each :data:`WORK_SLICE` of running, long
-enough to use at most that share of a core; the reload uses
-:data:`RELOAD_CPU_SHARE`.
+- :func:`run_off_loop`: the work calls :func:`yield_to_loop` every few
+  hundred microseconds of its own; while the loop has tasks to run, the
+  worker waits there without the GIL (a trio instrument tells it when the
+  loop waits for I/O again), so it runs in the loop's idle time. The loop
+  may still wait for the GIL when it wakes up. ``/metrics`` and ``/status``
+  write their text this way.
+- :func:`run_in_turns`: the worker runs only while the loop thread waits for
+  it, from one :func:`yield_to_loop` to the next, then the loop takes a
+  turn: the two never want the GIL at once, and each slice holds the loop as
+  long as it runs, as the same work on the loop would. A reload prepares its
+  pool's changes this way ([reload-off-loop]).
 
 Collection back on, the objects a reload left (its new config: some
 300,000 of them at 10,000 nodes) would all be young: the next allocation on
@@ -36,18 +35,24 @@ is moved to the oldest generation first
 garbage among those objects is still found by the next full collection, and
 the full collections come no sooner than they would have.
 
+The other direction has its cost too: the last reference to a 10,000-node
+config, dropped at once, frees its 300,000 objects in one go;
+:func:`release_in_slices` frees it a slice per loop turn.
+
 Only objects the loop will not touch meanwhile may be handed to the work
 (a snapshot taken on the loop, a file path): the loop keeps running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -68,18 +73,13 @@ ROW_SLICE = 1000
 """Providers read per loop turn by :func:`rows_in_slices` (a plain row costs about half
 an object: about the time of a :data:`SNAPSHOT_SLICE`)."""
 
+RELEASE_SLICE = 1000
+"""References :func:`release_in_slices` drops per loop turn (about a millisecond for a
+config's nodes)."""
+
 NODE_SLICE = 1000
 """Nodes whose connection state ``/status`` reads per loop turn (a node's row costs about
 a third of a provider's, so about the time of a :data:`SNAPSHOT_SLICE`)."""
-
-WORK_SLICE = 0.002
-"""How long work started with a ``cpu_share`` below 1 runs between two rests (s)."""
-
-RELOAD_CPU_SHARE = 0.5
-"""The share of a core a config reload's worker uses (its parse takes twice its CPU time in
-wall time): measured on the 2-core benchmark box with 10,000 nodes, a running stream's
-largest gap during a reload stayed <= 20 ms in 25 of 25 reloads, against 23 of 25 at a
-full core (docs/benchmarks-history.md, Scale)."""
 
 MAX_PAUSE = 0.01
 """Longest a worker's :func:`yield_to_loop` waits for the loop to go idle (s); after that the
@@ -124,7 +124,8 @@ _gate: _LoopIdle | None = None
 
 
 def yield_to_loop() -> None:
-    """In work that :func:`run_off_loop` runs: wait while the event loop has work to do.
+    """In work that :func:`run_off_loop` runs: wait while the event loop has work to do; in work
+    that :func:`run_in_turns` runs: give the loop its turn.
 
     The worker and the loop share the GIL: each time the loop makes a system
     call (a stream's read, its write) the worker takes the GIL, and the loop
@@ -133,35 +134,28 @@ def yield_to_loop() -> None:
     microseconds of its own): while the loop runs tasks, the worker then
     waits without the GIL, so the loop's system calls cost it nothing; it
     carries on while the loop waits for I/O. Anywhere else (the loop's own
-    thread, a thread not started by :func:`run_off_loop`) it returns at once.
+    thread, a thread started otherwise) it returns at once.
     """
-    gate: _LoopIdle | None = getattr(_worker, "gate", None)
-    if gate is None:
+    turns: _Turns | None = getattr(_worker, "turns", None)
+    if turns is not None:
+        turns.give_back()
         return
-    if not gate.idle.is_set():
+    gate: _LoopIdle | None = getattr(_worker, "gate", None)
+    if gate is not None and not gate.idle.is_set():
         gate.wait()
-        _worker.slice_start = time.perf_counter()
-    elif _worker.rest and time.perf_counter() - _worker.slice_start >= WORK_SLICE:
-        time.sleep(_worker.rest)
-        _worker.slice_start = time.perf_counter()
 
 
-async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False, cpu_share: float = 1.0) -> T:
-    """``work()`` in a worker thread, with a short switch interval and automatic GC off meanwhile.
+@contextlib.contextmanager
+def bulk_work(*, keeps_objects: bool = False) -> Iterator[_LoopIdle]:
+    """Inside: a short switch interval, automatic GC off and the loop-idle gate installed, as long as
+    any bulk work runs (in a worker thread: :func:`run_off_loop`; or on the loop a slice at a time).
 
-    ``keeps_objects``: the result holds many new objects that will live on (a
-    config); they join the oldest generation when collection is switched back on.
-    ``work`` may call :func:`yield_to_loop` (directly or through :func:`paced`).
-    ``cpu_share`` (0 < share <= 1): at most this share of a core; below 1, the
-    work rests at :func:`yield_to_loop` after each :data:`WORK_SLICE` of running.
-
-    Checkpoints (it waits for the thread). Cancelled, it returns at once and the
-    thread's result is dropped (the thread runs to its end). Raises what
-    ``work`` raises, and ValueError for a ``cpu_share`` outside (0, 1].
+    Enter and leave it on the loop. ``keeps_objects``: the work makes many new
+    objects that will live on (a config); they join the oldest generation when
+    collection is switched back on, as the last stretch of bulk work ends.
+    Yields the gate that :func:`yield_to_loop` waits on.
     """
     global _running, _saved, _promote, _gate
-    if not 0 < cpu_share <= 1:
-        raise ValueError(f"cpu_share must be in (0, 1], not {cpu_share}")
     if _gate is None:
         _saved = (sys.getswitchinterval(), gc.isenabled())
         sys.setswitchinterval(min(_saved[0], SWITCH_INTERVAL))
@@ -170,19 +164,8 @@ async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False, cp
         trio.lowlevel.add_instrument(_gate)
     _running += 1
     gate = _gate
-    rest = WORK_SLICE * (1 - cpu_share) / cpu_share
-
-    def gated() -> T:
-        _worker.gate = gate
-        _worker.rest = rest
-        _worker.slice_start = time.perf_counter()
-        try:
-            return work()
-        finally:
-            _worker.gate = None
-
     try:
-        return await trio.to_thread.run_sync(gated, abandon_on_cancel=True)
+        yield gate
     finally:
         _running -= 1
         _promote = _promote or keeps_objects
@@ -197,6 +180,160 @@ async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False, cp
                     gc.unfreeze()  # and all of it back as the oldest: no young scan of the new objects
                 gc.enable()
             _promote = False
+
+
+async def run_off_loop(work: Callable[[], T], *, keeps_objects: bool = False) -> T:
+    """``work()`` in a worker thread, inside :func:`bulk_work`; the loop runs on meanwhile.
+
+    ``keeps_objects``: the result holds many new objects that will live on;
+    they join the oldest generation when collection is switched back on.
+    ``work`` may call :func:`yield_to_loop` (directly or through :func:`paced`).
+
+    Checkpoints (it waits for the thread). Cancelled, it returns at once and the
+    thread's result is dropped (the thread runs to its end). Raises what
+    ``work`` raises.
+    """
+    with bulk_work(keeps_objects=keeps_objects) as gate:
+
+        def gated() -> T:
+            _worker.gate = gate
+            try:
+                return work()
+            finally:
+                _worker.gate = None
+
+        return await trio.to_thread.run_sync(gated, abandon_on_cancel=True)
+
+
+async def run_in_turns(work: Callable[[], T], *, keeps_objects: bool = False) -> T:
+    """``work()`` a slice at a time, in turn with the loop: as if on the loop, between its other tasks.
+
+    ``work`` runs in a worker thread, but only while the loop thread waits for
+    it: from one :func:`yield_to_loop` call of ``work`` to the next, then the
+    loop takes a turn (one checkpoint), then the next slice. The two threads
+    never both want the GIL, so the loop never waits for a worker that holds
+    it and is itself off the CPU; a slice holds the loop as long as it runs, so
+    ``work`` must call :func:`yield_to_loop` often (every few hundred
+    microseconds). Inside :func:`bulk_work` (``keeps_objects``: see there).
+
+    Checkpoints (between slices). Cancelled, it stops ``work`` at its next
+    :func:`yield_to_loop` and returns at once; nothing is left running. Raises
+    what ``work`` raises.
+    """
+    turns = _Turns()
+
+    result: list[T] = []
+
+    def run() -> None:
+        _worker.turns = turns
+        try:
+            turns.wait_turn()
+            result.append(work())
+        except BaseException as exc:  # handed to the loop, raised there
+            turns.error = exc
+        finally:
+            _worker.turns = None
+            turns.finished = True
+            turns.back.release()
+
+    with bulk_work(keeps_objects=keeps_objects):
+        trio.lowlevel.start_thread_soon(run, lambda _: None)
+        try:
+            while True:
+                turns.take()
+                if turns.finished:
+                    break
+                await trio.lowlevel.checkpoint()
+        except BaseException:
+            turns.abandon()
+            raise
+    if turns.error is not None:
+        raise turns.error
+    return result[0]
+
+
+class _Abandoned(BaseException):
+    """Raised in a worker's :func:`yield_to_loop` when its :func:`run_in_turns` was cancelled."""
+
+
+@attrs.define(eq=False)
+class _Turns:
+    """Hands the GIL's use back and forth between the loop thread and one worker (:func:`run_in_turns`)."""
+
+    go: threading.Semaphore = attrs.field(factory=lambda: threading.Semaphore(0))
+    back: threading.Semaphore = attrs.field(factory=lambda: threading.Semaphore(0))
+    finished: bool = False
+    abandoned: bool = False
+    error: BaseException | None = None
+
+    def take(self) -> None:
+        """On the loop: let the worker run until it gives the turn back (or ends)."""
+        self.go.release()
+        self.back.acquire()
+
+    def give_back(self) -> None:
+        """In the worker: hand the turn to the loop, wait for the next one."""
+        self.back.release()
+        self.wait_turn()
+
+    def wait_turn(self) -> None:
+        self.go.acquire()
+        if self.abandoned:
+            raise _Abandoned
+
+    def abandon(self) -> None:
+        """On the loop: the worker stops at its next turn (it is waiting for one now)."""
+        self.abandoned = True
+        self.go.release()
+
+
+async def release_in_slices(holder: list[object], size: int = RELEASE_SLICE) -> None:
+    """Free the object ``holder`` holds (``holder`` must hold its only reference), about ``size``
+    references per loop turn.
+
+    Dropped at once, the last reference to a 10,000-node config frees its
+    300,000 objects in one go: 7-10 ms of the loop. Here every tuple, list or
+    mapping of more than ``size`` items reachable from it (through attrs
+    instances and smaller containers) is held, and its items after it, in a
+    list (one such container read per loop turn); the rest (the few objects
+    around them) is freed, then the list is cut ``size`` references per loop
+    turn from its end: a container first (one decrement per item, which the
+    list still holds), then its items, each freeing only what hangs from it.
+    Checkpoints. Cancelled, the rest is freed at once.
+    """
+    root = holder.pop()
+    held: list[object] = []
+    stack: list[Any] = [root]
+    seen: set[int] = set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (dict, types.MappingProxyType, tuple, list)) and len(obj) > size:
+            held.extend(obj)
+            if isinstance(obj, (dict, types.MappingProxyType)):
+                held.extend(obj.values())
+            held.append(obj)
+            await trio.lowlevel.checkpoint()
+        else:
+            stack.extend(references(obj))
+    del root, obj  # frees what is not held: the few objects the walk went through
+    while held:
+        await trio.lowlevel.checkpoint()
+        del held[-size:]
+
+
+def references(obj: Any) -> list[Any]:
+    """The objects ``obj`` refers to, as pickle walks them: a container's items (a mapping's keys
+    and values), an attrs instance's fields; none for anything else."""
+    if isinstance(obj, (tuple, list, set, frozenset)):
+        return list(obj)
+    if isinstance(obj, (dict, types.MappingProxyType)):
+        return [item for pair in obj.items() for item in pair]
+    if attrs.has(type(obj)):
+        return [getattr(obj, field.name) for field in attrs.fields(type(obj))]
+    return []
 
 
 def paced(items: Iterable[T]) -> Iterator[T]:

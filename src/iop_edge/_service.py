@@ -21,10 +21,11 @@ import trio
 from iop_admission import Admission, ConfigError, PreparedRefresh, ProviderKey
 from iop_config import ConfigFileError, TlsFileError
 
+from ._config_reader import error_lines, rebuild, run_reader
 from ._http_api import EdgeAPI
 from ._http_server import HttpLimits, serve_http
 from ._links import NodeRegistry
-from ._off_loop import NODE_SLICE, RELOAD_CPU_SHARE, rows_in_slices, run_off_loop, yield_to_loop
+from ._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
 from .metrics import EdgeMetrics
@@ -77,23 +78,26 @@ class EdgeService:
     async def reload(self) -> list[str]:
         """Re-read the config file and apply it; return every error (empty: applied).
 
-        [reload-off-loop] The file is read, parsed and validated, and the
-        certificate files it names are read, in a worker thread, so the event
-        loop (streams, heartbeats, other requests) keeps running; only the
-        validated result is applied on the loop, at once
-        (``admission.refresh``). What the new config changes in the pool is
-        worked out in the thread too (``admission.prepare_refresh``), as are
-        the config's lookup tables, so the step on the loop costs what changed,
-        not the size of the fleet. Reloads are serialized: one that arrives
+        [reload-off-loop] The file is read, parsed and validated, and its pool
+        and lookup tables built, in a child process at a lower OS priority
+        (:mod:`iop_edge._config_reader`); the loop rebuilds the result about a
+        millisecond at a time, so it (streams, heartbeats, other requests)
+        keeps running. What the new config changes in the pool is worked out
+        in turns with the loop (``admission.prepare_refresh`` in a worker
+        thread that runs only while the loop waits for it, a slice at a time),
+        which also reads the certificate files; only the validated result is
+        applied on the loop, at once (``admission.refresh``), so that step
+        costs what changed, not the size of the fleet; the old config is then
+        freed a slice per loop turn. Reloads are serialized: one that arrives
         during another waits for it, then reads the file again. An invalid
         file changes nothing. ``listen``, ``node_listen``, the size limits and
         turning TLS on or off apply at the next start only; tokens, queue
         policy, providers, models, the heartbeat timeout, the node socket
         limits and the certificate files apply at once (to new connections).
 
-        Checkpoints (it waits for the worker thread). Cancelled while reading,
-        it returns at once and changes nothing (the thread's result is dropped),
-        so a shutdown never waits for a reload.
+        Checkpoints. Cancelled, it returns at once and changes nothing (the
+        child is killed, the thread's result dropped), so a shutdown never
+        waits for a reload.
         """
         async with self._reload_lock:
             if self.config_path is None:
@@ -101,24 +105,24 @@ class EdgeService:
             path = self.config_path
             times = _ReloadTimes(time.perf_counter())
             try:
-                config, pool, tls = await run_off_loop(
-                    lambda: _read_config(path, self.admission, times),
-                    keeps_objects=True,
-                    cpu_share=RELOAD_CPU_SHARE,
-                )
-                times.mark("waited")
-                _refuse_tls_switch(self.config, config, path)
-                self.admission.refresh(pool)
+                output = await run_reader(path)
+                times.mark("read")
+                read = await rebuild(output)
+                times.mark("rebuild")
+                times.reader_cpu = read.reader_cpu
+                prepared, tls = await run_in_turns(lambda: _prepare_config(read.config, path, self.admission, times))
+                _refuse_tls_switch(self.config, read.config, path)
+                self.admission.refresh(prepared)
                 times.mark("refresh")
-            except ConfigFileError as exc:
-                errors = list(exc.errors)
-            except ConfigError as exc:
-                errors = [f"{path}: {problem}" for problem in exc.problems]
-            except OSError as exc:
-                errors = [f"{path}: cannot read: {exc.strerror or exc}"]
+            except (ConfigFileError, ConfigError) as exc:
+                errors = error_lines(path, exc)
             else:
-                self._apply(config, tls)
+                old: list[object] = [self.config]
+                self._apply(read.config, tls)
+                del read, prepared  # the old pool too: only `old` holds the old config now
                 times.mark("swap")
+                await release_in_slices(old)
+                times.mark("release")
                 logger.info("config reloaded from %s (%s)", path, times)
                 return []
             self.metrics.refresh_result("rejected")
@@ -286,11 +290,12 @@ def _refuse_tls_switch(running: EdgeConfig, new: EdgeConfig, path: str | os.Path
 
 @attrs.define
 class _ReloadTimes:
-    """Where a reload's time went: each step's seconds and the worker thread's CPU seconds, for the
-    log line (``str``)."""
+    """Where a reload's time went: each step's seconds, the reader process's and the worker
+    thread's CPU seconds, for the log line (``str``)."""
 
     last: float
     steps: dict[str, float] = attrs.field(factory=dict)
+    reader_cpu: float | None = None
     worker_cpu: float | None = None
 
     def mark(self, step: str) -> None:
@@ -300,31 +305,28 @@ class _ReloadTimes:
 
     def __str__(self) -> str:
         parts = [f"{step} {seconds * 1000:.1f} ms" for step, seconds in self.steps.items()]
-        if self.worker_cpu is not None:
-            parts.append(f"worker CPU {self.worker_cpu * 1000:.1f} ms")
+        for what, cpu in (("reader", self.reader_cpu), ("worker", self.worker_cpu)):
+            if cpu is not None:
+                parts.append(f"{what} CPU {cpu * 1000:.1f} ms")
         return ", ".join(parts)
 
 
-def _read_config(
-    path: str | os.PathLike[str], admission: Admission, times: _ReloadTimes
-) -> tuple[EdgeConfig, PreparedRefresh, _TlsContexts]:
-    """Load and validate the config file, prepare its pool's refresh of ``admission``, read its
-    certificates, build its lookup tables (runs in a worker thread; changes nothing but ``times``).
+def _prepare_config(
+    config: EdgeConfig, path: str | os.PathLike[str], admission: Admission, times: _ReloadTimes
+) -> tuple[PreparedRefresh, _TlsContexts]:
+    """Prepare the pool's refresh of ``admission`` to ``config`` and read its certificates (runs in
+    turns with the loop, :func:`~iop_edge._off_loop.run_in_turns`; changes nothing but ``times``).
 
     Raises:
-        ConfigFileError, ConfigError, OSError: the file is unusable (see :func:`_tls_contexts`).
+        ConfigFileError, ConfigError: the config is unusable (see :func:`_tls_contexts`).
     """
-    times.mark("thread start")
     cpu = time.thread_time()
-    config = load_edge_config(path, yields_gil=True)
-    times.mark("parse")
     prepared = admission.prepare_refresh(config.pool_config(), pause=yield_to_loop)
     times.mark("prepare")
-    config.build_lookups()
     tls = _tls_contexts(config, path)
-    times.mark("lookups+tls")
+    times.mark("tls")
     times.worker_cpu = time.thread_time() - cpu
-    return config, prepared, tls
+    return prepared, tls
 
 
 async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:

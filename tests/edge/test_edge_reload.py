@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -19,7 +19,6 @@ import trio
 import trio.testing
 
 from edge.harness import ADMIN_TOKEN, BIG, FAST, Edge, EdgeLayout, eventually, fake_node, running_edge, start_chat
-from iop_admission import Admission
 from iop_edge import _service
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -56,14 +55,14 @@ async def test_capacity_up_dispatches_queued_waiter_at_once(tmp_path: Path) -> N
 async def test_an_applied_reload_logs_each_step_and_the_worker_cpu(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """[reload-off-loop] a reload that applied logs each step's time and the CPU time its worker
-    thread used (parse, prepare, lookups and certificates together)."""
+    """[reload-off-loop] a reload that applied logs each step's time, the CPU time its reader
+    process used (parse, pool and lookups) and its worker thread's (prepare and certificates)."""
     caplog.set_level(logging.INFO, logger="iop_edge")
     with trio.fail_after(10):
         async with running_edge(tmp_path) as edge:
             await _reload(edge, EdgeLayout())
     (line,) = [record.getMessage() for record in caplog.records if "config reloaded" in record.getMessage()]
-    steps = ("thread start", "parse", "prepare", r"lookups\+tls", "waited", "refresh", "swap", "worker CPU")
+    steps = ("read", "rebuild", "prepare", "tls", "refresh", "swap", "release", "reader CPU", "worker CPU")
     assert re.fullmatch(
         r"config reloaded from \S+ \(" + ", ".join(f"{step} [0-9]+\\.[0-9] ms" for step in steps) + r"\)", line
     ), line
@@ -237,21 +236,23 @@ async def test_reload_endpoint_auth(tmp_path: Path) -> None:
 async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """[reload-off-loop] while a reload reads the file (held in its worker thread) the Edge answers
-    requests; a second reload waits for the first, then reads the file itself; both apply."""
-    real_read = _service._read_config
-    first_entered, release_first = threading.Event(), threading.Event()
-    reads: list[int] = []
+    """[reload-off-loop] while a reload reads the file (held after its reader process ran) the Edge
+    answers requests; a second reload waits for the first, then reads the file itself (the new
+    capacity); both apply."""
+    real_read = _service.run_reader
+    first_read, release_first = trio.Event(), trio.Event()
+    reads: list[bytes] = []
 
-    def held_read(path: str, admission: Admission, times: object) -> object:
-        reads.append(threading.get_ident())
+    async def held_read(path: str) -> bytes:
+        output = await real_read(path)
+        reads.append(output)
         if len(reads) == 1:
-            first_entered.set()
-            release_first.wait(10)
-        return real_read(path, admission, times)
+            first_read.set()
+            await release_first.wait()
+        return output
 
-    monkeypatch.setattr(_service, "_read_config", held_read)
-    with trio.fail_after(20):
+    monkeypatch.setattr(_service, "run_reader", held_read)
+    with trio.fail_after(60):
         async with running_edge(tmp_path) as edge:
             results: list[list[str]] = []
 
@@ -260,17 +261,17 @@ async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(reload)
-                await trio.to_thread.run_sync(first_entered.wait, 10)
+                await first_read.wait()
                 edge.rewrite(EdgeLayout(gpu0_capacity=3))
                 nursery.start_soon(reload)
-                # The loop serves while the first reload's thread is held.
+                # The loop serves while the first reload is held.
                 assert (await edge.http.get("/healthz")).status_code == 200
                 await trio.testing.wait_all_tasks_blocked()
                 assert len(reads) == 1, "the second reload read before the first one ended"
                 assert edge.provider("node-a", "gpu0")["capacity"] == 1
                 release_first.set()
             assert results == [[], []]
-            assert len(reads) == 2 and threading.get_ident() not in reads
+            assert len(reads) == 2
             assert edge.provider("node-a", "gpu0")["capacity"] == 3
 
 
@@ -278,26 +279,26 @@ async def test_reload_reads_off_the_loop_and_reloads_are_serialized(
 async def test_reload_applies_whole_when_the_pool_was_refreshed_after_it_was_prepared(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """[reload-off-loop] the pool's refresh is prepared in the reload's thread against the config in
-    force; if another refresh lands before it is applied, the reload still puts its file in force."""
-    real_read = _service._read_config
-    prepared, release = threading.Event(), threading.Event()
+    """[reload-off-loop] the pool's refresh is prepared against the config in force; if another
+    refresh lands before it is applied, the reload still puts its file in force."""
+    real_in_turns = _service.run_in_turns
+    prepared, release = trio.Event(), trio.Event()
 
-    def held_read(path: str, admission: Admission, times: object) -> object:
-        result = real_read(path, admission, times)
+    async def held_in_turns(work: Callable[[], object]) -> object:
+        result = await real_in_turns(work)
         prepared.set()
-        release.wait(10)
+        await release.wait()
         return result
 
-    monkeypatch.setattr(_service, "_read_config", held_read)
-    with trio.fail_after(20):
+    monkeypatch.setattr(_service, "run_in_turns", held_in_turns)
+    with trio.fail_after(60):
         async with running_edge(tmp_path) as edge:
             admission = edge.service.admission
             first = admission.config
             edge.rewrite(EdgeLayout(gpu0_capacity=3))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(edge.service.reload)
-                await trio.to_thread.run_sync(prepared.wait, 10)
+                await prepared.wait()
                 spec = first.providers[next(iter(first.providers))]
                 other = {key: attrs.evolve(spec, capacity=2) for key in first.providers}
                 admission.refresh(attrs.evolve(first, providers=other))  # in force now: not what was prepared against
@@ -307,27 +308,28 @@ async def test_reload_applies_whole_when_the_pool_was_refreshed_after_it_was_pre
 
 
 @pytest.mark.req("reload-off-loop")
-async def test_reload_cancelled_while_reading_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """[reload-off-loop] a reload cancelled while its thread reads the file returns at once and
-    applies nothing; the next reload works."""
-    real_read = _service._read_config
-    entered, release = threading.Event(), threading.Event()
+@pytest.mark.parametrize("step", ["run_reader", "run_in_turns"])
+async def test_reload_cancelled_while_reading_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """[reload-off-loop] a reload cancelled while its reader runs, or while it prepares the pool's
+    changes, returns at once and applies nothing; the next reload works."""
+    entered = trio.Event()
 
-    def held_read(path: str, admission: Admission, times: object) -> object:
+    async def held(*args: object) -> object:
         entered.set()
-        release.wait(10)
-        return real_read(path, admission, times)
+        await trio.sleep_forever()
 
-    monkeypatch.setattr(_service, "_read_config", held_read)
-    with trio.fail_after(20):
+    with trio.fail_after(60):
         async with running_edge(tmp_path) as edge:
             config_before = edge.service.config
             edge.rewrite(EdgeLayout(gpu0_capacity=3))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(edge.service.reload)
-                await trio.to_thread.run_sync(entered.wait, 10)
-                nursery.cancel_scope.cancel()
+            with monkeypatch.context() as patch:
+                patch.setattr(_service, step, held)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(edge.service.reload)
+                    await entered.wait()
+                    nursery.cancel_scope.cancel()
             assert edge.service.config is config_before
-            release.set()
             assert await edge.service.reload() == []  # the lock was released
             assert edge.provider("node-a", "gpu0")["capacity"] == 3

@@ -10,6 +10,8 @@ import gc
 import json
 import sys
 import threading
+import time
+import weakref
 from pathlib import Path
 
 import attrs
@@ -33,7 +35,9 @@ from iop_edge import EdgeService, _off_loop
 from iop_edge._off_loop import (
     SWITCH_INTERVAL,
     paced,
+    release_in_slices,
     rows_in_slices,
+    run_in_turns,
     run_off_loop,
     snapshot_in_slices,
     yield_to_loop,
@@ -402,49 +406,105 @@ def test_yield_to_loop_outside_off_loop_work_returns_at_once() -> None:
     assert calls == [None] * 3
 
 
+async def _ticking(ticks: list[int]) -> None:
+    """Count the loop's turns (this task's steps) in ``ticks[0]``."""
+    while True:
+        ticks[0] += 1
+        await trio.lowlevel.checkpoint()
+
+
 @pytest.mark.req("reload-off-loop")
-@pytest.mark.parametrize(("share", "rests"), [(0.5, 4), (1.0, 0)])
-async def test_off_loop_work_with_a_cpu_share_rests_after_each_slice(
-    monkeypatch: pytest.MonkeyPatch, share: float, rests: int
-) -> None:
-    """[reload-off-loop] work started with a cpu_share below 1 rests at yield_to_loop() once each
-    WORK_SLICE of running, long enough to keep to that share (at 0.5: as long as it ran); a
-    part of a slice does not rest; at a full share it never rests (the loop idle throughout)."""
-    clock = [0.0]
-    slept: list[float] = []
+async def test_work_in_turns_runs_only_while_the_loop_waits_for_it() -> None:
+    """[reload-off-loop] run_in_turns: the loop runs nothing while a slice of the work runs (here a
+    slice that sleeps without the GIL: the loop could run, and does not), takes turns between
+    slices, and returns the work's result."""
+    ticks = [0]
+    during: list[int] = []
 
-    class FakeTime:
-        @staticmethod
-        def perf_counter() -> float:
-            return clock[0]
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            slept.append(seconds)
-
-    monkeypatch.setattr(_off_loop, "time", FakeTime)
-
-    def work() -> None:
-        gate = _off_loop._gate
-        assert gate is not None
-        for _ in range(4):
-            gate.idle.wait()  # the loop waits for this thread's end: idle
-            clock[0] += _off_loop.WORK_SLICE
+    def work() -> str:
+        for _ in range(5):
+            before = ticks[0]
+            time.sleep(0.01)  # without the GIL
+            during.append(ticks[0] - before)
             yield_to_loop()
-        clock[0] += _off_loop.WORK_SLICE / 2
-        yield_to_loop()
+        return "done"
 
     with trio.fail_after(10):
-        await run_off_loop(work, cpu_share=share)
-    assert slept == [pytest.approx(_off_loop.WORK_SLICE)] * rests
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_ticking, ticks)
+            assert await run_in_turns(work) == "done"
+            nursery.cancel_scope.cancel()
+    assert during == [0] * 5
+    assert ticks[0] >= 5
 
 
 @pytest.mark.req("reload-off-loop")
-@pytest.mark.parametrize("share", [0.0, -0.5, 1.5])
-async def test_off_loop_work_refuses_a_cpu_share_outside_zero_to_one(share: float) -> None:
-    """[reload-off-loop] a cpu_share outside (0, 1] is refused before anything is switched."""
-    switch, collecting = sys.getswitchinterval(), gc.isenabled()
-    with pytest.raises(ValueError, match="cpu_share"):
-        await run_off_loop(lambda: None, cpu_share=share)
-    assert _off_loop._gate is None
-    assert (sys.getswitchinterval(), gc.isenabled()) == (switch, collecting)
+async def test_work_in_turns_raises_what_the_work_raises() -> None:
+    """[reload-off-loop] an exception of the work comes out of run_in_turns on the loop."""
+
+    def work() -> None:
+        yield_to_loop()
+        raise ValueError("bad file")
+
+    with trio.fail_after(10), pytest.raises(ValueError, match="bad file"):
+        await run_in_turns(work)
+
+
+@pytest.mark.req("reload-off-loop")
+async def test_work_in_turns_cancelled_stops_at_its_next_turn() -> None:
+    """[reload-off-loop] cancelled, run_in_turns returns at once; the work stops where it waits for
+    its next turn (its clean-up runs), and nothing is left running."""
+    ended = threading.Event()
+    slices: list[int] = []
+
+    def work() -> None:
+        try:
+            while True:
+                slices.append(1)
+                yield_to_loop()
+        finally:
+            ended.set()
+
+    with trio.fail_after(10):
+        with trio.move_on_after(0.05):
+            await run_in_turns(work)
+        assert await trio.to_thread.run_sync(ended.wait, 10)  # its loop is over
+    assert slices
+
+
+class _Leaf:
+    __slots__ = ("__weakref__",)
+
+
+@pytest.mark.req("reload-off-loop")
+async def test_release_in_slices_frees_a_big_structure_a_slice_per_turn() -> None:
+    """[reload-off-loop] the old config is freed a slice per loop turn: no turn frees more than the
+    slice size (plus the few objects around the big containers), and in the end everything is."""
+    leaves = [_Leaf() for _ in range(5000)]
+    freed = [0]
+    refs = [weakref.ref(leaf, lambda _: freed.__setitem__(0, freed[0] + 1)) for leaf in leaves]
+    holder: list[object] = [{"leaves": tuple(leaves), "by_id": {id(leaf): leaf for leaf in leaves}, "one": [leaves[0]]}]
+    del leaves
+    steps: list[int] = []
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            self.before = freed[0]
+
+        def after_task_step(self, task: trio.lowlevel.Task) -> None:
+            if task.name.endswith("releasing"):
+                steps.append(freed[0] - self.before)
+
+    async def releasing() -> None:
+        await release_in_slices(holder, size=1000)
+
+    instrument = Steps()
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(releasing)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    assert holder == [] and freed[0] == 5000 and all(ref() is None for ref in refs)
+    assert max(steps) <= 1000 and len(steps) >= 6
