@@ -77,9 +77,13 @@ HANDSHAKES = 64
 """Connections the fleet process opens and registers at once (see :func:`_connection`)."""
 TOKEN = "scale-token"
 CAPACITY = 4
-STREAM_EVENTS = 400
+STREAM_EVENTS = 2400
 STREAM_GAP = 0.005
-"""A streamed run sends this many events, this many seconds apart."""
+"""A streamed run sends this many events, this many seconds apart (about 12.5 s: long enough
+to outlast a reload of the 10,000-node file, whose reader takes several seconds)."""
+AFTER_RELOAD = 0.5
+"""Seconds after the reload ended that its window of the stream still counts (its new objects'
+first collections, the reload's log line)."""
 
 
 def edge_yaml(
@@ -548,22 +552,26 @@ def _sent_times(node0_log: pathlib.Path | None) -> list[list[float]]:
     return [[float(t) for t in line.split()] for line in _SENT_LINE.findall(text)]
 
 
-def _largest_gap(mark: float, arrivals: list[float], sent: list[float], log: str) -> dict[str, Any]:
-    """The stream's largest gap from ``mark`` on, taken apart: where the time went.
+def _largest_gap(mark: float, until: float, arrivals: list[float], sent: list[float], log: str) -> dict[str, Any]:
+    """The stream's largest gap between ``mark`` and ``until``, taken apart: where the time went.
 
     ``sent``: node-0's send time of each event (``time.monotonic()``, the same
-    clock in every process). ``sent_ms`` is node-0's own gap between the two
-    events, ``transit_ms`` the later event's time from node-0's send to the
-    client's read (the earlier one's in brackets: their difference is what
-    the path after node-0 added to the gap), ``loop_ms`` the Edge loop's
-    longest batch or late I/O wait that ended inside the gap. ``sent_max_ms``
-    is node-0's own largest gap between two events from ``mark`` on, wherever
-    it fell: how long the fake fleet's process itself was held up.
+    clock in every process). ``at_ms`` is when the gap ended, from ``mark``;
+    ``sent_ms`` is node-0's own gap between the two events, ``transit_ms`` the
+    later event's time from node-0's send to the client's read (the earlier
+    one's in brackets: their difference is what the path after node-0 added to
+    the gap), ``loop_ms`` the Edge loop's longest batch or late I/O wait that
+    ended inside the gap. ``sent_max_ms`` is node-0's own largest gap between
+    two events in the window, wherever it fell: how long the fake fleet's
+    process itself was held up.
     """
-    pairs = [(b - a, i) for i, (a, b) in enumerate(itertools.pairwise(arrivals), start=1) if mark and b >= mark]
+    pairs = [
+        (b - a, i) for i, (a, b) in enumerate(itertools.pairwise(arrivals), start=1) if mark and mark <= b <= until
+    ]
     gap, i = max(pairs, default=(0.0, 0))
     out: dict[str, Any] = {
         "max_gap_ms": gap * 1000,
+        "at_ms": (arrivals[i] - mark) * 1000 if i else None,
         "sent_ms": None,
         "transit_ms": None,
         "transit_before_ms": None,
@@ -579,40 +587,53 @@ def _largest_gap(mark: float, arrivals: list[float], sent: list[float], log: str
     return out
 
 
+def _reload_seconds(steps: str) -> float:
+    """A reload's length from its log line's steps (``read 5425.6 ms, rebuild ...``; the CPU
+    figures at the end are not steps)."""
+    return sum(float(m[2]) for m in re.finditer(r"(^|, )(?!reader|worker)[a-z +]+ ([0-9.]+) ms", steps)) / 1000
+
+
 async def _reload_stall(edge: Daemon, port: int, node0_log: pathlib.Path | None = None) -> dict[str, Any]:
     """The largest gap between two events of a running stream while the Edge reloads (SIGHUP),
-    against the same stream with no reload just before; where the Edge's time went.
+    against the same stream with no reload just after; where the Edge's time went.
 
-    Both streams count their gaps from the 51st event to the end (about 1.75 s),
-    so the two maxima cover windows of the same length. The Edge's log gives
-    the reload's steps (the worker thread's: parse, prepare, lookups; the
-    loop's: waited, refresh, swap) and its loop's longest batch in each window;
-    node-0's log (``node0_log``) its send times, to tell the Edge's part of the
-    largest gap from node-0's (:func:`_largest_gap`).
+    The reload's window runs from the stream's 51st event, when the Edge gets
+    the SIGHUP, to :data:`AFTER_RELOAD` after the reload ended (its steps'
+    total); the stream with no reload is measured over a window of the same
+    length, so the two maxima compare. ``covered`` says whether the stream
+    lasted the whole window. The Edge's log gives the reload's steps and its
+    loop's longest batch in each window; node-0's log (``node0_log``) its send
+    times, to tell the Edge's part of the largest gap from node-0's
+    (:func:`_largest_gap`).
     """
     reloads = edge.log.read_text(errors="replace").count("config reloaded")
     out: dict[str, Any] = {}
-    for key, reload in (("baseline", False), ("reload", True)):
+    window = 0.0
+    for key, reload in (("reload", True), ("baseline", False)):
         sent_before = len(_sent_times(node0_log))
         mark, arrivals = await _stream_gaps(edge, port, reload)
         if reload:
-            with trio.move_on_after(30):
+            with trio.move_on_after(60):
                 while edge.log.read_text(errors="replace").count("config reloaded") <= reloads:
                     await trio.sleep(0.05)
+            steps = _RELOAD_LINE.findall(edge.log.read_text(errors="replace"))
+            out["reload_applied"] = float(len(steps) > reloads)
+            out["steps"] = steps[-1] if len(steps) > reloads else ""
+            window = _reload_seconds(out["steps"]) + AFTER_RELOAD
         await trio.sleep(0.2)  # the Edge's last loop lines, node-0's send times
         log = edge.log.read_text(errors="replace")
         streams = _sent_times(node0_log)
         sent = streams[-1] if len(streams) > sent_before else []
-        end = arrivals[-1] if arrivals else mark
-        hold = _loop_holds(log, mark, end)
-        out[f"{key}_largest"] = _largest_gap(mark, arrivals, sent, log)
+        until = mark + window
+        end = min(arrivals[-1], until) if arrivals else mark
+        out[f"{key}_covered"] = bool(arrivals) and arrivals[-1] >= until
+        out[f"{key}_largest"] = _largest_gap(mark, until, arrivals, sent, log)
         out[f"{key}_max_gap_ms"] = out[f"{key}_largest"]["max_gap_ms"]
+        hold = _loop_holds(log, mark, end)
         out[f"{key}_loop_max_ms"], out[f"{key}_loop_max_task"], out[f"{key}_loop_max_steps"], _ = hold
         out[f"{key}_loop_time"] = _loop_time(log, mark, end)
         out[f"{key}_events"] = len(arrivals)
-    steps = _RELOAD_LINE.findall(edge.log.read_text(errors="replace"))
-    out["reload_applied"] = float(len(steps) > reloads)
-    out["steps"] = steps[-1] if len(steps) > reloads else ""
+    out["window_s"] = window
     out["max_gap_ms"] = out["reload_max_gap_ms"]
     return out
 
@@ -933,11 +954,12 @@ def _reload_only_table(rows: list[dict[str, Any]]) -> list[str]:
 def _reload_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
-        "| nodes | wire | stream's largest gap: no reload / reload | Edge loop's longest batch (task, steps): "
+        "| nodes | wire | stream's largest gap: no reload / reload (when the reload's fell, of the window) "
+        "| Edge loop's longest batch (task, steps): "
         "no reload / reload | the largest gap taken apart, no reload / reload: node-0's own gap "
-        "[node-0's largest anywhere from the 51st event on], "
+        "[node-0's largest anywhere in the window], "
         "transit of the later event (of the earlier), Edge loop's longest hold inside it (its CPU) "
-        "| Edge loop from the 51st event on, no reload / reload: in batches, its CPU, waited in batches "
+        "| Edge loop in the window, no reload / reload: in batches, its CPU, waited in batches "
         "(GIL or CPU), waited for a CPU anywhere "
         "| the reload's steps |",
         "|---|---|---|---|---|---|---|",
@@ -946,13 +968,22 @@ def _reload_table(rows: list[dict[str, Any]]) -> list[str]:
         for rel in r["reloads"]:
             lines.append(
                 f"| {r['nodes']:,} | v{r['wire']} "
-                f"| {rel['baseline_max_gap_ms']:.1f} / {rel['reload_max_gap_ms']:.1f} ms "
+                f"| {rel['baseline_max_gap_ms']:.1f} / {rel['reload_max_gap_ms']:.1f} ms {_when(rel)} "
                 f"| {_hold(rel, 'baseline')} / {_hold(rel, 'reload')} "
                 f"| {_apart(rel['baseline_largest'])} / {_apart(rel['reload_largest'])} "
                 f"| {_loop_split(rel['baseline_loop_time'])} / {_loop_split(rel['reload_loop_time'])} "
                 f"| {rel['steps'] or 'not applied'} |"
             )
     return lines
+
+
+def _when(reload: dict[str, Any]) -> str:
+    """When the reload's largest gap ended, of its window (and whether a stream ended before its window did)."""
+    at = reload["reload_largest"]["at_ms"]
+    short = [key for key in ("baseline", "reload") if not reload.get(f"{key}_covered", True)]
+    return f"({_fmt(at and at / 1000, ' s')} of {reload.get('window_s', 0):.1f} s" + (
+        f"; {' and '.join(short)} stream ended early)" if short else ")"
+    )
 
 
 def _apart(largest: dict[str, Any]) -> str:
