@@ -416,10 +416,12 @@ async def _ticking(ticks: list[int]) -> None:
 @pytest.mark.req("reload-off-loop")
 async def test_work_in_turns_runs_only_while_the_loop_waits_for_it() -> None:
     """[reload-off-loop] run_in_turns: the loop runs nothing while a slice of the work runs (here a
-    slice that sleeps without the GIL: the loop could run, and does not), takes turns between
-    slices, and returns the work's result."""
+    slice that sleeps without the GIL: the loop could run, and does not), gives the loop a turn
+    after each slice (one checkpoint), and returns the work's result."""
     ticks = [0]
     during: list[int] = []
+    steps: list[str] = []
+    results: list[str] = []
 
     def work() -> str:
         for _ in range(5):
@@ -429,13 +431,28 @@ async def test_work_in_turns_runs_only_while_the_loop_waits_for_it() -> None:
             yield_to_loop()
         return "done"
 
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_ticking, ticks)
-            assert await run_in_turns(work) == "done"
-            nursery.cancel_scope.cancel()
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            if task.name.endswith("in_turns"):
+                steps.append(task.name)
+
+    async def in_turns(nursery: trio.Nursery) -> None:
+        results.append(await run_in_turns(work))
+        nursery.cancel_scope.cancel()
+
+    instrument = Steps()
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_ticking, ticks)
+                nursery.start_soon(in_turns, nursery)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    assert results == ["done"]
     assert during == [0] * 5
-    assert ticks[0] >= 5
+    assert len(steps) == 6  # its first step, then one after the loop's turn following each slice
+    assert ticks[0] >= 1
 
 
 @pytest.mark.req("reload-off-loop")
