@@ -330,11 +330,18 @@ def _prepare_config(
 
 
 async def load_config_off_loop(path: str | os.PathLike[str]) -> EdgeConfig:
-    """:func:`load_edge_config` in a worker thread, so the event loop keeps running meanwhile.
+    """:func:`load_edge_config` in a worker thread, its lookup tables built there too (not on the
+    loop at the first registration), so the event loop keeps running meanwhile.
 
     Checkpoints. Raises what :func:`load_edge_config` raises.
     """
-    return await trio.to_thread.run_sync(load_edge_config, path, abandon_on_cancel=True)
+
+    def load() -> EdgeConfig:
+        config = load_edge_config(path)
+        config.build_lookups()
+        return config
+
+    return await trio.to_thread.run_sync(load, abandon_on_cancel=True)
 
 
 async def _serve_nodes(

@@ -768,7 +768,8 @@ _CONVERTER = _edge_converter()
 def load_edge_config(path: str | os.PathLike[str], *, yields_gil: bool = False) -> EdgeConfig:
     """Load and validate ``edge.yaml``, resolving ``*_env`` secrets from ``os.environ``.
 
-    ``yields_gil``: see :func:`iop_config.load_config` (for a reload while the Edge serves).
+    ``yields_gil``: see :func:`iop_config.load_config` (for a load in a thread beside an event
+    loop; the Edge's own reload reads the file in a child process and does not use it).
 
     Raises:
         iop_config.ConfigFileError: listing every problem as ``FILE:LINE: path: message``.
