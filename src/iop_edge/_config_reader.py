@@ -9,8 +9,8 @@ box). A child process shares no lock with the Edge, and it runs at a lower
 OS priority (:data:`NICENESS`), so the Edge, its nodes and the backends
 keep the CPU they need.
 
-The child (``python -m iop_edge._config_reader PATH``, the Edge's own
-interpreter and import path) loads and validates the file, builds the pool
+The child (:func:`reader_argv`: the Edge's own interpreter and import path
+calling :func:`main` with the file's path) loads and validates the file, builds the pool
 and the lookup tables, and writes the result to its stdout as pickles, one
 per :data:`PIECE_WEIGHT` of objects: the objects are written leaves first,
 each pickle refers to the objects of the earlier ones by number, and the
@@ -147,9 +147,14 @@ def lower_priority(pid: int) -> None:
         pass  # it has ended
 
 
+_READER_CODE: Final = f"import sys; from {__name__} import main; sys.exit(main(sys.argv))"
+
+
 def reader_argv(path: str | os.PathLike[str]) -> list[str]:
-    """The command line of the child that reads ``path``."""
-    return [sys.executable, "-m", __name__, os.fspath(path)]
+    """The command line of the child that reads ``path``: :func:`main` imported, not this module run
+    as ``__main__`` (``python -m``), which the package's own import of it would load a second time
+    (Python warns about it on the child's stderr)."""
+    return [sys.executable, "-c", _READER_CODE, os.fspath(path)]
 
 
 def _reader_env() -> dict[str, str]:
@@ -295,8 +300,9 @@ def messages(root: object, weight: int) -> Iterator[tuple[tuple[Any, ...], list[
 
 
 def main(argv: list[str]) -> int:
-    """The child: ``python -m iop_edge._config_reader PATH``; the pickles on stdout, exit status 0
-    (the file's problems are pickled too). Anything else printed goes to stderr."""
+    """The child, run by :func:`reader_argv` (``argv``: its ``sys.argv``, ``[program, PATH]``); the
+    pickles on stdout, exit status 0 (the file's problems are pickled too). Anything else printed
+    goes to stderr."""
     if len(argv) != 2:
         print(f"usage: {argv[0]} PATH", file=sys.stderr)
         return 2
@@ -305,7 +311,3 @@ def main(argv: list[str]) -> int:
     with out:
         write_config(argv[1], out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -67,6 +67,20 @@ async def test_the_reader_process_reads_the_config_load_edge_config_reads(tmp_pa
 
 
 @pytest.mark.req("reload-off-loop")
+def test_the_reader_loads_its_module_once_and_writes_nothing_else(tmp_path: Path) -> None:
+    """[reload-off-loop] the child's command line imports the reader rather than running its module
+    as ``__main__`` (the package imports it too: Python warned of the second copy on stderr), and a
+    good file leaves its stderr empty."""
+    path = tmp_path / "edge.yaml"
+    path.write_text(_fleet_yaml(3))
+    argv = _config_reader.reader_argv(path)
+    assert "-m" not in argv
+    child = subprocess.run(argv, capture_output=True, timeout=60, check=True)
+    assert child.stderr == b""
+    assert child.stdout
+
+
+@pytest.mark.req("reload-off-loop")
 @pytest.mark.parametrize("weight", [1, 7, 40, 1000])
 async def test_the_config_rebuilds_the_same_one_pickle_per_loop_turn(tmp_path: Path, weight: int) -> None:
     """[reload-off-loop] whatever the pickles' weight, the rebuilt config is the loaded one, and the
