@@ -41,7 +41,7 @@ import trio
 from iop_admission import ConfigError
 from iop_config import ConfigFileError
 
-from ._off_loop import bulk_work, references, release_in_slices
+from ._off_loop import bulk_work, drop_in_slices, references
 from .config import EdgeConfig, load_edge_config
 
 NICENESS: Final = 19
@@ -194,7 +194,7 @@ async def rebuild(data: bytes) -> ReadResult:
             await trio.lowlevel.checkpoint()
         _, config, cpu = message
         del message
-        await release_in_slices([objects])  # a reference to every object: 3-5 ms to drop at once
+        await drop_in_slices(objects)  # a reference to every object, each still in use
     return ReadResult(config, cpu)
 
 
