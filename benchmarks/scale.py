@@ -52,6 +52,7 @@ import attrs
 import trio
 import trio_websocket
 
+from iop_edge._config_reader import lower_priority
 from iop_node import ReconnectConfig, backoff_delay, first_delay, websocket_connector
 from iop_wire import (
     Heartbeat,
@@ -68,6 +69,7 @@ from iop_wire import (
     encode_data,
 )
 
+from .awake import cpus_awake
 from .e2e import ROOT, BenchmarkFailed, Daemon, LoadGenerator, _cpu_seconds
 from .loadgen import HttpConnection
 
@@ -81,6 +83,13 @@ STREAM_EVENTS = 2400
 STREAM_GAP = 0.005
 """A streamed run sends this many events, this many seconds apart (about 12.5 s: long enough
 to outlast a reload of the 10,000-node file, whose reader takes several seconds)."""
+FLEET_NICENESS = 10
+"""The ``nice`` value of the process of every node but node-0: it stands in for 9,999 other
+machines, whose CPU a real Edge's machine does not share, so it yields the CPU to the Edge, node-0
+and the client when they want it (see :class:`FleetProcess`)."""
+SPINNER = (sys.executable, "-c", "while True: pass")
+"""The control of the reload stall: a process that only uses the CPU, run as the reload's reader
+runs (idle priority, a session of its own)."""
 AFTER_RELOAD = 0.5
 """Seconds after the reload ended that its window of the stream still counts (its new objects'
 first collections, the reload's log line)."""
@@ -372,8 +381,11 @@ class FleetProcess:
     The 1-candidate load then measures the Edge at fleet size, not the fleet
     process's loop: that loop carries every other node's heartbeats and, on a
     shared box, wakes up hundreds of milliseconds late, which alone capped the
-    1-candidate key (4 runs in flight) at 4 / that delay requests/s.
-    :attr:`registered` sums both; :attr:`history` holds ``(time, registered,
+    1-candidate key (4 runs in flight) at 4 / that delay requests/s. The
+    large process runs at ``nice`` :data:`FLEET_NICENESS`: it plays machines
+    of their own, so on this shared box it should not take the CPU from the
+    Edge, node-0 or the client at equal terms (node-0 and the client keep the
+    Edge's priority). :attr:`registered` sums both; :attr:`history` holds ``(time, registered,
     lag_ms)`` per report of the large process (with node-0's state then).
     """
 
@@ -387,6 +399,7 @@ class FleetProcess:
             self._spawn(port, 0, 1, wire, self.node0_log),
             self._spawn(port, 1, nodes - 1, wire, workdir / "fleet.log"),
         ]
+        os.setpriority(os.PRIO_PROCESS, self.procs[1].pid, FLEET_NICENESS)
         for index in (0, 1):
             threading.Thread(target=self._read, args=(index,), daemon=True).start()
 
@@ -495,8 +508,8 @@ def _pending_closed(metrics: bytes) -> dict[str, float]:
     return out
 
 
-async def _stream_gaps(edge: Daemon, port: int, reload: bool) -> tuple[float, list[float]]:
-    """Run one streamed request; with ``reload``, SIGHUP the Edge at its 51st event.
+async def _stream_gaps(port: int, at_mark: Callable[[], object] | None = None) -> tuple[float, list[float]]:
+    """Run one streamed request; call ``at_mark`` at its 51st event (SIGHUP the Edge, start the control).
 
     Returns the time of the 51st event (``time.monotonic()``, as the Edge's
     :class:`LoopTracer` lines) and every event's arrival time.
@@ -514,12 +527,29 @@ async def _stream_gaps(edge: Daemon, port: int, reload: bool) -> tuple[float, li
                     break
                 arrivals.extend([time.monotonic()] * data.count(b"data: "))
                 if not mark and len(arrivals) > 50:
-                    if reload:
-                        edge.signal(signal.SIGHUP)
+                    if at_mark is not None:
+                        at_mark()
                     mark = time.monotonic()
                 if b"[DONE]" in data or b"0\r\n\r\n" in data:
                     break
     return mark, arrivals
+
+
+class _Spinner:
+    """:data:`SPINNER` started at idle priority in a session of its own, as the reload's reader is
+    (:func:`iop_edge._config_reader.lower_priority`); :meth:`stop` kills it."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(SPINNER, start_new_session=True)
+        lower_priority(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 _LOOP_LINE = re.compile(r"^bench-loop: ([0-9.]+) ([0-9.]+) (\d+) ([0-9.]+) (\S+) ([0-9.]+)", re.M)
@@ -595,12 +625,16 @@ def _reload_seconds(steps: str) -> float:
 
 async def _reload_stall(edge: Daemon, port: int, node0_log: pathlib.Path | None = None) -> dict[str, Any]:
     """The largest gap between two events of a running stream while the Edge reloads (SIGHUP),
-    against the same stream with no reload just after; where the Edge's time went.
+    against the same stream with no reload and with the control (:data:`SPINNER`) just after;
+    where the Edge's time went.
 
     The reload's window runs from the stream's 51st event, when the Edge gets
     the SIGHUP, to :data:`AFTER_RELOAD` after the reload ended (its steps'
-    total); the stream with no reload is measured over a window of the same
-    length, so the two maxima compare. ``covered`` says whether the stream
+    total); the stream with no reload, and the one with the spinner started at
+    its 51st event, are measured over windows of the same length, so the three
+    maxima compare. The spinner takes the CPU the reload's reader takes, at
+    the same priority, and nothing else: what the box itself adds to a stream
+    while some process uses its idle CPU. ``covered`` says whether the stream
     lasted the whole window. The Edge's log gives the reload's steps and its
     loop's longest batch in each window; node-0's log (``node0_log``) its send
     times, to tell the Edge's part of the largest gap from node-0's
@@ -609,10 +643,18 @@ async def _reload_stall(edge: Daemon, port: int, node0_log: pathlib.Path | None 
     reloads = edge.log.read_text(errors="replace").count("config reloaded")
     out: dict[str, Any] = {}
     window = 0.0
-    for key, reload in (("reload", True), ("baseline", False)):
+    spinner = _Spinner()
+    for key, at_mark in (
+        ("reload", lambda: edge.signal(signal.SIGHUP)),
+        ("baseline", None),
+        ("spinner", spinner.start),
+    ):
         sent_before = len(_sent_times(node0_log))
-        mark, arrivals = await _stream_gaps(edge, port, reload)
-        if reload:
+        try:
+            mark, arrivals = await _stream_gaps(port, at_mark)
+        finally:
+            spinner.stop()
+        if key == "reload":
             with trio.move_on_after(60):
                 while edge.log.read_text(errors="replace").count("config reloaded") <= reloads:
                     await trio.sleep(0.05)
@@ -851,17 +893,18 @@ def run(
     reload_only: bool = False,
     reloads: int = 1,
 ) -> dict[str, Any]:
-    """Measure every fleet size and wire version once (``runs`` is ignored: one pass takes minutes).
+    """Measure every fleet size and wire version once (``runs`` is ignored: one pass takes minutes),
+    the CPUs held out of deep idle meanwhile (:func:`benchmarks.awake.cpus_awake`).
 
     ``py_spy``: a py-spy binary; the Edge and the fleet are then profiled under
     each load (raw folded stacks in ``profile_dir``). ``extra``, ``reload_only``,
     ``reloads``: see :class:`Options`.
     """
     del runs
-    with tempfile.TemporaryDirectory(prefix="iop-scale-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="iop-scale-") as tmp, cpus_awake() as awake:
         profiler = Profiler(py_spy, profile_dir or pathlib.Path(tmp) / "profiles")
         options = Options(extra, reload_only, reloads)
-        return trio.run(_main, sizes, wires, pathlib.Path(tmp), profiler, options)
+        return {**trio.run(_main, sizes, wires, pathlib.Path(tmp), profiler, options), "cpus_awake": awake}
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
@@ -881,6 +924,9 @@ def table(result: dict[str, Any]) -> str:
     if "loadavg_before" in result:
         before, after = result["loadavg_before"], result["loadavg_after"]
         lines += ["", f"load average before {before[0]:.1f}, after {after[0]:.1f} (1 min)"]
+    if "cpus_awake" in result:
+        held = "held awake" if result["cpus_awake"] else "not held awake (no PM QoS here)"
+        lines += ["", f"CPUs {held} (benchmarks/awake.py); the fleet but node-0 at nice {FLEET_NICENESS}"]
     return "\n".join(lines)
 
 
@@ -954,7 +1000,7 @@ def _reload_only_table(rows: list[dict[str, Any]]) -> list[str]:
 def _reload_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
-        "| nodes | wire | stream's largest gap: no reload / reload (when the reload's fell, of the window) "
+        "| nodes | wire | stream's largest gap: no reload / idle spinner / reload (when the reload's fell, of the window) "
         "| Edge loop's longest batch (task, steps): "
         "no reload / reload | the largest gap taken apart, no reload / reload: node-0's own gap "
         "[node-0's largest anywhere in the window], "
@@ -968,7 +1014,8 @@ def _reload_table(rows: list[dict[str, Any]]) -> list[str]:
         for rel in r["reloads"]:
             lines.append(
                 f"| {r['nodes']:,} | v{r['wire']} "
-                f"| {rel['baseline_max_gap_ms']:.1f} / {rel['reload_max_gap_ms']:.1f} ms {_when(rel)} "
+                f"| {rel['baseline_max_gap_ms']:.1f} / {_fmt(rel.get('spinner_max_gap_ms'))} "
+                f"/ {rel['reload_max_gap_ms']:.1f} ms {_when(rel)} "
                 f"| {_hold(rel, 'baseline')} / {_hold(rel, 'reload')} "
                 f"| {_apart(rel['baseline_largest'])} / {_apart(rel['reload_largest'])} "
                 f"| {_loop_split(rel['baseline_loop_time'])} / {_loop_split(rel['reload_loop_time'])} "
@@ -980,7 +1027,7 @@ def _reload_table(rows: list[dict[str, Any]]) -> list[str]:
 def _when(reload: dict[str, Any]) -> str:
     """When the reload's largest gap ended, of its window (and whether a stream ended before its window did)."""
     at = reload["reload_largest"]["at_ms"]
-    short = [key for key in ("baseline", "reload") if not reload.get(f"{key}_covered", True)]
+    short = [key for key in ("baseline", "spinner", "reload") if not reload.get(f"{key}_covered", True)]
     return f"({_fmt(at and at / 1000, ' s')} of {reload.get('window_s', 0):.1f} s" + (
         f"; {' and '.join(short)} stream ended early)" if short else ")"
     )
