@@ -87,9 +87,9 @@ FLEET_NICENESS = 10
 """The ``nice`` value of the process of every node but node-0: it stands in for 9,999 other
 machines, whose CPU a real Edge's machine does not share, so it yields the CPU to the Edge, node-0
 and the client when they want it (see :class:`FleetProcess`)."""
-SPINNER = (sys.executable, "-c", "while True: pass")
+SPINNER = (sys.executable, "-c", "import os, sys\nwhile os.getppid() == int(sys.argv[1]): pass")
 """The control of the reload stall: a process that only uses the CPU, run as the reload's reader
-runs (idle priority, a session of its own)."""
+runs (idle priority, a session of its own); it ends by itself if the benchmark dies."""
 AFTER_RELOAD = 0.5
 """Seconds after the reload ended that its window of the stream still counts (its new objects'
 first collections, the reload's log line)."""
@@ -537,13 +537,14 @@ async def _stream_gaps(port: int, at_mark: Callable[[], object] | None = None) -
 
 class _Spinner:
     """:data:`SPINNER` started at idle priority in a session of its own, as the reload's reader is
-    (:func:`iop_edge._config_reader.lower_priority`); :meth:`stop` kills it."""
+    (:func:`iop_edge._config_reader.lower_priority`); :meth:`stop` kills it (it ends by itself
+    once this process is gone)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(SPINNER, start_new_session=True)
+        self.proc = subprocess.Popen([*SPINNER, str(os.getpid())], start_new_session=True)
         lower_priority(self.proc.pid)
 
     def stop(self) -> None:
