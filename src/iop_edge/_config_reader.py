@@ -41,7 +41,7 @@ import trio
 from iop_admission import ConfigError
 from iop_config import ConfigFileError
 
-from ._off_loop import bulk_work, drop_in_slices, references
+from ._off_loop import ATOMS, bulk_work, drop_in_slices, references
 from .config import EdgeConfig, load_edge_config
 
 NICENESS: Final = 19
@@ -54,8 +54,6 @@ a single object with more references (a table of every node) is a pickle of its 
 
 READ_TIMEOUT: Final = 120.0
 """Seconds the reader may take before the reload gives up on it (a file that never ends)."""
-
-_ATOMS: Final = (str, bytes, int, float, bool, type(None))
 
 _ERRORS, _PIECE, _TABLE, _ITEMS, _CONFIG = "errors", "piece", "table", "items", "config"
 
@@ -273,7 +271,7 @@ def messages(root: object, weight: int) -> Iterator[tuple[tuple[Any, ...], list[
     while stack:
         obj, expanded = stack.pop()
         if not expanded:
-            if type(obj) not in _ATOMS and id(obj) not in seen:
+            if type(obj) not in ATOMS and id(obj) not in seen:
                 seen.add(id(obj))
                 stack.append((obj, True))
                 stack.extend((child, False) for child in reversed(references(obj)))

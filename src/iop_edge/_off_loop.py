@@ -52,7 +52,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 import trio
@@ -287,6 +287,11 @@ class _Turns:
         self.go.release()
 
 
+ATOMS: Final = (str, bytes, int, float, bool, type(None))
+"""Objects that hold no reference to another: never walked (:func:`release_in_slices`, the config
+reader's pickles), freed with whatever holds them."""
+
+
 async def release_in_slices(holder: list[object], size: int = RELEASE_SLICE) -> None:
     """Free the object ``holder`` holds (``holder`` must hold its only reference), about ``size``
     objects per loop turn.
@@ -309,7 +314,7 @@ async def release_in_slices(holder: list[object], size: int = RELEASE_SLICE) -> 
     seen: set[int] = set()
     while stack:
         obj = stack.pop()
-        if type(obj) in _ATOMS or id(obj) in seen:
+        if type(obj) in ATOMS or id(obj) in seen:
             continue
         seen.add(id(obj))
         held.append(obj)
@@ -334,10 +339,6 @@ async def drop_in_slices(items: list[object], size: int = RELEASE_SLICE) -> None
     while items:
         await trio.lowlevel.checkpoint()
         del items[-size:]
-
-
-_ATOMS = (str, bytes, int, float, bool, type(None))
-"""Objects that hold no reference to another: freed with whatever holds them, never walked."""
 
 
 def references(obj: Any) -> list[Any]:
