@@ -94,7 +94,6 @@ import collections
 import errno
 import logging
 import math
-import re
 import select
 import socket
 import urllib.parse
@@ -105,9 +104,22 @@ import attrs
 import h11
 import trio
 
+from iop_http import (
+    CHUNKED,
+    ChunkedBody,
+    MalformedChunk,
+    Refusal,
+    RequestHead,
+    accept_head,
+    error_response,
+    find_head_end,
+    head_too_large,
+)
+
 from ._plain_http import PlainRequest, parse_plain, plain_response
 
-_ABSOLUTE_FORM: Final = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://")
+_MALFORMED_CHUNKS: Final = Refusal(400, "malformed chunked body")
+_UNREADABLE: Final = Refusal(400, "malformed request head")
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -583,6 +595,11 @@ class _Connection:
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._plain_request: PlainRequest | None = None  # the request in the plain lane (h11 has not seen it)
         self._plain_answered = False  # its whole answer went out in the plain lane
+        self._request_head: RequestHead | None = None  # iop_http's reading of the request in hand
+        self._chunks: ChunkedBody | None = None  # checks a chunked request body's framing as it is read
+        self._chunks_pending = b""  # the start of a chunk line not whole yet
+        self._continued = False  # 100 Continue went out for the request in hand
+        self._status = 0  # the status of the response in hand, once its head is encoded
         self._body_done = False
         self._suppress_body = False
         self._response_started = False
@@ -621,56 +638,109 @@ class _Connection:
 
     async def _next_request(self) -> h11.Request | PlainRequest | None:
         """The next request head (a whole plain request: :mod:`._plain_http`), or None when the connection
-        should end."""
+        should end.
+
+        Every head is accepted or refused by :func:`iop_http.accept_head` before any parser frames it:
+        the module decides where the body ends, and h11 (which reads the head only once the module
+        accepted it) frames the same bytes the same way. A refusal is answered and closes the connection.
+        """
         head_deadline = math.inf
         scheduled = self._resumed  # a schedule point passed for this request (a pause's wake-up)
         self._resumed = False
         conn = self.h11
-        # Nothing buffered (the usual case between keep-alive requests): no h11 event to learn it.
-        fresh = conn.their_state is h11.IDLE and conn.trailing_data == (b"", False)
+        self._chunks = None
+        max_head = self.limits.max_head_bytes
+        # Nothing buffered (the usual case between keep-alive requests): the plain lane may take the read.
+        fresh = conn.trailing_data == (b"", False)
+        buffered = b"" if fresh else conn.trailing_data[0]
         while True:
+            end = find_head_end(buffered)
+            if end >= 0:
+                break
+            refusal = head_too_large(buffered, max_head)
+            if refusal is not None:
+                await self._refuse_bytes(refusal)
+                return None
+            if conn.trailing_data[1]:
+                return None  # the client closed (mid-head or between requests)
+            if buffered and head_deadline == math.inf:
+                head_deadline = trio.current_time() + self.limits.header_timeout
+            self._unparsed = None  # h11 now holds more than the bytes read on the pause's end
+            # Bytes already there (a keep-alive client's next request usually is, by the time the
+            # previous one is done) are read without a timer; the schedule point follows the head.
+            data = self.transport.receive_nowait()
+            if data is None:
+                deadline = head_deadline
+                if deadline == math.inf:
+                    deadline = trio.current_time() + self.limits.keep_alive_timeout
+                data = await self._receive(deadline, "request head")
+                scheduled = True
             if fresh:
-                event: Any = h11.NEED_DATA
-            else:
-                try:
-                    event = conn.next_event()
-                except h11.RemoteProtocolError as exc:
-                    await self._protocol_error(exc)
-                    return None
-            if event is h11.NEED_DATA:
-                if head_deadline == math.inf and self.h11.trailing_data[0]:
-                    head_deadline = trio.current_time() + self.limits.header_timeout
-                self._unparsed = None  # h11 now holds more than the bytes read on the pause's end
-                # Bytes already there (a keep-alive client's next request usually is, by the time the
-                # previous one is done) are read without a timer; the schedule point follows the head.
-                data = self.transport.receive_nowait()
-                if data is None:
-                    deadline = head_deadline
-                    if deadline == math.inf:
-                        deadline = trio.current_time() + self.limits.keep_alive_timeout
-                    data = await self._receive(deadline, "request head")
-                    scheduled = True
-                if fresh:
-                    fresh = False
-                    plain = parse_plain(data, self.limits.max_head_bytes) if data else None
-                    if plain is not None:
-                        if not scheduled:
-                            await trio.lowlevel.checkpoint()  # one schedule point per request, as below
-                        self._plain_request = plain
-                        return plain
-                if data and head_deadline == math.inf:
-                    head_deadline = trio.current_time() + self.limits.header_timeout
-                conn.receive_data(data)
-                continue
-            if isinstance(event, h11.Request):
-                problem = _request_line_problem(event.method, event.target, event.http_version)
-                if problem is not None:
-                    await self._protocol_error(h11.RemoteProtocolError(problem, 400))
-                    return None
-                if not scheduled:
-                    await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
-                return event
-            return None  # ConnectionClosed (or PAUSED after a close)
+                fresh = False
+                plain = self._plain_lane(data)
+                if plain is not None:
+                    if not scheduled:
+                        await trio.lowlevel.checkpoint()  # one schedule point per request, as below
+                    return plain
+            if data and head_deadline == math.inf:
+                head_deadline = trio.current_time() + self.limits.header_timeout
+            conn.receive_data(data)
+            buffered = conn.trailing_data[0]
+        head = accept_head(buffered[:end], max_head)
+        if type(head) is Refusal:
+            await self._refuse_bytes(head)
+            return None
+        assert type(head) is RequestHead
+        if head.length == CHUNKED and not self._chunks_ok(buffered[end:]):
+            await self._refuse_bytes(_MALFORMED_CHUNKS)
+            return None
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:
+            event = None
+        if type(event) is not h11.Request:  # never, with the module's rules stricter than h11's
+            logger.warning("h11 refuses a request head iop_http accepted: closing the connection")
+            await self._refuse_bytes(_UNREADABLE)
+            return None
+        self._request_head = head
+        if not scheduled:
+            await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
+        return event
+
+    def _plain_lane(self, data: bytes) -> PlainRequest | None:
+        """``data``, a fresh read on an idle connection, as a whole plain request, or None to read it the
+        usual way."""
+        plain = parse_plain(data, self.limits.max_head_bytes)
+        if plain is not None:
+            self._request_head = plain.head
+            self._plain_request = plain
+        return plain
+
+    def _chunks_ok(self, data: bytes) -> bool:
+        """Start checking a chunked body's framing with the bytes after its head; False when malformed."""
+        self._chunks = ChunkedBody()
+        self._chunks_pending = b""
+        return self._check_chunks(data)
+
+    def _check_chunks(self, data: bytes) -> bool:
+        """Check the next bytes of a chunked request body (:class:`iop_http.ChunkedBody`), as h11 reads
+        them too: h11 takes chunk sizes iop_http refuses. False when the framing is malformed."""
+        chunks = self._chunks
+        if chunks is None or chunks.done:
+            return True
+        data = self._chunks_pending + data
+        try:
+            _, used = chunks.feed(data)
+        except MalformedChunk:
+            return False
+        self._chunks_pending = b"" if chunks.done else data[used:]
+        return True
+
+    async def _refuse_bytes(self, refusal: Refusal) -> None:
+        """Answer a request refused on its framing (fixed text) and end the connection."""
+        self.gone = True
+        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            await self.transport.send_all(error_response(refusal))
 
     async def _receive(self, deadline: float, what: str) -> bytes:
         with trio.move_on_at(deadline):
@@ -678,19 +748,6 @@ class _Connection:
         if what == "request head" and self.h11.trailing_data[0]:
             logger.info("client sent no complete request head within %.3g s: disconnecting", self.limits.header_timeout)
         raise _PeerGone
-
-    async def _protocol_error(self, exc: h11.RemoteProtocolError) -> None:
-        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            return
-        status = exc.error_status_hint if exc.error_status_hint >= 400 else 400
-        body = f"bad request: {exc}".encode()
-        headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]
-        try:
-            data = self.h11.send(h11.Response(status_code=status, headers=headers))
-            data += self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            return
-        await self._send_bytes(data)
 
     # -------------------------------------------------------------- the exchange
 
@@ -809,7 +866,7 @@ class _Connection:
         decided, self._let_through = self._let_through and unparsed is not None, False
         asked = self.refuse_head is not None and request.method != b"HEAD"
         if asked and not decided:
-            refused = self._decide(request.method, request.target, request.headers)
+            refused = self._decide(request.method, self._path(request), request.headers)
             if refused is not None:
                 return await self._refuse(*refused, request, unparsed)
         self._extensions[HEAD_LET_THROUGH] = asked
@@ -845,17 +902,16 @@ class _Connection:
                 event = conn.next_event()
         except h11.RemoteProtocolError:
             return None  # a malformed body: nothing to answer it with
-        if not isinstance(event, h11.EndOfMessage):
-            parts = (conn.send(e) or b"" for e in (response.event, h11.Data(data=response.body), h11.EndOfMessage()))
-            await self._send_bytes(b"".join(parts))
-            return until if await self._ready_for_next() else None
+        if not isinstance(event, h11.EndOfMessage):  # the body is not read: the connection cannot go on
+            await self._send_bytes(response.closing)
+            return None
         keep_alive = conn.their_state is h11.DONE  # MUST_CLOSE: HTTP/1.0, or connection: close
         await self._send_bytes(response.keep_alive if keep_alive else response.closing)
         if not keep_alive or self.gone:
             return None
         rest, closed = conn.trailing_data
         if unparsed is not None and not rest and not closed:
-            self.pacer.remember(unparsed, (request.method, request.target, request.headers))
+            self.pacer.remember(unparsed, (request.method, self._path(request), request.headers))
         self._booked(response)
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
         if rest:
@@ -863,6 +919,11 @@ class _Connection:
         if closed:
             self.h11.receive_data(b"")
         return until
+
+    def _path(self, request: h11.Request | PlainRequest) -> bytes:
+        """The origin-form target ``request`` is routed by (an absolute-form target's path and query)."""
+        head = self._request_head
+        return head.path if head is not None else request.target
 
     async def _respond(self, request: h11.Request | PlainRequest) -> float:
         """Call the app for ``request``; returns when the next request may be read (``PAUSE_READING``)."""
@@ -872,7 +933,9 @@ class _Connection:
         self._response_started = False
         self._chunked = False
         self._suppress_body = request.method == b"HEAD"
-        target = request.target.decode("latin-1")
+        self._continued = False
+        self._status = 0
+        target = self._path(request).decode("latin-1")
         path, _, query = target.partition("?")
         scope: dict[str, Any] = {
             "type": "http",
@@ -913,10 +976,17 @@ class _Connection:
             self._body_done = True
             return {"type": "http.request", "body": plain.body, "more_body": False}
         if self.h11.they_are_waiting_for_100_continue:
+            self._continued = True
             await self._send_bytes(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
         try:
             return await self._next_body_message()
-        except (_PeerGone, h11.RemoteProtocolError):
+        except _PeerGone:
+            self.gone = True
+            return _DISCONNECT
+        except (MalformedChunk, h11.RemoteProtocolError):
+            if not self._response_started:
+                self._response_started = True
+                await self._refuse_bytes(_MALFORMED_CHUNKS)
             self.gone = True
             return _DISCONNECT
 
@@ -924,7 +994,10 @@ class _Connection:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
-                self.h11.receive_data(await self._receive(trio.current_time() + self.limits.read_timeout, "body"))
+                data = await self._receive(trio.current_time() + self.limits.read_timeout, "body")
+                if not self._check_chunks(data):
+                    raise MalformedChunk("malformed chunked body")
+                self.h11.receive_data(data)
                 continue
             if isinstance(event, h11.Data):
                 return self._body_message(bytearray(event.data))
@@ -1019,6 +1092,7 @@ class _Connection:
         if self._head is not None:
             status, headers = self._head
             self._head = None
+            self._status = status
             parts.append(self.h11.send(_response(status, headers)) or b"")
         if body and not self._suppress_body:
             parts.append(self._framed(body))
@@ -1142,14 +1216,18 @@ class _Connection:
         if self.gone or self.h11.our_state is not h11.DONE:
             return False
         if self.h11.their_state is h11.SEND_BODY:
-            if self.h11.client_is_waiting_for_100_continue:
-                return False
+            head = self._request_head
+            if head is not None and head.expect_continue and not self._continued and head.length:
+                return False  # the client waits to send its body: what follows is not a next request
             try:
-                drained = 0
-                while self.h11.their_state is h11.SEND_BODY and drained <= DRAIN_LIMIT:
-                    message = await self._next_body_message()
-                    drained += len(message["body"])
-            except (_PeerGone, h11.RemoteProtocolError):
+                if self._status >= 400:  # a refusal keeps the connection only when its body is in hand
+                    self._body_message(bytearray())
+                else:
+                    drained = 0
+                    while self.h11.their_state is h11.SEND_BODY and drained <= DRAIN_LIMIT:
+                        message = await self._next_body_message()
+                        drained += len(message["body"])
+            except (_PeerGone, MalformedChunk, h11.RemoteProtocolError):
                 return False
         if self.h11.their_state is not h11.DONE:
             return False
@@ -1493,17 +1571,3 @@ async def serve_http(
     finally:
         for sock in sockets:
             sock.close()
-
-
-def _request_line_problem(method: bytes, target: bytes, http_version: bytes) -> str | None:
-    """What is wrong with a request line h11 read (it reads any ``HTTP/x.y`` and any target), or None.
-
-    HTTP/1.0 and 1.1 only; the target in origin form (``/path?query``),
-    absolute form (``http://host/path``) or, for ``OPTIONS``, ``*``
-    (RFC 9112, 3.2): anything else is answered 400 and the connection closed.
-    """
-    if http_version not in (b"1.0", b"1.1"):
-        return f"unsupported HTTP version {http_version.decode('latin-1')}"
-    if target.startswith(b"/") or (target == b"*" and method == b"OPTIONS") or _ABSOLUTE_FORM.match(target):
-        return None
-    return f"request target {target[:64].decode('latin-1')!r} is not a path"

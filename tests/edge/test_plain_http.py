@@ -1,4 +1,4 @@
-"""The listener's plain lane (``iop_edge._plain_http``): llhttp reads what h11 reads, the answers are the
+"""The listener's plain lane (``iop_edge._plain_http``): iop_http reads what h11 reads, the answers are the
 bytes h11 writes, and any other answer goes through h11 with the bytes that followed the request."""
 
 from __future__ import annotations
