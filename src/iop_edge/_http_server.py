@@ -644,11 +644,39 @@ class _Connection:
         the module decides where the body ends, and h11 (which reads the head only once the module
         accepted it) frames the same bytes the same way. A refusal is answered and closes the connection.
         """
+        self._chunks = None
+        read = await self._read_head()
+        if read is None or isinstance(read, PlainRequest):
+            return read
+        buffered, end, scheduled = read
+        head = accept_head(buffered[:end], self.limits.max_head_bytes)
+        if type(head) is Refusal:
+            await self._refuse_bytes(head)
+            return None
+        assert type(head) is RequestHead
+        if head.length == CHUNKED and not self._chunks_ok(buffered[end:]):
+            await self._refuse_bytes(_MALFORMED_CHUNKS)
+            return None
+        try:
+            event = self.h11.next_event()
+        except h11.RemoteProtocolError:
+            event = None
+        if type(event) is not h11.Request:  # never, with the module's rules stricter than h11's
+            logger.warning("h11 refuses a request head iop_http accepted: closing the connection")
+            await self._refuse_bytes(_UNREADABLE)
+            return None
+        self._request_head = head
+        if not scheduled:
+            await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
+        return event
+
+    async def _read_head(self) -> PlainRequest | tuple[bytes, int, bool] | None:
+        """Read until a whole head is buffered: (the buffered bytes, the head's length, whether a schedule
+        point passed), or a whole plain request, or None when the connection ends (a refusal sent)."""
         head_deadline = math.inf
         scheduled = self._resumed  # a schedule point passed for this request (a pause's wake-up)
         self._resumed = False
         conn = self.h11
-        self._chunks = None
         max_head = self.limits.max_head_bytes
         # Nothing buffered (the usual case between keep-alive requests): the plain lane may take the read.
         fresh = conn.trailing_data == (b"", False)
@@ -686,26 +714,7 @@ class _Connection:
                 head_deadline = trio.current_time() + self.limits.header_timeout
             conn.receive_data(data)
             buffered = conn.trailing_data[0]
-        head = accept_head(buffered[:end], max_head)
-        if type(head) is Refusal:
-            await self._refuse_bytes(head)
-            return None
-        assert type(head) is RequestHead
-        if head.length == CHUNKED and not self._chunks_ok(buffered[end:]):
-            await self._refuse_bytes(_MALFORMED_CHUNKS)
-            return None
-        try:
-            event = conn.next_event()
-        except h11.RemoteProtocolError:
-            event = None
-        if type(event) is not h11.Request:  # never, with the module's rules stricter than h11's
-            logger.warning("h11 refuses a request head iop_http accepted: closing the connection")
-            await self._refuse_bytes(_UNREADABLE)
-            return None
-        self._request_head = head
-        if not scheduled:
-            await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
-        return event
+        return buffered, end, scheduled
 
     def _plain_lane(self, data: bytes) -> PlainRequest | None:
         """``data``, a fresh read on an idle connection, as a whole plain request, or None to read it the

@@ -165,49 +165,72 @@ def accept_head(head: bytes, max_head_bytes: int = MAX_HEAD_BYTES) -> RequestHea
     path = _routed(method, target)
     if path is None:
         return _BAD_TARGET
-    headers: list[tuple[bytes, bytes]] = []
-    lengths: set[bytes] = set()
-    codings: list[bytes] = []
-    connection: list[bytes] = []
-    hosts = 0
-    expect_continue = False
-    for raw in lines[1:]:
-        name, colon, value = raw.partition(b":")
-        if _TOKEN.fullmatch(name) is None or not colon:
-            return _OBS_FOLD if raw[:1] in (b" ", b"\t") else _BAD_FIELD
-        name = name.lower()
-        value = value.strip(b" \t")
-        headers.append((name, value))
-        if name == b"content-length":
-            if _DIGITS.fullmatch(value) is None:
-                return _BAD_LENGTH
-            lengths.add(value.lstrip(b"0") or b"0")
-        elif name == b"transfer-encoding":
-            codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
-        elif name == b"host":
-            hosts += 1
-            if _HOST.fullmatch(value) is None:
-                return _BAD_HOST
-        elif name == b"connection":
-            connection.extend(c.strip(b" \t").lower() for c in value.split(b","))
-        elif name == b"expect":
-            expect_continue = value.lower() == b"100-continue"
-    if hosts > 1 or (hosts == 0 and http_version == b"1.1"):
+    fields = _Fields()
+    refusal = fields.read(lines)
+    if refusal is not None:
+        return refusal
+    if fields.hosts > 1 or (fields.hosts == 0 and http_version == b"1.1"):
         return _BAD_HOST
-    if codings:
-        if lengths:
-            return _LENGTH_AND_CODING
-        if http_version == b"1.0":
-            return _CODING_IN_1_0
-        if codings != [b"chunked"]:
-            return _CODING
-        length = CHUNKED
-    elif len(lengths) > 1:
-        return _LENGTHS_DIFFER
-    else:
-        length = int(lengths.pop()) if lengths else 0
-    keep_alive = http_version == b"1.1" and b"close" not in connection
-    return RequestHead(method, target, path, http_version, headers, length, keep_alive, expect_continue, size)
+    length = fields.length(http_version)
+    if type(length) is Refusal:
+        return length
+    assert type(length) is int
+    keep_alive = http_version == b"1.1" and b"close" not in fields.connection
+    return RequestHead(
+        method, target, path, http_version, fields.headers, length, keep_alive, fields.expect_continue, size
+    )
+
+
+@final
+class _Fields:
+    """The field lines of one head, and what the framing decision needs of them."""
+
+    __slots__ = ("headers", "lengths", "codings", "connection", "hosts", "expect_continue")
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.lengths: set[bytes] = set()
+        self.codings: list[bytes] = []
+        self.connection: list[bytes] = []
+        self.hosts = 0
+        self.expect_continue = False
+
+    def read(self, lines: list[bytes]) -> Refusal | None:
+        """Read the field lines (``lines[1:]``, the request line first); a refusal, or None."""
+        for raw in lines[1:]:
+            name, colon, value = raw.partition(b":")
+            if _TOKEN.fullmatch(name) is None or not colon:
+                return _OBS_FOLD if raw[:1] in (b" ", b"\t") else _BAD_FIELD
+            name = name.lower()
+            value = value.strip(b" \t")
+            self.headers.append((name, value))
+            if name == b"content-length":
+                if _DIGITS.fullmatch(value) is None:
+                    return _BAD_LENGTH
+                self.lengths.add(value.lstrip(b"0") or b"0")
+            elif name == b"transfer-encoding":
+                self.codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
+            elif name == b"host":
+                self.hosts += 1
+                if _HOST.fullmatch(value) is None:
+                    return _BAD_HOST
+            elif name == b"connection":
+                self.connection.extend(c.strip(b" \t").lower() for c in value.split(b","))
+            elif name == b"expect":
+                self.expect_continue = value.lower() == b"100-continue"
+        return None
+
+    def length(self, http_version: bytes) -> int | Refusal:
+        """The body's framing (RFC 9112 6.3, strictly): its length, :data:`CHUNKED`, or a refusal."""
+        if self.codings:
+            if self.lengths:
+                return _LENGTH_AND_CODING
+            if http_version == b"1.0":
+                return _CODING_IN_1_0
+            return CHUNKED if self.codings == [b"chunked"] else _CODING
+        if len(self.lengths) > 1:
+            return _LENGTHS_DIFFER
+        return int(self.lengths.pop()) if self.lengths else 0
 
 
 def _routed(method: bytes, target: bytes) -> bytes | None:
