@@ -37,9 +37,8 @@ CHUNKED: Final = -1
 
 _MAX_LENGTH_DIGITS: Final = 18  # below 2**63: a length every parser holds in a machine word
 _REQUEST_LINE: Final = re.compile(rb"([-!#$%&'*+.^_`|~0-9A-Za-z]+) ([\x21-\x7e]+) HTTP/([0-9])\.([0-9])")
-_TOKEN: Final = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
-_CONTROL: Final = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_BARE_CR_OR_LF: Final = re.compile(rb"\r(?!\n)|(?<!\r)\n")
+_FIELDS: Final = re.compile(rb"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*\r\n")
+"""Every field line well formed (a token, a colon, no control character but HTAB, CRLF), then the empty line."""
 _ABSOLUTE: Final = re.compile(rb"(?i:https?)://([^/?#]*)([^#]*)")
 _AUTHORITY: Final = re.compile(rb"[-A-Za-z0-9._~%!$&'()*+,;=:\[\]]*")
 _DIGITS: Final = re.compile(rb"[0-9]{1,%d}" % _MAX_LENGTH_DIGITS)
@@ -138,9 +137,12 @@ def head_too_large(data: bytes | bytearray, max_head_bytes: int = MAX_HEAD_BYTES
     """
     if len(data) > max_head_bytes:
         return _TOO_LARGE
-    if b"\n" in data and _BARE_CR_OR_LF.search(data[:-1] if data.endswith(b"\r") else data) is not None:
-        return _BARE
-    return None
+    return _BARE if _has_bare_cr_or_lf(data[:-1] if data.endswith(b"\r") else data) else None
+
+
+def _has_bare_cr_or_lf(data: bytes | bytearray) -> bool:
+    crlf = data.count(b"\r\n")
+    return data.count(b"\n") != crlf or data.count(b"\r") != crlf
 
 
 def accept_head(head: bytes, max_head_bytes: int = MAX_HEAD_BYTES) -> RequestHead | Refusal:
@@ -150,14 +152,12 @@ def accept_head(head: bytes, max_head_bytes: int = MAX_HEAD_BYTES) -> RequestHea
         return _TOO_LARGE
     if not head.endswith(b"\r\n\r\n"):
         return _NOT_A_HEAD
-    if _BARE_CR_OR_LF.search(head) is not None:
-        return _BARE
-    if _CONTROL.search(head) is not None:
-        return _BAD_FIELD
-    lines = head[:-4].split(b"\r\n")
-    line = _REQUEST_LINE.fullmatch(lines[0])
+    first = head.find(b"\r\n")
+    line = _REQUEST_LINE.fullmatch(head, 0, first)
     if line is None:
-        return _BAD_REQUEST_LINE
+        return _BARE if _has_bare_cr_or_lf(head) else _BAD_REQUEST_LINE
+    if _FIELDS.fullmatch(head, first + 2) is None:
+        return _malformed_fields(head[first + 2 :])
     method, target, major, minor = line.groups()
     if major != b"1" or minor not in (b"0", b"1"):
         return _VERSION
@@ -166,7 +166,7 @@ def accept_head(head: bytes, max_head_bytes: int = MAX_HEAD_BYTES) -> RequestHea
     if path is None:
         return _BAD_TARGET
     fields = _Fields()
-    refusal = fields.read(lines)
+    refusal = fields.read(head[first + 2 : -4].split(b"\r\n") if size > first + 4 else [])
     if refusal is not None:
         return refusal
     if fields.hosts > 1 or (fields.hosts == 0 and http_version == b"1.1"):
@@ -196,11 +196,9 @@ class _Fields:
         self.expect_continue = False
 
     def read(self, lines: list[bytes]) -> Refusal | None:
-        """Read the field lines (``lines[1:]``, the request line first); a refusal, or None."""
-        for raw in lines[1:]:
-            name, colon, value = raw.partition(b":")
-            if _TOKEN.fullmatch(name) is None or not colon:
-                return _OBS_FOLD if raw[:1] in (b" ", b"\t") else _BAD_FIELD
+        """Read the field lines (each a token, a colon and a value: :data:`_FIELDS`); a refusal, or None."""
+        for raw in lines:
+            name, _, value = raw.partition(b":")
             name = name.lower()
             value = value.strip(b" \t")
             self.headers.append((name, value))
@@ -231,6 +229,16 @@ class _Fields:
         if len(self.lengths) > 1:
             return _LENGTHS_DIFFER
         return int(self.lengths.pop()) if self.lengths else 0
+
+
+def _malformed_fields(fields: bytes) -> Refusal:
+    """Why the field lines of a head (from the line after the request line) are not well formed."""
+    if _has_bare_cr_or_lf(fields):
+        return _BARE
+    for raw in fields.split(b"\r\n"):
+        if raw[:1] in (b" ", b"\t"):
+            return _OBS_FOLD
+    return _BAD_FIELD
 
 
 def _routed(method: bytes, target: bytes) -> bytes | None:
