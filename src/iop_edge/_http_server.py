@@ -111,6 +111,8 @@ from iop_http import (
     Refusal,
     RequestHead,
     accept_head,
+    encode_chunk,
+    encode_response,
     error_response,
     find_head_end,
     head_too_large,
@@ -172,7 +174,7 @@ class ConnectionCounter:
 
 @final
 class CannedResponse:
-    """A whole response (head and body) that h11 encodes once; answering with it is one ``send``.
+    """A whole response (head and body) that :mod:`iop_http` encodes once; answering with it is one ``send``.
 
     Args:
         status: the status code.
@@ -182,34 +184,22 @@ class CannedResponse:
             looks at a paused connection again when its client was told to come back.
 
     ``keep_alive`` and ``closing`` are the bytes on the wire after a request
-    that keeps the connection open or asks to close it (h11 adds ``connection:
-    close`` to the latter), ``event`` the h11 event for a connection that must
-    still send it through h11.
+    that keeps the connection open or must close it (the latter with
+    ``connection: close``, as h11 writes it).
     """
 
-    __slots__ = ("status", "headers", "body", "retry_after", "event", "keep_alive", "closing")
+    __slots__ = ("status", "headers", "body", "retry_after", "keep_alive", "closing")
 
     def __init__(self, status: int, headers: Headers, body: bytes, retry_after: float | None = None) -> None:
         self.status = status
         self.headers = list(headers)
         self.body = body
         self.retry_after = retry_after
-        self.event = h11.Response(status_code=status, headers=self.headers, reason=b"")
-        self.keep_alive = _encoded(self.event, body, close=False)
-        self.closing = _encoded(self.event, body, close=True)
+        self.keep_alive = encode_response(status, self.headers, body)
+        self.closing = encode_response(status, self.headers, body, close=True)
 
     def __repr__(self) -> str:
         return f"<CannedResponse {self.status}, {len(self.keep_alive)} bytes>"
-
-
-def _encoded(event: h11.Response, body: bytes, *, close: bool) -> bytes:
-    """The bytes h11 sends for ``event`` and ``body`` in answer to a request that keeps (or closes) the connection."""
-    conn = h11.Connection(h11.SERVER)
-    ending = b"connection: close\r\n\r\n" if close else b"\r\n"
-    conn.receive_data(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n" + ending)
-    conn.next_event()  # the request
-    conn.next_event()  # its end (no body)
-    return b"".join(conn.send(e) or b"" for e in (event, h11.Data(data=body), h11.EndOfMessage()))
 
 
 HeadRefuser = Callable[[bytes, bytes, Headers], "tuple[CannedResponse, float] | None"]
@@ -1159,7 +1149,7 @@ class _Connection:
         if self.gone:
             return True
         if self._chunked:  # the common case, a relayed token: no h11 event, no state check
-            return not data or self.transport.write_nowait(b"%x\r\n%b\r\n" % (len(data), data))
+            return not data or self.transport.write_nowait(encode_chunk(data))
         if self._suppress_body or self.h11.our_state is not h11.SEND_BODY:
             return True
         try:
@@ -1182,9 +1172,9 @@ class _Connection:
         last chunk, and every body it does not frame as chunks.
         """
         if self._chunked:
-            return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+            return encode_chunk(data)
         framed = self.h11.send(h11.Data(data=data)) or b""
-        self._chunked = bool(data) and framed == b"%x\r\n%b\r\n" % (len(data), data)
+        self._chunked = bool(data) and framed == encode_chunk(data)
         return framed
 
     async def _send_bytes(self, data: bytes) -> None:

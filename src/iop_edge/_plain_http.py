@@ -26,15 +26,10 @@ exchange stays h11's:
 
 from __future__ import annotations
 
-import re
 from typing import Final, final
 
-from iop_http import CHUNKED, RequestHead, accept_head, find_head_end
+from iop_http import CHUNKED, RequestHead, accept_head, encode_head, find_head_end
 
-_TOKEN: Final = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
-"""A header name, as h11 validates it."""
-_FIELD_VALUE: Final = re.compile(rb"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?")
-"""A header value, as h11 validates it (no surrounding whitespace, no control characters)."""
 _REWRITTEN: Final = frozenset({b"connection", b"transfer-encoding", b"host"})
 """Response headers h11 rewrites or reorders: an answer with one goes through h11."""
 _NOT_PLAIN: Final = frozenset({b"expect", b"transfer-encoding", b"upgrade"})
@@ -93,7 +88,6 @@ def plain_response(status: int, headers: list[tuple[bytes, bytes]], body: bytes)
     """The bytes h11 writes for this whole answer to a plain request, or None when it would write others."""
     if status < 200 or status > 999 or status in _NO_BODY_STATUSES:
         return None
-    parts = [b"HTTP/1.1 %d \r\n" % status]
     framed = False
     for name, value in headers:
         if type(name) is not bytes or type(value) is not bytes:
@@ -105,11 +99,9 @@ def plain_response(status: int, headers: list[tuple[bytes, bytes]], body: bytes)
             framed = True
         elif lower in _REWRITTEN:
             return None
-        if _TOKEN.fullmatch(name) is None or _FIELD_VALUE.fullmatch(value) is None:
-            return None
-        parts.append(b"%b: %b\r\n" % (name, value))
     if not framed:
         return None
-    parts.append(b"\r\n")
-    parts.append(body)
-    return b"".join(parts)
+    try:
+        return encode_head(status, headers) + body  # checks each name and value as h11 does
+    except ValueError:
+        return None

@@ -15,7 +15,7 @@ generator ask the same code, and tests check every rule without a socket.
 """
 
 from .chunked import ChunkedBody, MalformedChunk
-from .encoding import LAST_CHUNK, encode_chunk, encode_head, encode_response, error_response
+from .encoding import LAST_CHUNK, encode_chunk, encode_head, encode_response, error_response, length_framed
 from .request_head import (
     CHUNKED,
     MAX_HEAD_BYTES,
@@ -41,4 +41,5 @@ __all__ = [
     "error_response",
     "find_head_end",
     "head_too_large",
+    "length_framed",
 ]

@@ -47,6 +47,12 @@ def encode_response(status: int, headers: Iterable[tuple[bytes, bytes]], body: b
     return encode_head(status, fields) + body
 
 
+def length_framed(body: bytes) -> bytes:
+    """The last field of a head, ``content-length``, the empty line and ``body``: a message's tail when
+    everything before it (request or status line and the other fields) is already encoded."""
+    return b"content-length: %d\r\n\r\n%b" % (len(body), body)
+
+
 def encode_chunk(data: bytes) -> bytes:
     """``data`` as one chunk of a chunked body (empty ``data``: nothing, which would end the body)."""
     return b"%x\r\n%b\r\n" % (len(data), data) if data else b""

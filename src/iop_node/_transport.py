@@ -61,6 +61,8 @@ import h11
 import httpx
 import trio
 
+from iop_http import length_framed
+
 from ._response import ResponseParser
 
 RECEIVE_SIZE = 64 * 1024
@@ -170,9 +172,9 @@ class PostRequests:
     def written(self, body: bytes) -> bytes:
         """The request that carries ``body``."""
         if self._head is not None:
-            return b"%bcontent-length: %d\r\n\r\n%b" % (self._head, len(body), body)
+            return self._head + length_framed(body)
         data = written(b"POST", self.url, [*self._headers, (b"content-length", b"%d" % len(body))], body)
-        tail = b"content-length: %d\r\n\r\n%b" % (len(body), body)
+        tail = length_framed(body)
         if data.endswith(tail):
             self._head = data[: -len(tail)]
         return data

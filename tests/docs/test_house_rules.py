@@ -157,3 +157,15 @@ def test_no_class_over_300_lines() -> None:
     large = large_classes()
     assert set(large) - LARGE_FOR_NOW == set(), large
     assert LARGE_FOR_NOW - set(large) == set(), "no longer large: remove from LARGE_FOR_NOW"
+
+
+def test_only_iop_http_writes_http_line_ends() -> None:
+    """HTTP/1.1 is encoded in one place (``iop_http``): no other module of ``src`` holds a CRLF literal."""
+    found = [
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path in sorted(SRC.rglob("*.py"))
+        if path.relative_to(SRC).parts[0] != "iop_http"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, bytes) and b"\r\n" in node.value
+    ]
+    assert not found, found
