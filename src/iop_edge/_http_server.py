@@ -1,9 +1,18 @@
 """The Edge's HTTP/1.1 listener: h11 on trio sockets, serving an ASGI-shaped app.
 
+**Framing** (:mod:`iop_http`): every request head is accepted or refused by
+:func:`iop_http.accept_head` before any parser frames it, and a chunked body
+is checked by :class:`iop_http.ChunkedBody` as it is read. The module's rules
+are stricter than h11's (``Content-Length`` beside ``Transfer-Encoding``,
+obs-fold, bare CR/LF, ``Content-Length`` spellings, chunk sizes past 2**64),
+so h11, reading only heads the module accepted, frames them the same way. A
+refusal (400, 431, 501, 505) is a fixed text answered with ``connection:
+close``, and the connection ends.
+
 **The plain lane** (:mod:`._plain_http`): a request that arrives whole in one
 read on a connection with nothing else buffered (a keep-alive client's small
 POST, the usual case) and is plain (HTTP/1.1, keep-alive, a ``content-length``
-body, no ``expect``, nothing after it) is read by llhttp instead of h11, and a
+body, no ``expect``, nothing after it) is read by :mod:`iop_http` alone, and a
 whole answer with a ``content-length`` is written as the bytes h11 writes for
 it; any other answer to it (a stream, an odd header) hands the request's bytes
 to h11 first, which answers it as any other. Every other request goes through
@@ -26,9 +35,11 @@ no websockets, no HTTP/2). What the listener guarantees:
 - **Bodies** (content-length or chunked) are read only when the app asks
   (``receive``), each read bounded by ``read_timeout``; ``expect:
   100-continue`` is answered with ``100 Continue`` at that moment, so a request
-  rejected before its body is read never makes the client send it. A body the
-  app did not read is drained (up to ``DRAIN_LIMIT`` bytes) to keep the
-  connection, or the connection closes.
+  rejected before its body is read never makes the client send it (and the
+  connection then closes). After a refusal (400 or more) the connection is kept
+  only when the body had arrived whole; after a success an unread body is
+  drained (up to ``DRAIN_LIMIT`` bytes) to keep the connection, or the
+  connection closes.
 - **Disconnect**: once the body is read, ``receive`` waits for the client to
   go away and then returns ``http.disconnect``. On a plain TCP connection the
   scope's ``iop.cancel_on_disconnect(cancel_scope)`` does the same watching
