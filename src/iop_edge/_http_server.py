@@ -76,7 +76,7 @@ no websockets, no HTTP/2). What the listener guarantees:
 - **Refusals on the head** (``refuse_head``): for each request head, before a
   scope is built or the app called, the listener asks ``refuse_head(method,
   target, headers)``; when it returns a :class:`CannedResponse` and a pause time,
-  that response goes out as bytes h11 encoded once, the body (if the client sent
+  that response goes out as bytes iop_http encoded once, the body (if the client sent
   it whole) is skipped, and the connection is paced as above. When a paused
   connection is due, the pacer's task reads it itself: if what the client sent
   is, byte for byte, a whole request h11 parsed and the listener refused before
@@ -891,8 +891,8 @@ class _Connection:
         A body already received whole is skipped and the pre-encoded bytes go out
         as they are; h11 then starts afresh on what follows (the next request,
         pipelined). A body still to come (or awaited behind ``100 Continue``)
-        leaves the exchange to h11: the response is sent through it and the body
-        drained as after any response. When the request was exactly the bytes
+        gets the response with ``connection: close`` and the connection ends: where
+        that body ends is the client's word only. When the request was exactly the bytes
         ``unparsed`` (read whole on a pause's end, nothing after them), the pacer
         remembers its head by them. A plain request (h11 has not seen it) is
         whole and keeps the connection: the pre-encoded bytes go out.
