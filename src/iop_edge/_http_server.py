@@ -42,12 +42,12 @@ no websockets, no HTTP/2). What the listener guarantees:
   connection closes.
 - **Disconnect**: once the body is read, ``receive`` waits for the client to
   go away and then returns ``http.disconnect``. On a plain TCP connection the
-  scope's ``iop.cancel_on_disconnect(cancel_scope)`` does the same watching
+  scope's ``cancel_on_disconnect(cancel_scope)`` (:class:`ConnectionHooks`) does the same watching
   without a task per request: the listener's one disconnect poller (an epoll
   set of its own, Linux; elsewhere one watcher task per connection, parked
   between requests) cancels ``cancel_scope`` if the client goes away before
   the app returns, or before the app's whole response went out through
-  ``iop.respond_nowait`` (bytes of a next request read meanwhile are kept
+  ``respond_nowait`` (bytes of a next request read meanwhile are kept
   for it).
 - **Accept**: each wake-up of the listener accepts every connection waiting
   (up to :data:`ACCEPT_BATCH`), where ``trio.serve_listeners`` accepts one per
@@ -60,8 +60,8 @@ no websockets, no HTTP/2). What the listener guarantees:
 - **Writes never wait on the client**: a plain TCP connection is driven as a
   non-blocking stdlib socket with trio's low-level waits; bytes go to the
   socket at once from whichever task has them (the scope's
-  ``iop.write_body_nowait`` lets a relay write body chunks from a node link's
-  reader, ``iop.respond_nowait`` a whole response), and what the socket does
+  ``write_body_nowait`` lets a relay write body chunks from a node link's
+  reader, ``respond_nowait`` a whole response), and what the socket does
   not take waits in the connection's
   buffer, written by a flusher task. A body chunk is refused past
   ``WRITE_BUFFER_LIMIT`` bytes waiting (the relay then drops the run);
@@ -85,7 +85,7 @@ no websockets, no HTTP/2). What the listener guarantees:
   waking the connection's task or parsing the bytes again; anything else is
   handed to the connection's task (a remembered request let through there is
   not asked about again: its task calls the app at once, with the scope
-  extension :data:`HEAD_LET_THROUGH` set, as for every request ``refuse_head``
+  hooks' ``head_let_through`` set, as for every request ``refuse_head``
   let through). A connection with nothing to read yet is
   looked at again by the pacer (:data:`RECHECK_AFTER`, up to :data:`RECHECKS`
   times, and once after the time its client was told to come back, when a
@@ -109,7 +109,7 @@ import select
 import socket
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, Protocol, final
 
 import attrs
 import h11
@@ -151,9 +151,35 @@ _DISCONNECT: Message = {"type": "http.disconnect"}
 PAUSE_READING = "iop.pause_reading"
 """Scope key: a time on trio's clock before which the connection's next request is not read (pacing)."""
 
-HEAD_LET_THROUGH = "iop.head_let_through"
-"""Scope extension: True when the listener asked ``refuse_head`` on this request's head and it
-was let through (the app need not ask again)."""
+CONNECTION = "iop.connection"
+"""Scope extension: the listener's :class:`ConnectionHooks` for this request (its one key in the scope)."""
+
+
+class ConnectionHooks(Protocol):
+    """What the listener offers the app beyond ASGI for one request: the out-of-band writes, the
+    disconnect hook and what ``refuse_head`` decided. The scope's ``extensions[CONNECTION]``."""
+
+    @property
+    def head_let_through(self) -> bool:
+        """The listener asked ``refuse_head`` on this request's head and it let it through."""
+        ...
+
+    @property
+    def can_watch_disconnect(self) -> bool:
+        """:meth:`cancel_on_disconnect` is available (a plain TCP connection)."""
+        ...
+
+    def write_body_nowait(self, data: bytes) -> bool:
+        """Write a chunk of the response body now, from any task; False when the client is too far behind."""
+        ...
+
+    def respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write a whole response now, from any task; False when nothing was written."""
+        ...
+
+    def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
+        """Cancel ``cancel_scope`` if the client goes away before the app returns."""
+        ...
 
 
 @attrs.frozen(kw_only=True)
@@ -606,12 +632,11 @@ class _Connection:
         self._response_started = False
         self._chunked = False  # h11 frames this response's body as chunks: later ones are framed alike
         self._watcher: _DisconnectWatcher | _PolledWatch | None = None
-        self._extensions: dict[str, Any] = {
-            "iop.write_body_nowait": self._write_body_nowait,
-            "iop.respond_nowait": self._respond_nowait,
-        }
-        if isinstance(transport, _SocketTransport):
-            self._extensions["iop.cancel_on_disconnect"] = self._cancel_on_disconnect
+        self.head_let_through = False
+        """:class:`ConnectionHooks`: ``refuse_head`` let the request in hand through."""
+        self.can_watch_disconnect = isinstance(transport, _SocketTransport)
+        """:class:`ConnectionHooks`: :meth:`cancel_on_disconnect` is available."""
+        self._extensions: dict[str, Any] = {CONNECTION: self}
 
     async def serve(self) -> None:
         """Serve requests until the client leaves, a limit trips or a response says close. Checkpoints."""
@@ -879,7 +904,7 @@ class _Connection:
             refused = self._decide(request.method, self._path(request), request.headers)
             if refused is not None:
                 return await self._refuse(*refused, request, unparsed)
-        self._extensions[HEAD_LET_THROUGH] = asked
+        self.head_let_through = asked
         until = await self._respond(request)
         return until if await self._ready_for_next() else None
 
@@ -1028,10 +1053,10 @@ class _Connection:
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return {"type": "http.request", "body": bytes(body), "more_body": True}  # NEED_DATA
 
-    def _cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
+    def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
         """Cancel ``cancel_scope`` if the client goes away before the app returns (never waits).
 
-        The scope's ``iop.cancel_on_disconnect`` extension (plain TCP connections
+        The scope's ``cancel_on_disconnect`` (:class:`ConnectionHooks`) extension (plain TCP connections
         only). Call it once the request body is read, and do not ``receive``
         meanwhile: the connection's watcher reads the socket until the app
         returns, keeping what it reads for the next request.
@@ -1111,14 +1136,14 @@ class _Connection:
             parts.append(self.h11.send(h11.EndOfMessage()) or b"")
         return b"".join(parts)
 
-    def _respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    def respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Write a whole response now, from any task (never waits).
 
-        The ``iop.respond_nowait`` extension of the scope: a relay whose whole
+        The ``respond_nowait`` extension of the scope: a relay whose whole
         answer arrives in another task (a node link's reader) writes it from
         there, without a task switch to the handler; the handler still returns
         as usual, and the connection reads its next request once every byte is
-        written. The request's disconnect watch (``iop.cancel_on_disconnect``)
+        written. The request's disconnect watch (``cancel_on_disconnect`` (:class:`ConnectionHooks`))
         ends here. ``headers`` must frame ``body`` (a ``content-length``).
 
         Returns:
@@ -1144,10 +1169,10 @@ class _Connection:
             self._watcher.stop()
         return True
 
-    def _write_body_nowait(self, data: bytes) -> bool:
+    def write_body_nowait(self, data: bytes) -> bool:
         """Write a chunk of the response body now, from any task (never waits).
 
-        The ``iop.write_body_nowait`` extension of the scope: for a relay that
+        The ``write_body_nowait`` extension of the scope: for a relay that
         gets the bytes in another task (a node link's reader) and wants them on
         the socket without a task switch. Call it only between the response
         head and the last body message, with nothing else writing meanwhile.

@@ -20,7 +20,7 @@ import trio.testing
 from edge.test_http_server import _read_response
 from edge.test_refuse_head import FULL
 from iop_edge._http_server import (
-    HEAD_LET_THROUGH,
+    CONNECTION,
     RECHECK_AFTER,
     RECHECKS,
     CannedResponse,
@@ -105,7 +105,7 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         seen.append(scope["path"])
-        let_through.append(scope["extensions"][HEAD_LET_THROUGH])
+        let_through.append(scope["extensions"][CONNECTION].head_let_through)
         while (await receive())["more_body"]:
             pass
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
