@@ -41,7 +41,8 @@ from iop_admission import (
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
-from ._http_server import CONNECTION, PAUSE_READING, CannedResponse, ConnectionHooks, Headers
+from ._http_pacing import Headers
+from ._http_server import CONNECTION, PAUSE_READING, CannedResponse, ConnectionHooks
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor

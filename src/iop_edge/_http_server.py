@@ -53,7 +53,7 @@ no websockets, no HTTP/2). What the listener guarantees:
   (up to :data:`ACCEPT_BATCH`), where ``trio.serve_listeners`` accepts one per
   scheduling round: when hundreds of clients connect within a second to a busy
   Edge, a round lasts milliseconds and the last of them waited seconds for their
-  accept (see :func:`accept_waiting`).
+  accept (:mod:`._http_accept`).
 - **Connection cap**: past ``max_connections`` open connections, a new one is
   closed at once (before a byte is read) -- the cheapest possible refusal.
 - A response head goes out with the first body chunk, in one send.
@@ -100,15 +100,12 @@ switch per write, as a stream needs).
 
 from __future__ import annotations
 
-import bisect
-import collections
-import errno
 import logging
 import math
 import select
 import socket
 import urllib.parse
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final, Protocol, final
 
 import attrs
@@ -129,6 +126,9 @@ from iop_http import (
     head_too_large,
 )
 
+from ._http_accept import accept_loop
+from ._http_pacing import PACING_QUANTUM, RECHECKS, TOLD_GRACE, Headers, Pacer, step_after
+from ._http_transport import PeerGone, SocketTransport, StreamTransport, Transport
 from ._plain_http import PlainRequest, parse_plain, plain_response
 
 _MALFORMED_CHUNKS: Final = Refusal(400, "malformed chunked body")
@@ -139,13 +139,11 @@ logger = logging.getLogger("iop_edge.http")
 Message = MutableMapping[str, Any]
 App = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Any]
 StreamWrapper = Callable[[trio.SocketStream], Awaitable[trio.abc.Stream]]
-Handler = Callable[[trio.SocketStream], Awaitable[None]]
-Headers = Sequence[tuple[bytes, bytes]]
 
 DRAIN_LIMIT = 64 * 1024
 """Unread request body bytes the listener reads and drops to keep a connection alive."""
 
-_RECEIVE_SIZE = 65536
+RECEIVE_SIZE = 65536
 _DISCONNECT: Message = {"type": "http.disconnect"}
 
 PAUSE_READING = "iop.pause_reading"
@@ -242,351 +240,6 @@ class CannedResponse:
 HeadRefuser = Callable[[bytes, bytes, Headers], "tuple[CannedResponse, float] | None"]
 """``refuse_head(method, target, headers)``: ``(response, pause until)`` to refuse a request on its head, or None."""
 
-PACING_QUANTUM = 0.005
-"""Seconds: paused connections due within this of each other are woken together (one timer wake-up)."""
-
-
-PACING_BATCH = 64
-"""Paused connections woken in one scheduling round, at most: a bunch due at once is answered
-over several rounds, with every other task (``/healthz``, admitted requests) running between them."""
-
-RECHECK_AFTER = 0.02
-"""Seconds after which the pacer looks again at a connection whose pause ended with nothing to read."""
-
-RECHECKS = 10
-"""Times the pacer looks again (:data:`RECHECK_AFTER` apart) before the connection's task waits for the socket."""
-
-TOLD_GRACE = 0.01
-"""Seconds after the time a refused client was told to come back (``Retry-After``) that the pacer
-looks at its connection once more, when its pause ended sooner and nothing came meanwhile."""
-
-REMEMBERED_HEADS = 256
-"""Refused requests the pacer remembers by their bytes, at most (:meth:`_Pacer.remember`)."""
-
-REMEMBERED_BYTES = 16 * 1024
-"""Longest request (head and body) the pacer remembers."""
-
-Head = tuple[bytes, bytes, Headers]
-"""A request head as ``refuse_head`` is asked about it: method, target, headers."""
-
-
-def _due(entry: list[Any]) -> float:
-    due: float = entry[0]
-    return due
-
-
-@final
-class _Pacer:
-    """The paused connections of one listener, woken at their times by one task.
-
-    A pause is an entry in a queue sorted by time (the Edge books return times
-    in order, so an entry is nearly always appended), not a timer per
-    connection: :meth:`run` sleeps until the earliest time, then resumes every
-    connection due within :data:`PACING_QUANTUM`, so a flood of paced refusals
-    costs one timer wake-up per batch, and each connection one task wake-up.
-    A batch larger than :data:`PACING_BATCH` is woken over several scheduling
-    rounds, so the loop never runs a whole bunch of refusals in one pass.
-
-    A pause may come with an ``answer`` callable, asked first when the pause is
-    due (with the time it was due): it returns a new time to stay paused until
-    (it answered the client itself, without its task, or will look again) or
-    None (wake the task). The requests refused
-    before, by their exact bytes, are kept here for those answers
-    (:meth:`remember`, :meth:`recall`).
-    """
-
-    __slots__ = ("queue", "timer", "heads")
-
-    def __init__(self) -> None:
-        self.queue: collections.deque[list[Any]] = collections.deque()  # [time, task or None, answer or None]
-        self.timer: trio.CancelScope | None = None
-        self.heads: dict[bytes, Head] = {}
-
-    def __repr__(self) -> str:
-        return f"<_Pacer {len(self.queue)} paused>"
-
-    def remember(self, request: bytes, head: Head) -> None:
-        """Keep ``head``, parsed from exactly the bytes ``request`` (a whole request, body included), refused."""
-        if len(request) <= REMEMBERED_BYTES and len(self.heads) < REMEMBERED_HEADS:
-            self.heads[request] = head
-
-    def recall(self, request: bytes) -> Head | None:
-        """The head remembered for exactly the bytes ``request``, or None."""
-        return self.heads.get(request)
-
-    async def pause(self, until: float, answer: Callable[[float], float | None] | None = None) -> None:
-        """Wait until ``until`` (trio's clock), or somewhat less (:data:`PACING_QUANTUM`); when due,
-        ``answer()`` (if given) may extend the pause by returning a later time. Checkpoints."""
-        entry: list[Any] = [until, trio.lowlevel.current_task(), answer]
-        self._enqueue(entry)
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            entry[1] = None  # the waker drops the entry
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
-
-    def _enqueue(self, entry: list[Any]) -> None:
-        until = entry[0]
-        queue = self.queue
-        if not queue or queue[-1][0] <= until:
-            queue.append(entry)
-        else:
-            queue.insert(bisect.bisect_right(queue, until, key=_due), entry)
-        timer = self.timer
-        if timer is not None and until < timer.deadline:
-            timer.deadline = until
-
-    async def run(self) -> None:
-        """Wake paused connections when due, until cancelled. Checkpoints."""
-        queue = self.queue
-        while True:
-            with trio.CancelScope(deadline=queue[0][0] if queue else math.inf) as timer:
-                self.timer = timer
-                await trio.sleep_forever()
-            self.timer = None
-            horizon = trio.current_time() + PACING_QUANTUM
-            woken = 0
-            while queue and queue[0][0] <= horizon:
-                entry = queue.popleft()
-                task, answer = entry[1], entry[2]
-                if task is None:
-                    continue
-                again = _answered(answer, entry[0]) if answer is not None else None
-                if again is not None and again > horizon:
-                    entry[0] = again  # answered without the task: paused again
-                    self._enqueue(entry)
-                else:
-                    trio.lowlevel.reschedule(task)
-                woken += 1
-                if woken == PACING_BATCH:  # the rest wake in the next scheduling round
-                    await trio.lowlevel.checkpoint()
-                    woken = 0
-
-
-def _step_after(due: float, at: float) -> float:
-    """The first of ``due`` plus whole :data:`RECHECK_AFTER` steps (one at least) later than ``at``."""
-    return due + max(1, math.floor((at - due) / RECHECK_AFTER) + 1) * RECHECK_AFTER
-
-
-def _answered(answer: Callable[[float], float | None], due: float) -> float | None:
-    """``answer(due)``; None (wake the task) if it raised: a paused connection must not stop the pacer."""
-    try:
-        return answer(due)
-    except Exception:
-        logger.exception("error while answering a paused connection: its task takes over")
-        return None
-
-
-class _PeerGone(Exception):
-    """The client closed, broke or stalled the connection."""
-
-
-WRITE_BUFFER_LIMIT = 256 * 1024
-"""Bytes waiting for one client past which a body chunk written without waiting is refused."""
-
-
-class _Transport:
-    """The bytes of one client connection, both ways, with an outgoing buffer.
-
-    :meth:`write_nowait` hands bytes to the operating system at once when
-    nothing is waiting before them (no task switch); what the socket does not
-    take waits in :attr:`pending`, written in order by a flusher task started in
-    the connection's nursery. So whoever has bytes for the client (the
-    connection's own task, or a node link's reader relaying a run) writes them
-    without waiting on the client, and a slow client costs only memory bounded
-    by :data:`WRITE_BUFFER_LIMIT`.
-    """
-
-    __slots__ = ("pending", "broken", "nursery", "_flushing", "_drained")
-
-    def __init__(self) -> None:
-        self.pending = bytearray()
-        self.broken = False
-        self.nursery: trio.Nursery | None = None  # set by the connection before any write
-        self._flushing = False
-        self._drained = trio.Event()
-
-    def write_nowait(self, data: bytes) -> bool:
-        """Write ``data`` after what is pending (never waits).
-
-        Returns:
-            False when the bytes waiting for the client exceed
-            :data:`WRITE_BUFFER_LIMIT` (``data`` is kept all the same).
-            A broken connection takes and drops everything.
-        """
-        if self.broken:
-            return True
-        if not self._flushing:
-            try:
-                sent = self._send_now(data)
-            except _PeerGone:
-                self.broken = True
-                return True
-            if sent == len(data):
-                return True
-            self.pending += memoryview(data)[sent:]
-            self._flushing = True
-            self._drained = trio.Event()
-            assert self.nursery is not None
-            self.nursery.start_soon(self._flush_pending)
-            return len(self.pending) <= WRITE_BUFFER_LIMIT
-        self.pending += data
-        return len(self.pending) <= WRITE_BUFFER_LIMIT
-
-    async def send_all(self, data: bytes) -> None:
-        """Write ``data`` and wait until every pending byte is written (or the client is gone).
-
-        Checkpoints only when the socket did not take everything at once.
-        Cancelled, the bytes stay pending and are still written in order.
-        """
-        self.write_nowait(data)
-        await self.wait_written()
-
-    async def wait_written(self) -> None:
-        """Wait until every pending byte is written (or the client is gone). Checkpoints only when it waits."""
-        if self._flushing:
-            await self._drained.wait()
-
-    async def wait_below_limit(self) -> None:
-        """Wait while more than :data:`WRITE_BUFFER_LIMIT` bytes wait for the client.
-
-        Checkpoints only when it waits.
-        """
-        while self._flushing and len(self.pending) > WRITE_BUFFER_LIMIT:
-            await self._drained.wait()
-
-    async def _flush_pending(self) -> None:
-        try:
-            await self._flush()
-        except _PeerGone:
-            self.broken = True
-            self.pending.clear()
-        finally:
-            self._flushing = False
-            self._drained.set()
-
-    def _send_now(self, data: bytes) -> int:
-        """Bytes of ``data`` the connection took without waiting (raises :class:`_PeerGone`)."""
-        raise NotImplementedError
-
-    async def _flush(self) -> None:
-        """Write :attr:`pending` until it is empty, waiting as needed (raises :class:`_PeerGone`)."""
-        raise NotImplementedError
-
-    async def receive_some(self) -> bytes:
-        """The next bytes from the client; ``b""`` at its end (raises :class:`_PeerGone`). Checkpoints."""
-        raise NotImplementedError
-
-    def receive_nowait(self) -> bytes | None:
-        """The bytes the client already sent (``b""`` at its end), or None if none wait (or, for a
-        stream, always). Never waits; raises :class:`_PeerGone`."""
-        return None
-
-    async def aclose(self) -> None:
-        """Close the connection. Checkpoints."""
-        raise NotImplementedError
-
-
-@final
-class _SocketTransport(_Transport):
-    """A plain TCP connection, driven as a non-blocking stdlib socket with trio's low-level waits.
-
-    Writing a body chunk is then one ``send`` system call from the task that has
-    the bytes; trio's ``SocketStream.send_all`` always reschedules its task too.
-    """
-
-    __slots__ = ("sock",)
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        super().__init__()
-        self.sock = socket.socket(fileno=stream.socket.detach())
-        self.sock.setblocking(False)
-
-    def _send_now(self, data: bytes) -> int:
-        try:
-            return self.sock.send(data)
-        except BlockingIOError:
-            return 0
-        except OSError:
-            raise _PeerGone from None
-
-    async def _flush(self) -> None:
-        pending = self.pending
-        while pending:
-            await trio.lowlevel.wait_writable(self.sock)
-            try:
-                sent = self.sock.send(pending)
-            except BlockingIOError:
-                continue
-            except OSError:
-                raise _PeerGone from None
-            del pending[:sent]
-
-    async def receive_some(self) -> bytes:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        waited = False
-        while True:
-            try:
-                data = self.sock.recv(_RECEIVE_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(self.sock)
-                waited = True
-                continue
-            except OSError:
-                raise _PeerGone from None
-            if not waited:
-                await trio.lowlevel.cancel_shielded_checkpoint()  # a schedule point, as trio's streams
-            return data
-
-    def receive_nowait(self) -> bytes | None:
-        try:
-            return self.sock.recv(_RECEIVE_SIZE)
-        except BlockingIOError:
-            return None
-        except OSError:
-            raise _PeerGone from None
-
-    async def aclose(self) -> None:
-        self.broken = True
-        trio.lowlevel.notify_closing(self.sock)
-        self.sock.close()
-        await trio.lowlevel.checkpoint()
-
-
-@final
-class _StreamTransport(_Transport):
-    """A connection spoken through a trio stream (TLS: a ``trio.SSLStream``); the flusher writes."""
-
-    __slots__ = ("stream",)
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        super().__init__()
-        self.stream = stream
-
-    def _send_now(self, data: bytes) -> int:
-        return 0  # a stream is written only by awaiting it: the flusher does
-
-    async def _flush(self) -> None:
-        while self.pending:
-            data = bytes(self.pending)
-            self.pending.clear()
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise _PeerGone from None
-
-    async def receive_some(self) -> bytes:
-        try:
-            # bytes() returns a plain socket's bytes as they are; TLS gives a bytearray.
-            return bytes(await self.stream.receive_some(_RECEIVE_SIZE))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise _PeerGone from None
-
-    async def aclose(self) -> None:
-        self.broken = True
-        await self.stream.aclose()
-
 
 @final
 class _Connection:
@@ -594,11 +247,11 @@ class _Connection:
 
     def __init__(
         self,
-        transport: _Transport,
+        transport: Transport,
         app: App,
         limits: HttpLimits,
         counter: ConnectionCounter,
-        pacer: _Pacer,
+        pacer: Pacer,
         refuse_head: HeadRefuser | None = None,
         disconnects: _DisconnectPoller | None = None,
     ) -> None:
@@ -617,7 +270,7 @@ class _Connection:
         self._let_through = False  # refuse_head let those bytes' request through already
         self._rechecks = 0  # times the pacer found nothing to read since the pause's end
         self._idle = False  # the pacer gave up looking: the task waits for the client's bytes
-        self._plain = isinstance(transport, _SocketTransport)  # a pause's end may be answered without the task
+        self._plain = isinstance(transport, SocketTransport)  # a pause's end may be answered without the task
         self._told = -math.inf  # when the last refused client was told to come back (Retry-After)
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._plain_request: PlainRequest | None = None  # the request in the plain lane (h11 has not seen it)
@@ -634,7 +287,7 @@ class _Connection:
         self._watcher: _DisconnectWatcher | _PolledWatch | None = None
         self.head_let_through = False
         """:class:`ConnectionHooks`: ``refuse_head`` let the request in hand through."""
-        self.can_watch_disconnect = isinstance(transport, _SocketTransport)
+        self.can_watch_disconnect = isinstance(transport, SocketTransport)
         """:class:`ConnectionHooks`: :meth:`cancel_on_disconnect` is available."""
         self._extensions: dict[str, Any] = {CONNECTION: self}
 
@@ -654,7 +307,7 @@ class _Connection:
                         await self._pause(until)
                         if self.gone:
                             return
-            except _PeerGone:
+            except PeerGone:
                 return
             finally:
                 nursery.cancel_scope.cancel()
@@ -782,7 +435,7 @@ class _Connection:
             return await self.transport.receive_some()
         if what == "request head" and self.h11.trailing_data[0]:
             logger.info("client sent no complete request head within %.3g s: disconnecting", self.limits.header_timeout)
-        raise _PeerGone
+        raise PeerGone
 
     # -------------------------------------------------------------- the exchange
 
@@ -812,20 +465,20 @@ class _Connection:
 
     async def _answer_when_readable(self) -> float | None:
         """Wait (up to ``keep_alive_timeout``) for the client's next bytes; :meth:`_answer_bytes` them."""
-        assert isinstance(self.transport, _SocketTransport)
+        assert isinstance(self.transport, SocketTransport)
         with trio.move_on_after(self.limits.keep_alive_timeout):
             while True:
                 await trio.lowlevel.wait_readable(self.transport.sock)
                 data = self.transport.receive_nowait()
                 if data is not None:
                     return self._answer_bytes(data)
-        raise _PeerGone
+        raise PeerGone
 
     def _answer_paused(self, due: float) -> float | None:
         """The pacer's answer when this connection's pause is ``due`` (runs in the pacer's task, never waits).
 
         Reads what the client sent. When it is exactly a request the listener
-        refused before (:meth:`_Pacer.recall`) and ``refuse_head`` refuses it
+        refused before (:meth:`Pacer.recall`) and ``refuse_head`` refuses it
         again, the refusal goes out here and the new pause time is returned:
         the connection's task sleeps on. When nothing came yet, the pacer looks
         again :data:`TOLD_GRACE` after the time its client was told to come
@@ -841,15 +494,15 @@ class _Connection:
             return None
         try:
             data = self.transport.receive_nowait()
-        except _PeerGone:
+        except PeerGone:
             data = b""
         if data is None:
             now = trio.current_time()
             if self._told + TOLD_GRACE > now + PACING_QUANTUM:  # told to come back later: look then
-                return _step_after(due, self._told + TOLD_GRACE)
+                return step_after(due, self._told + TOLD_GRACE)
             if self._rechecks < RECHECKS:  # late: look again soon
                 self._rechecks += 1
-                return _step_after(due, now + PACING_QUANTUM)
+                return step_after(due, now + PACING_QUANTUM)
             self._rechecks = 0
             self._idle = True  # the task waits for the client (:meth:`_answer_when_readable`)
             return None
@@ -996,7 +649,7 @@ class _Connection:
                 self._watcher.stop()
         await self.transport.wait_written()  # a response written without waiting (iop.respond_nowait)
         if self.h11.our_state is h11.SEND_BODY and not self.gone:
-            raise _PeerGone  # the app ended a response midway: the client cannot frame it
+            raise PeerGone  # the app ended a response midway: the client cannot frame it
         until: float = scope.get(PAUSE_READING, -math.inf)
         return until
 
@@ -1015,7 +668,7 @@ class _Connection:
             await self._send_bytes(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
         try:
             return await self._next_body_message()
-        except _PeerGone:
+        except PeerGone:
             self.gone = True
             return _DISCONNECT
         except (MalformedChunk, h11.RemoteProtocolError):
@@ -1039,7 +692,7 @@ class _Connection:
             if isinstance(event, h11.EndOfMessage):
                 self._body_done = True
                 return {"type": "http.request", "body": b"", "more_body": False}
-            raise _PeerGone  # ConnectionClosed mid-body
+            raise PeerGone  # ConnectionClosed mid-body
 
     def _body_message(self, body: bytearray) -> Message:
         """``body`` plus every chunk already buffered; ``more_body`` false if the end is buffered too."""
@@ -1065,7 +718,7 @@ class _Connection:
             cancel_scope.cancel()
             return
         if self._watcher is None:
-            assert self.transport.nursery is not None and isinstance(self.transport, _SocketTransport)
+            assert self.transport.nursery is not None and isinstance(self.transport, SocketTransport)
             if self.disconnects is not None:
                 self._watcher = _PolledWatch(self.disconnects, self, self.transport.sock)
             else:
@@ -1080,7 +733,7 @@ class _Connection:
                 await trio.sleep_forever()  # pipelined too far ahead: stop reading, keep the bytes
             try:
                 data = await self.transport.receive_some()
-            except _PeerGone:
+            except PeerGone:
                 data = b""
             if not data:
                 self.gone = True
@@ -1262,7 +915,7 @@ class _Connection:
                     while self.h11.their_state is h11.SEND_BODY and drained <= DRAIN_LIMIT:
                         message = await self._next_body_message()
                         drained += len(message["body"])
-            except (_PeerGone, MalformedChunk, h11.RemoteProtocolError):
+            except (PeerGone, MalformedChunk, h11.RemoteProtocolError):
                 return False
         if self.h11.their_state is not h11.DONE:
             return False
@@ -1343,7 +996,7 @@ def _read_while_watched(connection: _Connection, sock: socket.socket, watched: t
     marks the connection gone and cancels ``watched``.
     """
     try:
-        data = sock.recv(_RECEIVE_SIZE)
+        data = sock.recv(RECEIVE_SIZE)
     except BlockingIOError:
         return True
     except OSError:
@@ -1437,69 +1090,6 @@ class _PolledWatch:
                 pass
 
 
-ACCEPT_BATCH: Final = 256
-"""Connections the listener accepts in one wake-up at most; then the loop runs others and it looks again."""
-
-_ACCEPT_GIVEN_UP: Final = frozenset({errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT})
-"""``accept`` errors about one connection its client gave up (skipped, as trio's listener does)."""
-_ACCEPT_CAPACITY: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
-"""``accept`` errors of an exhausted process or system: the listener waits :data:`_ACCEPT_PAUSE` and tries again."""
-_ACCEPT_PAUSE: Final = 0.1
-
-
-def accept_waiting(listener: socket.socket, limit: int = ACCEPT_BATCH) -> list[socket.socket]:
-    """Every connection waiting on the non-blocking ``listener`` now (at most ``limit``), without waiting.
-
-    Why: ``trio.serve_listeners`` accepts ONE connection per scheduling round (its
-    ``accept`` yields after each success). Measured with ``benchmarks fleet`` on a
-    loaded box, 512 clients connecting within a second waited 0.8 s for their accept
-    at the median and 2.6 s at the 99th percentile, while the Edge's rounds were
-    busy relaying the streams already running. One wake-up here takes them all.
-
-    Raises:
-        OSError: ``accept`` failed otherwise than for one given-up connection (e.g.
-            ``EMFILE``), and nothing was accepted before it.
-    """
-    accepted: list[socket.socket] = []
-    while len(accepted) < limit:
-        try:
-            sock, _ = listener.accept()
-        except BlockingIOError:
-            break
-        except OSError as exc:
-            if exc.errno in _ACCEPT_GIVEN_UP:
-                continue
-            if accepted:
-                break  # the next call meets it again
-            raise
-        accepted.append(sock)
-    return accepted
-
-
-async def _accept_loop(listener: socket.socket, nursery: trio.Nursery, handle: Handler) -> None:
-    """Serve every connection to ``listener`` with ``handle`` in its own task of ``nursery``, until cancelled."""
-    while True:
-        await trio.lowlevel.wait_readable(listener)
-        try:
-            accepted = accept_waiting(listener)
-        except OSError as exc:
-            if exc.errno not in _ACCEPT_CAPACITY:
-                raise
-            logger.error("accept failed (%s); retrying in %g s", exc, _ACCEPT_PAUSE)
-            await trio.sleep(_ACCEPT_PAUSE)
-            continue
-        for sock in accepted:
-            nursery.start_soon(_serve_accepted, handle, sock)
-
-
-async def _serve_accepted(handle: Handler, sock: socket.socket) -> None:
-    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-    try:
-        await handle(stream)
-    finally:
-        await trio.aclose_forcefully(stream)
-
-
 _RESPONSES: dict[tuple[int, tuple[tuple[bytes, bytes], ...]], h11.Response] = {}
 _RESPONSES_MAX = 1024
 
@@ -1532,7 +1122,7 @@ class _Listener:
     app: App
     limits: HttpLimits
     connections: ConnectionCounter
-    pacer: _Pacer
+    pacer: Pacer
     disconnects: _DisconnectPoller | None
     wrap_stream: StreamWrapper | None
     refuse_head: HeadRefuser | None
@@ -1547,12 +1137,12 @@ class _Listener:
             return
         connections.open += 1
         try:
-            transport: _Transport
+            transport: Transport
             if self.wrap_stream is None:
-                transport = _SocketTransport(stream)
+                transport = SocketTransport(stream)
             else:
                 with trio.move_on_after(self.limits.header_timeout) as scope:
-                    transport = _StreamTransport(await self.wrap_stream(stream))
+                    transport = StreamTransport(await self.wrap_stream(stream))
                 if scope.cancelled_caught:
                     await trio.aclose_forcefully(stream)
                     return
@@ -1589,7 +1179,7 @@ async def serve_http(
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     connections = counter if counter is not None else ConnectionCounter(limits.max_connections)
-    pacer = _Pacer()
+    pacer = Pacer()
     disconnects = _DisconnectPoller() if _CAN_POLL else None
     handle = _Listener(app, limits, connections, pacer, disconnects, wrap_stream, refuse_head).handle
     bound = listeners[0].socket.getsockname()[1]
@@ -1601,7 +1191,7 @@ async def serve_http(
                 nursery.start_soon(disconnects.run)
             for sock in sockets:
                 sock.setblocking(False)
-                nursery.start_soon(_accept_loop, sock, nursery, handle)
+                nursery.start_soon(accept_loop, sock, nursery, handle)
             task_status.started(bound)  # listening already: connections queue
     finally:
         for sock in sockets:

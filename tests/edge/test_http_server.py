@@ -18,15 +18,15 @@ import trio.testing
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, h11_answer, running_edge
 from iop_edge import _http_server
+from iop_edge._http_accept import accept_waiting
 from iop_edge._http_server import (
     CONNECTION,
     PAUSE_READING,
-    WRITE_BUFFER_LIMIT,
     ConnectionCounter,
     HttpLimits,
-    accept_waiting,
     serve_http,
 )
+from iop_edge._http_transport import WRITE_BUFFER_LIMIT
 
 
 async def _read_response(stream: trio.SocketStream, buffer: bytearray) -> tuple[int, bytes, int]:

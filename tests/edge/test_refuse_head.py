@@ -16,15 +16,8 @@ import trio.testing
 
 from edge.harness import eventually
 from edge.test_http_server import _read_response
-from iop_edge._http_server import (
-    PACING_BATCH,
-    PACING_QUANTUM,
-    CannedResponse,
-    ConnectionCounter,
-    HttpLimits,
-    _Pacer,
-    serve_http,
-)
+from iop_edge._http_pacing import PACING_BATCH, PACING_QUANTUM, Pacer
+from iop_edge._http_server import CannedResponse, ConnectionCounter, HttpLimits, serve_http
 
 FULL = CannedResponse(
     429, [(b"content-type", b"text/plain"), (b"retry-after", b"1"), (b"content-length", b"4")], b"full"
@@ -43,7 +36,7 @@ async def test_paused_connections_wake_in_time_order_from_one_timer(
 ) -> None:
     """Each pause wakes at its time (an earlier one booked later moves the timer up); pauses due
     within ``PACING_QUANTUM`` of the first wake with it; a cancelled pause is dropped."""
-    pacer = _Pacer()
+    pacer = Pacer()
     woke: dict[str, float] = {}
     start = trio.current_time()
 
@@ -72,7 +65,7 @@ async def test_a_bunch_of_paused_connections_wakes_over_several_scheduling_round
     """[overload-ops] Connections due in one moment are woken at most ``PACING_BATCH`` per
     scheduling round: the first of a bunch run while the rest still wait, and other tasks (a
     ``/healthz``) get the loop between the rounds."""
-    pacer = _Pacer()
+    pacer = Pacer()
     waiting_when_woken: list[int] = []  # paused connections still queued when each one ran
     start = trio.current_time()
     bunch = 2 * PACING_BATCH + PACING_BATCH // 2
