@@ -11,11 +11,19 @@ generator ask the same code, and tests check every rule without a socket.
   either an accepted :class:`RequestHead` (its framing decided) or a
   :class:`Refusal` (status, reason, and whether the connection must close).
 - :mod:`.chunked`: :class:`ChunkedBody`, the strict decoder of a chunked body.
-- :mod:`.encoding`: response heads, whole answers, chunks and canned answers.
+- :mod:`.encoding`: requests, response heads, whole answers, chunks and canned answers.
 """
 
 from .chunked import ChunkedBody, MalformedChunk
-from .encoding import LAST_CHUNK, encode_chunk, encode_head, encode_response, error_response, length_framed
+from .encoding import (
+    LAST_CHUNK,
+    encode_chunk,
+    encode_head,
+    encode_request,
+    encode_response,
+    error_response,
+    length_framed,
+)
 from .request_head import (
     CHUNKED,
     MAX_HEAD_BYTES,
@@ -37,6 +45,7 @@ __all__ = [
     "accept_head",
     "encode_chunk",
     "encode_head",
+    "encode_request",
     "encode_response",
     "error_response",
     "find_head_end",

@@ -47,6 +47,21 @@ def encode_response(status: int, headers: Iterable[tuple[bytes, bytes]], body: b
     return encode_head(status, fields) + body
 
 
+def encode_request(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes = b"") -> bytes:
+    """A whole request: the request line, the fields (a ``content-length`` added when there is a body),
+    the empty line and ``body``. Names and values are checked as for an answer."""
+    parts = [b"%b %b HTTP/1.1\r\n" % (method, target)]
+    for name, value in headers:
+        if _NAME.fullmatch(name) is None or _VALUE.fullmatch(value) is None:
+            raise ValueError(f"invalid header field {name!r}")
+        parts.append(b"%b: %b\r\n" % (name, value))
+    if body:
+        parts.append(length_framed(body))
+    else:
+        parts.append(b"\r\n")
+    return b"".join(parts)
+
+
 def length_framed(body: bytes) -> bytes:
     """The last field of a head, ``content-length``, the empty line and ``body``: a message's tail when
     everything before it (request or status line and the other fields) is already encoded."""

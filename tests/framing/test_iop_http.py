@@ -17,8 +17,10 @@ from iop_http import (
     accept_head,
     encode_chunk,
     encode_head,
+    encode_request,
     encode_response,
     error_response,
+    find_head_end,
     head_too_large,
 )
 
@@ -106,3 +108,18 @@ def test_the_encoders_write_what_h11_writes() -> None:
         encode_head(200, [(b"x-a", b"b\r\nset-cookie: c")])
     refused = error_response(Refusal(400, "malformed request line"))
     assert refused.startswith(b"HTTP/1.1 400 \r\n") and refused.endswith(b"\r\n\r\nmalformed request line\n")
+
+
+@pytest.mark.req("http-framing")
+def test_an_encoded_request_is_accepted_as_it_was_meant() -> None:
+    data = encode_request(b"POST", b"/v1/chat/completions", [(b"host", b"edge"), (b"x-a", b"b")], b"{}")
+    end = find_head_end(data)
+    head = accept_head(data[:end])
+    assert isinstance(head, RequestHead) and (head.path, head.length, data[end:]) == (
+        b"/v1/chat/completions",
+        2,
+        b"{}",
+    )
+    assert encode_request(b"GET", b"/", [(b"host", b"x")]) == b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+    with pytest.raises(ValueError, match="invalid header"):
+        encode_request(b"GET", b"/", [(b"host", b"x\r\nx-smuggled: 1")])
