@@ -289,7 +289,8 @@ class _Connection:
         """:class:`ConnectionHooks`: ``refuse_head`` let the request in hand through."""
         self.can_watch_disconnect = isinstance(transport, SocketTransport)
         """:class:`ConnectionHooks`: :meth:`cancel_on_disconnect` is available."""
-        self._extensions: dict[str, Any] = {CONNECTION: self}
+        hooks: ConnectionHooks = self  # mypy checks the contract here
+        self._extensions: dict[str, Any] = {CONNECTION: hooks}
 
     async def serve(self) -> None:
         """Serve requests until the client leaves, a limit trips or a response says close. Checkpoints."""
