@@ -1,0 +1,159 @@
+"""The live queue page's cost ([queue-page]), in process, on one trio loop.
+
+- ``build``: one view (``Admission.snapshot`` + ``Admission.waiters`` + the view model + JSON)
+  at 1,000 providers with 1,000 waiters and with 10,000 waiters, against the reference
+  ``Admission.snapshot()`` alone (what ``/status`` reads) measured in the same run.
+- ``viewers``: the loop's CPU while 50 streams run at one update a second (the view changes
+  every second: waiters age), minus the same loop idle for as long, as a share of one core.
+  The streams write into in-memory ASGI sends: socket writes are not counted.
+
+Every provider is full (1,000 leases held), so every waiter waits.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from iop_edge._ui import QueuePage
+from iop_edge._ui_view import build_view
+from iop_edge.config import UiConfig
+
+NODES = 1_000
+MODELS = 10
+VIEWERS = 50
+WINDOW_S = 10.0
+
+
+@attrs.frozen
+class _Config:
+    ui: UiConfig
+    admin_token: str | None = None
+
+
+@attrs.frozen
+class _Parts:
+    config: _Config
+    admission: Admission
+
+
+def _pool(waiters: int) -> PoolConfig:
+    keys = [ProviderKey(f"node-{i:05d}", "gpu0") for i in range(NODES)]
+    spec = ProviderSpec(capacity=1, long_context_capacity=1, context_window_tokens=8192, total_context_tokens=8192)
+    per = NODES // MODELS
+    return PoolConfig(
+        policy=QueuePolicy(max_queue=waiters + NODES, queue_timeout=3600.0),
+        providers=dict.fromkeys(keys, spec),
+        models={f"model-{m}": ModelGroup(candidates=tuple(keys[m * per : (m + 1) * per])) for m in range(MODELS)},
+    )
+
+
+async def _hold(admission: Admission, model: str, done: trio.Event) -> None:
+    async with admission.lease(model):
+        await done.wait()
+
+
+async def _filled(nursery: trio.Nursery, waiters: int, done: trio.Event) -> Admission:
+    admission = Admission(_pool(waiters))
+    for i in range(NODES):
+        admission.connect(f"node-{i:05d}")
+    for i in range(NODES + waiters):
+        nursery.start_soon(_hold, admission, f"model-{i % MODELS}", done)
+    await trio.testing.wait_all_tasks_blocked()
+    assert admission.queue_depth == waiters
+    return admission
+
+
+def _median_ms(work: Any, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        work()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def _view(admission: Admission) -> bytes:
+    snapshot, waiters = admission.snapshot(), admission.waiters()
+    return json.dumps(build_view(snapshot, waiters, admission.config.models)).encode()
+
+
+async def _build(waiters: int, runs: int) -> dict[str, float]:
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        admission = await _filled(nursery, waiters, done)
+        snapshot_ms = _median_ms(admission.snapshot, runs)
+        view_ms = _median_ms(lambda: _view(admission), runs)
+        size = len(_view(admission))
+        done.set()
+    return {
+        "waiters": waiters,
+        "snapshot_ms": snapshot_ms,
+        "view_ms": view_ms,
+        "ratio": view_ms / snapshot_ms,
+        "bytes": size,
+    }
+
+
+async def _viewers() -> dict[str, float]:
+    done = trio.Event()
+    sent = [0]
+
+    async def send(message: dict[str, Any]) -> None:
+        sent[0] += len(message.get("body", b""))
+
+    async def receive() -> dict[str, Any]:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async with trio.open_nursery() as nursery:
+        admission = await _filled(nursery, NODES, done)
+        page = QueuePage(_Parts(_Config(UiConfig(enabled=True, viewer_token="t", max_viewers=VIEWERS)), admission))
+        idle_start, idle_cpu = time.perf_counter(), time.process_time()
+        await trio.sleep(WINDOW_S)
+        idle = (time.process_time() - idle_cpu) / (time.perf_counter() - idle_start)
+        scope = {"type": "http", "method": "GET", "path": "/ui/stream", "query_string": b"token=t", "headers": []}
+        for _ in range(VIEWERS):
+            nursery.start_soon(page, dict(scope), receive, send)
+        await trio.sleep(1.0)  # every stream has sent its first view
+        start, cpu, bytes_before = time.perf_counter(), time.process_time(), sent[0]
+        await trio.sleep(WINDOW_S)
+        busy = (time.process_time() - cpu) / (time.perf_counter() - start)
+        rate = (sent[0] - bytes_before) / WINDOW_S
+        done.set()
+    return {"viewers": VIEWERS, "idle_core_pct": idle * 100, "core_pct": (busy - idle) * 100, "bytes_per_s": rate}
+
+
+def run(runs: int = 5) -> dict[str, Any]:
+    """The figures (``runs`` timings per build figure, median)."""
+
+    async def main() -> dict[str, Any]:
+        return {
+            "nodes": NODES,
+            "build": [await _build(1_000, max(runs, 5)), await _build(10_000, max(runs, 5))],
+            "viewers": await _viewers(),
+        }
+
+    return trio.run(main)
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"queue page, {result['nodes']:,} providers (all full)"]
+    for b in result["build"]:
+        lines.append(
+            f"  one view, {b['waiters']:,} waiters: {b['view_ms']:.1f} ms ({b['bytes']:,} bytes);"
+            f" snapshot alone {b['snapshot_ms']:.1f} ms; ratio {b['ratio']:.2f}"
+        )
+    v = result["viewers"]
+    lines.append(
+        f"  {v['viewers']} viewers at 1 update/s, 1,000 waiters: {v['core_pct']:.2f} % of a core"
+        f" (idle loop {v['idle_core_pct']:.2f} %), {v['bytes_per_s'] / 1000:,.0f} kB/s written"
+    )
+    return "\n".join(lines)
