@@ -7,18 +7,15 @@ and the provider counters describe one instant of the state admission decides on
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import final
-
-import attrs
+from typing import NamedTuple
 
 from ._config import ModelGroup, ProviderKey
 from ._state import Waiter
 
 
-@final
-@attrs.frozen
-class WaiterSnapshot:
-    """One queued request as admission sees it: never its body.
+class WaiterSnapshot(NamedTuple):
+    """One queued request as admission sees it: never its body. A named tuple: 10,000 of
+    them are made in a few milliseconds.
 
     ``position`` counts from 1 among the queued requests of the same model key
     and kind (normal or long) in arrival order: the order in which they are
@@ -49,14 +46,15 @@ def waiter_snapshots(
     """
     positions: dict[tuple[str, bool], int] = {}
     found: list[WaiterSnapshot] = []
+    shared = {name: group.candidates for name, group in models.items()}
     for order, w in enumerate(sorted(waiters, key=_seq), start=1):
-        kind = (w.model, w.long)
-        position = positions.get(kind, 0) + 1
-        positions[kind] = position
-        age = max(0.0, now - w.enqueue_time)
-        group = models.get(w.model)
-        candidates = group.candidates if group is not None and not w.tried else w.candidates
-        found.append(WaiterSnapshot(w.seq, order, position, w.model, w.long, age, w.attempt, candidates))
+        model, long = w.model, w.long
+        position = positions[model, long] = positions.get((model, long), 0) + 1
+        candidates = w.candidates if w.tried or model not in shared else shared[model]
+        age = now - w.enqueue_time
+        found.append(
+            WaiterSnapshot(w.seq, order, position, model, long, age if age > 0 else 0.0, w.attempt, candidates)
+        )
     return tuple(found)
 
 

@@ -10,8 +10,9 @@ viewer token (``Authorization: Bearer`` or ``?token=``, since a browser's
 Every ``ui.update_interval_ms`` a stream reads the view for its filter and
 sends it when it changed (a comment line every 15 s keeps proxies from closing
 an idle stream). A view is built once per interval and filter, whatever the
-number of viewers: on the loop, in one synchronous step (``Admission.snapshot``
-and ``Admission.waiters`` together), capped in rows (:mod:`._ui_view`).
+number of viewers: the state is read on the loop in one synchronous step
+(``Admission.snapshot`` and ``Admission.waiters`` together), the view model
+(:mod:`._ui_view`, capped in rows) and its JSON are made in a worker thread.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import trio
 
 from iop_admission import Admission
 
+from ._off_loop import run_off_loop, yield_to_loop
 from ._ui_view import ViewFilter, ViewLimits, build_view
 from .config import EdgeConfig
 
@@ -76,6 +78,7 @@ class QueuePage:
         self._parts = parts
         self._page: tuple[bytes, bytes] | None = None  # read from the package on first use
         self._views: dict[ViewFilter, tuple[float, bytes]] = {}
+        self._building: dict[ViewFilter, trio.Event] = {}
         self.viewers = 0
         """Streams running now."""
 
@@ -131,7 +134,7 @@ class QueuePage:
         quiet_since = trio.current_time()
         while True:
             interval = self._parts.config.ui.update_interval_ms / 1000
-            view = self.view(wanted)
+            view = await self.view(wanted)
             now = trio.current_time()
             if view != sent:
                 await send({"type": "http.response.body", "body": b"data: " + view + b"\n\n", "more_body": True})
@@ -141,22 +144,41 @@ class QueuePage:
                 quiet_since = now
             await trio.sleep(interval)
 
-    def view(self, wanted: ViewFilter) -> bytes:
-        """The view for ``wanted`` as JSON: built at most once per update interval, shared by its viewers."""
-        now = trio.current_time()
-        ui = self._parts.config.ui
-        cached = self._views.get(wanted)
-        if cached is not None and now - cached[0] < ui.update_interval_ms / 2000:
-            return cached[1]
-        admission = self._parts.admission
-        snapshot, waiters = admission.snapshot(), admission.waiters()  # one step: one instant
-        limits = ViewLimits(providers=ui.max_provider_rows, waiters=ui.max_waiter_rows)
-        document = build_view(snapshot, waiters, admission.config.models, wanted=wanted, limits=limits)
-        body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
-        if len(self._views) >= _CACHE_MAX:
-            self._views.clear()
-        self._views[wanted] = (now, body)
-        return body
+    async def view(self, wanted: ViewFilter) -> bytes:
+        """The view for ``wanted`` as JSON: built at most once per update interval, shared by its viewers.
+
+        The state is read on the loop in one step; the view model and the JSON are made
+        in a worker thread that yields to the loop as it goes (:func:`run_off_loop`).
+        """
+        while True:
+            now = trio.current_time()
+            ui = self._parts.config.ui
+            cached = self._views.get(wanted)
+            if cached is not None and now - cached[0] < ui.update_interval_ms / 2000:
+                return cached[1]
+            building = self._building.get(wanted)
+            if building is None:
+                break
+            await building.wait()  # another viewer of this filter builds it
+        self._building[wanted] = done = trio.Event()
+        try:
+            admission = self._parts.admission
+            snapshot, waiters = admission.snapshot(), admission.waiters()  # one step: one instant
+            models = admission.config.models
+            limits = ViewLimits(providers=ui.max_provider_rows, waiters=ui.max_waiter_rows)
+
+            def work() -> bytes:
+                document = build_view(snapshot, waiters, models, wanted=wanted, limits=limits, pause=yield_to_loop)
+                return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+            body = await run_off_loop(work)
+            if len(self._views) >= _CACHE_MAX:
+                self._views.clear()
+            self._views[wanted] = (trio.current_time(), body)
+            return body
+        finally:
+            del self._building[wanted]
+            done.set()
 
 
 _PRIVATE = (

@@ -13,7 +13,7 @@ tokens are not part of its inputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, final
 
 import attrs
@@ -28,6 +28,8 @@ REASONS: Mapping[str, str] = {
 }
 """Why a request waits, by code, as the page explains it. Tenants and bands do not exist
 yet: a tenant's quota and a higher band ahead are not among the reasons."""
+
+_PAUSE_EVERY = 2000  # waiters between two calls of ``pause``
 
 DEFAULT_TENANT = "default"
 """The tenant every request belongs to until tenants exist."""
@@ -89,8 +91,13 @@ def build_view(
     *,
     wanted: ViewFilter = ViewFilter(),
     limits: ViewLimits = ViewLimits(),
+    pause: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """The page's view of one instant: totals, providers, model keys, waiters and why they wait."""
+    """The page's view of one instant: totals, providers, model keys, waiters and why they wait.
+
+    ``pause`` is called every few thousand items (the Edge passes ``yield_to_loop`` when it
+    builds the view in a worker thread).
+    """
     by_key = {ProviderKey(p.node_id, p.provider_id): p for p in snapshot.providers}
     models_of: dict[ProviderKey, set[str]] = {}
     for name, group in models.items():
@@ -107,11 +114,17 @@ def build_view(
             found = reasons[kind] = wait_reason((by_key[k] for k in w.candidates if k in by_key), w.long)
         return found
 
+    step = pause or _no_pause
+    waiting, oldest = _waiting_by_model(waiters, step)
+    totals = _totals(snapshot)
+    step()
+    providers = _providers(snapshot, frozen_models, wanted, limits)
+    step()
     return {
-        "totals": _totals(snapshot),
-        "providers": _providers(snapshot, frozen_models, wanted, limits),
-        "models": _models(models, waiters, by_key, wanted, limits),
-        "waiters": _waiters(waiters, reason, wanted, limits),
+        "totals": totals,
+        "providers": providers,
+        "models": _models(models, waiting, oldest, by_key, wanted, limits),
+        "waiters": _waiters(waiters, reason, wanted, limits, step),
         "reasons": dict(REASONS),
         "panic": list(snapshot.panic),
     }
@@ -165,19 +178,37 @@ def _providers(
     return {"rows": rows, "matched": matched, "left_out": matched - len(rows)}
 
 
+def _no_pause() -> None:
+    pass
+
+
+def _waiting_by_model(
+    waiters: tuple[WaiterSnapshot, ...], step: Callable[[], None]
+) -> tuple[dict[str, list[int]], dict[str, float]]:
+    """Per model key: ``[normal, long]`` waiting, and the oldest wait."""
+    waiting: dict[str, list[int]] = {}
+    oldest: dict[str, float] = {}
+    for i, w in enumerate(waiters):
+        if not i % _PAUSE_EVERY:
+            step()
+        counts = waiting.get(w.model)
+        if counts is None:
+            counts = waiting[w.model] = [0, 0]
+            oldest[w.model] = w.age
+        elif w.age > oldest[w.model]:  # a retry queued later may have waited longer
+            oldest[w.model] = w.age
+        counts[w.long] += 1
+    return waiting, oldest
+
+
 def _models(
     models: Mapping[str, ModelGroup],
-    waiters: tuple[WaiterSnapshot, ...],
+    waiting: Mapping[str, list[int]],
+    oldest: Mapping[str, float],
     by_key: Mapping[ProviderKey, ProviderSnapshot],
     wanted: ViewFilter,
     limits: ViewLimits,
 ) -> list[dict[str, Any]]:
-    waiting: dict[str, list[int]] = {}
-    oldest: dict[str, float] = {}
-    for w in waiters:
-        counts = waiting.setdefault(w.model, [0, 0])
-        counts[w.long] += 1
-        oldest[w.model] = max(oldest.get(w.model, 0.0), w.age)
     rows = []
     for name, group in models.items():
         if wanted.model and name != wanted.model:
@@ -201,15 +232,19 @@ def _models(
 
 def _waiters(
     waiters: tuple[WaiterSnapshot, ...],
-    reason: Any,
+    reason: Callable[[WaiterSnapshot], str],
     wanted: ViewFilter,
     limits: ViewLimits,
+    step: Callable[[], None],
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    counts: dict[str, int] = {}
-    matched = 0
+    # Waiters counted per candidate tuple and kind (one reason each), a sample of each kept.
+    kinds: dict[tuple[int, bool], list[Any]] = {}
     on_node: dict[int, bool] = {}  # by candidate tuple, shared by the waiters of a model key
-    for w in waiters:
+    matched = 0
+    for i, w in enumerate(waiters):
+        if not i % _PAUSE_EVERY:
+            step()
         if wanted.model and w.model != wanted.model:
             continue
         if wanted.node:
@@ -219,8 +254,11 @@ def _waiters(
             if not near:
                 continue
         matched += 1
-        why = reason(w)
-        counts[why] = counts.get(why, 0) + 1
+        kind = kinds.get((id(w.candidates), w.long))
+        if kind is None:
+            kinds[id(w.candidates), w.long] = [w, 1]
+        else:
+            kind[1] += 1
         if len(rows) < limits.waiters:
             rows.append(
                 {
@@ -231,7 +269,11 @@ def _waiters(
                     "age": round(w.age, 1),
                     "attempt": w.attempt,
                     "tenant": DEFAULT_TENANT,
-                    "reason": why,
+                    "reason": reason(w),
                 }
             )
+    counts: dict[str, int] = {}
+    for sample, count in kinds.values():
+        why = reason(sample)
+        counts[why] = counts.get(why, 0) + count
     return {"rows": rows, "matched": matched, "left_out": matched - len(rows), "by_reason": counts}

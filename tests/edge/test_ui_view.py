@@ -136,7 +136,15 @@ def test_large_fleet_is_aggregated_within_the_limits():
     candidates = tuple(keys)  # as the core hands them: one tuple per model key
     models = {BIG: ModelGroup(candidates=candidates)}
     waiters = tuple(WaiterSnapshot(i, i, i, BIG, False, 0.5, 1, candidates) for i in range(1, 10_001))
-    view = build_view(snapshot(*providers, depth=10_000), waiters, models, limits=ViewLimits(providers=50, waiters=20))
+    pauses: list[None] = []
+    view = build_view(
+        snapshot(*providers, depth=10_000),
+        waiters,
+        models,
+        limits=ViewLimits(providers=50, waiters=20),
+        pause=lambda: pauses.append(None),
+    )
+    assert len(pauses) >= 10  # a builder in a worker thread lets the loop in as it goes
     assert view["totals"]["health"]["offline"] == 1000
     assert view["totals"]["in_flight"] == 10_000
     assert (len(view["providers"]["rows"]), view["providers"]["matched"], view["providers"]["left_out"]) == (
