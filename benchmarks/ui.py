@@ -6,7 +6,8 @@
   ``Admission.snapshot()`` alone (what ``/status`` reads) measured in the same run.
 - ``viewers``: the loop's CPU while 50 streams run at one update a second (the view changes
   every second: waiters age), minus the same loop idle for as long, as a share of one core.
-  The streams write into in-memory ASGI sends: socket writes are not counted.
+  The streams write to loopback sockets that a child process reads (the Edge's socket writes
+  are counted, the readers' CPU is not; no HTTP framing).
 
 Every provider is full (1,000 leases held), so every waiter waits.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -110,16 +112,26 @@ async def _build(waiters: int, runs: int) -> dict[str, float]:
     }
 
 
+_DRAIN = """
+import selectors, socket, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
+picker = selectors.DefaultSelector()
+for _ in range(count):
+    picker.register(socket.create_connection(("127.0.0.1", port)), selectors.EVENT_READ)
+open_ = count
+while open_:
+    for key, _ in picker.select():
+        if not key.fileobj.recv(1 << 20):
+            picker.unregister(key.fileobj)
+            open_ -= 1
+"""
+"""The viewers' side: a child process that connects and reads every stream until it ends."""
+
+
 async def _viewers() -> dict[str, float]:
+    """50 streams written to loopback sockets read by a child process (its CPU is not counted)."""
     done = trio.Event()
     sent = [0]
-
-    async def send(message: dict[str, Any]) -> None:
-        sent[0] += len(message.get("body", b""))
-
-    async def receive() -> dict[str, Any]:
-        await done.wait()
-        return {"type": "http.disconnect"}
 
     async with trio.open_nursery() as nursery:
         admission = await _filled(nursery, NODES, done)
@@ -127,15 +139,35 @@ async def _viewers() -> dict[str, float]:
         idle_start, idle_cpu = time.perf_counter(), time.process_time()
         await trio.sleep(WINDOW_S)
         idle = (time.process_time() - idle_cpu) / (time.perf_counter() - idle_start)
+        (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listener.socket.getsockname()[1]
+        drain = await trio.lowlevel.open_process([sys.executable, "-c", _DRAIN, str(port), str(VIEWERS)])
         scope = {"type": "http", "method": "GET", "path": "/ui/stream", "query_string": b"token=t", "headers": []}
+
+        async def viewer(stream: trio.SocketStream) -> None:
+            async def send(message: dict[str, Any]) -> None:
+                body = message.get("body", b"")
+                if body:
+                    sent[0] += len(body)
+                    await stream.send_all(body)
+
+            async def receive() -> dict[str, Any]:
+                await done.wait()
+                return {"type": "http.disconnect"}
+
+            async with stream:
+                await page(dict(scope), receive, send)
+
         for _ in range(VIEWERS):
-            nursery.start_soon(page, dict(scope), receive, send)
+            nursery.start_soon(viewer, await listener.accept())
         await trio.sleep(1.0)  # every stream has sent its first view
         start, cpu, bytes_before = time.perf_counter(), time.process_time(), sent[0]
         await trio.sleep(WINDOW_S)
         busy = (time.process_time() - cpu) / (time.perf_counter() - start)
         rate = (sent[0] - bytes_before) / WINDOW_S
         done.set()
+    await listener.aclose()
+    await drain.wait()
     return {"viewers": VIEWERS, "idle_core_pct": idle * 100, "core_pct": (busy - idle) * 100, "bytes_per_s": rate}
 
 
