@@ -79,6 +79,8 @@ class QueuePage:
         self._page: tuple[bytes, bytes] | None = None  # read from the package on first use
         self._views: dict[ViewFilter, tuple[float, bytes]] = {}
         self._building: dict[ViewFilter, trio.Event] = {}
+        self._activity: dict[str, list[int]] = {}  # model key -> [grants, refusals] since counting began
+        self._counting = False
         self.viewers = 0
         """Streams running now."""
 
@@ -109,7 +111,7 @@ class QueuePage:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-                await self._stream(send, wanted)
+                await self._stream(send, wanted, nursery)
         finally:
             self.viewers -= 1
 
@@ -126,13 +128,19 @@ class QueuePage:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _stream(self, send: Send, wanted: ViewFilter) -> None:
-        """Send the view whenever it changed, at most once an interval, until the client goes."""
+    async def _stream(self, send: Send, wanted: ViewFilter, nursery: trio.Nursery) -> None:
+        """Send the view whenever it changed, at most once an interval, until the client goes.
+
+        While some stream runs, one of them also counts grants and refusals (:meth:`_count`).
+        """
         headers = [(b"content-type", b"text/event-stream"), *_PRIVATE]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         sent = b""
         quiet_since = trio.current_time()
         while True:
+            if not self._counting:
+                self._counting = True
+                nursery.start_soon(self._count)
             interval = self._parts.config.ui.update_interval_ms / 1000
             view = await self.view(wanted)
             now = trio.current_time()
@@ -143,6 +151,24 @@ class QueuePage:
                 await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
                 quiet_since = now
             await trio.sleep(interval)
+
+    async def _count(self) -> None:
+        """Count grants and refusals per model key from admission's events, until cancelled.
+
+        Best effort, like every subscriber: a full buffer drops events (the page's rates
+        then read low for that second). Counting begins with the first viewer; the
+        counts only grow, and the page turns them into rates per second.
+        """
+        try:
+            async with self._parts.admission.subscribe(buffer=1024) as events:
+                async for event in events:
+                    kind = event.kind
+                    if kind == "granted":
+                        self._activity.setdefault(event.model or "", [0, 0])[0] += 1
+                    elif kind in ("rejected", "timed_out"):
+                        self._activity.setdefault(event.model or "", [0, 0])[1] += 1
+        finally:
+            self._counting = False
 
     async def view(self, wanted: ViewFilter) -> bytes:
         """The view for ``wanted`` as JSON: built at most once per update interval, shared by its viewers.
@@ -166,9 +192,15 @@ class QueuePage:
             snapshot, waiters = admission.snapshot(), admission.waiters()  # one step: one instant
             models = admission.config.models
             limits = ViewLimits(providers=ui.max_provider_rows, waiters=ui.max_waiter_rows)
+            activity = {model: (grants, refusals) for model, (grants, refusals) in self._activity.items()}
 
             def work() -> bytes:
                 document = build_view(snapshot, waiters, models, wanted=wanted, limits=limits, pause=yield_to_loop)
+                document["activity"] = {
+                    model: {"grants": grants, "refusals": refusals}
+                    for model, (grants, refusals) in activity.items()
+                    if not wanted.model or model == wanted.model
+                }
                 return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
             body = await run_off_loop(work)

@@ -122,8 +122,8 @@ async def test_the_page_wants_a_token_and_ships_its_assets(tmp_path: Path) -> No
 @pytest.mark.req("queue-page")
 async def test_the_stream_follows_admission_and_never_shows_the_prompt(tmp_path: Path) -> None:
     """[queue-page] a run shows in flight; a request queued behind the capacity-1 provider shows
-    with its position and reason and leaves when granted; a dropped node shows offline; the raw
-    stream never holds the prompt sent."""
+    with its position and reason and leaves when granted; grants are counted per model key; a
+    dropped node shows offline; the raw stream never holds the prompt sent."""
     with trio.fail_after(20):
         async with running_edge(tmp_path, _layout()) as edge, _stream(edge) as views:
             assert views.status == 200
@@ -150,7 +150,8 @@ async def test_the_stream_follows_admission_and_never_shows_the_prompt(tmp_path:
                 second = await node.next_run()
                 await views.until(lambda v: v["waiters"]["matched"] == 0 and _gpu0(v)["in_flight"] == 1)
                 await node.answer(second)
-                await views.until(lambda v: _gpu0(v)["in_flight"] == 0)
+                done = await views.until(lambda v: _gpu0(v)["in_flight"] == 0)
+                assert done["activity"][FAST] == {"grants": 2, "refusals": 0}
                 assert [r.status_code for r in results] == [200, 200]
                 await node.drop()
             await views.until(lambda v: _gpu0(v)["health"] == "offline")

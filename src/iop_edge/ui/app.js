@@ -58,17 +58,31 @@
     }
   }
 
+  let before = null; // the activity counts at the previous sample
   function sample() {
     if (last === null) return;
-    history.push([last.totals.in_flight, last.totals.queue_depth]);
+    const counts = last.activity || {};
+    const rates = {};
+    let grants = 0, refusals = 0;
+    for (const [model, c] of Object.entries(counts)) {
+      const b = (before && before[model]) || c; // a model first seen: no rate yet
+      const r = [Math.max(0, c.grants - b.grants), Math.max(0, c.refusals - b.refusals)];
+      rates[model] = r; grants += r[0]; refusals += r[1];
+    }
+    before = counts;
+    history.push([last.totals.in_flight, last.totals.queue_depth, grants, refusals]);
     if (history.length > HISTORY) history.shift();
-    draw();
+    draw("chart", [[0, "#1565c0"], [1, "#c62828"]]);
+    draw("rates", [[2, "#2e7d32"], [3, "#ef6c00"]]);
+    const rows = history.slice(-10).reverse();
+    fill("history", rows.map((s, i) => [i, ...s]), (s) => s.map((v) => [v, "n"]));
+    fill("activity", Object.entries(rates), ([model, r]) => [[model], [r[0], "n"], [r[1], "n"]]);
   }
-  function draw() {
-    const c = document.getElementById("chart"), g = c.getContext("2d");
+  function draw(id, series) {
+    const c = document.getElementById(id), g = c.getContext("2d");
     g.clearRect(0, 0, c.width, c.height);
-    const top = Math.max(1, ...history.map((s) => Math.max(s[0], s[1])));
-    [[0, "#1565c0"], [1, "#c62828"]].forEach(([k, color]) => {
+    const top = Math.max(1, ...history.map((s) => Math.max(...series.map(([k]) => s[k]))));
+    for (const [k, color] of series) {
       g.strokeStyle = color; g.lineWidth = 2; g.beginPath();
       history.forEach((s, i) => {
         const x = c.width - (history.length - 1 - i) * (c.width / HISTORY);
@@ -76,9 +90,7 @@
         if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
       });
       g.stroke();
-    });
-    const rows = history.slice(-10).reverse();
-    fill("history", rows, (s) => [[rows.indexOf(s), "n"], [s[0], "n"], [s[1], "n"]]);
+    }
   }
 
   const form = document.getElementById("filters");
@@ -90,6 +102,7 @@
       if (v) params.set(name, v); else params.delete(name);
     }
     history.length = 0;
+    before = null;
     window.history.replaceState(null, "", "?" + params);
     connect();
   });
