@@ -11,8 +11,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from iop_admission import OutlierPolicy, PoolConfig, QueuePolicy
-from iop_admission._state import QUEUED, AdmissionState, Granted, Lease, Waiter
+from iop_admission import OutlierPolicy, PoolConfig, QueuePolicy, RetryPolicy, Unavailable
+from iop_admission._state import QUEUED, AdmissionState, Ejected, Granted, Lease, Waiter
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -124,3 +124,31 @@ def test_refresh_keeps_what_a_queued_retry_tried(pool, prepared, change):
     [grant] = core.release(second)
     assert grant.waiter is retried and grant.lease.provider == pool.gpu1
     assert grant.lease.tried == (pool.gpu0, pool.gpu1)
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+@pytest.mark.parametrize("long", [False, True])
+def test_retry_in_panic_mode_of_its_own(pool, long):
+    """A retry whose only untried candidate is ejected is in panic mode of its own and is granted
+    there at once, though its model is not in panic (gpu0, which it tried, is healthy and free);
+    a request of the same model goes to gpu0, not to the ejected gpu1; a third attempt has no
+    candidate left."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu1=pool.spec(priority=-1)), outlier=OutlierPolicy(1, 10.0, 10.0), retry=RetryPolicy(3)
+    )
+    core = _core(config)
+    first = _lease(core.request(BIG, long, 0.0))
+    second = _lease(core.request(BIG, long, 0.0))
+    assert (first.provider, second.provider) == (pool.gpu0, pool.gpu1)
+    core.release(second)
+    [ejected] = core.report_failure(second, 0.0)
+    assert isinstance(ejected, Ejected) and ejected.provider == pool.gpu1
+    core.release(first)
+    assert core.panic_models() == ()
+    retried = _lease(core.retry(first, 1.0))
+    assert (retried.provider, retried.probe, retried.tried) == (pool.gpu1, False, (pool.gpu0, pool.gpu1))
+    other = _lease(core.request(BIG, long, 1.0))
+    assert other.provider == pool.gpu0
+    core.release(retried)
+    with pytest.raises(Unavailable):  # both candidates tried: none left, whatever their health
+        core.retry(retried, 2.0)
