@@ -11,7 +11,16 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from iop_admission import OutlierPolicy, PoolConfig, QueuePolicy, RetryPolicy, Unavailable
+from iop_admission import (
+    ModelGroup,
+    OutlierPolicy,
+    PoolConfig,
+    ProviderKey,
+    ProviderSpec,
+    QueuePolicy,
+    RetryPolicy,
+    Unavailable,
+)
 from iop_admission._state import QUEUED, AdmissionState, Ejected, Granted, Lease, Waiter
 
 BIG = "ornith:35b"
@@ -152,3 +161,47 @@ def test_retry_in_panic_mode_of_its_own(pool, long):
     core.release(retried)
     with pytest.raises(Unavailable):  # both candidates tried: none left, whatever their health
         core.retry(retried, 2.0)
+
+
+GPU2 = ProviderKey("node-b", "gpu2")
+
+
+def _three(pool, gpu0: ProviderSpec, gpu1: ProviderSpec, gpu2: ProviderSpec) -> PoolConfig:
+    """BIG on gpu0, gpu2, gpu1 (in that order); one failure ejects for 10 s."""
+    return PoolConfig(
+        policy=QueuePolicy(),
+        providers={pool.gpu0: gpu0, pool.gpu1: gpu1, GPU2: gpu2},
+        models={BIG: ModelGroup(candidates=(pool.gpu0, GPU2, pool.gpu1))},
+        outlier=OutlierPolicy(1, 10.0, 10.0),
+    )
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_long_retry_panic_ignores_candidates_without_long_slots(pool):
+    """A long retry's untried candidates: gpu2 (admitting, no long slot) and gpu1 (ejected): gpu2
+    could never run it, so the retry is in panic mode and granted on gpu1 at once."""
+    core = _core(_three(pool, pool.spec(), pool.spec(2, priority=-1), pool.spec(2, 0, priority=-2)))
+    first = _lease(core.request(BIG, True, 0.0))
+    second = _lease(core.request(BIG, True, 0.0))
+    assert (first.provider, second.provider) == (pool.gpu0, pool.gpu1)
+    core.release(second)
+    core.report_failure(second, 0.0)
+    core.release(first)
+    retried = _lease(core.retry(first, 1.0))
+    assert (retried.provider, retried.long, retried.probe) == (pool.gpu1, True, False)
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_retry_not_in_panic_while_an_untried_candidate_admits(pool):
+    """A retry's untried candidates: gpu1 (healthy, full) and gpu2 (ejected, free): not panic mode,
+    so the retry waits for gpu1 instead of going to the ejected gpu2."""
+    core = _core(_three(pool, pool.spec(), pool.spec(1, priority=-1), pool.spec(2, priority=-2)))
+    first, second, third = (_lease(core.request(BIG, False, 0.0)) for _ in range(3))
+    assert (first.provider, second.provider, third.provider) == (pool.gpu0, pool.gpu1, GPU2)
+    core.release(third)
+    core.report_failure(third, 0.0)
+    core.release(first)
+    retried = _waiter(core.retry(first, 1.0))
+    assert retried.candidates == (GPU2, pool.gpu1)
+    [grant] = core.release(second)
+    assert grant.waiter is retried and grant.lease.provider == pool.gpu1
