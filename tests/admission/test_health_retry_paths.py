@@ -205,3 +205,18 @@ def test_retry_not_in_panic_while_an_untried_candidate_admits(pool):
     assert retried.candidates == (GPU2, pool.gpu1)
     [grant] = core.release(second)
     assert grant.waiter is retried and grant.lease.provider == pool.gpu1
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_long_retry_in_panic_waits_for_a_long_slot(pool):
+    """In panic mode a long retry still needs a free long slot: gpu1 (ejected) has a free slot but
+    its one long slot is held by the lease that failed, so the retry waits."""
+    core = _core(_three(pool, pool.spec(), pool.spec(2, priority=-1), pool.spec(2, 0, priority=-2)))
+    first = _lease(core.request(BIG, True, 0.0))
+    second = _lease(core.request(BIG, True, 0.0))
+    core.report_failure(second, 0.0)  # gpu1 ejected, its long slot still held
+    core.release(first)
+    retried = _waiter(core.retry(first, 1.0))
+    assert retried.candidates == (GPU2, pool.gpu1)
+    [grant] = core.release(second)
+    assert grant.waiter is retried and grant.lease.provider == pool.gpu1 and grant.lease.long
