@@ -9,14 +9,21 @@
   The streams write to loopback sockets that a child process reads (the Edge's socket writes
   are counted, the readers' CPU is not; no HTTP framing).
 
+- ``flood``: the stream's update delay while the overload benchmark's 5,000-client flood
+  runs against a real Edge (:func:`_under_flood`).
+
 Every provider is full (1,000 leases held), so every waiter waits.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import pathlib
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -29,6 +36,10 @@ from iop_edge._ui import QueuePage
 from iop_edge._ui_view import build_view
 from iop_edge.config import UiConfig
 
+from . import overload
+from .e2e import Daemon, start_relay
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 NODES = 1_000
 MODELS = 10
 VIEWERS = 50
@@ -171,6 +182,78 @@ async def _viewers() -> dict[str, float]:
     return {"viewers": VIEWERS, "idle_core_pct": idle * 100, "core_pct": (busy - idle) * 100, "bytes_per_s": rate}
 
 
+FLOOD_CLIENTS = 5_000
+FLOOD_RETRY_S = 1.0
+FLOOD_WARMUP_S, FLOOD_DURATION_S = 3.0, 8.0
+FLOOD_INTERVAL_MS = 250
+
+
+async def _under_flood() -> dict[str, Any]:
+    """The stream's update delay while the overload benchmark's flood runs against the Edge (its window only).
+
+    The relay and the flood are the overload benchmark's (``benchmarks/overload.py``: one
+    provider of capacity 8, ``max_queue: 64``, 5,000 closed-loop clients retrying after 1 s),
+    with the page on (``update_interval_ms: 250``). A viewer in this process reads
+    ``/ui/stream``; an event's delay is its gap from the one before minus the interval (the
+    queue is full all along, and waiters age, so every interval has a new view to send).
+    """
+    daemons: list[Daemon] = []
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-ui-flood-"))
+    extra = f"ui: {{enabled: true, viewer_token: bench-viewer, update_interval_ms: {FLOOD_INTERVAL_MS}}}\n"
+    try:
+        relay = await start_relay(
+            workdir,
+            daemons,
+            mock_args=["--latency-ms", str(overload.BACKEND_LATENCY_MS), "--tokens-per-second", "0"],
+            edge_yaml=overload.EDGE_YAML.format(
+                capacity=overload.CAPACITY, extra=extra, queue_timeout_ms=overload.QUEUE_TIMEOUT_MS
+            ),
+            node_yaml=overload.NODE_YAML.replace("{capacity}", str(overload.CAPACITY)),
+        )
+        arrivals: list[float] = []
+
+        async def view_stream() -> None:
+            async with await trio.open_tcp_stream("127.0.0.1", relay.http_port) as sock:
+                await sock.send_all(b"GET /ui/stream?token=bench-viewer HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                while True:
+                    data = await sock.receive_some(1 << 20)
+                    if not data:
+                        return
+                    now = time.perf_counter()
+                    arrivals.extend([now] * data.count(b"data: "))
+
+        flood_argv = [
+            sys.executable, "-m", "benchmarks.overload", "flood", "--port", str(relay.http_port),
+            "--clients", str(FLOOD_CLIENTS), "--retry", str(FLOOD_RETRY_S),
+            "--warmup", str(FLOOD_WARMUP_S), "--duration", str(FLOOD_DURATION_S),
+        ]  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(view_stream)
+            flood = await trio.run_process(flood_argv, capture_stdout=True, cwd=str(ROOT), check=False)
+            nursery.cancel_scope.cancel()
+        lines = flood.stdout.decode().split("\n")
+        summary = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+        ready = next(line.split() for line in lines if line.startswith(overload.READY))
+        begin = float(ready[1])  # the flood's window (time.perf_counter: the system's monotonic clock)
+        arrivals = [t for t in arrivals if begin <= t <= begin + FLOOD_DURATION_S]
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+    gaps = sorted(b - a for a, b in itertools.pairwise(arrivals))
+    delays = [max(0.0, g - FLOOD_INTERVAL_MS / 1000) * 1000 for g in gaps]
+    return {
+        "clients": FLOOD_CLIENTS,
+        "retry_s": FLOOD_RETRY_S,
+        "interval_ms": FLOOD_INTERVAL_MS,
+        "events": len(arrivals),
+        "delay_p50_ms": delays[len(delays) // 2] if delays else math.nan,
+        "delay_p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))] if delays else math.nan,
+        "delay_max_ms": delays[-1] if delays else math.nan,
+        "flood_ok": summary.get("ok"),
+        "flood_rejected": summary.get("rejected"),
+    }
+
+
 def run(runs: int = 5) -> dict[str, Any]:
     """The figures (``runs`` timings per build figure, median)."""
 
@@ -179,6 +262,7 @@ def run(runs: int = 5) -> dict[str, Any]:
             "nodes": NODES,
             "build": [await _build(1_000, max(runs, 5)), await _build(10_000, max(runs, 5))],
             "viewers": await _viewers(),
+            "flood": await _under_flood(),
         }
 
     return trio.run(main)
@@ -196,5 +280,12 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"  {v['viewers']} viewers at 1 update/s, 1,000 waiters: {v['core_pct']:.2f} % of a core"
         f" (idle loop {v['idle_core_pct']:.2f} %), {v['bytes_per_s'] / 1000:,.0f} kB/s written"
+    )
+    f = result["flood"]
+    lines.append(
+        f"  under a flood of {f['clients']:,} clients (retry {f['retry_s']:g} s): {f['events']} stream events,"
+        f" update delay beyond the {f['interval_ms']} ms interval p50 {f['delay_p50_ms']:.0f} ms,"
+        f" p99 {f['delay_p99_ms']:.0f} ms, max {f['delay_max_ms']:.0f} ms"
+        f" (flood: {f['flood_ok']} answered, {f['flood_rejected']} refused)"
     )
     return "\n".join(lines)
