@@ -31,6 +31,7 @@ from ._errors import (
 from ._gate import GateStatistics, LocalGate, Permit
 from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, Snapshot
 from ._state import Lease, PreparedRefresh
+from ._waiting import WaiterSnapshot
 
 __all__ = [
     "PROVIDER_FIELDS",
@@ -61,5 +62,6 @@ __all__ = [
     "RetryPolicy",
     "Snapshot",
     "Unavailable",
+    "WaiterSnapshot",
     "validate_pool",
 ]

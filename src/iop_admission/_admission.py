@@ -81,6 +81,7 @@ from ._state import (
     Revoked,
     Waiter,
 )
+from ._waiting import WaiterSnapshot, waiter_snapshots
 
 __all__ = ["Admission", "AdmissionEvent", "Lease"]
 
@@ -341,6 +342,16 @@ class Admission:
         of the objects plus ``cattrs.unstructure``).
         """
         return self._core.provider_rows(_now(), first, count)
+
+    def waiters(self) -> tuple[WaiterSnapshot, ...]:
+        """The queued requests, in arrival order, as :class:`WaiterSnapshot` (read only).
+
+        Call it in the same synchronous step as :meth:`snapshot` (no ``await``
+        between) and both describe the same instant of the state.
+        """
+        now = _now()
+        core = self._core
+        return waiter_snapshots(core.waiters(), core.last_time if now is None else now, core.config.models)
 
     def generation(self, node_id: str) -> int:
         """The node's current generation (0 if it never connected)."""

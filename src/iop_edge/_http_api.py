@@ -46,6 +46,8 @@ from ._http_server import CONNECTION, PAUSE_READING, CannedResponse, ConnectionH
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor
+from ._ui import PATHS as QUEUE_PAGE_PATHS
+from ._ui import QueuePage
 from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
@@ -436,6 +438,7 @@ class EdgeAPI:
         self._capacity_of: tuple[EdgeConfig | None, int] = (None, 0)
         self._head_refusals: dict[tuple[str, int, int], CannedResponse] = {}
         self._refusal_counters: dict[str, Callable[[], None]] = {}
+        self._queue_page = QueuePage(service)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -451,6 +454,9 @@ class EdgeAPI:
             hooks.write_body_nowait if hooks is not None else None,
             hooks.respond_nowait if hooks is not None else None,
         )
+        if scope["path"] in QUEUE_PAGE_PATHS:  # the live queue page, an app of its own ([queue-page])
+            await self._queue_page(scope, receive, send)
+            return
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
             if handler is None:

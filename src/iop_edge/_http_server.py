@@ -648,7 +648,7 @@ class _Connection:
         finally:
             if self._watcher is not None:
                 self._watcher.stop()
-        await self.transport.wait_written()  # a response written without waiting (iop.respond_nowait)
+        await self.transport.wait_written()  # a response written without waiting (respond_nowait)
         if self.h11.our_state is h11.SEND_BODY and not self.gone:
             raise PeerGone  # the app ended a response midway: the client cannot frame it
         until: float = scope.get(PAUSE_READING, -math.inf)
