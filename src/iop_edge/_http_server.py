@@ -102,7 +102,6 @@ from __future__ import annotations
 
 import logging
 import math
-import select
 import socket
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -127,6 +126,7 @@ from iop_http import (
 )
 
 from ._http_accept import accept_loop
+from ._http_disconnects import CAN_POLL, DisconnectPoller, DisconnectWatcher, PolledWatch
 from ._http_pacing import PACING_QUANTUM, RECHECKS, TOLD_GRACE, Headers, Pacer, step_after
 from ._http_transport import PeerGone, SocketTransport, StreamTransport, Transport
 from ._plain_http import PlainRequest, parse_plain, plain_response
@@ -253,7 +253,7 @@ class _Connection:
         counter: ConnectionCounter,
         pacer: Pacer,
         refuse_head: HeadRefuser | None = None,
-        disconnects: _DisconnectPoller | None = None,
+        disconnects: DisconnectPoller | None = None,
     ) -> None:
         self.transport = transport
         self.app = app
@@ -284,7 +284,7 @@ class _Connection:
         self._suppress_body = False
         self._response_started = False
         self._chunked = False  # h11 frames this response's body as chunks: later ones are framed alike
-        self._watcher: _DisconnectWatcher | _PolledWatch | None = None
+        self._watcher: DisconnectWatcher | PolledWatch | None = None
         self.head_let_through = False
         """:class:`ConnectionHooks`: ``refuse_head`` let the request in hand through."""
         self.can_watch_disconnect = isinstance(transport, SocketTransport)
@@ -721,11 +721,17 @@ class _Connection:
         if self._watcher is None:
             assert self.transport.nursery is not None and isinstance(self.transport, SocketTransport)
             if self.disconnects is not None:
-                self._watcher = _PolledWatch(self.disconnects, self, self.transport.sock)
+                self._watcher = PolledWatch(self.disconnects, self, self.transport.sock)
             else:
-                watcher = self._watcher = _DisconnectWatcher(self, self.transport.sock)
+                watcher = self._watcher = DisconnectWatcher(self, self.transport.sock)
                 self.transport.nursery.start_soon(watcher.run)
         self._watcher.watch(cancel_scope)
+
+    def keep_read(self, data: bytes) -> bool:
+        """Keep bytes the disconnect watch read (a pipelined next request) for the next request; whether
+        to go on watching (no: past ``max_head_bytes`` of them, the rest stays in the socket)."""
+        self.h11.receive_data(data)
+        return len(self.h11.trailing_data[0]) <= self.limits.max_head_bytes
 
     async def _wait_disconnect(self) -> Message:
         """Read (and keep, for the next request) until the client goes away."""
@@ -928,169 +934,6 @@ class _Connection:
             await self.transport.aclose()
 
 
-@final
-class _DisconnectWatcher:
-    """One connection's disconnect watcher: a task that lives as long as the connection.
-
-    Parked between requests; :meth:`watch` wakes it to wait for the socket to
-    become readable while the app runs. What it reads then (a pipelined next
-    request) goes to the connection's h11 at once, in the same step as the
-    read, so the bytes keep their order whoever reads next; an end of stream
-    or an error marks the connection gone and cancels the watched scope.
-    :meth:`stop` (the app returned) withdraws its wait at once, so the
-    connection's task can read the socket right after.
-    """
-
-    __slots__ = ("connection", "sock", "watched", "_parked", "_waiting")
-
-    def __init__(self, connection: _Connection, sock: socket.socket) -> None:
-        self.connection = connection
-        self.sock = sock
-        self.watched: trio.CancelScope | None = None
-        self._parked: trio.lowlevel.Task | None = None
-        self._waiting: trio.CancelScope | None = None
-
-    def watch(self, cancel_scope: trio.CancelScope) -> None:
-        """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
-        self.watched = cancel_scope
-        task, self._parked = self._parked, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
-
-    def stop(self) -> None:
-        """Stop watching (never waits); the socket is free for another reader when this returns."""
-        self.watched = None
-        if self._waiting is not None:
-            self._waiting.cancel()
-
-    async def run(self) -> None:
-        """Watch whenever asked, until the connection's nursery is cancelled. Checkpoints."""
-        while True:
-            if self.watched is None:
-                self._parked = trio.lowlevel.current_task()
-                await trio.lowlevel.wait_task_rescheduled(self._abort_park)
-                continue
-            with trio.CancelScope() as self._waiting:
-                await self._wait_readable()
-            self._waiting = None
-
-    def _abort_park(self, _: Any) -> trio.lowlevel.Abort:
-        self._parked = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def _wait_readable(self) -> None:
-        while True:
-            await trio.lowlevel.wait_readable(self.sock)
-            if self.watched is None:
-                return  # stopped while the wake-up was on its way: the connection reads now
-            if not _read_while_watched(self.connection, self.sock, self.watched):
-                self.watched = None
-                return
-
-
-def _read_while_watched(connection: _Connection, sock: socket.socket, watched: trio.CancelScope) -> bool:
-    """Read what the client sent while its app runs (``sock`` is readable); whether to go on watching.
-
-    The bytes (a pipelined next request) go to the connection's h11 at once, so
-    they keep their order whoever reads next; past ``max_head_bytes`` of them,
-    watching stops (the rest stays in the socket). An end of stream or an error
-    marks the connection gone and cancels ``watched``.
-    """
-    try:
-        data = sock.recv(RECEIVE_SIZE)
-    except BlockingIOError:
-        return True
-    except OSError:
-        data = b""
-    if not data:
-        connection.gone = True
-        watched.cancel()
-        return False
-    connection.h11.receive_data(data)
-    return len(connection.h11.trailing_data[0]) <= connection.limits.max_head_bytes
-
-
-_CAN_POLL = hasattr(select, "epoll")
-"""Whether a listener watches its connections for disconnects with one :class:`_DisconnectPoller`."""
-
-
-@final
-class _DisconnectPoller:
-    """The disconnect watch of every plain TCP connection of one listener, in ONE task (Linux: epoll).
-
-    Why: a watcher task per connection costs, per request, two task wake-ups
-    (:meth:`_DisconnectWatcher.watch` and ``stop``), a cancel scope cancelled and
-    two registrations in trio's epoll (about a twentieth of the Edge's CPU per
-    request at concurrency 1, py-spy). Here watching a connection is one
-    registration in an epoll set of our own (level-triggered) and stopping one
-    unregistration, both synchronous; :meth:`run` wakes only when a watched
-    client sent something or left, and handles it as the per-connection
-    watcher does (:func:`_read_while_watched`).
-    """
-
-    __slots__ = ("epoll", "watching")
-
-    def __init__(self) -> None:
-        self.epoll = select.epoll()
-        self.watching: dict[int, _PolledWatch] = {}
-
-    async def run(self) -> None:
-        """Handle watched sockets that became readable, until cancelled. Checkpoints."""
-        epoll = self.epoll
-        try:
-            while True:
-                await trio.lowlevel.wait_readable(epoll)
-                for fd, _ in epoll.poll(0):
-                    watch = self.watching.get(fd)
-                    if watch is None or watch.watched is None:
-                        continue
-                    if not _read_while_watched(watch.connection, watch.sock, watch.watched):
-                        watch.stop()
-        finally:
-            epoll.close()
-
-
-@final
-class _PolledWatch:
-    """One connection's watch through its listener's :class:`_DisconnectPoller` (``watch`` and ``stop`` as
-    :class:`_DisconnectWatcher`'s, without a task)."""
-
-    __slots__ = ("poller", "connection", "sock", "watched", "_fd")
-
-    def __init__(self, poller: _DisconnectPoller, connection: _Connection, sock: socket.socket) -> None:
-        self.poller = poller
-        self.connection = connection
-        self.sock = sock
-        self.watched: trio.CancelScope | None = None
-        self._fd = -1  # the descriptor registered (a closed socket's fileno() says -1)
-
-    def watch(self, cancel_scope: trio.CancelScope) -> None:
-        """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
-        fd = self.sock.fileno()
-        try:
-            self.poller.epoll.register(fd, select.EPOLLIN)
-        except (OSError, ValueError):  # the socket or the listener is closed: nothing to watch any more
-            self.connection.gone = True
-            cancel_scope.cancel()
-            return
-        self.watched = cancel_scope
-        self._fd = fd
-        self.poller.watching[fd] = self
-
-    def stop(self) -> None:
-        """Stop watching (never waits); the socket is free for another reader when this returns."""
-        if self.watched is None:
-            return
-        self.watched = None
-        fd = self._fd
-        if self.poller.watching.get(fd) is self:
-            del self.poller.watching[fd]
-            try:
-                self.poller.epoll.unregister(fd)
-            except (OSError, ValueError):  # closed already
-                pass
-
-
 _RESPONSES: dict[tuple[int, tuple[tuple[bytes, bytes], ...]], h11.Response] = {}
 _RESPONSES_MAX = 1024
 
@@ -1124,7 +967,7 @@ class _Listener:
     limits: HttpLimits
     connections: ConnectionCounter
     pacer: Pacer
-    disconnects: _DisconnectPoller | None
+    disconnects: DisconnectPoller | None
     wrap_stream: StreamWrapper | None
     refuse_head: HeadRefuser | None
 
@@ -1181,7 +1024,7 @@ async def serve_http(
     listeners = await trio.open_tcp_listeners(port, host=host)
     connections = counter if counter is not None else ConnectionCounter(limits.max_connections)
     pacer = Pacer()
-    disconnects = _DisconnectPoller() if _CAN_POLL else None
+    disconnects = DisconnectPoller() if CAN_POLL else None
     handle = _Listener(app, limits, connections, pacer, disconnects, wrap_stream, refuse_head).handle
     bound = listeners[0].socket.getsockname()[1]
     sockets = [socket.socket(fileno=listener.socket.detach()) for listener in listeners]

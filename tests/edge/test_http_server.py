@@ -431,7 +431,7 @@ def watch_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     task per connection (elsewhere)."""
     kind: str = request.param
     if kind == "task per connection":
-        monkeypatch.setattr(_http_server, "_CAN_POLL", False)
+        monkeypatch.setattr(_http_server, "CAN_POLL", False)
     return kind
 
 
