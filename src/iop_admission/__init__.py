@@ -6,6 +6,8 @@ node-local gate.
 See ``docs/admission.md`` for the semantics.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from ._admission import Admission, AdmissionEvent, LeaseScope
 from ._config import (
     ModelGroup,
@@ -31,6 +33,11 @@ from ._errors import (
 from ._gate import GateStatistics, LocalGate, Permit
 from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, Snapshot
 from ._state import Lease, PreparedRefresh
+
+try:
+    __version__: str = version("iop-admission")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "PROVIDER_FIELDS",
@@ -61,5 +68,6 @@ __all__ = [
     "RetryPolicy",
     "Snapshot",
     "Unavailable",
+    "__version__",
     "validate_pool",
 ]
