@@ -1,6 +1,6 @@
 """The trio layer of admission: parks, wakes, times out and cancels.
 
-It never decides: :class:`~iop_admission._state.AdmissionState` does, and this
+It never decides: :class:`iop_admission.core.AdmissionState` does, and this
 module carries the decisions out.
 
 Rules this module implements (and why):
@@ -67,9 +67,9 @@ import outcome
 import trio
 
 from ._config import PoolConfig, ProviderKey
-from ._errors import LeaseRevoked, QueueTimeout
+from ._errors import LeaseRevoked, LeaseScopeError, QueueTimeout
 from ._snapshot import ProviderRow, Snapshot
-from ._state import (
+from .core import (
     AdmissionState,
     Decision,
     Ejected,
@@ -468,7 +468,7 @@ class Admission:
         else:
             assert type(result) is Waiter
             lease = await self._wait(result)
-        if lease._revoked:
+        if lease.revoked:
             # Fenced between the grant and now (same tick): the body never runs
             # on an offline generation. Fencing already released the lease.
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
@@ -537,7 +537,7 @@ class Admission:
             self._apply(self._core.release(lease))
             if self._subscribers:
                 self._lease_event("released", lease)
-        if lease._revoked and (suppressed or exc_type is None):
+        if lease.revoked and (suppressed or exc_type is None):
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation) from None
         return bool(suppressed)
 
@@ -573,7 +573,7 @@ class LeaseScope:
 
     async def __aenter__(self) -> Lease:
         if self._entered:
-            raise RuntimeError("a lease scope can only be entered once")
+            raise LeaseScopeError("a lease scope can be entered only once")
         self._entered = True
         self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._reason)
         return self._lease
@@ -584,5 +584,8 @@ class LeaseScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        assert self._lease is not None, "lease scope was not entered"
-        return self._admission._release(self._lease, exc_type, exc, tb)
+        lease = self._lease
+        if lease is None:
+            raise LeaseScopeError("a lease scope can be exited only after it was entered")
+        self._lease = None
+        return self._admission._release(lease, exc_type, exc, tb)

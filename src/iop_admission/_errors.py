@@ -97,3 +97,10 @@ class RetriesExhausted(AdmissionError):
         self.model = model
         self.attempts = attempts
         super().__init__(f"no retry left for model {model!r} after {attempts} attempts")
+
+
+class LeaseScopeError(AdmissionError, RuntimeError):
+    """A lease scope was misused: entered twice, exited twice, or exited without being entered.
+
+    A ``RuntimeError`` too, as the scope raised before it had a name of its own.
+    """
