@@ -169,7 +169,16 @@ class OutlierPolicy:
 
 
 def _candidates(value: Iterable[ProviderKey]) -> tuple[ProviderKey, ...]:
-    return tuple(value)
+    if isinstance(value, str | bytes):
+        raise TypeError(
+            f"ModelGroup candidates must be an iterable of ProviderKey, not a string ({value!r}): "
+            f"write ModelGroup([ProviderKey(node_id, provider_id)])"
+        )
+    candidates = tuple(value)
+    for c in candidates:
+        if type(c) is not ProviderKey:
+            raise TypeError(f"ModelGroup candidate {c!r} is a {type(c).__name__}, not a ProviderKey")
+    return candidates
 
 
 @final

@@ -58,13 +58,19 @@ class QueueTimeout(AdmissionError):
 
 @final
 class Unavailable(AdmissionError):
-    """No candidate of the model is eligible (offline, disabled, or unable to run it)."""
+    """No candidate of the model is eligible (offline, disabled, or unable to run it).
 
-    def __init__(self, model: str, long: bool = False) -> None:
+    ``reasons`` says, for a request refused on arrival, why each candidate is
+    not eligible (``"node-a/gpu0: node 'node-a' is not connected"``).
+    """
+
+    def __init__(self, model: str, long: bool = False, reasons: tuple[str, ...] = ()) -> None:
         self.model = model
         self.long = long
+        self.reasons = reasons  # one "provider: why it is not eligible" per candidate, in candidate order
         kind = "long request" if long else "request"
-        super().__init__(f"no eligible provider for {kind} on model {model!r}")
+        why = "".join(f"; {r}" for r in reasons)
+        super().__init__(f"no eligible provider for {kind} on model {model!r}{why}")
 
 
 @final
