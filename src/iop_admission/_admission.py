@@ -67,7 +67,7 @@ import outcome
 import trio
 
 from ._config import PoolConfig, ProviderKey
-from ._errors import LeaseRevoked, LeaseScopeError, QueueTimeout
+from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
 from ._snapshot import ProviderRow, Snapshot
 from .core import (
     AdmissionState,
@@ -247,7 +247,13 @@ class Admission:
 
         Returns:
             The new generation.
+
+        Raises:
+            NodeNotFound: no configuration so far had a provider on ``node_id``
+                (a typo, most likely); nothing changed.
         """
+        if not self._core.knows_node(node_id):
+            raise NodeNotFound(node_id, self._core.nodes())
         generation, decisions = self._core.connect(node_id)
         self._apply(decisions)
         if self._subscribers:

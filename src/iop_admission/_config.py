@@ -221,7 +221,7 @@ _last_valid: list[PoolConfig] = []
 def validate_pool(config: object, *, pause: Callable[[], None] | None = None) -> None:
     """Check a whole :class:`PoolConfig`; raise :class:`ConfigError` listing every problem.
 
-    ``pause``: called every :data:`PAUSE_EVERY` providers and candidates (a worker
+    ``pause``: called every 64 providers and candidates (a worker
     thread's chance to let an event loop in another thread run).
     """
     if not isinstance(config, PoolConfig):

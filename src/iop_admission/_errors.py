@@ -110,3 +110,13 @@ class LeaseScopeError(AdmissionError, RuntimeError):
 
     A ``RuntimeError`` too, as the scope raised before it had a name of its own.
     """
+
+
+@final
+class NodeNotFound(AdmissionError, LookupError):
+    """``connect()`` named a node that no configuration had a provider on (a typo, or a node not in the config)."""
+
+    def __init__(self, node_id: str, known: tuple[str, ...]) -> None:
+        self.node_id = node_id
+        shown = ", ".join(repr(n) for n in known[:10]) + (", ..." if len(known) > 10 else "")
+        super().__init__(f"node {node_id!r} has no configured provider; nodes with providers: {shown or 'none'}")

@@ -789,6 +789,14 @@ class AdmissionState:
         node = self._nodes.get(node_id)
         return node.generation if node else 0
 
+    def knows_node(self, node_id: str) -> bool:
+        """Whether some configuration in force so far had a provider on ``node_id``."""
+        return node_id in self._nodes
+
+    def nodes(self) -> tuple[str, ...]:
+        """The node ids of the configuration in force, in provider order."""
+        return tuple(dict.fromkeys(k.node_id for k in self._config.providers))
+
     def is_connected(self, node_id: str) -> bool:
         """Whether the node is connected in its current generation."""
         node = self._nodes.get(node_id)

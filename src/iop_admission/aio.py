@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import final
 
 from ._config import PoolConfig
-from ._errors import LeaseRevoked, LeaseScopeError, QueueTimeout
+from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
 from ._snapshot import Snapshot
 from .core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, PreparedRefresh, Revoked, Waiter
 
@@ -82,6 +82,8 @@ class AsyncAdmission:
 
     def connect(self, node_id: str) -> int:
         """Start a new generation of ``node_id`` and bring its providers online; return the generation."""
+        if not self._core.knows_node(node_id):
+            raise NodeNotFound(node_id, self._core.nodes())
         generation, decisions = self._core.connect(node_id)
         self._apply(decisions)
         return generation

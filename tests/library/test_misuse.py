@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, Unavailable
+from iop_admission import Admission, ModelGroup, NodeNotFound, PoolConfig, ProviderKey, ProviderSpec, Unavailable
 
 GPU0 = ProviderKey("node-a", "gpu0")
 
@@ -50,3 +50,13 @@ def test_unavailable_says_why_for_each_candidate() -> None:
         assert str(caught.value).startswith("no eligible provider for long request on model 'm'; node-a/gpu0: ")
 
     trio.run(main)
+
+
+def test_connect_of_a_node_without_providers_is_an_error() -> None:
+    admission = Admission(PoolConfig(providers={GPU0: ProviderSpec(capacity=1)}, models={"m": ModelGroup([GPU0])}))
+    with pytest.raises(
+        NodeNotFound, match=r"node 'typo-node' has no configured provider; nodes with providers: 'node-a'"
+    ):
+        admission.connect("typo-node")
+    assert admission.generation("typo-node") == 0
+    assert admission.connect("node-a") == 1
