@@ -581,7 +581,14 @@ class LeaseScope:
         if self._entered:
             raise LeaseScopeError("a lease scope can be entered only once")
         self._entered = True
-        self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._reason)
+        try:
+            self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._reason)
+        except RuntimeError as exc:
+            if trio.lowlevel.in_trio_run():
+                raise
+            raise RuntimeError(
+                "Admission.lease() runs under trio only; under asyncio use iop_admission.aio.AsyncAdmission"
+            ) from exc
         return self._lease
 
     async def __aexit__(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import trio
 
@@ -60,3 +62,14 @@ def test_connect_of_a_node_without_providers_is_an_error() -> None:
         admission.connect("typo-node")
     assert admission.generation("typo-node") == 0
     assert admission.connect("node-a") == 1
+
+
+def test_trio_lease_under_asyncio_names_the_asyncio_layer() -> None:
+    admission = Admission(PoolConfig(providers={GPU0: ProviderSpec(capacity=1)}, models={"m": ModelGroup([GPU0])}))
+
+    async def main() -> None:
+        async with admission.lease("m"):
+            pass
+
+    with pytest.raises(RuntimeError, match=r"under asyncio use iop_admission\.aio\.AsyncAdmission"):
+        asyncio.run(main())
