@@ -7,7 +7,16 @@ import asyncio
 import pytest
 import trio
 
-from iop_admission import Admission, ModelGroup, NodeNotFound, PoolConfig, ProviderKey, ProviderSpec, Unavailable
+from iop_admission import (
+    Admission,
+    ConfigError,
+    ModelGroup,
+    NodeNotFound,
+    PoolConfig,
+    ProviderKey,
+    ProviderSpec,
+    Unavailable,
+)
 
 GPU0 = ProviderKey("node-a", "gpu0")
 
@@ -73,3 +82,9 @@ def test_trio_lease_under_asyncio_names_the_asyncio_layer() -> None:
 
     with pytest.raises(RuntimeError, match=r"under asyncio use iop_admission\.aio\.AsyncAdmission"):
         asyncio.run(main())
+
+
+def test_a_negative_capacity_is_one_problem_not_two() -> None:
+    with pytest.raises(ConfigError) as caught:
+        ProviderSpec(capacity=-1)
+    assert caught.value.problems == ("provider.capacity: must be >= 1, got -1",)
