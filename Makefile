@@ -49,5 +49,18 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	$(BIN)/python -m benchmarks e2e fleet --runs 3 --peers
 
+# Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
+# `make test`. Results are kept in mutants/: a rerun tests only the mutants of functions that changed.
+# MUTANTS='glob ...' narrows the run (e.g. MUTANTS='iop_admission._state.xǁAdmissionStateǁretry*');
+# `make mutate-all` starts from scratch over the whole admission core, the gate and the overload unit.
+.PHONY: mutate mutate-all
+mutate: $(STAMP)
+	HYPOTHESIS_PROFILE=dev $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/mutmut results
+
+mutate-all: $(STAMP)
+	rm -rf mutants
+	$(MAKE) mutate
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis mutants
