@@ -66,8 +66,9 @@ import attrs
 import outcome
 import trio
 
-from ._config import PoolConfig, ProviderKey
+from ._config import PoolConfig
 from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
+from ._events import AdmissionEvent, lease_event
 from ._snapshot import ProviderRow, Snapshot
 from .core import (
     AdmissionState,
@@ -83,42 +84,6 @@ from .core import (
 )
 
 __all__ = ["Admission", "AdmissionEvent", "Lease"]
-
-
-@final
-@attrs.frozen
-class AdmissionEvent:
-    """One lifecycle event, as delivered by :meth:`Admission.subscribe`.
-
-    Attributes:
-        kind: ``granted``, ``queued``, ``released``, ``revoked``, ``timed_out``,
-            ``rejected``, ``connected``,
-            ``disconnected``, ``refreshed``, ``ejected``, ``restored`` or ``retried``.
-        time: ``trio.current_time()`` when emitted, or None outside trio.
-        model, provider, lease_id, generation, node_id, long: what it concerns
-            (for ``retried``: the provider and lease that failed).
-        reason: for ``rejected`` and failed waiters, the error class name
-            (``QueueFull``, ``Unavailable``, ``ModelNotFound``); for ``retried``
-            the caller's reason.
-        waited: seconds queued, for ``granted`` and ``timed_out``.
-        attempt: for ``retried``, the number of the new attempt.
-        duration: for ``ejected``, the ejection's length in seconds.
-        failures: for ``ejected``, the consecutive failures counted.
-    """
-
-    kind: str
-    time: float | None = None
-    model: str | None = None
-    provider: ProviderKey | None = None
-    lease_id: int | None = None
-    generation: int | None = None
-    node_id: str | None = None
-    long: bool = False
-    reason: str | None = None
-    waited: float | None = None
-    attempt: int | None = None
-    duration: float | None = None
-    failures: int | None = None
 
 
 def _now() -> float | None:
@@ -397,21 +362,7 @@ class Admission:
         attempt: int | None = None,
         reason: str | None = None,
     ) -> None:
-        self._emit(
-            AdmissionEvent(
-                kind,
-                _now(),
-                model=lease.model,
-                provider=lease.provider,
-                lease_id=lease.id,
-                generation=lease.generation,
-                node_id=lease.provider.node_id,
-                long=lease.long,
-                waited=waited,
-                attempt=attempt,
-                reason=reason,
-            )
-        )
+        self._emit(lease_event(kind, _now(), lease, waited=waited, attempt=attempt, reason=reason))
 
     # -------------------------------------------------------------- decisions
 

@@ -15,7 +15,9 @@ built, like it, on the public core :mod:`iop_admission.core`:
   the core's news; the scope takes that cancellation back
   (``Task.uncancel``) and raises :class:`~iop_admission.LeaseRevoked`;
 * a waiter past its queue deadline gets :class:`~iop_admission.QueueTimeout`;
-  ``refresh`` re-arms every queued waiter's timer to its new deadline.
+  ``refresh`` re-arms every queued waiter's timer to its new deadline;
+* ``subscribe()`` delivers the trio layer's lifecycle events
+  (:class:`~iop_admission.AdmissionEvent`) as an async iterator, best effort.
 
 Times are the running loop's ``loop.time()``. Like ``asyncio.Lock``, an
 :class:`AsyncAdmission` belongs to the loop that first uses it.
@@ -24,12 +26,14 @@ Times are the running loop's ``loop.time()``. Like ``asyncio.Lock``, an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import final
 
 from ._config import PoolConfig
 from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
+from ._events import AdmissionEvent, lease_event
 from ._snapshot import Snapshot
 from .core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, PreparedRefresh, Revoked, Waiter
 
@@ -54,6 +58,8 @@ class AsyncAdmission:
         self._bodies: dict[Lease, asyncio.Task[object]] = {}  # live leases' tasks (fencing cancels them)
         self._revoking: set[Lease] = set()  # leases whose task this layer cancelled
         self._ejection_timer: asyncio.TimerHandle | None = None
+        self._subscribers: list[asyncio.Queue[AdmissionEvent]] = []
+        self.events_dropped = 0  # events a full subscriber buffer did not take
 
     # ------------------------------------------------------------------ leases
 
@@ -86,12 +92,16 @@ class AsyncAdmission:
             raise NodeNotFound(node_id, self._core.nodes())
         generation, decisions = self._core.connect(node_id)
         self._apply(decisions)
+        if self._subscribers:
+            self._emit(AdmissionEvent("connected", _now(), node_id=node_id, generation=generation))
         return generation
 
     def disconnect(self, node_id: str, generation: int) -> bool:
         """Fence ``generation`` of ``node_id``: its leases are revoked; False if stale (no effect)."""
         done, decisions = self._core.disconnect(node_id, generation)
         self._apply(decisions)
+        if done and self._subscribers:
+            self._emit(AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation))
         return done
 
     def prepare_refresh(self, config: PoolConfig, *, pause: Callable[[], None] | None = None) -> PreparedRefresh:
@@ -106,6 +116,8 @@ class AsyncAdmission:
                 timer.cancel()
                 self._arm(waiter)
         self._apply(decisions)
+        if self._subscribers:
+            self._emit(AdmissionEvent("refreshed", _now()))
 
     # ----------------------------------------------------------------- queries
 
@@ -126,7 +138,7 @@ class AsyncAdmission:
             queue_depth=self._core.queue_depth,
             max_queue=policy.max_queue,
             queue_timeout=policy.queue_timeout,
-            events_dropped=0,
+            events_dropped=self.events_dropped,
             providers=self._core.provider_snapshots(asyncio.get_running_loop().time(), first, count),
             panic=self._core.panic_models(),
         )
@@ -138,6 +150,30 @@ class AsyncAdmission:
     def is_connected(self, node_id: str) -> bool:
         """Whether the node is connected."""
         return self._core.is_connected(node_id)
+
+    # ------------------------------------------------------------------ events
+
+    @asynccontextmanager
+    async def subscribe(self, buffer: int = 256) -> AsyncIterator[AsyncIterator[AdmissionEvent]]:
+        """``async with admission.subscribe() as events: async for event in events: ...``
+
+        Events queue in a buffer of ``buffer``; when it is full an event is
+        dropped and counted in :attr:`events_dropped`. No correctness path
+        reads events.
+        """
+        queue: asyncio.Queue[AdmissionEvent] = asyncio.Queue(buffer)
+        self._subscribers.append(queue)
+        try:
+            yield _events(queue)
+        finally:
+            self._subscribers.remove(queue)
+
+    def _emit(self, event: AdmissionEvent) -> None:
+        for queue in self._subscribers:
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:
+                self.events_dropped += 1
 
     # -------------------------------------------------------------- decisions
 
@@ -162,8 +198,14 @@ class AsyncAdmission:
                 if task is not None and d.lease not in self._revoking:
                     self._revoking.add(d.lease)
                     task.cancel(f"lease {d.lease.id} revoked")
-            elif type(d) is Ejected:
-                self._arm_ejection()
+                if self._subscribers:
+                    self._emit(lease_event("revoked", _now(), d.lease))
+            else:
+                if type(d) is Ejected:
+                    self._arm_ejection()
+                if self._subscribers:
+                    kind = "ejected" if type(d) is Ejected else "restored"
+                    self._emit(AdmissionEvent(kind, _now(), provider=d.provider, node_id=d.provider.node_id))
 
     def _leave(self, waiter: Waiter) -> asyncio.Future[Lease]:
         self._timers.pop(waiter).cancel()
@@ -179,6 +221,9 @@ class AsyncAdmission:
             future = self._leave(expired)
             if not future.done():
                 future.set_exception(QueueTimeout(expired.model, now - expired.enqueue_time))
+            if self._subscribers:
+                waited = now - expired.enqueue_time
+                self._emit(AdmissionEvent("timed_out", now, model=expired.model, long=expired.long, waited=waited))
 
     def _arm_ejection(self) -> None:
         end = self._core.next_ejection_end()
@@ -199,12 +244,20 @@ class AsyncAdmission:
     async def _acquire(self, model: str, long: bool, retry_of: Lease | None) -> Lease:
         core = self._core
         now = asyncio.get_running_loop().time()
-        result = core.request(model, long, now) if retry_of is None else core.retry(retry_of, now)
+        try:
+            result = core.request(model, long, now) if retry_of is None else core.retry(retry_of, now)
+        except Exception as exc:
+            if self._subscribers:
+                self._emit(AdmissionEvent("rejected", now, model=model, long=long, reason=type(exc).__name__))
+            raise
         if type(result) is Lease:
             lease = result
         else:
             assert type(result) is Waiter
+            if self._subscribers:
+                self._emit(AdmissionEvent("queued", now, model=model, long=long))
             lease = await self._wait(result)
+            lease.queue_wait = asyncio.get_running_loop().time() - now
         if lease.revoked:  # fenced between the grant and now: the body never runs
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
         task = asyncio.current_task()
@@ -212,6 +265,8 @@ class AsyncAdmission:
             core.release(lease)
             raise RuntimeError("AsyncAdmission.lease() must be entered from an asyncio task")
         self._bodies[lease] = task
+        if self._subscribers:
+            self._emit(lease_event("granted", _now(), lease, waited=lease.queue_wait))
         return lease
 
     async def _wait(self, waiter: Waiter) -> Lease:
@@ -231,6 +286,8 @@ class AsyncAdmission:
     async def _release(self, lease: Lease, exc_type: type[BaseException] | None) -> None:
         task = self._bodies.pop(lease)
         self._apply(self._core.release(lease))
+        if self._subscribers:
+            self._emit(lease_event("released", _now(), lease))
         if lease not in self._revoking:
             return
         self._revoking.discard(lease)
@@ -246,6 +303,15 @@ class AsyncAdmission:
 
     def __repr__(self) -> str:
         return f"<AsyncAdmission {self._core!r}>"
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def _events(queue: asyncio.Queue[AdmissionEvent]) -> AsyncIterator[AdmissionEvent]:
+    while True:
+        yield await queue.get()
 
 
 @final

@@ -381,3 +381,19 @@ def test_queue_timeout_error_names_the_model(layer: Layer, pool: Any) -> None:
         _drained(admission)
 
     layer.run(scenario)
+
+
+def test_subscription_is_an_async_iterator_of_lifecycle_events(layer: Layer, pool: Any) -> None:
+    async def scenario() -> None:
+        admission = layer.admission(pool.shared())
+        async with admission.subscribe() as events:
+            generation = admission.connect("node-a")
+            async with admission.lease(pool.big) as lease:
+                pass
+            admission.disconnect("node-a", generation)
+            kinds = [(await events.__anext__()).kind for _ in range(4)]
+        assert kinds == ["connected", "granted", "released", "disconnected"]
+        assert lease.released
+        _drained(admission)
+
+    layer.run(scenario)
