@@ -262,7 +262,7 @@ class AsyncAdmission:
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
         task = asyncio.current_task()
         if task is None:
-            core.release(lease)
+            self._apply(core.release(lease))
             raise RuntimeError("AsyncAdmission.lease() must be entered from an asyncio task")
         self._bodies[lease] = task
         if self._subscribers:
