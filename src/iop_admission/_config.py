@@ -76,7 +76,7 @@ class ProviderSpec:
             out.append(f"{where}.capacity: must be >= 1, got {self.capacity}")
         if self.long_context_capacity < 0:
             out.append(f"{where}.long_context_capacity: must be >= 0, got {self.long_context_capacity}")
-        if self.capacity >= 1 and self.long_context_capacity > self.capacity:  # no follow-on error
+        if self.long_context_capacity > max(self.capacity, 0):  # a bad capacity alone is one problem
             out.append(
                 f"{where}.long_context_capacity: must be <= capacity ({self.long_context_capacity} > {self.capacity})"
             )
