@@ -35,6 +35,7 @@ from ._errors import (
 from ._gate import GateStatistics, LocalGate, Permit
 from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, Snapshot
 from ._state import Lease, PreparedRefresh
+from ._waiting import WaiterSnapshot
 
 try:
     __version__: str = version("iop-admission")
@@ -72,6 +73,7 @@ __all__ = [
     "RetryPolicy",
     "Snapshot",
     "Unavailable",
+    "WaiterSnapshot",
     "__version__",
     "validate_pool",
 ]

@@ -70,6 +70,7 @@ from ._config import PoolConfig
 from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
 from ._events import AdmissionEvent, lease_event
 from ._snapshot import ProviderRow, Snapshot
+from ._waiting import WaiterSnapshot, waiter_snapshots
 from .core import (
     AdmissionState,
     Decision,
@@ -312,6 +313,16 @@ class Admission:
         of the objects plus ``cattrs.unstructure``).
         """
         return self._core.provider_rows(_now(), first, count)
+
+    def waiters(self) -> tuple[WaiterSnapshot, ...]:
+        """The queued requests, in arrival order, as :class:`WaiterSnapshot` (read only).
+
+        Call it in the same synchronous step as :meth:`snapshot` (no ``await``
+        between) and both describe the same instant of the state.
+        """
+        now = _now()
+        core = self._core
+        return waiter_snapshots(core.waiters(), core.last_time if now is None else now, core.config.models)
 
     def generation(self, node_id: str) -> int:
         """The node's current generation (0 if it never connected)."""

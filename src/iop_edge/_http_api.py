@@ -45,6 +45,8 @@ from ._http_server import HEAD_LET_THROUGH, PAUSE_READING, CannedResponse, Heade
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor
+from ._ui import PATHS as QUEUE_PAGE_PATHS
+from ._ui import QueuePage
 from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
@@ -427,6 +429,7 @@ class EdgeAPI:
         self._capacity_of: tuple[EdgeConfig | None, int] = (None, 0)
         self._head_refusals: dict[tuple[str, int, int], CannedResponse] = {}
         self._refusal_counters: dict[str, Callable[[], None]] = {}
+        self._queue_page = QueuePage(service)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -439,6 +442,9 @@ class EdgeAPI:
         responder = Responder(
             send, scope, extensions.get("iop.write_body_nowait"), extensions.get("iop.respond_nowait")
         )
+        if scope["path"] in QUEUE_PAGE_PATHS:  # the live queue page, an app of its own ([queue-page])
+            await self._queue_page(scope, receive, send)
+            return
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
             if handler is None:
