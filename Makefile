@@ -39,7 +39,7 @@ test-real: $(REAL_STAMP)
 UI_STAMP := $(VENV)/.installed-ui
 
 $(UI_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,ui]'
+	$(BIN)/python -m pip install --quiet -e '.[daemons,test,bench,ui]'
 	touch $(UI_STAMP)
 
 # Browser tier: the live queue page in a headless Chromium (Selenium) against real Edge and Node
