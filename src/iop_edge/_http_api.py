@@ -33,15 +33,17 @@ from iop_admission import (
     AdmissionError,
     Lease,
     LeaseRevoked,
-    ModelNotFound,
-    QueueFull,
-    QueueTimeout,
-    Unavailable,
 )
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
+from ._head_refusal import COMPLETION_TARGETS, HeadRefusal
 from ._http_pacing import Headers
+from ._http_rejections import JSON as _JSON
+from ._http_rejections import RequestRejected, node_disconnected
+from ._http_rejections import bearer as _bearer
+from ._http_rejections import canned as _canned
+from ._http_rejections import dumps as _dumps
 from ._http_server import CONNECTION, PAUSE_READING, CannedResponse, ConnectionHooks
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
@@ -97,9 +99,6 @@ CHARS_PER_TOKEN = 4
 UPSTREAM_RETRY_AFTER = 1
 """``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
 
-_COMPLETION_TARGETS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
-"""The request targets a flood can be refused on, before a scope is built (:meth:`EdgeAPI.refuse_head`)."""
-
 
 def _let_through_on_head(scope: Scope) -> bool:
     """Whether the listener asked :meth:`EdgeAPI.refuse_head` on this request's head and it let
@@ -109,7 +108,7 @@ def _let_through_on_head(scope: Scope) -> bool:
         hooks is not None
         and hooks.head_let_through
         and not scope["query_string"]
-        and scope["raw_path"] in _COMPLETION_TARGETS
+        and scope["raw_path"] in COMPLETION_TARGETS
     )
 
 
@@ -119,75 +118,7 @@ def _hooks(scope: Scope) -> ConnectionHooks | None:
     return hooks
 
 
-_JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream")
-
-
-class RequestRejected(Exception):
-    """An error answer in the OpenAI shape (status, type, code, message)."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        reason: str | None = None,
-        retry_after: int | None = None,
-        retry: str | None = None,
-        provider_failure: bool = False,
-        error: dict[str, Any] | None = None,
-        provider: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.read_after: float | None = None  # trio time before which the connection is not read again (pacing)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.type = type
-        self.reason = reason or code
-        self.retry_after = retry_after
-        self.retry = retry  # a retry reason when another candidate may serve (before the first byte)
-        self.provider_failure = provider_failure  # counts against the provider ([outlier-ejection])
-        self.attempts: int | None = None  # attempts made, when it ends a run
-        self.error = error  # a backend's own error object, passed through instead of ours
-        self.provider = provider
-
-    def body(self) -> bytes:
-        error = self.error or {"message": self.message, "type": self.type, "code": self.code}
-        return _dumps({"error": error})
-
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        headers = [_JSON, (b"x-iop-reject-reason", self.reason.encode())]
-        if self.retry_after is not None:
-            headers.append((b"retry-after", str(self.retry_after).encode()))
-        if self.attempts is not None:
-            headers.append((b"x-iop-attempts", str(self.attempts).encode()))
-        if self.provider is not None:
-            headers.append((b"x-iop-provider", self.provider.encode()))
-        return headers
-
-
-def admission_rejection(exc: AdmissionError) -> RequestRejected:
-    """Map an admission outcome to its HTTP answer (the queue's refusals get their Retry-After later)."""
-    if isinstance(exc, ModelNotFound):
-        return RequestRejected(404, "model_not_found", str(exc))
-    if isinstance(exc, QueueFull):
-        return RequestRejected(429, "queue_full", str(exc), type="rate_limit_error")
-    if isinstance(exc, QueueTimeout):
-        return RequestRejected(429, "queue_timeout", str(exc), type="rate_limit_error")
-    if isinstance(exc, Unavailable):
-        return RequestRejected(503, "unavailable", str(exc), type="service_unavailable")
-    if isinstance(exc, LeaseRevoked):
-        return node_disconnected(str(exc))
-    return RequestRejected(500, "internal_error", str(exc), type="server_error")
-
-
-def node_disconnected(message: str) -> RequestRejected:
-    return RequestRejected(
-        502, "node_disconnected", message, type="upstream_error", retry="node_disconnected", provider_failure=True
-    )
 
 
 def run_failure(end: RunEnd) -> RequestRejected:
@@ -435,9 +366,7 @@ class EdgeAPI:
             ("POST", "/admin/reload"): self._reload,
         }
         self._paths = {path for _, path in self._routes}
-        self._capacity_of: tuple[EdgeConfig | None, int] = (None, 0)
-        self._head_refusals: dict[tuple[str, int, int], CannedResponse] = {}
-        self._refusal_counters: dict[str, Callable[[], None]] = {}
+        self.head_refusal = HeadRefusal(service)
         self._queue_page = QueuePage(service)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -483,9 +412,9 @@ class EdgeAPI:
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
         if _let_through_on_head(scope):
-            self._authorize(scope["headers"])
+            self.head_refusal.authorize(scope["headers"])
         else:
-            refused = self._refused_on_head(scope["headers"])
+            refused = self.head_refusal.refused(scope["headers"])
             if refused is not None:
                 response, scope[PAUSE_READING] = refused
                 await responder.canned(response)
@@ -514,72 +443,8 @@ class EdgeAPI:
             nursery.cancel_scope.cancel()
 
     def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
-        """The listener's ``refuse_head``: a completion request refused on its head, or None.
-
-        Asked before a scope is built: the refusal is a response encoded once per
-        kind and the time before which the connection is not read again (the
-        client's booked return). Anything else -- another route, a query string,
-        a request that is not refused, a 401 -- goes to the app as usual.
-        """
-        if method != b"POST" or target not in _COMPLETION_TARGETS:
-            return None
-        try:
-            return self._refused_on_head(headers)
-        except RequestRejected:
-            return None  # unauthorized: the app answers it
-
-    def _refused_on_head(self, headers: Headers) -> tuple[CannedResponse, float] | None:
-        """The refusals decided before the body is read: overload, authorization, a full queue.
-
-        Returns:
-            For 503 ``overloaded`` ([overload-shed]) or 429 ``queue_full`` (the
-            queue is full and the requests already asking for a lease fill it and
-            every free slot, :meth:`FrontDoor.queue_full`: no request, whatever its
-            model, could run or queue now): the canned response, with the
-            client's return booked, and the time before which its connection is
-            not read again. None when the request may go on.
-
-        Raises:
-            RequestRejected: 401 when an API key is required and missing or wrong.
-        """
-        service = self.service
-        door = service.front_door
-        now = trio.current_time()
-        if door.shed(service.admission.queue_depth):
-            code = "overloaded"
-        else:
-            self._authorize(headers)
-            max_queue = service.config.provider_pool.max_queue
-            if not door.queue_full(max_queue, self._capacity(), service.admission.queue_depth, now):
-                door.let_through(now)
-                return None
-            code = "queue_full"
-        count = self._refusal_counters.get(code)
-        if count is None:
-            count = self._refusal_counters[code] = service.metrics.rejection_counter("", code)
-        count()
-        retry_after, delay = door.refusal(now, self._capacity())
-        return self._refusal_on_head(code, retry_after), now + delay
-
-    def _refusal_on_head(self, code: str, retry_after: int) -> CannedResponse:
-        """The canned ``overloaded`` or ``queue_full`` answer with ``retry_after``, built once per kind."""
-        max_queue = self.service.config.provider_pool.max_queue
-        key = (code, retry_after, max_queue)
-        response = self._head_refusals.get(key)
-        if response is None:
-            if code == "overloaded":
-                rejection = RequestRejected(
-                    503, code, "the Edge is overloaded; retry later", type="service_unavailable"
-                )
-            else:
-                message = f"the queue is full ({max_queue} waiting) and every provider is busy"
-                rejection = RequestRejected(429, code, message, type="rate_limit_error")
-            rejection.retry_after = retry_after
-            head, body = _canned(rejection)
-            response = CannedResponse(rejection.status, head, body, retry_after)
-            if len(self._head_refusals) < _CANNED_MAX:
-                self._head_refusals[key] = response
-        return response
+        """The listener's ``refuse_head``: :meth:`HeadRefusal.refuse`."""
+        return self.head_refusal.refuse(method, target, headers)
 
     async def _admit_and_run(
         self,
@@ -615,7 +480,7 @@ class EdgeAPI:
             visit.stop_asking()
             if isinstance(exc, LeaseRevoked):
                 outcome = "revoked"
-            await responder.reject(self._admission_refusal(exc))
+            await responder.reject(self.head_refusal.admission_refusal(exc))
         except RequestRejected as rejection:
             if rejection.code == "provider_busy":
                 metrics.request_rejected(model, "provider_busy")
@@ -690,36 +555,10 @@ class EdgeAPI:
         except (NodeGone, KeyError) as exc:
             raise node_disconnected(str(exc)) from None
 
-    def _booked(self, rejection: RequestRejected, *, pace: bool = True) -> RequestRejected:
-        """``rejection`` with the client's return booked: its ``Retry-After`` and (``pace``) the
-        pause before its connection is read again (the front door's return schedule)."""
-        now = trio.current_time()
-        rejection.retry_after, delay = self.service.front_door.refusal(now, self._capacity())
-        rejection.read_after = now + delay if pace else None
-        return rejection
-
-    def _admission_refusal(self, exc: AdmissionError) -> RequestRejected:
-        """The answer to an admission error; the queue's refusals book the client's return.
-
-        A ``queue_timeout`` is not paced: that client already waited ``queue_timeout_ms``.
-        """
-        rejection = admission_rejection(exc)
-        if rejection.code in ("queue_full", "queue_timeout"):
-            self._booked(rejection, pace=rejection.code == "queue_full")
-        return rejection
-
-    def _capacity(self) -> int:
-        """Concurrent slots of every enabled provider in the config in force (cached per config)."""
-        config = self.service.config
-        if config is not self._capacity_of[0]:
-            capacity = sum(p.capacity for node in config.nodes for p in node.providers if p.enabled)
-            self._capacity_of = (config, capacity)
-        return self._capacity_of[1]
-
     # ------------------------------------------------------------ other routes
 
     async def _models(self, scope: Scope, receive: Receive, responder: Responder) -> None:
-        self._authorize(scope["headers"])
+        self.head_refusal.authorize(scope["headers"])
         data = [{"id": m.id, "object": "model", "created": 0, "owned_by": "iop"} for m in self.service.config.models]
         await responder.whole(200, [_JSON], _dumps({"object": "list", "data": data}))
 
@@ -759,19 +598,6 @@ class EdgeAPI:
         await responder.whole(200, [_JSON], b'{"status":"reloaded"}')
 
     # ------------------------------------------------------------------ input
-
-    def _authorize(self, headers: Headers) -> None:
-        config = self.service.config
-        if not config.api_keys_required:
-            return
-        key = _bearer(headers)
-        if key is None or not config.accepts_api_key(key):
-            raise RequestRejected(
-                401,
-                "invalid_api_key",
-                "a valid API key is required (Authorization: Bearer ...)",
-                type="authentication_error",
-            )
 
     async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         limit = self.service.config.max_body_bytes
@@ -970,28 +796,6 @@ def _finite_float(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 """The request body's decoder, built once (``json.loads`` with hooks builds one per call)."""
 
-_CANNED: dict[tuple[object, ...], tuple[list[tuple[bytes, bytes]], bytes]] = {}
-_CANNED_MAX = 256
-
-
-def _canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """The response head (with its content-length) and body of ``rejection``, built once per kind.
-
-    Refusals under a flood repeat (``queue_full`` with the same Retry-After thousands of times a
-    second): each distinct one is encoded once. Only the Edge's own refusals with a Retry-After
-    are kept (``queue_full``, ``queue_timeout``, ``overloaded``: no backend error object, no
-    attempt count or provider), the first ``_CANNED_MAX`` distinct ones.
-    """
-    key = (rejection.status, rejection.code, rejection.reason, rejection.type, rejection.message, rejection.retry_after)
-    canned = _CANNED.get(key)
-    if canned is None:
-        body = rejection.body()
-        canned = ([*rejection.headers(), (b"content-length", b"%d" % len(body))], body)
-        own = rejection.error is None and rejection.attempts is None and rejection.provider is None
-        if own and rejection.retry_after is not None and len(_CANNED) < _CANNED_MAX:
-            _CANNED[key] = canned
-    return canned
-
 
 def _framing(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> list[tuple[bytes, bytes]]:
     """``headers`` and the ``content-length`` of ``body``.
@@ -1006,23 +810,9 @@ def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
 
 
-def _bearer(headers: Headers) -> str | None:
-    for name, value in headers:
-        if name == b"authorization":
-            text: str = value.decode("latin-1")
-            if text[:7].lower() == "bearer ":
-                return text[7:].strip()
-            return None
-    return None
-
-
 def _last(query: dict[str, list[str]], name: str) -> str | None:
     values = query.get(name)
     return values[-1] if values else None
-
-
-def _dumps(value: object) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

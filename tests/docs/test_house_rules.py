@@ -108,9 +108,8 @@ LARGE_FOR_NOW = {
     "iop_edge/_links.py:NodeRegistry",
     "iop_node/_session.py:EdgeSession",
     # Issue 27's split of the listener into rooms (one object per request cycle, the pacer, the
-    # disconnect watcher, the accept loop) and of EdgeAPI is still to come.
+    # disconnect watcher, the accept loop) is still to come.
     "iop_edge/_http_server.py:_Connection",
-    "iop_edge/_http_api.py:EdgeAPI",
 }
 """Known classes over the bound; an entry that is no longer large must go."""
 
