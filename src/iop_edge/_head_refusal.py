@@ -10,8 +10,8 @@ connection), and for the ``Retry-After`` of the queue's own refusals.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, final
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, final
 
 import trio
 
@@ -19,7 +19,7 @@ from iop_admission import AdmissionError
 
 from ._http_pacing import Headers
 from ._http_rejections import CANNED_MAX, RequestRejected, admission_rejection, bearer, canned
-from ._http_server import CannedResponse
+from ._http_server import CannedResponse, ConnectionHooks
 
 if TYPE_CHECKING:
     from ._http_api import EdgeParts
@@ -53,6 +53,31 @@ class HeadRefusal:
             return self.refused(headers)
         except RequestRejected:
             return None  # unauthorized: the app answers it
+
+    def refuse_request(
+        self, scope: MutableMapping[str, Any], hooks: ConnectionHooks | None
+    ) -> tuple[CannedResponse, float] | None:
+        """The app's question for a completion request: its refusal on the head, or None (go on).
+
+        Decided once per request: when the listener asked :meth:`refuse` on this
+        request's head (``hooks.head_let_through``, and the target is exactly a
+        completion target without a query string, as :meth:`refuse` asks) and it
+        let the request through, that decision stands and only the API key is
+        checked (:meth:`refuse` leaves a 401 to the app); otherwise it is decided here.
+
+        Raises:
+            RequestRejected: 401 when an API key is required and missing or wrong.
+        """
+        asked = (
+            hooks is not None
+            and hooks.head_let_through
+            and not scope["query_string"]
+            and scope["raw_path"] in COMPLETION_TARGETS
+        )
+        if asked:
+            self.authorize(scope["headers"])
+            return None
+        return self.refused(scope["headers"])
 
     def refused(self, headers: Headers) -> tuple[CannedResponse, float] | None:
         """The refusals decided before the body is read: overload, authorization, a full queue.

@@ -37,7 +37,7 @@ from iop_admission import (
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
-from ._head_refusal import COMPLETION_TARGETS, HeadRefusal
+from ._head_refusal import HeadRefusal
 from ._http_pacing import Headers
 from ._http_rejections import JSON as _JSON
 from ._http_rejections import RequestRejected, node_disconnected
@@ -98,18 +98,6 @@ CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
 UPSTREAM_RETRY_AFTER = 1
 """``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
-
-
-def _let_through_on_head(scope: Scope) -> bool:
-    """Whether the listener asked :meth:`EdgeAPI.refuse_head` on this request's head and it let
-    the request through (decided: the target is exactly a completion target, no query string)."""
-    hooks = _hooks(scope)
-    return bool(
-        hooks is not None
-        and hooks.head_let_through
-        and not scope["query_string"]
-        and scope["raw_path"] in COMPLETION_TARGETS
-    )
 
 
 def _hooks(scope: Scope) -> ConnectionHooks | None:
@@ -411,14 +399,11 @@ class EdgeAPI:
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
-        if _let_through_on_head(scope):
-            self.head_refusal.authorize(scope["headers"])
-        else:
-            refused = self.head_refusal.refused(scope["headers"])
-            if refused is not None:
-                response, scope[PAUSE_READING] = refused
-                await responder.canned(response)
-                return
+        refused = self.head_refusal.refuse_request(scope, _hooks(scope))
+        if refused is not None:
+            response, scope[PAUSE_READING] = refused
+            await responder.canned(response)
+            return
         try:
             body = await self._read_json(scope, receive)
             model = body.get("model")
