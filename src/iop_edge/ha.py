@@ -1,0 +1,95 @@
+"""High availability of the Edge: active-passive replicas elected through etcd (docs/ha.md).
+
+The public face of the election for the rest of the Edge: :class:`EdgeHa`
+holds this Edge's :class:`Leadership` and runs the election task; the HTTP
+layer asks :meth:`EdgeHa.admits` before admitting a request and
+:meth:`EdgeHa.refusal_headers` for a standby's 503.
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+import time
+from collections.abc import Callable
+from typing import final
+
+import attrs
+import httpx
+import trio
+
+from ._election import run_election
+from ._etcd import EtcdGateway, EtcdUnavailable, KeyHolder
+from ._leadership import LeaderInfo, Leadership, Role
+from .config import HaConfig
+
+__all__ = ["EdgeHa", "EtcdGateway", "EtcdUnavailable", "KeyHolder", "LeaderInfo", "Leadership", "Role"]
+
+LEADER_HEADER = "x-iop-leader"
+"""The header a standby's 503 carries: the leader's advertised address, when known."""
+
+
+@final
+@attrs.define(eq=False)
+class EdgeHa:
+    """This Edge's part in the election. Without ``ha:`` there is no ``EdgeHa`` and the Edge always admits."""
+
+    config: HaConfig
+    leadership: Leadership
+    on_change: Callable[[Leadership], None] = lambda _: None
+    since: float | None = None
+    """Wall-clock time of the last change of leader seen by this Edge."""
+
+    @classmethod
+    def of(cls, config: HaConfig, on_change: Callable[[Leadership], None] = lambda _: None) -> EdgeHa:
+        return cls(config, Leadership(config.advertise, float(config.ttl_s), config.margin), on_change)
+
+    def admits(self) -> bool:
+        """True while this Edge leads and its own count of its lease has not run out.
+
+        Checked at each admission, so a leader paused past its deadline (SIGSTOP)
+        admits nothing when it wakes, before its election task has run.
+        """
+        return self.leadership.leading and not self.leadership.must_step_down(trio.current_time())
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: one TTL covers a whole failover."""
+        return max(1, math.ceil(self.config.ttl_s))
+
+    def refusal_headers(self) -> list[tuple[str, str]]:
+        """``Retry-After`` and, when a leader is known, the header naming it."""
+        headers = [("retry-after", str(self.retry_after()))]
+        if self.leadership.leader is not None and not self.leadership.leading:
+            headers.append((LEADER_HEADER, self.leadership.leader))
+        return headers
+
+    def info(self) -> LeaderInfo:
+        """``/status``'s view: who leads, its epoch, since when."""
+        return LeaderInfo(self.leadership.leader, self.leadership.epoch, self.since)
+
+    def _changed(self, leadership: Leadership) -> None:
+        self.since = time.time()
+        self.on_change(leadership)
+
+    def _client(self) -> httpx.AsyncClient:
+        verify: ssl.SSLContext | bool = True
+        if self.config.ca_file or self.config.cert_file:
+            context = ssl.create_default_context(cafile=self.config.ca_file)
+            if self.config.cert_file and self.config.key_file:
+                context.load_cert_chain(self.config.cert_file, self.config.key_file)
+            verify = context
+        timeout = httpx.Timeout(self.config.ttl_s / 3)
+        return httpx.AsyncClient(verify=verify, timeout=timeout, trust_env=False)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Campaign until cancelled (see :func:`iop_edge._election.run_election`); steps down on cancel."""
+        async with self._client() as client:
+            gateway = EtcdGateway(client, self.config.endpoints)
+            await run_election(
+                gateway,
+                self.leadership,
+                self.config.key,
+                poll_interval=self.config.poll_interval_ms / 1000,
+                on_change=self._changed,
+                task_status=task_status,
+            )
