@@ -47,6 +47,7 @@ from ._off_loop import run_off_loop
 from ._overload import FrontDoor
 from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
+from .ha import LEADER_HEADER, EdgeHa
 from .metrics import EdgeMetrics
 from .status import StatusRows, status_json_rows
 
@@ -76,6 +77,11 @@ class EdgeParts(Protocol):
     def registry(self) -> NodeRegistry: ...
     @property
     def front_door(self) -> FrontDoor: ...
+    @property
+    def ha(self) -> EdgeHa | None:
+        """This Edge's part in the election; None without ``ha:`` (the Edge always admits)."""
+        ...
+
     def status(self) -> dict[str, Any]:
         """The ``/status`` body."""
         ...
@@ -128,6 +134,7 @@ class RequestRejected(Exception):
         provider_failure: bool = False,
         error: dict[str, Any] | None = None,
         provider: str | None = None,
+        leader: str | None = None,
     ) -> None:
         super().__init__(message)
         self.read_after: float | None = None  # trio time before which the connection is not read again (pacing)
@@ -142,6 +149,7 @@ class RequestRejected(Exception):
         self.attempts: int | None = None  # attempts made, when it ends a run
         self.error = error  # a backend's own error object, passed through instead of ours
         self.provider = provider
+        self.leader = leader  # a standby's refusal names the leading Edge ([ha-election])
 
     def body(self) -> bytes:
         error = self.error or {"message": self.message, "type": self.type, "code": self.code}
@@ -155,6 +163,8 @@ class RequestRejected(Exception):
             headers.append((b"x-iop-attempts", str(self.attempts).encode()))
         if self.provider is not None:
             headers.append((b"x-iop-provider", self.provider.encode()))
+        if self.leader is not None:
+            headers.append((LEADER_HEADER.encode(), self.leader.encode()))
         return headers
 
 
@@ -420,6 +430,7 @@ class EdgeAPI:
             ("GET", "/v1/models"): self._models,
             ("GET", "/status"): self._status,
             ("GET", "/healthz"): self._healthz,
+            ("GET", "/readyz"): self._readyz,
             ("GET", "/metrics"): self._metrics,
             ("POST", "/admin/reload"): self._reload,
         }
@@ -464,6 +475,10 @@ class EdgeAPI:
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
+        if service.ha is not None and not service.ha.admits():
+            if _let_through_on_head(scope):
+                service.front_door.gave_up()  # it will not ask for a lease
+            raise _standby_refusal(service.ha)
         if _let_through_on_head(scope):
             self._authorize(scope["headers"])
         else:
@@ -716,6 +731,15 @@ class EdgeAPI:
     async def _healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await responder.whole(200, [_JSON], b'{"status":"ok"}')
 
+    async def _readyz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        """200 when this Edge admits (it leads, or runs without ``ha:``); 503 ``not leader`` else."""
+        ha = self.service.ha
+        if ha is None or ha.admits():
+            await responder.whole(200, [_JSON], b'{"status":"ready"}')
+            return
+        body = {"status": "not leader", "leader": ha.leadership.leader, "epoch": ha.leadership.epoch}
+        await responder.whole(503, [_JSON, *_header_pairs(ha.refusal_headers())], _dumps(body))
+
     async def _metrics(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         body, content_type = await self.service.metrics.render_off_loop()
         await responder.whole(200, [(b"content-type", content_type.encode())], body)
@@ -956,6 +980,24 @@ _CANNED: dict[tuple[object, ...], tuple[list[tuple[bytes, bytes]], bytes]] = {}
 _CANNED_MAX = 256
 
 
+def _standby_refusal(ha: EdgeHa) -> RequestRejected:
+    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader."""
+    leader = ha.leadership.leader
+    where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
+    return RequestRejected(
+        503,
+        "not_leader",
+        "this Edge does not lead" + where,
+        type="service_unavailable",
+        retry_after=ha.retry_after(),
+        leader=leader,
+    )
+
+
+def _header_pairs(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode(), value.encode()) for name, value in headers]
+
+
 def _canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """The response head (with its content-length) and body of ``rejection``, built once per kind.
 
@@ -964,7 +1006,15 @@ def _canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], byte
     are kept (``queue_full``, ``queue_timeout``, ``overloaded``: no backend error object, no
     attempt count or provider), the first ``_CANNED_MAX`` distinct ones.
     """
-    key = (rejection.status, rejection.code, rejection.reason, rejection.type, rejection.message, rejection.retry_after)
+    key = (
+        rejection.status,
+        rejection.code,
+        rejection.reason,
+        rejection.type,
+        rejection.message,
+        rejection.retry_after,
+        rejection.leader,
+    )
     canned = _CANNED.get(key)
     if canned is None:
         body = rejection.body()

@@ -28,6 +28,7 @@ from ._links import NodeRegistry
 from ._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
+from .ha import EdgeHa, Leadership
 from .metrics import EdgeMetrics
 from .status import EdgeStatus, NodeRow, StatusRows, status_document
 
@@ -68,6 +69,7 @@ class EdgeService:
         self.metrics.follow_node_socket(lambda: self.registry.limits.pending)
         self.front_door = FrontDoor(config.overload.policy())
         self.metrics.follow_front_door(self.front_door.status)
+        self.ha = EdgeHa.of(config.ha, self._leadership_changed) if config.ha is not None else None
         self.api = EdgeAPI(self)
         self._reload_lock = trio.Lock()
         self.http_port: int | None = None
@@ -140,6 +142,10 @@ class EdgeService:
         self.registry.ssl_context, self.api_ssl_context = tls.node, tls.api
         self.metrics.refresh_result("ok")
 
+    def _leadership_changed(self, leadership: Leadership) -> None:
+        """[ha-election] Log each change of role (the HTTP API asks :meth:`EdgeHa.admits` per request)."""
+        logger.warning("ha: this Edge is %s at epoch %d", leadership.role, leadership.epoch)
+
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
@@ -197,6 +203,8 @@ class EdgeService:
         config = self.config
         async with trio.open_nursery() as nursery:
             await nursery.start(self.metrics.run)
+            if self.ha is not None:  # campaigns from the start; nodes register with a standby too
+                await nursery.start(self.ha.run)
             nursery.start_soon(self.admission.watch_ejections)  # ejections end on time [outlier-ejection]
             self.node_port = await nursery.start(
                 _serve_nodes,
