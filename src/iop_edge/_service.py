@@ -70,6 +70,8 @@ class EdgeService:
         self.front_door = FrontDoor(config.overload.policy())
         self.metrics.follow_front_door(self.front_door.status)
         self.ha = EdgeHa.of(config.ha, self._leadership_changed) if config.ha is not None else None
+        if self.ha is not None:
+            self.metrics.registry.register(self.ha.collector())
         self.api = EdgeAPI(self)
         self._reload_lock = trio.Lock()
         self.http_port: int | None = None
@@ -152,7 +154,8 @@ class EdgeService:
         """The ``/status`` document, read in one go (for tools and tests; the route reads in slices)."""
         node_ids = [n.id for n in self.config.nodes]
         nodes = self.registry.node_status(node_ids)
-        return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status()))
+        ha = self.ha.status() if self.ha is not None else None
+        return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status(), ha))
 
     async def status_rows(self, *, node: str | None = None, model: str | None = None) -> StatusRows:
         """What ``/status`` writes, optionally only one node's or one model key's part.
@@ -189,7 +192,9 @@ class EdgeService:
             if first:
                 await trio.lowlevel.checkpoint()
             nodes.extend(self.registry.node_rows(node_ids[first : first + NODE_SLICE]))
-        return StatusRows(head, rows, nodes, self.front_door.status())
+        return StatusRows(
+            head, rows, nodes, self.front_door.status(), self.ha.status() if self.ha is not None else None
+        )
 
     # ------------------------------------------------------------------- serve
 

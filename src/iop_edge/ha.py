@@ -11,17 +11,20 @@ from __future__ import annotations
 import math
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import final
 
 import attrs
 import httpx
 import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ._election import run_election
 from ._etcd import EtcdGateway, EtcdUnavailable, KeyHolder
 from ._leadership import LeaderInfo, Leadership, Role
 from .config import HaConfig
+from .status import HaStatus
 
 __all__ = ["EdgeHa", "EtcdGateway", "EtcdUnavailable", "KeyHolder", "LeaderInfo", "Leadership", "Role"]
 
@@ -67,6 +70,15 @@ class EdgeHa:
         """``/status``'s view: who leads, its epoch, since when."""
         return LeaderInfo(self.leadership.leader, self.leadership.epoch, self.since)
 
+    def status(self) -> HaStatus:
+        """``/status``'s ``ha`` block."""
+        lead = self.leadership
+        return HaStatus(lead.role, lead.leader, lead.epoch, self.since, lead.elections_won, lead.step_downs)
+
+    def collector(self) -> Collector:
+        """Prometheus families read from this Edge's leadership at every scrape (docs/metrics.md)."""
+        return _HaCollector(self.leadership)
+
     def _changed(self, leadership: Leadership) -> None:
         self.since = time.time()
         self.on_change(leadership)
@@ -93,3 +105,20 @@ class EdgeHa:
                 on_change=self._changed,
                 task_status=task_status,
             )
+
+
+@final
+class _HaCollector(Collector):
+    """``iop_ha_leader``, ``iop_ha_epoch``, ``iop_ha_elections_won_total``, ``iop_ha_step_downs_total``."""
+
+    def __init__(self, leadership: Leadership) -> None:
+        self._leadership = leadership
+
+    def collect(self) -> Iterator[Metric]:
+        lead = self._leadership
+        yield GaugeMetricFamily(
+            "iop_ha_leader", "1 while this Edge leads its election, else 0", value=int(lead.leading)
+        )
+        yield GaugeMetricFamily("iop_ha_epoch", "The epoch of the leader this Edge knows (0: none)", value=lead.epoch)
+        yield CounterMetricFamily("iop_ha_elections_won", "Elections this Edge has won", value=lead.elections_won)
+        yield CounterMetricFamily("iop_ha_step_downs", "Times this Edge stopped leading", value=lead.step_downs)

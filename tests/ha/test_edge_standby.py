@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 import trio
+from rich.console import Console
 from tests.edge.harness import BIG, Edge, EdgeLayout, running_edge
+
+from iop_edge.status import EdgeStatus, parse_status
+from iop_edge.status_cli import render_status
 
 from .etcd_server import EtcdServer
 
@@ -23,6 +28,12 @@ async def until(condition: object) -> None:
     assert callable(condition)
     while not condition():  # bounded by the caller's fail_after
         await trio.sleep(0.02)
+
+
+def rendered(status: EdgeStatus) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render_status(status))
+    return console.export_text()
 
 
 def leads(edge: Edge) -> bool:
@@ -61,6 +72,16 @@ async def test_the_standby_refuses_with_retry_after_and_the_leader_then_takes_ov
             ready = await b.http.get("/readyz")
             assert (ready.status_code, ready.json()["status"], ready.json()["leader"]) == (503, "not leader", "edge-a")
             assert (await a.http.get("/readyz")).status_code == 200
+
+            # /status, iop status and /metrics say who leads, at which epoch.
+            status = parse_status((await b.http.get("/status")).json())
+            assert status.ha is not None
+            assert (status.ha.role, status.ha.leader, status.ha.epoch) == ("standby", "edge-a", epoch)
+            assert f"HA: this Edge stands by, leader edge-a, epoch {epoch}" in rendered(status)
+            metrics = (await a.http.get("/metrics")).text
+            assert "iop_ha_leader 1.0" in metrics
+            assert f"iop_ha_epoch {float(epoch)}" in metrics
+            assert "iop_ha_elections_won_total 1.0" in metrics
 
             stop_a.cancel()  # a stops: it revokes its lease, b wins without waiting out the TTL
             await until(lambda: leads(b))
