@@ -60,3 +60,11 @@ def test_each_rule_names_its_field(tmp_path: Path, ha: str, field: str) -> None:
     with pytest.raises(ConfigFileError) as info:
         load(tmp_path, f"ha: {ha}\n")
     assert any(field + ":" in error for error in info.value.errors), info.value.errors
+
+
+def test_the_deployment_example_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/ha/edge.yaml, the HA example docs/ha.md points at, is a valid config with ``ha:``."""
+    monkeypatch.setenv("IOP_NODE_A_TOKEN", "t")
+    config = load_edge_config(Path(__file__).resolve().parents[2] / "deploy" / "ha" / "edge.yaml")
+    assert config.ha is not None
+    assert len(config.ha.endpoints) == 3
