@@ -19,6 +19,7 @@ library's outcomes to HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -499,15 +500,28 @@ class EdgeAPI:
             service.front_door.gave_up()  # let through on its head, it will not ask for a lease
             raise
 
+        term = trio.CancelScope()  # [ha-step-down] cancelled when this Edge stops leading
+        with contextlib.ExitStack() as stack:
+            if service.ha is not None:
+                stack.enter_context(service.ha.cut_on_step_down(term))
+            with term:
+                await self._watched(scope, receive, responder, (model, long, endpoint, body, stream))
+        if term.cancelled_caught and service.ha is not None:
+            raise _standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
+
+    async def _watched(
+        self, scope: Scope, receive: Receive, responder: Responder, request: tuple[str, bool, str, dict[str, Any], bool]
+    ) -> None:
+        """Admit and run ``request``, cancelled if the client goes away."""
         watch = scope.get("extensions", {}).get("iop.cancel_on_disconnect")
         if watch is not None:  # the connection's own watcher: no task per request
             with trio.CancelScope() as cancel_scope:
                 watch(cancel_scope)
-                await self._admit_and_run(model, long, endpoint, body, stream, responder)
+                await self._admit_and_run(*request, responder)
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-            await self._admit_and_run(model, long, endpoint, body, stream, responder)
+            await self._admit_and_run(*request, responder)
             nursery.cancel_scope.cancel()
 
     def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:

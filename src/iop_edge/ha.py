@@ -8,6 +8,7 @@ layer asks :meth:`EdgeHa.admits` before admitting a request and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import ssl
 import time
@@ -42,6 +43,8 @@ class EdgeHa:
     on_change: Callable[[Leadership], None] = lambda _: None
     since: float | None = None
     """Wall-clock time of the last change of leader seen by this Edge."""
+    _terms: set[trio.CancelScope] = attrs.field(factory=set, init=False)
+    """The scopes of the requests admitted in this term (:meth:`cut_on_step_down`)."""
 
     @classmethod
     def of(cls, config: HaConfig, on_change: Callable[[Leadership], None] = lambda _: None) -> EdgeHa:
@@ -79,8 +82,26 @@ class EdgeHa:
         """Prometheus families read from this Edge's leadership at every scrape (docs/metrics.md)."""
         return _HaCollector(self.leadership)
 
+    @contextlib.contextmanager
+    def cut_on_step_down(self, scope: trio.CancelScope) -> Iterator[None]:
+        """Within the block, ``scope`` is cancelled when this Edge stops leading (at once if it does not lead).
+
+        [ha-step-down] The HTTP API runs each admitted request under such a scope, so a stepping-down
+        leader answers its queued requests 503 at once and cuts its running streams.
+        """
+        if not self.admits():
+            scope.cancel()
+        self._terms.add(scope)
+        try:
+            yield
+        finally:
+            self._terms.discard(scope)
+
     def _changed(self, leadership: Leadership) -> None:
         self.since = time.time()
+        if not leadership.leading:
+            for scope in list(self._terms):
+                scope.cancel()
         self.on_change(leadership)
 
     def _client(self) -> httpx.AsyncClient:
