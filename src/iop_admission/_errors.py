@@ -97,3 +97,17 @@ class RetriesExhausted(AdmissionError):
         self.model = model
         self.attempts = attempts
         super().__init__(f"no retry left for model {model!r} after {attempts} attempts")
+
+
+class TenantLimitExceeded(AdmissionError):
+    """A tenant's own quota refused the request; ``limit`` names which one.
+
+    ``limit`` is ``"max_queue"`` (the tenant's part of the queue is full),
+    ``"shed"`` (a negative-priority waiter refused or evicted under overload).
+    """
+
+    def __init__(self, tenant: str, limit: str, value: int) -> None:
+        super().__init__(f"tenant {tenant!r}: {limit} ({value}) reached")
+        self.tenant = tenant
+        self.limit = limit
+        self.value = value
