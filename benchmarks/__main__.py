@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [--runs N] [--peers] [--quick]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [ui] [--runs N] [--peers] [--quick]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,7 +12,7 @@ import platform
 import sys
 import time
 
-from . import admission, config_scale, e2e, fleet, overload, scale
+from . import admission, config_scale, e2e, fleet, overload, scale, ui
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 SUITES = {
@@ -22,6 +22,7 @@ SUITES = {
     "fleet": fleet,
     "scale": scale,
     "config_scale": config_scale,
+    "ui": ui,
 }
 
 

@@ -10,7 +10,7 @@ away. A run that fails for a provider reason before its first byte reached the
 client is tried again under a new lease on another candidate
 ([failover-before-first-byte], ``_failover.py``); the answer names the
 provider that served it and the number of attempts. The client going away
-cancels the handler (the listener's ``iop.cancel_on_disconnect`` watcher, or a
+cancels the handler (the listener's ``cancel_on_disconnect`` watcher, or a
 watcher task turning ``http.disconnect`` into cancellation): a queued
 request leaves the queue, a running one releases its lease and cancels its run
 on the node. This module decides nothing about admission; it maps the
@@ -41,10 +41,13 @@ from iop_admission import (
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
-from ._http_server import HEAD_LET_THROUGH, PAUSE_READING, CannedResponse, Headers
+from ._http_pacing import Headers
+from ._http_server import CONNECTION, PAUSE_READING, CannedResponse, ConnectionHooks
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor
+from ._ui import PATHS as QUEUE_PAGE_PATHS
+from ._ui import QueuePage
 from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
 from .metrics import EdgeMetrics
@@ -101,11 +104,19 @@ _COMPLETION_TARGETS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"
 def _let_through_on_head(scope: Scope) -> bool:
     """Whether the listener asked :meth:`EdgeAPI.refuse_head` on this request's head and it let
     the request through (decided: the target is exactly a completion target, no query string)."""
+    hooks = _hooks(scope)
     return bool(
-        scope.get("extensions", {}).get(HEAD_LET_THROUGH)
+        hooks is not None
+        and hooks.head_let_through
         and not scope["query_string"]
         and scope["raw_path"] in _COMPLETION_TARGETS
     )
+
+
+def _hooks(scope: Scope) -> ConnectionHooks | None:
+    """The listener's hooks for this request (None under another server)."""
+    hooks: ConnectionHooks | None = scope.get("extensions", {}).get(CONNECTION)
+    return hooks
 
 
 _JSON = (b"content-type", b"application/json")
@@ -354,9 +365,9 @@ class Responder:
         self.started = False
         self.finished = False
         self.write_nowait = write_nowait
-        """The server's ``iop.write_body_nowait``: a body chunk written from any task, never waiting."""
+        """The listener's ``write_body_nowait``: a body chunk written from any task, never waiting."""
         self.respond_nowait = respond_nowait
-        """The server's ``iop.respond_nowait``: a whole response written from any task, never waiting."""
+        """The listener's ``respond_nowait``: a whole response written from any task, never waiting."""
 
     async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -374,7 +385,7 @@ class Responder:
         await self.finish(body)
 
     def whole_nowait(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
-        """Answer with a whole response now, from any task, never waiting (the server's ``iop.respond_nowait``).
+        """Answer with a whole response now, from any task, never waiting (the listener's ``respond_nowait``).
 
         Returns:
             Whether it went out; if not (no such extension, the response started, the client
@@ -427,6 +438,7 @@ class EdgeAPI:
         self._capacity_of: tuple[EdgeConfig | None, int] = (None, 0)
         self._head_refusals: dict[tuple[str, int, int], CannedResponse] = {}
         self._refusal_counters: dict[str, Callable[[], None]] = {}
+        self._queue_page = QueuePage(service)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -435,10 +447,16 @@ class EdgeAPI:
             return
         if kind != "http":
             return
-        extensions = scope.get("extensions", {})
+        hooks = _hooks(scope)
         responder = Responder(
-            send, scope, extensions.get("iop.write_body_nowait"), extensions.get("iop.respond_nowait")
+            send,
+            scope,
+            hooks.write_body_nowait if hooks is not None else None,
+            hooks.respond_nowait if hooks is not None else None,
         )
+        if scope["path"] in QUEUE_PAGE_PATHS:  # the live queue page, an app of its own ([queue-page])
+            await self._queue_page(scope, receive, send)
+            return
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
             if handler is None:
@@ -484,10 +502,10 @@ class EdgeAPI:
             service.front_door.gave_up()  # let through on its head, it will not ask for a lease
             raise
 
-        watch = scope.get("extensions", {}).get("iop.cancel_on_disconnect")
-        if watch is not None:  # the connection's own watcher: no task per request
+        hooks = _hooks(scope)
+        if hooks is not None and hooks.can_watch_disconnect:  # the connection's own watcher: no task per request
             with trio.CancelScope() as cancel_scope:
-                watch(cancel_scope)
+                hooks.cancel_on_disconnect(cancel_scope)
                 await self._admit_and_run(model, long, endpoint, body, stream, responder)
             return
         async with trio.open_nursery() as nursery:

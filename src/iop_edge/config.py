@@ -57,6 +57,7 @@ __all__ = [
     "OutlierSettings",
     "ProviderPool",
     "RetrySettings",
+    "UiConfig",
     "load_edge_config",
     "parse_host_port",
 ]
@@ -336,6 +337,46 @@ class OverloadConfig:
 
 
 @final
+@attrs.frozen(kw_only=True)
+class UiConfig:
+    """``ui``: the live queue page at ``/ui`` ([queue-page]); off unless ``enabled``.
+
+    A viewer shows the admin token or ``viewer_token`` (read only: it opens the
+    page and its stream, nothing else). At most ``max_viewers`` streams run at once.
+    """
+
+    enabled: bool = False
+    viewer_token: str | None = attrs.field(default=None, repr=False)
+    viewer_token_env: str | None = None
+    max_viewers: int = 20
+    update_interval_ms: int = 1000
+    max_provider_rows: int = 200
+    max_waiter_rows: int = 100
+
+    def problems(self, admin_token: str | None, admin_token_env: str | None) -> Iterator[tuple[str, str]]:
+        yield from _secret_problems(
+            "ui.viewer_token", self.viewer_token, "ui.viewer_token_env", self.viewer_token_env, required=False
+        )
+        yield from _at_least("ui.max_viewers", self.max_viewers, 1)
+        yield from _at_least("ui.update_interval_ms", self.update_interval_ms, 100)
+        yield from _at_least("ui.max_provider_rows", self.max_provider_rows, 1)
+        yield from _at_least("ui.max_waiter_rows", self.max_waiter_rows, 1)
+        if self.enabled and not (self.viewer_token or self.viewer_token_env or admin_token or admin_token_env):
+            yield "ui.enabled", "needs a token: set admin_token or ui.viewer_token"
+
+    def accepts(self, token: str, admin_token: str | None) -> bool:
+        """True if ``token`` is the viewer token or the admin token (constant time, both compared)."""
+        given = token.encode()
+        return any(
+            [  # noqa: C419 -- compare against both, whichever matches
+                bool(secret) and hmac.compare_digest(secret.encode(), given)
+                for secret in (self.viewer_token, admin_token)
+                if secret is not None
+            ]
+        )
+
+
+@final
 @attrs.frozen
 class _Lookups:
     """An :class:`EdgeConfig`'s tables by id ([reconnect-storm]: a registration and a request
@@ -400,6 +441,7 @@ class EdgeConfig:
     node_reject_backoff_base_ms: int = 100
     node_reject_backoff_max_ms: int = 5000
     overload: OverloadConfig = attrs.field(factory=OverloadConfig)
+    ui: UiConfig = attrs.field(factory=UiConfig)
     node_tls: NodeTls | None = None
     tls: ApiTls | None = None
     _pool: PoolConfig | None = attrs.field(default=None, init=False, eq=False, repr=False)
@@ -560,6 +602,7 @@ class EdgeConfig:
             *_at_least("node_reject_backoff_base_ms", self.node_reject_backoff_base_ms, 0),
             *_at_least("node_reject_backoff_max_ms", self.node_reject_backoff_max_ms, self.node_reject_backoff_base_ms),
             *self.overload.problems(),
+            *self.ui.problems(self.admin_token, self.admin_token_env),
             *self._listen_problems(),
             *(tls_problems("node_tls", self.node_tls.ssl_context) if self.node_tls else ()),
             *(tls_problems("tls", self.tls.ssl_context) if self.tls else ()),
@@ -790,6 +833,9 @@ def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeCon
     api_keys = config.api_keys
     if config.api_keys_env is not None:
         api_keys = tuple(ApiKeyDigest.of(key) for key in _split_keys(environ.get(config.api_keys_env, "")))
-    resolved = attrs.evolve(config, nodes=nodes, admin_token=admin_token, api_keys=api_keys)
+    ui = config.ui
+    if ui.viewer_token_env is not None:
+        ui = attrs.evolve(ui, viewer_token=environ.get(ui.viewer_token_env, ""))
+    resolved = attrs.evolve(config, nodes=nodes, admin_token=admin_token, api_keys=api_keys, ui=ui)
     object.__setattr__(resolved, "_pool", config._pool)  # no secret is in the pool: it is the same
     return resolved

@@ -18,7 +18,7 @@ import os
 
 import attrs
 import pytest
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -149,6 +149,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.reported: set[int] = set()
         self.ended: list[Lease] = []  # released leases, for stale reports
         self.probes: dict[ProviderKey, int] = dict.fromkeys(KEYS, 0)  # probes per ejection period
+        self.panic_grants: set[int] = set()  # ids of leases granted on a non-admitting provider (panic mode)
         self.figures = _FIGURES
 
     # ------------------------------------------------------------- reference
@@ -248,6 +249,9 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.figures["probes"] += 1
         elif not admitting:
             self.figures["panic grants"] += 1
+            self.panic_grants.add(lease.id)
+        if any(self.health[k].state == PROBING for k in candidates):
+            self.fired("grants while a candidate probes")
         self.lease_epoch[lease.id] = h.epoch
         self.figures["grants"] += 1
         self.held.append(lease)
@@ -277,6 +281,27 @@ class AdmissionMachine(RuleBasedStateMachine):
         h.state, h.probe, h.failures, h.streak = HEALTHY, None, 0, 0
         h.epoch += 1
         self.figures["restores"] += 1
+
+    def fired(self, name: str) -> None:
+        """Count a path the run reached: Hypothesis statistics (``--hypothesis-show-statistics``) and the figures."""
+        event(name)
+        self.figures[name] += 1
+
+    def probing(self) -> list[ProviderKey]:
+        """Providers whose probe is out and that some model lists."""
+        listed = {k for group in self.config.models.values() for k in group.candidates}
+        return [k for k, h in self.health.items() if h.state == PROBING and k in listed]
+
+    def ejected(self) -> list[ProviderKey]:
+        """Ejected providers that some model lists and that could take a grant once the time is over."""
+        listed = {k for group in self.config.models.values() for k in group.candidates}
+        return [k for k, h in self.health.items() if h.state == EJECTED and k in listed and self.eligible(k)]
+
+    def unhealthy_nodes(self) -> list[str]:
+        return sorted({k.node_id for k, h in self.health.items() if h.state != HEALTHY and k in self.config.providers})
+
+    def queued_retries(self) -> list[Waiter]:
+        return [w for w in self.queued if w.attempt > 1]
 
     def queue_in_order(self, waiter: Waiter) -> None:
         self.queued.insert(bisect.bisect_left([w.seq for w in self.queued], waiter.seq), waiter)
@@ -406,8 +431,10 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def retry(self, data: st.DataObject) -> None:
         """[failover-before-first-byte] a failed attempt ends, then the request asks again."""
+        self.retry_lease(data.draw(st.sampled_from(self.held)))
+
+    def retry_lease(self, lease: Lease) -> None:
         self.step_grants = []
-        lease = data.draw(st.sampled_from(self.held))
         self.release_lease(lease)
         model = lease.model
         if lease.attempt >= self.config.retry.max_attempts:
@@ -444,6 +471,8 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert (result.seq, result.attempt, result.tried) == (lease.arrival, lease.attempt + 1, lease.tried)
             assert result.deadline == lease.enqueue_time + self.config.policy.queue_timeout
             self.figures["queued retries"] += 1
+            if any(w.seq > result.seq for w in self.queued):
+                self.fired("retries queued before a later arrival")
             self.queue_in_order(result)
 
     @precondition(lambda self: self.queued)
@@ -464,6 +493,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert expired == expected
         for w in expired:
             self.queued.remove(w)
+        if any(w.attempt > 1 for w in expired):
+            self.fired("expired queued retries")
+        assert all(w.deadline > self.now for w in self.core.waiters()), "expire() left a waiter past its deadline"
         # [outlier-ejection] ejections whose time is over: the probe is due.
         for h in self.health.values():
             if h.state == EJECTED and h.until <= self.now:
@@ -572,7 +604,113 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert (self.core.provider_snapshots(), self.core.queue_depth) == before
         assert self.core.config == self.config
 
+    # The rules below drive, every time their moment comes, the paths the others reach only now
+    # and then: requests while a probe is out, refreshes while retries are queued, retries while
+    # later arrivals wait, reconnects during an ejection.
+
+    @precondition(lambda self: self.probing())
+    @rule(data=st.data())
+    def request_during_probe(self, data: st.DataObject) -> None:
+        """[outlier-ejection] requests for models that list a provider whose probe is out."""
+        self.step_grants = []
+        key = data.draw(st.sampled_from(self.probing()))
+        models = sorted(m for m, group in self.config.models.items() if key in group.candidates)
+        self.fired("requests during a probe")
+        for _ in range(data.draw(st.integers(1, 3))):
+            self.request_one(data.draw(st.sampled_from(models)), data.draw(st.booleans()))
+
+    @precondition(lambda self: self.ejected())
+    @rule(data=st.data())
+    def probe_then_request(self, data: st.DataObject) -> None:
+        """[outlier-ejection] time runs to an ejection's end, the probe is granted (to a waiter,
+        or to the requests that follow), then more requests come while it is out."""
+        key = data.draw(st.sampled_from(self.ejected()))
+        self.advance_time(self.health[key].until - self.now)
+        models = sorted(m for m, group in self.config.models.items() if key in group.candidates)
+        for _ in range(3):
+            if self.health[key].state != PROBE:
+                break
+            self.step_grants = []
+            self.request_one(data.draw(st.sampled_from(models)), data.draw(st.booleans()))
+        if self.probing():
+            self.request_during_probe(data)
+
+    @precondition(lambda self: any(lease.model in self.config.models for lease in self.held))
+    @rule(data=st.data(), refresh=st.booleans())
+    def retry_behind_later_arrival(self, data: st.DataObject, refresh: bool) -> None:
+        """[failover-before-first-byte] [refresh-consistency] requests for a held lease's model until
+        one queues (a later arrival), then the lease fails and retries: if no untried candidate is
+        free the retry queues before that waiter; then, sometimes, a refresh while it is queued."""
+        lease = data.draw(st.sampled_from([lease for lease in self.held if lease.model in self.config.models]))
+        for _ in range(4):
+            if any(w.seq > lease.arrival and w.model == lease.model for w in self.queued):
+                break
+            self.step_grants = []
+            self.request_one(lease.model, lease.long)
+        self.retry_lease(lease)
+        if refresh and self.queued_retries():
+            self.refresh_with_retries_queued(data)
+
+    @precondition(lambda self: self.queued_retries())
+    @rule(data=st.data())
+    def refresh_with_retries_queued(self, data: st.DataObject) -> None:
+        """[failover-before-first-byte] [refresh-consistency] a refresh while retries are queued:
+        the config in force again (direct, prepared, or with its model groups rebuilt) or a tweak."""
+        self.fired("refreshes with retries queued")
+        kind = data.draw(st.sampled_from(("same", "prepared", "rebuilt", "tweak")))
+        if kind == "tweak":
+            self.refresh_tweak(data)
+        elif kind == "rebuilt":
+            self.refresh(attrs.evolve(self.config, models=dict(self.config.models)), prepared=False)
+        else:
+            self.refresh(self.config, prepared=kind == "prepared")
+
+    @precondition(lambda self: self.held and self.queued)
+    @rule(data=st.data())
+    def retry_with_waiters(self, data: st.DataObject) -> None:
+        """[failover-before-first-byte] a retry while later arrivals wait: it must go back before them."""
+        self.fired("retries while waiters queue")
+        self.retry(data)
+
+    @precondition(lambda self: self.unhealthy_nodes())
+    @rule(data=st.data())
+    def reconnect_during_ejection(self, data: st.DataObject) -> None:
+        """[outlier-ejection] [disconnect-exclusion] a node reconnects (a new generation) while one
+        of its providers is ejected, due a probe or probing."""
+        self.fired("reconnects during an ejection")
+        self.connect(data.draw(st.sampled_from(self.unhealthy_nodes())))
+
     # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def probe_excludes_ordinary_grants(self) -> None:
+        """[outlier-ejection] while a provider probes, every live lease granted there after the
+        probe is a panic-mode grant: the probe closes its provider to ordinary grants."""
+        for key, h in self.health.items():
+            if h.state != PROBING:
+                continue
+            assert h.probe is not None
+            for lease in self.held:
+                if lease.provider == key and not lease.revoked and lease.id > h.probe:
+                    assert lease.id in self.panic_grants, f"{lease} granted beside the probe {h.probe}"
+
+    @invariant()
+    def tried_sets(self) -> None:
+        """[failover-before-first-byte] a lease's tried set has one entry per attempt, no duplicate,
+        and ends with its own provider (never tried before); a queued retry's excludes its candidates."""
+        for lease in self.held:
+            assert len(set(lease.tried)) == len(lease.tried) == lease.attempt, lease.tried
+            assert lease.tried[-1] == lease.provider not in lease.tried[:-1]
+        for w in self.queued:
+            assert len(set(w.tried)) == len(w.tried) == w.attempt - 1, w.tried
+            assert not set(w.tried) & set(w.candidates), f"{w} may go back to a provider it tried"
+
+    @invariant()
+    def waiters_in_arrival_order(self) -> None:
+        """[cross-group-wakeup] [failover-before-first-byte] the queue is in arrival order, retries
+        included, across refreshes: the order expire() walks."""
+        seqs = [w.seq for w in self.core.waiters()]
+        assert seqs == sorted(set(seqs)), f"waiters out of arrival order: {seqs}"
 
     @invariant()
     def counters_match_live_leases(self) -> None:

@@ -1,0 +1,291 @@
+"""The live queue page's cost ([queue-page]), in process, on one trio loop.
+
+- ``build``: one view: the state read on the loop (``Admission.snapshot`` + ``Admission.waiters``),
+  then the view model + JSON (a worker thread in the Edge),
+  at 1,000 providers with 1,000 waiters and with 10,000 waiters, against the reference
+  ``Admission.snapshot()`` alone (what ``/status`` reads) measured in the same run.
+- ``viewers``: the loop's CPU while 50 streams run at one update a second (the view changes
+  every second: waiters age), minus the same loop idle for as long, as a share of one core.
+  The streams write to loopback sockets that a child process reads (the Edge's socket writes
+  are counted, the readers' CPU is not; no HTTP framing).
+
+- ``flood``: the stream's update delay while the overload benchmark's 5,000-client flood
+  runs against a real Edge (:func:`_under_flood`).
+
+Every provider is full (1,000 leases held), so every waiter waits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from iop_edge._ui import QueuePage
+from iop_edge._ui_view import build_view
+from iop_edge.config import UiConfig
+
+from . import overload
+from .e2e import Daemon, start_relay
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NODES = 1_000
+MODELS = 10
+VIEWERS = 50
+WINDOW_S = 10.0
+
+
+@attrs.frozen
+class _Config:
+    ui: UiConfig
+    admin_token: str | None = None
+
+
+@attrs.frozen
+class _Parts:
+    config: _Config
+    admission: Admission
+
+
+def _pool(waiters: int) -> PoolConfig:
+    keys = [ProviderKey(f"node-{i:05d}", "gpu0") for i in range(NODES)]
+    spec = ProviderSpec(capacity=1, long_context_capacity=1, context_window_tokens=8192, total_context_tokens=8192)
+    per = NODES // MODELS
+    return PoolConfig(
+        policy=QueuePolicy(max_queue=waiters + NODES, queue_timeout=3600.0),
+        providers=dict.fromkeys(keys, spec),
+        models={f"model-{m}": ModelGroup(candidates=tuple(keys[m * per : (m + 1) * per])) for m in range(MODELS)},
+    )
+
+
+async def _hold(admission: Admission, model: str, done: trio.Event) -> None:
+    async with admission.lease(model):
+        await done.wait()
+
+
+async def _filled(nursery: trio.Nursery, waiters: int, done: trio.Event) -> Admission:
+    admission = Admission(_pool(waiters))
+    for i in range(NODES):
+        admission.connect(f"node-{i:05d}")
+    for i in range(NODES + waiters):
+        nursery.start_soon(_hold, admission, f"model-{i % MODELS}", done)
+    await trio.testing.wait_all_tasks_blocked()
+    assert admission.queue_depth == waiters
+    return admission
+
+
+def _median_ms(work: Any, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        work()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def _read(admission: Admission) -> tuple[Any, Any]:
+    return admission.snapshot(), admission.waiters()
+
+
+def _made(admission: Admission, state: tuple[Any, Any]) -> bytes:
+    return json.dumps(build_view(*state, admission.config.models)).encode()
+
+
+async def _build(waiters: int, runs: int) -> dict[str, float]:
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        admission = await _filled(nursery, waiters, done)
+        state = _read(admission)
+        snapshot_ms = _median_ms(admission.snapshot, runs)
+        read_ms = _median_ms(lambda: _read(admission), runs)
+        made_ms = _median_ms(lambda: _made(admission, state), runs)
+        size = len(_made(admission, state))
+        done.set()
+    return {
+        "waiters": waiters,
+        "snapshot_ms": snapshot_ms,
+        "read_ms": read_ms,
+        "made_ms": made_ms,
+        "view_ms": read_ms + made_ms,
+        "ratio": (read_ms + made_ms) / snapshot_ms,
+        "bytes": size,
+    }
+
+
+_DRAIN = """
+import selectors, socket, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
+picker = selectors.DefaultSelector()
+for _ in range(count):
+    picker.register(socket.create_connection(("127.0.0.1", port)), selectors.EVENT_READ)
+open_ = count
+while open_:
+    for key, _ in picker.select():
+        if not key.fileobj.recv(1 << 20):
+            picker.unregister(key.fileobj)
+            open_ -= 1
+"""
+"""The viewers' side: a child process that connects and reads every stream until it ends."""
+
+
+async def _viewers() -> dict[str, float]:
+    """50 streams written to loopback sockets read by a child process (its CPU is not counted)."""
+    done = trio.Event()
+    sent = [0]
+
+    async with trio.open_nursery() as nursery:
+        admission = await _filled(nursery, NODES, done)
+        page = QueuePage(_Parts(_Config(UiConfig(enabled=True, viewer_token="t", max_viewers=VIEWERS)), admission))
+        idle_start, idle_cpu = time.perf_counter(), time.process_time()
+        await trio.sleep(WINDOW_S)
+        idle = (time.process_time() - idle_cpu) / (time.perf_counter() - idle_start)
+        (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listener.socket.getsockname()[1]
+        drain = await trio.lowlevel.open_process([sys.executable, "-c", _DRAIN, str(port), str(VIEWERS)])
+        scope = {"type": "http", "method": "GET", "path": "/ui/stream", "query_string": b"token=t", "headers": []}
+
+        async def viewer(stream: trio.SocketStream) -> None:
+            async def send(message: dict[str, Any]) -> None:
+                body = message.get("body", b"")
+                if body:
+                    sent[0] += len(body)
+                    await stream.send_all(body)
+
+            async def receive() -> dict[str, Any]:
+                await done.wait()
+                return {"type": "http.disconnect"}
+
+            async with stream:
+                await page(dict(scope), receive, send)
+
+        for _ in range(VIEWERS):
+            nursery.start_soon(viewer, await listener.accept())
+        await trio.sleep(1.0)  # every stream has sent its first view
+        start, cpu, bytes_before = time.perf_counter(), time.process_time(), sent[0]
+        await trio.sleep(WINDOW_S)
+        busy = (time.process_time() - cpu) / (time.perf_counter() - start)
+        rate = (sent[0] - bytes_before) / WINDOW_S
+        done.set()
+    await listener.aclose()
+    await drain.wait()
+    return {"viewers": VIEWERS, "idle_core_pct": idle * 100, "core_pct": (busy - idle) * 100, "bytes_per_s": rate}
+
+
+FLOOD_CLIENTS = 5_000
+FLOOD_RETRY_S = 1.0
+FLOOD_WARMUP_S, FLOOD_DURATION_S = 3.0, 8.0
+FLOOD_INTERVAL_MS = 250
+
+
+async def _under_flood() -> dict[str, Any]:
+    """The stream's update delay while the overload benchmark's flood runs against the Edge (its window only).
+
+    The relay and the flood are the overload benchmark's (``benchmarks/overload.py``: one
+    provider of capacity 8, ``max_queue: 64``, 5,000 closed-loop clients retrying after 1 s),
+    with the page on (``update_interval_ms: 250``). A viewer in this process reads
+    ``/ui/stream``; an event's delay is its gap from the one before minus the interval (the
+    queue is full all along, and waiters age, so every interval has a new view to send).
+    """
+    daemons: list[Daemon] = []
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-ui-flood-"))
+    extra = f"ui: {{enabled: true, viewer_token: bench-viewer, update_interval_ms: {FLOOD_INTERVAL_MS}}}\n"
+    try:
+        relay = await start_relay(
+            workdir,
+            daemons,
+            mock_args=["--latency-ms", str(overload.BACKEND_LATENCY_MS), "--tokens-per-second", "0"],
+            edge_yaml=overload.EDGE_YAML.format(
+                capacity=overload.CAPACITY, extra=extra, queue_timeout_ms=overload.QUEUE_TIMEOUT_MS
+            ),
+            node_yaml=overload.NODE_YAML.replace("{capacity}", str(overload.CAPACITY)),
+        )
+        arrivals: list[float] = []
+
+        async def view_stream() -> None:
+            async with await trio.open_tcp_stream("127.0.0.1", relay.http_port) as sock:
+                await sock.send_all(b"GET /ui/stream?token=bench-viewer HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                while True:
+                    data = await sock.receive_some(1 << 20)
+                    if not data:
+                        return
+                    now = time.perf_counter()
+                    arrivals.extend([now] * data.count(b"data: "))
+
+        flood_argv = [
+            sys.executable, "-m", "benchmarks.overload", "flood", "--port", str(relay.http_port),
+            "--clients", str(FLOOD_CLIENTS), "--retry", str(FLOOD_RETRY_S),
+            "--warmup", str(FLOOD_WARMUP_S), "--duration", str(FLOOD_DURATION_S),
+        ]  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(view_stream)
+            flood = await trio.run_process(flood_argv, capture_stdout=True, cwd=str(ROOT), check=False)
+            nursery.cancel_scope.cancel()
+        lines = flood.stdout.decode().split("\n")
+        summary = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+        ready = next(line.split() for line in lines if line.startswith(overload.READY))
+        begin = float(ready[1])  # the flood's window (time.perf_counter: the system's monotonic clock)
+        arrivals = [t for t in arrivals if begin <= t <= begin + FLOOD_DURATION_S]
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+    gaps = sorted(b - a for a, b in itertools.pairwise(arrivals))
+    delays = [max(0.0, g - FLOOD_INTERVAL_MS / 1000) * 1000 for g in gaps]
+    return {
+        "clients": FLOOD_CLIENTS,
+        "retry_s": FLOOD_RETRY_S,
+        "interval_ms": FLOOD_INTERVAL_MS,
+        "events": len(arrivals),
+        "delay_p50_ms": delays[len(delays) // 2] if delays else math.nan,
+        "delay_p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))] if delays else math.nan,
+        "delay_max_ms": delays[-1] if delays else math.nan,
+        "flood_ok": summary.get("ok"),
+        "flood_rejected": summary.get("rejected"),
+    }
+
+
+def run(runs: int = 5) -> dict[str, Any]:
+    """The figures (``runs`` timings per build figure, median)."""
+
+    async def main() -> dict[str, Any]:
+        return {
+            "nodes": NODES,
+            "build": [await _build(1_000, max(runs, 5)), await _build(10_000, max(runs, 5))],
+            "viewers": await _viewers(),
+            "flood": await _under_flood(),
+        }
+
+    return trio.run(main)
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"queue page, {result['nodes']:,} providers (all full)"]
+    for b in result["build"]:
+        lines.append(
+            f"  one view, {b['waiters']:,} waiters: {b['view_ms']:.1f} ms ({b['bytes']:,} bytes): state read on the"
+            f" loop {b['read_ms']:.1f} ms, view + JSON in a thread {b['made_ms']:.1f} ms;"
+            f" snapshot alone {b['snapshot_ms']:.1f} ms; ratio {b['ratio']:.2f}"
+        )
+    v = result["viewers"]
+    lines.append(
+        f"  {v['viewers']} viewers at 1 update/s, 1,000 waiters: {v['core_pct']:.2f} % of a core"
+        f" (idle loop {v['idle_core_pct']:.2f} %), {v['bytes_per_s'] / 1000:,.0f} kB/s written"
+    )
+    f = result["flood"]
+    lines.append(
+        f"  under a flood of {f['clients']:,} clients (retry {f['retry_s']:g} s): {f['events']} stream events,"
+        f" update delay beyond the {f['interval_ms']} ms interval p50 {f['delay_p50_ms']:.0f} ms,"
+        f" p99 {f['delay_p99_ms']:.0f} ms, max {f['delay_max_ms']:.0f} ms"
+        f" (flood: {f['flood_ok']} answered, {f['flood_rejected']} refused)"
+    )
+    return "\n".join(lines)

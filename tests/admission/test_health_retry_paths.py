@@ -1,0 +1,222 @@
+"""Targeted sans-I/O tests of the health and retry paths the state machine reaches only now and then.
+
+Each test pins one path with exact steps, so the bug it guards against is caught
+in every run, not when Hypothesis happens to get there: a probe out closes its
+provider to ordinary grants; a queued retry goes back to its arrival place (the
+order ``expire()`` walks); a refresh keeps what a queued retry has tried.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from iop_admission import (
+    ModelGroup,
+    OutlierPolicy,
+    PoolConfig,
+    ProviderKey,
+    ProviderSpec,
+    QueuePolicy,
+    RetryPolicy,
+    Unavailable,
+)
+from iop_admission._state import QUEUED, AdmissionState, Ejected, Granted, Lease, Waiter
+
+BIG = "ornith:35b"
+FAST = "ornith-fast"
+
+
+def _core(config: PoolConfig) -> AdmissionState:
+    core = AdmissionState(config)
+    for node in {key.node_id for key in config.providers}:
+        core.connect(node)
+    return core
+
+
+def _lease(result: Lease | Waiter) -> Lease:
+    assert isinstance(result, Lease), result
+    return result
+
+
+def _waiter(result: Lease | Waiter) -> Waiter:
+    assert isinstance(result, Waiter), result
+    return result
+
+
+@pytest.mark.req("outlier-ejection")
+@pytest.mark.parametrize("model", [BIG, FAST])
+def test_probe_out_closes_provider_to_ordinary_grants(pool, model):
+    """[outlier-ejection] while gpu0's probe runs, BIG (gpu0 preferred, room left) goes to gpu1;
+    FAST, whose only candidate is probing, is in panic mode: granted on gpu0, but not as a second probe."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu0=pool.spec(capacity=3), gpu1=pool.spec(capacity=3, priority=-1)),
+        outlier=OutlierPolicy(1, 1.0, 4.0),
+    )
+    core = _core(config)
+    first = _lease(core.request(BIG, False, 0.0))
+    assert first.provider == pool.gpu0
+    core.release(first)
+    core.report_failure(first, 0.0)
+    assert core.advance(1.0) == []
+    probe = _lease(core.request(BIG, False, 1.0))
+    assert (probe.provider, probe.probe) == (pool.gpu0, True)
+    after = _lease(core.request(model, False, 1.0))
+    if model == BIG:  # gpu1 is admitting: the ordinary grant must not go to the probing gpu0
+        assert (after.provider, after.probe) == (pool.gpu1, False)
+    else:  # FAST's only candidate is probing: panic mode, a grant beside the probe, not a second probe
+        assert (after.provider, after.probe) == (pool.gpu0, False)
+        assert core.panic_models() == (FAST,)
+    assert [p.health for p in core.provider_snapshots() if p.provider_id == "gpu0"] == ["ejected"]
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_queued_retry_takes_its_arrival_place_and_expires_there(pool):
+    """A retry queued behind a later arrival goes back before it: waiters() lists it first and
+    expire() at its deadline returns it, although the later waiter is still in time."""
+    core = _core(pool.two_nodes(gpu1=pool.spec(priority=-1), queue_timeout=10.0))
+    first = _lease(core.request(BIG, False, 0.0))
+    second = _lease(core.request(BIG, False, 0.0))
+    assert (first.provider, second.provider) == (pool.gpu0, pool.gpu1)
+    third = _waiter(core.request(BIG, False, 1.0))
+    fourth = _waiter(core.request(BIG, False, 2.0))
+    [grant] = core.release(first)  # gpu0 goes to the third arrival
+    assert isinstance(grant, Granted) and grant.waiter is third
+    retried = _waiter(core.retry(first, 3.0))  # gpu0 tried, gpu1 busy: queued at arrival place 1
+    assert retried.seq == first.arrival < fourth.seq
+    assert list(core.waiters()) == [retried, fourth]
+    assert core.expire(9.9) == []
+    assert core.expire(10.0) == [retried]
+    assert list(core.waiters()) == [fourth] and fourth.state is QUEUED
+    assert core.expire(12.0) == [fourth]
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_queued_retry_is_granted_before_later_arrivals(pool):
+    """A queued retry gets the next free candidate before a waiter that arrived after the request."""
+    core = _core(pool.two_nodes(gpu1=pool.spec(priority=-1)))
+    first = _lease(core.request(BIG, False, 0.0))
+    second = _lease(core.request(BIG, False, 0.0))
+    third = _waiter(core.request(BIG, False, 1.0))
+    fourth = _waiter(core.request(BIG, False, 1.0))
+    [to_third] = core.release(first)
+    assert to_third.waiter is third and to_third.lease.provider == pool.gpu0
+    retried = _waiter(core.retry(first, 2.0))
+    [grant] = core.release(second)
+    assert grant.waiter is retried and grant.lease.tried == (pool.gpu0, pool.gpu1)
+    assert fourth.state is QUEUED and list(core.waiters()) == [fourth]
+
+
+@pytest.mark.req("failover-before-first-byte", "refresh-consistency")
+@pytest.mark.parametrize("prepared", [False, True])
+@pytest.mark.parametrize("change", ["timeout", "same", "groups"])
+def test_refresh_keeps_what_a_queued_retry_tried(pool, prepared, change):
+    """A refresh while a retry is queued: the retry still excludes gpu0 (the provider that just
+    failed it), though gpu0 is free and preferred; it waits for gpu1 and gets it next."""
+    base = pool.two_nodes(gpu1=pool.spec(priority=-1))
+    core = _core(base)
+    first = _lease(core.request(BIG, False, 0.0))
+    second = _lease(core.request(BIG, False, 0.0))
+    core.release(first)
+    retried = _waiter(core.retry(first, 1.0))
+    assert retried.candidates == (pool.gpu1,)
+    if change == "timeout":
+        config = attrs.evolve(base, policy=QueuePolicy(max_queue=64, queue_timeout=20.0))
+    elif change == "same":
+        config = base
+    else:  # the model groups are rebuilt: a new group object for BIG
+        config = attrs.evolve(base, models=dict(base.models))
+    assert core.refresh(core.prepare_refresh(config) if prepared else config) == []
+    assert retried.state is QUEUED and retried.tried == (pool.gpu0,)
+    assert retried.candidates == (pool.gpu1,)
+    assert list(core.waiters()) == [retried]
+    [grant] = core.release(second)
+    assert grant.waiter is retried and grant.lease.provider == pool.gpu1
+    assert grant.lease.tried == (pool.gpu0, pool.gpu1)
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+@pytest.mark.parametrize("long", [False, True])
+def test_retry_in_panic_mode_of_its_own(pool, long):
+    """A retry whose only untried candidate is ejected is in panic mode of its own and is granted
+    there at once, though its model is not in panic (gpu0, which it tried, is healthy and free);
+    a request of the same model goes to gpu0, not to the ejected gpu1; a third attempt has no
+    candidate left."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu1=pool.spec(priority=-1)), outlier=OutlierPolicy(1, 10.0, 10.0), retry=RetryPolicy(3)
+    )
+    core = _core(config)
+    first = _lease(core.request(BIG, long, 0.0))
+    second = _lease(core.request(BIG, long, 0.0))
+    assert (first.provider, second.provider) == (pool.gpu0, pool.gpu1)
+    core.release(second)
+    [ejected] = core.report_failure(second, 0.0)
+    assert isinstance(ejected, Ejected) and ejected.provider == pool.gpu1
+    core.release(first)
+    assert core.panic_models() == ()
+    retried = _lease(core.retry(first, 1.0))
+    assert (retried.provider, retried.probe, retried.tried) == (pool.gpu1, False, (pool.gpu0, pool.gpu1))
+    other = _lease(core.request(BIG, long, 1.0))
+    assert other.provider == pool.gpu0
+    core.release(retried)
+    with pytest.raises(Unavailable):  # both candidates tried: none left, whatever their health
+        core.retry(retried, 2.0)
+
+
+GPU2 = ProviderKey("node-b", "gpu2")
+
+
+def _three(pool, gpu0: ProviderSpec, gpu1: ProviderSpec, gpu2: ProviderSpec) -> PoolConfig:
+    """BIG on gpu0, gpu2, gpu1 (in that order); one failure ejects for 10 s."""
+    return PoolConfig(
+        policy=QueuePolicy(),
+        providers={pool.gpu0: gpu0, pool.gpu1: gpu1, GPU2: gpu2},
+        models={BIG: ModelGroup(candidates=(pool.gpu0, GPU2, pool.gpu1))},
+        outlier=OutlierPolicy(1, 10.0, 10.0),
+    )
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_long_retry_panic_ignores_candidates_without_long_slots(pool):
+    """A long retry's untried candidates: gpu2 (admitting, no long slot) and gpu1 (ejected): gpu2
+    could never run it, so the retry is in panic mode and granted on gpu1 at once."""
+    core = _core(_three(pool, pool.spec(), pool.spec(2, priority=-1), pool.spec(2, 0, priority=-2)))
+    first = _lease(core.request(BIG, True, 0.0))
+    second = _lease(core.request(BIG, True, 0.0))
+    assert (first.provider, second.provider) == (pool.gpu0, pool.gpu1)
+    core.release(second)
+    core.report_failure(second, 0.0)
+    core.release(first)
+    retried = _lease(core.retry(first, 1.0))
+    assert (retried.provider, retried.long, retried.probe) == (pool.gpu1, True, False)
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_retry_not_in_panic_while_an_untried_candidate_admits(pool):
+    """A retry's untried candidates: gpu1 (healthy, full) and gpu2 (ejected, free): not panic mode,
+    so the retry waits for gpu1 instead of going to the ejected gpu2."""
+    core = _core(_three(pool, pool.spec(), pool.spec(1, priority=-1), pool.spec(2, priority=-2)))
+    first, second, third = (_lease(core.request(BIG, False, 0.0)) for _ in range(3))
+    assert (first.provider, second.provider, third.provider) == (pool.gpu0, pool.gpu1, GPU2)
+    core.release(third)
+    core.report_failure(third, 0.0)
+    core.release(first)
+    retried = _waiter(core.retry(first, 1.0))
+    assert retried.candidates == (GPU2, pool.gpu1)
+    [grant] = core.release(second)
+    assert grant.waiter is retried and grant.lease.provider == pool.gpu1
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_long_retry_in_panic_waits_for_a_long_slot(pool):
+    """In panic mode a long retry still needs a free long slot: gpu1 (ejected) has a free slot but
+    its one long slot is held by the lease that failed, so the retry waits."""
+    core = _core(_three(pool, pool.spec(), pool.spec(2, priority=-1), pool.spec(2, 0, priority=-2)))
+    first = _lease(core.request(BIG, True, 0.0))
+    second = _lease(core.request(BIG, True, 0.0))
+    core.report_failure(second, 0.0)  # gpu1 ejected, its long slot still held
+    core.release(first)
+    retried = _waiter(core.retry(first, 1.0))
+    assert retried.candidates == (GPU2, pool.gpu1)
+    [grant] = core.release(second)
+    assert grant.waiter is retried and grant.lease.provider == pool.gpu1 and grant.lease.long
