@@ -110,13 +110,24 @@ class FairShare:
             if state is None:
                 self._tenants[name] = _Tenant(spec)
             else:
-                state.spec = spec
+                self._respec(state, spec)
         for name, state in list(self._tenants.items()):
             if name not in specs:
                 if state.queue or state.in_flight:
-                    state.spec = replace(specs[DEFAULT_TENANT], name=name)
+                    self._respec(state, replace(specs[DEFAULT_TENANT], name=name))
                 else:
                     del self._tenants[name]
+
+    def _respec(self, state: _Tenant, spec: TenantSpec) -> None:
+        """Give a tenant a new spec; its lead over its band's virtual time is rescaled.
+
+        The lead is cost already charged at the old weight; kept as is, a
+        tenant whose weight rose would pay its last grant at the old rate.
+        """
+        old = state.spec
+        lead = max(0.0, state.finish - self._vtime.get(old.priority, 0.0))
+        state.finish = self._vtime.get(spec.priority, 0.0) + lead * old.weight / spec.weight
+        state.spec = spec
 
     def tenant_of(self, name: str | None) -> str:
         """The configured tenant called ``name``, else the default tenant."""
