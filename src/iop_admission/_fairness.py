@@ -28,6 +28,7 @@ of one request), and a backlogged tenant ``i`` is granted within
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
@@ -83,6 +84,7 @@ class _Tenant:
     in_flight: int = 0
     served: float = 0.0
     grants: int = 0
+    version: int = 0
 
 
 class FairShare:
@@ -91,6 +93,8 @@ class FairShare:
     def __init__(self, tenants: Iterable[TenantSpec] = (), queue_limit: int | None = None) -> None:
         self._tenants: dict[str, _Tenant] = {}
         self._vtime: dict[int, float] = {}
+        # (-priority, finish, head seq, version, name); an entry is live while its version is the tenant's
+        self._heap: list[tuple[int, float, int, int, str]] = []
         self._seq = itertools.count()
         self.queue_limit = queue_limit
         self.configure(tenants)
@@ -117,6 +121,9 @@ class FairShare:
                     self._respec(state, replace(specs[DEFAULT_TENANT], name=name))
                 else:
                     del self._tenants[name]
+        self._heap = []
+        for state in self._tenants.values():
+            self._touch(state)
 
     def _respec(self, state: _Tenant, spec: TenantSpec) -> None:
         """Give a tenant a new spec; its lead over its band's virtual time is rescaled.
@@ -158,6 +165,8 @@ class FairShare:
             state.finish = max(state.finish, self._vtime.get(band, 0.0))
         ticket = Ticket(spec.name, item, cost, next(self._seq))
         state.queue.append(ticket)
+        if len(state.queue) == 1:
+            self._touch(state)
         return ticket, shed
 
     def cancel(self, ticket: Ticket) -> None:
@@ -165,7 +174,11 @@ class FairShare:
         if ticket.granted or ticket.done:
             return
         ticket.done = True
-        self._tenants[ticket.tenant].queue.remove(ticket)
+        state = self._tenants[ticket.tenant]
+        head = state.queue[0] is ticket
+        state.queue.remove(ticket)
+        if head:
+            self._touch(state)
 
     def _shed_victim(self, priority: int) -> Ticket | None:
         """The newest waiter of the lowest negative band below ``priority``."""
@@ -197,24 +210,21 @@ class FairShare:
         state.grants += 1
         ticket.granted = True
         ticket.charged = ticket.cost
+        self._touch(state)
         return ticket
 
     def choose(self, dispatchable: Callable[[Hashable], bool]) -> Ticket | None:
         """The ticket the ordering rule grants next, without granting it."""
-        best: tuple[int, float, int] | None = None
         chosen: Ticket | None = None
-        for state in self._tenants.values():
-            spec = state.spec
-            if not state.queue or (spec.max_in_flight is not None and state.in_flight >= spec.max_in_flight):
+        passed: list[tuple[int, float, int, int, str]] = []
+        while self._heap and chosen is None:
+            entry = heapq.heappop(self._heap)
+            if not self._live(entry):
                 continue
-            if best is not None and -spec.priority > best[0]:
-                continue
-            for ticket in state.queue:
-                if dispatchable(ticket.item):
-                    key = (-spec.priority, state.finish, ticket.seq)
-                    if best is None or key < best:
-                        best, chosen = key, ticket
-                    break
+            passed.append(entry)
+            chosen = next((t for t in self._tenants[entry[4]].queue if dispatchable(t.item)), None)
+        for entry in passed:
+            heapq.heappush(self._heap, entry)
         return chosen
 
     def settle(self, ticket: Ticket, actual: float) -> None:
@@ -224,13 +234,31 @@ class FairShare:
         state.finish += delta / state.spec.weight
         state.served += delta
         ticket.charged = actual
+        self._touch(state)
 
     def release(self, ticket: Ticket) -> None:
         """A granted ticket's run ended; frees its tenant's in-flight slot."""
         if not ticket.granted or ticket.done:
             return
         ticket.done = True
-        self._tenants[ticket.tenant].in_flight -= 1
+        state = self._tenants[ticket.tenant]
+        state.in_flight -= 1
+        self._touch(state)
+
+    def _touch(self, state: _Tenant) -> None:
+        """Re-key a tenant in the heap after its head, tag, cap or spec changed."""
+        state.version += 1
+        spec = state.spec
+        if state.queue and (spec.max_in_flight is None or state.in_flight < spec.max_in_flight):
+            entry = (-spec.priority, state.finish, state.queue[0].seq, state.version, spec.name)
+            heapq.heappush(self._heap, entry)
+        if len(self._heap) > 2 * len(self._tenants) + 64:
+            self._heap = [e for e in self._heap if self._live(e)]
+            heapq.heapify(self._heap)
+
+    def _live(self, entry: tuple[int, float, int, int, str]) -> bool:
+        state = self._tenants.get(entry[4])
+        return state is not None and state.version == entry[3]
 
     # -- reading --------------------------------------------------------------
 
