@@ -9,6 +9,7 @@ of each lease body (fencing cancels it).
 
 from __future__ import annotations
 
+import math
 from types import TracebackType
 from typing import final
 
@@ -118,34 +119,44 @@ class Handoff:
             raise
         if retry_of is not None and events.subscribers:
             events.lease("retried", retry_of, attempt=retry_of.attempt + 1, reason=reason)
+        scope: trio.CancelScope | None = None
         if type(result) is Lease:
             lease = result
             await trio.lowlevel.cancel_shielded_checkpoint()
         else:
             assert type(result) is Waiter
-            lease = await self._wait(result)
+            lease, scope = await self._wait(result)
         if lease.revoked:
             # Fenced between the grant and now (same tick): the body never runs
             # on an offline generation. Fencing already released the lease.
+            if scope is not None:
+                scope.__exit__(None, None, None)
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
         # From here to the return nothing awaits; if anything raises, the grant
         # goes back before the error propagates.
-        try:
-            scope = trio.CancelScope()
-            scope.__enter__()
-        except BaseException:
-            self.apply(core.release(lease))
-            raise
+        if scope is None:
+            try:
+                scope = trio.CancelScope()
+                scope.__enter__()
+            except BaseException:
+                self.apply(core.release(lease))
+                raise
         self._bodies[lease] = scope
         if events.subscribers:
             events.lease("granted", lease, waited=lease.queue_wait)
         return lease
 
-    async def _wait(self, waiter: Waiter) -> Lease:
+    async def _wait(self, waiter: Waiter) -> tuple[Lease, trio.CancelScope | None]:
         """Park until granted, failed, cancelled or past the deadline.
 
         Checkpoints (it blocks). Past its deadline the core expires the waiter;
         cancelled before, it is withdrawn. Either way nothing else changes.
+
+        Granted, it returns the lease and, still open, the scope that carried
+        the queue deadline, its deadline lifted: it becomes the body's scope
+        (one cancel scope per queued lease instead of two). None instead if
+        that deadline fired in the same tick as the grant (the caller then
+        opens a fresh scope, so the body is not cancelled by a queue deadline).
         """
         core = self.core
         events = self.events
@@ -158,18 +169,25 @@ class Handoff:
             core.withdraw(waiter)  # a no-op once expired
             return trio.lowlevel.Abort.SUCCEEDED
 
-        with trio.CancelScope(deadline=waiter.deadline) as timer:
-            self._parked[waiter] = _Parked(trio.lowlevel.current_task(), timer)
-            try:
-                lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
-            except BaseException as exc:
+        timer = trio.CancelScope(deadline=waiter.deadline)
+        timer.__enter__()
+        self._parked[waiter] = _Parked(trio.lowlevel.current_task(), timer)
+        try:
+            lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
+        except BaseException as exc:
+            self._parked.pop(waiter, None)
+            if not timer.__exit__(type(exc), exc, exc.__traceback__):
                 if events.subscribers and not isinstance(exc, trio.Cancelled):
                     events.rejected(waiter.model, waiter.long, exc)
                 raise
-            finally:
-                self._parked.pop(waiter, None)
+            # Our own deadline fired (the scope swallowed its Cancelled): a timeout.
+        else:
             lease.queue_wait = trio.current_time() - parked_at
-            return lease
+            if timer.cancel_called:
+                timer.__exit__(None, None, None)
+                return lease, None
+            timer.deadline = math.inf
+            return lease, timer
         waited = trio.current_time() - waiter.enqueue_time
         if events.subscribers:
             events.emit(AdmissionEvent("timed_out", now_or_none(), model=waiter.model, long=waiter.long, waited=waited))
