@@ -220,3 +220,44 @@ def test_long_retry_in_panic_waits_for_a_long_slot(pool):
     assert retried.candidates == (GPU2, pool.gpu1)
     [grant] = core.release(second)
     assert grant.waiter is retried and grant.lease.provider == pool.gpu1 and grant.lease.long
+
+
+@pytest.mark.req("outlier-ejection", "refresh-consistency")
+@pytest.mark.parametrize("prepared", [False, True])
+def test_provider_back_in_config_starts_healthy_and_old_reports_are_stale(pool, prepared):
+    """gpu0 ejected, then probing, leaves the config while two leases of it run (one from before
+    the ejection, the probe) and comes back: it is healthy, admits ordinary grants (BIG prefers it
+    again, no panic mode), counts failures
+    from zero, ejects for the base time again, and the reports of both old leases change nothing."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu0=pool.spec(capacity=5), gpu1=pool.spec(priority=-1)),
+        outlier=OutlierPolicy(2, 1.0, 8.0),
+    )
+    core = _core(config)
+    old, a, b = (_lease(core.request(FAST, False, 0.0)) for _ in range(3))
+    assert core.report_failure(a, 0.0) == []
+    assert [type(d) for d in core.report_failure(b, 0.0)] == [Ejected]
+    core.release(a)
+    core.release(b)
+    core.advance(1.0)
+    probe = _lease(core.request(FAST, False, 1.0))
+    assert (probe.provider, probe.probe) == (pool.gpu0, True)
+    without = pool.single(pool.gpu1)
+    core.refresh(core.prepare_refresh(without) if prepared else without)
+    core.refresh(core.prepare_refresh(config) if prepared else config)
+    assert [p.health for p in core.provider_snapshots() if p.provider_id == "gpu0"] == ["online"]
+    assert core.panic_models() == ()
+    preferred = _lease(core.request(BIG, False, 1.0))  # gpu0 is admitting: BIG prefers it to gpu1
+    assert (preferred.provider, preferred.probe) == (pool.gpu0, False)
+    assert core.report_failure(probe, 1.0) == []
+    assert core.report_failure(old, 1.0) == []
+    fresh = _lease(core.request(FAST, False, 1.0))
+    assert (fresh.provider, fresh.probe) == (pool.gpu0, False)
+    assert core.report_failure(fresh, 1.0) == []
+    again = _lease(core.request(FAST, False, 1.0))
+    assert (again.provider, again.probe) == (pool.gpu0, False)
+    ejected = core.report_failure(again, 1.0)
+    assert [(d.provider, d.until, d.duration, d.failures) for d in ejected if isinstance(d, Ejected)] == [
+        (pool.gpu0, 2.0, 1.0, 2)
+    ]
+    assert core.next_ejection_end() == 2.0
