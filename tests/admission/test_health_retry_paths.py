@@ -261,3 +261,41 @@ def test_provider_back_in_config_starts_healthy_and_old_reports_are_stale(pool, 
         (pool.gpu0, 2.0, 1.0, 2)
     ]
     assert core.next_ejection_end() == 2.0
+
+
+@pytest.mark.req("outlier-ejection")
+def test_restore_makes_reports_of_leases_from_before_stale(pool):
+    """gpu0 restored by its probe's success: the failures of a lease granted before the ejection
+    and of one granted in panic mode during it are stale (each would eject it again at threshold 1)."""
+    config = attrs.evolve(pool.two_nodes(gpu0=pool.spec(capacity=3)), outlier=OutlierPolicy(1, 1.0, 4.0))
+    core = _core(config)
+    before, failing = (_lease(core.request(FAST, False, 0.0)) for _ in range(2))
+    assert [type(d) for d in core.report_failure(failing, 0.0)] == [Ejected]
+    core.release(failing)
+    panic = _lease(core.request(FAST, False, 0.5))  # FAST's only candidate is ejected: panic mode
+    assert (panic.provider, panic.probe) == (pool.gpu0, False)
+    core.advance(1.0)
+    probe = _lease(core.request(FAST, False, 1.0))
+    assert probe.probe
+    assert [type(d).__name__ for d in core.report_success(probe, 1.0)] == ["Restored"]
+    core.release(probe)
+    assert core.report_failure(panic, 1.0) == []
+    assert core.report_failure(before, 1.0) == []
+    assert [p.health for p in core.provider_snapshots() if p.provider_id == "gpu0"] == ["online"]
+
+
+@pytest.mark.req("outlier-ejection")
+def test_probe_released_without_report_reopens_for_the_next_probe(pool):
+    """gpu0's probe ends without a report (released): the next BIG request probes gpu0 again,
+    rather than going to the less preferred gpu1."""
+    config = attrs.evolve(pool.two_nodes(gpu1=pool.spec(priority=-1)), outlier=OutlierPolicy(1, 1.0, 4.0))
+    core = _core(config)
+    first = _lease(core.request(BIG, False, 0.0))
+    core.release(first)
+    core.report_failure(first, 0.0)
+    core.advance(1.0)
+    probe = _lease(core.request(BIG, False, 1.0))
+    assert (probe.provider, probe.probe) == (pool.gpu0, True)
+    core.release(probe)
+    again = _lease(core.request(BIG, False, 1.0))
+    assert (again.provider, again.probe) == (pool.gpu0, True)
