@@ -299,3 +299,25 @@ def test_probe_released_without_report_reopens_for_the_next_probe(pool):
     core.release(probe)
     again = _lease(core.request(BIG, False, 1.0))
     assert (again.provider, again.probe) == (pool.gpu0, True)
+
+
+@pytest.mark.req("outlier-ejection")
+def test_second_ejection_makes_reports_of_the_first_ones_panic_leases_stale(pool):
+    """A lease granted in panic mode during gpu0's first ejection is still running when gpu0,
+    restored, is ejected again: its success must not restore gpu0 from the second ejection."""
+    config = attrs.evolve(pool.two_nodes(gpu0=pool.spec(capacity=3)), outlier=OutlierPolicy(1, 1.0, 4.0))
+    core = _core(config)
+    failing = _lease(core.request(FAST, False, 0.0))
+    core.release(failing)
+    core.report_failure(failing, 0.0)
+    panic = _lease(core.request(FAST, False, 0.5))
+    assert (panic.provider, panic.probe) == (pool.gpu0, False)
+    core.advance(1.0)
+    probe = _lease(core.request(FAST, False, 1.0))
+    assert probe.probe
+    core.report_success(probe, 1.0)
+    core.release(probe)
+    again = _lease(core.request(FAST, False, 1.0))
+    assert [type(d) for d in core.report_failure(again, 1.0)] == [Ejected]
+    assert core.report_success(panic, 1.5) == []
+    assert [p.health for p in core.provider_snapshots() if p.provider_id == "gpu0"] == ["ejected"]
