@@ -321,3 +321,22 @@ def test_second_ejection_makes_reports_of_the_first_ones_panic_leases_stale(pool
     assert [type(d) for d in core.report_failure(again, 1.0)] == [Ejected]
     assert core.report_success(panic, 1.5) == []
     assert [p.health for p in core.provider_snapshots() if p.provider_id == "gpu0"] == ["ejected"]
+
+
+@pytest.mark.req("outlier-ejection")
+def test_advance_while_a_probe_is_out_does_not_reopen_the_provider(pool):
+    """advance() past the ejection's end while gpu0's probe runs changes nothing: the next BIG
+    request goes to gpu1, not as a second probe (or ordinary grant) on gpu0, which has room."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu0=pool.spec(capacity=2), gpu1=pool.spec(priority=-1)), outlier=OutlierPolicy(1, 1.0, 4.0)
+    )
+    core = _core(config)
+    first = _lease(core.request(BIG, False, 0.0))
+    core.release(first)
+    core.report_failure(first, 0.0)
+    core.advance(1.0)
+    probe = _lease(core.request(BIG, False, 1.0))
+    assert (probe.provider, probe.probe) == (pool.gpu0, True)
+    assert core.advance(5.0) == []
+    other = _lease(core.request(BIG, False, 5.0))
+    assert (other.provider, other.probe) == (pool.gpu1, False)
