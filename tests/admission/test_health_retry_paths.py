@@ -13,11 +13,14 @@ import pytest
 
 from iop_admission import (
     ModelGroup,
+    ModelNotFound,
     OutlierPolicy,
     PoolConfig,
     ProviderKey,
     ProviderSpec,
     QueuePolicy,
+    QueueTimeout,
+    RetriesExhausted,
     RetryPolicy,
     Unavailable,
 )
@@ -340,3 +343,34 @@ def test_advance_while_a_probe_is_out_does_not_reopen_the_provider(pool):
     assert core.advance(5.0) == []
     other = _lease(core.request(BIG, False, 5.0))
     assert (other.provider, other.probe) == (pool.gpu1, False)
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_retry_refusals_name_the_model_and_what_ran_out(pool):
+    """Each refusal of retry() carries the model and its figure; the queue deadline is reached
+    at ``enqueue_time + queue_timeout`` exactly; a refused retry can still be retried."""
+    config = attrs.evolve(pool.two_nodes(queue_timeout=10.0), retry=RetryPolicy(2))
+    core = _core(config)
+    first = _lease(core.request(FAST, False, 0.0))
+    with pytest.raises(QueueTimeout) as late:
+        core.retry(first, 10.0)
+    assert (late.value.model, late.value.waited) == (FAST, 10.0)
+    with pytest.raises(Unavailable) as none_left:  # FAST's only candidate, gpu0, was tried
+        core.retry(first, 9.0)
+    assert (none_left.value.model, none_left.value.long) == (FAST, False)
+    core.release(first)
+    big = _lease(core.request(BIG, False, 1.0))
+    second = _lease(core.retry(big, 2.0))
+    assert (second.attempt, second.tried) == (2, (big.provider, second.provider))
+    with pytest.raises(RetriesExhausted) as spent:
+        core.retry(second, 3.0)
+    assert (spent.value.model, spent.value.attempts) == (BIG, 2)
+    with pytest.raises(RuntimeError, match="retried already"):
+        core.retry(big, 3.0)
+    core.release(big)
+    core.release(second)
+    third = _lease(core.request(BIG, False, 3.0))
+    core.refresh(pool.single(pool.gpu1, models=(FAST,)))
+    with pytest.raises(ModelNotFound) as gone:
+        core.retry(third, 3.0)
+    assert gone.value.model == BIG
