@@ -351,9 +351,9 @@ def test_retry_refusals_name_the_model_and_what_ran_out(pool):
     at ``enqueue_time + queue_timeout`` exactly; a refused retry can still be retried."""
     config = attrs.evolve(pool.two_nodes(queue_timeout=10.0), retry=RetryPolicy(2))
     core = _core(config)
-    first = _lease(core.request(FAST, False, 0.0))
+    first = _lease(core.request(FAST, False, 1.0))
     with pytest.raises(QueueTimeout) as late:
-        core.retry(first, 10.0)
+        core.retry(first, 11.0)
     assert (late.value.model, late.value.waited) == (FAST, 10.0)
     with pytest.raises(Unavailable) as none_left:  # FAST's only candidate, gpu0, was tried
         core.retry(first, 9.0)
@@ -374,3 +374,16 @@ def test_retry_refusals_name_the_model_and_what_ran_out(pool):
     with pytest.raises(ModelNotFound) as gone:
         core.retry(third, 3.0)
     assert gone.value.model == BIG
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_long_retry_refused_when_no_untried_candidate_has_a_long_slot(pool):
+    """A long BIG request on gpu0 retried: gpu1, the only untried candidate, has no long slot,
+    so the retry is refused as long (not queued for a slot that never comes)."""
+    core = _core(pool.two_nodes(gpu1=pool.spec(long_cap=0)))
+    first = _lease(core.request(BIG, True, 0.0))
+    assert first.provider == pool.gpu0
+    with pytest.raises(Unavailable) as refused:
+        core.retry(first, 1.0)
+    assert (refused.value.model, refused.value.long) == (BIG, True)
+    assert core.queue_depth == 0
