@@ -361,7 +361,8 @@ def test_retry_refusals_name_the_model_and_what_ran_out(pool):
     core.release(first)
     big = _lease(core.request(BIG, False, 1.0))
     second = _lease(core.retry(big, 2.0))
-    assert (second.attempt, second.tried) == (2, (big.provider, second.provider))
+    assert (second.attempt, second.arrival, second.enqueue_time) == (2, big.arrival, 1.0)
+    assert second.tried == (big.provider, second.provider)
     with pytest.raises(RetriesExhausted) as spent:
         core.retry(second, 3.0)
     assert (spent.value.model, spent.value.attempts) == (BIG, 2)
