@@ -13,7 +13,7 @@ REAL_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGM
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[daemons,test,bench]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -21,15 +21,15 @@ run: $(STAMP)
 
 # ruff (rules and format in pyproject.toml) and mypy --strict on src/; make test runs them first.
 lint: $(STAMP)
-	$(BIN)/ruff check src tests tests_real tests_ui benchmarks
-	$(BIN)/ruff format --check src tests tests_real tests_ui benchmarks
+	$(BIN)/ruff check src tests tests_real tests_ui benchmarks examples
+	$(BIN)/ruff format --check src tests tests_real tests_ui benchmarks examples
 	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest
 
 $(REAL_STAMP): $(STAMP)
-	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test,bench,real]'
+	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[daemons,test,bench,real]'
 	touch $(REAL_STAMP)
 
 # Real backend tier: llama.cpp (Gemma 3 270M) behind real Edge and Node processes. Not part of `make test`.
@@ -39,7 +39,7 @@ test-real: $(REAL_STAMP)
 UI_STAMP := $(VENV)/.installed-ui
 
 $(UI_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,ui]'
+	$(BIN)/python -m pip install --quiet -e '.[daemons,test,bench,ui]'
 	touch $(UI_STAMP)
 
 # Browser tier: the live queue page in a headless Chromium (Selenium) against real Edge and Node

@@ -12,12 +12,17 @@
    vs a model key with 1 candidate: ``async with admission.lease(...)`` and the
    core's ``request`` + ``release`` alone.
 
+5. The asyncio layer: the uncontended cycle of ``AsyncAdmission.lease`` vs
+   ``asyncio.Semaphore``, and the contended hand-off (capacity 1, 100 tasks)
+   vs the semaphore under the same load.
+
 Each figure is the median of ``--runs`` runs (default 5). Run with
 ``python -m benchmarks admission``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import statistics
 import time
@@ -33,7 +38,8 @@ from iop_admission import (
     ProviderSpec,
     QueuePolicy,
 )
-from iop_admission._state import AdmissionState, Granted, Lease
+from iop_admission.aio import AsyncAdmission
+from iop_admission.core import AdmissionState, Granted, Lease
 
 GPU0 = ProviderKey("node-a", "gpu0")
 
@@ -105,6 +111,54 @@ def _contended(use_lease: bool, tasks: int, cycles: int) -> float:
         return (time.perf_counter() - t0) / (tasks * cycles)
 
     return trio.run(main)
+
+
+# ---------------------------------------------------------------------- asyncio
+
+
+def _asyncio_uncontended(use_lease: bool, n: int) -> float:
+    async def main() -> float:
+        admission = AsyncAdmission(_single(4))
+        admission.connect("node-a")
+        semaphore = asyncio.Semaphore(4)
+        t0 = time.perf_counter()
+        if use_lease:
+            for _ in range(n):
+                async with admission.lease("ornith:35b"):
+                    pass
+        else:
+            for _ in range(n):
+                async with semaphore:
+                    pass
+        return (time.perf_counter() - t0) / n
+
+    return asyncio.run(main())
+
+
+def _asyncio_contended(use_lease: bool, tasks: int, cycles: int) -> float:
+    async def main() -> float:
+        admission = AsyncAdmission(_single(1))
+        admission.connect("node-a")
+        semaphore = asyncio.Semaphore(1)
+        models = ("ornith:35b", "ornith-fast")
+
+        async def worker(i: int) -> None:
+            model = models[i % 2]
+            for _ in range(cycles):
+                if use_lease:
+                    async with admission.lease(model):
+                        await asyncio.sleep(0)
+                else:
+                    async with semaphore:
+                        await asyncio.sleep(0)
+
+        t0 = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for i in range(tasks):
+                group.create_task(worker(i))
+        return (time.perf_counter() - t0) / (tasks * cycles)
+
+    return asyncio.run(main())
 
 
 # ------------------------------------------------------------- candidate choice
@@ -208,6 +262,10 @@ def run(runs: int = 5) -> dict[str, object]:
     limiter = _median(lambda: _uncontended_limiter(n), runs)
     c_lease = _median(lambda: _contended(True, 100, 100), runs)
     c_limiter = _median(lambda: _contended(False, 100, 100), runs)
+    a_lease = _median(lambda: _asyncio_uncontended(True, n), runs)
+    a_semaphore = _median(lambda: _asyncio_uncontended(False, n), runs)
+    ac_lease = _median(lambda: _asyncio_contended(True, 100, 100), runs)
+    ac_semaphore = _median(lambda: _asyncio_contended(False, 100, 100), runs)
     scaling = {w: _median(lambda w=w: _scaling(w, 20_000), runs) for w in (10, 1_000, 10_000)}
     choice = {
         (c, core_only): _median(lambda c=c, k=core_only: _choice_cycle(c, n, k), runs)
@@ -227,6 +285,19 @@ def run(runs: int = 5) -> dict[str, object]:
             "limiter_us": c_limiter * 1e6,
             "ratio": c_lease / c_limiter,
             "target": "<= 3x",
+        },
+        "asyncio_uncontended": {
+            "lease_us": a_lease * 1e6,
+            "semaphore_us": a_semaphore * 1e6,
+            "ratio": a_lease / a_semaphore,
+            "target": "<= 2x",
+        },
+        "asyncio_contended": {
+            "tasks": 100,
+            "lease_us": ac_lease * 1e6,
+            "semaphore_us": ac_semaphore * 1e6,
+            "ratio": ac_lease / ac_semaphore,
+            "target": "<= 2x",
         },
         "scaling": {
             "release_us": {str(w): t * 1e6 for w, t in scaling.items()},
@@ -252,6 +323,9 @@ def table(result: dict[str, object]) -> str:
     ch = result["choice"]
     assert isinstance(u, dict) and isinstance(c, dict) and isinstance(s, dict) and isinstance(ch, dict)
     rel = s["release_us"]
+    au = result["asyncio_uncontended"]
+    ac = result["asyncio_contended"]
+    assert isinstance(au, dict) and isinstance(ac, dict)
     lines = [
         "| benchmark | ours | reference | ratio | target |",
         "|---|---|---|---|---|",
@@ -259,6 +333,10 @@ def table(result: dict[str, object]) -> str:
         f"| {u['ratio']:.2f}x | <= 3x |",
         f"| contended hand-off (cap 1, 100 tasks) | {c['lease_us']:.2f} µs/cycle | CapacityLimiter "
         f"{c['limiter_us']:.2f} µs/cycle | {c['ratio']:.2f}x | <= 3x |",
+        f"| asyncio uncontended cycle (`AsyncAdmission`) | {au['lease_us']:.2f} µs | asyncio.Semaphore "
+        f"{au['semaphore_us']:.2f} µs | {au['ratio']:.2f}x | <= 2x |",
+        f"| asyncio contended hand-off (cap 1, 100 tasks) | {ac['lease_us']:.2f} µs/cycle | asyncio.Semaphore "
+        f"{ac['semaphore_us']:.2f} µs/cycle | {ac['ratio']:.2f}x | <= 2x |",
         f"| release + re-evaluation, 10 / 1,000 / 10,000 waiters | {rel['10']:.2f} / {rel['1000']:.2f} "
         f"/ {rel['10000']:.2f} µs | 10 waiters | {s['ratio_10000_vs_10']:.2f}x | <= 3x |",
         f"| lease cycle, model key with 10,000 candidates | {ch['lease_us']['10000']:.2f} µs | 1 candidate "

@@ -33,6 +33,8 @@ from typing import Any, final
 
 import trio
 
+from iop_http import encode_request
+
 __all__ = ["HttpConnection", "measure"]
 
 
@@ -55,12 +57,21 @@ class HttpConnection:
         """The head of the last response, lowered (for the headers ``request`` does not return)."""
 
     @staticmethod
-    def build(method: str, path: str, body: bytes | None = None, host: str = "127.0.0.1") -> bytes:
-        """The request bytes for ``method path`` with an optional JSON body."""
-        head = f"{method} {path} HTTP/1.1\r\nhost: {host}\r\n"
+    def build(
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        host: str = "127.0.0.1",
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
+        """The request bytes for ``method path`` with an optional JSON body (encoded by :mod:`iop_http`)."""
+        fields = [(b"host", host.encode())]
         if body is not None:
-            head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        return head.encode() + b"\r\n" + (body or b"")
+            fields.append((b"content-type", b"application/json"))
+        fields += [(name.encode(), value.encode()) for name, value in (headers or {}).items()]
+        if body is not None and not body:
+            fields.append((b"content-length", b"0"))
+        return encode_request(method.encode(), path.encode(), fields, body or b"")
 
     async def connect(self) -> None:
         """Open the connection now (``request`` opens it when needed otherwise). Checkpoints."""
@@ -171,10 +182,7 @@ async def measure(
         inside the window) and ``chunks_per_s``.
     """
     payload = None if body is None else json.dumps(body).encode()
-    raw = HttpConnection.build(method, path, payload, host)
-    if headers:
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
-        raw = raw.replace(b"\r\n\r\n", b"\r\n" + extra + b"\r\n", 1)
+    raw = HttpConnection.build(method, path, payload, host, headers)
     clock = time.perf_counter
     latencies: list[float] = []
     counts: dict[str, float] = {"errors": 0, "chunks": 0.0, "stream_events": 0}

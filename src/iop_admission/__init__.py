@@ -6,6 +6,8 @@ node-local gate.
 See ``docs/admission.md`` for the semantics.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from ._admission import Admission, AdmissionEvent, LeaseScope
 from ._config import (
     ModelGroup,
@@ -22,7 +24,9 @@ from ._errors import (
     ConcurrencyLimitExceeded,
     ConfigError,
     LeaseRevoked,
+    LeaseScopeError,
     ModelNotFound,
+    NodeNotFound,
     QueueFull,
     QueueTimeout,
     RetriesExhausted,
@@ -32,6 +36,11 @@ from ._gate import GateStatistics, LocalGate, Permit
 from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, Snapshot
 from ._state import Lease, PreparedRefresh
 from ._waiting import WaiterSnapshot
+
+try:
+    __version__: str = version("iop-admission")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "PROVIDER_FIELDS",
@@ -44,9 +53,11 @@ __all__ = [
     "Lease",
     "LeaseRevoked",
     "LeaseScope",
+    "LeaseScopeError",
     "LocalGate",
     "ModelGroup",
     "ModelNotFound",
+    "NodeNotFound",
     "OutlierPolicy",
     "Permit",
     "PoolConfig",
@@ -63,5 +74,6 @@ __all__ = [
     "Snapshot",
     "Unavailable",
     "WaiterSnapshot",
+    "__version__",
     "validate_pool",
 ]

@@ -1,6 +1,6 @@
 """The trio layer of admission: parks, wakes, times out and cancels.
 
-It never decides: :class:`~iop_admission._state.AdmissionState` does, and this
+It never decides: :class:`iop_admission.core.AdmissionState` does, and this
 module carries the decisions out.
 
 Rules this module implements (and why):
@@ -66,10 +66,12 @@ import attrs
 import outcome
 import trio
 
-from ._config import PoolConfig, ProviderKey
-from ._errors import LeaseRevoked, QueueTimeout
+from ._config import PoolConfig
+from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
+from ._events import AdmissionEvent, lease_event
 from ._snapshot import ProviderRow, Snapshot
-from ._state import (
+from ._waiting import WaiterSnapshot, waiter_snapshots
+from .core import (
     AdmissionState,
     Decision,
     Ejected,
@@ -81,45 +83,8 @@ from ._state import (
     Revoked,
     Waiter,
 )
-from ._waiting import WaiterSnapshot, waiter_snapshots
 
 __all__ = ["Admission", "AdmissionEvent", "Lease"]
-
-
-@final
-@attrs.frozen
-class AdmissionEvent:
-    """One lifecycle event, as delivered by :meth:`Admission.subscribe`.
-
-    Attributes:
-        kind: ``granted``, ``queued``, ``released``, ``revoked``, ``timed_out``,
-            ``rejected``, ``connected``,
-            ``disconnected``, ``refreshed``, ``ejected``, ``restored`` or ``retried``.
-        time: ``trio.current_time()`` when emitted, or None outside trio.
-        model, provider, lease_id, generation, node_id, long: what it concerns
-            (for ``retried``: the provider and lease that failed).
-        reason: for ``rejected`` and failed waiters, the error class name
-            (``QueueFull``, ``Unavailable``, ``ModelNotFound``); for ``retried``
-            the caller's reason.
-        waited: seconds queued, for ``granted`` and ``timed_out``.
-        attempt: for ``retried``, the number of the new attempt.
-        duration: for ``ejected``, the ejection's length in seconds.
-        failures: for ``ejected``, the consecutive failures counted.
-    """
-
-    kind: str
-    time: float | None = None
-    model: str | None = None
-    provider: ProviderKey | None = None
-    lease_id: int | None = None
-    generation: int | None = None
-    node_id: str | None = None
-    long: bool = False
-    reason: str | None = None
-    waited: float | None = None
-    attempt: int | None = None
-    duration: float | None = None
-    failures: int | None = None
 
 
 def _now() -> float | None:
@@ -248,7 +213,13 @@ class Admission:
 
         Returns:
             The new generation.
+
+        Raises:
+            NodeNotFound: no configuration so far had a provider on ``node_id``
+                (a typo, most likely); nothing changed.
         """
+        if not self._core.knows_node(node_id):
+            raise NodeNotFound(node_id, self._core.nodes())
         generation, decisions = self._core.connect(node_id)
         self._apply(decisions)
         if self._subscribers:
@@ -402,21 +373,7 @@ class Admission:
         attempt: int | None = None,
         reason: str | None = None,
     ) -> None:
-        self._emit(
-            AdmissionEvent(
-                kind,
-                _now(),
-                model=lease.model,
-                provider=lease.provider,
-                lease_id=lease.id,
-                generation=lease.generation,
-                node_id=lease.provider.node_id,
-                long=lease.long,
-                waited=waited,
-                attempt=attempt,
-                reason=reason,
-            )
-        )
+        self._emit(lease_event(kind, _now(), lease, waited=waited, attempt=attempt, reason=reason))
 
     # -------------------------------------------------------------- decisions
 
@@ -479,7 +436,7 @@ class Admission:
         else:
             assert type(result) is Waiter
             lease = await self._wait(result)
-        if lease._revoked:
+        if lease.revoked:
             # Fenced between the grant and now (same tick): the body never runs
             # on an offline generation. Fencing already released the lease.
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
@@ -548,7 +505,7 @@ class Admission:
             self._apply(self._core.release(lease))
             if self._subscribers:
                 self._lease_event("released", lease)
-        if lease._revoked and (suppressed or exc_type is None):
+        if lease.revoked and (suppressed or exc_type is None):
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation) from None
         return bool(suppressed)
 
@@ -584,9 +541,16 @@ class LeaseScope:
 
     async def __aenter__(self) -> Lease:
         if self._entered:
-            raise RuntimeError("a lease scope can only be entered once")
+            raise LeaseScopeError("a lease scope can be entered only once")
         self._entered = True
-        self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._reason)
+        try:
+            self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._reason)
+        except RuntimeError as exc:
+            if trio.lowlevel.in_trio_run():
+                raise
+            raise RuntimeError(
+                "Admission.lease() runs under trio only; under asyncio use iop_admission.aio.AsyncAdmission"
+            ) from exc
         return self._lease
 
     async def __aexit__(
@@ -595,5 +559,8 @@ class LeaseScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        assert self._lease is not None, "lease scope was not entered"
-        return self._admission._release(self._lease, exc_type, exc, tb)
+        lease = self._lease
+        if lease is None:
+            raise LeaseScopeError("a lease scope can be exited only after it was entered")
+        self._lease = None
+        return self._admission._release(lease, exc_type, exc, tb)

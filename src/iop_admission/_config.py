@@ -76,7 +76,7 @@ class ProviderSpec:
             out.append(f"{where}.capacity: must be >= 1, got {self.capacity}")
         if self.long_context_capacity < 0:
             out.append(f"{where}.long_context_capacity: must be >= 0, got {self.long_context_capacity}")
-        if self.long_context_capacity > self.capacity:
+        if self.long_context_capacity > max(self.capacity, 0):  # a bad capacity alone is one problem
             out.append(
                 f"{where}.long_context_capacity: must be <= capacity ({self.long_context_capacity} > {self.capacity})"
             )
@@ -169,7 +169,16 @@ class OutlierPolicy:
 
 
 def _candidates(value: Iterable[ProviderKey]) -> tuple[ProviderKey, ...]:
-    return tuple(value)
+    if isinstance(value, str | bytes):
+        raise TypeError(
+            f"ModelGroup candidates must be an iterable of ProviderKey, not a string ({value!r}): "
+            f"write ModelGroup([ProviderKey(node_id, provider_id)])"
+        )
+    candidates = tuple(value)
+    for c in candidates:
+        if type(c) is not ProviderKey:
+            raise TypeError(f"ModelGroup candidate {c!r} is a {type(c).__name__}, not a ProviderKey")
+    return candidates
 
 
 @final
@@ -212,7 +221,7 @@ _last_valid: list[PoolConfig] = []
 def validate_pool(config: object, *, pause: Callable[[], None] | None = None) -> None:
     """Check a whole :class:`PoolConfig`; raise :class:`ConfigError` listing every problem.
 
-    ``pause``: called every :data:`PAUSE_EVERY` providers and candidates (a worker
+    ``pause``: called every 64 providers and candidates (a worker
     thread's chance to let an event loop in another thread run).
     """
     if not isinstance(config, PoolConfig):

@@ -58,13 +58,19 @@ class QueueTimeout(AdmissionError):
 
 @final
 class Unavailable(AdmissionError):
-    """No candidate of the model is eligible (offline, disabled, or unable to run it)."""
+    """No candidate of the model is eligible (offline, disabled, or unable to run it).
 
-    def __init__(self, model: str, long: bool = False) -> None:
+    ``reasons`` says, for a request refused on arrival, why each candidate is
+    not eligible (``"node-a/gpu0: node 'node-a' is not connected"``).
+    """
+
+    def __init__(self, model: str, long: bool = False, reasons: tuple[str, ...] = ()) -> None:
         self.model = model
         self.long = long
+        self.reasons = reasons  # one "provider: why it is not eligible" per candidate, in candidate order
         kind = "long request" if long else "request"
-        super().__init__(f"no eligible provider for {kind} on model {model!r}")
+        why = "".join(f"; {r}" for r in reasons)
+        super().__init__(f"no eligible provider for {kind} on model {model!r}{why}")
 
 
 @final
@@ -97,3 +103,36 @@ class RetriesExhausted(AdmissionError):
         self.model = model
         self.attempts = attempts
         super().__init__(f"no retry left for model {model!r} after {attempts} attempts")
+
+
+class LeaseScopeError(AdmissionError, RuntimeError):
+    """A lease scope was misused: entered twice, exited twice, or exited without being entered.
+
+    A ``RuntimeError`` too, as the scope raised before it had a name of its own.
+    """
+
+
+@final
+class NodeNotFound(AdmissionError, LookupError):
+    """``connect()`` named a node that no configuration had a provider on (a typo, or a node not in the config)."""
+
+    def __init__(self, node_id: str, known: tuple[str, ...]) -> None:
+        self.node_id = node_id
+        shown = ", ".join(repr(n) for n in known[:10]) + (", ..." if len(known) > 10 else "")
+        super().__init__(f"node {node_id!r} has no configured provider; nodes with providers: {shown or 'none'}")
+
+
+@final
+class TenantLimitExceeded(AdmissionError):
+    """A tenant's own quota refused the request; ``limit`` names which one.
+
+    ``limit`` is ``"max_queue"`` (the tenant's part of the queue is full),
+    ``"shed"`` (a negative-priority waiter refused or evicted under overload)
+    or ``"queue"`` (the whole queue is full and nothing sheddable is below).
+    """
+
+    def __init__(self, tenant: str, limit: str, value: int) -> None:
+        super().__init__(f"tenant {tenant!r}: {limit} ({value}) reached")
+        self.tenant = tenant
+        self.limit = limit
+        self.value = value

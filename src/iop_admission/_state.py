@@ -789,6 +789,14 @@ class AdmissionState:
         node = self._nodes.get(node_id)
         return node.generation if node else 0
 
+    def knows_node(self, node_id: str) -> bool:
+        """Whether some configuration in force so far had a provider on ``node_id``."""
+        return node_id in self._nodes
+
+    def nodes(self) -> tuple[str, ...]:
+        """The node ids of the configuration in force, in provider order."""
+        return tuple(dict.fromkeys(k.node_id for k in self._config.providers))
+
     def is_connected(self, node_id: str) -> bool:
         """Whether the node is connected in its current generation."""
         node = self._nodes.get(node_id)
@@ -896,7 +904,7 @@ class AdmissionState:
         if best is not None:
             return self._grant(best, model, long, next(self._seq), now)
         if not group.could_run(long):
-            raise Unavailable(model, long)
+            raise Unavailable(model, long, _reasons(group.providers, long, ()))
         if len(self._waiters) >= self._max_queue:
             raise QueueFull(model, self._max_queue)
         waiter = Waiter(next(self._seq), model, long, now, now + self._timeout)
@@ -939,7 +947,7 @@ class AdmissionState:
         candidates = _untried(group.providers, lease.tried)
         best = _best_of(candidates, long)
         if best is None and not _could_run(candidates, long):
-            raise Unavailable(model, long)
+            raise Unavailable(model, long, _reasons(group.providers, long, lease.tried))
         lease._retried = True
         attempt = lease.attempt + 1
         if best is not None:
@@ -1529,6 +1537,26 @@ def _best_of(candidates: tuple[_Provider, ...], long: bool) -> _Provider | None:
 def _could_run(candidates: tuple[_Provider, ...], long: bool) -> bool:
     """Whether some candidate could ever run the request without a config change."""
     return any(p.eligible and (not long or p.long_capacity >= 1) for p in candidates)
+
+
+def _reasons(candidates: tuple[_Provider, ...], long: bool, tried: tuple[ProviderKey, ...]) -> tuple[str, ...]:
+    """Why each candidate cannot take the request: the detail of an ``Unavailable``."""
+    out = []
+    for p in candidates:
+        if p.key in tried:
+            why = "already tried by this request"
+        elif not p.configured:
+            why = "removed from the configuration"
+        elif not p.spec.enabled:
+            why = "disabled (enabled=False)"
+        elif not p.node.connected:
+            why = f"node {p.node.node_id!r} is not connected (call connect({p.node.node_id!r}))"
+        elif long and p.long_capacity < 1:
+            why = "runs no long requests (long_context_capacity=0)"
+        else:
+            why = "eligible"
+        out.append(f"{p.key}: {why}")
+    return tuple(out)
 
 
 def _untried(candidates: tuple[_Provider, ...], tried: tuple[ProviderKey, ...]) -> tuple[_Provider, ...]:

@@ -17,7 +17,7 @@ import trio
 
 from iop_config import ConfigFileError
 
-from . import _collector
+from ._collector import tune as tune_collector
 from ._service import EdgeService, load_config_off_loop
 
 logger = logging.getLogger("iop_edge")
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None, *, instruments: Sequence[trio.abc.In
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    _collector.tune()
+    tune_collector()
     raise SystemExit(trio.run(start_edge, args.config, instruments=instruments))
 
 

@@ -10,7 +10,7 @@ away. A run that fails for a provider reason before its first byte reached the
 client is tried again under a new lease on another candidate
 ([failover-before-first-byte], ``_failover.py``); the answer names the
 provider that served it and the number of attempts. The client going away
-cancels the handler (the listener's ``iop.cancel_on_disconnect`` watcher, or a
+cancels the handler (the listener's ``cancel_on_disconnect`` watcher, or a
 watcher task turning ``http.disconnect`` into cancellation): a queued
 request leaves the queue, a running one releases its lease and cancels its run
 on the node. This module decides nothing about admission; it maps the
@@ -19,6 +19,7 @@ library's outcomes to HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -41,7 +42,8 @@ from iop_admission import (
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
-from ._http_server import HEAD_LET_THROUGH, PAUSE_READING, CannedResponse, Headers
+from ._http_pacing import Headers
+from ._http_server import CONNECTION, PAUSE_READING, CannedResponse, ConnectionHooks
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor
@@ -49,6 +51,7 @@ from ._ui import PATHS as QUEUE_PAGE_PATHS
 from ._ui import QueuePage
 from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
+from .ha import LEADER_HEADER, EdgeHa
 from .metrics import EdgeMetrics
 from .status import StatusRows, status_json_rows
 
@@ -78,6 +81,11 @@ class EdgeParts(Protocol):
     def registry(self) -> NodeRegistry: ...
     @property
     def front_door(self) -> FrontDoor: ...
+    @property
+    def ha(self) -> EdgeHa | None:
+        """This Edge's part in the election; None without ``ha:`` (the Edge always admits)."""
+        ...
+
     def status(self) -> dict[str, Any]:
         """The ``/status`` body."""
         ...
@@ -103,11 +111,19 @@ _COMPLETION_TARGETS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"
 def _let_through_on_head(scope: Scope) -> bool:
     """Whether the listener asked :meth:`EdgeAPI.refuse_head` on this request's head and it let
     the request through (decided: the target is exactly a completion target, no query string)."""
+    hooks = _hooks(scope)
     return bool(
-        scope.get("extensions", {}).get(HEAD_LET_THROUGH)
+        hooks is not None
+        and hooks.head_let_through
         and not scope["query_string"]
         and scope["raw_path"] in _COMPLETION_TARGETS
     )
+
+
+def _hooks(scope: Scope) -> ConnectionHooks | None:
+    """The listener's hooks for this request (None under another server)."""
+    hooks: ConnectionHooks | None = scope.get("extensions", {}).get(CONNECTION)
+    return hooks
 
 
 _JSON = (b"content-type", b"application/json")
@@ -130,6 +146,7 @@ class RequestRejected(Exception):
         provider_failure: bool = False,
         error: dict[str, Any] | None = None,
         provider: str | None = None,
+        leader: str | None = None,
     ) -> None:
         super().__init__(message)
         self.read_after: float | None = None  # trio time before which the connection is not read again (pacing)
@@ -144,6 +161,7 @@ class RequestRejected(Exception):
         self.attempts: int | None = None  # attempts made, when it ends a run
         self.error = error  # a backend's own error object, passed through instead of ours
         self.provider = provider
+        self.leader = leader  # a standby's refusal names the leading Edge ([ha-election])
 
     def body(self) -> bytes:
         error = self.error or {"message": self.message, "type": self.type, "code": self.code}
@@ -157,6 +175,8 @@ class RequestRejected(Exception):
             headers.append((b"x-iop-attempts", str(self.attempts).encode()))
         if self.provider is not None:
             headers.append((b"x-iop-provider", self.provider.encode()))
+        if self.leader is not None:
+            headers.append((LEADER_HEADER.encode(), self.leader.encode()))
         return headers
 
 
@@ -356,9 +376,9 @@ class Responder:
         self.started = False
         self.finished = False
         self.write_nowait = write_nowait
-        """The server's ``iop.write_body_nowait``: a body chunk written from any task, never waiting."""
+        """The listener's ``write_body_nowait``: a body chunk written from any task, never waiting."""
         self.respond_nowait = respond_nowait
-        """The server's ``iop.respond_nowait``: a whole response written from any task, never waiting."""
+        """The listener's ``respond_nowait``: a whole response written from any task, never waiting."""
 
     async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -376,7 +396,7 @@ class Responder:
         await self.finish(body)
 
     def whole_nowait(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
-        """Answer with a whole response now, from any task, never waiting (the server's ``iop.respond_nowait``).
+        """Answer with a whole response now, from any task, never waiting (the listener's ``respond_nowait``).
 
         Returns:
             Whether it went out; if not (no such extension, the response started, the client
@@ -422,6 +442,7 @@ class EdgeAPI:
             ("GET", "/v1/models"): self._models,
             ("GET", "/status"): self._status,
             ("GET", "/healthz"): self._healthz,
+            ("GET", "/readyz"): self._readyz,
             ("GET", "/metrics"): self._metrics,
             ("POST", "/admin/reload"): self._reload,
         }
@@ -438,9 +459,12 @@ class EdgeAPI:
             return
         if kind != "http":
             return
-        extensions = scope.get("extensions", {})
+        hooks = _hooks(scope)
         responder = Responder(
-            send, scope, extensions.get("iop.write_body_nowait"), extensions.get("iop.respond_nowait")
+            send,
+            scope,
+            hooks.write_body_nowait if hooks is not None else None,
+            hooks.respond_nowait if hooks is not None else None,
         )
         if scope["path"] in QUEUE_PAGE_PATHS:  # the live queue page, an app of its own ([queue-page])
             await self._queue_page(scope, receive, send)
@@ -470,6 +494,10 @@ class EdgeAPI:
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
+        if service.ha is not None and not service.ha.admits():
+            if _let_through_on_head(scope):
+                service.front_door.gave_up()  # it will not ask for a lease
+            raise _standby_refusal(service.ha)
         if _let_through_on_head(scope):
             self._authorize(scope["headers"])
         else:
@@ -490,15 +518,28 @@ class EdgeAPI:
             service.front_door.gave_up()  # let through on its head, it will not ask for a lease
             raise
 
-        watch = scope.get("extensions", {}).get("iop.cancel_on_disconnect")
-        if watch is not None:  # the connection's own watcher: no task per request
+        term = trio.CancelScope()  # [ha-step-down] cancelled when this Edge stops leading
+        with contextlib.ExitStack() as stack:
+            if service.ha is not None:
+                stack.enter_context(service.ha.cut_on_step_down(term))
+            with term:
+                await self._watched(scope, receive, responder, (model, long, endpoint, body, stream))
+        if term.cancelled_caught and service.ha is not None:
+            raise _standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
+
+    async def _watched(
+        self, scope: Scope, receive: Receive, responder: Responder, request: tuple[str, bool, str, dict[str, Any], bool]
+    ) -> None:
+        """Admit and run ``request``, cancelled if the client goes away."""
+        hooks = _hooks(scope)
+        if hooks is not None and hooks.can_watch_disconnect:  # the connection's own watcher: no task per request
             with trio.CancelScope() as cancel_scope:
-                watch(cancel_scope)
-                await self._admit_and_run(model, long, endpoint, body, stream, responder)
+                hooks.cancel_on_disconnect(cancel_scope)
+                await self._admit_and_run(*request, responder)
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-            await self._admit_and_run(model, long, endpoint, body, stream, responder)
+            await self._admit_and_run(*request, responder)
             nursery.cancel_scope.cancel()
 
     def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
@@ -721,6 +762,15 @@ class EdgeAPI:
 
     async def _healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await responder.whole(200, [_JSON], b'{"status":"ok"}')
+
+    async def _readyz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        """200 when this Edge admits (it leads, or runs without ``ha:``); 503 ``not leader`` else."""
+        ha = self.service.ha
+        if ha is None or ha.admits():
+            await responder.whole(200, [_JSON], b'{"status":"ready"}')
+            return
+        body = {"status": "not leader", "leader": ha.leadership.leader, "epoch": ha.leadership.epoch}
+        await responder.whole(503, [_JSON, *_header_pairs(ha.refusal_headers())], _dumps(body))
 
     async def _metrics(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         body, content_type = await self.service.metrics.render_off_loop()
@@ -962,6 +1012,24 @@ _CANNED: dict[tuple[object, ...], tuple[list[tuple[bytes, bytes]], bytes]] = {}
 _CANNED_MAX = 256
 
 
+def _standby_refusal(ha: EdgeHa) -> RequestRejected:
+    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader."""
+    leader = ha.leadership.leader
+    where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
+    return RequestRejected(
+        503,
+        "not_leader",
+        "this Edge does not lead" + where,
+        type="service_unavailable",
+        retry_after=ha.retry_after(),
+        leader=leader,
+    )
+
+
+def _header_pairs(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode(), value.encode()) for name, value in headers]
+
+
 def _canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """The response head (with its content-length) and body of ``rejection``, built once per kind.
 
@@ -970,7 +1038,15 @@ def _canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], byte
     are kept (``queue_full``, ``queue_timeout``, ``overloaded``: no backend error object, no
     attempt count or provider), the first ``_CANNED_MAX`` distinct ones.
     """
-    key = (rejection.status, rejection.code, rejection.reason, rejection.type, rejection.message, rejection.retry_after)
+    key = (
+        rejection.status,
+        rejection.code,
+        rejection.reason,
+        rejection.type,
+        rejection.message,
+        rejection.retry_after,
+        rejection.leader,
+    )
     canned = _CANNED.get(key)
     if canned is None:
         body = rejection.body()

@@ -1,9 +1,18 @@
 """The Edge's HTTP/1.1 listener: h11 on trio sockets, serving an ASGI-shaped app.
 
+**Framing** (:mod:`iop_http`): every request head is accepted or refused by
+:func:`iop_http.accept_head` before any parser frames it, and a chunked body
+is checked by :class:`iop_http.ChunkedBody` as it is read. The module's rules
+are stricter than h11's (``Content-Length`` beside ``Transfer-Encoding``,
+obs-fold, bare CR/LF, ``Content-Length`` spellings, chunk sizes past 2**64),
+so h11, reading only heads the module accepted, frames them the same way. A
+refusal (400, 431, 501, 505) is a fixed text answered with ``connection:
+close``, and the connection ends.
+
 **The plain lane** (:mod:`._plain_http`): a request that arrives whole in one
 read on a connection with nothing else buffered (a keep-alive client's small
 POST, the usual case) and is plain (HTTP/1.1, keep-alive, a ``content-length``
-body, no ``expect``, nothing after it) is read by llhttp instead of h11, and a
+body, no ``expect``, nothing after it) is read by :mod:`iop_http` alone, and a
 whole answer with a ``content-length`` is written as the bytes h11 writes for
 it; any other answer to it (a stream, an odd header) hands the request's bytes
 to h11 first, which answers it as any other. Every other request goes through
@@ -26,31 +35,33 @@ no websockets, no HTTP/2). What the listener guarantees:
 - **Bodies** (content-length or chunked) are read only when the app asks
   (``receive``), each read bounded by ``read_timeout``; ``expect:
   100-continue`` is answered with ``100 Continue`` at that moment, so a request
-  rejected before its body is read never makes the client send it. A body the
-  app did not read is drained (up to ``DRAIN_LIMIT`` bytes) to keep the
-  connection, or the connection closes.
+  rejected before its body is read never makes the client send it (and the
+  connection then closes). After a refusal (400 or more) the connection is kept
+  only when the body had arrived whole; after a success an unread body is
+  drained (up to ``DRAIN_LIMIT`` bytes) to keep the connection, or the
+  connection closes.
 - **Disconnect**: once the body is read, ``receive`` waits for the client to
   go away and then returns ``http.disconnect``. On a plain TCP connection the
-  scope's ``iop.cancel_on_disconnect(cancel_scope)`` does the same watching
+  scope's ``cancel_on_disconnect(cancel_scope)`` (:class:`ConnectionHooks`) does the same watching
   without a task per request: the listener's one disconnect poller (an epoll
   set of its own, Linux; elsewhere one watcher task per connection, parked
   between requests) cancels ``cancel_scope`` if the client goes away before
   the app returns, or before the app's whole response went out through
-  ``iop.respond_nowait`` (bytes of a next request read meanwhile are kept
+  ``respond_nowait`` (bytes of a next request read meanwhile are kept
   for it).
 - **Accept**: each wake-up of the listener accepts every connection waiting
   (up to :data:`ACCEPT_BATCH`), where ``trio.serve_listeners`` accepts one per
   scheduling round: when hundreds of clients connect within a second to a busy
   Edge, a round lasts milliseconds and the last of them waited seconds for their
-  accept (see :func:`accept_waiting`).
+  accept (:mod:`._http_accept`).
 - **Connection cap**: past ``max_connections`` open connections, a new one is
   closed at once (before a byte is read) -- the cheapest possible refusal.
 - A response head goes out with the first body chunk, in one send.
 - **Writes never wait on the client**: a plain TCP connection is driven as a
   non-blocking stdlib socket with trio's low-level waits; bytes go to the
   socket at once from whichever task has them (the scope's
-  ``iop.write_body_nowait`` lets a relay write body chunks from a node link's
-  reader, ``iop.respond_nowait`` a whole response), and what the socket does
+  ``write_body_nowait`` lets a relay write body chunks from a node link's
+  reader, ``respond_nowait`` a whole response), and what the socket does
   not take waits in the connection's
   buffer, written by a flusher task. A body chunk is refused past
   ``WRITE_BUFFER_LIMIT`` bytes waiting (the relay then drops the run);
@@ -65,7 +76,7 @@ no websockets, no HTTP/2). What the listener guarantees:
 - **Refusals on the head** (``refuse_head``): for each request head, before a
   scope is built or the app called, the listener asks ``refuse_head(method,
   target, headers)``; when it returns a :class:`CannedResponse` and a pause time,
-  that response goes out as bytes h11 encoded once, the body (if the client sent
+  that response goes out as bytes iop_http encoded once, the body (if the client sent
   it whole) is skipped, and the connection is paced as above. When a paused
   connection is due, the pacer's task reads it itself: if what the client sent
   is, byte for byte, a whole request h11 parsed and the listener refused before
@@ -74,7 +85,7 @@ no websockets, no HTTP/2). What the listener guarantees:
   waking the connection's task or parsing the bytes again; anything else is
   handed to the connection's task (a remembered request let through there is
   not asked about again: its task calls the app at once, with the scope
-  extension :data:`HEAD_LET_THROUGH` set, as for every request ``refuse_head``
+  hooks' ``head_let_through`` set, as for every request ``refuse_head``
   let through). A connection with nothing to read yet is
   looked at again by the pacer (:data:`RECHECK_AFTER`, up to :data:`RECHECKS`
   times, and once after the time its client was told to come back, when a
@@ -89,46 +100,84 @@ switch per write, as a stream needs).
 
 from __future__ import annotations
 
-import bisect
-import collections
-import errno
 import logging
 import math
-import re
-import select
 import socket
 import urllib.parse
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Final, final
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final, Protocol, final
 
 import attrs
 import h11
 import trio
 
+from iop_http import (
+    CHUNKED,
+    ChunkedBody,
+    MalformedChunk,
+    Refusal,
+    RequestHead,
+    accept_head,
+    encode_chunk,
+    encode_response,
+    error_response,
+    find_head_end,
+    head_too_large,
+)
+
+from ._http_accept import accept_loop
+from ._http_disconnects import CAN_POLL, DisconnectPoller, DisconnectWatcher, PolledWatch
+from ._http_pacing import PACING_QUANTUM, RECHECKS, TOLD_GRACE, Headers, Pacer, step_after
+from ._http_transport import PeerGone, SocketTransport, StreamTransport, Transport
 from ._plain_http import PlainRequest, parse_plain, plain_response
 
-_ABSOLUTE_FORM: Final = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://")
+_MALFORMED_CHUNKS: Final = Refusal(400, "malformed chunked body")
+_UNREADABLE: Final = Refusal(400, "malformed request head")
 
 logger = logging.getLogger("iop_edge.http")
 
 Message = MutableMapping[str, Any]
 App = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Any]
 StreamWrapper = Callable[[trio.SocketStream], Awaitable[trio.abc.Stream]]
-Handler = Callable[[trio.SocketStream], Awaitable[None]]
-Headers = Sequence[tuple[bytes, bytes]]
 
 DRAIN_LIMIT = 64 * 1024
 """Unread request body bytes the listener reads and drops to keep a connection alive."""
 
-_RECEIVE_SIZE = 65536
+RECEIVE_SIZE = 65536
 _DISCONNECT: Message = {"type": "http.disconnect"}
 
 PAUSE_READING = "iop.pause_reading"
 """Scope key: a time on trio's clock before which the connection's next request is not read (pacing)."""
 
-HEAD_LET_THROUGH = "iop.head_let_through"
-"""Scope extension: True when the listener asked ``refuse_head`` on this request's head and it
-was let through (the app need not ask again)."""
+CONNECTION = "iop.connection"
+"""Scope extension: the listener's :class:`ConnectionHooks` for this request (its one key in the scope)."""
+
+
+class ConnectionHooks(Protocol):
+    """What the listener offers the app beyond ASGI for one request: the out-of-band writes, the
+    disconnect hook and what ``refuse_head`` decided. The scope's ``extensions[CONNECTION]``."""
+
+    @property
+    def head_let_through(self) -> bool:
+        """The listener asked ``refuse_head`` on this request's head and it let it through."""
+        ...
+
+    @property
+    def can_watch_disconnect(self) -> bool:
+        """:meth:`cancel_on_disconnect` is available (a plain TCP connection)."""
+        ...
+
+    def write_body_nowait(self, data: bytes) -> bool:
+        """Write a chunk of the response body now, from any task; False when the client is too far behind."""
+        ...
+
+    def respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write a whole response now, from any task; False when nothing was written."""
+        ...
+
+    def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
+        """Cancel ``cancel_scope`` if the client goes away before the app returns."""
+        ...
 
 
 @attrs.frozen(kw_only=True)
@@ -160,7 +209,7 @@ class ConnectionCounter:
 
 @final
 class CannedResponse:
-    """A whole response (head and body) that h11 encodes once; answering with it is one ``send``.
+    """A whole response (head and body) that :mod:`iop_http` encodes once; answering with it is one ``send``.
 
     Args:
         status: the status code.
@@ -170,383 +219,26 @@ class CannedResponse:
             looks at a paused connection again when its client was told to come back.
 
     ``keep_alive`` and ``closing`` are the bytes on the wire after a request
-    that keeps the connection open or asks to close it (h11 adds ``connection:
-    close`` to the latter), ``event`` the h11 event for a connection that must
-    still send it through h11.
+    that keeps the connection open or must close it (the latter with
+    ``connection: close``, as h11 writes it).
     """
 
-    __slots__ = ("status", "headers", "body", "retry_after", "event", "keep_alive", "closing")
+    __slots__ = ("status", "headers", "body", "retry_after", "keep_alive", "closing")
 
     def __init__(self, status: int, headers: Headers, body: bytes, retry_after: float | None = None) -> None:
         self.status = status
         self.headers = list(headers)
         self.body = body
         self.retry_after = retry_after
-        self.event = h11.Response(status_code=status, headers=self.headers, reason=b"")
-        self.keep_alive = _encoded(self.event, body, close=False)
-        self.closing = _encoded(self.event, body, close=True)
+        self.keep_alive = encode_response(status, self.headers, body)
+        self.closing = encode_response(status, self.headers, body, close=True)
 
     def __repr__(self) -> str:
         return f"<CannedResponse {self.status}, {len(self.keep_alive)} bytes>"
 
 
-def _encoded(event: h11.Response, body: bytes, *, close: bool) -> bytes:
-    """The bytes h11 sends for ``event`` and ``body`` in answer to a request that keeps (or closes) the connection."""
-    conn = h11.Connection(h11.SERVER)
-    ending = b"connection: close\r\n\r\n" if close else b"\r\n"
-    conn.receive_data(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n" + ending)
-    conn.next_event()  # the request
-    conn.next_event()  # its end (no body)
-    return b"".join(conn.send(e) or b"" for e in (event, h11.Data(data=body), h11.EndOfMessage()))
-
-
 HeadRefuser = Callable[[bytes, bytes, Headers], "tuple[CannedResponse, float] | None"]
 """``refuse_head(method, target, headers)``: ``(response, pause until)`` to refuse a request on its head, or None."""
-
-PACING_QUANTUM = 0.005
-"""Seconds: paused connections due within this of each other are woken together (one timer wake-up)."""
-
-
-PACING_BATCH = 64
-"""Paused connections woken in one scheduling round, at most: a bunch due at once is answered
-over several rounds, with every other task (``/healthz``, admitted requests) running between them."""
-
-RECHECK_AFTER = 0.02
-"""Seconds after which the pacer looks again at a connection whose pause ended with nothing to read."""
-
-RECHECKS = 10
-"""Times the pacer looks again (:data:`RECHECK_AFTER` apart) before the connection's task waits for the socket."""
-
-TOLD_GRACE = 0.01
-"""Seconds after the time a refused client was told to come back (``Retry-After``) that the pacer
-looks at its connection once more, when its pause ended sooner and nothing came meanwhile."""
-
-REMEMBERED_HEADS = 256
-"""Refused requests the pacer remembers by their bytes, at most (:meth:`_Pacer.remember`)."""
-
-REMEMBERED_BYTES = 16 * 1024
-"""Longest request (head and body) the pacer remembers."""
-
-Head = tuple[bytes, bytes, Headers]
-"""A request head as ``refuse_head`` is asked about it: method, target, headers."""
-
-
-def _due(entry: list[Any]) -> float:
-    due: float = entry[0]
-    return due
-
-
-@final
-class _Pacer:
-    """The paused connections of one listener, woken at their times by one task.
-
-    A pause is an entry in a queue sorted by time (the Edge books return times
-    in order, so an entry is nearly always appended), not a timer per
-    connection: :meth:`run` sleeps until the earliest time, then resumes every
-    connection due within :data:`PACING_QUANTUM`, so a flood of paced refusals
-    costs one timer wake-up per batch, and each connection one task wake-up.
-    A batch larger than :data:`PACING_BATCH` is woken over several scheduling
-    rounds, so the loop never runs a whole bunch of refusals in one pass.
-
-    A pause may come with an ``answer`` callable, asked first when the pause is
-    due (with the time it was due): it returns a new time to stay paused until
-    (it answered the client itself, without its task, or will look again) or
-    None (wake the task). The requests refused
-    before, by their exact bytes, are kept here for those answers
-    (:meth:`remember`, :meth:`recall`).
-    """
-
-    __slots__ = ("queue", "timer", "heads")
-
-    def __init__(self) -> None:
-        self.queue: collections.deque[list[Any]] = collections.deque()  # [time, task or None, answer or None]
-        self.timer: trio.CancelScope | None = None
-        self.heads: dict[bytes, Head] = {}
-
-    def __repr__(self) -> str:
-        return f"<_Pacer {len(self.queue)} paused>"
-
-    def remember(self, request: bytes, head: Head) -> None:
-        """Keep ``head``, parsed from exactly the bytes ``request`` (a whole request, body included), refused."""
-        if len(request) <= REMEMBERED_BYTES and len(self.heads) < REMEMBERED_HEADS:
-            self.heads[request] = head
-
-    def recall(self, request: bytes) -> Head | None:
-        """The head remembered for exactly the bytes ``request``, or None."""
-        return self.heads.get(request)
-
-    async def pause(self, until: float, answer: Callable[[float], float | None] | None = None) -> None:
-        """Wait until ``until`` (trio's clock), or somewhat less (:data:`PACING_QUANTUM`); when due,
-        ``answer()`` (if given) may extend the pause by returning a later time. Checkpoints."""
-        entry: list[Any] = [until, trio.lowlevel.current_task(), answer]
-        self._enqueue(entry)
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            entry[1] = None  # the waker drops the entry
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
-
-    def _enqueue(self, entry: list[Any]) -> None:
-        until = entry[0]
-        queue = self.queue
-        if not queue or queue[-1][0] <= until:
-            queue.append(entry)
-        else:
-            queue.insert(bisect.bisect_right(queue, until, key=_due), entry)
-        timer = self.timer
-        if timer is not None and until < timer.deadline:
-            timer.deadline = until
-
-    async def run(self) -> None:
-        """Wake paused connections when due, until cancelled. Checkpoints."""
-        queue = self.queue
-        while True:
-            with trio.CancelScope(deadline=queue[0][0] if queue else math.inf) as timer:
-                self.timer = timer
-                await trio.sleep_forever()
-            self.timer = None
-            horizon = trio.current_time() + PACING_QUANTUM
-            woken = 0
-            while queue and queue[0][0] <= horizon:
-                entry = queue.popleft()
-                task, answer = entry[1], entry[2]
-                if task is None:
-                    continue
-                again = _answered(answer, entry[0]) if answer is not None else None
-                if again is not None and again > horizon:
-                    entry[0] = again  # answered without the task: paused again
-                    self._enqueue(entry)
-                else:
-                    trio.lowlevel.reschedule(task)
-                woken += 1
-                if woken == PACING_BATCH:  # the rest wake in the next scheduling round
-                    await trio.lowlevel.checkpoint()
-                    woken = 0
-
-
-def _step_after(due: float, at: float) -> float:
-    """The first of ``due`` plus whole :data:`RECHECK_AFTER` steps (one at least) later than ``at``."""
-    return due + max(1, math.floor((at - due) / RECHECK_AFTER) + 1) * RECHECK_AFTER
-
-
-def _answered(answer: Callable[[float], float | None], due: float) -> float | None:
-    """``answer(due)``; None (wake the task) if it raised: a paused connection must not stop the pacer."""
-    try:
-        return answer(due)
-    except Exception:
-        logger.exception("error while answering a paused connection: its task takes over")
-        return None
-
-
-class _PeerGone(Exception):
-    """The client closed, broke or stalled the connection."""
-
-
-WRITE_BUFFER_LIMIT = 256 * 1024
-"""Bytes waiting for one client past which a body chunk written without waiting is refused."""
-
-
-class _Transport:
-    """The bytes of one client connection, both ways, with an outgoing buffer.
-
-    :meth:`write_nowait` hands bytes to the operating system at once when
-    nothing is waiting before them (no task switch); what the socket does not
-    take waits in :attr:`pending`, written in order by a flusher task started in
-    the connection's nursery. So whoever has bytes for the client (the
-    connection's own task, or a node link's reader relaying a run) writes them
-    without waiting on the client, and a slow client costs only memory bounded
-    by :data:`WRITE_BUFFER_LIMIT`.
-    """
-
-    __slots__ = ("pending", "broken", "nursery", "_flushing", "_drained")
-
-    def __init__(self) -> None:
-        self.pending = bytearray()
-        self.broken = False
-        self.nursery: trio.Nursery | None = None  # set by the connection before any write
-        self._flushing = False
-        self._drained = trio.Event()
-
-    def write_nowait(self, data: bytes) -> bool:
-        """Write ``data`` after what is pending (never waits).
-
-        Returns:
-            False when the bytes waiting for the client exceed
-            :data:`WRITE_BUFFER_LIMIT` (``data`` is kept all the same).
-            A broken connection takes and drops everything.
-        """
-        if self.broken:
-            return True
-        if not self._flushing:
-            try:
-                sent = self._send_now(data)
-            except _PeerGone:
-                self.broken = True
-                return True
-            if sent == len(data):
-                return True
-            self.pending += memoryview(data)[sent:]
-            self._flushing = True
-            self._drained = trio.Event()
-            assert self.nursery is not None
-            self.nursery.start_soon(self._flush_pending)
-            return len(self.pending) <= WRITE_BUFFER_LIMIT
-        self.pending += data
-        return len(self.pending) <= WRITE_BUFFER_LIMIT
-
-    async def send_all(self, data: bytes) -> None:
-        """Write ``data`` and wait until every pending byte is written (or the client is gone).
-
-        Checkpoints only when the socket did not take everything at once.
-        Cancelled, the bytes stay pending and are still written in order.
-        """
-        self.write_nowait(data)
-        await self.wait_written()
-
-    async def wait_written(self) -> None:
-        """Wait until every pending byte is written (or the client is gone). Checkpoints only when it waits."""
-        if self._flushing:
-            await self._drained.wait()
-
-    async def wait_below_limit(self) -> None:
-        """Wait while more than :data:`WRITE_BUFFER_LIMIT` bytes wait for the client.
-
-        Checkpoints only when it waits.
-        """
-        while self._flushing and len(self.pending) > WRITE_BUFFER_LIMIT:
-            await self._drained.wait()
-
-    async def _flush_pending(self) -> None:
-        try:
-            await self._flush()
-        except _PeerGone:
-            self.broken = True
-            self.pending.clear()
-        finally:
-            self._flushing = False
-            self._drained.set()
-
-    def _send_now(self, data: bytes) -> int:
-        """Bytes of ``data`` the connection took without waiting (raises :class:`_PeerGone`)."""
-        raise NotImplementedError
-
-    async def _flush(self) -> None:
-        """Write :attr:`pending` until it is empty, waiting as needed (raises :class:`_PeerGone`)."""
-        raise NotImplementedError
-
-    async def receive_some(self) -> bytes:
-        """The next bytes from the client; ``b""`` at its end (raises :class:`_PeerGone`). Checkpoints."""
-        raise NotImplementedError
-
-    def receive_nowait(self) -> bytes | None:
-        """The bytes the client already sent (``b""`` at its end), or None if none wait (or, for a
-        stream, always). Never waits; raises :class:`_PeerGone`."""
-        return None
-
-    async def aclose(self) -> None:
-        """Close the connection. Checkpoints."""
-        raise NotImplementedError
-
-
-@final
-class _SocketTransport(_Transport):
-    """A plain TCP connection, driven as a non-blocking stdlib socket with trio's low-level waits.
-
-    Writing a body chunk is then one ``send`` system call from the task that has
-    the bytes; trio's ``SocketStream.send_all`` always reschedules its task too.
-    """
-
-    __slots__ = ("sock",)
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        super().__init__()
-        self.sock = socket.socket(fileno=stream.socket.detach())
-        self.sock.setblocking(False)
-
-    def _send_now(self, data: bytes) -> int:
-        try:
-            return self.sock.send(data)
-        except BlockingIOError:
-            return 0
-        except OSError:
-            raise _PeerGone from None
-
-    async def _flush(self) -> None:
-        pending = self.pending
-        while pending:
-            await trio.lowlevel.wait_writable(self.sock)
-            try:
-                sent = self.sock.send(pending)
-            except BlockingIOError:
-                continue
-            except OSError:
-                raise _PeerGone from None
-            del pending[:sent]
-
-    async def receive_some(self) -> bytes:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        waited = False
-        while True:
-            try:
-                data = self.sock.recv(_RECEIVE_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(self.sock)
-                waited = True
-                continue
-            except OSError:
-                raise _PeerGone from None
-            if not waited:
-                await trio.lowlevel.cancel_shielded_checkpoint()  # a schedule point, as trio's streams
-            return data
-
-    def receive_nowait(self) -> bytes | None:
-        try:
-            return self.sock.recv(_RECEIVE_SIZE)
-        except BlockingIOError:
-            return None
-        except OSError:
-            raise _PeerGone from None
-
-    async def aclose(self) -> None:
-        self.broken = True
-        trio.lowlevel.notify_closing(self.sock)
-        self.sock.close()
-        await trio.lowlevel.checkpoint()
-
-
-@final
-class _StreamTransport(_Transport):
-    """A connection spoken through a trio stream (TLS: a ``trio.SSLStream``); the flusher writes."""
-
-    __slots__ = ("stream",)
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        super().__init__()
-        self.stream = stream
-
-    def _send_now(self, data: bytes) -> int:
-        return 0  # a stream is written only by awaiting it: the flusher does
-
-    async def _flush(self) -> None:
-        while self.pending:
-            data = bytes(self.pending)
-            self.pending.clear()
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise _PeerGone from None
-
-    async def receive_some(self) -> bytes:
-        try:
-            # bytes() returns a plain socket's bytes as they are; TLS gives a bytearray.
-            return bytes(await self.stream.receive_some(_RECEIVE_SIZE))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise _PeerGone from None
-
-    async def aclose(self) -> None:
-        self.broken = True
-        await self.stream.aclose()
 
 
 @final
@@ -555,13 +247,13 @@ class _Connection:
 
     def __init__(
         self,
-        transport: _Transport,
+        transport: Transport,
         app: App,
         limits: HttpLimits,
         counter: ConnectionCounter,
-        pacer: _Pacer,
+        pacer: Pacer,
         refuse_head: HeadRefuser | None = None,
-        disconnects: _DisconnectPoller | None = None,
+        disconnects: DisconnectPoller | None = None,
     ) -> None:
         self.transport = transport
         self.app = app
@@ -578,22 +270,27 @@ class _Connection:
         self._let_through = False  # refuse_head let those bytes' request through already
         self._rechecks = 0  # times the pacer found nothing to read since the pause's end
         self._idle = False  # the pacer gave up looking: the task waits for the client's bytes
-        self._plain = isinstance(transport, _SocketTransport)  # a pause's end may be answered without the task
+        self._plain = isinstance(transport, SocketTransport)  # a pause's end may be answered without the task
         self._told = -math.inf  # when the last refused client was told to come back (Retry-After)
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._plain_request: PlainRequest | None = None  # the request in the plain lane (h11 has not seen it)
         self._plain_answered = False  # its whole answer went out in the plain lane
+        self._request_head: RequestHead | None = None  # iop_http's reading of the request in hand
+        self._chunks: ChunkedBody | None = None  # checks a chunked request body's framing as it is read
+        self._chunks_pending = b""  # the start of a chunk line not whole yet
+        self._continued = False  # 100 Continue went out for the request in hand
+        self._status = 0  # the status of the response in hand, once its head is encoded
         self._body_done = False
         self._suppress_body = False
         self._response_started = False
         self._chunked = False  # h11 frames this response's body as chunks: later ones are framed alike
-        self._watcher: _DisconnectWatcher | _PolledWatch | None = None
-        self._extensions: dict[str, Any] = {
-            "iop.write_body_nowait": self._write_body_nowait,
-            "iop.respond_nowait": self._respond_nowait,
-        }
-        if isinstance(transport, _SocketTransport):
-            self._extensions["iop.cancel_on_disconnect"] = self._cancel_on_disconnect
+        self._watcher: DisconnectWatcher | PolledWatch | None = None
+        self.head_let_through = False
+        """:class:`ConnectionHooks`: ``refuse_head`` let the request in hand through."""
+        self.can_watch_disconnect = isinstance(transport, SocketTransport)
+        """:class:`ConnectionHooks`: :meth:`cancel_on_disconnect` is available."""
+        hooks: ConnectionHooks = self  # mypy checks the contract here
+        self._extensions: dict[str, Any] = {CONNECTION: hooks}
 
     async def serve(self) -> None:
         """Serve requests until the client leaves, a limit trips or a response says close. Checkpoints."""
@@ -611,7 +308,7 @@ class _Connection:
                         await self._pause(until)
                         if self.gone:
                             return
-            except _PeerGone:
+            except PeerGone:
                 return
             finally:
                 nursery.cancel_scope.cancel()
@@ -621,76 +318,125 @@ class _Connection:
 
     async def _next_request(self) -> h11.Request | PlainRequest | None:
         """The next request head (a whole plain request: :mod:`._plain_http`), or None when the connection
-        should end."""
+        should end.
+
+        Every head is accepted or refused by :func:`iop_http.accept_head` before any parser frames it:
+        the module decides where the body ends, and h11 (which reads the head only once the module
+        accepted it) frames the same bytes the same way. A refusal is answered and closes the connection.
+        """
+        self._chunks = None
+        read = await self._read_head()
+        if read is None or isinstance(read, PlainRequest):
+            return read
+        buffered, end, scheduled = read
+        head = accept_head(buffered[:end], self.limits.max_head_bytes)
+        if type(head) is Refusal:
+            await self._refuse_bytes(head)
+            return None
+        assert type(head) is RequestHead
+        if head.length == CHUNKED and not self._chunks_ok(buffered[end:]):
+            await self._refuse_bytes(_MALFORMED_CHUNKS)
+            return None
+        try:
+            event = self.h11.next_event()
+        except h11.RemoteProtocolError:
+            event = None
+        if type(event) is not h11.Request:  # never, with the module's rules stricter than h11's
+            logger.warning("h11 refuses a request head iop_http accepted: closing the connection")
+            await self._refuse_bytes(_UNREADABLE)
+            return None
+        self._request_head = head
+        if not scheduled:
+            await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
+        return event
+
+    async def _read_head(self) -> PlainRequest | tuple[bytes, int, bool] | None:
+        """Read until a whole head is buffered: (the buffered bytes, the head's length, whether a schedule
+        point passed), or a whole plain request, or None when the connection ends (a refusal sent)."""
         head_deadline = math.inf
         scheduled = self._resumed  # a schedule point passed for this request (a pause's wake-up)
         self._resumed = False
         conn = self.h11
-        # Nothing buffered (the usual case between keep-alive requests): no h11 event to learn it.
-        fresh = conn.their_state is h11.IDLE and conn.trailing_data == (b"", False)
+        max_head = self.limits.max_head_bytes
+        # Nothing buffered (the usual case between keep-alive requests): the plain lane may take the read.
+        fresh = conn.trailing_data == (b"", False)
+        buffered = b"" if fresh else conn.trailing_data[0]
         while True:
+            end = find_head_end(buffered)
+            if end >= 0:
+                break
+            refusal = head_too_large(buffered, max_head)
+            if refusal is not None:
+                await self._refuse_bytes(refusal)
+                return None
+            if conn.trailing_data[1]:
+                return None  # the client closed (mid-head or between requests)
+            if buffered and head_deadline == math.inf:
+                head_deadline = trio.current_time() + self.limits.header_timeout
+            self._unparsed = None  # h11 now holds more than the bytes read on the pause's end
+            # Bytes already there (a keep-alive client's next request usually is, by the time the
+            # previous one is done) are read without a timer; the schedule point follows the head.
+            data = self.transport.receive_nowait()
+            if data is None:
+                deadline = head_deadline
+                if deadline == math.inf:
+                    deadline = trio.current_time() + self.limits.keep_alive_timeout
+                data = await self._receive(deadline, "request head")
+                scheduled = True
             if fresh:
-                event: Any = h11.NEED_DATA
-            else:
-                try:
-                    event = conn.next_event()
-                except h11.RemoteProtocolError as exc:
-                    await self._protocol_error(exc)
-                    return None
-            if event is h11.NEED_DATA:
-                if head_deadline == math.inf and self.h11.trailing_data[0]:
-                    head_deadline = trio.current_time() + self.limits.header_timeout
-                self._unparsed = None  # h11 now holds more than the bytes read on the pause's end
-                # Bytes already there (a keep-alive client's next request usually is, by the time the
-                # previous one is done) are read without a timer; the schedule point follows the head.
-                data = self.transport.receive_nowait()
-                if data is None:
-                    deadline = head_deadline
-                    if deadline == math.inf:
-                        deadline = trio.current_time() + self.limits.keep_alive_timeout
-                    data = await self._receive(deadline, "request head")
-                    scheduled = True
-                if fresh:
-                    fresh = False
-                    plain = parse_plain(data, self.limits.max_head_bytes) if data else None
-                    if plain is not None:
-                        if not scheduled:
-                            await trio.lowlevel.checkpoint()  # one schedule point per request, as below
-                        self._plain_request = plain
-                        return plain
-                if data and head_deadline == math.inf:
-                    head_deadline = trio.current_time() + self.limits.header_timeout
-                conn.receive_data(data)
-                continue
-            if isinstance(event, h11.Request):
-                problem = _request_line_problem(event.method, event.target, event.http_version)
-                if problem is not None:
-                    await self._protocol_error(h11.RemoteProtocolError(problem, 400))
-                    return None
-                if not scheduled:
-                    await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
-                return event
-            return None  # ConnectionClosed (or PAUSED after a close)
+                fresh = False
+                plain = self._plain_lane(data)
+                if plain is not None:
+                    if not scheduled:
+                        await trio.lowlevel.checkpoint()  # one schedule point per request, as below
+                    return plain
+            if data and head_deadline == math.inf:
+                head_deadline = trio.current_time() + self.limits.header_timeout
+            conn.receive_data(data)
+            buffered = conn.trailing_data[0]
+        return buffered, end, scheduled
+
+    def _plain_lane(self, data: bytes) -> PlainRequest | None:
+        """``data``, a fresh read on an idle connection, as a whole plain request, or None to read it the
+        usual way."""
+        plain = parse_plain(data, self.limits.max_head_bytes)
+        if plain is not None:
+            self._request_head = plain.head
+            self._plain_request = plain
+        return plain
+
+    def _chunks_ok(self, data: bytes) -> bool:
+        """Start checking a chunked body's framing with the bytes after its head; False when malformed."""
+        self._chunks = ChunkedBody()
+        self._chunks_pending = b""
+        return self._check_chunks(data)
+
+    def _check_chunks(self, data: bytes) -> bool:
+        """Check the next bytes of a chunked request body (:class:`iop_http.ChunkedBody`), as h11 reads
+        them too: h11 takes chunk sizes iop_http refuses. False when the framing is malformed."""
+        chunks = self._chunks
+        if chunks is None or chunks.done:
+            return True
+        data = self._chunks_pending + data
+        try:
+            _, used = chunks.feed(data)
+        except MalformedChunk:
+            return False
+        self._chunks_pending = b"" if chunks.done else data[used:]
+        return True
+
+    async def _refuse_bytes(self, refusal: Refusal) -> None:
+        """Answer a request refused on its framing (fixed text) and end the connection."""
+        self.gone = True
+        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            await self.transport.send_all(error_response(refusal))
 
     async def _receive(self, deadline: float, what: str) -> bytes:
         with trio.move_on_at(deadline):
             return await self.transport.receive_some()
         if what == "request head" and self.h11.trailing_data[0]:
             logger.info("client sent no complete request head within %.3g s: disconnecting", self.limits.header_timeout)
-        raise _PeerGone
-
-    async def _protocol_error(self, exc: h11.RemoteProtocolError) -> None:
-        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            return
-        status = exc.error_status_hint if exc.error_status_hint >= 400 else 400
-        body = f"bad request: {exc}".encode()
-        headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]
-        try:
-            data = self.h11.send(h11.Response(status_code=status, headers=headers))
-            data += self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            return
-        await self._send_bytes(data)
+        raise PeerGone
 
     # -------------------------------------------------------------- the exchange
 
@@ -720,20 +466,20 @@ class _Connection:
 
     async def _answer_when_readable(self) -> float | None:
         """Wait (up to ``keep_alive_timeout``) for the client's next bytes; :meth:`_answer_bytes` them."""
-        assert isinstance(self.transport, _SocketTransport)
+        assert isinstance(self.transport, SocketTransport)
         with trio.move_on_after(self.limits.keep_alive_timeout):
             while True:
                 await trio.lowlevel.wait_readable(self.transport.sock)
                 data = self.transport.receive_nowait()
                 if data is not None:
                     return self._answer_bytes(data)
-        raise _PeerGone
+        raise PeerGone
 
     def _answer_paused(self, due: float) -> float | None:
         """The pacer's answer when this connection's pause is ``due`` (runs in the pacer's task, never waits).
 
         Reads what the client sent. When it is exactly a request the listener
-        refused before (:meth:`_Pacer.recall`) and ``refuse_head`` refuses it
+        refused before (:meth:`Pacer.recall`) and ``refuse_head`` refuses it
         again, the refusal goes out here and the new pause time is returned:
         the connection's task sleeps on. When nothing came yet, the pacer looks
         again :data:`TOLD_GRACE` after the time its client was told to come
@@ -749,15 +495,15 @@ class _Connection:
             return None
         try:
             data = self.transport.receive_nowait()
-        except _PeerGone:
+        except PeerGone:
             data = b""
         if data is None:
             now = trio.current_time()
             if self._told + TOLD_GRACE > now + PACING_QUANTUM:  # told to come back later: look then
-                return _step_after(due, self._told + TOLD_GRACE)
+                return step_after(due, self._told + TOLD_GRACE)
             if self._rechecks < RECHECKS:  # late: look again soon
                 self._rechecks += 1
-                return _step_after(due, now + PACING_QUANTUM)
+                return step_after(due, now + PACING_QUANTUM)
             self._rechecks = 0
             self._idle = True  # the task waits for the client (:meth:`_answer_when_readable`)
             return None
@@ -809,10 +555,10 @@ class _Connection:
         decided, self._let_through = self._let_through and unparsed is not None, False
         asked = self.refuse_head is not None and request.method != b"HEAD"
         if asked and not decided:
-            refused = self._decide(request.method, request.target, request.headers)
+            refused = self._decide(request.method, self._path(request), request.headers)
             if refused is not None:
                 return await self._refuse(*refused, request, unparsed)
-        self._extensions[HEAD_LET_THROUGH] = asked
+        self.head_let_through = asked
         until = await self._respond(request)
         return until if await self._ready_for_next() else None
 
@@ -824,8 +570,8 @@ class _Connection:
         A body already received whole is skipped and the pre-encoded bytes go out
         as they are; h11 then starts afresh on what follows (the next request,
         pipelined). A body still to come (or awaited behind ``100 Continue``)
-        leaves the exchange to h11: the response is sent through it and the body
-        drained as after any response. When the request was exactly the bytes
+        gets the response with ``connection: close`` and the connection ends: where
+        that body ends is the client's word only. When the request was exactly the bytes
         ``unparsed`` (read whole on a pause's end, nothing after them), the pacer
         remembers its head by them. A plain request (h11 has not seen it) is
         whole and keeps the connection: the pre-encoded bytes go out.
@@ -845,17 +591,16 @@ class _Connection:
                 event = conn.next_event()
         except h11.RemoteProtocolError:
             return None  # a malformed body: nothing to answer it with
-        if not isinstance(event, h11.EndOfMessage):
-            parts = (conn.send(e) or b"" for e in (response.event, h11.Data(data=response.body), h11.EndOfMessage()))
-            await self._send_bytes(b"".join(parts))
-            return until if await self._ready_for_next() else None
+        if not isinstance(event, h11.EndOfMessage):  # the body is not read: the connection cannot go on
+            await self._send_bytes(response.closing)
+            return None
         keep_alive = conn.their_state is h11.DONE  # MUST_CLOSE: HTTP/1.0, or connection: close
         await self._send_bytes(response.keep_alive if keep_alive else response.closing)
         if not keep_alive or self.gone:
             return None
         rest, closed = conn.trailing_data
         if unparsed is not None and not rest and not closed:
-            self.pacer.remember(unparsed, (request.method, request.target, request.headers))
+            self.pacer.remember(unparsed, (request.method, self._path(request), request.headers))
         self._booked(response)
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
         if rest:
@@ -863,6 +608,11 @@ class _Connection:
         if closed:
             self.h11.receive_data(b"")
         return until
+
+    def _path(self, request: h11.Request | PlainRequest) -> bytes:
+        """The origin-form target ``request`` is routed by (an absolute-form target's path and query)."""
+        head = self._request_head
+        return head.path if head is not None else request.target
 
     async def _respond(self, request: h11.Request | PlainRequest) -> float:
         """Call the app for ``request``; returns when the next request may be read (``PAUSE_READING``)."""
@@ -872,7 +622,9 @@ class _Connection:
         self._response_started = False
         self._chunked = False
         self._suppress_body = request.method == b"HEAD"
-        target = request.target.decode("latin-1")
+        self._continued = False
+        self._status = 0
+        target = self._path(request).decode("latin-1")
         path, _, query = target.partition("?")
         scope: dict[str, Any] = {
             "type": "http",
@@ -896,9 +648,9 @@ class _Connection:
         finally:
             if self._watcher is not None:
                 self._watcher.stop()
-        await self.transport.wait_written()  # a response written without waiting (iop.respond_nowait)
+        await self.transport.wait_written()  # a response written without waiting (respond_nowait)
         if self.h11.our_state is h11.SEND_BODY and not self.gone:
-            raise _PeerGone  # the app ended a response midway: the client cannot frame it
+            raise PeerGone  # the app ended a response midway: the client cannot frame it
         until: float = scope.get(PAUSE_READING, -math.inf)
         return until
 
@@ -913,10 +665,17 @@ class _Connection:
             self._body_done = True
             return {"type": "http.request", "body": plain.body, "more_body": False}
         if self.h11.they_are_waiting_for_100_continue:
+            self._continued = True
             await self._send_bytes(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
         try:
             return await self._next_body_message()
-        except (_PeerGone, h11.RemoteProtocolError):
+        except PeerGone:
+            self.gone = True
+            return _DISCONNECT
+        except (MalformedChunk, h11.RemoteProtocolError):
+            if not self._response_started:
+                self._response_started = True
+                await self._refuse_bytes(_MALFORMED_CHUNKS)
             self.gone = True
             return _DISCONNECT
 
@@ -924,14 +683,17 @@ class _Connection:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
-                self.h11.receive_data(await self._receive(trio.current_time() + self.limits.read_timeout, "body"))
+                data = await self._receive(trio.current_time() + self.limits.read_timeout, "body")
+                if not self._check_chunks(data):
+                    raise MalformedChunk("malformed chunked body")
+                self.h11.receive_data(data)
                 continue
             if isinstance(event, h11.Data):
                 return self._body_message(bytearray(event.data))
             if isinstance(event, h11.EndOfMessage):
                 self._body_done = True
                 return {"type": "http.request", "body": b"", "more_body": False}
-            raise _PeerGone  # ConnectionClosed mid-body
+            raise PeerGone  # ConnectionClosed mid-body
 
     def _body_message(self, body: bytearray) -> Message:
         """``body`` plus every chunk already buffered; ``more_body`` false if the end is buffered too."""
@@ -945,10 +707,10 @@ class _Connection:
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return {"type": "http.request", "body": bytes(body), "more_body": True}  # NEED_DATA
 
-    def _cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
+    def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
         """Cancel ``cancel_scope`` if the client goes away before the app returns (never waits).
 
-        The scope's ``iop.cancel_on_disconnect`` extension (plain TCP connections
+        The scope's ``cancel_on_disconnect`` (:class:`ConnectionHooks`) extension (plain TCP connections
         only). Call it once the request body is read, and do not ``receive``
         meanwhile: the connection's watcher reads the socket until the app
         returns, keeping what it reads for the next request.
@@ -957,13 +719,19 @@ class _Connection:
             cancel_scope.cancel()
             return
         if self._watcher is None:
-            assert self.transport.nursery is not None and isinstance(self.transport, _SocketTransport)
+            assert self.transport.nursery is not None and isinstance(self.transport, SocketTransport)
             if self.disconnects is not None:
-                self._watcher = _PolledWatch(self.disconnects, self, self.transport.sock)
+                self._watcher = PolledWatch(self.disconnects, self, self.transport.sock)
             else:
-                watcher = self._watcher = _DisconnectWatcher(self, self.transport.sock)
+                watcher = self._watcher = DisconnectWatcher(self, self.transport.sock)
                 self.transport.nursery.start_soon(watcher.run)
         self._watcher.watch(cancel_scope)
+
+    def keep_read(self, data: bytes) -> bool:
+        """Keep bytes the disconnect watch read (a pipelined next request) for the next request; whether
+        to go on watching (no: past ``max_head_bytes`` of them, the rest stays in the socket)."""
+        self.h11.receive_data(data)
+        return len(self.h11.trailing_data[0]) <= self.limits.max_head_bytes
 
     async def _wait_disconnect(self) -> Message:
         """Read (and keep, for the next request) until the client goes away."""
@@ -972,7 +740,7 @@ class _Connection:
                 await trio.sleep_forever()  # pipelined too far ahead: stop reading, keep the bytes
             try:
                 data = await self.transport.receive_some()
-            except _PeerGone:
+            except PeerGone:
                 data = b""
             if not data:
                 self.gone = True
@@ -1019,6 +787,7 @@ class _Connection:
         if self._head is not None:
             status, headers = self._head
             self._head = None
+            self._status = status
             parts.append(self.h11.send(_response(status, headers)) or b"")
         if body and not self._suppress_body:
             parts.append(self._framed(body))
@@ -1027,14 +796,14 @@ class _Connection:
             parts.append(self.h11.send(h11.EndOfMessage()) or b"")
         return b"".join(parts)
 
-    def _respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    def respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Write a whole response now, from any task (never waits).
 
-        The ``iop.respond_nowait`` extension of the scope: a relay whose whole
+        The ``respond_nowait`` extension of the scope: a relay whose whole
         answer arrives in another task (a node link's reader) writes it from
         there, without a task switch to the handler; the handler still returns
         as usual, and the connection reads its next request once every byte is
-        written. The request's disconnect watch (``iop.cancel_on_disconnect``)
+        written. The request's disconnect watch (``cancel_on_disconnect`` (:class:`ConnectionHooks`))
         ends here. ``headers`` must frame ``body`` (a ``content-length``).
 
         Returns:
@@ -1060,10 +829,10 @@ class _Connection:
             self._watcher.stop()
         return True
 
-    def _write_body_nowait(self, data: bytes) -> bool:
+    def write_body_nowait(self, data: bytes) -> bool:
         """Write a chunk of the response body now, from any task (never waits).
 
-        The ``iop.write_body_nowait`` extension of the scope: for a relay that
+        The ``write_body_nowait`` extension of the scope: for a relay that
         gets the bytes in another task (a node link's reader) and wants them on
         the socket without a task switch. Call it only between the response
         head and the last body message, with nothing else writing meanwhile.
@@ -1076,7 +845,7 @@ class _Connection:
         if self.gone:
             return True
         if self._chunked:  # the common case, a relayed token: no h11 event, no state check
-            return not data or self.transport.write_nowait(b"%x\r\n%b\r\n" % (len(data), data))
+            return not data or self.transport.write_nowait(encode_chunk(data))
         if self._suppress_body or self.h11.our_state is not h11.SEND_BODY:
             return True
         try:
@@ -1099,9 +868,9 @@ class _Connection:
         last chunk, and every body it does not frame as chunks.
         """
         if self._chunked:
-            return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+            return encode_chunk(data)
         framed = self.h11.send(h11.Data(data=data)) or b""
-        self._chunked = bool(data) and framed == b"%x\r\n%b\r\n" % (len(data), data)
+        self._chunked = bool(data) and framed == encode_chunk(data)
         return framed
 
     async def _send_bytes(self, data: bytes) -> None:
@@ -1142,14 +911,18 @@ class _Connection:
         if self.gone or self.h11.our_state is not h11.DONE:
             return False
         if self.h11.their_state is h11.SEND_BODY:
-            if self.h11.client_is_waiting_for_100_continue:
-                return False
+            head = self._request_head
+            if head is not None and head.expect_continue and not self._continued and head.length:
+                return False  # the client waits to send its body: what follows is not a next request
             try:
-                drained = 0
-                while self.h11.their_state is h11.SEND_BODY and drained <= DRAIN_LIMIT:
-                    message = await self._next_body_message()
-                    drained += len(message["body"])
-            except (_PeerGone, h11.RemoteProtocolError):
+                if self._status >= 400:  # a refusal keeps the connection only when its body is in hand
+                    self._body_message(bytearray())
+                else:
+                    drained = 0
+                    while self.h11.their_state is h11.SEND_BODY and drained <= DRAIN_LIMIT:
+                        message = await self._next_body_message()
+                        drained += len(message["body"])
+            except (PeerGone, MalformedChunk, h11.RemoteProtocolError):
                 return False
         if self.h11.their_state is not h11.DONE:
             return False
@@ -1159,232 +932,6 @@ class _Connection:
     async def _close(self) -> None:
         with trio.CancelScope(shield=True):
             await self.transport.aclose()
-
-
-@final
-class _DisconnectWatcher:
-    """One connection's disconnect watcher: a task that lives as long as the connection.
-
-    Parked between requests; :meth:`watch` wakes it to wait for the socket to
-    become readable while the app runs. What it reads then (a pipelined next
-    request) goes to the connection's h11 at once, in the same step as the
-    read, so the bytes keep their order whoever reads next; an end of stream
-    or an error marks the connection gone and cancels the watched scope.
-    :meth:`stop` (the app returned) withdraws its wait at once, so the
-    connection's task can read the socket right after.
-    """
-
-    __slots__ = ("connection", "sock", "watched", "_parked", "_waiting")
-
-    def __init__(self, connection: _Connection, sock: socket.socket) -> None:
-        self.connection = connection
-        self.sock = sock
-        self.watched: trio.CancelScope | None = None
-        self._parked: trio.lowlevel.Task | None = None
-        self._waiting: trio.CancelScope | None = None
-
-    def watch(self, cancel_scope: trio.CancelScope) -> None:
-        """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
-        self.watched = cancel_scope
-        task, self._parked = self._parked, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
-
-    def stop(self) -> None:
-        """Stop watching (never waits); the socket is free for another reader when this returns."""
-        self.watched = None
-        if self._waiting is not None:
-            self._waiting.cancel()
-
-    async def run(self) -> None:
-        """Watch whenever asked, until the connection's nursery is cancelled. Checkpoints."""
-        while True:
-            if self.watched is None:
-                self._parked = trio.lowlevel.current_task()
-                await trio.lowlevel.wait_task_rescheduled(self._abort_park)
-                continue
-            with trio.CancelScope() as self._waiting:
-                await self._wait_readable()
-            self._waiting = None
-
-    def _abort_park(self, _: Any) -> trio.lowlevel.Abort:
-        self._parked = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def _wait_readable(self) -> None:
-        while True:
-            await trio.lowlevel.wait_readable(self.sock)
-            if self.watched is None:
-                return  # stopped while the wake-up was on its way: the connection reads now
-            if not _read_while_watched(self.connection, self.sock, self.watched):
-                self.watched = None
-                return
-
-
-def _read_while_watched(connection: _Connection, sock: socket.socket, watched: trio.CancelScope) -> bool:
-    """Read what the client sent while its app runs (``sock`` is readable); whether to go on watching.
-
-    The bytes (a pipelined next request) go to the connection's h11 at once, so
-    they keep their order whoever reads next; past ``max_head_bytes`` of them,
-    watching stops (the rest stays in the socket). An end of stream or an error
-    marks the connection gone and cancels ``watched``.
-    """
-    try:
-        data = sock.recv(_RECEIVE_SIZE)
-    except BlockingIOError:
-        return True
-    except OSError:
-        data = b""
-    if not data:
-        connection.gone = True
-        watched.cancel()
-        return False
-    connection.h11.receive_data(data)
-    return len(connection.h11.trailing_data[0]) <= connection.limits.max_head_bytes
-
-
-_CAN_POLL = hasattr(select, "epoll")
-"""Whether a listener watches its connections for disconnects with one :class:`_DisconnectPoller`."""
-
-
-@final
-class _DisconnectPoller:
-    """The disconnect watch of every plain TCP connection of one listener, in ONE task (Linux: epoll).
-
-    Why: a watcher task per connection costs, per request, two task wake-ups
-    (:meth:`_DisconnectWatcher.watch` and ``stop``), a cancel scope cancelled and
-    two registrations in trio's epoll (about a twentieth of the Edge's CPU per
-    request at concurrency 1, py-spy). Here watching a connection is one
-    registration in an epoll set of our own (level-triggered) and stopping one
-    unregistration, both synchronous; :meth:`run` wakes only when a watched
-    client sent something or left, and handles it as the per-connection
-    watcher does (:func:`_read_while_watched`).
-    """
-
-    __slots__ = ("epoll", "watching")
-
-    def __init__(self) -> None:
-        self.epoll = select.epoll()
-        self.watching: dict[int, _PolledWatch] = {}
-
-    async def run(self) -> None:
-        """Handle watched sockets that became readable, until cancelled. Checkpoints."""
-        epoll = self.epoll
-        try:
-            while True:
-                await trio.lowlevel.wait_readable(epoll)
-                for fd, _ in epoll.poll(0):
-                    watch = self.watching.get(fd)
-                    if watch is None or watch.watched is None:
-                        continue
-                    if not _read_while_watched(watch.connection, watch.sock, watch.watched):
-                        watch.stop()
-        finally:
-            epoll.close()
-
-
-@final
-class _PolledWatch:
-    """One connection's watch through its listener's :class:`_DisconnectPoller` (``watch`` and ``stop`` as
-    :class:`_DisconnectWatcher`'s, without a task)."""
-
-    __slots__ = ("poller", "connection", "sock", "watched", "_fd")
-
-    def __init__(self, poller: _DisconnectPoller, connection: _Connection, sock: socket.socket) -> None:
-        self.poller = poller
-        self.connection = connection
-        self.sock = sock
-        self.watched: trio.CancelScope | None = None
-        self._fd = -1  # the descriptor registered (a closed socket's fileno() says -1)
-
-    def watch(self, cancel_scope: trio.CancelScope) -> None:
-        """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
-        fd = self.sock.fileno()
-        try:
-            self.poller.epoll.register(fd, select.EPOLLIN)
-        except (OSError, ValueError):  # the socket or the listener is closed: nothing to watch any more
-            self.connection.gone = True
-            cancel_scope.cancel()
-            return
-        self.watched = cancel_scope
-        self._fd = fd
-        self.poller.watching[fd] = self
-
-    def stop(self) -> None:
-        """Stop watching (never waits); the socket is free for another reader when this returns."""
-        if self.watched is None:
-            return
-        self.watched = None
-        fd = self._fd
-        if self.poller.watching.get(fd) is self:
-            del self.poller.watching[fd]
-            try:
-                self.poller.epoll.unregister(fd)
-            except (OSError, ValueError):  # closed already
-                pass
-
-
-ACCEPT_BATCH: Final = 256
-"""Connections the listener accepts in one wake-up at most; then the loop runs others and it looks again."""
-
-_ACCEPT_GIVEN_UP: Final = frozenset({errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT})
-"""``accept`` errors about one connection its client gave up (skipped, as trio's listener does)."""
-_ACCEPT_CAPACITY: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
-"""``accept`` errors of an exhausted process or system: the listener waits :data:`_ACCEPT_PAUSE` and tries again."""
-_ACCEPT_PAUSE: Final = 0.1
-
-
-def accept_waiting(listener: socket.socket, limit: int = ACCEPT_BATCH) -> list[socket.socket]:
-    """Every connection waiting on the non-blocking ``listener`` now (at most ``limit``), without waiting.
-
-    Why: ``trio.serve_listeners`` accepts ONE connection per scheduling round (its
-    ``accept`` yields after each success). Measured with ``benchmarks fleet`` on a
-    loaded box, 512 clients connecting within a second waited 0.8 s for their accept
-    at the median and 2.6 s at the 99th percentile, while the Edge's rounds were
-    busy relaying the streams already running. One wake-up here takes them all.
-
-    Raises:
-        OSError: ``accept`` failed otherwise than for one given-up connection (e.g.
-            ``EMFILE``), and nothing was accepted before it.
-    """
-    accepted: list[socket.socket] = []
-    while len(accepted) < limit:
-        try:
-            sock, _ = listener.accept()
-        except BlockingIOError:
-            break
-        except OSError as exc:
-            if exc.errno in _ACCEPT_GIVEN_UP:
-                continue
-            if accepted:
-                break  # the next call meets it again
-            raise
-        accepted.append(sock)
-    return accepted
-
-
-async def _accept_loop(listener: socket.socket, nursery: trio.Nursery, handle: Handler) -> None:
-    """Serve every connection to ``listener`` with ``handle`` in its own task of ``nursery``, until cancelled."""
-    while True:
-        await trio.lowlevel.wait_readable(listener)
-        try:
-            accepted = accept_waiting(listener)
-        except OSError as exc:
-            if exc.errno not in _ACCEPT_CAPACITY:
-                raise
-            logger.error("accept failed (%s); retrying in %g s", exc, _ACCEPT_PAUSE)
-            await trio.sleep(_ACCEPT_PAUSE)
-            continue
-        for sock in accepted:
-            nursery.start_soon(_serve_accepted, handle, sock)
-
-
-async def _serve_accepted(handle: Handler, sock: socket.socket) -> None:
-    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-    try:
-        await handle(stream)
-    finally:
-        await trio.aclose_forcefully(stream)
 
 
 _RESPONSES: dict[tuple[int, tuple[tuple[bytes, bytes], ...]], h11.Response] = {}
@@ -1419,8 +966,8 @@ class _Listener:
     app: App
     limits: HttpLimits
     connections: ConnectionCounter
-    pacer: _Pacer
-    disconnects: _DisconnectPoller | None
+    pacer: Pacer
+    disconnects: DisconnectPoller | None
     wrap_stream: StreamWrapper | None
     refuse_head: HeadRefuser | None
 
@@ -1434,12 +981,12 @@ class _Listener:
             return
         connections.open += 1
         try:
-            transport: _Transport
+            transport: Transport
             if self.wrap_stream is None:
-                transport = _SocketTransport(stream)
+                transport = SocketTransport(stream)
             else:
                 with trio.move_on_after(self.limits.header_timeout) as scope:
-                    transport = _StreamTransport(await self.wrap_stream(stream))
+                    transport = StreamTransport(await self.wrap_stream(stream))
                 if scope.cancelled_caught:
                     await trio.aclose_forcefully(stream)
                     return
@@ -1476,8 +1023,8 @@ async def serve_http(
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     connections = counter if counter is not None else ConnectionCounter(limits.max_connections)
-    pacer = _Pacer()
-    disconnects = _DisconnectPoller() if _CAN_POLL else None
+    pacer = Pacer()
+    disconnects = DisconnectPoller() if CAN_POLL else None
     handle = _Listener(app, limits, connections, pacer, disconnects, wrap_stream, refuse_head).handle
     bound = listeners[0].socket.getsockname()[1]
     sockets = [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
@@ -1488,22 +1035,8 @@ async def serve_http(
                 nursery.start_soon(disconnects.run)
             for sock in sockets:
                 sock.setblocking(False)
-                nursery.start_soon(_accept_loop, sock, nursery, handle)
+                nursery.start_soon(accept_loop, sock, nursery, handle)
             task_status.started(bound)  # listening already: connections queue
     finally:
         for sock in sockets:
             sock.close()
-
-
-def _request_line_problem(method: bytes, target: bytes, http_version: bytes) -> str | None:
-    """What is wrong with a request line h11 read (it reads any ``HTTP/x.y`` and any target), or None.
-
-    HTTP/1.0 and 1.1 only; the target in origin form (``/path?query``),
-    absolute form (``http://host/path``) or, for ``OPTIONS``, ``*``
-    (RFC 9112, 3.2): anything else is answered 400 and the connection closed.
-    """
-    if http_version not in (b"1.0", b"1.1"):
-        return f"unsupported HTTP version {http_version.decode('latin-1')}"
-    if target.startswith(b"/") or (target == b"*" and method == b"OPTIONS") or _ABSOLUTE_FORM.match(target):
-        return None
-    return f"request target {target[:64].decode('latin-1')!r} is not a path"

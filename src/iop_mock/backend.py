@@ -50,10 +50,10 @@ from typing import Any
 import attrs
 import trio
 
-from . import _server as mock_server
 from . import completion as mock_completion
 from . import embedding as mock_embedding
 from ._pacing import Pacer
+from ._server import serve_asgi
 
 __all__ = ["MockBackend", "main", "serve_mock_backend"]
 
@@ -519,7 +519,7 @@ async def serve_mock_backend(
     connection at once (responses in progress end, their in-flight counts are released).
     """
     async with trio.open_nursery() as nursery:
-        bound_port = await nursery.start(functools.partial(mock_server.serve_asgi, backend.app, host, port))
+        bound_port = await nursery.start(functools.partial(serve_asgi, backend.app, host, port))
         task_status.started(bound_port)
 
 

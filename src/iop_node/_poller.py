@@ -30,7 +30,7 @@ from typing import Final, final
 import httpx
 import trio
 
-from ._transport import _RECEIVE_SIZE, Answer, _Checkout, _take_body
+from ._transport import RECEIVE_SIZE, Answer, Checkout, take_body
 
 TICK: Final = 0.005
 """Seconds between two reads of the poller while data keeps coming (an idle poller, and a body's
@@ -92,7 +92,7 @@ class _Body:
 
     __slots__ = ("checkout", "output", "done", "error", "last_read", "polled")
 
-    def __init__(self, checkout: _Checkout, output: RunOutput, now: float) -> None:
+    def __init__(self, checkout: Checkout, output: RunOutput, now: float) -> None:
         self.checkout = checkout
         self.output = output
         self.done = trio.Event()
@@ -202,7 +202,7 @@ class BodyPoller:
             self._end(fd, body, None)
             return
         try:
-            data = connection.sock.recv(_RECEIVE_SIZE)
+            data = connection.sock.recv(RECEIVE_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -212,7 +212,7 @@ class BodyPoller:
         body.polled = True
         try:
             connection.feed(data)
-            chunk = _take_body(checkout, connection)
+            chunk = take_body(checkout, connection)
             if chunk is not None:
                 body.output.nowait(chunk)
         except Exception as exc:  # bad HTTP (httpx.RemoteProtocolError) or the writer gone
@@ -247,7 +247,7 @@ class BodyPoller:
         checkout = answer.checkout
         try:
             connection = checkout.connection
-            if connection is not None and (chunk := _take_body(checkout, connection)) is not None:
+            if connection is not None and (chunk := take_body(checkout, connection)) is not None:
                 if checkout.connection is None and output.last is not None:  # the whole body
                     output.last(chunk)
                     return
@@ -258,7 +258,7 @@ class BodyPoller:
             checkout.give_back(reusable=False)
             raise
 
-    async def follow(self, checkout: _Checkout, read_timeout: float, output: RunOutput) -> None:
+    async def follow(self, checkout: Checkout, read_timeout: float, output: RunOutput) -> None:
         """Have the poller read ``checkout``'s answer body to its end into ``output``.
 
         Sleeps until the body ends. Checkpoints. Cancellation stops the reading

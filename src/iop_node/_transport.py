@@ -40,7 +40,7 @@ Design notes:
   cancelled half-way closes its connection without awaiting and returns its
   pool slot; nothing half-read is ever reused.
 - Ownership. A request's pool slot and the connection it uses live in one
-  ``_Checkout``, the only thing that returns the slot (once, whoever ends the
+  ``Checkout``, the only thing that returns the slot (once, whoever ends the
   exchange: a failure before the answer, the end of the body, an early close).
 """
 
@@ -61,9 +61,11 @@ import h11
 import httpx
 import trio
 
+from iop_http import length_framed
+
 from ._response import ResponseParser
 
-_RECEIVE_SIZE = 64 * 1024
+RECEIVE_SIZE = 64 * 1024
 
 _Origin = tuple[bytes, bytes, int]
 
@@ -170,9 +172,9 @@ class PostRequests:
     def written(self, body: bytes) -> bytes:
         """The request that carries ``body``."""
         if self._head is not None:
-            return b"%bcontent-length: %d\r\n\r\n%b" % (self._head, len(body), body)
+            return self._head + length_framed(body)
         data = written(b"POST", self.url, [*self._headers, (b"content-length", b"%d" % len(body))], body)
-        tail = b"content-length: %d\r\n\r\n%b" % (len(body), body)
+        tail = length_framed(body)
         if data.endswith(tail):
             self._head = data[: -len(tail)]
         return data
@@ -243,7 +245,7 @@ class _Connection:
             while True:
                 await trio.lowlevel.wait_readable(sock)
                 try:
-                    return sock.recv(_RECEIVE_SIZE)
+                    return sock.recv(RECEIVE_SIZE)
                 except BlockingIOError:  # a spurious wakeup
                     pass
         except (OSError, trio.ClosedResourceError) as exc:
@@ -370,7 +372,7 @@ class H11Transport(httpx.AsyncBaseTransport):
             raise RuntimeError("H11Transport is closed")
         origin = (url.raw_scheme, url.raw_host, url.port or 80)
         await self._acquire_slot(_seconds(timeouts.get("pool")))
-        checkout = _Checkout(self)
+        checkout = Checkout(self)
         try:
             return await self._send(checkout, origin, request, head_only, timeouts)
         except BaseException:
@@ -379,7 +381,7 @@ class H11Transport(httpx.AsyncBaseTransport):
 
     async def _send(
         self,
-        checkout: _Checkout,
+        checkout: Checkout,
         origin: _Origin,
         request: bytes,
         head_only: bool,
@@ -440,7 +442,7 @@ class H11Transport(httpx.AsyncBaseTransport):
                 return
 
     async def _exchange(
-        self, checkout: _Checkout, data: bytes, head_only: bool, timeouts: Mapping[str, float | None]
+        self, checkout: Checkout, data: bytes, head_only: bool, timeouts: Mapping[str, float | None]
     ) -> Answer:
         """Send the request in one write, read the answer's head. Checkpoints.
 
@@ -501,7 +503,7 @@ class H11Transport(httpx.AsyncBaseTransport):
 
 
 @final
-class _Checkout:
+class Checkout:
     """One pool slot taken by one request, and the connection it uses.
 
     The only owner of the slot: :meth:`give_back` returns it exactly once, whoever
@@ -550,7 +552,7 @@ class Answer:
     __slots__ = ("_checkout", "_timeout", "status", "reason", "headers")
 
     def __init__(
-        self, checkout: _Checkout, timeout: float, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]
+        self, checkout: Checkout, timeout: float, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]
     ) -> None:
         self._checkout = checkout
         self._timeout = timeout
@@ -559,7 +561,7 @@ class Answer:
         self.headers = headers
 
     @property
-    def checkout(self) -> _Checkout:
+    def checkout(self) -> Checkout:
         """The pool slot and connection this answer holds (for :class:`iop_node._poller.BodyPoller`)."""
         return self._checkout
 
@@ -581,7 +583,7 @@ class Answer:
         checkout = self._checkout
         try:
             while (connection := checkout.connection) is not None:
-                chunk = _take_body(checkout, connection)
+                chunk = take_body(checkout, connection)
                 if chunk is not None or checkout.connection is None:
                     return chunk
                 connection.feed(await connection.receive(self._timeout))
@@ -645,11 +647,11 @@ class _Pump:
         since = self._waiting_since
         return since is not None and trio.current_time() - since >= self._timeout
 
-    async def run(self, checkout: _Checkout, send: Callable[[bytes], Awaitable[None]]) -> None:
+    async def run(self, checkout: Checkout, send: Callable[[bytes], Awaitable[None]]) -> None:
         """Read and send until the body ends. Checkpoints; stops early only by cancellation."""
         while True:
             if self._pending is None and (connection := checkout.connection) is not None:
-                self._pending = _take_body(checkout, connection)
+                self._pending = take_body(checkout, connection)
             if self._pending is not None:
                 await send(self._pending)
                 self._pending = None
@@ -664,7 +666,7 @@ class _Pump:
             connection.feed(data)
 
 
-def _take_body(checkout: _Checkout, connection: _Connection) -> bytes | None:
+def take_body(checkout: Checkout, connection: _Connection) -> bytes | None:
     """Every body byte parsed so far and not yet taken, giving the checkout back at the end of the body."""
     response = connection.response
     chunk = response.take()

@@ -18,14 +18,15 @@ import trio.testing
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, h11_answer, running_edge
 from iop_edge import _http_server
+from iop_edge._http_accept import accept_waiting
 from iop_edge._http_server import (
+    CONNECTION,
     PAUSE_READING,
-    WRITE_BUFFER_LIMIT,
     ConnectionCounter,
     HttpLimits,
-    accept_waiting,
     serve_http,
 )
+from iop_edge._http_transport import WRITE_BUFFER_LIMIT
 
 
 async def _read_response(stream: trio.SocketStream, buffer: bytearray) -> tuple[int, bytes, int]:
@@ -264,7 +265,7 @@ async def _chunked_body(stream: trio.SocketStream) -> tuple[int, bytes]:
 
 
 async def test_body_written_without_waiting_keeps_its_order_and_its_bound() -> None:
-    """``iop.write_body_nowait`` writes chunks from another task without waiting: a client that
+    """``write_body_nowait`` writes chunks from another task without waiting: a client that
     does not read gets them buffered, in order with the app's own sends, and the writer is told
     (False) once more than ``WRITE_BUFFER_LIMIT`` bytes wait -- the bound a relay acts on."""
     chunk = 16 * 1024
@@ -272,7 +273,7 @@ async def test_body_written_without_waiting_keeps_its_order_and_its_bound() -> N
     refused = trio.Event()
 
     async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
-        write_nowait = scope["extensions"]["iop.write_body_nowait"]
+        write_nowait = scope["extensions"][CONNECTION].write_body_nowait
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"first;", "more_body": True})
 
@@ -304,7 +305,7 @@ async def test_body_written_without_waiting_keeps_its_order_and_its_bound() -> N
 
 
 async def test_a_whole_response_written_from_another_task_goes_out_before_the_app_returns() -> None:
-    """``iop.respond_nowait`` writes a whole response at once from another task (as a node link's
+    """``respond_nowait`` writes a whole response at once from another task (as a node link's
     reader answers a non-stream run): the client has it while the app still runs, and a second
     response is refused. The client's leaving after that does not cancel the app (its disconnect
     watch ended with the answer), and a next request it sent meanwhile is served once the app
@@ -320,11 +321,11 @@ async def test_a_whole_response_written_from_another_task_goes_out_before_the_ap
             return
 
         async def reader() -> None:  # another task, never waiting
-            assert extensions["iop.respond_nowait"](200, [(b"content-length", b"5")], b"whole")
-            assert not extensions["iop.respond_nowait"](200, [(b"content-length", b"5")], b"again")
+            assert extensions[CONNECTION].respond_nowait(200, [(b"content-length", b"5")], b"whole")
+            assert not extensions[CONNECTION].respond_nowait(200, [(b"content-length", b"5")], b"again")
 
         with trio.CancelScope() as watched:
-            extensions["iop.cancel_on_disconnect"](watched)
+            extensions[CONNECTION].cancel_on_disconnect(watched)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(reader)
             await answered.wait()  # the client read the answer, sent another request and left
@@ -395,12 +396,12 @@ async def test_requests_read_without_waiting_still_pass_one_schedule_point_each(
 async def test_body_chunks_are_framed_as_h11_frames_the_response(
     request_head: bytes, headers: list[tuple[bytes, bytes]], reusable: bool
 ) -> None:
-    """Body chunks written by the app and by ``iop.write_body_nowait`` (empty ones too) reach an
+    """Body chunks written by the app and by ``write_body_nowait`` (empty ones too) reach an
     h11 client whole and in order, whichever framing h11 chose for the response; a kept-alive
     connection then serves its next request."""
 
     async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
-        write_nowait = scope["extensions"]["iop.write_body_nowait"]
+        write_nowait = scope["extensions"][CONNECTION].write_body_nowait
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b"one;", "more_body": True})
         assert write_nowait(b"two;") and write_nowait(b"") and write_nowait(b"three;")
@@ -430,12 +431,12 @@ def watch_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     task per connection (elsewhere)."""
     kind: str = request.param
     if kind == "task per connection":
-        monkeypatch.setattr(_http_server, "_CAN_POLL", False)
+        monkeypatch.setattr(_http_server, "CAN_POLL", False)
     return kind
 
 
 async def test_the_connection_watcher_cancels_a_request_whose_client_left(watch_kind: str) -> None:
-    """``iop.cancel_on_disconnect``: the client closing its end while the app waits cancels the
+    """``cancel_on_disconnect``: the client closing its end while the app waits cancels the
     app's scope (no task of the app's watches); the connection then ends."""
     cancelled = trio.Event()
     waiting = trio.Event()
@@ -443,7 +444,7 @@ async def test_the_connection_watcher_cancels_a_request_whose_client_left(watch_
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert (await receive())["type"] == "http.request"
         with trio.CancelScope() as cancel_scope:
-            scope["extensions"]["iop.cancel_on_disconnect"](cancel_scope)
+            scope["extensions"][CONNECTION].cancel_on_disconnect(cancel_scope)
             waiting.set()
             await trio.sleep_forever()
         assert cancel_scope.cancelled_caught
@@ -471,7 +472,7 @@ async def test_the_connection_watcher_keeps_a_pipelined_request_and_parks_betwee
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert (await receive())["type"] == "http.request"
         with trio.CancelScope() as cancel_scope:
-            scope["extensions"]["iop.cancel_on_disconnect"](cancel_scope)
+            scope["extensions"][CONNECTION].cancel_on_disconnect(cancel_scope)
             seen.append(scope["path"])
             if scope["path"] == "/1":
                 watching.set()

@@ -19,17 +19,15 @@ import trio.testing
 
 from edge.test_http_server import _read_response
 from edge.test_refuse_head import FULL
+from iop_edge._http_pacing import RECHECK_AFTER, RECHECKS, Pacer
 from iop_edge._http_server import (
-    HEAD_LET_THROUGH,
-    RECHECK_AFTER,
-    RECHECKS,
+    CONNECTION,
     CannedResponse,
     ConnectionCounter,
     HttpLimits,
     _Connection,
-    _Pacer,
-    _SocketTransport,
 )
+from iop_edge._http_transport import SocketTransport
 
 REFUSED = b"POST /full HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello"
 
@@ -52,20 +50,20 @@ def _refusing(response: CannedResponse) -> Any:
     return refuse_head
 
 
-def _connection(pacer: _Pacer, app: Any, refuse_head: Any) -> tuple[_Connection, trio.SocketStream]:
+def _connection(pacer: Pacer, app: Any, refuse_head: Any) -> tuple[_Connection, trio.SocketStream]:
     """A listener's connection over a Unix socket pair (paced by ``pacer``), and its client's end."""
     ours, theirs = socket.socketpair()
     server = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
     client = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
     limits = HttpLimits(header_timeout=5)
-    connection = _Connection(_SocketTransport(server), app, limits, ConnectionCounter(10), pacer, refuse_head)
+    connection = _Connection(SocketTransport(server), app, limits, ConnectionCounter(10), pacer, refuse_head)
     return connection, client
 
 
 async def test_a_paused_connection_has_its_answer_extend_the_pause(clock: trio.testing.MockClock) -> None:
     """The pacer asks a pause's ``answer`` when it is due: a later time keeps the task asleep until
     then; None, or an answer that raised, wakes it."""
-    pacer = _Pacer()
+    pacer = Pacer()
     answers = [2.0, 3.5, None, 5.0]
     asked: list[float] = []
     start = trio.current_time()
@@ -97,7 +95,7 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
     pacer's task, paused again each time. The same bytes no longer refused go to the app; a request
     that differs, or comes in pieces, is parsed by the connection's task; a client that leaves
     during a pause ends the connection."""
-    pacer = _Pacer()
+    pacer = Pacer()
     refuse = [True]
     decided_in: list[str] = []  # which task asked refuse_head
     seen: list[str] = []
@@ -105,14 +103,14 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         seen.append(scope["path"])
-        let_through.append(scope["extensions"][HEAD_LET_THROUGH])
+        let_through.append(scope["extensions"][CONNECTION].head_let_through)
         while (await receive())["more_body"]:
             pass
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
     def refuse_head(method: bytes, target: bytes, headers: object) -> tuple[CannedResponse, float] | None:
-        decided_in.append("pacer" if "_Pacer.run" in trio.lowlevel.current_task().name else "connection")
+        decided_in.append("pacer" if "Pacer.run" in trio.lowlevel.current_task().name else "connection")
         if refuse[0] and (method, target) == (b"POST", b"/full"):
             return FULL, trio.current_time() + 1.0
         return None
@@ -179,7 +177,7 @@ async def test_a_client_told_to_come_back_after_its_pause_is_looked_at_then(cloc
     a client that honours the ``Retry-After`` is read there. One that never comes back is closed
     after the keep-alive timeout."""
     told = CannedResponse(429, [(b"retry-after", b"2"), (b"content-length", b"4")], b"full", retry_after=2)
-    pacer = _Pacer()
+    pacer = Pacer()
     connection, client = _connection(pacer, _refused_only, _refusing(told))
     buffer = bytearray()
     with trio.fail_after(600):

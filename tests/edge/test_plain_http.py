@@ -1,4 +1,4 @@
-"""The listener's plain lane (``iop_edge._plain_http``): llhttp reads what h11 reads, the answers are the
+"""The listener's plain lane (``iop_edge._plain_http``): iop_http reads what h11 reads, the answers are the
 bytes h11 writes, and any other answer goes through h11 with the bytes that followed the request."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.harness import h11_answer
-from iop_edge._http_server import HttpLimits, serve_http
+from iop_edge._http_server import CONNECTION, HttpLimits, serve_http
 from iop_edge._plain_http import parse_plain, plain_response
 
 PLAIN_POST = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
@@ -185,7 +185,7 @@ async def test_a_plain_request_answered_as_a_stream_goes_through_h11_with_the_re
         message = await receive()
         if scope["path"] == "/stream":
             with trio.CancelScope() as cancel_scope:
-                scope["extensions"]["iop.cancel_on_disconnect"](cancel_scope)
+                scope["extensions"][CONNECTION].cancel_on_disconnect(cancel_scope)
                 watching.set()
                 await release.wait()
             await send({"type": "http.response.start", "status": 200, "headers": []})

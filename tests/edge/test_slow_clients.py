@@ -29,7 +29,7 @@ from edge.harness import (
     running_edge,
 )
 from iop_config import ConfigFileError
-from iop_edge._http_server import WRITE_BUFFER_LIMIT
+from iop_edge._http_transport import WRITE_BUFFER_LIMIT
 from iop_edge.config import load_edge_config
 from iop_wire import Heartbeat, RunData, encode
 

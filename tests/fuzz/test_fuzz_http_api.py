@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import h11
 import httpx
 import pytest
 import trio
@@ -21,7 +20,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from fuzz.harness import HEALTHY_MODEL, MAX_BODY_BYTES, EdgeThread, assert_healthy, json_values
-from iop_edge._http_server import _request_line_problem
+from iop_http import Refusal, accept_head, find_head_end
 from iop_mock.completion import MAX_TOKENS_LIMIT
 
 pytestmark = pytest.mark.req("lease-lifecycle", "contract-spec-sync")
@@ -220,34 +219,27 @@ async def test_odd_contents_never_500(edge_thread: EdgeThread, case: tuple[str, 
 @example(head=b"GET / HTTP/2.0\r\nhost: x")
 @example(head=b"A / HTTP/1.0")  # well formed: an unknown method on a path
 async def test_garbage_request_head_is_400_or_closed(edge_thread: EdgeThread, head: bytes) -> None:
-    """Bytes that are not an HTTP request head: a 400 answer or a closed connection, no hang; the
-    rare head that is well formed (h11 reads a request, HTTP/1.0 or 1.1, its target a path) gets
-    an answer below 500."""
+    """Bytes that are not an HTTP request head: iop_http's refusal (400, 501 or 505) or a closed
+    connection, no hang; the rare head that is well formed (iop_http accepts it) gets an answer
+    below 500."""
     request = head.replace(b"\r\n\r\n", b"") + b"\r\n\r\n"
     with trio.fail_after(EXAMPLE_TIMEOUT):
         answer = await raw_exchange(edge_thread, request)
         event("answered" if answer else "closed")
-        if _well_formed(request):
+        refused = _refused_with(request)
+        if refused is None:
             event("well formed")
             assert answer.startswith(b"HTTP/1.1 ") and int(answer[9:12]) < 500, answer[:200]
         else:
-            assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:200]
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 %d " % refused), answer[:200]
         async with client(edge_thread) as http:
             await assert_healthy(http)
 
 
-def _well_formed(head: bytes) -> bool:
-    """Whether the Edge serves ``head``: h11 reads a request from it, and its request line passes."""
-    conn = h11.Connection(h11.SERVER)
-    conn.receive_data(head)
-    try:
-        request = conn.next_event()
-    except h11.RemoteProtocolError:
-        return False
-    return (
-        isinstance(request, h11.Request)
-        and _request_line_problem(request.method, request.target, request.http_version) is None
-    )
+def _refused_with(head: bytes) -> int | None:
+    """The status the Edge refuses ``head`` with (iop_http's verdict), or None when it serves it."""
+    verdict = accept_head(head[: find_head_end(head)])
+    return verdict.status if isinstance(verdict, Refusal) else None
 
 
 async def raw_exchange(edge: EdgeThread, request: bytes) -> bytes:

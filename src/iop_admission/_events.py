@@ -1,0 +1,77 @@
+"""Lifecycle events of admission, shared by the trio and the asyncio layers.
+
+Events are best effort: subscribers get them through bounded buffers, a full
+buffer drops the event and counts it, and no correctness path reads them.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+
+from ._config import ProviderKey
+from .core import Lease
+
+__all__ = ["AdmissionEvent", "lease_event"]
+
+
+@final
+@attrs.frozen
+class AdmissionEvent:
+    """One lifecycle event, as delivered by :meth:`Admission.subscribe`.
+
+    Attributes:
+        kind: ``granted``, ``queued``, ``released``, ``revoked``, ``timed_out``,
+            ``rejected``, ``connected``,
+            ``disconnected``, ``refreshed``, ``ejected``, ``restored`` or ``retried``.
+        time: ``trio.current_time()`` when emitted, or None outside trio.
+        model, provider, lease_id, generation, node_id, long: what it concerns
+            (for ``retried``: the provider and lease that failed).
+        reason: for ``rejected`` and failed waiters, the error class name
+            (``QueueFull``, ``Unavailable``, ``ModelNotFound``); for ``retried``
+            the caller's reason.
+        waited: seconds queued, for ``granted`` and ``timed_out``.
+        attempt: for ``retried``, the number of the new attempt.
+        duration: for ``ejected``, the ejection's length in seconds.
+        failures: for ``ejected``, the consecutive failures counted.
+    """
+
+    kind: str
+    time: float | None = None
+    model: str | None = None
+    provider: ProviderKey | None = None
+    lease_id: int | None = None
+    generation: int | None = None
+    node_id: str | None = None
+    long: bool = False
+    reason: str | None = None
+    waited: float | None = None
+    attempt: int | None = None
+    duration: float | None = None
+    failures: int | None = None
+
+
+def lease_event(
+    kind: str,
+    time: float | None,
+    lease: Lease,
+    *,
+    waited: float | None = None,
+    attempt: int | None = None,
+    reason: str | None = None,
+) -> AdmissionEvent:
+    """The event ``kind`` about ``lease``."""
+    return AdmissionEvent(
+        kind,
+        time,
+        model=lease.model,
+        provider=lease.provider,
+        lease_id=lease.id,
+        generation=lease.generation,
+        node_id=lease.provider.node_id,
+        long=lease.long,
+        reason=reason,
+        waited=waited,
+        attempt=attempt,
+    )

@@ -1,0 +1,72 @@
+"""The public sans-I/O admission core, for event loops other than trio.
+
+:class:`AdmissionState` does no I/O, reads no clock (every call that needs the
+time takes ``now``, any monotonic float in seconds), creates no task and is
+not thread-safe: call it from one thread, the one running your event loop. Both
+layers shipped with the library are built on exactly the names below --
+:class:`iop_admission.Admission` (trio) and
+:class:`iop_admission.aio.AsyncAdmission` (asyncio) -- so a layer for another
+loop needs nothing private.
+
+The contract a layer must keep:
+
+* **Ask.** ``request(model, long, now)`` returns a :class:`Lease` (granted now)
+  or a queued :class:`Waiter`; it raises ``ModelNotFound``, ``Unavailable`` or
+  ``QueueFull`` and then changes nothing. ``retry(lease, now)`` does the same
+  for a failed attempt, keeping its arrival place and queue deadline.
+* **Decisions.** Every call that may free or fence capacity (``release``,
+  ``connect``, ``disconnect``, ``refresh``, ``report_failure``,
+  ``report_success``, ``advance``) returns a list of decisions the layer must
+  carry out *in order*, before it calls the core again from another task:
+  :class:`Granted` (wake ``waiter``'s task with ``lease``: from this instant the
+  task owns the lease, even if it has not run yet), :class:`Failed` (wake it
+  with ``error``), :class:`Revoked` (cancel the lease's body: fencing already
+  released it), :class:`Ejected` and :class:`Restored` (health news; call
+  ``advance(now)`` at ``next_ejection_end()`` to end an ejection on time).
+* **Waiting.** A queued waiter leaves the queue exactly once: granted, failed,
+  ``withdraw(waiter)`` (its task was cancelled; False when a grant or failure
+  came first -- then a granted lease must be released by the layer), or
+  ``expire(now)``, which removes and returns every waiter whose ``deadline`` is
+  ``<= now`` (the layer fails them with ``QueueTimeout``). ``deadline`` may
+  move on ``refresh`` (it is ``enqueue_time + queue_timeout``): re-arm timers
+  after each refresh.
+* **Release.** ``release(lease)`` exactly once per grant on every path
+  (idempotent: a lease fenced by ``disconnect`` is already released, and
+  ``lease.revoked`` says so).
+
+Stability promise: the names in ``__all__`` and the contract above follow
+semantic versioning from 1.0 on; before 1.0 a change to them is named in the
+release notes. Attributes not documented on these classes are private.
+"""
+
+from __future__ import annotations
+
+from ._state import (
+    AdmissionState,
+    Decision,
+    Ejected,
+    Failed,
+    Granted,
+    Lease,
+    PreparedRefresh,
+    Restored,
+    Revoked,
+    Waiter,
+    WaiterState,
+    prepare_refresh,
+)
+
+__all__ = [
+    "AdmissionState",
+    "Decision",
+    "Ejected",
+    "Failed",
+    "Granted",
+    "Lease",
+    "PreparedRefresh",
+    "Restored",
+    "Revoked",
+    "Waiter",
+    "WaiterState",
+    "prepare_refresh",
+]

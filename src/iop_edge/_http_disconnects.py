@@ -1,0 +1,190 @@
+"""The listener's disconnect watch: the client leaving while the app runs cancels the app's scope.
+
+Linux: one :class:`DisconnectPoller` task watches every plain TCP connection
+of a listener through an epoll set of its own; elsewhere each connection has
+a :class:`DisconnectWatcher` task, parked between requests. What they read
+while watching (a pipelined next request) goes to the connection at once
+(:meth:`Watched.keep_read`), so the bytes keep their order whoever reads next.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+from typing import Any, Protocol, final
+
+import trio
+
+from ._http_transport import RECEIVE_SIZE
+
+
+class Watched(Protocol):
+    """What the watch needs of the connection it watches."""
+
+    gone: bool
+
+    def keep_read(self, data: bytes) -> bool:
+        """Keep ``data`` (read while watched) for the next request; whether to go on watching."""
+        ...
+
+
+@final
+class DisconnectWatcher:
+    """One connection's disconnect watcher: a task that lives as long as the connection.
+
+    Parked between requests; :meth:`watch` wakes it to wait for the socket to
+    become readable while the app runs. What it reads then (a pipelined next
+    request) goes to the connection's h11 at once, in the same step as the
+    read, so the bytes keep their order whoever reads next; an end of stream
+    or an error marks the connection gone and cancels the watched scope.
+    :meth:`stop` (the app returned) withdraws its wait at once, so the
+    connection's task can read the socket right after.
+    """
+
+    __slots__ = ("connection", "sock", "watched", "_parked", "_waiting")
+
+    def __init__(self, connection: Watched, sock: socket.socket) -> None:
+        self.connection = connection
+        self.sock = sock
+        self.watched: trio.CancelScope | None = None
+        self._parked: trio.lowlevel.Task | None = None
+        self._waiting: trio.CancelScope | None = None
+
+    def watch(self, cancel_scope: trio.CancelScope) -> None:
+        """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
+        self.watched = cancel_scope
+        task, self._parked = self._parked, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    def stop(self) -> None:
+        """Stop watching (never waits); the socket is free for another reader when this returns."""
+        self.watched = None
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def run(self) -> None:
+        """Watch whenever asked, until the connection's nursery is cancelled. Checkpoints."""
+        while True:
+            if self.watched is None:
+                self._parked = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(self._abort_park)
+                continue
+            with trio.CancelScope() as self._waiting:
+                await self._wait_readable()
+            self._waiting = None
+
+    def _abort_park(self, _: Any) -> trio.lowlevel.Abort:
+        self._parked = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _wait_readable(self) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(self.sock)
+            if self.watched is None:
+                return  # stopped while the wake-up was on its way: the connection reads now
+            if not read_while_watched(self.connection, self.sock, self.watched):
+                self.watched = None
+                return
+
+
+def read_while_watched(connection: Watched, sock: socket.socket, watched: trio.CancelScope) -> bool:
+    """Read what the client sent while its app runs (``sock`` is readable); whether to go on watching.
+
+    The bytes (a pipelined next request) go to the connection's h11 at once, so
+    they keep their order whoever reads next; past ``max_head_bytes`` of them,
+    watching stops (the rest stays in the socket). An end of stream or an error
+    marks the connection gone and cancels ``watched``.
+    """
+    try:
+        data = sock.recv(RECEIVE_SIZE)
+    except BlockingIOError:
+        return True
+    except OSError:
+        data = b""
+    if not data:
+        connection.gone = True
+        watched.cancel()
+        return False
+    return connection.keep_read(data)
+
+
+CAN_POLL = hasattr(select, "epoll")
+"""Whether a listener watches its connections for disconnects with one :class:`DisconnectPoller`."""
+
+
+@final
+class DisconnectPoller:
+    """The disconnect watch of every plain TCP connection of one listener, in ONE task (Linux: epoll).
+
+    Why: a watcher task per connection costs, per request, two task wake-ups
+    (:meth:`DisconnectWatcher.watch` and ``stop``), a cancel scope cancelled and
+    two registrations in trio's epoll (about a twentieth of the Edge's CPU per
+    request at concurrency 1, py-spy). Here watching a connection is one
+    registration in an epoll set of our own (level-triggered) and stopping one
+    unregistration, both synchronous; :meth:`run` wakes only when a watched
+    client sent something or left, and handles it as the per-connection
+    watcher does (:func:`read_while_watched`).
+    """
+
+    __slots__ = ("epoll", "watching")
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.watching: dict[int, PolledWatch] = {}
+
+    async def run(self) -> None:
+        """Handle watched sockets that became readable, until cancelled. Checkpoints."""
+        epoll = self.epoll
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll)
+                for fd, _ in epoll.poll(0):
+                    watch = self.watching.get(fd)
+                    if watch is None or watch.watched is None:
+                        continue
+                    if not read_while_watched(watch.connection, watch.sock, watch.watched):
+                        watch.stop()
+        finally:
+            epoll.close()
+
+
+@final
+class PolledWatch:
+    """One connection's watch through its listener's :class:`DisconnectPoller` (``watch`` and ``stop`` as
+    :class:`DisconnectWatcher`'s, without a task)."""
+
+    __slots__ = ("poller", "connection", "sock", "watched", "_fd")
+
+    def __init__(self, poller: DisconnectPoller, connection: Watched, sock: socket.socket) -> None:
+        self.poller = poller
+        self.connection = connection
+        self.sock = sock
+        self.watched: trio.CancelScope | None = None
+        self._fd = -1  # the descriptor registered (a closed socket's fileno() says -1)
+
+    def watch(self, cancel_scope: trio.CancelScope) -> None:
+        """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
+        fd = self.sock.fileno()
+        try:
+            self.poller.epoll.register(fd, select.EPOLLIN)
+        except (OSError, ValueError):  # the socket or the listener is closed: nothing to watch any more
+            self.connection.gone = True
+            cancel_scope.cancel()
+            return
+        self.watched = cancel_scope
+        self._fd = fd
+        self.poller.watching[fd] = self
+
+    def stop(self) -> None:
+        """Stop watching (never waits); the socket is free for another reader when this returns."""
+        if self.watched is None:
+            return
+        self.watched = None
+        fd = self._fd
+        if self.poller.watching.get(fd) is self:
+            del self.poller.watching[fd]
+            try:
+                self.poller.epoll.unregister(fd)
+            except (OSError, ValueError):  # closed already
+                pass

@@ -1,0 +1,181 @@
+"""The base install is the library alone: trio, attrs and nothing of the daemons.
+
+How, and why this way: the test builds the wheel offline (``pip wheel --no-deps
+--no-build-isolation``, seconds, no network), checks its metadata, then makes a
+fresh venv, installs the wheel there with ``--no-deps --no-index`` and gives the
+venv exactly the distributions the base requirements resolve to -- the closure
+of ``Requires-Dist`` without extras, walked through this environment's metadata
+and linked in, dist-info included. ``pip check`` in that venv then proves the
+base requirements are satisfied by that closure and nothing more; the import
+and ``mypy --strict`` on the examples run in it. No index is contacted, so the
+test is as fast and as reliable in CI as on a laptop, and it tests the wheel
+users get rather than the editable source tree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+DAEMON_EXTRA = {"cattrs", "trio-websocket", "wsproto", "ruamel.yaml", "h11", "httpx", "httptools", "orjson", "rich"}
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _base_requirements(requires: list[str]) -> list[str]:
+    """The requirement names that carry no marker (no extra)."""
+    names = []
+    for line in requires:
+        if ";" in line:
+            continue
+        match = NAME.match(line.strip())
+        assert match is not None, line
+        names.append(match.group(0))
+    return names
+
+
+def _wheel(tmp: Path) -> Path:
+    out = tmp / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        cwd=tmp,
+    )
+    (wheel,) = out.glob("iop_admission-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _wheel(tmp_path_factory.mktemp("build"))
+
+
+def _wheel_metadata(wheel: Path) -> metadata.PackageMetadata:
+    import email
+
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = (n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        return email.message_from_bytes(z.read(name))  # type: ignore[return-value]
+
+
+def test_wheel_requires_trio_and_attrs_only(wheel: Path) -> None:
+    meta = _wheel_metadata(wheel)
+    requires = meta.get_all("Requires-Dist") or []
+    assert sorted(_canonical(n) for n in _base_requirements(requires)) == ["attrs", "trio"]
+    daemons = {_canonical(NAME.match(r).group(0)) for r in requires if 'extra == "daemons"' in r}  # type: ignore[union-attr]
+    assert {_canonical(n) for n in DAEMON_EXTRA} <= daemons
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    assert "iop_admission/py.typed" in names
+    assert "iop_launch.py" in names
+
+
+def _closure(roots: list[str]) -> list[metadata.Distribution]:
+    """The installed distributions ``roots`` need, transitively (no extras)."""
+    seen: dict[str, metadata.Distribution] = {}
+    todo = list(roots)
+    while todo:
+        name = _canonical(todo.pop())
+        if name in seen:
+            continue
+        dist = metadata.distribution(name)
+        seen[name] = dist
+        todo.extend(_base_requirements(dist.requires or []))
+    return list(seen.values())
+
+
+def _link_into(dist: metadata.Distribution, site: Path) -> None:
+    """Make ``dist`` installed in ``site``: link its top-level files and dist-info."""
+    base = Path(str(dist.locate_file("")))
+    tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+    for top in tops:
+        if top == "__pycache__" or top.endswith(".pth"):
+            continue
+        target = site / top
+        if not target.exists():
+            os.symlink(base / top, target)
+
+
+@pytest.fixture(scope="module")
+def clean_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    root = tmp_path_factory.mktemp("clean")
+    env = root / "venv"
+    venv.EnvBuilder(with_pip=False).create(env)
+    python = env / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    requires = _wheel_metadata(wheel).get_all("Requires-Dist") or []
+    for dist in _closure(_base_requirements(requires)):
+        _link_into(dist, site)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index", wheel],
+        check=True,
+    )
+    return python
+
+
+def test_clean_venv_base_install_is_complete_and_lean(clean_venv: Path) -> None:
+    check = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", clean_venv, "check"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    probe = (
+        "import importlib.util, sys, iop_admission\n"
+        "print(iop_admission.__version__)\n"
+        f"print(sorted(m for m in {sorted(n.replace('-', '_').split('.')[0] for n in DAEMON_EXTRA)!r}"
+        " if importlib.util.find_spec(m) is not None))\n"
+    )
+    out = subprocess.run([clean_venv, "-c", probe], check=True, capture_output=True, text=True, cwd="/").stdout
+    version, found = out.splitlines()
+    assert version == metadata.version("iop-admission")
+    assert found == "[]"
+
+
+def test_daemon_command_without_extra_says_what_to_install(clean_venv: Path) -> None:
+    done = subprocess.run([clean_venv.parent / "iop-edge", "--help"], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("iop-edge: the daemons extra is not installed")
+    assert line.endswith('pip install "iop-admission[daemons]"')
+
+
+def test_mypy_strict_on_the_examples_in_the_clean_venv(clean_venv: Path) -> None:
+    examples = sorted(str(p) for p in EXAMPLES.glob("*.py") if "fastapi" not in p.name)
+    assert examples
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", clean_venv, *examples],
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
