@@ -388,3 +388,16 @@ def test_long_retry_refused_when_no_untried_candidate_has_a_long_slot(pool):
         core.retry(first, 1.0)
     assert (refused.value.model, refused.value.long) == (BIG, True)
     assert core.queue_depth == 0
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_two_queued_retries_keep_arrival_order(pool):
+    """Two retries queued at once, the later arrival first: both go back to their arrival places,
+    before the waiter that arrived after them."""
+    core = _core(pool.two_nodes())
+    a = _lease(core.request(BIG, False, 0.0))
+    b = _lease(core.request(BIG, False, 0.0))
+    later = _waiter(core.request(BIG, False, 0.0))
+    retry_b = _waiter(core.retry(b, 1.0))
+    retry_a = _waiter(core.retry(a, 1.0))
+    assert list(core.waiters()) == [retry_a, retry_b, later]
