@@ -67,16 +67,23 @@ bench-peers: $(STAMP)
 
 # Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
 # `make test`. Results are kept in mutants/: a rerun tests only the mutants of functions that changed.
-# MUTANTS='glob ...' narrows the run (e.g. MUTANTS='iop_admission._state.xǁAdmissionStateǁretry*');
-# `make mutate-all` starts from scratch over the whole admission core, the gate and the overload unit.
+# `make mutate` runs the health, retry, probe and panic functions of _state.py (a few minutes);
+# MUTANTS='glob ...' picks others (e.g. MUTANTS='iop_admission._gate.*'); `make mutate-all` starts
+# from scratch over the whole admission core and the Edge's overload unit.
+MUTATE_HEALTH = $(foreach f,report_failure report_success advance retry expire _requeue \
+	_enqueue_in_order _eject _restore _reopen_probe _grant _reportable _forget_health,\
+	'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
+	$(foreach f,_panic _best_of _could_run _untried,'iop_admission._state.x_$(f)__mutmut_*')
+MUTANTS ?= $(MUTATE_HEALTH)
 .PHONY: mutate mutate-all
 mutate: $(STAMP)
-	HYPOTHESIS_PROFILE=dev $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	HYPOTHESIS_PROFILE=dev nice -n 19 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 	$(BIN)/mutmut results
 
 mutate-all: $(STAMP)
 	rm -rf mutants
-	$(MAKE) mutate
+	HYPOTHESIS_PROFILE=dev nice -n 19 $(BIN)/mutmut run --max-children 2
+	$(BIN)/mutmut results
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis mutants

@@ -33,9 +33,11 @@ Rules this module implements (and why):
   deadline passed, in arrival order): the path the state machine proves is the
   one that runs. A cancellation before the deadline withdraws the waiter.
 
-* **The I/O bookkeeping stays here.** The parked task and deadline scope of
-  each waiter, and the cancel scope of each lease body, live in this layer's
-  maps keyed by the core's objects; the core's objects carry no I/O state.
+* **The I/O bookkeeping stays in this layer.** The parked task and deadline
+  scope of each waiter, and the cancel scope of each lease body, live in the
+  hand-off's maps (``_handoff``) keyed by the core's objects; the core's objects
+  carry no I/O state. The ``async with`` shell is ``_lease_scope``, the event
+  fan-out ``_trio_events``; this module is the facade that ties them together.
 
 * **No Ctrl-C inside a state change.** ``connect``, ``disconnect``,
   ``refresh``, health reports, ejection ends and both halves of a lease scope
@@ -59,39 +61,21 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from types import TracebackType
 from typing import NoReturn, final
 
-import attrs
-import outcome
 import trio
 
 from ._config import PoolConfig
-from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
-from ._events import AdmissionEvent, lease_event
+from ._errors import NodeNotFound
+from ._events import AdmissionEvent
+from ._handoff import Handoff
+from ._lease_scope import LeaseScope
 from ._snapshot import ProviderRow, Snapshot
+from ._trio_events import EventFanout, now_or_none
 from ._waiting import WaiterSnapshot, waiter_snapshots
-from .core import (
-    AdmissionState,
-    Decision,
-    Ejected,
-    Failed,
-    Granted,
-    Lease,
-    PreparedRefresh,
-    Restored,
-    Revoked,
-    Waiter,
-)
+from .core import AdmissionState, Lease, PreparedRefresh
 
-__all__ = ["Admission", "AdmissionEvent", "Lease"]
-
-
-def _now() -> float | None:
-    try:
-        return trio.current_time()
-    except RuntimeError:
-        return None
+__all__ = ["Admission", "AdmissionEvent", "Lease", "LeaseScope"]
 
 
 @final
@@ -111,11 +95,8 @@ class Admission:
 
     def __init__(self, config: PoolConfig) -> None:
         self._core = AdmissionState(config)
-        self._subscribers: list[trio.MemorySendChannel[AdmissionEvent]] = []
-        self._events_dropped = 0
-        self._ejection_wakeup: trio.Event | None = None
-        self._parked: dict[Waiter, _Parked] = {}  # queued waiters' tasks and deadline scopes
-        self._bodies: dict[Lease, trio.CancelScope] = {}  # live leases' body scopes (fencing cancels them)
+        self._events = EventFanout()
+        self._handoff = Handoff(self._core, self._events)
 
     # ------------------------------------------------------------------ leases
 
@@ -139,7 +120,7 @@ class Admission:
         Raises (on exit):
             LeaseRevoked: the lease's node generation was fenced while the body ran.
         """
-        return LeaseScope(self, model, long)
+        return LeaseScope(self._handoff, model, long)
 
     def retry(self, lease: Lease, *, reason: str | None = None) -> LeaseScope:
         """Ask again, for the request ``lease`` served, on a candidate it has not tried.
@@ -158,7 +139,7 @@ class Admission:
             ModelNotFound: the model was removed.
             RuntimeError: ``lease`` was retried before.
         """
-        return LeaseScope(self, lease.model, lease.long, retry_of=lease, reason=reason)
+        return LeaseScope(self._handoff, lease.model, lease.long, retry_of=lease, reason=reason)
 
     @trio.lowlevel.enable_ki_protection
     def report_failure(self, lease: Lease) -> None:
@@ -169,7 +150,7 @@ class Admission:
         nothing. Synchronous; uses ``trio.current_time()`` inside trio.
         """
         now = self._clock()
-        self._apply(self._core.report_failure(lease, now))
+        self._handoff.apply(self._core.report_failure(lease, now))
 
     @trio.lowlevel.enable_ki_protection
     def report_success(self, lease: Lease) -> None:
@@ -178,7 +159,7 @@ class Admission:
         Once per lease, like :meth:`report_failure`. Synchronous.
         """
         now = self._clock()
-        self._apply(self._core.report_success(lease, now))
+        self._handoff.apply(self._core.report_success(lease, now))
 
     async def watch_ejections(self) -> NoReturn:
         """End each ejection at its time, so its probe can go to a waiter at once.
@@ -188,21 +169,15 @@ class Admission:
         next lease request or report after its time.
         """
         while True:
-            self._ejection_wakeup = wakeup = trio.Event()
-            self._advance(trio.current_time())
+            self._handoff.ejection_wakeup = wakeup = trio.Event()
+            self._handoff.advance(trio.current_time())
             end = self._core.next_ejection_end()
             with trio.move_on_at(math.inf if end is None else end):
                 await wakeup.wait()
 
     def _clock(self) -> float:
-        now = _now()
+        now = now_or_none()
         return self._core.last_time if now is None else now  # outside trio: the latest time seen
-
-    @trio.lowlevel.enable_ki_protection
-    def _advance(self, now: float) -> None:
-        end = self._core.next_ejection_end()
-        if end is not None and end <= now:
-            self._apply(self._core.advance(now))
 
     @trio.lowlevel.enable_ki_protection
     def connect(self, node_id: str) -> int:
@@ -221,9 +196,9 @@ class Admission:
         if not self._core.knows_node(node_id):
             raise NodeNotFound(node_id, self._core.nodes())
         generation, decisions = self._core.connect(node_id)
-        self._apply(decisions)
-        if self._subscribers:
-            self._emit(AdmissionEvent("connected", _now(), node_id=node_id, generation=generation))
+        self._handoff.apply(decisions)
+        if self._events.subscribers:
+            self._events.emit(AdmissionEvent("connected", now_or_none(), node_id=node_id, generation=generation))
         return generation
 
     @trio.lowlevel.enable_ki_protection
@@ -239,9 +214,9 @@ class Admission:
         """
         done, decisions = self._core.disconnect(node_id, generation)
         if done:
-            self._apply(decisions)
-            if self._subscribers:
-                self._emit(AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation))
+            self._handoff.apply(decisions)
+            if self._events.subscribers:
+                self._events.emit(AdmissionEvent("disconnected", now_or_none(), node_id=node_id, generation=generation))
         return done
 
     def prepare_refresh(self, config: PoolConfig, *, pause: Callable[[], None] | None = None) -> PreparedRefresh:
@@ -271,11 +246,10 @@ class Admission:
             ConfigError: listing every problem; nothing changed.
         """
         decisions = self._core.refresh(config)
-        for waiter, parked in self._parked.items():
-            parked.scope.deadline = waiter.deadline
-        self._apply(decisions)
-        if self._subscribers:
-            self._emit(AdmissionEvent("refreshed", _now()))
+        self._handoff.rearm_deadlines()
+        self._handoff.apply(decisions)
+        if self._events.subscribers:
+            self._events.emit(AdmissionEvent("refreshed", now_or_none()))
 
     # ----------------------------------------------------------------- queries
 
@@ -300,8 +274,8 @@ class Admission:
             queue_depth=self._core.queue_depth,
             max_queue=policy.max_queue,
             queue_timeout=policy.queue_timeout,
-            events_dropped=self._events_dropped,
-            providers=self._core.provider_snapshots(_now(), first, count),
+            events_dropped=self._events.dropped,
+            providers=self._core.provider_snapshots(now_or_none(), first, count),
             panic=self._core.panic_models(),
         )
 
@@ -312,7 +286,7 @@ class Admission:
         the dicts need no unstructuring (at 10,000 providers about half the CPU
         of the objects plus ``cattrs.unstructure``).
         """
-        return self._core.provider_rows(_now(), first, count)
+        return self._core.provider_rows(now_or_none(), first, count)
 
     def waiters(self) -> tuple[WaiterSnapshot, ...]:
         """The queued requests, in arrival order, as :class:`WaiterSnapshot` (read only).
@@ -320,7 +294,7 @@ class Admission:
         Call it in the same synchronous step as :meth:`snapshot` (no ``await``
         between) and both describe the same instant of the state.
         """
-        now = _now()
+        now = now_or_none()
         core = self._core
         return waiter_snapshots(core.waiters(), core.last_time if now is None else now, core.config.models)
 
@@ -343,224 +317,8 @@ class Admission:
 
         Entering and leaving do not block (leaving closes the channel).
         """
-        send, receive = trio.open_memory_channel[AdmissionEvent](buffer)
-        self._subscribers.append(send)
-        try:
-            async with receive:
-                yield receive
-        finally:
-            self._subscribers.remove(send)
-            send.close()
-
-    def _emit(self, event: AdmissionEvent) -> None:
-        for channel in self._subscribers:
-            try:
-                channel.send_nowait(event)
-            except trio.WouldBlock:
-                self._events_dropped += 1
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-
-    def _emit_rejected(self, model: str, long: bool, exc: BaseException) -> None:
-        self._emit(AdmissionEvent("rejected", _now(), model=model, long=long, reason=type(exc).__name__))
-
-    def _lease_event(
-        self,
-        kind: str,
-        lease: Lease,
-        *,
-        waited: float | None = None,
-        attempt: int | None = None,
-        reason: str | None = None,
-    ) -> None:
-        self._emit(lease_event(kind, _now(), lease, waited=waited, attempt=attempt, reason=reason))
-
-    # -------------------------------------------------------------- decisions
-
-    def _apply(self, decisions: list[Decision]) -> None:
-        """Carry out core decisions: wake granted/failed waiters, cancel revoked bodies."""
-        for d in decisions:
-            if type(d) is Granted:
-                trio.lowlevel.reschedule(self._parked.pop(d.waiter).task, outcome.Value(d.lease))
-            elif type(d) is Failed:
-                trio.lowlevel.reschedule(self._parked.pop(d.waiter).task, outcome.Error(d.error))
-            elif type(d) is Revoked:
-                scope = self._bodies.get(d.lease)
-                if scope is not None:
-                    scope.cancel()
-                if self._subscribers:
-                    self._lease_event("revoked", d.lease)
-            else:
-                self._health_event(d)
-
-    def _health_event(self, d: Ejected | Restored) -> None:
-        if type(d) is Ejected:
-            if self._ejection_wakeup is not None:
-                self._ejection_wakeup.set()  # a new end time for watch_ejections
-            if self._subscribers:
-                key = d.provider
-                self._emit(
-                    AdmissionEvent(
-                        "ejected", _now(), provider=key, node_id=key.node_id, duration=d.duration, failures=d.failures
-                    )
-                )
-        elif self._subscribers:
-            self._emit(AdmissionEvent("restored", _now(), provider=d.provider, node_id=d.provider.node_id))
-
-    # ----------------------------------------------------- lease scope halves
-
-    @trio.lowlevel.enable_ki_protection
-    async def _acquire(self, model: str, long: bool, retry_of: Lease | None, reason: str | None) -> Lease:
-        """Grant a lease (a retry of ``retry_of`` if given), waiting in the queue if need be,
-        and open its body's cancel scope.
-
-        Checkpoints. Cancellation-atomic: returns a lease whose body scope is
-        open, or raises and leaves no change behind.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        core = self._core
-        now = trio.current_time()
-        self._advance(now)
-        try:
-            result = core.request(model, long, now) if retry_of is None else core.retry(retry_of, now)
-        except Exception as exc:
-            if self._subscribers:
-                self._emit_rejected(model, long, exc)
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            raise
-        if retry_of is not None and self._subscribers:
-            self._lease_event("retried", retry_of, attempt=retry_of.attempt + 1, reason=reason)
-        if type(result) is Lease:
-            lease = result
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        else:
-            assert type(result) is Waiter
-            lease = await self._wait(result)
-        if lease.revoked:
-            # Fenced between the grant and now (same tick): the body never runs
-            # on an offline generation. Fencing already released the lease.
-            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
-        # From here to the return nothing awaits; if anything raises, the grant
-        # goes back before the error propagates.
-        try:
-            scope = trio.CancelScope()
-            scope.__enter__()
-        except BaseException:
-            self._apply(core.release(lease))
-            raise
-        self._bodies[lease] = scope
-        if self._subscribers:
-            self._lease_event("granted", lease, waited=lease.queue_wait)
-        return lease
-
-    async def _wait(self, waiter: Waiter) -> Lease:
-        """Park until granted, failed, cancelled or past the deadline.
-
-        Checkpoints (it blocks). Past its deadline the core expires the waiter;
-        cancelled before, it is withdrawn. Either way nothing else changes.
-        """
-        core = self._core
-        parked_at = trio.current_time()  # the enqueue time, or for a retry the time it asked again
-        if self._subscribers:
-            self._emit(AdmissionEvent("queued", _now(), model=waiter.model, long=waiter.long))
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            core.expire(trio.current_time())  # this waiter too, if its deadline is what fired
-            core.withdraw(waiter)  # a no-op once expired
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        with trio.CancelScope(deadline=waiter.deadline) as timer:
-            self._parked[waiter] = _Parked(trio.lowlevel.current_task(), timer)
-            try:
-                lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
-            except BaseException as exc:
-                if self._subscribers and not isinstance(exc, trio.Cancelled):
-                    self._emit_rejected(waiter.model, waiter.long, exc)
-                raise
-            finally:
-                self._parked.pop(waiter, None)
-            lease.queue_wait = trio.current_time() - parked_at
-            return lease
-        waited = trio.current_time() - waiter.enqueue_time
-        if self._subscribers:
-            self._emit(AdmissionEvent("timed_out", _now(), model=waiter.model, long=waiter.long, waited=waited))
-        raise QueueTimeout(waiter.model, waited)
-
-    @trio.lowlevel.enable_ki_protection
-    def _release(
-        self,
-        lease: Lease,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        """Close the body's scope and release the lease; whether the scope swallowed ``exc``.
-
-        Synchronous on purpose: a cancelled task cannot skip the release.
-        """
-        scope = self._bodies.pop(lease)
-        try:
-            suppressed = scope.__exit__(exc_type, exc, tb)
-        finally:
-            self._apply(self._core.release(lease))
-            if self._subscribers:
-                self._lease_event("released", lease)
-        if lease.revoked and (suppressed or exc_type is None):
-            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation) from None
-        return bool(suppressed)
+        async with self._events.subscribe(buffer) as receive:
+            yield receive
 
     def __repr__(self) -> str:
         return f"<Admission {self._core!r}>"
-
-
-@attrs.define(eq=False, slots=True)
-class _Parked:
-    """What the trio layer keeps on a queued waiter: its task and its deadline scope."""
-
-    task: trio.lowlevel.Task
-    scope: trio.CancelScope
-
-
-@final
-class LeaseScope:
-    """The async context manager :meth:`Admission.lease` and :meth:`Admission.retry` return:
-    single use, a thin shell over the admission's acquire (on entry) and release (on exit)."""
-
-    __slots__ = ("_admission", "_model", "_long", "_lease", "_entered", "_retry_of", "_reason")
-
-    def __init__(
-        self, admission: Admission, model: str, long: bool, *, retry_of: Lease | None = None, reason: str | None = None
-    ) -> None:
-        self._admission = admission
-        self._model = model
-        self._long = long
-        self._lease: Lease | None = None
-        self._entered = False
-        self._retry_of = retry_of
-        self._reason = reason
-
-    async def __aenter__(self) -> Lease:
-        if self._entered:
-            raise LeaseScopeError("a lease scope can be entered only once")
-        self._entered = True
-        try:
-            self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._reason)
-        except RuntimeError as exc:
-            if trio.lowlevel.in_trio_run():
-                raise
-            raise RuntimeError(
-                "Admission.lease() runs under trio only; under asyncio use iop_admission.aio.AsyncAdmission"
-            ) from exc
-        return self._lease
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        lease = self._lease
-        if lease is None:
-            raise LeaseScopeError("a lease scope can be exited only after it was entered")
-        self._lease = None
-        return self._admission._release(lease, exc_type, exc, tb)

@@ -120,3 +120,19 @@ class NodeNotFound(AdmissionError, LookupError):
         self.node_id = node_id
         shown = ", ".join(repr(n) for n in known[:10]) + (", ..." if len(known) > 10 else "")
         super().__init__(f"node {node_id!r} has no configured provider; nodes with providers: {shown or 'none'}")
+
+
+@final
+class TenantLimitExceeded(AdmissionError):
+    """A tenant's own quota refused the request; ``limit`` names which one.
+
+    ``limit`` is ``"max_queue"`` (the tenant's part of the queue is full),
+    ``"shed"`` (a negative-priority waiter refused or evicted under overload)
+    or ``"queue"`` (the whole queue is full and nothing sheddable is below).
+    """
+
+    def __init__(self, tenant: str, limit: str, value: int) -> None:
+        super().__init__(f"tenant {tenant!r}: {limit} ({value}) reached")
+        self.tenant = tenant
+        self.limit = limit
+        self.value = value

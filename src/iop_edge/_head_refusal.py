@@ -68,16 +68,21 @@ class HeadRefusal:
         Raises:
             RequestRejected: 401 when an API key is required and missing or wrong.
         """
-        asked = (
+        if self.let_through_by_listener(scope, hooks):
+            self.authorize(scope["headers"])
+            return None
+        return self.refused(scope["headers"])
+
+    @staticmethod
+    def let_through_by_listener(scope: MutableMapping[str, Any], hooks: ConnectionHooks | None) -> bool:
+        """Whether the listener asked :meth:`refuse` on this request's head and it let the request
+        through (the target is exactly a completion target without a query string, as :meth:`refuse` asks)."""
+        return bool(
             hooks is not None
             and hooks.head_let_through
             and not scope["query_string"]
             and scope["raw_path"] in COMPLETION_TARGETS
         )
-        if asked:
-            self.authorize(scope["headers"])
-            return None
-        return self.refused(scope["headers"])
 
     def refused(self, headers: Headers) -> tuple[CannedResponse, float] | None:
         """The refusals decided before the body is read: overload, authorization, a full queue.

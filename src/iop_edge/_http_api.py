@@ -19,6 +19,7 @@ library's outcomes to HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -52,6 +53,7 @@ from ._ui import PATHS as QUEUE_PAGE_PATHS
 from ._ui import QueuePage
 from ._upstream_errors import upstream_error_object
 from .config import EdgeConfig
+from .ha import EdgeHa
 from .metrics import EdgeMetrics
 from .status import StatusRows, status_json_rows
 
@@ -81,6 +83,11 @@ class EdgeParts(Protocol):
     def registry(self) -> NodeRegistry: ...
     @property
     def front_door(self) -> FrontDoor: ...
+    @property
+    def ha(self) -> EdgeHa | None:
+        """This Edge's part in the election; None without ``ha:`` (the Edge always admits)."""
+        ...
+
     def status(self) -> dict[str, Any]:
         """The ``/status`` body."""
         ...
@@ -350,6 +357,7 @@ class EdgeAPI:
             ("GET", "/v1/models"): self._models,
             ("GET", "/status"): self._status,
             ("GET", "/healthz"): self._healthz,
+            ("GET", "/readyz"): self._readyz,
             ("GET", "/metrics"): self._metrics,
             ("POST", "/admin/reload"): self._reload,
         }
@@ -399,6 +407,10 @@ class EdgeAPI:
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
         service = self.service
+        if service.ha is not None and not service.ha.admits():
+            if self.head_refusal.let_through_by_listener(scope, _hooks(scope)):
+                service.front_door.gave_up()  # it will not ask for a lease
+            raise _standby_refusal(service.ha)
         refused = self.head_refusal.refuse_request(scope, _hooks(scope))
         if refused is not None:
             response, scope[PAUSE_READING] = refused
@@ -416,15 +428,28 @@ class EdgeAPI:
             service.front_door.gave_up()  # let through on its head, it will not ask for a lease
             raise
 
+        term = trio.CancelScope()  # [ha-step-down] cancelled when this Edge stops leading
+        with contextlib.ExitStack() as stack:
+            if service.ha is not None:
+                stack.enter_context(service.ha.cut_on_step_down(term))
+            with term:
+                await self._watched(scope, receive, responder, (model, long, endpoint, body, stream))
+        if term.cancelled_caught and service.ha is not None:
+            raise _standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
+
+    async def _watched(
+        self, scope: Scope, receive: Receive, responder: Responder, request: tuple[str, bool, str, dict[str, Any], bool]
+    ) -> None:
+        """Admit and run ``request``, cancelled if the client goes away."""
         hooks = _hooks(scope)
         if hooks is not None and hooks.can_watch_disconnect:  # the connection's own watcher: no task per request
             with trio.CancelScope() as cancel_scope:
                 hooks.cancel_on_disconnect(cancel_scope)
-                await self._admit_and_run(model, long, endpoint, body, stream, responder)
+                await self._admit_and_run(*request, responder)
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-            await self._admit_and_run(model, long, endpoint, body, stream, responder)
+            await self._admit_and_run(*request, responder)
             nursery.cancel_scope.cancel()
 
     def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
@@ -456,7 +481,7 @@ class EdgeAPI:
             except RequestRejected as rejection:
                 raise _attempt_failure(rejection, lease, responder.started) from None
 
-        on_retry = self._retried(model)
+        on_retry = _retried(metrics, model)
         try:
             outcome = await serve_with_failover(
                 service.admission, model, long, attempt, answered=lambda: responder.started, on_retry=on_retry
@@ -481,16 +506,6 @@ class EdgeAPI:
                 duration = trio.current_time() - started_at
                 metrics.lease_ended(model, outcome, duration)
                 service.front_door.shedder.observe_service(duration - served.queue_wait)
-
-    def _retried(self, model: str) -> Callable[[str, Lease], None]:
-        """What to do before a retry ([failover-before-first-byte]): count it and say so."""
-        metrics = self.service.metrics
-
-        def on_retry(reason: str, failed: Lease) -> None:
-            metrics.retried(model, reason)
-            logger.info("retrying %s after %s on %s (attempt %d)", model, reason, failed.provider, failed.attempt)
-
-        return on_retry
 
     async def _run(
         self,
@@ -558,6 +573,15 @@ class EdgeAPI:
     async def _healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await responder.whole(200, [_JSON], b'{"status":"ok"}')
 
+    async def _readyz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+        """200 when this Edge admits (it leads, or runs without ``ha:``); 503 ``not leader`` else."""
+        ha = self.service.ha
+        if ha is None or ha.admits():
+            await responder.whole(200, [_JSON], b'{"status":"ready"}')
+            return
+        body = {"status": "not leader", "leader": ha.leadership.leader, "epoch": ha.leadership.epoch}
+        await responder.whole(503, [_JSON, *_header_pairs(ha.refusal_headers())], _dumps(body))
+
     async def _metrics(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         body, content_type = await self.service.metrics.render_off_loop()
         await responder.whole(200, [(b"content-type", content_type.encode())], body)
@@ -615,6 +639,16 @@ class EdgeAPI:
         if not isinstance(body, dict):
             raise RequestRejected(400, "bad_request", "request body must be a JSON object")
         return body
+
+
+def _retried(metrics: EdgeMetrics, model: str) -> Callable[[str, Lease], None]:
+    """What to do before a retry ([failover-before-first-byte]): count it and say so."""
+
+    def on_retry(reason: str, failed: Lease) -> None:
+        metrics.retried(model, reason)
+        logger.info("retrying %s after %s on %s (attempt %d)", model, reason, failed.provider, failed.attempt)
+
+    return on_retry
 
 
 async def _next(run: RunChannel) -> RunMessage:
@@ -780,6 +814,24 @@ def _finite_float(text: str) -> float:
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 """The request body's decoder, built once (``json.loads`` with hooks builds one per call)."""
+
+
+def _standby_refusal(ha: EdgeHa) -> RequestRejected:
+    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader."""
+    leader = ha.leadership.leader
+    where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
+    return RequestRejected(
+        503,
+        "not_leader",
+        "this Edge does not lead" + where,
+        type="service_unavailable",
+        retry_after=ha.retry_after(),
+        leader=leader,
+    )
+
+
+def _header_pairs(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode(), value.encode()) for name, value in headers]
 
 
 def _framing(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> list[tuple[bytes, bytes]]:

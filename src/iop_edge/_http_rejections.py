@@ -21,6 +21,7 @@ from iop_admission import (
 )
 
 from ._http_pacing import Headers
+from .ha import LEADER_HEADER
 
 JSON = (b"content-type", b"application/json")
 """The ``content-type`` header of a JSON answer."""
@@ -42,6 +43,7 @@ class RequestRejected(Exception):
         provider_failure: bool = False,
         error: dict[str, Any] | None = None,
         provider: str | None = None,
+        leader: str | None = None,
     ) -> None:
         super().__init__(message)
         self.read_after: float | None = None  # trio time before which the connection is not read again (pacing)
@@ -56,6 +58,7 @@ class RequestRejected(Exception):
         self.attempts: int | None = None  # attempts made, when it ends a run
         self.error = error  # a backend's own error object, passed through instead of ours
         self.provider = provider
+        self.leader = leader  # a standby's refusal names the leading Edge ([ha-election])
 
     def body(self) -> bytes:
         error = self.error or {"message": self.message, "type": self.type, "code": self.code}
@@ -69,6 +72,8 @@ class RequestRejected(Exception):
             headers.append((b"x-iop-attempts", str(self.attempts).encode()))
         if self.provider is not None:
             headers.append((b"x-iop-provider", self.provider.encode()))
+        if self.leader is not None:
+            headers.append((LEADER_HEADER.encode(), self.leader.encode()))
         return headers
 
 
@@ -84,7 +89,15 @@ def canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], bytes
     are kept (``queue_full``, ``queue_timeout``, ``overloaded``: no backend error object, no
     attempt count or provider), the first ``CANNED_MAX`` distinct ones.
     """
-    key = (rejection.status, rejection.code, rejection.reason, rejection.type, rejection.message, rejection.retry_after)
+    key = (
+        rejection.status,
+        rejection.code,
+        rejection.reason,
+        rejection.type,
+        rejection.message,
+        rejection.retry_after,
+        rejection.leader,
+    )
     canned = _CANNED.get(key)
     if canned is None:
         body = rejection.body()

@@ -28,6 +28,7 @@ from ._links import NodeRegistry
 from ._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
 from ._overload import FrontDoor, watch_loop_lag
 from .config import EdgeConfig, load_edge_config
+from .ha import EdgeHa, Leadership
 from .metrics import EdgeMetrics
 from .status import EdgeStatus, NodeRow, StatusRows, status_document
 
@@ -68,6 +69,9 @@ class EdgeService:
         self.metrics.follow_node_socket(lambda: self.registry.limits.pending)
         self.front_door = FrontDoor(config.overload.policy())
         self.metrics.follow_front_door(self.front_door.status)
+        self.ha = EdgeHa.of(config.ha, self._leadership_changed) if config.ha is not None else None
+        if self.ha is not None:
+            self.metrics.registry.register(self.ha.collector())
         self.api = EdgeAPI(self)
         self._reload_lock = trio.Lock()
         self.http_port: int | None = None
@@ -140,13 +144,18 @@ class EdgeService:
         self.registry.ssl_context, self.api_ssl_context = tls.node, tls.api
         self.metrics.refresh_result("ok")
 
+    def _leadership_changed(self, leadership: Leadership) -> None:
+        """[ha-election] Log each change of role (the HTTP API asks :meth:`EdgeHa.admits` per request)."""
+        logger.warning("ha: this Edge is %s at epoch %d", leadership.role, leadership.epoch)
+
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
         """The ``/status`` document, read in one go (for tools and tests; the route reads in slices)."""
         node_ids = [n.id for n in self.config.nodes]
         nodes = self.registry.node_status(node_ids)
-        return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status()))
+        ha = self.ha.status() if self.ha is not None else None
+        return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status(), ha))
 
     async def status_rows(self, *, node: str | None = None, model: str | None = None) -> StatusRows:
         """What ``/status`` writes, optionally only one node's or one model key's part.
@@ -183,7 +192,9 @@ class EdgeService:
             if first:
                 await trio.lowlevel.checkpoint()
             nodes.extend(self.registry.node_rows(node_ids[first : first + NODE_SLICE]))
-        return StatusRows(head, rows, nodes, self.front_door.status())
+        return StatusRows(
+            head, rows, nodes, self.front_door.status(), self.ha.status() if self.ha is not None else None
+        )
 
     # ------------------------------------------------------------------- serve
 
@@ -197,6 +208,8 @@ class EdgeService:
         config = self.config
         async with trio.open_nursery() as nursery:
             await nursery.start(self.metrics.run)
+            if self.ha is not None:  # campaigns from the start; nodes register with a standby too
+                await nursery.start(self.ha.run)
             nursery.start_soon(self.admission.watch_ejections)  # ejections end on time [outlier-ejection]
             self.node_port = await nursery.start(
                 _serve_nodes,

@@ -338,6 +338,49 @@ class OverloadConfig:
 
 @final
 @attrs.frozen(kw_only=True)
+class HaConfig:
+    """``ha``: active-passive Edges elected through etcd (docs/ha.md). Absent: one Edge, no etcd."""
+
+    endpoints: tuple[str, ...]
+    advertise: str
+    election: str = "iop-edge"
+    ttl_s: int = 2
+    step_down_margin_ms: int | None = None
+    """How long before its lease can expire the leader steps down; default a third of the TTL."""
+    poll_interval_ms: int = 100
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The election key in etcd."""
+        return f"/iop/election/{self.election}"
+
+    @property
+    def margin(self) -> float:
+        if self.step_down_margin_ms is None:
+            return self.ttl_s / 3
+        return self.step_down_margin_ms / 1000
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if not self.endpoints:
+            yield "ha.endpoints", "must list at least one etcd endpoint"
+        for i, endpoint in enumerate(self.endpoints):
+            if not endpoint.startswith(("http://", "https://")):
+                yield f"ha.endpoints[{i}]", "must be an http:// or https:// URL"
+        if not self.advertise:
+            yield "ha.advertise", "must be this Edge's address as clients reach it"
+        yield from _at_least("ha.ttl_s", self.ttl_s, 2)
+        if self.step_down_margin_ms is not None and not 0 < self.step_down_margin_ms < self.ttl_s * 1000:
+            yield "ha.step_down_margin_ms", f"must be > 0 and < ha.ttl_s ({self.ttl_s} s)"
+        yield from _at_least("ha.poll_interval_ms", self.poll_interval_ms, 10)
+        if (self.cert_file is None) != (self.key_file is None):
+            yield "ha.cert_file", "ha.cert_file and ha.key_file go together"
+
+
+@final
+@attrs.frozen(kw_only=True)
 class UiConfig:
     """``ui``: the live queue page at ``/ui`` ([queue-page]); off unless ``enabled``.
 
@@ -444,6 +487,7 @@ class EdgeConfig:
     ui: UiConfig = attrs.field(factory=UiConfig)
     node_tls: NodeTls | None = None
     tls: ApiTls | None = None
+    ha: HaConfig | None = None
     _pool: PoolConfig | None = attrs.field(default=None, init=False, eq=False, repr=False)
     """The pool, once built (:meth:`pool_config`); not a key of the file."""
     _lookups: _Lookups | None = attrs.field(default=None, init=False, eq=False, repr=False)
@@ -602,6 +646,7 @@ class EdgeConfig:
             *_at_least("node_reject_backoff_base_ms", self.node_reject_backoff_base_ms, 0),
             *_at_least("node_reject_backoff_max_ms", self.node_reject_backoff_max_ms, self.node_reject_backoff_base_ms),
             *self.overload.problems(),
+            *(self.ha.problems() if self.ha else ()),
             *self.ui.problems(self.admin_token, self.admin_token_env),
             *self._listen_problems(),
             *(tls_problems("node_tls", self.node_tls.ssl_context) if self.node_tls else ()),

@@ -85,12 +85,30 @@ class OverloadStatus:
 
 @final
 @attrs.frozen
+class HaStatus:
+    """``/status``'s ``ha`` block, present when the Edge runs with ``ha:`` (docs/ha.md)."""
+
+    role: str
+    """``leader`` or ``standby`` (this Edge)."""
+    leader: str | None
+    """The leading Edge's advertised address, when known."""
+    epoch: int
+    """The leader's epoch (the election key's create revision)."""
+    since: float | None
+    """When this Edge last saw leadership change (Unix time), or None before any change."""
+    elections_won: int
+    step_downs: int
+
+
+@final
+@attrs.frozen
 class EdgeStatus:
     """The whole ``/status`` document: the admission snapshot, the nodes in config order, the overload state."""
 
     snapshot: Snapshot
     nodes: tuple[NodeStatus, ...]
     overload: OverloadStatus
+    ha: HaStatus | None = None
 
 
 @final
@@ -108,12 +126,13 @@ class StatusRows:
     providers: list[ProviderRow]
     nodes: list[NodeRow]
     overload: OverloadStatus
+    ha: HaStatus | None = None
 
     def model(self) -> EdgeStatus:
         """The same status as an :class:`EdgeStatus` (the rows made objects)."""
         providers = tuple(ProviderSnapshot(**row) for row in self.providers)
         nodes = tuple(NodeStatus(**row) for row in self.nodes)
-        return EdgeStatus(attrs.evolve(self.snapshot, providers=providers), nodes, self.overload)
+        return EdgeStatus(attrs.evolve(self.snapshot, providers=providers), nodes, self.overload, self.ha)
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -129,6 +148,8 @@ def status_document(status: EdgeStatus) -> dict[str, Any]:
     document: dict[str, Any] = _converter.unstructure(status.snapshot)
     document["nodes"] = _converter.unstructure(status.nodes, tuple[NodeStatus, ...])
     document["overload"] = _converter.unstructure(status.overload)
+    if status.ha is not None:
+        document["ha"] = _converter.unstructure(status.ha)
     return document
 
 
@@ -138,6 +159,8 @@ def status_json_rows(status: StatusRows) -> bytes:
     document["providers"] = status.providers
     document["nodes"] = status.nodes
     document["overload"] = _converter.unstructure(status.overload)
+    if status.ha is not None:
+        document["ha"] = _converter.unstructure(status.ha)
     return _write(document)
 
 
@@ -188,12 +211,13 @@ def parse_status(document: object) -> EdgeStatus:
         errors.extend(exc.exceptions)  # their notes name the snapshot's fields, at the top level
     nodes = _part(document, "nodes", tuple[NodeStatus, ...], errors)
     overload = _part(document, "overload", OverloadStatus, errors)
+    ha = _part(document, "ha", HaStatus, errors) if "ha" in document else None
     if errors or snapshot is None or nodes is None or overload is None:
         raise cattrs.ClassValidationError("While structuring the /status document", errors, EdgeStatus)
-    return EdgeStatus(snapshot, nodes, overload)
+    return EdgeStatus(snapshot, nodes, overload, ha)
 
 
-_PARTS = ("nodes", "overload")
+_PARTS = ("nodes", "overload", "ha")
 
 
 def _part(document: dict[str, Any], key: str, kind: Any, errors: list[Exception]) -> Any:

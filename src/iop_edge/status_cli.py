@@ -100,8 +100,18 @@ def _summary(status: EdgeStatus) -> Text:
     counts = ", ".join(f"{count} {name}" for name, count in by_status.items())
     return Text(
         f"providers {len(providers)} ({counts}), in flight {in_flight}/{capacity}; "
-        f"nodes {connected}/{len(status.nodes)} connected"
+        f"nodes {connected}/{len(status.nodes)} connected" + _ha_summary(status)
     )
+
+
+def _ha_summary(status: EdgeStatus) -> str:
+    """``; HA: this Edge leads|stands by, leader X, epoch N since HH:MM:SS`` (empty without ``ha:``)."""
+    ha = status.ha
+    if ha is None:
+        return ""
+    role = "this Edge leads" if ha.role == "leader" else "this Edge stands by"
+    since = time.strftime(" since %H:%M:%S UTC", time.gmtime(ha.since)) if ha.since is not None else ""
+    return f"; HA: {role}, leader {ha.leader or 'none'}, epoch {ha.epoch}{since}"
 
 
 def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:

@@ -141,3 +141,13 @@ async def test_cancelled_holder_returns_permit(autojump_clock):
         assert gate.statistics().total_in_use == 1
         nursery.cancel_scope.cancel()
     _drained(gate)
+
+
+@pytest.mark.req("tunnel-guard")
+def test_permit_repr_names_it_and_its_state():
+    """A permit's repr names its provider and says whether it is still held (the Node's logs)."""
+    gate = LocalGate(limits={"gpu0": 1})
+    permit = gate.try_acquire("gpu0")
+    assert repr(permit) == "<Permit 'gpu0' held>"
+    permit.release()
+    assert repr(permit) == "<Permit 'gpu0' released>"

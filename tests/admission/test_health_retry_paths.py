@@ -13,11 +13,14 @@ import pytest
 
 from iop_admission import (
     ModelGroup,
+    ModelNotFound,
     OutlierPolicy,
     PoolConfig,
     ProviderKey,
     ProviderSpec,
     QueuePolicy,
+    QueueTimeout,
+    RetriesExhausted,
     RetryPolicy,
     Unavailable,
 )
@@ -220,3 +223,181 @@ def test_long_retry_in_panic_waits_for_a_long_slot(pool):
     assert retried.candidates == (GPU2, pool.gpu1)
     [grant] = core.release(second)
     assert grant.waiter is retried and grant.lease.provider == pool.gpu1 and grant.lease.long
+
+
+@pytest.mark.req("outlier-ejection", "refresh-consistency")
+@pytest.mark.parametrize("prepared", [False, True])
+def test_provider_back_in_config_starts_healthy_and_old_reports_are_stale(pool, prepared):
+    """gpu0 ejected, then probing, leaves the config while two leases of it run (one from before
+    the ejection, the probe) and comes back: it is healthy, admits ordinary grants (BIG prefers it
+    again, no panic mode), counts failures
+    from zero, ejects for the base time again, and the reports of both old leases change nothing."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu0=pool.spec(capacity=5), gpu1=pool.spec(priority=-1)),
+        outlier=OutlierPolicy(2, 1.0, 8.0),
+    )
+    core = _core(config)
+    old, a, b = (_lease(core.request(FAST, False, 0.0)) for _ in range(3))
+    assert core.report_failure(a, 0.0) == []
+    assert [type(d) for d in core.report_failure(b, 0.0)] == [Ejected]
+    core.release(a)
+    core.release(b)
+    core.advance(1.0)
+    probe = _lease(core.request(FAST, False, 1.0))
+    assert (probe.provider, probe.probe) == (pool.gpu0, True)
+    without = pool.single(pool.gpu1)
+    core.refresh(core.prepare_refresh(without) if prepared else without)
+    core.refresh(core.prepare_refresh(config) if prepared else config)
+    assert [p.health for p in core.provider_snapshots() if p.provider_id == "gpu0"] == ["online"]
+    assert core.panic_models() == ()
+    preferred = _lease(core.request(BIG, False, 1.0))  # gpu0 is admitting: BIG prefers it to gpu1
+    assert (preferred.provider, preferred.probe) == (pool.gpu0, False)
+    assert core.report_failure(probe, 1.0) == []
+    assert core.report_failure(old, 1.0) == []
+    fresh = _lease(core.request(FAST, False, 1.0))
+    assert (fresh.provider, fresh.probe) == (pool.gpu0, False)
+    assert core.report_failure(fresh, 1.0) == []
+    again = _lease(core.request(FAST, False, 1.0))
+    assert (again.provider, again.probe) == (pool.gpu0, False)
+    ejected = core.report_failure(again, 1.0)
+    assert [(d.provider, d.until, d.duration, d.failures) for d in ejected if isinstance(d, Ejected)] == [
+        (pool.gpu0, 2.0, 1.0, 2)
+    ]
+    assert core.next_ejection_end() == 2.0
+
+
+@pytest.mark.req("outlier-ejection")
+def test_restore_makes_reports_of_leases_from_before_stale(pool):
+    """gpu0 restored by its probe's success: the failures of a lease granted before the ejection
+    and of one granted in panic mode during it are stale (each would eject it again at threshold 1)."""
+    config = attrs.evolve(pool.two_nodes(gpu0=pool.spec(capacity=3)), outlier=OutlierPolicy(1, 1.0, 4.0))
+    core = _core(config)
+    before, failing = (_lease(core.request(FAST, False, 0.0)) for _ in range(2))
+    assert [type(d) for d in core.report_failure(failing, 0.0)] == [Ejected]
+    core.release(failing)
+    panic = _lease(core.request(FAST, False, 0.5))  # FAST's only candidate is ejected: panic mode
+    assert (panic.provider, panic.probe) == (pool.gpu0, False)
+    core.advance(1.0)
+    probe = _lease(core.request(FAST, False, 1.0))
+    assert probe.probe
+    assert [type(d).__name__ for d in core.report_success(probe, 1.0)] == ["Restored"]
+    core.release(probe)
+    assert core.report_failure(panic, 1.0) == []
+    assert core.report_failure(before, 1.0) == []
+    assert [p.health for p in core.provider_snapshots() if p.provider_id == "gpu0"] == ["online"]
+
+
+@pytest.mark.req("outlier-ejection")
+def test_probe_released_without_report_reopens_for_the_next_probe(pool):
+    """gpu0's probe ends without a report (released): the next BIG request probes gpu0 again,
+    rather than going to the less preferred gpu1."""
+    config = attrs.evolve(pool.two_nodes(gpu1=pool.spec(priority=-1)), outlier=OutlierPolicy(1, 1.0, 4.0))
+    core = _core(config)
+    first = _lease(core.request(BIG, False, 0.0))
+    core.release(first)
+    core.report_failure(first, 0.0)
+    core.advance(1.0)
+    probe = _lease(core.request(BIG, False, 1.0))
+    assert (probe.provider, probe.probe) == (pool.gpu0, True)
+    core.release(probe)
+    again = _lease(core.request(BIG, False, 1.0))
+    assert (again.provider, again.probe) == (pool.gpu0, True)
+
+
+@pytest.mark.req("outlier-ejection")
+def test_second_ejection_makes_reports_of_the_first_ones_panic_leases_stale(pool):
+    """A lease granted in panic mode during gpu0's first ejection is still running when gpu0,
+    restored, is ejected again: its success must not restore gpu0 from the second ejection."""
+    config = attrs.evolve(pool.two_nodes(gpu0=pool.spec(capacity=3)), outlier=OutlierPolicy(1, 1.0, 4.0))
+    core = _core(config)
+    failing = _lease(core.request(FAST, False, 0.0))
+    core.release(failing)
+    core.report_failure(failing, 0.0)
+    panic = _lease(core.request(FAST, False, 0.5))
+    assert (panic.provider, panic.probe) == (pool.gpu0, False)
+    core.advance(1.0)
+    probe = _lease(core.request(FAST, False, 1.0))
+    assert probe.probe
+    core.report_success(probe, 1.0)
+    core.release(probe)
+    again = _lease(core.request(FAST, False, 1.0))
+    assert [type(d) for d in core.report_failure(again, 1.0)] == [Ejected]
+    assert core.report_success(panic, 1.5) == []
+    assert [p.health for p in core.provider_snapshots() if p.provider_id == "gpu0"] == ["ejected"]
+
+
+@pytest.mark.req("outlier-ejection")
+def test_advance_while_a_probe_is_out_does_not_reopen_the_provider(pool):
+    """advance() past the ejection's end while gpu0's probe runs changes nothing: the next BIG
+    request goes to gpu1, not as a second probe (or ordinary grant) on gpu0, which has room."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu0=pool.spec(capacity=2), gpu1=pool.spec(priority=-1)), outlier=OutlierPolicy(1, 1.0, 4.0)
+    )
+    core = _core(config)
+    first = _lease(core.request(BIG, False, 0.0))
+    core.release(first)
+    core.report_failure(first, 0.0)
+    core.advance(1.0)
+    probe = _lease(core.request(BIG, False, 1.0))
+    assert (probe.provider, probe.probe) == (pool.gpu0, True)
+    assert core.advance(5.0) == []
+    other = _lease(core.request(BIG, False, 5.0))
+    assert (other.provider, other.probe) == (pool.gpu1, False)
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_retry_refusals_name_the_model_and_what_ran_out(pool):
+    """Each refusal of retry() carries the model and its figure; the queue deadline is reached
+    at ``enqueue_time + queue_timeout`` exactly; a refused retry can still be retried."""
+    config = attrs.evolve(pool.two_nodes(queue_timeout=10.0), retry=RetryPolicy(2))
+    core = _core(config)
+    first = _lease(core.request(FAST, False, 1.0))
+    with pytest.raises(QueueTimeout) as late:
+        core.retry(first, 11.0)
+    assert (late.value.model, late.value.waited) == (FAST, 10.0)
+    with pytest.raises(Unavailable) as none_left:  # FAST's only candidate, gpu0, was tried
+        core.retry(first, 9.0)
+    assert (none_left.value.model, none_left.value.long) == (FAST, False)
+    core.release(first)
+    big = _lease(core.request(BIG, False, 1.0))
+    second = _lease(core.retry(big, 2.0))
+    assert (second.attempt, second.arrival, second.enqueue_time) == (2, big.arrival, 1.0)
+    assert second.tried == (big.provider, second.provider)
+    with pytest.raises(RetriesExhausted) as spent:
+        core.retry(second, 3.0)
+    assert (spent.value.model, spent.value.attempts) == (BIG, 2)
+    with pytest.raises(RuntimeError, match="retried already"):
+        core.retry(big, 3.0)
+    core.release(big)
+    core.release(second)
+    third = _lease(core.request(BIG, False, 3.0))
+    core.refresh(pool.single(pool.gpu1, models=(FAST,)))
+    with pytest.raises(ModelNotFound) as gone:
+        core.retry(third, 3.0)
+    assert gone.value.model == BIG
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_long_retry_refused_when_no_untried_candidate_has_a_long_slot(pool):
+    """A long BIG request on gpu0 retried: gpu1, the only untried candidate, has no long slot,
+    so the retry is refused as long (not queued for a slot that never comes)."""
+    core = _core(pool.two_nodes(gpu1=pool.spec(long_cap=0)))
+    first = _lease(core.request(BIG, True, 0.0))
+    assert first.provider == pool.gpu0
+    with pytest.raises(Unavailable) as refused:
+        core.retry(first, 1.0)
+    assert (refused.value.model, refused.value.long) == (BIG, True)
+    assert core.queue_depth == 0
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_two_queued_retries_keep_arrival_order(pool):
+    """Two retries queued at once, the later arrival first: both go back to their arrival places,
+    before the waiter that arrived after them."""
+    core = _core(pool.two_nodes())
+    a = _lease(core.request(BIG, False, 0.0))
+    b = _lease(core.request(BIG, False, 0.0))
+    later = _waiter(core.request(BIG, False, 0.0))
+    retry_b = _waiter(core.retry(b, 1.0))
+    retry_a = _waiter(core.retry(a, 1.0))
+    assert list(core.waiters()) == [retry_a, retry_b, later]

@@ -630,3 +630,49 @@ def test_validate_pool_reports_a_shared_bad_spec_for_every_provider(pool):
     where = {p.split("]")[0] + "]" for p in info.value.problems}
     assert where == {f"providers[{keys[1]}]", f"providers[{keys[2]}]"}
     assert sum(f"providers[{keys[1]}].capacity" in p for p in info.value.problems) == 1
+
+
+# ------------------------------------------------ a queued lease's body scope
+
+
+@pytest.mark.req("lease-lifecycle")
+async def test_queued_lease_body_outlives_queue_deadline_and_is_still_revoked(autojump_clock, pool, drain_check):
+    """[lease-lifecycle] A lease granted from the queue keeps the scope that carried its queue
+    deadline as its body's scope: the deadline no longer applies to the body, a refresh does not
+    re-arm it, and fencing still cancels the body with LeaseRevoked."""
+    config = pool.shared(queue_timeout=5.0)
+    adm = Admission(config)
+    generation = adm.connect("node-a")
+    release_first = trio.Event()
+    outcome: dict[str, object] = {}
+
+    async def first() -> None:
+        async with adm.lease(BIG):
+            await release_first.wait()
+
+    async def second() -> None:
+        try:
+            async with adm.lease(FAST):
+                outcome["granted_at"] = trio.current_time()
+                await trio.sleep(20.0)  # well past the 5 s queue deadline
+                adm.refresh(config)  # re-arms parked waiters only, never a body
+                await trio.sleep(20.0)
+                outcome["body_done"] = trio.current_time()
+                await trio.sleep_forever()
+        except LeaseRevoked:
+            outcome["revoked_at"] = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(second)
+        await trio.testing.wait_all_tasks_blocked()
+        assert adm.queue_depth == 1
+        await trio.sleep(1.0)
+        release_first.set()  # granted from the queue before its deadline
+        await trio.sleep(41.0)
+        assert outcome["body_done"] == outcome["granted_at"] + 40.0
+        fenced_at = trio.current_time()
+        adm.disconnect("node-a", generation)
+    assert outcome["revoked_at"] == fenced_at
+    drain_check(adm)

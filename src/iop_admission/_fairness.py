@@ -1,0 +1,290 @@
+"""Tenants, priority bands and weighted fair share: the order of grants.
+
+Sans-I/O and independent of providers: a caller enqueues items for tenants,
+asks :meth:`FairShare.grant` for the next item among those a predicate says
+are dispatchable, and reports the end of each grant. The rule:
+
+* the highest priority band with a dispatchable waiter is served first;
+* within a band, start-time fair queuing: each tenant carries a virtual
+  finish tag ``F``; the tenant with the smallest tag among those with a
+  dispatchable waiter is served, then ``F += cost / weight``; the band's
+  virtual time ``V`` becomes the served start tag. A tenant that turns
+  backlogged again starts at ``max(F, V)``: idle time banks no credit;
+* within a tenant, FIFO; a waiter the predicate refuses (a long request
+  blocked on long slots) is passed over, never blocking the one behind it nor
+  any other tenant's (no head-of-line);
+* a tenant at ``max_in_flight`` is not served; ``max_queue`` refuses its
+  newcomers with :class:`TenantLimitExceeded`;
+* cost is 1 per request, or an estimate in tokens reserved at the grant and
+  settled with the actual usage when the run ends (:meth:`settle`).
+
+With one tenant every grant is the earliest dispatchable waiter: today's
+global FIFO. Bounds (proven in ``tests/admission/test_fairness_machine.py``):
+two tenants of a band backlogged over an interval differ in served
+``cost / weight`` by at most ``c_i / w_i + c_j / w_j`` (``c`` the largest cost
+of one request), and a backlogged tenant ``i`` is granted within
+``sum(floor(w_j / w_i) + 1 for j != i)`` grants of its band under request cost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field, replace
+
+from ._errors import ConfigError, TenantLimitExceeded
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One configured tenant: share weight, priority band and quotas."""
+
+    name: str
+    weight: float = 1.0
+    priority: int = 0
+    max_in_flight: int | None = None
+    max_queue: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.name:
+            problems.append("tenant name must not be empty")
+        if not self.weight > 0:
+            problems.append(f"tenant {self.name!r}: weight must be > 0")
+        for key in ("max_in_flight", "max_queue"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                problems.append(f"tenant {self.name!r}: {key} must be >= 1")
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One item of one tenant, from enqueue to release."""
+
+    tenant: str
+    item: Hashable
+    cost: float
+    seq: int
+    granted: bool = False
+    done: bool = False
+    charged: float = 0.0
+
+
+@dataclass(eq=False)
+class _Tenant:
+    spec: TenantSpec
+    finish: float = 0.0
+    queue: deque[Ticket] = field(default_factory=deque)
+    in_flight: int = 0
+    served: float = 0.0
+    grants: int = 0
+    version: int = 0
+
+
+class FairShare:
+    """The grant order over tenants: bands, then fair share, then FIFO."""
+
+    def __init__(self, tenants: Iterable[TenantSpec] = (), queue_limit: int | None = None) -> None:
+        self._tenants: dict[str, _Tenant] = {}
+        self._vtime: dict[int, float] = {}
+        # (-priority, finish, head seq, version, name); an entry is live while its version is the tenant's
+        self._heap: list[tuple[int, float, int, int, str]] = []
+        self._seq = itertools.count()
+        self.queue_limit = queue_limit
+        self.configure(tenants)
+
+    # -- configuration --------------------------------------------------------
+
+    def configure(self, tenants: Iterable[TenantSpec]) -> None:
+        """Apply a new tenant set live: queues, leases and tags are kept.
+
+        A tenant dropped from the config keeps its waiters and leases until
+        they leave; it serves under the default tenant's spec meanwhile.
+        """
+        specs = {t.name: t for t in tenants}
+        specs.setdefault(DEFAULT_TENANT, TenantSpec(DEFAULT_TENANT))
+        for name, spec in specs.items():
+            state = self._tenants.get(name)
+            if state is None:
+                self._tenants[name] = _Tenant(spec)
+            else:
+                self._respec(state, spec)
+        for name, state in list(self._tenants.items()):
+            if name not in specs:
+                if state.queue or state.in_flight:
+                    self._respec(state, replace(specs[DEFAULT_TENANT], name=name))
+                else:
+                    del self._tenants[name]
+        self._heap = []
+        for state in self._tenants.values():
+            self._touch(state)
+
+    def _respec(self, state: _Tenant, spec: TenantSpec) -> None:
+        """Give a tenant a new spec; its lead over its band's virtual time is rescaled.
+
+        The lead is cost already charged at the old weight; kept as is, a
+        tenant whose weight rose would pay its last grant at the old rate.
+        """
+        old = state.spec
+        lead = max(0.0, state.finish - self._vtime.get(old.priority, 0.0))
+        state.finish = self._vtime.get(spec.priority, 0.0) + lead * old.weight / spec.weight
+        state.spec = spec
+
+    def tenant_of(self, name: str | None) -> str:
+        """The configured tenant called ``name``, else the default tenant."""
+        return name if name is not None and name in self._tenants else DEFAULT_TENANT
+
+    # -- waiters --------------------------------------------------------------
+
+    def enqueue(self, tenant: str, item: Hashable, cost: float = 1.0) -> tuple[Ticket, list[Ticket]]:
+        """Queue ``item``; returns its ticket and any sheddable tickets evicted for it.
+
+        Raises :class:`TenantLimitExceeded` when the tenant's ``max_queue`` is
+        reached, or when the queue is full and nothing of a lower negative
+        band can make room.
+        """
+        state = self._tenants[self.tenant_of(tenant)]
+        spec = state.spec
+        if spec.max_queue is not None and len(state.queue) >= spec.max_queue:
+            raise TenantLimitExceeded(spec.name, "max_queue", spec.max_queue)
+        shed: list[Ticket] = []
+        if self.queue_limit is not None and self.queue_depth >= self.queue_limit:
+            victim = self._shed_victim(spec.priority)
+            if victim is None:
+                raise TenantLimitExceeded(spec.name, "shed" if spec.priority < 0 else "queue", self.queue_limit)
+            self.cancel(victim)
+            shed.append(victim)
+        if not state.queue:
+            band = spec.priority
+            state.finish = max(state.finish, self._vtime.get(band, 0.0))
+        ticket = Ticket(spec.name, item, cost, next(self._seq))
+        state.queue.append(ticket)
+        if len(state.queue) == 1:
+            self._touch(state)
+        return ticket, shed
+
+    def cancel(self, ticket: Ticket) -> None:
+        """A queued ticket leaves without a grant (timeout, cancel, shed)."""
+        if ticket.granted or ticket.done:
+            return
+        ticket.done = True
+        state = self._tenants[ticket.tenant]
+        head = state.queue[0] is ticket
+        state.queue.remove(ticket)
+        if head:
+            self._touch(state)
+
+    def _shed_victim(self, priority: int) -> Ticket | None:
+        """The newest waiter of the lowest negative band below ``priority``."""
+        worst: Ticket | None = None
+        worst_band = min(priority, 0)
+        for state in self._tenants.values():
+            band = state.spec.priority
+            if not state.queue or (band >= worst_band and worst is None) or band > worst_band:
+                continue
+            last = state.queue[-1]
+            if worst is None or band < worst_band or last.seq > worst.seq:
+                worst, worst_band = last, band
+        return worst
+
+    # -- grants ---------------------------------------------------------------
+
+    def grant(self, dispatchable: Callable[[Hashable], bool] = lambda item: True) -> Ticket | None:
+        """Mark granted and charge the :meth:`choose` ticket, or None."""
+        ticket = self.choose(dispatchable)
+        if ticket is None:
+            return None
+        state = self._tenants[ticket.tenant]
+        band = state.spec.priority
+        self._vtime[band] = max(self._vtime.get(band, 0.0), state.finish)
+        state.queue.remove(ticket)
+        state.finish += ticket.cost / state.spec.weight
+        state.in_flight += 1
+        state.served += ticket.cost
+        state.grants += 1
+        ticket.granted = True
+        ticket.charged = ticket.cost
+        self._touch(state)
+        return ticket
+
+    def choose(self, dispatchable: Callable[[Hashable], bool]) -> Ticket | None:
+        """The ticket the ordering rule grants next, without granting it."""
+        chosen: Ticket | None = None
+        passed: list[tuple[int, float, int, int, str]] = []
+        while self._heap and chosen is None:
+            entry = heapq.heappop(self._heap)
+            if not self._live(entry):
+                continue
+            passed.append(entry)
+            chosen = next((t for t in self._tenants[entry[4]].queue if dispatchable(t.item)), None)
+        for entry in passed:
+            heapq.heappush(self._heap, entry)
+        return chosen
+
+    def settle(self, ticket: Ticket, actual: float) -> None:
+        """Replace a granted ticket's reserved cost with the cost it used."""
+        state = self._tenants[ticket.tenant]
+        delta = actual - ticket.charged
+        state.finish += delta / state.spec.weight
+        state.served += delta
+        ticket.charged = actual
+        self._touch(state)
+
+    def release(self, ticket: Ticket) -> None:
+        """A granted ticket's run ended; frees its tenant's in-flight slot."""
+        if not ticket.granted or ticket.done:
+            return
+        ticket.done = True
+        state = self._tenants[ticket.tenant]
+        state.in_flight -= 1
+        self._touch(state)
+
+    def _touch(self, state: _Tenant) -> None:
+        """Re-key a tenant in the heap after its head, tag, cap or spec changed."""
+        state.version += 1
+        spec = state.spec
+        if state.queue and (spec.max_in_flight is None or state.in_flight < spec.max_in_flight):
+            entry = (-spec.priority, state.finish, state.queue[0].seq, state.version, spec.name)
+            heapq.heappush(self._heap, entry)
+        if len(self._heap) > 2 * len(self._tenants) + 64:
+            self._heap = [e for e in self._heap if self._live(e)]
+            heapq.heapify(self._heap)
+
+    def _live(self, entry: tuple[int, float, int, int, str]) -> bool:
+        state = self._tenants.get(entry[4])
+        return state is not None and state.version == entry[3]
+
+    # -- reading --------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(len(s.queue) for s in self._tenants.values())
+
+    def spec(self, tenant: str) -> TenantSpec:
+        return self._tenants[tenant].spec
+
+    def tenants(self) -> list[str]:
+        return list(self._tenants)
+
+    def queued(self, tenant: str) -> tuple[Ticket, ...]:
+        """The tenant's waiters in arrival order."""
+        return tuple(self._tenants[tenant].queue)
+
+    def waiting(self, tenant: str) -> int:
+        return len(self._tenants[tenant].queue)
+
+    def in_flight(self, tenant: str) -> int:
+        return self._tenants[tenant].in_flight
+
+    def served(self, tenant: str) -> float:
+        """Cost charged to the tenant so far (tokens after settlement in token mode)."""
+        return self._tenants[tenant].served
+
+    def grants(self, tenant: str) -> int:
+        return self._tenants[tenant].grants

@@ -1,0 +1,217 @@
+"""The trio layer's lease hand-off: parks waiters, wakes them, opens and closes lease bodies.
+
+It never decides: :class:`iop_admission.core.AdmissionState` does, and this
+module carries the decisions out (see :mod:`iop_admission._admission` for the
+rules). The I/O bookkeeping lives here, in maps keyed by the core's objects:
+the parked task and deadline scope of each queued waiter, and the cancel scope
+of each lease body (fencing cancels it).
+"""
+
+from __future__ import annotations
+
+import math
+from types import TracebackType
+from typing import final
+
+import attrs
+import outcome
+import trio
+
+from ._errors import LeaseRevoked, QueueTimeout
+from ._events import AdmissionEvent
+from ._trio_events import EventFanout, now_or_none
+from .core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
+
+__all__ = ["Handoff"]
+
+
+@attrs.define(eq=False, slots=True)
+class _Parked:
+    """What the trio layer keeps on a queued waiter: its task and its deadline scope."""
+
+    task: trio.lowlevel.Task
+    scope: trio.CancelScope
+
+
+@final
+class Handoff:
+    """Carries the core's decisions out under trio, and runs both halves of a lease scope."""
+
+    __slots__ = ("core", "events", "ejection_wakeup", "_parked", "_bodies")
+
+    def __init__(self, core: AdmissionState, events: EventFanout) -> None:
+        self.core = core
+        self.events = events
+        self.ejection_wakeup: trio.Event | None = None  # set when a new ejection starts
+        self._parked: dict[Waiter, _Parked] = {}  # queued waiters' tasks and deadline scopes
+        self._bodies: dict[Lease, trio.CancelScope] = {}  # live leases' body scopes (fencing cancels them)
+
+    # -------------------------------------------------------------- decisions
+
+    def apply(self, decisions: list[Decision]) -> None:
+        """Carry out core decisions: wake granted/failed waiters, cancel revoked bodies."""
+        for d in decisions:
+            if type(d) is Granted:
+                trio.lowlevel.reschedule(self._parked.pop(d.waiter).task, outcome.Value(d.lease))
+            elif type(d) is Failed:
+                trio.lowlevel.reschedule(self._parked.pop(d.waiter).task, outcome.Error(d.error))
+            elif type(d) is Revoked:
+                scope = self._bodies.get(d.lease)
+                if scope is not None:
+                    scope.cancel()
+                if self.events.subscribers:
+                    self.events.lease("revoked", d.lease)
+            else:
+                self._health_event(d)
+
+    def _health_event(self, d: Ejected | Restored) -> None:
+        if type(d) is Ejected:
+            if self.ejection_wakeup is not None:
+                self.ejection_wakeup.set()  # a new end time for watch_ejections
+            if self.events.subscribers:
+                key = d.provider
+                self.events.emit(
+                    AdmissionEvent(
+                        "ejected",
+                        now_or_none(),
+                        provider=key,
+                        node_id=key.node_id,
+                        duration=d.duration,
+                        failures=d.failures,
+                    )
+                )
+        elif self.events.subscribers:
+            self.events.emit(AdmissionEvent("restored", now_or_none(), provider=d.provider, node_id=d.provider.node_id))
+
+    @trio.lowlevel.enable_ki_protection
+    def advance(self, now: float) -> None:
+        """End the ejections whose time has come (their probes may go to waiters)."""
+        end = self.core.next_ejection_end()
+        if end is not None and end <= now:
+            self.apply(self.core.advance(now))
+
+    def rearm_deadlines(self) -> None:
+        """Move every parked waiter's deadline scope to the core's (possibly refreshed) deadline."""
+        for waiter, parked in self._parked.items():
+            parked.scope.deadline = waiter.deadline
+
+    # ----------------------------------------------------- lease scope halves
+
+    @trio.lowlevel.enable_ki_protection
+    async def acquire(self, model: str, long: bool, retry_of: Lease | None, reason: str | None) -> Lease:
+        """Grant a lease (a retry of ``retry_of`` if given), waiting in the queue if need be,
+        and open its body's cancel scope.
+
+        Checkpoints. Cancellation-atomic: returns a lease whose body scope is
+        open, or raises and leaves no change behind.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        core = self.core
+        events = self.events
+        now = trio.current_time()
+        self.advance(now)
+        try:
+            result = core.request(model, long, now) if retry_of is None else core.retry(retry_of, now)
+        except Exception as exc:
+            if events.subscribers:
+                events.rejected(model, long, exc)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise
+        if retry_of is not None and events.subscribers:
+            events.lease("retried", retry_of, attempt=retry_of.attempt + 1, reason=reason)
+        scope: trio.CancelScope | None = None
+        if type(result) is Lease:
+            lease = result
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            assert type(result) is Waiter
+            lease, scope = await self._wait(result)
+        if lease.revoked:
+            # Fenced between the grant and now (same tick): the body never runs
+            # on an offline generation. Fencing already released the lease.
+            if scope is not None:
+                scope.__exit__(None, None, None)
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
+        # From here to the return nothing awaits; if anything raises, the grant
+        # goes back before the error propagates.
+        if scope is None:
+            try:
+                scope = trio.CancelScope()
+                scope.__enter__()
+            except BaseException:
+                self.apply(core.release(lease))
+                raise
+        self._bodies[lease] = scope
+        if events.subscribers:
+            events.lease("granted", lease, waited=lease.queue_wait)
+        return lease
+
+    async def _wait(self, waiter: Waiter) -> tuple[Lease, trio.CancelScope | None]:
+        """Park until granted, failed, cancelled or past the deadline.
+
+        Checkpoints (it blocks). Past its deadline the core expires the waiter;
+        cancelled before, it is withdrawn. Either way nothing else changes.
+
+        Granted, it returns the lease and, still open, the scope that carried
+        the queue deadline, its deadline lifted: it becomes the body's scope
+        (one cancel scope per queued lease instead of two). None instead if
+        that deadline fired in the same tick as the grant (the caller then
+        opens a fresh scope, so the body is not cancelled by a queue deadline).
+        """
+        core = self.core
+        events = self.events
+        parked_at = trio.current_time()  # the enqueue time, or for a retry the time it asked again
+        if events.subscribers:
+            events.emit(AdmissionEvent("queued", now_or_none(), model=waiter.model, long=waiter.long))
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            core.expire(trio.current_time())  # this waiter too, if its deadline is what fired
+            core.withdraw(waiter)  # a no-op once expired
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        timer = trio.CancelScope(deadline=waiter.deadline)
+        timer.__enter__()
+        self._parked[waiter] = _Parked(trio.lowlevel.current_task(), timer)
+        try:
+            lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
+        except BaseException as exc:
+            self._parked.pop(waiter, None)
+            if not timer.__exit__(type(exc), exc, exc.__traceback__):
+                if events.subscribers and not isinstance(exc, trio.Cancelled):
+                    events.rejected(waiter.model, waiter.long, exc)
+                raise
+            # Our own deadline fired (the scope swallowed its Cancelled): a timeout.
+        else:
+            lease.queue_wait = trio.current_time() - parked_at
+            if timer.cancel_called:
+                timer.__exit__(None, None, None)
+                return lease, None
+            timer.deadline = math.inf
+            return lease, timer
+        waited = trio.current_time() - waiter.enqueue_time
+        if events.subscribers:
+            events.emit(AdmissionEvent("timed_out", now_or_none(), model=waiter.model, long=waiter.long, waited=waited))
+        raise QueueTimeout(waiter.model, waited)
+
+    @trio.lowlevel.enable_ki_protection
+    def release(
+        self,
+        lease: Lease,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """Close the body's scope and release the lease; whether the scope swallowed ``exc``.
+
+        Synchronous on purpose: a cancelled task cannot skip the release.
+        """
+        scope = self._bodies.pop(lease)
+        try:
+            suppressed = scope.__exit__(exc_type, exc, tb)
+        finally:
+            self.apply(self.core.release(lease))
+            if self.events.subscribers:
+                self.events.lease("released", lease)
+        if lease.revoked and (suppressed or exc_type is None):
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation) from None
+        return bool(suppressed)

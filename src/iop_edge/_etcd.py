@@ -1,0 +1,115 @@
+"""A small etcd v3 client over etcd's JSON gateway (``/v3/...``), on httpx.
+
+Chosen over a gRPC client library: httpx is already a dependency, the five
+calls the election needs (lease grant, keepalive, revoke, a create-if-absent
+transaction, a range read) are one POST each, and the gateway ships in every
+etcd 3.x server. Keys and values are base64 in the gateway's JSON; 64-bit
+numbers are strings. Every call is a checkpoint; cancelling one abandons the
+request (etcd may still have applied it: the election is written so that a
+lost answer costs at most one lease TTL).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any, final
+
+import attrs
+import httpx
+
+
+class EtcdUnavailable(Exception):
+    """No endpoint answered the call (connection refused, timeout, or a non-200 answer)."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode()
+
+
+@final
+@attrs.frozen
+class KeyHolder:
+    """The election key's value (the holder's name) and the revision that created it."""
+
+    value: str
+    create_revision: int
+
+
+@final
+@attrs.define(eq=False)
+class EtcdGateway:
+    """Calls to etcd's JSON gateway, trying ``endpoints`` in turn.
+
+    Args:
+        client: an ``httpx.AsyncClient`` (TLS and auth headers configured on it).
+        endpoints: base URLs, e.g. ``http://10.0.0.1:2379``.
+    """
+
+    client: httpx.AsyncClient
+    endpoints: Sequence[str]
+    _next: int = 0
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        last: Exception | None = None
+        for i in range(len(self.endpoints)):
+            endpoint = self.endpoints[(self._next + i) % len(self.endpoints)]
+            try:
+                response = await self.client.post(endpoint.rstrip("/") + path, json=body)
+            except httpx.HTTPError as error:
+                last = error
+                continue
+            if response.status_code != 200:
+                last = EtcdUnavailable(f"{endpoint}{path}: {response.status_code} {response.text[:200]}")
+                continue
+            self._next = (self._next + i) % len(self.endpoints)
+            answer: dict[str, Any] = response.json()
+            return answer
+        raise EtcdUnavailable(str(last))
+
+    async def grant(self, ttl: int) -> int:
+        """A new lease of ``ttl`` seconds; returns its id."""
+        return int((await self._post("/v3/lease/grant", {"TTL": ttl}))["ID"])
+
+    async def keepalive(self, lease: int) -> int:
+        """Renew ``lease`` once; returns the TTL etcd granted (0: the lease is gone)."""
+        answer = await self._post("/v3/lease/keepalive", {"ID": str(lease)})
+        return int(answer.get("result", {}).get("TTL", 0))
+
+    async def revoke(self, lease: int) -> None:
+        """Revoke ``lease`` (its keys go with it)."""
+        await self._post("/v3/lease/revoke", {"ID": str(lease)})
+
+    async def create(self, key: str, value: str, lease: int) -> tuple[bool, KeyHolder | None]:
+        """Put ``key`` = ``value`` under ``lease`` only if ``key`` does not exist.
+
+        Returns ``(True, holder)`` when this call created it (``holder.create_revision``
+        is the new revision), else ``(False, current holder or None)``.
+        """
+        k = _b64(key)
+        answer = await self._post(
+            "/v3/kv/txn",
+            {
+                "compare": [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+                "success": [{"request_put": {"key": k, "value": _b64(value), "lease": str(lease)}}],
+                "failure": [{"request_range": {"key": k}}],
+            },
+        )
+        if answer.get("succeeded"):
+            return True, KeyHolder(value, int(answer["header"]["revision"]))
+        kvs = answer.get("responses", [{}])[0].get("response_range", {}).get("kvs", [])
+        return False, self._holder(kvs)
+
+    async def holder(self, key: str) -> KeyHolder | None:
+        """Who holds ``key`` now, or ``None``."""
+        return self._holder((await self._post("/v3/kv/range", {"key": _b64(key)})).get("kvs", []))
+
+    @staticmethod
+    def _holder(kvs: list[dict[str, Any]]) -> KeyHolder | None:
+        if not kvs:
+            return None
+        return KeyHolder(_unb64(kvs[0].get("value", "")), int(kvs[0]["create_revision"]))
