@@ -230,7 +230,7 @@ async def test_counters_gauges_and_histograms_after_cross_model_traffic(
     assert value(final, "iop_in_flight", node="node-a", provider="gpu0") == 0
     assert value(final, "iop_queue_depth") == 0
     assert value(final, "iop_admitted_total", model=FAST, node="node-a", provider="gpu0") == 2
-    assert admission._subscribers == []  # run() unsubscribed when cancelled
+    assert admission._events.subscribers == []  # run() unsubscribed when cancelled
 
 
 @pytest.mark.req("offline-snapshot")
