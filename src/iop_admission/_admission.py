@@ -73,7 +73,7 @@ from ._lease_scope import LeaseScope
 from ._snapshot import ProviderRow, Snapshot
 from ._trio_events import EventFanout, now_or_none
 from ._waiting import WaiterSnapshot, waiter_snapshots
-from .core import AdmissionState, Lease, PreparedRefresh
+from .core import AdmissionState, Lease, PreparedRefresh, read_snapshot
 
 __all__ = ["Admission", "AdmissionEvent", "Lease", "LeaseScope"]
 
@@ -269,15 +269,7 @@ class Admission:
         ``first``/``count``: ``providers`` holds only the configured providers at
         those positions of the config order (a large pool read a slice at a time).
         """
-        policy = self._core.config.policy
-        return Snapshot(
-            queue_depth=self._core.queue_depth,
-            max_queue=policy.max_queue,
-            queue_timeout=policy.queue_timeout,
-            events_dropped=self._events.dropped,
-            providers=self._core.provider_snapshots(now_or_none(), first, count),
-            panic=self._core.panic_models(),
-        )
+        return read_snapshot(self._core, now_or_none(), events_dropped=self._events.dropped, first=first, count=count)
 
     def provider_rows(self, *, first: int = 0, count: int | None = None) -> list[ProviderRow]:
         """``snapshot(first=, count=).providers`` as plain dicts (:data:`ProviderRow`), the same values.

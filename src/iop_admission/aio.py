@@ -35,7 +35,18 @@ from ._config import PoolConfig
 from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
 from ._events import AdmissionEvent, lease_event
 from ._snapshot import Snapshot
-from .core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, PreparedRefresh, Revoked, Waiter
+from .core import (
+    AdmissionState,
+    Decision,
+    Ejected,
+    Failed,
+    Granted,
+    Lease,
+    PreparedRefresh,
+    Revoked,
+    Waiter,
+    read_snapshot,
+)
 
 __all__ = ["AsyncAdmission", "AsyncLeaseScope"]
 
@@ -133,15 +144,8 @@ class AsyncAdmission:
 
     def snapshot(self, *, first: int = 0, count: int | None = None) -> Snapshot:
         """Read the state admission uses (see ``Admission.snapshot``)."""
-        policy = self._core.config.policy
-        return Snapshot(
-            queue_depth=self._core.queue_depth,
-            max_queue=policy.max_queue,
-            queue_timeout=policy.queue_timeout,
-            events_dropped=self.events_dropped,
-            providers=self._core.provider_snapshots(asyncio.get_running_loop().time(), first, count),
-            panic=self._core.panic_models(),
-        )
+        now = asyncio.get_running_loop().time()
+        return read_snapshot(self._core, now, events_dropped=self.events_dropped, first=first, count=count)
 
     def generation(self, node_id: str) -> int:
         """The node's current generation (0 if never connected)."""

@@ -33,6 +33,8 @@ The contract a layer must keep:
 * **Release.** ``release(lease)`` exactly once per grant on every path
   (idempotent: a lease fenced by ``disconnect`` is already released, and
   ``lease.revoked`` says so).
+* **Reading.** :func:`read_snapshot` is the :class:`~iop_admission.Snapshot` a
+  layer serves, read in one synchronous step.
 
 Stability promise: the names in ``__all__`` and the contract above follow
 semantic versioning from 1.0 on; before 1.0 a change to them is named in the
@@ -41,6 +43,7 @@ release notes. Attributes not documented on these classes are private.
 
 from __future__ import annotations
 
+from ._snapshot import Snapshot
 from ._state import (
     AdmissionState,
     Decision,
@@ -69,4 +72,25 @@ __all__ = [
     "Waiter",
     "WaiterState",
     "prepare_refresh",
+    "read_snapshot",
 ]
+
+
+def read_snapshot(
+    state: AdmissionState, now: float | None, *, events_dropped: int = 0, first: int = 0, count: int | None = None
+) -> Snapshot:
+    """The :class:`~iop_admission.Snapshot` of ``state`` at ``now`` (None: the last time the state saw).
+
+    ``events_dropped`` is the layer's own count of events its subscribers
+    missed; ``first``/``count`` select the configured providers at those
+    positions of the config order, as ``Admission.snapshot`` does.
+    """
+    policy = state.config.policy
+    return Snapshot(
+        queue_depth=state.queue_depth,
+        max_queue=policy.max_queue,
+        queue_timeout=policy.queue_timeout,
+        events_dropped=events_dropped,
+        providers=state.provider_snapshots(now, first, count),
+        panic=state.panic_models(),
+    )
