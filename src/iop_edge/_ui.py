@@ -29,6 +29,7 @@ import trio
 
 from iop_admission import Admission
 
+from ._http_rejections import bearer
 from ._off_loop import run_off_loop, yield_to_loop
 from ._ui_view import ViewFilter, ViewLimits, build_view
 from .config import EdgeConfig
@@ -94,7 +95,7 @@ class QueuePage:
             await _answer(send, 405, "method_not_allowed", f"{scope['method']} is not allowed here")
             return
         query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
-        token = _bearer(scope["headers"]) or _last(query, "token") or ""
+        token = bearer(scope["headers"]) or _last(query, "token") or ""
         if not ui.accepts(token, config.admin_token):
             await _answer(send, 401, "unauthorized", "a viewer or admin token is required", "authentication_error")
             return
@@ -236,11 +237,3 @@ async def _answer(send: Send, status: int, code: str, message: str, kind: str = 
 def _last(query: dict[str, list[str]], name: str) -> str | None:
     values = query.get(name)
     return values[-1] if values else None
-
-
-def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
-    for name, value in headers:
-        if name == b"authorization":
-            text = value.decode("latin-1")
-            return text[7:].strip() if text[:7].lower() == "bearer " else None
-    return None
