@@ -54,7 +54,7 @@ test-ui: $(UI_STAMP)
 
 # The long runs: Hypothesis soak profile (state machine 5,000 x 150) and 10,000 simulation seeds.
 soak: $(STAMP)
-	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -o faulthandler_timeout=0 tests/admission tests/wire
+	HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -o faulthandler_timeout=0 -o timeout=0 tests/admission tests/wire
 	$(BIN)/python -m tests.sim --seeds 10000 --first-seed 0 --out tests/sim/results/soak.txt
 	$(BIN)/python -m tests.sim --fleet 1000 --waves 3 --seeds 3
 
