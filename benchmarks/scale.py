@@ -238,24 +238,24 @@ async def _stream_gaps(port: int, at_mark: Callable[[], object] | None = None) -
     Returns the time of the 51st event (``time.monotonic()``, as the Edge's
     :class:`LoopTracer` lines) and every event's arrival time.
     """
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    connection = HttpConnection("127.0.0.1", port)
     arrivals: list[float] = []
     body = json.dumps(_chat("one", stream=True)).encode()
     mark = 0.0
+
+    def on_body(data: bytes) -> None:
+        nonlocal mark
+        arrivals.extend([time.monotonic()] * data.count(b"data: "))
+        if not mark and len(arrivals) > 50:
+            if at_mark is not None:
+                at_mark()
+            mark = time.monotonic()
+
     with trio.move_on_after(60):
-        async with stream:
-            await stream.send_all(HttpConnection.build("POST", CHAT_PATH, body))
-            while True:
-                data = await stream.receive_some(65536)
-                if not data:
-                    break
-                arrivals.extend([time.monotonic()] * data.count(b"data: "))
-                if not mark and len(arrivals) > 50:
-                    if at_mark is not None:
-                        at_mark()
-                    mark = time.monotonic()
-                if b"[DONE]" in data or b"0\r\n\r\n" in data:
-                    break
+        try:
+            await connection.request(HttpConnection.build("POST", CHAT_PATH, body), on_body)
+        finally:
+            await connection.aclose()
     return mark, arrivals
 
 
