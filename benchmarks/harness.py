@@ -76,7 +76,9 @@ class HttpConnection:
         "_framed",
         "_head_done",
         "_complete",
+        "_keep_alive",
         "headers",
+        "opened",
     )
 
     def __init__(self, host: str, port: int) -> None:
@@ -89,8 +91,11 @@ class HttpConnection:
         self._framed = False
         self._head_done = False
         self._complete = False
+        self._keep_alive = False
         self.headers: dict[bytes, bytes] = {}
         """The headers of the last answer, names lower-cased (for those ``request`` does not return)."""
+        self.opened = 0
+        """Connections opened so far (a keep-alive client opens one)."""
 
     @staticmethod
     def build(
@@ -114,6 +119,7 @@ class HttpConnection:
         if self._stream is None:
             self._stream = await trio.open_tcp_stream(self.host, self.port)
             self._parser = httptools.HttpResponseParser(self)
+            self.opened += 1
 
     async def request(self, raw: bytes, on_body: BodySink | None = None) -> tuple[int, bytes]:
         """Send prebuilt request bytes; return ``(status, body)``. Checkpoints.
@@ -146,7 +152,7 @@ class HttpConnection:
             await self.aclose()
             raise
         status = parser.get_status_code()
-        if not self._complete or not parser.should_keep_alive():
+        if not self._complete or not self._keep_alive:
             await self.aclose()
         return status, b"".join(self._parts)
 
@@ -167,6 +173,8 @@ class HttpConnection:
 
     def on_headers_complete(self) -> None:
         self._head_done = True
+        assert self._parser is not None
+        self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it once the answer is complete
 
     def on_body(self, body: bytes) -> None:
         if self._sink is None:
