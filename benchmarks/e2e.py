@@ -34,7 +34,6 @@ import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,10 +51,10 @@ from .harness import (
     HttpConnection,
     LoadGenerator,
     get_json,
-    load_average,
     node_connected,
     python_command,
     replace_doc_block,
+    run_suite,
     start_relay,
     wait_until,
 )
@@ -291,17 +290,7 @@ async def _main(runs: int, with_peers: bool, workdir: pathlib.Path) -> dict[str,
 def run(runs: int = 5, with_peers: bool = False) -> dict[str, Any]:
     """Start the processes, measure every path, write the plot and the doc block."""
     runs = max(3, runs)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-e2e-"))
-    try:
-        result = trio.run(_main, runs, with_peers, workdir)
-    except BenchmarkFailed:
-        print(f"(logs kept in {workdir})", file=sys.stderr)
-        raise
-    shutil.rmtree(workdir, ignore_errors=True)
-    result["command"] = "make bench-peers" if with_peers else "make bench"
-    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    result["load_average"] = load_average()
-    RESULTS.mkdir(exist_ok=True)
+    result = run_suite("iop-e2e-", _main, runs, with_peers, with_peers=with_peers)
     png = RESULTS / "e2e.png"
     plot.plot(result, png)
     shutil.copyfile(png, DOC_PLOT)

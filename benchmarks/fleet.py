@@ -28,11 +28,8 @@ import os
 import pathlib
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any
-
-import trio
 
 from . import peers
 from .harness import (
@@ -41,9 +38,9 @@ from .harness import (
     BenchmarkFailed,
     Daemon,
     LoadGenerator,
-    load_average,
     percentile,
     replace_doc_block,
+    run_suite,
     runqueue_seconds,
     start_relay,
 )
@@ -176,17 +173,7 @@ async def _main(quick: bool, with_peers: bool, workdir: pathlib.Path) -> dict[st
 
 def run(quick: bool = False, with_peers: bool = False) -> dict[str, Any]:
     """Start the processes, measure every path at every K, write the plot and the doc block."""
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-fleet-"))
-    try:
-        result = trio.run(_main, quick, with_peers, workdir)
-    except BenchmarkFailed:
-        print(f"(logs kept in {workdir})", file=sys.stderr)
-        raise
-    shutil.rmtree(workdir, ignore_errors=True)
-    result["command"] = "make bench-peers" if with_peers else "make bench"
-    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    result["load_average"] = load_average()
-    RESULTS.mkdir(exist_ok=True)
+    result = run_suite("iop-fleet-", _main, quick, with_peers, with_peers=with_peers)
     png = RESULTS / "fleet.png"
     plot(result, png)
     if not quick:

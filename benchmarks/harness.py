@@ -23,10 +23,13 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any, final
 
 import attrs
@@ -408,6 +411,25 @@ async def start_relay(
     await wait_until("bench-node to register", bench_node_up, node, edge)
     await poller.aclose()
     return Relay(backend, edge, node, backend_port, http_port, node_port)
+
+
+def run_suite(
+    prefix: str, main: Callable[..., Awaitable[dict[str, Any]]], *args: Any, with_peers: bool
+) -> dict[str, Any]:
+    """``trio.run(main, *args, workdir)`` in a new temporary ``workdir`` (kept, and named, if the run fails),
+    its result stamped with the command, the time and the box's load average at the end."""
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        result = trio.run(main, *args, workdir)
+    except BenchmarkFailed:
+        print(f"(logs kept in {workdir})", file=sys.stderr)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
+    result["command"] = "make bench-peers" if with_peers else "make bench"
+    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result["load_average"] = load_average()
+    RESULTS.mkdir(exist_ok=True)
+    return result
 
 
 def load_average() -> str:
