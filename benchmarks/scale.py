@@ -327,7 +327,7 @@ async def _reload_stall(edge: Daemon, port: int, node0_log: pathlib.Path | None 
         out[f"{key}_max_gap_ms"] = out[f"{key}_largest"]["max_gap_ms"]
         hold = loop_holds(log, mark, end)
         out[f"{key}_loop_max_ms"], out[f"{key}_loop_max_task"], out[f"{key}_loop_max_steps"], _ = hold
-        out[f"{key}loop_time"] = loop_time(log, mark, end)
+        out[f"{key}_loop_time"] = loop_time(log, mark, end)
         out[f"{key}_events"] = len(arrivals)
     out["window_s"] = window
     out["max_gap_ms"] = out["reload_max_gap_ms"]
