@@ -1,4 +1,4 @@
-"""A closed-loop HTTP/1.1 load generator on raw trio sockets, run as its own process.
+"""A closed-loop HTTP/1.1 load generator on trio sockets (:class:`benchmarks.harness.HttpConnection`), run as its own process.
 
 ``python -m benchmarks.loadgen`` reads one JSON command per line on stdin and answers
 each with one JSON result line on stdout, so the end-to-end benchmark starts it once
@@ -8,7 +8,7 @@ and keeps its CPU out of the server processes. A command::
      "concurrency": 8, "duration": 2.0, "warmup": 0.5, "stream": false}
 
 Each of ``concurrency`` workers owns ONE keep-alive connection and sends the next
-request as soon as the previous answer is complete (closed loop). Why raw sockets:
+request as soon as the previous answer is complete (closed loop). Why a client of our own:
 on this 2-core machine the generator shares the CPU with the servers it measures;
 a minimal client (send the prebuilt request bytes encoded by :mod:`iop_http`, parse
 the answer once with httptools, count SSE ``data:`` events) costs a few
