@@ -32,7 +32,6 @@ import itertools
 import pathlib
 import re
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
@@ -40,12 +39,11 @@ from typing import Any
 import trio
 
 from iop_admission import Admission
-from iop_edge._config_reader import rebuild, run_reader
+from iop_edge import rebuild_config, run_config_reader
 from iop_edge.config import load_edge_config
 from iop_edge.metrics import EdgeMetrics
 
-from .e2e import BenchmarkFailed, Daemon
-from .loadgen import HttpConnection
+from .harness import BenchmarkFailed, Daemon, HttpConnection, python_command
 from .scale import edge_yaml
 
 NODES = 10_000
@@ -88,12 +86,12 @@ async def _read_and_rebuild(path: pathlib.Path) -> dict[str, float]:
             steps.append(time.perf_counter() - self.start)
 
     wall = time.perf_counter()
-    output = await run_reader(path)
+    output = await run_config_reader(path)
     read_wall = time.perf_counter() - wall
     instrument = Steps()
     trio.lowlevel.add_instrument(instrument)
     wall = time.perf_counter()
-    read = await rebuild(output)
+    read = await rebuild_config(output)
     rebuild_wall = time.perf_counter() - wall
     trio.lowlevel.remove_instrument(instrument)
     return {
@@ -156,9 +154,8 @@ class Probe:
 async def _request(port: int, method: str, path: str, token: str | None = None) -> tuple[float, bytes]:
     """Milliseconds of one request on a fresh connection, and the body."""
     connection = HttpConnection("127.0.0.1", port)
-    raw = HttpConnection.build(method, path, b"" if method == "POST" else None)
-    if token is not None:
-        raw = raw.replace(b"\r\n", f"\r\nauthorization: Bearer {token}\r\n".encode(), 1)
+    headers = None if token is None else {"authorization": f"Bearer {token}"}
+    raw = HttpConnection.build(method, path, b"" if method == "POST" else None, headers=headers)
     try:
         t0 = time.perf_counter()
         with trio.fail_after(STEP_TIMEOUT):
@@ -173,7 +170,7 @@ async def _request(port: int, method: str, path: str, token: str | None = None) 
 
 async def _start_edge(workdir: pathlib.Path) -> tuple[Daemon, float, int]:
     start = time.perf_counter()
-    edge = Daemon("edge", [sys.executable, "-m", "iop_edge", "--config", str(workdir / "edge.yaml")], workdir)
+    edge = Daemon("edge", python_command("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
     pattern = re.compile(r"listening: http://[^:]+:(\d+) \(API\)")
     with trio.move_on_after(START_TIMEOUT):
         while True:

@@ -30,35 +30,41 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import trio
 
 from . import peers, plot
-from .loadgen import HttpConnection
+from .harness import (
+    DURATION,
+    RESULTS,
+    ROOT,
+    WARMUP,
+    BenchmarkFailed,
+    Daemon,
+    HttpConnection,
+    LoadGenerator,
+    get_json,
+    node_connected,
+    python_command,
+    replace_doc_block,
+    run_suite,
+    start_relay,
+    wait_until,
+)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = pathlib.Path(__file__).parent / "results"
-DOC = ROOT / "docs" / "benchmarks.md"
 DOC_PLOT = ROOT / "docs" / "benchmarks-e2e.png"
 
 CONCURRENCY = (1, 8, 64)
 STREAM_CONCURRENCY = (1, 8)
 STREAM_TOKENS = 500
-DURATION = 2.0
-WARMUP = 0.5
 CLOSE_SAMPLES = 20
-READY_TIMEOUT = 30.0
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}
 STREAM = {**CHAT, "max_tokens": STREAM_TOKENS, "stream": True}
@@ -101,138 +107,6 @@ token: close-token
 providers:
   - {{id: slow, adapter: mock, latency_ms: 600000, capacity: 1}}
 """
-
-
-class BenchmarkFailed(Exception):
-    """A server did not start or a measurement could not be taken."""
-
-
-# ------------------------------------------------------------------ processes
-
-
-class Daemon:
-    """A server subprocess whose stderr goes to a log file (read for its ports)."""
-
-    def __init__(self, name: str, argv: list[str], workdir: pathlib.Path, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.log = workdir / f"{name}.log"
-        self._log_file = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            cwd=workdir,
-        )
-
-    def tail(self, lines: int = 15) -> str:
-        text = self.log.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise BenchmarkFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
-
-    async def wait_for_line(self, pattern: str) -> re.Match[str]:
-        """Wait until the log has a line matching ``pattern``. Checkpoints."""
-        regex = re.compile(pattern)
-        with trio.move_on_after(READY_TIMEOUT):
-            while True:
-                match = regex.search(self.log.read_text(errors="replace"))
-                if match:
-                    return match
-                self.check_alive()
-                await trio.sleep(0.05)
-        raise BenchmarkFailed(f"{self.name}: no line /{pattern}/ after {READY_TIMEOUT:.0f}s:\n{self.tail()}")
-
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) the process has used so far; 0.0 without ``/proc``."""
-        return _cpu_seconds(self.proc.pid)
-
-    def signal(self, signum: int) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signum)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log_file.close()
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def _python(*args: str) -> list[str]:
-    return [sys.executable, *args]
-
-
-async def _get_json(connection: HttpConnection, path: str) -> Any:
-    status, body = await connection.request(HttpConnection.build("GET", path))
-    if status != 200:
-        raise BenchmarkFailed(f"GET {path}: {status} {body[:200]!r}")
-    return json.loads(body)
-
-
-def _node_connected(status: dict[str, Any], node_id: str) -> bool:
-    return any(n["node_id"] == node_id and n["connected"] for n in status["nodes"])
-
-
-async def _wait_until(what: str, check: Callable[[], Any], *daemons: Daemon) -> None:
-    with trio.move_on_after(READY_TIMEOUT):
-        while not await check():
-            for daemon in daemons:
-                daemon.check_alive()
-            await trio.sleep(0.005)
-        return
-    raise BenchmarkFailed(f"timed out waiting for {what}")
-
-
-class LoadGenerator:
-    """The :mod:`benchmarks.loadgen` process: one JSON command in, one JSON result out."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            _python("-m", "benchmarks.loadgen"),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=ROOT,
-            text=True,
-        )
-
-    def cpu_seconds(self) -> float:
-        """CPU time the load generator has used so far; 0.0 without ``/proc``."""
-        return _cpu_seconds(self.proc.pid)
-
-    async def measure(self, **command: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"duration": DURATION, "warmup": WARMUP, **command}) + "\n")
-        self.proc.stdin.flush()
-        line = await trio.to_thread.run_sync(self.proc.stdout.readline)
-        if not line:
-            raise BenchmarkFailed(f"load generator exited with {self.proc.wait()}")
-        result: dict[str, Any] = json.loads(line)
-        if "failed" in result:
-            raise BenchmarkFailed(f"load generator: {result['failed']} ({command.get('port')})")
-        return result
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 # --------------------------------------------------------------- measurements
@@ -305,17 +179,19 @@ async def _graceful_close(edge: Daemon, http_port: int, node_port: int, workdir:
     statuses: list[tuple[int, int]] = []
 
     async def status() -> dict[str, Any]:
-        return await _get_json(poller, "/status")  # type: ignore[no-any-return]
+        return await get_json(poller, "/status")  # type: ignore[no-any-return]
 
     def provider(snapshot: dict[str, Any]) -> dict[str, Any]:
         return next(p for p in snapshot["providers"] if (p["node_id"], p["provider_id"]) == ("close-node", "slow"))
 
     for i in range(CLOSE_SAMPLES):
         node = Daemon(
-            f"close-node-{i}", _python("-m", "iop_node", "--config", str(config), "--log-level", "WARNING"), workdir
+            f"close-node-{i}",
+            python_command("-m", "iop_node", "--config", str(config), "--log-level", "WARNING"),
+            workdir,
         )
         try:
-            await _wait_until("close-node to register", lambda: _connected(status, "close-node"), node, edge)
+            await wait_until("close-node to register", lambda: _connected(status, "close-node"), node, edge)
             answers: dict[str, tuple[int, float]] = {}
 
             async def call(name: str) -> None:
@@ -328,12 +204,12 @@ async def _graceful_close(edge: Daemon, http_port: int, node_port: int, workdir:
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(call, "running")
-                await _wait_until("the running request", lambda: _in_flight(status, provider), node, edge)
+                await wait_until("the running request", lambda: _in_flight(status, provider), node, edge)
                 nursery.start_soon(call, "queued")
-                await _wait_until("the queued request", lambda: _queued(status), node, edge)
+                await wait_until("the queued request", lambda: _queued(status), node, edge)
                 t0 = time.perf_counter()
                 node.signal(signal.SIGTERM)
-                while _node_connected(await status(), "close-node"):
+                while node_connected(await status(), "close-node"):
                     pass
                 offline_ms.append((time.perf_counter() - t0) * 1000)
             answered_ms.append((answers["queued"][1] - t0) * 1000)
@@ -353,7 +229,7 @@ async def _graceful_close(edge: Daemon, http_port: int, node_port: int, workdir:
 
 
 async def _connected(status: Callable[[], Any], node_id: str) -> bool:
-    return _node_connected(await status(), node_id)
+    return node_connected(await status(), node_id)
 
 
 async def _in_flight(status: Callable[[], Any], provider: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
@@ -362,80 +238,6 @@ async def _in_flight(status: Callable[[], Any], provider: Callable[[dict[str, An
 
 async def _queued(status: Callable[[], Any]) -> bool:
     return bool((await status())["queue_depth"] == 1)
-
-
-async def _start_litellm(backend_port: int, workdir: pathlib.Path, daemons: list[Daemon]) -> int:
-    """Start a LiteLLM proxy in front of the mock backend; return its port once it answers."""
-    argv, env, port = await trio.to_thread.run_sync(peers.litellm_command, backend_port, workdir)
-    litellm = Daemon("litellm", argv, workdir, env)
-    daemons.append(litellm)
-    probe = HttpConnection("127.0.0.1", port)
-
-    async def answers() -> bool:
-        try:
-            status, _ = await probe.request(HttpConnection.build("POST", CHAT_PATH, json.dumps(CHAT).encode()))
-        except OSError:
-            return False
-        if status != 200:
-            raise BenchmarkFailed(f"LiteLLM answered {status} to a chat completion:\n{litellm.tail()}")
-        return True
-
-    with trio.move_on_after(120):  # its first start imports a lot
-        while not await answers():
-            litellm.check_alive()
-            await trio.sleep(0.25)
-        await probe.aclose()
-        return port
-    raise BenchmarkFailed(f"LiteLLM did not answer within 120 s:\n{litellm.tail()}")
-
-
-@attrs.frozen
-class Relay:
-    """The processes of a relay benchmark: the mock backend, an Edge and a Node registered to it."""
-
-    backend: Daemon
-    edge: Daemon
-    node: Daemon
-    backend_port: int
-    http_port: int
-    node_port: int
-
-
-async def start_relay(
-    workdir: pathlib.Path, daemons: list[Daemon], *, mock_args: list[str], edge_yaml: str, node_yaml: str
-) -> Relay:
-    """Start ``iop-mock-backend`` (with ``mock_args``), an Edge and a ``bench-node`` Node; return once it registered.
-
-    ``node_yaml`` is formatted with ``node_port`` and ``backend_port``. Every
-    process started is appended to ``daemons`` at once (the caller stops them).
-    """
-    backend = Daemon("mock-backend", _python("-m", "iop_mock", "--port", "0", *mock_args), workdir)
-    daemons.append(backend)
-    backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
-    (workdir / "edge.yaml").write_text(edge_yaml)
-    edge = Daemon("edge", _python("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
-    daemons.append(edge)
-    match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
-    http_port, node_port = int(match.group(1)), int(match.group(2))
-    (workdir / "bench-node.yaml").write_text(node_yaml.format(node_port=node_port, backend_port=backend_port))
-    node = Daemon("bench-node", _python("-m", "iop_node", "--config", str(workdir / "bench-node.yaml")), workdir)
-    daemons.append(node)
-    poller = HttpConnection("127.0.0.1", http_port)
-
-    async def bench_node_up() -> bool:
-        return _node_connected(await _get_json(poller, "/status"), "bench-node")
-
-    await _wait_until("bench-node to register", bench_node_up, node, edge)
-    await poller.aclose()
-    return Relay(backend, edge, node, backend_port, http_port, node_port)
-
-
-def load_average() -> str:
-    """The box's 1/5/15-minute load averages, for the report (a shared box says so here)."""
-    try:
-        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
 
 
 async def _main(runs: int, with_peers: bool, workdir: pathlib.Path) -> dict[str, Any]:
@@ -451,7 +253,7 @@ async def _main(runs: int, with_peers: bool, workdir: pathlib.Path) -> dict[str,
         litellm_note = "not measured (run `make bench-peers`)"
         if with_peers:
             try:
-                litellm_port = await _start_litellm(backend_port, workdir, daemons)
+                litellm_port = await peers.start_litellm(backend_port, workdir, daemons)
                 ports["litellm"] = litellm_port
                 litellm_note = f"LiteLLM {peers.version()} (proxy, 1 worker)"
             except (peers.PeerUnavailable, BenchmarkFailed) as exc:
@@ -488,17 +290,7 @@ async def _main(runs: int, with_peers: bool, workdir: pathlib.Path) -> dict[str,
 def run(runs: int = 5, with_peers: bool = False) -> dict[str, Any]:
     """Start the processes, measure every path, write the plot and the doc block."""
     runs = max(3, runs)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-e2e-"))
-    try:
-        result = trio.run(_main, runs, with_peers, workdir)
-    except BenchmarkFailed:
-        print(f"(logs kept in {workdir})", file=sys.stderr)
-        raise
-    shutil.rmtree(workdir, ignore_errors=True)
-    result["command"] = "make bench-peers" if with_peers else "make bench"
-    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    result["load_average"] = load_average()
-    RESULTS.mkdir(exist_ok=True)
+    result = run_suite("iop-e2e-", _main, runs, with_peers, with_peers=with_peers)
     png = RESULTS / "e2e.png"
     plot.plot(result, png)
     shutil.copyfile(png, DOC_PLOT)
@@ -606,15 +398,3 @@ def _update_doc(markdown: str, result: dict[str, Any]) -> None:
         f"LiteLLM: {result['litellm']}).\n\n{markdown}\n\n![throughput and p50 vs concurrency](benchmarks-e2e.png)\n{_END}"
     )
     replace_doc_block(_BEGIN, _END, block)
-
-
-def replace_doc_block(begin: str, end: str, block: str) -> None:
-    """Replace the text from ``begin`` to ``end`` in ``docs/benchmarks.md`` with ``block`` (if both are there)."""
-    if not DOC.exists():
-        return
-    text = DOC.read_text()
-    if begin not in text or end not in text:
-        return
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    DOC.write_text(head + block + tail)

@@ -23,23 +23,28 @@ Writes ``benchmarks/results/fleet.json`` (through ``python -m benchmarks``), the
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
-import trio
+from . import peers
+from .harness import (
+    RESULTS,
+    ROOT,
+    BenchmarkFailed,
+    Daemon,
+    LoadGenerator,
+    percentile,
+    replace_doc_block,
+    run_suite,
+    runqueue_seconds,
+    start_relay,
+)
 
-from . import e2e, peers
-from .e2e import BenchmarkFailed, Daemon
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = pathlib.Path(__file__).parent / "results"
 DOC_PLOT = ROOT / "docs" / "benchmarks-fleet.png"
 
 STREAMS = (64, 256, 512, 1024)
@@ -78,52 +83,6 @@ providers:
 """
 
 
-class FleetGenerator:
-    """The load generator process, driven with ``fleet`` commands."""
-
-    def __init__(self) -> None:
-        self._inner = e2e.LoadGenerator()
-
-    def cpu_seconds(self) -> float:
-        return self._inner.cpu_seconds()
-
-    async def fleet(self, **command: Any) -> dict[str, Any]:
-        proc = self._inner.proc
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps({"kind": "fleet", **command}) + "\n")
-        proc.stdin.flush()
-        line = await trio.to_thread.run_sync(proc.stdout.readline)
-        if not line:
-            raise BenchmarkFailed(f"load generator exited with {proc.wait()}")
-        result: dict[str, Any] = json.loads(line)
-        if "failed" in result:
-            raise BenchmarkFailed(f"load generator: {result['failed']}")
-        return result
-
-    @property
-    def pid(self) -> int:
-        return self._inner.proc.pid
-
-    def stop(self) -> None:
-        self._inner.stop()
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def _runqueue_seconds(pid: int) -> float:
-    """Time the process's main thread has spent runnable but waiting for a CPU (``/proc``'s schedstat); 0.0 without."""
-    try:
-        with open(f"/proc/{pid}/schedstat") as stat:
-            return int(stat.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def _figures(raw: dict[str, Any], k: int, cpu: dict[str, float], waited: float, wall: float) -> dict[str, Any]:
     ideal_span = (TOKENS - 1) / RATE
     tokens = max(1, raw["tokens"])
@@ -135,11 +94,11 @@ def _figures(raw: dict[str, Any], k: int, cpu: dict[str, float], waited: float, 
         "streams": k,
         "tokens_per_s": raw["window_tokens"] / raw["window"],
         "ideal_tokens_per_s": k * RATE,
-        "stretch_p50": _pct(raw["span"], 0.5) / ideal_span,
-        "stretch_p99": _pct(raw["span"], 0.99) / ideal_span,
-        "ttft_p50_ms": _pct(raw["ttft"], 0.5) * 1000,
-        "ttft_p99_ms": _pct(raw["ttft"], 0.99) * 1000,
-        "gap_p99_ms": _pct(raw["gaps"], 0.99) * 1000,
+        "stretch_p50": percentile(sorted(raw["span"]), 0.5) / ideal_span,
+        "stretch_p99": percentile(sorted(raw["span"]), 0.99) / ideal_span,
+        "ttft_p50_ms": percentile(sorted(raw["ttft"]), 0.5) * 1000,
+        "ttft_p99_ms": percentile(sorted(raw["ttft"]), 0.99) * 1000,
+        "gap_p99_ms": percentile(sorted(raw["gaps"]), 0.99) * 1000,
         "streams_done": raw["streams_done"],
         "streams_cut": raw["streams_cut"],
         "errors": raw["errors"],
@@ -150,23 +109,23 @@ def _figures(raw: dict[str, Any], k: int, cpu: dict[str, float], waited: float, 
 
 
 async def _measure(
-    generator: FleetGenerator, port: int, processes: list[Daemon], k: int, duration: float
+    generator: LoadGenerator, port: int, processes: list[Daemon], k: int, duration: float
 ) -> dict[str, Any]:
     pids = [d.proc.pid for d in processes] + [generator.pid]
     before = {d.name: d.cpu_seconds() for d in processes}
     before["loadgen"] = generator.cpu_seconds()
-    waited = -sum(_runqueue_seconds(pid) for pid in pids)
+    waited = -sum(runqueue_seconds(pid) for pid in pids)
     started = time.monotonic()
     raw = await generator.fleet(port=port, path=CHAT_PATH, body=STREAM, streams=k, ramp=RAMP, duration=duration)
     wall = time.monotonic() - started
-    waited += sum(_runqueue_seconds(pid) for pid in pids)
+    waited += sum(runqueue_seconds(pid) for pid in pids)
     after = {d.name: d.cpu_seconds() for d in processes}
     after["loadgen"] = generator.cpu_seconds()
     return _figures(raw, k, {name: after[name] - before[name] for name in after}, waited, wall)
 
 
 async def _start(workdir: pathlib.Path, daemons: list[Daemon]) -> tuple[dict[str, int], dict[str, list[Daemon]]]:
-    relay = await e2e.start_relay(
+    relay = await start_relay(
         workdir, daemons, mock_args=["--tokens-per-second", str(RATE)], edge_yaml=EDGE_YAML, node_yaml=NODE_YAML
     )
     ports = {"direct": relay.backend_port, "edge": relay.http_port}
@@ -176,19 +135,19 @@ async def _start(workdir: pathlib.Path, daemons: list[Daemon]) -> tuple[dict[str
 
 async def _main(quick: bool, with_peers: bool, workdir: pathlib.Path) -> dict[str, Any]:
     daemons: list[Daemon] = []
-    generator: FleetGenerator | None = None
+    generator: LoadGenerator | None = None
     try:
         ports, processes = await _start(workdir, daemons)
         litellm_note = "not measured (run `make bench-peers`)"
         if with_peers:
             try:
-                ports["litellm"] = await e2e._start_litellm(ports["direct"], workdir, daemons)
+                ports["litellm"] = await peers.start_litellm(ports["direct"], workdir, daemons)
                 processes["litellm"] = [d for d in daemons if d.name in ("litellm", "mock-backend")]
                 litellm_note = f"LiteLLM {peers.version()} (proxy, 1 worker)"
             except (peers.PeerUnavailable, BenchmarkFailed) as exc:
                 litellm_note = f"LiteLLM unavailable here: {exc}".splitlines()[0]
                 print(f"!! {litellm_note}", file=sys.stderr)
-        generator = FleetGenerator()
+        generator = LoadGenerator()
         duration = QUICK_DURATION if quick else DURATION
         fleet: dict[str, dict[str, Any]] = {}
         for k in QUICK_STREAMS if quick else STREAMS:
@@ -214,17 +173,7 @@ async def _main(quick: bool, with_peers: bool, workdir: pathlib.Path) -> dict[st
 
 def run(quick: bool = False, with_peers: bool = False) -> dict[str, Any]:
     """Start the processes, measure every path at every K, write the plot and the doc block."""
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-fleet-"))
-    try:
-        result = trio.run(_main, quick, with_peers, workdir)
-    except BenchmarkFailed:
-        print(f"(logs kept in {workdir})", file=sys.stderr)
-        raise
-    shutil.rmtree(workdir, ignore_errors=True)
-    result["command"] = "make bench-peers" if with_peers else "make bench"
-    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    result["load_average"] = e2e.load_average()
-    RESULTS.mkdir(exist_ok=True)
+    result = run_suite("iop-fleet-", _main, quick, with_peers, with_peers=with_peers)
     png = RESULTS / "fleet.png"
     plot(result, png)
     if not quick:
@@ -336,4 +285,4 @@ def _update_doc(markdown: str, result: dict[str, Any]) -> None:
         f"{result['ramp_s']:g} s ramp, {result['duration_s']:g} s window; LiteLLM: {result['litellm']}).\n\n"
         f"{markdown}\n\n![tokens/s vs concurrent streams](benchmarks-fleet.png)\n{_END}"
     )
-    e2e.replace_doc_block(_BEGIN, _END, block)
+    replace_doc_block(_BEGIN, _END, block)

@@ -1,4 +1,4 @@
-"""A closed-loop HTTP/1.1 load generator on raw trio sockets, run as its own process.
+"""A closed-loop HTTP/1.1 load generator on trio sockets (:class:`benchmarks.harness.HttpConnection`), run as its own process.
 
 ``python -m benchmarks.loadgen`` reads one JSON command per line on stdin and answers
 each with one JSON result line on stdout, so the end-to-end benchmark starts it once
@@ -8,10 +8,10 @@ and keeps its CPU out of the server processes. A command::
      "concurrency": 8, "duration": 2.0, "warmup": 0.5, "stream": false}
 
 Each of ``concurrency`` workers owns ONE keep-alive connection and sends the next
-request as soon as the previous answer is complete (closed loop). Why raw sockets:
+request as soon as the previous answer is complete (closed loop). Why a client of our own:
 on this 2-core machine the generator shares the CPU with the servers it measures;
-a minimal client (send the prebuilt request bytes, parse the status line, the
-``content-length`` or chunked framing, count SSE ``data:`` events) costs a few
+a minimal client (send the prebuilt request bytes encoded by :mod:`iop_http`, parse
+the answer once with httptools, count SSE ``data:`` events) costs a few
 microseconds per request, where a full HTTP client costs tens. One pool shared by
 all workers is also what collapsed an httpx measurement from ~2,200 to ~230
 requests/s at 64 concurrency; here no connection is ever shared.
@@ -26,136 +26,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import sys
 import time
-from typing import Any, final
+from typing import Any
 
 import trio
 
-from iop_http import encode_request
+from .harness import HttpConnection, ProtocolViolation, percentile
 
-__all__ = ["HttpConnection", "measure"]
-
-
-class ProtocolViolation(Exception):
-    """The server's answer is not HTTP/1.1 this client understands."""
-
-
-@final
-class HttpConnection:
-    """One keep-alive HTTP/1.1 connection to a loopback server (reconnects when closed)."""
-
-    __slots__ = ("host", "port", "_stream", "_buffer", "last_head")
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
-        self._stream: trio.SocketStream | None = None
-        self._buffer = bytearray()
-        self.last_head = b""
-        """The head of the last response, lowered (for the headers ``request`` does not return)."""
-
-    @staticmethod
-    def build(
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        host: str = "127.0.0.1",
-        headers: dict[str, str] | None = None,
-    ) -> bytes:
-        """The request bytes for ``method path`` with an optional JSON body (encoded by :mod:`iop_http`)."""
-        fields = [(b"host", host.encode())]
-        if body is not None:
-            fields.append((b"content-type", b"application/json"))
-        fields += [(name.encode(), value.encode()) for name, value in (headers or {}).items()]
-        if body is not None and not body:
-            fields.append((b"content-length", b"0"))
-        return encode_request(method.encode(), path.encode(), fields, body or b"")
-
-    async def connect(self) -> None:
-        """Open the connection now (``request`` opens it when needed otherwise). Checkpoints."""
-        if self._stream is None:
-            self._stream = await trio.open_tcp_stream(self.host, self.port)
-            self._buffer.clear()
-
-    async def request(self, raw: bytes) -> tuple[int, bytes]:
-        """Send prebuilt request bytes; return ``(status, body)``. Checkpoints.
-
-        Cancellation leaves the connection unusable; it is closed and reopened by
-        the next call.
-        """
-        await self.connect()
-        stream = self._stream
-        assert stream is not None
-        try:
-            await stream.send_all(raw)
-            status, length, chunked, close = await self._head()
-            body = await (self._chunked() if chunked else self._exactly(length))
-        except BaseException:
-            await self.aclose()
-            raise
-        if close:
-            await self.aclose()
-        return status, body
-
-    async def aclose(self) -> None:
-        """Close the socket (if open). Checkpoints."""
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            await stream.aclose()
-
-    async def _fill(self) -> None:
-        assert self._stream is not None
-        data = await self._stream.receive_some(65536)
-        if not data:
-            raise ProtocolViolation("connection closed mid-response")
-        self._buffer += data
-
-    async def _head(self) -> tuple[int, int, bool, bool]:
-        while (end := self._buffer.find(b"\r\n\r\n")) < 0:
-            await self._fill()
-        self.last_head = bytes(self._buffer[:end]).lower()
-        lines = self.last_head.split(b"\r\n")
-        del self._buffer[: end + 4]
-        status = int(lines[0].split(b" ", 2)[1])
-        length, chunked, close = 0, False, False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value
-            elif name == b"connection":
-                close = b"close" in value
-        return status, length, chunked, close
-
-    async def _exactly(self, n: int) -> bytes:
-        while len(self._buffer) < n:
-            await self._fill()
-        data = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return data
-
-    async def _chunked(self) -> bytes:
-        parts: list[bytes] = []
-        while True:
-            while (eol := self._buffer.find(b"\r\n")) < 0:
-                await self._fill()
-            size = int(bytes(self._buffer[:eol]).split(b";", 1)[0], 16)
-            del self._buffer[: eol + 2]
-            if size == 0:
-                await self._exactly(2)  # no trailers from our servers: the final CRLF
-                return b"".join(parts)
-            parts.append((await self._exactly(size + 2))[:-2])
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return math.nan
-    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]
+__all__ = ["fleet", "measure"]
 
 
 async def measure(
@@ -233,8 +112,8 @@ async def measure(
         "errors": int(counts["errors"]),
         "error_statuses": {str(k): v for k, v in statuses.items()},
         "rps": len(latencies) / duration,
-        "p50_ms": _percentile(latencies, 0.50) * 1000,
-        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
         "chunks": round(counts["chunks"]),
         "chunks_per_s": counts["chunks"] / duration,
         "events_per_stream": counts["stream_events"] / len(latencies) if stream and latencies else 0.0,
@@ -280,14 +159,15 @@ async def fleet(
 
     async def worker(index: int) -> None:
         await trio.sleep_until(start + index / streams * ramp)
-        stream = await trio.open_tcp_stream(host, port)
+        connection = HttpConnection(host, port)
         try:
+            await connection.connect()
             while clock() < end:
                 arrivals: list[float] = []
                 every.append(arrivals)
                 sent = clock()
                 try:
-                    problem = await _one_stream(stream, raw, arrivals)
+                    problem = await _one_stream(connection, raw, arrivals)
                 except trio.Cancelled:
                     out["streams_cut"] += 1
                     raise
@@ -301,7 +181,7 @@ async def fleet(
                     span.append(arrivals[-1] - arrivals[0])
                     gaps.extend(b - a for a, b in itertools.pairwise(arrivals))
         finally:
-            await stream.aclose()
+            await connection.aclose()
 
     with trio.move_on_at(end + tail):
         async with trio.open_nursery() as nursery:
@@ -319,46 +199,41 @@ async def fleet(
     }
 
 
-async def _one_stream(stream: trio.SocketStream, raw: bytes, arrivals: list[float]) -> str | None:
-    """Send one stream request and read its answer to ``[DONE]``, timing each event into ``arrivals``.
+async def _one_stream(connection: HttpConnection, raw: bytes, arrivals: list[float]) -> str | None:
+    """Send one stream request and read its answer to its end, timing each event into ``arrivals``.
 
-    Returns None, or what went wrong. Reads the raw bytes without decoding HTTP framing
-    beyond the head: the chunk-size lines of a chunked body never contain ``data:``. The
-    answer ends with the chunked terminator after ``[DONE]``.
+    Returns None, or what went wrong. The body comes as the reads bring it (httptools
+    removes the chunk framing); an event counts, at the time of its read, once its
+    ``data:`` line is whole.
     """
     clock = trio.current_time
     sent = clock()
-    await stream.send_all(raw)
-    buffer = b""
-    head_done = False
-    while True:
-        data = await stream.receive_some(65536)
-        if not data:
-            return f"connection closed after {len(arrivals)} events, {clock() - sent:.0f} s"
+    line = bytearray()  # the start of a line not yet whole
+    first = bytearray()  # the start of the body, for an error's report
+    done = False
+
+    def on_body(data: bytes) -> None:
+        nonlocal done
         now = clock()
-        buffer += data
-        if not head_done:
-            cut = buffer.find(b"\r\n\r\n")
-            if cut < 0:
-                continue
-            if not buffer.startswith(b"HTTP/1.1 200"):
-                return (buffer[:12] + b" " + buffer[cut + 4 : cut + 200]).decode(errors="replace")
-            head_done, buffer = True, buffer[cut + 4 :]
-        # Complete lines only: an event split across reads counts when its line is whole.
-        last = buffer.rfind(b"\n")
+        if len(first) < 200:
+            first.extend(data[: 200 - len(first)])
+        line.extend(data)
+        last = line.rfind(b"\n")
         if last < 0:
-            continue
-        lines, buffer = buffer[: last + 1], buffer[last + 1 :]
-        done = b"data: [DONE]" in lines
-        arrivals.extend([now] * (lines.count(b"data: ") - done))
-        if done:
-            rest = lines[lines.index(b"data: [DONE]") :] + buffer
-            while not rest.endswith(b"0\r\n\r\n"):
-                more = await stream.receive_some(65536)
-                if not more:
-                    return "connection closed after [DONE]"
-                rest += more
-            return None
+            return
+        lines = bytes(line[: last + 1])
+        del line[: last + 1]
+        finished = b"data: [DONE]" in lines
+        arrivals.extend([now] * (lines.count(b"data: ") - finished))
+        done = done or finished
+
+    try:
+        status, _ = await connection.request(raw, on_body)
+    except (ProtocolViolation, OSError, trio.BrokenResourceError):
+        return f"connection closed after {len(arrivals)} events, {clock() - sent:.0f} s"
+    if status != 200:
+        return f"HTTP {status} {bytes(first).decode(errors='replace')}"
+    return None if done else f"stream ended without [DONE] after {len(arrivals)} events"
 
 
 async def _serve_commands() -> None:

@@ -83,10 +83,20 @@ from typing import Any
 
 import trio
 
-from .e2e import BenchmarkFailed, Daemon, LoadGenerator, Relay, _get_json, _python, start_relay
-from .loadgen import HttpConnection, _percentile
+from .harness import (
+    ROOT,
+    BenchmarkFailed,
+    Daemon,
+    HttpConnection,
+    LoadGenerator,
+    Relay,
+    cpu_seconds,
+    get_json,
+    percentile,
+    python_command,
+    start_relay,
+)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 CAPACITY = 8
 BACKEND_LATENCY_MS = 100
 QUEUE_TIMEOUT_MS = 2000
@@ -139,15 +149,6 @@ providers:
 # ------------------------------------------------------------------- the flood
 
 
-def _header(head: bytes, name: bytes) -> bytes | None:
-    start = head.find(b"\r\n" + name + b":")
-    if start < 0:
-        return None
-    start += len(name) + 3
-    stop = head.find(b"\r\n", start)
-    return head[start : stop if stop >= 0 else len(head)].strip()
-
-
 READY = "connected"
 """The flood's first line (with its window's start): every client's connection is open."""
 
@@ -172,9 +173,9 @@ async def _cpu_window(pids: dict[str, int], begin: float, end: float, out: dict[
     the window its answers are counted in, however long the process took to start.
     """
     await trio.sleep(max(0.0, begin - time.perf_counter()))
-    before = {name: _cpu(pid) for name, pid in pids.items()}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     await trio.sleep(max(0.0, end - time.perf_counter()))
-    out.update({name: _cpu(pid) - before[name] for name, pid in pids.items()})
+    out.update({name: cpu_seconds(pid) - before[name] for name, pid in pids.items()})
 
 
 async def _flood(
@@ -211,9 +212,9 @@ async def _flood(
                 try:
                     with trio.fail_after(max(1.0, end + 1.0 - t0)):  # bounded: an admitted request may never end
                         status, body = await connection.request(raw)
-                    head = connection.last_head
+                    head = connection.headers
                 except Exception as exc:  # a lost connection is counted and retried
-                    status, head, kind = 0, b"", type(exc).__name__
+                    status, head, kind = 0, {}, type(exc).__name__
                 else:
                     kind = str(status) if b'"queue_timeout"' not in body else "429 queue_timeout"
                 t1 = clock()
@@ -222,9 +223,9 @@ async def _flood(
                     if inside:
                         ok.append(t1 - t0)
                         if t0 >= come_back:
-                            beyond_queue.append(t1 - t0 - int(_header(head, b"x-iop-queue-ms") or b"0") / 1000)
+                            beyond_queue.append(t1 - t0 - int(head.get(b"x-iop-queue-ms", b"0")) / 1000)
                     continue
-                advised = int(_header(head, b"retry-after") or b"0")
+                advised = int(head.get(b"retry-after", b"0"))
                 if inside:
                     if kind in ("429", "503"):
                         rejected.append(t1 - t0)
@@ -250,14 +251,14 @@ async def _flood(
     return {
         "ok": len(ok),
         "ok_rps": len(ok) / duration,
-        "ok_p50_ms": _percentile(ok, 0.5) * 1000,
-        "ok_p99_ms": _percentile(ok, 0.99) * 1000,
-        "beyond_queue_p99_ms": _percentile(beyond_queue, 0.99) * 1000,
+        "ok_p50_ms": percentile(ok, 0.5) * 1000,
+        "ok_p99_ms": percentile(ok, 0.99) * 1000,
+        "beyond_queue_p99_ms": percentile(beyond_queue, 0.99) * 1000,
         "rejected": len(rejected),
         "rejected_rps": len(rejected) / duration,
-        "reject_p99_ms": _percentile(rejected, 0.99) * 1000,
+        "reject_p99_ms": percentile(rejected, 0.99) * 1000,
         "on_time": len(on_time),
-        "on_time_p99_ms": _percentile(on_time, 0.99) * 1000,
+        "on_time_p99_ms": percentile(on_time, 0.99) * 1000,
         "timed_out": len(timed_out),
         "answers": other,
         "cpu_s": cpu,
@@ -315,22 +316,14 @@ async def _probe(
         values.sort()
         out[path] = {
             "n": len(values),
-            "p50_ms": _percentile(values, 0.5) * 1000,
-            "p99_ms": _percentile(values, 0.99) * 1000,
+            "p50_ms": percentile(values, 0.5) * 1000,
+            "p99_ms": percentile(values, 0.99) * 1000,
         }
         out[path]["max_ms"] = values[-1] * 1000 if values else math.nan
     return out
 
 
 # ------------------------------------------------------------------ the driver
-
-
-def _cpu(pid: int) -> float:
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _per_refusal(row: dict[str, Any], costs: dict[str, float]) -> None:
@@ -373,14 +366,14 @@ async def _scenario(
     # Both start now (a Python process takes seconds to start on a busy box); the probe then
     # waits for the flood's window, sent on its stdin once every flood connection is open.
     probe = subprocess.Popen(
-        _python("-m", "benchmarks.overload", "probe", *common, "--begin", "stdin", *_pid_args({})),
+        python_command("-m", "benchmarks.overload", "probe", *common, "--begin", "stdin", *_pid_args({})),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=ROOT,
         text=True,
     ) if with_probe else None  # fmt: skip
     flood = subprocess.Popen(
-        _python(
+        python_command(
             "-m", "benchmarks.overload", "flood", *common, "--clients", str(clients), "--retry", str(retry),
             *_pid_args(pids),
         ),
@@ -423,7 +416,7 @@ async def _drained(http_port: int, backend: HttpConnection) -> dict[str, Any]:
     try:
         with trio.move_on_after(10):
             while True:
-                status = await _get_json(poller, "/status")
+                status = await get_json(poller, "/status")
                 busy = sum(p.get("in_flight", 0) for p in status.get("providers", []))
                 if busy == 0 and not status.get("queue_depth", 0):
                     break
@@ -505,7 +498,7 @@ async def _probe_only(edge: Daemon, http_port: int) -> float:
     warmup, duration = 0.5, 6.0  # ~10-20 ms/s read in 10 ms ticks: 6 s keep the tick within 2 ms/s
     command = ["--port", str(http_port), "--warmup", str(warmup), "--duration", str(duration)]
     probe = subprocess.Popen(
-        _python("-m", "benchmarks.overload", "probe", *command, *_pid_args({"edge": edge.proc.pid})),
+        python_command("-m", "benchmarks.overload", "probe", *command, *_pid_args({"edge": edge.proc.pid})),
         stdout=subprocess.PIPE,
         cwd=ROOT,
         text=True,

@@ -15,10 +15,15 @@ whose ``proxy`` extra resolves here.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import socket
 import subprocess
 import sys
+
+import trio
+
+from .harness import BenchmarkFailed, Daemon, HttpConnection
 
 ROOT = pathlib.Path(__file__).resolve().parent
 VENV = ROOT / ".peers"
@@ -114,3 +119,31 @@ def litellm_command(backend_port: int, workdir: pathlib.Path) -> tuple[list[str]
     port = free_port()
     argv = [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     return argv, dict(ENV), port
+
+
+_PROBE = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}).encode()
+
+
+async def start_litellm(backend_port: int, workdir: pathlib.Path, daemons: list[Daemon]) -> int:
+    """Start a LiteLLM proxy in front of the mock backend; return its port once it answers."""
+    argv, env, port = await trio.to_thread.run_sync(litellm_command, backend_port, workdir)
+    litellm = Daemon("litellm", argv, workdir, env)
+    daemons.append(litellm)
+    probe = HttpConnection("127.0.0.1", port)
+
+    async def answers() -> bool:
+        try:
+            status, _ = await probe.request(HttpConnection.build("POST", "/v1/chat/completions", _PROBE))
+        except OSError:
+            return False
+        if status != 200:
+            raise BenchmarkFailed(f"LiteLLM answered {status} to a chat completion:\n{litellm.tail()}")
+        return True
+
+    with trio.move_on_after(120):  # its first start imports a lot
+        while not await answers():
+            litellm.check_alive()
+            await trio.sleep(0.25)
+        await probe.aclose()
+        return port
+    raise BenchmarkFailed(f"LiteLLM did not answer within 120 s:\n{litellm.tail()}")

@@ -32,14 +32,12 @@ import trio
 import trio.testing
 
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_edge._ui import QueuePage
-from iop_edge._ui_view import build_view
+from iop_edge import QueuePage, build_view
 from iop_edge.config import UiConfig
 
 from . import overload
-from .e2e import Daemon, start_relay
+from .harness import ROOT, Daemon, HttpConnection, start_relay
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 NODES = 1_000
 MODELS = 10
 VIEWERS = 50
@@ -212,15 +210,15 @@ async def _under_flood() -> dict[str, Any]:
         )
         arrivals: list[float] = []
 
+        def on_event(data: bytes) -> None:
+            arrivals.extend([time.perf_counter()] * data.count(b"data: "))
+
         async def view_stream() -> None:
-            async with await trio.open_tcp_stream("127.0.0.1", relay.http_port) as sock:
-                await sock.send_all(b"GET /ui/stream?token=bench-viewer HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
-                while True:
-                    data = await sock.receive_some(1 << 20)
-                    if not data:
-                        return
-                    now = time.perf_counter()
-                    arrivals.extend([now] * data.count(b"data: "))
+            viewer = HttpConnection("127.0.0.1", relay.http_port)
+            try:
+                await viewer.request(HttpConnection.build("GET", "/ui/stream?token=bench-viewer"), on_event)
+            finally:
+                await viewer.aclose()
 
         flood_argv = [
             sys.executable, "-m", "benchmarks.overload", "flood", "--port", str(relay.http_port),

@@ -2,11 +2,21 @@
 
 The Edge only wires transport to :mod:`iop_admission`; it keeps no counter or
 queue of its own.
+
+Besides the daemon's pieces, the config reload's reader (:func:`run_config_reader`,
+:func:`rebuild_config`, :func:`lower_priority`) and the queue page's view
+(:class:`QueuePage`, :func:`build_view`) are public so the benchmarks measure them
+through public names.
 """
 
+from ._config_reader import lower_priority
+from ._config_reader import rebuild as rebuild_config
+from ._config_reader import run_reader as run_config_reader
 from ._http_api import EdgeAPI, estimate_tokens
 from ._links import NodeGone, NodeLink, NodeRegistry
 from ._service import EdgeService
+from ._ui import QueuePage
+from ._ui_view import build_view
 from .config import EdgeConfig, load_edge_config
 
 __all__ = [
@@ -16,6 +26,11 @@ __all__ = [
     "NodeGone",
     "NodeLink",
     "NodeRegistry",
+    "QueuePage",
+    "build_view",
     "estimate_tokens",
     "load_edge_config",
+    "lower_priority",
+    "rebuild_config",
+    "run_config_reader",
 ]

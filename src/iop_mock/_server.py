@@ -1,40 +1,60 @@
-"""A small HTTP/1.1 server for the mock backend's ASGI app: h11 on non-blocking stdlib sockets.
+"""A small HTTP/1.1 server for the mock backend's ASGI app: :mod:`iop_http` framing on :mod:`iop_io`'s transport.
 
 Why not hypercorn: the mock stands in for a GPU server, whose token production costs the host
 nothing, yet under hypercorn it spent ~150-180 µs of CPU per streamed token (ASGI wrappers,
 hypercorn's protocol layers, trio's ``send_all`` rescheduling its task on every call), most of
-two cores at 512 streams x 20 tokens/s. Here one task per connection drives an
-:class:`h11.Connection` and calls the app with the ASGI ``scope``, ``receive`` and ``send``
-the mock uses (``http`` only: no lifespan, websockets or HTTP/2):
+two cores at 512 streams x 20 tokens/s. Here one task per connection reads requests and calls
+the app with the ASGI ``scope``, ``receive`` and ``send`` the mock uses (``http`` only: no
+lifespan, websockets or HTTP/2). The bytes are framed by the project's one HTTP owner, as the
+Edge's are:
 
-- Accept: each wake-up of the listener accepts every connection waiting (as uvicorn's asyncio
-  loop does, up to its backlog), where ``trio.serve_listeners`` accepts one per scheduling
-  round: a Node opening hundreds of connections at once to a mock busy streaming met seconds
-  of accept delay that a real server does not add.
+- Accept: :func:`iop_io.accept_loop`, every connection waiting accepted at each wake-up (as
+  uvicorn's asyncio loop does), where ``trio.serve_listeners`` accepts one per scheduling round:
+  a Node opening hundreds of connections at once to a mock busy streaming met seconds of accept
+  delay that a real server does not add.
+- Requests: each head is accepted or refused by :func:`iop_http.accept_head` (a head over the
+  limit by :func:`iop_http.head_too_large`, however it arrives), a chunked body decoded by
+  :class:`iop_http.ChunkedBody`; a refusal or malformed chunk framing gets
+  :func:`iop_http.error_response` (fixed text, ``connection: close``) and the connection closes.
 - Keep-alive: a connection serves requests one after another until the client closes it or
-  asks to (``connection: close``), or sends nothing of a next request for
+  asks to (``connection: close``, HTTP/1.0), or sends nothing of a next request for
   ``keep_alive_timeout`` seconds (5 s, as hypercorn's and uvicorn's default: a client's pool
-  meets idle connections closed by the server, as with a real one); a malformed request gets a
-  400 and the connection closes.
+  meets idle connections closed by the server, as with a real one).
 - The whole request body is read before the app runs; ``expect: 100-continue`` is answered.
 - ``receive`` returns the body once, then waits for the client to go away and returns
   ``http.disconnect`` (bytes of a pipelined next request read meanwhile are kept for it).
-- ``send``: the response head goes out with the first body message, in one ``send()``; a body
-  message is framed by h11 and written with one non-blocking ``send()`` from the app's task,
-  which waits (``wait_writable``) only for what the socket did not take. Once the client is
-  gone it raises :class:`OSError`, as ASGI servers do.
+- ``send``: the response head goes out with the first body message, encoded by
+  :func:`iop_http.encode_head`; a body is framed by its ``content-length`` or else chunked
+  (:func:`iop_http.encode_chunk`), written by :class:`iop_io.SocketTransport` with one
+  non-blocking ``send()`` from the app's task, which waits only for what the socket did not
+  take. Once the client is gone it raises :class:`OSError`, as ASGI servers do.
 """
 
 from __future__ import annotations
 
-import errno
+import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, final
+from typing import Any, Final, final
 
-import h11
 import trio
+
+from iop_http import (
+    CHUNKED,
+    LAST_CHUNK,
+    ChunkedBody,
+    MalformedChunk,
+    Refusal,
+    RequestHead,
+    accept_head,
+    encode_chunk,
+    encode_head,
+    error_response,
+    find_head_end,
+    head_too_large,
+)
+from iop_io import PeerGone, SocketTransport, accept_loop
 
 __all__ = ["serve_asgi"]
 
@@ -44,8 +64,10 @@ App = Callable[
     [Mapping[str, Any], Callable[[], Awaitable[Mapping[str, Any]]], Callable[[Any], Awaitable[None]]], Awaitable[None]
 ]
 
-_RECEIVE_SIZE = 65536
-_SERVER = [(b"server", b"iop-mock")]
+_SERVER: Final = (b"server", b"iop-mock")
+_CONTINUE: Final = encode_head(100, [_SERVER])
+_FAILED: Final = error_response(Refusal(500, "internal server error"))
+_BAD_CHUNK: Final = Refusal(400, "malformed chunked body")
 
 
 async def serve_asgi(
@@ -75,98 +97,128 @@ async def serve_asgi(
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
     bound = listeners[0].socket.getsockname()[1]
+
     sockets = [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await _Connection(SocketTransport(stream), app).serve(keep_alive_timeout)
+
     try:
         async with trio.open_nursery() as nursery:
             for sock in sockets:
                 sock.setblocking(False)
-                nursery.start_soon(_accept, sock, nursery, app, keep_alive_timeout)
+                nursery.start_soon(accept_loop, sock, nursery, handle)
             task_status.started(bound)
     finally:
         for sock in sockets:
             sock.close()
 
 
-_GIVEN_UP = frozenset({errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT})
-"""``accept`` errors about one connection its client gave up: skipped."""
+class _Refused(Exception):
+    """The request cannot be served: answer ``refusal`` and close the connection."""
 
-
-async def _accept(listener: socket.socket, nursery: trio.Nursery, app: App, keep_alive_timeout: float) -> None:
-    """Serve every connection to ``listener``, accepting all those waiting at each wake-up. Checkpoints."""
-    while True:
-        await trio.lowlevel.wait_readable(listener)
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno in _GIVEN_UP:
-                    continue
-                logger.error("accept failed (%s); retrying in 0.1 s", exc)
-                await trio.sleep(0.1)
-                break
-            nursery.start_soon(_Connection(sock).serve, app, keep_alive_timeout)
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.reason)
+        self.refusal = refusal
 
 
 @final
 class _Connection:
-    """One client connection: an h11 state machine over a non-blocking stdlib socket."""
+    """One client connection: requests read one after another, each answered by the app."""
 
-    __slots__ = ("sock", "h11", "_body", "_head")
+    __slots__ = ("transport", "app", "_buffer", "_body", "_head", "_chunked", "_started", "_finished")
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.sock.setblocking(False)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.h11 = h11.Connection(h11.SERVER)
+    def __init__(self, transport: SocketTransport, app: App) -> None:
+        self.transport = transport
+        self.app = app
+        self._buffer = bytearray()
         self._body: bytes | None = None
-        self._head: h11.Response | None = None
+        self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
+        self._chunked = False
+        self._started = False
+        self._finished = False
 
-    async def serve(self, app: App, keep_alive_timeout: float) -> None:
+    async def serve(self, keep_alive_timeout: float) -> None:
         """Serve requests until the client leaves or the connection cannot go on. Checkpoints."""
         try:
-            while True:
-                request = None
-                with trio.move_on_after(keep_alive_timeout):
-                    request = await self._next_request()
-                if request is None:
-                    return
-                if not await self._call(app, request):
-                    return
-                if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
-                    return
-                self.h11.start_next_cycle()
-        except h11.RemoteProtocolError as error:
-            await self._refuse(error)
-        except OSError:
-            pass  # the client is gone
+            async with trio.open_nursery() as nursery:
+                self.transport.nursery = nursery  # for the flusher of what the socket did not take at once
+                try:
+                    await self._serve(keep_alive_timeout)
+                except _Refused as refused:
+                    await self.transport.send_all(error_response(refused.refusal))
+                except PeerGone:
+                    pass  # the client is gone
+                finally:
+                    nursery.cancel_scope.cancel()
         finally:
-            self.sock.close()
+            await self.transport.aclose()
 
-    async def _next_request(self) -> h11.Request | None:
-        """The next request with its whole body read (kept for ``receive``); None at the end."""
-        request: h11.Request | None = None
+    async def _serve(self, keep_alive_timeout: float) -> None:
+        while True:
+            request = None
+            with trio.move_on_after(keep_alive_timeout):
+                request = await self._next_request()
+            if request is None or not await self._call(request) or self.transport.broken:
+                return
+            if not request.keep_alive:
+                await self.transport.wait_written()
+                return
+
+    async def _next_request(self) -> RequestHead | None:
+        """The next request with its whole body read (kept for ``receive``); None at the end.
+
+        Raises:
+            _Refused: the head or the body's framing is refused.
+            PeerGone: the connection broke.
+        """
+        while (end := find_head_end(self._buffer)) < 0:
+            refusal = head_too_large(self._buffer)
+            if refusal is not None:
+                raise _Refused(refusal)
+            if not await self._fill():
+                return None
+        head = accept_head(bytes(self._buffer[:end]))
+        del self._buffer[:end]
+        if type(head) is Refusal:
+            raise _Refused(head)
+        assert type(head) is RequestHead
+        if head.expect_continue and head.length and not self._buffer:
+            self.transport.write_nowait(_CONTINUE)
+        if head.length == CHUNKED:
+            self._body = await self._chunked_body()
+        else:
+            while len(self._buffer) < head.length:
+                if not await self._fill():
+                    return None
+            self._body = bytes(self._buffer[: head.length])
+            del self._buffer[: head.length]
+        return head
+
+    async def _chunked_body(self) -> bytes | None:
+        decoder = ChunkedBody()
         parts: list[bytes] = []
         while True:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                if self.h11.they_are_waiting_for_100_continue:
-                    await self._write(self.h11.send(h11.InformationalResponse(status_code=100, headers=_SERVER)))
-                self.h11.receive_data(await self._recv())
-            elif isinstance(event, h11.Request):
-                request = event
-            elif isinstance(event, h11.Data):
-                parts.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                self._body = b"".join(parts)
-                return request
-            else:  # ConnectionClosed, or PAUSED after a request we did not finish
+            try:
+                data, used = decoder.feed(self._buffer)
+            except MalformedChunk:
+                raise _Refused(_BAD_CHUNK) from None
+            parts.append(data)
+            del self._buffer[:used]
+            if decoder.done:
+                return b"".join(parts)
+            if not await self._fill():
                 return None
 
-    async def _call(self, app: App, request: h11.Request) -> bool:
+    async def _fill(self) -> bool:
+        """Read more of the client's bytes into the buffer; False at its end. Checkpoints."""
+        data = await self.transport.receive_some()
+        self._buffer += data
+        return bool(data)
+
+    async def _call(self, request: RequestHead) -> bool:
         """Run the app for ``request``; False if the connection must close. Checkpoints."""
-        target = request.target.decode("latin-1")
+        target = request.path.decode("latin-1")
         path, _, query = target.partition("?")
         scope = {
             "type": "http",
@@ -175,20 +227,21 @@ class _Connection:
             "method": request.method.decode("latin-1"),
             "scheme": "http",
             "path": path,
-            "raw_path": request.target,
+            "raw_path": request.path,
             "query_string": query.encode("latin-1"),
-            "headers": list(request.headers),
+            "headers": request.headers,
         }
-        self._head = None
+        self._head, self._started, self._finished, self._chunked = None, False, False, False
         try:
-            await app(scope, self._receive, self._send)
+            await self.app(scope, self._receive, functools.partial(self.send, request=request))
         except OSError:
             return False
         except Exception:
             logger.exception("the app failed on %s %s", scope["method"], path)
-            await self._answer_and_close(500, b"internal server error")
+            if not self._started:
+                await self.transport.send_all(_FAILED)
             return False
-        return True
+        return self._finished
 
     async def _receive(self) -> dict[str, Any]:
         """ASGI ``receive``: the body once, then ``http.disconnect`` when the client leaves. Checkpoints."""
@@ -196,71 +249,47 @@ class _Connection:
         if body is not None:
             await trio.lowlevel.checkpoint()
             return {"type": "http.request", "body": body, "more_body": False}
-        while data := await self._recv():
-            self.h11.receive_data(data)  # a pipelined next request: h11 keeps it for the next cycle
+        try:
+            while await self._fill():
+                pass  # a pipelined next request: kept in the buffer for the next cycle
+        except PeerGone:
+            pass
         return {"type": "http.disconnect"}
 
-    async def _send(self, message: Mapping[str, Any]) -> None:
-        """ASGI ``send``; the head waits for the first body message. Checkpoints only when the socket is full.
+    async def send(self, message: Mapping[str, Any], request: RequestHead) -> None:
+        """ASGI ``send`` of ``request``'s cycle; the head waits for the first body message (no body to a
+        ``HEAD``). Checkpoints only when the socket is full.
 
         Raises:
             OSError: the client is gone.
         """
         if message["type"] == "http.response.start":
-            self._head = h11.Response(status_code=message["status"], headers=[*_SERVER, *message.get("headers", ())])
+            self._head = (message["status"], [_SERVER, *message.get("headers", ())])
             return
         if message["type"] != "http.response.body":
             return
-        data = b""
-        if self._head is not None:
-            data, self._head = self.h11.send(self._head) or b"", None
-        body = message.get("body", b"")
-        if body:
-            data += self.h11.send(h11.Data(data=body)) or b""
-        if not message.get("more_body", False):
-            data += self.h11.send(h11.EndOfMessage()) or b""
-        if data:
-            await self._write(data)
+        if self.transport.broken:
+            raise OSError("the client is gone")
+        data = self._encode_head(request) if self._head is not None else b""
+        body = b"" if request.method == b"HEAD" else message.get("body", b"")
+        more = message.get("more_body", False)
+        if self._chunked:
+            data += encode_chunk(body) + (b"" if more else LAST_CHUNK)
+        else:
+            data += body
+        self._finished = not more
+        await self.transport.send_all(data)
 
-    async def _write(self, data: bytes) -> None:
-        """Write ``data`` whole: one ``send()``, then waits only for what the socket did not take."""
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self.sock.send(view) :]
-            except BlockingIOError:
-                await trio.lowlevel.wait_writable(self.sock)
-
-    async def _recv(self) -> bytes:
-        """The next bytes from the client; ``b""`` once it closed (or reset) the connection. Checkpoints."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        waited = False
-        while True:
-            try:
-                data = self.sock.recv(_RECEIVE_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(self.sock)
-                waited = True
-                continue
-            except OSError:
-                data = b""
-            if not waited:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
-
-    async def _refuse(self, error: h11.RemoteProtocolError) -> None:
-        """Answer a malformed request with the status h11 suggests (400 mostly)."""
-        await self._answer_and_close(error.error_status_hint, f"bad request: {error}".encode())
-
-    async def _answer_and_close(self, status: int, body: bytes) -> None:
-        """Send a plain-text answer with ``connection: close``, if no response has started."""
-        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE) or self._head is not None:
-            return
-        headers = [*_SERVER, (b"content-type", b"text/plain"), (b"connection", b"close")]
-        head = h11.Response(status_code=status, headers=[*headers, (b"content-length", str(len(body)).encode())])
-        try:
-            await self._write(
-                self.h11.send(head) + self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
-            )
-        except (OSError, h11.LocalProtocolError):
-            pass  # the client is gone, or h11 will not send this: the connection closes anyway
+    def _encode_head(self, request: RequestHead) -> bytes:
+        """The response head: framed by its ``content-length``, else chunked (HTTP/1.1) or by closing
+        the connection (HTTP/1.0); ``connection: close`` when the connection ends with it."""
+        assert self._head is not None
+        status, headers = self._head
+        self._head, self._started = None, True
+        framed = request.method == b"HEAD" or any(name.lower() == b"content-length" for name, _ in headers)
+        self._chunked = not framed and request.keep_alive
+        if self._chunked:
+            headers.append((b"transfer-encoding", b"chunked"))
+        if not request.keep_alive:
+            headers.append((b"connection", b"close"))
+        return encode_head(status, headers)

@@ -18,7 +18,8 @@ The capacity smoke reads the backend's peak concurrency from ``/stats``.
 
 Design notes:
 
-- A raw ASGI app (no framework) on a small h11 server of its own (:mod:`iop_mock._server`):
+- A raw ASGI app (no framework) on a small server of its own (:mod:`iop_mock._server`, HTTP framed by
+  :mod:`iop_http` on :mod:`iop_io`'s accept loop and transport):
   the mock stands in for a GPU server, whose tokens cost the host nothing, so its own CPU
   per request and per token must stay small next to the Edge's and the Node's (with hypercorn
   it was ~0.15-0.18 ms per streamed token). There is no per-request logging, each response
@@ -500,7 +501,7 @@ async def serve_mock_backend(
     port: int = 0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``backend.app`` over HTTP/1.1 (h11 on trio sockets) until cancelled.
+    """Serve ``backend.app`` over HTTP/1.1 (:mod:`iop_http` framing on trio sockets) until cancelled.
 
     Use with ``port = await nursery.start(serve_mock_backend, backend)``. Nothing is logged per
     request; an exception in the app is logged by the ``iop_mock.server`` logger (the request

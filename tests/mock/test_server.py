@@ -1,4 +1,4 @@
-"""The mock backend's own pieces: its pacer (on virtual time) and its h11 server (on loopback)."""
+"""The mock backend's own pieces: its pacer (on virtual time) and its HTTP/1.1 server (on loopback)."""
 
 from __future__ import annotations
 
@@ -170,3 +170,25 @@ async def test_server_serves_every_connection_that_waited_for_its_accept(nursery
                 received += chunk
             assert received.startswith(b"HTTP/1.1 200 ")
             await stream.aclose()
+
+
+async def test_server_frames_requests_as_iop_http_does(nursery: trio.Nursery) -> None:
+    """A chunked body is decoded; a head iop_http refuses (both framings, a folded line) is answered with
+    its fixed refusal and the connection closes, so a request pipelined behind it never runs."""
+    backend = MockBackend()
+    with trio.fail_after(TIMEOUT):
+        port = await nursery.start(serve_mock_backend, backend)
+        chunked = b"POST /v1/completions HTTP/1.1\r\nhost: m\r\ntransfer-encoding: chunked\r\n\r\n"
+        chunked += b'7\r\n{"max_t\r\na\r\nokens": 1}\r\n0\r\n\r\n'
+        answer = await _exchange(port, chunked, b"tok")
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        marker = b"GET /stats HTTP/1.1\r\nhost: m\r\n\r\n"
+        for head in (
+            b"POST /v1/completions HTTP/1.1\r\nhost: m\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"GET /stats HTTP/1.1\r\nhost: m\r\nx-a: 1\r\n  sneaked\r\n\r\n",
+            b"POST /v1/completions HTTP/1.1\r\nhost: m\r\ntransfer-encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+        ):
+            refused = await _exchange(port, head + marker, b"\x00never")  # read to EOF: the server closes
+            assert refused.startswith(b"HTTP/1.1 400 ") and refused.count(b"HTTP/1.1") == 1, refused
+            assert b"connection: close" in refused and b"sneaked" not in refused
+    assert backend.stats()["total"] == 1
