@@ -77,12 +77,12 @@ MUTATE_HEALTH = $(foreach f,report_failure report_success advance retry expire _
 MUTANTS ?= $(MUTATE_HEALTH)
 .PHONY: mutate mutate-all
 mutate: $(STAMP)
-	HYPOTHESIS_PROFILE=dev nice -n 19 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	HYPOTHESIS_PROFILE=mutate nice -n 19 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 	$(BIN)/mutmut results
 
 mutate-all: $(STAMP)
 	rm -rf mutants
-	HYPOTHESIS_PROFILE=dev nice -n 19 $(BIN)/mutmut run --max-children 2
+	HYPOTHESIS_PROFILE=mutate nice -n 19 $(BIN)/mutmut run --max-children 2
 	$(BIN)/mutmut results
 
 clean:
