@@ -57,7 +57,7 @@ MODELS = ("ornith:35b", "ornith-fast", "m2", "m3")
 
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 _FIGURES: collections.Counter[str] = collections.Counter()  # what the runs exercised, printed at the end
-_EXAMPLES, _STEPS = {"soak": (5_000, 150), "dev": (50, 30)}.get(_PROFILE, (500, 50))
+_EXAMPLES, _STEPS = {"soak": (5_000, 150), "dev": (50, 30), "mutate": (100, 40)}.get(_PROFILE, (500, 50))
 
 
 @st.composite
@@ -383,16 +383,23 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(data=st.data(), ok=st.sampled_from((False, False, True)))
     def report(self, data: st.DataObject, ok: bool) -> None:
         """[outlier-ejection] a failure or success report for a live, ended or already reported lease."""
-        self.step_grants = []
-        lease = data.draw(st.sampled_from(self.held + self.ended))
+        self.report_lease(data.draw(st.sampled_from(self.held + self.ended)), ok)
+
+    def reportable(self, lease: Lease) -> bool:
+        """A report of ``lease`` counts: its first, from the provider's current health epoch and generation."""
         key = lease.provider
-        h = self.health[key]
-        stale = (
+        return not (
             lease.id in self.reported
             or key not in self.config.providers
-            or self.lease_epoch[lease.id] != h.epoch
+            or self.lease_epoch[lease.id] != self.health[key].epoch
             or lease.generation != self.generation[key.node_id]
         )
+
+    def report_lease(self, lease: Lease, ok: bool) -> None:
+        self.step_grants = []
+        key = lease.provider
+        h = self.health[key]
+        stale = not self.reportable(lease)
         self.reported.add(lease.id)
         before = self.core.provider_snapshots(), list(self.core.waiters()), self.core.next_ejection_end()
         if ok:
@@ -635,15 +642,45 @@ class AdmissionMachine(RuleBasedStateMachine):
         if self.probing():
             self.request_during_probe(data)
 
+    def ejectable(self) -> list[ProviderKey]:
+        """Healthy providers that some model lists and that could take a grant, when failures eject."""
+        if not self.config.outlier.consecutive_failures:
+            return []
+        listed = {k for group in self.config.models.values() for k in group.candidates}
+        return sorted(k for k in listed if self.health[k].state == HEALTHY and self.eligible(k))
+
+    @precondition(lambda self: self.ejectable())
+    @rule(data=st.data(), probe=st.booleans())
+    def eject_then_probe(self, data: st.DataObject, probe: bool) -> None:
+        """[outlier-ejection] failures reported on one provider's leases (requests first, when it holds
+        none to report) until it is ejected; then, sometimes, time to its probe and requests while
+        the probe is out. Without this rule ejections come only from random reports, a few per run."""
+        key = data.draw(st.sampled_from(self.ejectable()))
+        models = sorted(m for m, group in self.config.models.items() if key in group.candidates)
+        for _ in range(2 * self.config.outlier.consecutive_failures + 2):
+            if self.health[key].state != HEALTHY:
+                break
+            lease = next((lease for lease in self.held if lease.provider == key and self.reportable(lease)), None)
+            if lease is None:
+                self.step_grants = []
+                self.request_one(data.draw(st.sampled_from(models)), False)
+            else:
+                self.report_lease(lease, ok=False)
+        if self.health[key].state == EJECTED:
+            self.fired("ejections driven")
+            if probe:
+                self.probe_then_request(data)
+
     @precondition(lambda self: any(lease.model in self.config.models for lease in self.held))
     @rule(data=st.data(), refresh=st.booleans())
     def retry_behind_later_arrival(self, data: st.DataObject, refresh: bool) -> None:
         """[failover-before-first-byte] [refresh-consistency] requests for a held lease's model until
-        one queues (a later arrival), then the lease fails and retries: if no untried candidate is
-        free the retry queues before that waiter; then, sometimes, a refresh while it is queued."""
+        two queue (later arrivals), then the lease fails and retries: its release grants the first
+        waiter its slot; if no untried candidate is free the retry queues before the second; then,
+        sometimes, a refresh while it is queued."""
         lease = data.draw(st.sampled_from([lease for lease in self.held if lease.model in self.config.models]))
-        for _ in range(4):
-            if any(w.seq > lease.arrival and w.model == lease.model for w in self.queued):
+        for _ in range(6):  # two later arrivals: the lease's release grants its slot to the first
+            if sum(w.seq > lease.arrival and w.model == lease.model for w in self.queued) >= 2:
                 break
             self.step_grants = []
             self.request_one(lease.model, lease.long)
