@@ -468,6 +468,10 @@ class AdmissionMachine(RuleBasedStateMachine):
     def retry_lease(self, lease: Lease) -> None:
         self.step_grants = []
         self.release_lease(lease)
+        # The release's grants went to waiters queued before the retry asks again: check their
+        # order against that queue, not against the retry that may queue at its earlier place next.
+        self.arrival_order()
+        self.step_grants = []
         model = lease.model
         if lease.attempt >= self.config.retry.max_attempts:
             expect: object = RetriesExhausted
@@ -708,7 +712,17 @@ class AdmissionMachine(RuleBasedStateMachine):
             if probe:
                 self.probe_then_request(data)
 
-    @precondition(lambda self: any(lease.model in self.config.models for lease in self.held))
+    def retriable(self) -> list[Lease]:
+        """Held leases that a retry could requeue: live, of a configured model, attempts left."""
+        return [
+            lease
+            for lease in self.held
+            if lease.model in self.config.models
+            and not lease.revoked
+            and lease.attempt < self.config.retry.max_attempts
+        ]
+
+    @precondition(lambda self: self.retriable())
     @rule(data=st.data(), refresh=st.booleans())
     @counted
     def retry_behind_later_arrival(self, data: st.DataObject, refresh: bool) -> None:
@@ -716,7 +730,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         two queue (later arrivals), then the lease fails and retries: its release grants the first
         waiter its slot; if no untried candidate is free the retry queues before the second; then,
         sometimes, a refresh while it is queued."""
-        lease = data.draw(st.sampled_from([lease for lease in self.held if lease.model in self.config.models]))
+        lease = data.draw(st.sampled_from(self.retriable()))
         for _ in range(6):  # two later arrivals: the lease's release grants its slot to the first
             if sum(w.seq > lease.arrival and w.model == lease.model for w in self.queued) >= 2:
                 break
