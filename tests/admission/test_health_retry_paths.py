@@ -24,7 +24,7 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._state import QUEUED, AdmissionState, Ejected, Failed, Granted, Lease, Waiter
+from iop_admission._state import FAILED, QUEUED, AdmissionState, Ejected, Failed, Granted, Lease, Waiter
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -427,3 +427,25 @@ def test_refresh_removing_the_model_fails_its_queued_retry_and_waiter_naming_it(
     core.release(second)
     core.release(third)
     assert core.queue_depth == 0
+
+
+@pytest.mark.req("refresh-consistency")
+@pytest.mark.parametrize("prepared", [False, True])
+def test_refresh_ending_long_slots_fails_a_long_waiter_of_a_kept_group(pool, prepared):
+    """A refresh that keeps BIG's candidates but leaves none with a long slot: the queued long
+    BIG waiter fails Unavailable (long) at once, FAILED, instead of waiting for a slot that
+    never comes; the short waiter behind it keeps its place."""
+    base = pool.two_nodes()
+    core = _core(base)
+    held = [_lease(core.request(BIG, True, 0.0)), _lease(core.request(BIG, True, 0.0))]
+    long_waiter = _waiter(core.request(BIG, True, 0.0))
+    short_waiter = _waiter(core.request(BIG, False, 0.0))
+    config = pool.two_nodes(gpu0=pool.spec(long_cap=0), gpu1=pool.spec(long_cap=0))
+    decisions = core.refresh(core.prepare_refresh(config) if prepared else config)
+    assert [(type(d), d.waiter) for d in decisions] == [(Failed, long_waiter)]
+    assert long_waiter.state is FAILED
+    assert isinstance(long_waiter.error, Unavailable) and long_waiter.error.long
+    assert list(core.waiters()) == [short_waiter]
+    for lease in held:
+        core.release(lease)
+    assert short_waiter.state is not QUEUED
