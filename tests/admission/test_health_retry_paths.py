@@ -444,7 +444,8 @@ def test_refresh_ending_long_slots_fails_a_long_waiter_of_a_kept_group(pool, pre
     decisions = core.refresh(core.prepare_refresh(config) if prepared else config)
     assert [(type(d), d.waiter) for d in decisions] == [(Failed, long_waiter)]
     assert long_waiter.state is FAILED
-    assert isinstance(long_waiter.error, Unavailable) and long_waiter.error.long
+    assert isinstance(long_waiter.error, Unavailable)
+    assert (long_waiter.error.model, long_waiter.error.long) == (BIG, True)
     assert list(core.waiters()) == [short_waiter]
     for lease in held:
         core.release(lease)

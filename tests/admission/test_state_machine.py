@@ -728,8 +728,8 @@ class AdmissionMachine(RuleBasedStateMachine):
     def retry_behind_later_arrival(self, data: st.DataObject, refresh: bool) -> None:
         """[failover-before-first-byte] [refresh-consistency] requests for a held lease's model until
         two queue (later arrivals), then the lease fails and retries: its release grants the first
-        waiter its slot; if no untried candidate is free the retry queues before the second; then,
-        sometimes, a refresh while it is queued."""
+        waiter its slot; if no untried candidate is free the retry queues before the second; then
+        a refresh while it is queued, or time passes (expire() walks the queue past it)."""
         lease = data.draw(st.sampled_from(self.retriable()))
         for _ in range(6):  # two later arrivals: the lease's release grants its slot to the first
             if sum(w.seq > lease.arrival and w.model == lease.model for w in self.queued) >= 2:
@@ -737,8 +737,11 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.step_grants = []
             self.request_one(lease.model, lease.long)
         self.retry_lease(lease)
-        if refresh and self.queued_retries():
-            self.refresh_with_retries_queued(data)
+        if self.queued_retries():
+            if refresh:
+                self.refresh_with_retries_queued(data)
+            else:  # or time passes: the retry expires at its arrival place, or not yet
+                self.advance_time(data.draw(st.sampled_from((0.5, 1, 3, 11))))
 
     @precondition(lambda self: self.queued_retries())
     @rule(data=st.data())
