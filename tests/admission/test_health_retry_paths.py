@@ -443,6 +443,7 @@ def test_refresh_ending_long_slots_fails_a_long_waiter_of_a_kept_group(pool, pre
     config = pool.two_nodes(gpu0=pool.spec(long_cap=0), gpu1=pool.spec(long_cap=0))
     decisions = core.refresh(core.prepare_refresh(config) if prepared else config)
     assert [(type(d), d.waiter) for d in decisions] == [(Failed, long_waiter)]
+    assert isinstance(decisions[0], Failed) and decisions[0].error is long_waiter.error
     assert long_waiter.state is FAILED
     assert isinstance(long_waiter.error, Unavailable)
     assert (long_waiter.error.model, long_waiter.error.long) == (BIG, True)
