@@ -25,8 +25,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests tests_real tests_ui benchmarks examples
 	$(BIN)/mypy
 
+# -u: unbuffered, so the tail of the output (all CI keeps) shows the last test that ran.
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -u -m pytest
 
 $(REAL_STAMP): $(STAMP)
 	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[daemons,test,bench,real]'

@@ -144,8 +144,11 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the local stack and keep it running until Ctrl-C or SIGTERM."""
     # SIGTERM takes the Ctrl-C path: without it the process would die at once and
-    # leave the backend, the Edge and the Node running.
+    # leave the backend, the Edge and the Node running. SIGINT is set too: a shell
+    # without job control starts background commands with SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler of its own.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     args = _parse_args(argv)
     examples = importlib.resources.files("iop_stack") / "examples"
     with contextlib.ExitStack() as files:
