@@ -455,21 +455,23 @@ def test_refresh_ending_long_slots_fails_a_long_waiter_of_a_kept_group(pool, pre
 
 @pytest.mark.req("failover-before-first-byte", "refresh-consistency")
 @pytest.mark.parametrize("prepared", [False, True])
-def test_refresh_leaving_a_queued_retry_no_untried_candidate_fails_it(pool, prepared):
-    """A BIG retry queued for gpu1 (it tried gpu0); a refresh disables gpu1: the retry fails
-    Unavailable (model BIG, not long) at once, FAILED, though gpu0 is free -- it never goes
-    back to the provider that failed it."""
+@pytest.mark.parametrize("long", [False, True])
+def test_refresh_leaving_a_queued_retry_no_untried_candidate_fails_it(pool, prepared, long):
+    """A BIG retry queued for gpu1 (it tried gpu0); a refresh disables gpu1 (or, for a long
+    retry, leaves it no long slot): the retry fails Unavailable (model BIG, its kind) at once,
+    FAILED, though gpu0 is free -- it never goes back to the provider that failed it."""
     base = attrs.evolve(pool.two_nodes(), retry=RetryPolicy(2))
     core = _core(base)
-    first = _lease(core.request(BIG, False, 0.0))
-    second = _lease(core.request(BIG, False, 0.0))
+    first = _lease(core.request(BIG, long, 0.0))
+    second = _lease(core.request(BIG, long, 0.0))
     core.release(first)
     retried = _waiter(core.retry(first, 1.0))
-    config = attrs.evolve(base, providers={**base.providers, pool.gpu1: pool.spec(enabled=False)})
+    gpu1 = pool.spec(long_cap=0) if long else pool.spec(enabled=False)
+    config = attrs.evolve(base, providers={**base.providers, pool.gpu1: gpu1})
     decisions = core.refresh(core.prepare_refresh(config) if prepared else config)
     assert [(type(d), d.waiter) for d in decisions] == [(Failed, retried)]
     assert retried.state is FAILED
     assert isinstance(retried.error, Unavailable)
-    assert (retried.error.model, retried.error.long) == (BIG, False)
+    assert (retried.error.model, retried.error.long) == (BIG, long)
     assert core.queue_depth == 0
     core.release(second)
