@@ -67,10 +67,11 @@ bench-peers: $(STAMP)
 	$(BIN)/python -m benchmarks e2e fleet --runs 3 --peers
 
 # Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
-# `make test`. Results are kept in mutants/: a rerun tests only the mutants of functions that changed.
-# `make mutate` runs the health, retry, probe and panic functions of _state.py (a few minutes);
-# MUTANTS='glob ...' picks others (e.g. MUTANTS='iop_admission._gate.*'); `make mutate-all` starts
-# from scratch over the whole admission core and the Edge's overload unit.
+# `make test`. Results are kept in mutants/. HYPOTHESIS_PROFILE=mutate (tests/conftest.py): fixed
+# seed, no shrinking, example tests before Hypothesis ones. `make mutate` reruns the mutants of the
+# health, retry, probe and panic functions of _state.py (399); MUTANTS='glob ...' picks others (e.g.
+# MUTANTS='iop_admission._gate.*'); `make mutate-all` starts from scratch over the whole admission
+# core, the Node's gate and the Edge's overload unit (3,145 mutants).
 MUTATE_HEALTH = $(foreach f,report_failure report_success advance retry expire _requeue \
 	_enqueue_in_order _eject _restore _reopen_probe _grant _reportable _forget_health,\
 	'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
@@ -78,12 +79,12 @@ MUTATE_HEALTH = $(foreach f,report_failure report_success advance retry expire _
 MUTANTS ?= $(MUTATE_HEALTH)
 .PHONY: mutate mutate-all
 mutate: $(STAMP)
-	HYPOTHESIS_PROFILE=dev nice -n 19 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	HYPOTHESIS_PROFILE=mutate nice -n 19 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 	$(BIN)/mutmut results
 
 mutate-all: $(STAMP)
 	rm -rf mutants
-	HYPOTHESIS_PROFILE=dev nice -n 19 $(BIN)/mutmut run --max-children 2
+	HYPOTHESIS_PROFILE=mutate nice -n 19 $(BIN)/mutmut run --max-children 2
 	$(BIN)/mutmut results
 
 clean:

@@ -2,7 +2,11 @@
 
 ``ci`` runs in ``make test``; ``soak`` (``HYPOTHESIS_PROFILE=soak``, ``make soak``)
 runs ten times longer. Stateful tests set their own step counts per profile
-through :data:`STATEFUL`.
+through ``HYPOTHESIS_PROFILE``. ``mutate`` (``make mutate``, docs/reliability.md) is for
+mutation runs: a fixed seed (every run of a mutant gives the same verdict), no
+shrinking (a failing example only has to fail, not be explained), no example
+database; and the tests run example tests first, Hypothesis tests last, so that
+the ``-x`` of a mutation run stops at the cheapest test that kills the mutant.
 
 ``pytest --req ID`` (repeatable) runs only the tests marked ``req("ID")``, the
 tests that prove requirement ``ID`` of ``docs/requirements.md``.
@@ -13,14 +17,22 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--req", action="append", default=[], metavar="ID", help="run only tests marked req(ID)")
 
 
+def _is_hypothesis(item: pytest.Item) -> bool:
+    return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if PROFILE == "mutate":
+        items.sort(key=_is_hypothesis)  # stable: example tests keep their order, then the Hypothesis ones
     wanted = set(config.getoption("--req"))
     if not wanted:
         return
@@ -48,4 +60,13 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", max_examples=20, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+settings.register_profile(
+    "mutate",
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(PROFILE)

@@ -90,6 +90,7 @@ def test_unknown_name_is_key_error():
         ({"gpu0": True}, None, 1),
         ({"gpu0": 1.5, "gpu1": -1}, 0, 3),
         ({"gpu0": 1}, False, 1),
+        ({"gpu0": 1}, 2.5, 1),  # a float global limit, even >= 1
     ],
 )
 def test_invalid_limits_config_error(limits, global_limit, count):
@@ -151,3 +152,44 @@ def test_permit_repr_names_it_and_its_state():
     assert repr(permit) == "<Permit 'gpu0' held>"
     permit.release()
     assert repr(permit) == "<Permit 'gpu0' released>"
+
+
+@pytest.mark.req("runtime-concurrency")
+def test_global_limit_of_one_is_valid():
+    """[runtime-concurrency] 1 is the smallest valid global limit: one permit, node-wide."""
+    gate = LocalGate(limits={"gpu0": 1, "gpu1": 1}, global_limit=1)
+    with gate.try_acquire("gpu0"), pytest.raises(ConcurrencyLimitExceeded):
+        gate.try_acquire("gpu1")
+    _drained(gate)
+
+
+@pytest.mark.req("runtime-concurrency")
+def test_every_rejection_counts_once_and_names_its_provider():
+    """[runtime-concurrency] each rejection, per-provider or global, adds exactly one to
+    ``rejected``; a global rejection names the provider asked for."""
+    gate = LocalGate(limits={"gpu0": 1, "gpu1": 2}, global_limit=2)
+    first = gate.try_acquire("gpu0")
+    for count in (1, 2):
+        with pytest.raises(ConcurrencyLimitExceeded):
+            gate.try_acquire("gpu0")
+        assert gate.statistics().rejected == count
+    second = gate.try_acquire("gpu1")
+    for count in (3, 4):
+        with pytest.raises(ConcurrencyLimitExceeded) as info:
+            gate.try_acquire("gpu1")
+        assert (info.value.name, info.value.scope, info.value.limit) == ("gpu1", "global", 2)
+        assert gate.statistics().rejected == count
+    first.release()
+    second.release()
+    assert first.held is False and second.held is False
+    _drained(gate)
+
+
+@pytest.mark.req("tunnel-guard")
+def test_gate_repr_shows_each_provider_and_the_global_count():
+    """The gate's repr (the Node's logs): every provider's permits in use over its limit, then
+    the node-wide count when there is a global limit."""
+    gate = LocalGate(limits={"gpu0": 1, "gpu1": 2}, global_limit=3)
+    with gate.try_acquire("gpu1"):
+        assert repr(gate) == "<LocalGate gpu0 0/1, gpu1 1/2; 1/3 global>"
+    assert repr(LocalGate(limits={"gpu0": 1})) == "<LocalGate gpu0 0/1>"

@@ -24,7 +24,7 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._state import QUEUED, AdmissionState, Ejected, Granted, Lease, Waiter
+from iop_admission._state import FAILED, QUEUED, AdmissionState, Ejected, Failed, Granted, Lease, Waiter
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -358,6 +358,7 @@ def test_retry_refusals_name_the_model_and_what_ran_out(pool):
     with pytest.raises(Unavailable) as none_left:  # FAST's only candidate, gpu0, was tried
         core.retry(first, 9.0)
     assert (none_left.value.model, none_left.value.long) == (FAST, False)
+    assert none_left.value.reasons == (f"{pool.gpu0}: already tried by this request",)
     core.release(first)
     big = _lease(core.request(BIG, False, 1.0))
     second = _lease(core.retry(big, 2.0))
@@ -387,6 +388,10 @@ def test_long_retry_refused_when_no_untried_candidate_has_a_long_slot(pool):
     with pytest.raises(Unavailable) as refused:
         core.retry(first, 1.0)
     assert (refused.value.model, refused.value.long) == (BIG, True)
+    assert refused.value.reasons == (
+        f"{pool.gpu0}: already tried by this request",
+        f"{pool.gpu1}: runs no long requests (long_context_capacity=0)",
+    )
     assert core.queue_depth == 0
 
 
@@ -401,3 +406,72 @@ def test_two_queued_retries_keep_arrival_order(pool):
     retry_b = _waiter(core.retry(b, 1.0))
     retry_a = _waiter(core.retry(a, 1.0))
     assert list(core.waiters()) == [retry_a, retry_b, later]
+
+
+@pytest.mark.req("failover-before-first-byte", "refresh-consistency")
+def test_refresh_removing_the_model_fails_its_queued_retry_and_waiter_naming_it(pool):
+    """A refresh that removes BIG while a BIG retry and a later BIG request are queued: both end
+    ``ModelNotFound`` naming BIG, in arrival order."""
+    config = attrs.evolve(pool.two_nodes(), retry=RetryPolicy(2))
+    core = _core(config)
+    first = _lease(core.request(BIG, False, 0.0))
+    second = _lease(core.request(BIG, False, 0.0))
+    core.release(first)
+    retried = _waiter(core.retry(first, 1.0))  # gpu1, its only untried candidate, is busy
+    third = _lease(core.request(BIG, False, 1.0))  # gpu0, freed by the first
+    later = _waiter(core.request(BIG, False, 1.0))
+    decisions = core.refresh(attrs.evolve(config, models={FAST: config.models[FAST]}))
+    assert [(type(d), d.waiter) for d in decisions] == [(Failed, retried), (Failed, later)]
+    for d in decisions:
+        assert isinstance(d, Failed) and isinstance(d.error, ModelNotFound) and d.error.model == BIG
+    core.release(second)
+    core.release(third)
+    assert core.queue_depth == 0
+
+
+@pytest.mark.req("refresh-consistency")
+@pytest.mark.parametrize("prepared", [False, True])
+def test_refresh_ending_long_slots_fails_a_long_waiter_of_a_kept_group(pool, prepared):
+    """A refresh that keeps BIG's candidates but leaves none with a long slot: the queued long
+    BIG waiter fails Unavailable (long) at once, FAILED, instead of waiting for a slot that
+    never comes; the short waiter behind it keeps its place."""
+    base = pool.two_nodes()
+    core = _core(base)
+    held = [_lease(core.request(BIG, True, 0.0)), _lease(core.request(BIG, True, 0.0))]
+    long_waiter = _waiter(core.request(BIG, True, 0.0))
+    short_waiter = _waiter(core.request(BIG, False, 0.0))
+    config = pool.two_nodes(gpu0=pool.spec(long_cap=0), gpu1=pool.spec(long_cap=0))
+    decisions = core.refresh(core.prepare_refresh(config) if prepared else config)
+    assert [(type(d), d.waiter) for d in decisions] == [(Failed, long_waiter)]
+    assert isinstance(decisions[0], Failed) and decisions[0].error is long_waiter.error
+    assert long_waiter.state is FAILED
+    assert isinstance(long_waiter.error, Unavailable)
+    assert (long_waiter.error.model, long_waiter.error.long) == (BIG, True)
+    assert list(core.waiters()) == [short_waiter]
+    for lease in held:
+        core.release(lease)
+    assert short_waiter.state is not QUEUED
+
+
+@pytest.mark.req("failover-before-first-byte", "refresh-consistency")
+@pytest.mark.parametrize("prepared", [False, True])
+@pytest.mark.parametrize("long", [False, True])
+def test_refresh_leaving_a_queued_retry_no_untried_candidate_fails_it(pool, prepared, long):
+    """A BIG retry queued for gpu1 (it tried gpu0); a refresh disables gpu1 (or, for a long
+    retry, leaves it no long slot): the retry fails Unavailable (model BIG, its kind) at once,
+    FAILED, though gpu0 is free -- it never goes back to the provider that failed it."""
+    base = attrs.evolve(pool.two_nodes(), retry=RetryPolicy(2))
+    core = _core(base)
+    first = _lease(core.request(BIG, long, 0.0))
+    second = _lease(core.request(BIG, long, 0.0))
+    core.release(first)
+    retried = _waiter(core.retry(first, 1.0))
+    gpu1 = pool.spec(long_cap=0) if long else pool.spec(enabled=False)
+    config = attrs.evolve(base, providers={**base.providers, pool.gpu1: gpu1})
+    decisions = core.refresh(core.prepare_refresh(config) if prepared else config)
+    assert [(type(d), d.waiter) for d in decisions] == [(Failed, retried)]
+    assert retried.state is FAILED
+    assert isinstance(retried.error, Unavailable)
+    assert (retried.error.model, retried.error.long) == (BIG, long)
+    assert core.queue_depth == 0
+    core.release(second)

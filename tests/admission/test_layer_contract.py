@@ -25,9 +25,11 @@ from iop_admission import (
     Admission,
     LeaseRevoked,
     LeaseScopeError,
+    OutlierPolicy,
     PoolConfig,
     QueuePolicy,
     QueueTimeout,
+    RetryPolicy,
     Unavailable,
 )
 from iop_admission.aio import AsyncAdmission
@@ -394,6 +396,37 @@ def test_subscription_is_an_async_iterator_of_lifecycle_events(layer: Layer, poo
             kinds = [(await events.__anext__()).kind for _ in range(4)]
         assert kinds == ["connected", "granted", "released", "disconnected"]
         assert lease.released
+        _drained(admission)
+
+    layer.run(scenario)
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_failure_ejects_the_retry_goes_elsewhere_and_the_probe_comes_when_due(layer: Layer, pool: Any) -> None:
+    """Both layers: a failure report ejects gpu0; the retry goes to gpu1 (attempt 2, gpu0 tried)
+    and a new request too; once the ejection time has passed the next request is gpu0's probe,
+    and its success brings gpu0 back."""
+
+    async def scenario() -> None:
+        ejection = _timeout(layer, 1.0)
+        config = attrs.evolve(pool.two_nodes(), outlier=OutlierPolicy(1, ejection, ejection), retry=RetryPolicy(2))
+        admission = layer.admission(config)
+        admission.connect("node-a")
+        admission.connect("node-b")
+        async with admission.lease(pool.big) as first:
+            assert first.provider == pool.gpu0
+            admission.report_failure(first)
+        async with admission.retry(first) as second:
+            assert (second.provider, second.attempt, second.tried) == (pool.gpu1, 2, (pool.gpu0, pool.gpu1))
+            admission.report_success(second)
+        async with admission.lease(pool.big) as during:
+            assert during.provider == pool.gpu1 and not during.probe
+        await layer.sleep(2.0)
+        async with admission.lease(pool.big) as probe:
+            assert probe.provider == pool.gpu0 and probe.probe
+            admission.report_success(probe)
+        [gpu0] = [p for p in admission.snapshot().providers if p.provider_id == pool.gpu0.provider_id]
+        assert (gpu0.health, gpu0.failures) == ("online", 0)
         _drained(admission)
 
     layer.run(scenario)

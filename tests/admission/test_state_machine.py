@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import pytest
@@ -57,7 +60,24 @@ MODELS = ("ornith:35b", "ornith-fast", "m2", "m3")
 
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 _FIGURES: collections.Counter[str] = collections.Counter()  # what the runs exercised, printed at the end
-_EXAMPLES, _STEPS = {"soak": (5_000, 150), "dev": (50, 30)}.get(_PROFILE, (500, 50))
+_EXAMPLES, _STEPS = {"soak": (5_000, 150), "dev": (50, 30), "mutate": (100, 40)}.get(_PROFILE, (500, 50))
+
+
+def counted(step: Callable[..., None]) -> Callable[..., None]:
+    """Count each time Hypothesis picks ``step`` as a step (``rule <name>`` in the figures), not
+    the calls other rules make to it."""
+
+    @functools.wraps(step)
+    def run(self: AdmissionMachine, *args: Any, **kwargs: Any) -> None:
+        if not self.in_step:
+            self.figures[f"rule {step.__name__}"] += 1
+        outer, self.in_step = self.in_step, True
+        try:
+            step(self, *args, **kwargs)
+        finally:
+            self.in_step = outer
+
+    return run
 
 
 @st.composite
@@ -151,6 +171,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.probes: dict[ProviderKey, int] = dict.fromkeys(KEYS, 0)  # probes per ejection period
         self.panic_grants: set[int] = set()  # ids of leases granted on a non-admitting provider (panic mode)
         self.figures = _FIGURES
+        self.in_step = False  # a rule is running (its calls to other rules are not steps)
 
     # ------------------------------------------------------------- reference
 
@@ -317,6 +338,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.connect(node)
 
     @rule(data=st.data())
+    @counted
     def burst(self, data: st.DataObject) -> None:
         """Several requests in one step, mostly for configured models."""
         self.step_grants = []
@@ -363,6 +385,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
+    @counted
     def release(self, data: st.DataObject) -> None:
         self.step_grants = []
         lease = data.draw(st.sampled_from(self.held))
@@ -381,18 +404,26 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.held or self.ended)
     @rule(data=st.data(), ok=st.sampled_from((False, False, True)))
+    @counted
     def report(self, data: st.DataObject, ok: bool) -> None:
         """[outlier-ejection] a failure or success report for a live, ended or already reported lease."""
-        self.step_grants = []
-        lease = data.draw(st.sampled_from(self.held + self.ended))
+        self.report_lease(data.draw(st.sampled_from(self.held + self.ended)), ok)
+
+    def reportable(self, lease: Lease) -> bool:
+        """A report of ``lease`` counts: its first, from the provider's current health epoch and generation."""
         key = lease.provider
-        h = self.health[key]
-        stale = (
+        return not (
             lease.id in self.reported
             or key not in self.config.providers
-            or self.lease_epoch[lease.id] != h.epoch
+            or self.lease_epoch[lease.id] != self.health[key].epoch
             or lease.generation != self.generation[key.node_id]
         )
+
+    def report_lease(self, lease: Lease, ok: bool) -> None:
+        self.step_grants = []
+        key = lease.provider
+        h = self.health[key]
+        stale = not self.reportable(lease)
         self.reported.add(lease.id)
         before = self.core.provider_snapshots(), list(self.core.waiters()), self.core.next_ejection_end()
         if ok:
@@ -429,6 +460,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
+    @counted
     def retry(self, data: st.DataObject) -> None:
         """[failover-before-first-byte] a failed attempt ends, then the request asks again."""
         self.retry_lease(data.draw(st.sampled_from(self.held)))
@@ -436,6 +468,10 @@ class AdmissionMachine(RuleBasedStateMachine):
     def retry_lease(self, lease: Lease) -> None:
         self.step_grants = []
         self.release_lease(lease)
+        # The release's grants went to waiters queued before the retry asks again: check their
+        # order against that queue, not against the retry that may queue at its earlier place next.
+        self.arrival_order()
+        self.step_grants = []
         model = lease.model
         if lease.attempt >= self.config.retry.max_attempts:
             expect: object = RetriesExhausted
@@ -477,6 +513,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.queued)
     @rule(data=st.data())
+    @counted
     def cancel_waiter(self, data: st.DataObject) -> None:
         self.step_grants = []
         waiter = data.draw(st.sampled_from(self.queued))
@@ -485,6 +522,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.queued.remove(waiter)
 
     @rule(dt=st.sampled_from((0.5, 1, 3, 11)))
+    @counted
     def advance_time(self, dt: float) -> None:
         self.step_grants = []
         self.now += dt
@@ -503,6 +541,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.apply(self.core.advance(self.now))
 
     @rule(node=st.sampled_from(NODES))
+    @counted
     def connect(self, node: str) -> None:
         self.step_grants = []
         was_connected = self.connected[node]
@@ -522,6 +561,7 @@ class AdmissionMachine(RuleBasedStateMachine):
                     assert lease.revoked, f"{lease} of the old generation is still live"
 
     @rule(node=st.sampled_from(NODES), stale=st.booleans())
+    @counted
     def disconnect(self, node: str, stale: bool) -> None:
         self.step_grants = []
         gen = self.generation[node] - 1 if stale else self.generation[node]
@@ -537,6 +577,7 @@ class AdmissionMachine(RuleBasedStateMachine):
                 assert lease.revoked, "a lease of the fenced generation is still live"
 
     @rule(config=pool_configs(), prepared=st.booleans())
+    @counted
     def refresh(self, config: PoolConfig, prepared: bool) -> None:
         """A refresh, direct or prepared just before (then only what changed is touched)."""
         self.step_grants = []
@@ -545,6 +586,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.kept = len(self.queued)
 
     @rule(data=st.data())
+    @counted
     def prepare_refresh(self, data: st.DataObject) -> None:
         """[reload-off-loop] Prepare a refresh now, to apply it some steps later (as a reload
         prepares in a worker thread while the pool keeps serving): an edit of the config in force."""
@@ -557,6 +599,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.pending is not None)
     @rule()
+    @counted
     def apply_prepared(self) -> None:
         """Apply the refresh prepared earlier, whatever happened since (another refresh too)."""
         self.step_grants = []
@@ -574,6 +617,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.config = config
 
     @rule(data=st.data())
+    @counted
     def refresh_tweak(self, data: st.DataObject) -> None:
         """A refresh that changes one thing: the queue policy or one provider's spec."""
         self.step_grants = []
@@ -590,6 +634,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.kept = len(self.queued)
 
     @rule()
+    @counted
     def refresh_invalid(self) -> None:
         """An invalid config is rejected whole; nothing changes."""
         self.step_grants = []
@@ -610,6 +655,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.probing())
     @rule(data=st.data())
+    @counted
     def request_during_probe(self, data: st.DataObject) -> None:
         """[outlier-ejection] requests for models that list a provider whose probe is out."""
         self.step_grants = []
@@ -621,6 +667,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.ejected())
     @rule(data=st.data())
+    @counted
     def probe_then_request(self, data: st.DataObject) -> None:
         """[outlier-ejection] time runs to an ejection's end, the probe is granted (to a waiter,
         or to the requests that follow), then more requests come while it is out."""
@@ -635,24 +682,70 @@ class AdmissionMachine(RuleBasedStateMachine):
         if self.probing():
             self.request_during_probe(data)
 
-    @precondition(lambda self: any(lease.model in self.config.models for lease in self.held))
+    def ejectable(self) -> list[ProviderKey]:
+        """Healthy providers that some model lists and that could take a grant, when failures eject."""
+        if not self.config.outlier.consecutive_failures:
+            return []
+        listed = {k for group in self.config.models.values() for k in group.candidates}
+        return sorted(k for k in listed if self.health[k].state == HEALTHY and self.eligible(k))
+
+    @precondition(lambda self: self.ejectable())
+    @rule(data=st.data(), probe=st.booleans())
+    @counted
+    def eject_then_probe(self, data: st.DataObject, probe: bool) -> None:
+        """[outlier-ejection] failures reported on one provider's leases (requests first, when it holds
+        none to report) until it is ejected; then, sometimes, time to its probe and requests while
+        the probe is out. Without this rule ejections come only from random reports, a few per run."""
+        key = data.draw(st.sampled_from(self.ejectable()))
+        models = sorted(m for m, group in self.config.models.items() if key in group.candidates)
+        for _ in range(2 * self.config.outlier.consecutive_failures + 2):
+            if self.health[key].state != HEALTHY:
+                break
+            lease = next((lease for lease in self.held if lease.provider == key and self.reportable(lease)), None)
+            if lease is None:
+                self.step_grants = []
+                self.request_one(data.draw(st.sampled_from(models)), False)
+            else:
+                self.report_lease(lease, ok=False)
+        if self.health[key].state == EJECTED:
+            self.fired("ejections driven")
+            if probe:
+                self.probe_then_request(data)
+
+    def retriable(self) -> list[Lease]:
+        """Held leases that a retry could requeue: live, of a configured model, attempts left."""
+        return [
+            lease
+            for lease in self.held
+            if lease.model in self.config.models
+            and not lease.revoked
+            and lease.attempt < self.config.retry.max_attempts
+        ]
+
+    @precondition(lambda self: self.retriable())
     @rule(data=st.data(), refresh=st.booleans())
+    @counted
     def retry_behind_later_arrival(self, data: st.DataObject, refresh: bool) -> None:
         """[failover-before-first-byte] [refresh-consistency] requests for a held lease's model until
-        one queues (a later arrival), then the lease fails and retries: if no untried candidate is
-        free the retry queues before that waiter; then, sometimes, a refresh while it is queued."""
-        lease = data.draw(st.sampled_from([lease for lease in self.held if lease.model in self.config.models]))
-        for _ in range(4):
-            if any(w.seq > lease.arrival and w.model == lease.model for w in self.queued):
+        two queue (later arrivals), then the lease fails and retries: its release grants the first
+        waiter its slot; if no untried candidate is free the retry queues before the second; then
+        a refresh while it is queued, or time passes (expire() walks the queue past it)."""
+        lease = data.draw(st.sampled_from(self.retriable()))
+        for _ in range(6):  # two later arrivals: the lease's release grants its slot to the first
+            if sum(w.seq > lease.arrival and w.model == lease.model for w in self.queued) >= 2:
                 break
             self.step_grants = []
             self.request_one(lease.model, lease.long)
         self.retry_lease(lease)
-        if refresh and self.queued_retries():
-            self.refresh_with_retries_queued(data)
+        if self.queued_retries():
+            if refresh:
+                self.refresh_with_retries_queued(data)
+            else:  # or time passes: the retry expires at its arrival place, or not yet
+                self.advance_time(data.draw(st.sampled_from((0.5, 1, 3, 11))))
 
     @precondition(lambda self: self.queued_retries())
     @rule(data=st.data())
+    @counted
     def refresh_with_retries_queued(self, data: st.DataObject) -> None:
         """[failover-before-first-byte] [refresh-consistency] a refresh while retries are queued:
         the config in force again (direct, prepared, or with its model groups rebuilt) or a tweak."""
@@ -667,6 +760,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.held and self.queued)
     @rule(data=st.data())
+    @counted
     def retry_with_waiters(self, data: st.DataObject) -> None:
         """[failover-before-first-byte] a retry while later arrivals wait: it must go back before them."""
         self.fired("retries while waiters queue")
@@ -674,6 +768,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.unhealthy_nodes())
     @rule(data=st.data())
+    @counted
     def reconnect_during_ejection(self, data: st.DataObject) -> None:
         """[outlier-ejection] [disconnect-exclusion] a node reconnects (a new generation) while one
         of its providers is ejected, due a probe or probing."""
@@ -855,7 +950,9 @@ class AdmissionMachine(RuleBasedStateMachine):
 def _print_figures() -> object:
     yield
     if _FIGURES:
-        print("\nstate machine figures:", dict(sorted(_FIGURES.items())))
+        print(f"\nstate machine figures ({_PROFILE} profile, {_EXAMPLES} examples x {_STEPS} steps at most):")
+        for name, count in sorted(_FIGURES.items()):
+            print(f"  {name:45} {count:7}")
 
 
 AdmissionMachine.TestCase.settings = settings(settings.default, max_examples=_EXAMPLES, stateful_step_count=_STEPS)

@@ -30,6 +30,7 @@ from iop_edge._overload import (
     watch_loop_lag,
 )
 from iop_edge.config import load_edge_config
+from iop_edge.status import OverloadStatus
 
 POLICY = OverloadPolicy(shed_loop_lag=0.1, shed_connections=100, max_connections=200, max_retry_after=30)
 
@@ -349,3 +350,91 @@ async def test_full_queue_with_every_slot_taken_is_refused_before_the_body(tmp_p
             await node_a.answer(await node_a.next_run())  # the queued request, granted on gpu0
         assert {name: r.status_code for name, r in results.items()} == {"a": 200, "b": 200, "queued": 200}
         await edge.assert_drained()
+
+
+@pytest.mark.req("overload-shed")
+def test_status_reports_every_figure_of_the_front_door() -> None:
+    """[overload-shed] ``/status``'s ``overload`` part: each figure from its own source, lag and
+    service time in ms to 0.1; ``shedding`` while lag sheds or while the open connections are
+    over ``shed_connections`` (not at it)."""
+    door = FrontDoor(POLICY)
+    door.shedder.observe_lag(0.01234)
+    door.shedder.service_time = 0.25678
+    door.shedder.shed_total = 4
+    door.connections.open, door.connections.refused, door.connections.paused = 100, 2, 3
+    door.enter()
+    assert door.status() == OverloadStatus(
+        shedding=False,
+        loop_lag_ms=12.3,
+        open_connections=100,
+        refused_connections=2,
+        shed_requests=4,
+        waiting=1,
+        service_time_ms=256.8,
+        paused_connections=3,
+    )
+    door.connections.open = 101
+    assert door.status().shedding
+    door.connections.open = 1
+    door.shedder.observe_lag(0.25)
+    assert door.status().shedding
+
+
+def test_reprs_show_the_state_in_ms() -> None:
+    """The shedder's and the schedule's reprs (logs): state, lag and spacing in ms."""
+    shedder = LoadShedder(POLICY)
+    shedder.observe_lag(0.0125)
+    assert repr(shedder) == "<LoadShedder admitting, lag 12.5 ms, 0 shed>"
+    shedder.observe_lag(0.25)
+    assert repr(shedder) == "<LoadShedder shedding, lag 250.0 ms, 0 shed>"
+    schedule = ReturnSchedule(rate=500.0, ceiling=30.0)
+    schedule.book(now=1.0, drain=0.0)
+    assert repr(schedule) == "<ReturnSchedule every 2 ms, last 1.000>"
+
+
+@pytest.mark.req("overload-shed")
+def test_lag_thresholds_are_strict() -> None:
+    """[overload-shed] A lag exactly at the threshold does not start shedding; exactly at half of
+    it does not end it (both bounds strict); shedding ends as a plain False."""
+    shedder = LoadShedder(POLICY)  # shed_loop_lag 0.1
+    shedder.observe_lag(0.1)
+    assert shedder.lag_shedding is False
+    shedder.observe_lag(0.11)
+    shedder.observe_lag(0.05)
+    assert shedder.lag_shedding is True
+    shedder.observe_lag(0.049)
+    assert shedder.lag_shedding is False
+
+
+def test_service_time_moves_a_tenth_of_the_way_to_each_duration() -> None:
+    """The service time is a moving average with weight 0.1, short durations included."""
+    shedder = LoadShedder(POLICY, initial_service_time=1.0)
+    shedder.observe_service(0.5)
+    assert shedder.service_time == pytest.approx(0.95)
+    shedder.observe_service(-1.0)  # a negative duration counts as 0
+    assert shedder.service_time == pytest.approx(0.855)
+
+
+@pytest.mark.req("overload-cheap-reject")
+def test_passing_counts_each_request_let_through_in_its_window() -> None:
+    """[overload-cheap-reject] Requests let through in one window add up, up to its last
+    instant included; a request that asks when none is passing leaves the count at 0."""
+    door = FrontDoor(POLICY)
+    door.enter()
+    assert door.passing == 0
+    door.let_through(1.0)
+    door.let_through(1.0)
+    door.let_through(door.passing_until)  # the window's last instant
+    assert door.passing == 3
+
+
+def test_a_visit_ends_with_plain_false_flags() -> None:
+    """A visit's flags are booleans from start to end (``granted`` False, not merely falsy)."""
+    door = FrontDoor(POLICY)
+    visit = door.enter()
+    assert visit.granted is False
+    visit.grant()
+    assert (visit.asking, visit.granted) == (False, True)
+    assert visit.asking is False
+    visit.leave()
+    assert visit.granted is False
