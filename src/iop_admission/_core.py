@@ -16,9 +16,11 @@ from collections.abc import Iterable
 
 from ._choice import best_of, could_run
 from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
-from ._errors import AdmissionError, Unavailable
+from ._errors import AdmissionError, QueueFull, TenantLimitExceeded, Unavailable
+from ._fairness import TenantSpec
 from ._records import FAILED, GRANTED, QUEUED, Decision, Failed, Granted, Lease, Waiter, WaiterState
 from ._slots import PROBE, PROBING, ModelGroup, NodeState, ProviderSlot
+from ._tenancy import Tenancy
 
 
 class StateCore:
@@ -39,7 +41,10 @@ class StateCore:
         self._retries: list[Waiter] = []  # queued retries, in arrival order (also in _waiters)
         self._unhealthy: dict[ProviderKey, ProviderSlot] = {}  # ejected, probe due or probing
         self._now = 0.0  # the latest time passed in
+        self._tenancy: Tenancy | None = None  # tenants configured: the fair order of grants
+        self._pending: list[Decision] = []  # decisions of a request (waiters shed for it), not yet taken
         self._install(config)
+        self._set_tenants(config.tenants)
 
     # ------------------------------------------------------------------ queries
 
@@ -90,8 +95,50 @@ class StateCore:
         p.node.providers.remove(p)
         self._unhealthy.pop(p.key, None)
 
+    def _set_tenants(self, specs: tuple[TenantSpec, ...]) -> bool:
+        """Put ``specs`` in force live (every lease and waiter kept); whether the order may have changed."""
+        tenancy = self._tenancy
+        if tenancy is not None and specs:
+            return tenancy.configure(specs)
+        if tenancy is None and specs:
+            self._tenancy = Tenancy(specs)
+            self._tenancy.requeue(self._waiters.values())
+            return True
+        if tenancy is not None:  # tenants gone: one global FIFO again
+            self._tenancy = None
+            for w in self._waiters.values():
+                w._ticket = None
+            for p in self._providers.values():
+                for lease in p.leases.values():
+                    lease._ticket = None
+            return True
+        return False
+
+    def _shed_for(self, tenant: str, model: str) -> None:
+        """The queue is full: evict the newest waiter of the lowest negative band below ``tenant``'s.
+
+        Raises:
+            TenantLimitExceeded: ``tenant`` is of a negative band and nothing lower waits (``"shed"``).
+            QueueFull: nothing of a negative band below ``tenant``'s waits.
+        """
+        assert self._tenancy is not None
+        fair = self._tenancy.fair
+        priority = fair.spec(tenant).priority
+        victim = fair.shed_victim(priority)
+        if victim is None:
+            if priority < 0:
+                raise TenantLimitExceeded(tenant, "shed", self._max_queue)
+            raise QueueFull(model, self._max_queue)
+        w = victim.item
+        assert isinstance(w, Waiter)
+        self._remove(w, FAILED)
+        w.error = TenantLimitExceeded(w.tenant, "shed", self._max_queue)
+        self._pending.append(Failed(w, w.error))
+
     def _remove(self, waiter: Waiter, state: WaiterState) -> None:
         waiter.state = state
+        if waiter._ticket is not None and self._tenancy is not None:
+            self._tenancy.fair.cancel(waiter._ticket)
         del self._waiters[waiter.seq]
         if waiter._group is not None:
             waiter._group.forget(waiter)
@@ -109,6 +156,8 @@ class StateCore:
         self._waiters = dict(items)
 
     def _fail_unindexed(self, waiter: Waiter, error: AdmissionError) -> Failed:
+        if waiter._ticket is not None and self._tenancy is not None:
+            self._tenancy.fair.cancel(waiter._ticket)
         waiter.state = FAILED
         waiter.error = error
         del self._waiters[waiter.seq]
@@ -123,8 +172,12 @@ class StateCore:
         enqueue_time: float,
         attempt: int = 1,
         tried: tuple[ProviderKey, ...] = (),
+        charge: Waiter | None = None,
     ) -> Lease:
+        """A lease on ``p``; ``charge``: the waiter whose tenant, cost and ticket it carries."""
         lease = Lease(next(self._lease_ids), p, model, long, arrival, enqueue_time, attempt, tried)
+        if charge is not None:
+            lease.tenant, lease.cost, lease._ticket = charge.tenant, charge.cost, charge._ticket
         p.in_flight += 1
         if long:
             p.long_in_flight += 1
@@ -147,6 +200,8 @@ class StateCore:
         a candidate for its kind, and it goes to that candidate. Queued retries
         of these groups (their own candidates) compete by arrival number too.
         """
+        if self._tenancy is not None:
+            return self._dispatch_fair(tuple(groups), self._tenancy)
         groups = tuple(groups)
         retries = self._retries_of(groups) if self._retries else []
         groups = tuple(g for g in groups if g.normal_live or g.long_live)
@@ -173,10 +228,52 @@ class StateCore:
                 break
             self._remove(first, GRANTED)
             w = first
-            lease = self._grant(best, w.model, w.long, w.seq, w.enqueue_time, w.attempt, w.tried)
+            lease = self._grant(best, w.model, w.long, w.seq, w.enqueue_time, w.attempt, w.tried, w)
             first.lease = lease
             decisions.append(Granted(first, lease))
         return decisions
+
+    def _dispatch_fair(self, groups: tuple[ModelGroup, ...], tenancy: Tenancy) -> list[Decision]:
+        """:meth:`_dispatch` with tenants: the next grant is FairShare's among the dispatchable waiters.
+
+        A waiter is dispatchable when its group (or, for a queued retry, its own
+        candidates) has a candidate for its kind: the per-group test of
+        :meth:`_dispatch`. FairShare picks the band, then the tenant by
+        virtual time, then the tenant's earliest dispatchable waiter.
+        """
+        members = {id(g) for g in groups}
+        names = {g.name for g in groups}
+
+        def dispatchable(item: object) -> bool:
+            assert isinstance(item, Waiter)
+            g = item._group
+            if g is not None:
+                return id(g) in members and g.best(item.long) is not None
+            return item.model in names and best_of(item._candidates, item.long) is not None
+
+        decisions: list[Decision] = []
+        while self._any_dispatchable(groups):
+            ticket = tenancy.fair.grant(dispatchable)
+            if ticket is None:
+                break
+            w = ticket.item
+            assert isinstance(w, Waiter)
+            best = w._group.best(w.long) if w._group is not None else best_of(w._candidates, w.long)
+            assert best is not None
+            self._remove(w, GRANTED)
+            w.lease = self._grant(best, w.model, w.long, w.seq, w.enqueue_time, w.attempt, w.tried, w)
+            tenancy.note_grant(w.tenant)
+            decisions.append(Granted(w, w.lease))
+        return decisions
+
+    def _any_dispatchable(self, groups: tuple[ModelGroup, ...]) -> bool:
+        """Whether a waiter of ``groups`` has a dispatchable candidate (its tenant's cap aside): O(groups)."""
+        for g in groups:
+            if (g.normal_live and g.best(False) is not None) or (g.long_live and g.best(True) is not None):
+                return True
+        if not self._retries:
+            return False
+        return any(w.state is QUEUED and best_of(w._candidates, w.long) for w in self._retries_of(groups))
 
     def _retries_of(self, groups: tuple[ModelGroup, ...]) -> list[Waiter]:
         names = {g.name for g in groups}

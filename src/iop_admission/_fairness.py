@@ -28,6 +28,7 @@ of one request), and a backlogged tenant ``i`` is granted within
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -142,8 +143,15 @@ class FairShare:
 
     # -- waiters --------------------------------------------------------------
 
-    def enqueue(self, tenant: str, item: Hashable, cost: float = 1.0) -> tuple[Ticket, list[Ticket]]:
+    def enqueue(
+        self, tenant: str, item: Hashable, cost: float = 1.0, seq: int | None = None, *, quota: bool = True
+    ) -> tuple[Ticket, list[Ticket]]:
         """Queue ``item``; returns its ticket and any sheddable tickets evicted for it.
+
+        ``seq``: the item's arrival number (default: the next of this
+        FairShare's own count); an item older than the tenant's newest waiter
+        (a retry keeping its arrival place) goes in at its place. ``quota``
+        False skips the tenant's ``max_queue`` (a request admitted once already).
 
         Raises :class:`TenantLimitExceeded` when the tenant's ``max_queue`` is
         reached, or when the queue is full and nothing of a lower negative
@@ -151,11 +159,11 @@ class FairShare:
         """
         state = self._tenants[self.tenant_of(tenant)]
         spec = state.spec
-        if spec.max_queue is not None and len(state.queue) >= spec.max_queue:
-            raise TenantLimitExceeded(spec.name, "max_queue", spec.max_queue)
+        if quota:
+            self.check_queue(spec.name)
         shed: list[Ticket] = []
         if self.queue_limit is not None and self.queue_depth >= self.queue_limit:
-            victim = self._shed_victim(spec.priority)
+            victim = self.shed_victim(spec.priority)
             if victim is None:
                 raise TenantLimitExceeded(spec.name, "shed" if spec.priority < 0 else "queue", self.queue_limit)
             self.cancel(victim)
@@ -163,11 +171,46 @@ class FairShare:
         if not state.queue:
             band = spec.priority
             state.finish = max(state.finish, self._vtime.get(band, 0.0))
-        ticket = Ticket(spec.name, item, cost, next(self._seq))
-        state.queue.append(ticket)
-        if len(state.queue) == 1:
+        ticket = Ticket(spec.name, item, cost, next(self._seq) if seq is None else seq)
+        queue = state.queue
+        if queue and queue[-1].seq > ticket.seq:
+            queue.insert(bisect.bisect_left(queue, ticket.seq, key=_ticket_seq), ticket)
+        else:
+            queue.append(ticket)
+        if queue[0] is ticket:
             self._touch(state)
         return ticket, shed
+
+    def check_queue(self, tenant: str) -> None:
+        """Raise :class:`TenantLimitExceeded` if ``tenant`` has ``max_queue`` waiters already."""
+        spec = self._tenants[self.tenant_of(tenant)].spec
+        if spec.max_queue is not None and len(self._tenants[spec.name].queue) >= spec.max_queue:
+            raise TenantLimitExceeded(spec.name, "max_queue", spec.max_queue)
+
+    def can_run(self, tenant: str) -> bool:
+        """Whether ``tenant`` is under its ``max_in_flight``."""
+        state = self._tenants[self.tenant_of(tenant)]
+        cap = state.spec.max_in_flight
+        return cap is None or state.in_flight < cap
+
+    def admit(self, tenant: str, item: Hashable, cost: float = 1.0, seq: int = 0) -> Ticket:
+        """Charge a grant made at once, without queueing (nobody of a band could use the slot).
+
+        The item starts at ``max(F, V)`` as if it had queued and been served
+        first: the same tags and counts as :meth:`enqueue` then :meth:`grant`.
+        """
+        state = self._tenants[self.tenant_of(tenant)]
+        spec = state.spec
+        band = spec.priority
+        start = state.finish if state.queue else max(state.finish, self._vtime.get(band, 0.0))
+        self._vtime[band] = max(self._vtime.get(band, 0.0), start)
+        state.finish = start + cost / spec.weight
+        state.in_flight += 1
+        state.served += cost
+        state.grants += 1
+        ticket = Ticket(spec.name, item, cost, seq, granted=True, charged=cost)
+        self._touch(state)
+        return ticket
 
     def cancel(self, ticket: Ticket) -> None:
         """A queued ticket leaves without a grant (timeout, cancel, shed)."""
@@ -180,7 +223,7 @@ class FairShare:
         if head:
             self._touch(state)
 
-    def _shed_victim(self, priority: int) -> Ticket | None:
+    def shed_victim(self, priority: int) -> Ticket | None:
         """The newest waiter of the lowest negative band below ``priority``."""
         worst: Ticket | None = None
         worst_band = min(priority, 0)
@@ -288,3 +331,7 @@ class FairShare:
 
     def grants(self, tenant: str) -> int:
         return self._tenants[tenant].grants
+
+
+def _ticket_seq(ticket: Ticket) -> int:
+    return ticket.seq

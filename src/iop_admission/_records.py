@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, final
 
 from ._config import ProviderKey
 from ._errors import AdmissionError
+from ._fairness import DEFAULT_TENANT, Ticket
 
 if TYPE_CHECKING:
     from ._slots import ModelGroup, ProviderSlot
@@ -55,9 +56,14 @@ class Lease:
         attempt: 1 for the first attempt, 2 for the first retry, ...
         tried: providers of this and every earlier attempt, in order.
         probe: whether this lease is its provider's probe after an ejection.
+        tenant: the tenant it is charged to ([tenant-fair-share]; ``"default"`` without tenants).
+        cost: the cost reserved for it (1 per request, or estimated tokens).
     """
 
     __slots__ = (
+        "tenant",
+        "cost",
+        "_ticket",
         "id",
         "provider",
         "generation",
@@ -99,6 +105,9 @@ class Lease:
         self.attempt = attempt
         self.tried: tuple[ProviderKey, ...] = (*tried, slot.key)
         self.probe = False
+        self.tenant = DEFAULT_TENANT
+        self.cost = 1.0
+        self._ticket: Ticket | None = None  # its FairShare ticket while tenants are configured
         self._slot = slot
         self._released = False
         self._revoked = False
@@ -139,9 +148,13 @@ class Waiter:
         error: the failure, once ``state == "failed"``.
         attempt, tried: for a retry, its attempt number and the providers
             already tried (never candidates again); 1 and ``()`` otherwise.
+        tenant, cost: the tenant it is charged to and its reserved cost.
     """
 
     __slots__ = (
+        "tenant",
+        "cost",
+        "_ticket",
         "seq",
         "model",
         "long",
@@ -176,6 +189,9 @@ class Waiter:
         self.state: WaiterState = QUEUED
         self.lease: Lease | None = None
         self.error: AdmissionError | None = None
+        self.tenant = DEFAULT_TENANT
+        self.cost = 1.0
+        self._ticket: Ticket | None = None  # its FairShare ticket while tenants are configured
         self._candidates: tuple[ProviderSlot, ...] = ()
         self._group: ModelGroup | None = None  # the model group whose deque holds us while queued
 

@@ -75,7 +75,7 @@ class RefreshRules(HealthRules):
         they are dispatched (every other waiter could not run before and still cannot).
         """
         config = prepared.config
-        self._set_config(config)
+        tenants_changed = self._set_config(config)
         providers = self._providers
         for name in (*prepared.groups, *prepared.dropped):
             old = self._groups.get(name)
@@ -102,13 +102,17 @@ class RefreshRules(HealthRules):
             if not p.leases:
                 self._drop_retired(p)
         decisions = self._requeue()
-        decisions.extend(self._dispatch(groups_of(touched, built.values())))
+        # New tenant caps or bands can make any group's waiter dispatchable.
+        groups = self._groups.values() if tenants_changed else groups_of(touched, built.values())
+        decisions.extend(self._dispatch(groups))
         return decisions
 
-    def _set_config(self, config: PoolConfig) -> None:
+    def _set_config(self, config: PoolConfig) -> bool:
+        """Put ``config``'s policy and tenants in force; whether the tenants changed."""
         self._config = config
         self._max_queue = config.policy.max_queue
         self._timeout = config.policy.queue_timeout
+        return self._set_tenants(config.tenants)
 
     def _requeue(self) -> list[Decision]:
         """After a refresh: each queued waiter's new deadline, candidates and place, in arrival order.

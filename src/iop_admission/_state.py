@@ -105,6 +105,7 @@ from ._records import (
 )
 from ._refresh import RefreshRules
 from ._slots import NodeState
+from ._tenant_rules import TenantRules
 
 __all__ = [
     "FAILED",
@@ -128,7 +129,7 @@ __all__ = [
 
 
 @final
-class AdmissionState(RefreshRules, StateQueries):
+class AdmissionState(RefreshRules, StateQueries, TenantRules):
     """Provider lease states, node generations and the global waiter queue.
 
     Args:
@@ -138,8 +139,18 @@ class AdmissionState(RefreshRules, StateQueries):
         ConfigError: listing every problem of ``config``.
     """
 
-    def request(self, model: str, long: bool, now: float) -> Lease | Waiter:
+    def request(
+        self, model: str, long: bool, now: float, tenant: str | None = None, cost: float = 1.0
+    ) -> Lease | Waiter:
         """Admit a request now, or queue it.
+
+        ``tenant``: the configured tenant the request is charged to (a name not
+        configured, or None, is the default tenant); ``cost``: its reserved
+        cost, 1 per request or an estimate in tokens (:meth:`settle` replaces
+        it with the usage). With tenants configured the grant order is the
+        tenants' fair share ([tenant-fair-share]); a request that finds the
+        queue full may evict a waiter of a lower negative band: take those
+        decisions with :meth:`drain_decisions`.
 
         Returns:
             A :class:`Lease` when a candidate is dispatchable now; otherwise the
@@ -149,20 +160,27 @@ class AdmissionState(RefreshRules, StateQueries):
             ModelNotFound: ``model`` is not configured.
             Unavailable: no candidate is eligible (nothing is queued).
             QueueFull: ``max_queue`` waiters already exist.
+            TenantLimitExceeded: the tenant's ``max_queue`` is reached, or the
+                queue is full and the request is of a negative band with nothing lower to shed.
         """
         group = self._groups.get(model)
         if group is None:
             raise ModelNotFound(model)
         if now > self._now:
             self._now = now
+        if self._tenancy is not None:
+            return self._request_fair(group, model, long, now, tenant, cost)
         best = group.best(long)
         if best is not None:
-            return self._grant(best, model, long, next(self._seq), now)
+            lease = self._grant(best, model, long, next(self._seq), now)
+            lease.cost = cost
+            return lease
         if not group.could_run(long):
             raise Unavailable(model, long, reasons(group.providers, long, ()))
         if len(self._waiters) >= self._max_queue:
             raise QueueFull(model, self._max_queue)
         waiter = Waiter(next(self._seq), model, long, now, now + self._timeout)
+        waiter.cost = cost
         waiter._candidates = group.providers
         group.enqueue(waiter)
         self._waiters[waiter.seq] = waiter
@@ -205,10 +223,14 @@ class AdmissionState(RefreshRules, StateQueries):
             raise Unavailable(model, long, reasons(group.providers, long, lease.tried))
         lease._retried = True
         attempt = lease.attempt + 1
-        if best is not None:
-            return self._grant(best, model, long, lease.arrival, lease.enqueue_time, attempt, lease.tried)
+        tenant, cost = self._carry_cost(lease)
+        if best is not None and self._can_run(tenant):
+            again = self._grant(best, model, long, lease.arrival, lease.enqueue_time, attempt, lease.tried)
+            self._charge(again, tenant, cost)
+            return again
         waiter = Waiter(lease.arrival, model, long, lease.enqueue_time, deadline, attempt, lease.tried)
         waiter._candidates = candidates
+        self._ticket_waiter(waiter, tenant, cost)
         bisect.insort(self._retries, waiter, key=by_seq)
         self._enqueue_in_order(waiter)
         return waiter
@@ -256,10 +278,14 @@ class AdmissionState(RefreshRules, StateQueries):
         del slot.leases[lease.id]
         if lease.probe and slot.probe_lease == lease.id:
             self._reopen_probe(slot)
+        # A tenant back under its max_in_flight may have waiters in any group.
+        wake_all = lease._ticket is not None and self._release_ticket(lease)
         if not slot.configured and not slot.leases:
             self._drop_retired(slot)
-            return []
+            return self._dispatch(self._groups.values()) if wake_all else []
         slot.reindex()
+        if wake_all:
+            return self._dispatch(self._groups.values())
         if self._retries:
             return self._dispatch(g for g, _ in slot.groups)
         for g, _ in slot.groups:
@@ -286,7 +312,8 @@ class AdmissionState(RefreshRules, StateQueries):
         node.connected = True
         for p in node.providers:
             p.update_eligibility()
-        decisions.extend(self._dispatch(groups_of(node.providers)))
+        # Fenced leases freed their tenants' slots: with tenants, any group may run now.
+        decisions.extend(self._dispatch(self._groups.values() if self._tenancy else groups_of(node.providers)))
         return node.generation, decisions
 
     def disconnect(self, node_id: str, generation: int) -> tuple[bool, list[Decision]]:
@@ -309,7 +336,9 @@ class AdmissionState(RefreshRules, StateQueries):
             p.update_eligibility()
         groups = groups_of(node.providers)
         decisions.extend(self._fail_stranded(groups))
-        if self._unhealthy:  # groups left with only ejected candidates enter panic mode
+        if self._tenancy is not None:  # fenced leases freed their tenants' slots
+            decisions.extend(self._dispatch(self._groups.values()))
+        elif self._unhealthy:  # groups left with only ejected candidates enter panic mode
             decisions.extend(self._dispatch(groups))
         return True, decisions
 
@@ -320,6 +349,7 @@ class AdmissionState(RefreshRules, StateQueries):
             for lease in tuple(p.leases.values()):
                 lease._released = True
                 lease._revoked = True
+                self._release_ticket(lease)
                 if lease.probe and p.probe_lease == lease.id:
                     self._reopen_probe(p)
                 yield Revoked(lease)
