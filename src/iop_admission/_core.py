@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable
+from typing import cast
 
 from ._choice import best_of, could_run
 from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
@@ -241,19 +242,22 @@ class StateCore:
         :meth:`_dispatch`. FairShare picks the band, then the tenant by
         virtual time, then the tenant's earliest dispatchable waiter.
         """
+        decisions: list[Decision] = []
+        if not self._any_dispatchable(groups):
+            return decisions
         members = {id(g) for g in groups}
         names = {g.name for g in groups}
 
         def dispatchable(item: object) -> bool:
-            assert isinstance(item, Waiter)
-            g = item._group
+            g = item._group  # type: ignore[attr-defined]
             if g is not None:
-                return id(g) in members and g.best(item.long) is not None
-            return item.model in names and best_of(item._candidates, item.long) is not None
+                return id(g) in members and g.best(item.long) is not None  # type: ignore[attr-defined]
+            w = cast(Waiter, item)
+            return w.model in names and best_of(w._candidates, w.long) is not None
 
-        decisions: list[Decision] = []
-        while self._any_dispatchable(groups):
-            ticket = tenancy.fair.grant(dispatchable)
+        grant = tenancy.fair.grant
+        while True:
+            ticket = grant(dispatchable)
             if ticket is None:
                 break
             w = ticket.item
@@ -264,6 +268,8 @@ class StateCore:
             w.lease = self._grant(best, w.model, w.long, w.seq, w.enqueue_time, w.attempt, w.tried, w)
             tenancy.note_grant(w.tenant)
             decisions.append(Granted(w, w.lease))
+            if not self._any_dispatchable(groups):
+                return decisions
         return decisions
 
     def _any_dispatchable(self, groups: tuple[ModelGroup, ...]) -> bool:

@@ -240,13 +240,20 @@ class FairShare:
 
     def grant(self, dispatchable: Callable[[Hashable], bool] = lambda item: True) -> Ticket | None:
         """Mark granted and charge the :meth:`choose` ticket, or None."""
-        ticket = self.choose(dispatchable)
+        if type(self).choose is FairShare.choose:
+            ticket = self._choose(dispatchable, True)
+        else:  # a subclass's own order (the FIFO control of the tests)
+            ticket = self.choose(dispatchable)
         if ticket is None:
             return None
         state = self._tenants[ticket.tenant]
         band = state.spec.priority
         self._vtime[band] = max(self._vtime.get(band, 0.0), state.finish)
-        state.queue.remove(ticket)
+        queue = state.queue
+        if queue[0] is ticket:
+            queue.popleft()
+        else:
+            queue.remove(ticket)
         state.finish += ticket.cost / state.spec.weight
         state.in_flight += 1
         state.served += ticket.cost
@@ -258,16 +265,29 @@ class FairShare:
 
     def choose(self, dispatchable: Callable[[Hashable], bool]) -> Ticket | None:
         """The ticket the ordering rule grants next, without granting it."""
+        return self._choose(dispatchable, False)
+
+    def _choose(self, dispatchable: Callable[[Hashable], bool], granting: bool) -> Ticket | None:
+        """:meth:`choose`; ``granting``: the chosen tenant's entry is left out (its grant re-keys it)."""
         chosen: Ticket | None = None
         passed: list[tuple[int, float, int, int, str]] = []
-        while self._heap and chosen is None:
-            entry = heapq.heappop(self._heap)
-            if not self._live(entry):
-                continue
-            passed.append(entry)
-            chosen = next((t for t in self._tenants[entry[4]].queue if dispatchable(t.item)), None)
+        heap = self._heap
+        tenants = self._tenants
+        while heap and chosen is None:
+            entry = heapq.heappop(heap)
+            state = tenants.get(entry[4])
+            if state is None or state.version != entry[3]:
+                continue  # stale
+            queue = state.queue
+            head = queue[0]
+            if dispatchable(head.item):
+                chosen = head
+            else:
+                chosen = next((t for t in queue if dispatchable(t.item)), None)
+            if chosen is None or not granting:
+                passed.append(entry)
         for entry in passed:
-            heapq.heappush(self._heap, entry)
+            heapq.heappush(heap, entry)
         return chosen
 
     def settle(self, ticket: Ticket, actual: float) -> None:
@@ -286,7 +306,9 @@ class FairShare:
         ticket.done = True
         state = self._tenants[ticket.tenant]
         state.in_flight -= 1
-        self._touch(state)
+        cap = state.spec.max_in_flight
+        if cap is not None and state.in_flight < cap <= state.in_flight + 1:
+            self._touch(state)  # back under its cap: it may be served again (else its heap entry stands)
 
     def _touch(self, state: _Tenant) -> None:
         """Re-key a tenant in the heap after its head, tag, cap or spec changed."""
