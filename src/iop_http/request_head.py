@@ -14,7 +14,7 @@ rule is listed with its RFC section in ``docs/security.md``:
   (absolute form), which is routed by its path and query: anything else 400;
   a version other than 1.0 or 1.1 is 505;
 - HTTP/1.1 requests carry exactly one ``Host``, HTTP/1.0 at most one (400);
-- ``Content-Length`` is 1*DIGIT (at most 18 digits); several must agree (400);
+- ``Content-Length`` is 1*DIGIT (at most 18 digits); several must be the same bytes (400);
 - ``Transfer-Encoding`` beside ``Content-Length`` is 400, in an HTTP/1.0
   request 400, and anything but a single ``chunked`` 501;
 - a head longer than the limit is 431, whatever the reads it came in.
@@ -205,7 +205,7 @@ class _Fields:
             if name == b"content-length":
                 if _DIGITS.fullmatch(value) is None:
                     return _BAD_LENGTH
-                self.lengths.add(value.lstrip(b"0") or b"0")
+                self.lengths.add(value)  # several must be the same bytes: "4" and "04" are refused, as h11 does
             elif name == b"transfer-encoding":
                 self.codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
             elif name == b"host":

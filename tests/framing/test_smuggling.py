@@ -24,11 +24,12 @@ REFUSED = [
     (POST + b"transfer-encoding: chunked, identity\r\n\r\n0\r\n\r\n", 501),
     (POST + b"transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n", 501),
     (POST + b"transfer-encoding : chunked\r\n\r\n0\r\n\r\n", 400),  # RFC 9112 5.1: space before the colon
-    # RFC 9110 8.6: Content-Length not 1*DIGIT, or several differing.
+    # RFC 9110 8.6: Content-Length not 1*DIGIT, or several not byte for byte the same.
     (POST + b"content-length: +4\r\n\r\nabcd", 400),
     (POST + b"content-length: 0x4\r\n\r\nabcd", 400),
     (POST + b"content-length: 4, 4\r\n\r\nabcd", 400),
     (POST + b"content-length: 4\r\ncontent-length: 5\r\n\r\nabcd", 400),
+    (POST + b"content-length: 4\r\ncontent-length: 04\r\n\r\nabcd", 400),  # the same number, spelt otherwise
     (POST + b"content-length: 1_0\r\n\r\nabcdefghij", 400),
     # RFC 9112 2.2: a bare LF or CR as a line end.
     (b"POST /v1/chat/completions HTTP/1.1\nhost: x\ncontent-length: 0\n\n", 400),
