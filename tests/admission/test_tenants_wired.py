@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -237,6 +238,33 @@ def test_the_trio_layer_charges_leases_to_tenants_and_reports_them() -> None:
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert seen == ["a", "default"]
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_lease_events_carry_the_tenant_only_when_tenants_are_configured() -> None:
+    async def kinds(cfg: PoolConfig) -> list[tuple[str, str | None]]:
+        adm = Admission(cfg)
+        async with adm.subscribe(buffer=16) as events:
+            adm.connect("node-a")
+            async with adm.lease("m", tenant="a"):
+                pass
+            out = []
+            while True:
+                try:
+                    event = events.receive_nowait()
+                except trio.WouldBlock:
+                    return out
+                out.append((event.kind, event.tenant))
+
+    async def main() -> None:
+        assert await kinds(config((TenantSpec("a"),))) == [
+            ("connected", None),
+            ("granted", "a"),
+            ("released", "a"),
+        ]
+        assert await kinds(config()) == [("connected", None), ("granted", None), ("released", None)]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 @pytest.mark.req("tenant-fair-share")
