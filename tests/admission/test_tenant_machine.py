@@ -3,8 +3,8 @@
 Two providers and two model keys on both (in opposite preference order), four
 tenants with random weights, bands, ``max_in_flight`` and ``max_queue``,
 request or token cost. Rules: requests (normal and long) of any tenant and
-model, releases with settlement, withdrawals, and live refreshes of a tenant's
-weight and cap. After every step, and at every grant, the machine checks
+model, releases with settlement, withdrawals, a node dropping and coming back,
+and live refreshes of a tenant's weight and cap. After every step, and at every grant, the machine checks
 against its own model of who waits and who holds what:
 
 * counters exact (the core's tenant rows against the model);
@@ -13,7 +13,8 @@ against its own model of who waits and who holds what:
 * no dispatchable waiter of a higher band passed over by a grant, nor an
   earlier dispatchable waiter of the same tenant (FIFO within a tenant);
 * no head-of-line: after every step no waiter of a tenant under its cap has a
-  dispatchable candidate;
+  dispatchable candidate (node drops included: a revoked lease frees its
+  tenant's slot and the waiters it held back run);
 * the fairness bound of ``docs/admission.md``: two tenants of a band that stay
   backlogged differ in cost charged / weight by at most
   ``c / w_i + c / w_j`` (``c`` the largest cost of one request), plus, under
@@ -45,7 +46,7 @@ from iop_admission import (
     TenantLimitExceeded,
     TenantSpec,
 )
-from iop_admission.core import AdmissionState, Decision, Granted, Lease, Waiter
+from iop_admission.core import AdmissionState, Decision, Granted, Lease, Revoked, Waiter
 
 pytestmark = pytest.mark.req("tenant-fair-share")
 
@@ -113,6 +114,7 @@ class TenantMachine(RuleBasedStateMachine):
         self.state.connect("node-b")
         self.waiting: dict[Waiter, str] = {}
         self.held: dict[Lease, str] = {}
+        self.offline: set[str] = set()
         self.windows: dict[tuple[str, str], Window] = {}
         self.waited: dict[str, int] = {}  # grants of its band since the tenant became backlogged
 
@@ -134,6 +136,8 @@ class TenantMachine(RuleBasedStateMachine):
         return cap is None or self.holding(name) < cap
 
     def room(self, key: ProviderKey, long: bool) -> bool:
+        if key.node_id in self.offline:
+            return False
         normal = sum(1 for lease in self.held if lease.provider == key)
         longs = sum(1 for lease in self.held if lease.provider == key and lease.long)
         return normal < self.capacity[key] and (not long or longs < self.long_capacity[key])
@@ -198,6 +202,22 @@ class TenantMachine(RuleBasedStateMachine):
         assert self.state.withdraw(w)
         del self.waiting[w]
         self.open_windows()
+
+    @rule(node=st.sampled_from(["node-a", "node-b"]))
+    def bounce(self, node: str) -> None:
+        """The node drops and comes back: its leases are revoked (their tenants' slots freed)."""
+        ok, decisions = self.state.disconnect(node, self.state.generation(node))
+        assert ok
+        self.offline.add(node)
+        for d in decisions:
+            if isinstance(d, Revoked):
+                del self.held[d.lease]
+            else:
+                self.apply([d])
+        self.open_windows()
+        self.offline.discard(node)
+        _, decisions = self.state.connect(node)
+        self.apply(decisions)
 
     @rule(name=st.sampled_from(NAMES), weight=st.integers(1, 3), cap=st.one_of(st.none(), st.integers(1, 3)))
     def reconfigure(self, name: str, weight: int, cap: int | None) -> None:
