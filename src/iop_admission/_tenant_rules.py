@@ -87,6 +87,7 @@ class TenantRules(StateCore):
             return lease.tenant, lease.cost
         reserve = ticket.charged
         self._tenancy.fair.settle(ticket, 0.0)
+        lease.cost = 0.0
         return self._tenancy.fair.tenant_of(ticket.tenant), reserve
 
     def _can_run(self, tenant: str) -> bool:

@@ -17,9 +17,9 @@ against its own model of who waits and who holds what:
   tenant's slot and the waiters it held back run);
 * the fairness bound of ``docs/admission.md``: two tenants of a band that stay
   backlogged differ in cost charged / weight by at most
-  ``c / w_i + c / w_j`` (``c`` the largest cost of one request), plus, under
-  token cost, the settlements made during the interval of leases granted
-  before it (each divided by its tenant's weight);
+  ``c / w_i + c / w_j`` (``c`` the largest cost of one request); under token
+  cost, in reserves granted, widened by the size of the settlements made during
+  the interval (each divided by its tenant's weight);
 * the starvation bound (request cost): a backlogged tenant ``i`` is granted
   within ``sum(floor(w_j / w_i) + 1 for j != i)`` grants of its band.
 
@@ -30,7 +30,7 @@ FIFO of before) and sees the bounds fail.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import settings
@@ -45,8 +45,9 @@ from iop_admission import (
     QueuePolicy,
     TenantLimitExceeded,
     TenantSpec,
+    Unavailable,
 )
-from iop_admission.core import AdmissionState, Decision, Granted, Lease, Revoked, Waiter
+from iop_admission.core import AdmissionState, Decision, Failed, Granted, Lease, Revoked, Waiter
 
 pytestmark = pytest.mark.req("tenant-fair-share")
 
@@ -70,15 +71,14 @@ def spec(capacity: int, long_cap: int) -> ProviderSpec:
 class Window:
     """Two tenants of one band, both backlogged since the window opened.
 
-    ``served``: cost charged to each by grants in the window (reserve, then
-    usage once settled). ``slack``: the settlements, during the window, of
-    leases granted before it: they move a tenant's tag (the usage was not
-    known at its grant) and so widen the bound by as much.
+    ``served``: the reserves of each one's grants in the window. ``slack``: the
+    size of each one's settlements during the window (usage minus reserve, of
+    any lease; a retry settles its failed attempt to 0): each moves the
+    tenant's tag by itself divided by the weight, and so widens the bound.
     """
 
     served: dict[str, float]
     slack: dict[str, float]
-    granted: set[Lease] = field(default_factory=set)
 
 
 class TenantMachine(RuleBasedStateMachine):
@@ -115,6 +115,7 @@ class TenantMachine(RuleBasedStateMachine):
         self.waiting: dict[Waiter, str] = {}
         self.held: dict[Lease, str] = {}
         self.offline: set[str] = set()
+        self.retried: set[Lease] = set()
         self.windows: dict[tuple[str, str], Window] = {}
         self.waited: dict[str, int] = {}  # grants of its band since the tenant became backlogged
 
@@ -143,7 +144,7 @@ class TenantMachine(RuleBasedStateMachine):
         return normal < self.capacity[key] and (not long or longs < self.long_capacity[key])
 
     def dispatchable(self, w: Waiter) -> bool:
-        return any(self.room(key, w.long) for key in MODELS[w.model])
+        return any(self.room(key, w.long) for key in w.candidates)  # a queued retry: its untried ones
 
     def backlogged(self, name: str) -> bool:
         """Waiting, under its cap, no long waiter: the tenants the bounds speak of."""
@@ -182,7 +183,7 @@ class TenantMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 50), used=st.integers(1, 8))
     def finish(self, index: int, used: int) -> None:
         lease = list(self.held)[index % len(self.held)]
-        if self.tokens:
+        if self.tokens and lease not in self.retried:  # the caller settles the attempt that served
             self.settle(lease, float(used))
         del self.held[lease]
         self.apply(self.state.release(lease))
@@ -203,6 +204,35 @@ class TenantMachine(RuleBasedStateMachine):
         del self.waiting[w]
         self.open_windows()
 
+    @precondition(lambda self: self.held)
+    @rule(index=st.integers(0, 50))
+    def retry(self, index: int) -> None:
+        """A lease's run failed before its first byte: the request asks again on the other provider.
+
+        The reserve moves to the retry (the failed attempt is charged nothing).
+        """
+        lease = list(self.held)[index % len(self.held)]
+        if lease.attempt > 1 or lease in self.retried:
+            return
+        name = self.held[lease]
+        reserve = lease.cost
+        result = self.state.retry(lease, 0.0)
+        self.retried.add(lease)
+        for window in self.windows.values():
+            if name in window.slack:  # the failed attempt is settled to 0: its tag moves back
+                window.slack[name] += reserve
+        assert lease.cost == (0.0 if self.with_tenants else reserve)
+        if isinstance(result, Lease):
+            assert result.cost == reserve
+            self.open_windows()
+            self.check_grant(name, result, None)
+            self.held[result] = name
+            self.account(name, result)
+        else:
+            assert result.cost == reserve and result.candidates == tuple(k for k in (A, B) if k != lease.provider)
+            self.waiting[result] = name
+        self.check_windows()
+
     @rule(node=st.sampled_from(["node-a", "node-b"]))
     def bounce(self, node: str) -> None:
         """The node drops and comes back: its leases are revoked (their tenants' slots freed)."""
@@ -212,6 +242,9 @@ class TenantMachine(RuleBasedStateMachine):
         for d in decisions:
             if isinstance(d, Revoked):
                 del self.held[d.lease]
+            elif isinstance(d, Failed):  # a queued retry whose untried candidate went offline
+                assert isinstance(d.error, Unavailable) and d.waiter.attempt > 1
+                del self.waiting[d.waiter]
             else:
                 self.apply([d])
         self.open_windows()
@@ -228,20 +261,12 @@ class TenantMachine(RuleBasedStateMachine):
         self.apply(self.state.refresh(self.config()))
 
     def settle(self, lease: Lease, used: float) -> None:
-        """Settle ``lease``: a window of its tenant counts the change, as the tenant's tag does.
-
-        The bound is on cost *charged* over the window: reserves of its grants
-        and the settlements made during it (of leases granted before it too).
-        """
+        """Settle ``lease``: the change moves its tenant's tag; the windows widen by as much."""
         name = self.held[lease]
         delta = used - lease.cost
         self.state.settle(lease, used)
         for window in self.windows.values():
-            if name not in window.served:
-                continue
-            if lease in window.granted:
-                window.served[name] += delta
-            else:  # granted before the window: it moves the tag, not the window's service
+            if name in window.slack:  # it moves the tag, not the reserves granted
                 window.slack[name] += abs(delta)
         self.check_windows()
 
@@ -291,13 +316,12 @@ class TenantMachine(RuleBasedStateMachine):
         for (i, j), window in self.windows.items():
             if name in (i, j):
                 window.served[name] += lease.cost
-                window.granted.add(lease)
         self.check_windows()
         if not self.tokens:
             self.check_starvation(name)
 
     def check_windows(self) -> None:
-        """The fairness bound, in cost charged (reserves, settled once the run ended)."""
+        """The fairness bound on the reserves granted, widened by the settlements made meanwhile."""
         for (i, j), window in self.windows.items():
             wi, wj = self.specs[i].weight, self.specs[j].weight
             served, slack = window.served, window.slack
@@ -341,7 +365,8 @@ class TenantMachine(RuleBasedStateMachine):
             queued = sum(1 for t in self.waiting.values() if t == n)
             assert rows[n].waiting == queued and rows[n].in_flight == self.holding(n)
             limit = self.specs[n].max_queue
-            assert limit is None or queued <= limit  # max_in_flight is checked at every grant
+            first_tries = sum(1 for w, t in self.waiting.items() if t == n and w.attempt == 1)
+            assert limit is None or first_tries <= limit  # retries are not refused; max_in_flight: at every grant
 
 
 TenantMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
