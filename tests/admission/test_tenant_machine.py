@@ -21,7 +21,8 @@ against its own model of who waits and who holds what:
   cost, in reserves granted, widened by the size of the settlements made during
   the interval (each divided by its tenant's weight);
 * the starvation bound (request cost): a backlogged tenant ``i`` is granted
-  within ``sum(floor(w_j / w_i) + 1 for j != i)`` grants of its band.
+  within ``sum(floor(w_j / w_i) + 1 for j != i)`` grants of its band (retries
+  not counted: a retry is charged once, with its request).
 
 A control runs the same checks on the same core without tenants (the global
 FIFO of before) and sees the bounds fail.
@@ -216,6 +217,7 @@ class TenantMachine(RuleBasedStateMachine):
             return
         name = self.held[lease]
         reserve = lease.cost
+        self.open_windows()
         result = self.state.retry(lease, 0.0)
         self.retried.add(lease)
         for window in self.windows.values():
@@ -264,6 +266,7 @@ class TenantMachine(RuleBasedStateMachine):
         """Settle ``lease``: the change moves its tenant's tag; the windows widen by as much."""
         name = self.held[lease]
         delta = used - lease.cost
+        self.open_windows()
         self.state.settle(lease, used)
         for window in self.windows.values():
             if name in window.slack:  # it moves the tag, not the reserves granted
@@ -317,7 +320,7 @@ class TenantMachine(RuleBasedStateMachine):
             if name in (i, j):
                 window.served[name] += lease.cost
         self.check_windows()
-        if not self.tokens:
+        if not self.tokens and lease.attempt == 1:  # a retry was charged once, with its request
             self.check_starvation(name)
 
     def check_windows(self) -> None:
