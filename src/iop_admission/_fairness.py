@@ -75,6 +75,7 @@ class Ticket:
     granted: bool = False
     done: bool = False
     charged: float = 0.0
+    klass: Hashable = None
 
 
 @dataclass(eq=False)
@@ -86,6 +87,10 @@ class _Tenant:
     served: float = 0.0
     grants: int = 0
     version: int = 0
+    # Tickets by class (items of one class are dispatchable together or not at all), in
+    # arrival order with lazy deletion; ``unclassed`` counts queued tickets of no class.
+    classes: dict[Hashable, deque[Ticket]] = field(default_factory=dict)
+    unclassed: int = 0
 
 
 class FairShare:
@@ -144,7 +149,14 @@ class FairShare:
     # -- waiters --------------------------------------------------------------
 
     def enqueue(
-        self, tenant: str, item: Hashable, cost: float = 1.0, seq: int | None = None, *, quota: bool = True
+        self,
+        tenant: str,
+        item: Hashable,
+        cost: float = 1.0,
+        seq: int | None = None,
+        *,
+        quota: bool = True,
+        klass: Hashable = None,
     ) -> tuple[Ticket, list[Ticket]]:
         """Queue ``item``; returns its ticket and any sheddable tickets evicted for it.
 
@@ -152,6 +164,9 @@ class FairShare:
         FairShare's own count); an item older than the tenant's newest waiter
         (a retry keeping its arrival place) goes in at its place. ``quota``
         False skips the tenant's ``max_queue`` (a request admitted once already).
+        ``klass``: items of one class are dispatchable together or not at all
+        (one model group and kind): a grant then looks at the head of each of
+        the tenant's classes instead of scanning its queue.
 
         Raises :class:`TenantLimitExceeded` when the tenant's ``max_queue`` is
         reached, or when the queue is full and nothing of a lower negative
@@ -171,12 +186,13 @@ class FairShare:
         if not state.queue:
             band = spec.priority
             state.finish = max(state.finish, self._vtime.get(band, 0.0))
-        ticket = Ticket(spec.name, item, cost, next(self._seq) if seq is None else seq)
-        queue = state.queue
-        if queue and queue[-1].seq > ticket.seq:
-            queue.insert(bisect.bisect_left(queue, ticket.seq, key=_ticket_seq), ticket)
+        ticket = Ticket(spec.name, item, cost, next(self._seq) if seq is None else seq, klass=klass)
+        _insert(state.queue, ticket)
+        if klass is None:
+            state.unclassed += 1
         else:
-            queue.append(ticket)
+            _insert(state.classes.setdefault(klass, deque()), ticket)
+        queue = state.queue
         if queue[0] is ticket:
             self._touch(state)
         return ticket, shed
@@ -218,6 +234,7 @@ class FairShare:
             return
         ticket.done = True
         state = self._tenants[ticket.tenant]
+        _left(state, ticket)
         head = state.queue[0] is ticket
         state.queue.remove(ticket)
         if head:
@@ -254,11 +271,12 @@ class FairShare:
             queue.popleft()
         else:
             queue.remove(ticket)
+        ticket.granted = True
+        _left(state, ticket)
         state.finish += ticket.cost / state.spec.weight
         state.in_flight += 1
         state.served += ticket.cost
         state.grants += 1
-        ticket.granted = True
         ticket.charged = ticket.cost
         self._touch(state)
         return ticket
@@ -278,12 +296,7 @@ class FairShare:
             state = tenants.get(entry[4])
             if state is None or state.version != entry[3]:
                 continue  # stale
-            queue = state.queue
-            head = queue[0]
-            if dispatchable(head.item):
-                chosen = head
-            else:
-                chosen = next((t for t in queue if dispatchable(t.item)), None)
+            chosen = _first_runnable(state, dispatchable)
             if chosen is None or not granting:
                 passed.append(entry)
         for entry in passed:
@@ -291,10 +304,14 @@ class FairShare:
         return chosen
 
     def settle(self, ticket: Ticket, actual: float) -> None:
-        """Replace a granted ticket's reserved cost with the cost it used."""
+        """Replace a granted ticket's reserved cost with the cost it used.
+
+        A refund moves the tenant's tag back, but not behind its band's virtual
+        time: like an idle tenant, it banks no credit over the others.
+        """
         state = self._tenants[ticket.tenant]
         delta = actual - ticket.charged
-        state.finish += delta / state.spec.weight
+        state.finish = max(state.finish + delta / state.spec.weight, self._vtime.get(state.spec.priority, 0.0))
         state.served += delta
         ticket.charged = actual
         self._touch(state)
@@ -357,3 +374,52 @@ class FairShare:
 
 def _ticket_seq(ticket: Ticket) -> int:
     return ticket.seq
+
+
+def _insert(queue: deque[Ticket], ticket: Ticket) -> None:
+    """Put ``ticket`` in ``queue`` at its arrival place (the end, unless it is a retry)."""
+    if queue and queue[-1].seq > ticket.seq:
+        queue.insert(bisect.bisect_left(queue, ticket.seq, key=_ticket_seq), ticket)
+    else:
+        queue.append(ticket)
+
+
+def _left(state: _Tenant, ticket: Ticket) -> None:
+    """``ticket`` (granted or done) left the tenant's queue: its class drops its dead front."""
+    if ticket.klass is None:
+        state.unclassed -= 1
+        return
+    members = state.classes.get(ticket.klass)
+    if members is None:
+        return
+    while members and (members[0].granted or members[0].done):
+        members.popleft()
+    if not members:
+        del state.classes[ticket.klass]
+
+
+def _first_runnable(state: _Tenant, dispatchable: Callable[[Hashable], bool]) -> Ticket | None:
+    """The tenant's earliest dispatchable ticket: the earliest dispatchable head of its classes.
+
+    Within a class, if the head cannot run nobody behind it can; so this costs
+    the number of the tenant's classes, not its queue, unless some ticket has no class.
+    """
+    queue = state.queue
+    head = queue[0]
+    if dispatchable(head.item):
+        return head
+    if state.unclassed:
+        return next((t for t in queue if dispatchable(t.item)), None)
+    best: Ticket | None = None
+    classes = state.classes
+    for key in tuple(classes):
+        members = classes[key]
+        while members and (members[0].granted or members[0].done):
+            members.popleft()
+        if not members:
+            del classes[key]
+            continue
+        first = members[0]
+        if (best is None or first.seq < best.seq) and dispatchable(first.item):
+            best = first
+    return best

@@ -11,7 +11,7 @@ no :class:`Tenancy` at all and every decision is the global FIFO of before.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 from ._fairness import FairShare, TenantSpec
 from ._records import Waiter
@@ -19,6 +19,14 @@ from ._snapshot import TenantSnapshot
 
 RECENT_GRANTS = 1000
 """Grants the ``share`` of a tenant row is measured over (the latest ones)."""
+
+
+def klass_of(waiter: Waiter) -> Hashable:
+    """The FairShare class of ``waiter``: waiters of one model key and kind share their
+    candidates, so they can run together or not at all; a queued retry has its own."""
+    if waiter.attempt > 1:
+        return ("retry", waiter.seq)
+    return (waiter.model, waiter.long)
 
 
 class Tenancy:
@@ -44,7 +52,7 @@ class Tenancy:
         """Give ``waiters`` (queued before tenants were configured) tickets, in arrival order."""
         for w in waiters:
             w.tenant = self.fair.tenant_of(w.tenant)
-            w._ticket, _ = self.fair.enqueue(w.tenant, w, w.cost, w.seq, quota=False)
+            w._ticket, _ = self.fair.enqueue(w.tenant, w, w.cost, w.seq, quota=False, klass=klass_of(w))
 
     def note_grant(self, tenant: str) -> None:
         recent = self._recent

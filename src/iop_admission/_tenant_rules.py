@@ -8,6 +8,7 @@ from ._errors import Unavailable
 from ._records import Decision, Lease, Waiter
 from ._slots import ModelGroup
 from ._snapshot import TenantSnapshot
+from ._tenancy import klass_of
 
 
 class TenantRules(StateCore):
@@ -77,18 +78,14 @@ class TenantRules(StateCore):
     def _ticket_waiter(self, waiter: Waiter, tenant: str, cost: float) -> None:
         waiter.tenant, waiter.cost = tenant, cost
         if self._tenancy is not None:
-            waiter._ticket, _ = self._tenancy.fair.enqueue(tenant, waiter, cost, waiter.seq, quota=False)
+            waiter._ticket, _ = self._tenancy.fair.enqueue(
+                tenant, waiter, cost, waiter.seq, quota=False, klass=klass_of(waiter)
+            )
             waiter.tenant = waiter._ticket.tenant
 
     def _carry_cost(self, lease: Lease) -> tuple[str, float]:
-        """A retry of ``lease``: its tenant, and its reserve moved to the retry (the failed try used none)."""
-        ticket = lease._ticket
-        if ticket is None or self._tenancy is None:
-            return lease.tenant, lease.cost
-        reserve = ticket.charged
-        self._tenancy.fair.settle(ticket, 0.0)
-        lease.cost = 0.0
-        return self._tenancy.fair.tenant_of(ticket.tenant), reserve
+        """A retry of ``lease``: its tenant and reserve (a retry is an attempt of its own, charged as one)."""
+        return lease.tenant, lease.cost
 
     def _can_run(self, tenant: str) -> bool:
         return self._tenancy is None or self._tenancy.fair.can_run(tenant)

@@ -21,8 +21,9 @@ against its own model of who waits and who holds what:
   cost, in reserves granted, widened by the size of the settlements made during
   the interval (each divided by its tenant's weight);
 * the starvation bound (request cost): a backlogged tenant ``i`` is granted
-  within ``sum(floor(w_j / w_i) + 1 for j != i)`` grants of its band (retries
-  not counted: a retry is charged once, with its request).
+  within ``sum(floor(w_j / w_i) + 1 for j != i)`` grants of its band (not
+  counting the grants of a peer seen waiting but held back meanwhile -- a long
+  waiter, its cap -- whose tag stayed behind and which catches up).
 
 A control runs the same checks on the same core without tenants (the global
 FIFO of before) and sees the bounds fail.
@@ -84,6 +85,7 @@ class Window:
 
 class TenantMachine(RuleBasedStateMachine):
     with_tenants = True
+    with_retries = True
 
     @initialize(
         weights=st.lists(st.integers(1, 3), min_size=4, max_size=4),
@@ -119,6 +121,9 @@ class TenantMachine(RuleBasedStateMachine):
         self.retried: set[Lease] = set()
         self.windows: dict[tuple[str, str], Window] = {}
         self.waited: dict[str, int] = {}  # grants of its band since the tenant became backlogged
+        # Peers seen waiting but held back (a long waiter, their cap) while the tenant waited: their
+        # tags stayed where they were, so they may catch up past the bound (they banked no idle time).
+        self.caught_up: dict[str, set[str]] = {}
 
     def config(self) -> PoolConfig:
         return PoolConfig(
@@ -148,9 +153,10 @@ class TenantMachine(RuleBasedStateMachine):
         return any(self.room(key, w.long) for key in w.candidates)  # a queued retry: its untried ones
 
     def backlogged(self, name: str) -> bool:
-        """Waiting, under its cap, no long waiter: the tenants the bounds speak of."""
+        """Waiting, under its cap, no long waiter nor queued retry (either can be blocked while
+        the others run): the tenants the bounds speak of."""
         queue = [w for w, t in self.waiting.items() if t == name]
-        return bool(queue) and self.under_cap(name) and not any(w.long for w in queue)
+        return bool(queue) and self.under_cap(name) and not any(w.long or w.attempt > 1 for w in queue)
 
     # -- rules -----------------------------------------------------------------
 
@@ -184,7 +190,7 @@ class TenantMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 50), used=st.integers(1, 8))
     def finish(self, index: int, used: int) -> None:
         lease = list(self.held)[index % len(self.held)]
-        if self.tokens and lease not in self.retried:  # the caller settles the attempt that served
+        if self.tokens:
             self.settle(lease, float(used))
         del self.held[lease]
         self.apply(self.state.release(lease))
@@ -205,12 +211,13 @@ class TenantMachine(RuleBasedStateMachine):
         del self.waiting[w]
         self.open_windows()
 
-    @precondition(lambda self: self.held)
+    @precondition(lambda self: self.held and self.with_retries)
     @rule(index=st.integers(0, 50))
     def retry(self, index: int) -> None:
         """A lease's run failed before its first byte: the request asks again on the other provider.
 
-        The reserve moves to the retry (the failed attempt is charged nothing).
+        The retry is an attempt of its own, with the request's reserve (its
+        failed attempt is settled like any lease when it ends).
         """
         lease = list(self.held)[index % len(self.held)]
         if lease.attempt > 1 or lease in self.retried:
@@ -220,10 +227,7 @@ class TenantMachine(RuleBasedStateMachine):
         self.open_windows()
         result = self.state.retry(lease, 0.0)
         self.retried.add(lease)
-        for window in self.windows.values():
-            if name in window.slack:  # the failed attempt is settled to 0: its tag moves back
-                window.slack[name] += reserve
-        assert lease.cost == (0.0 if self.with_tenants else reserve)
+        assert lease.cost == reserve
         if isinstance(result, Lease):
             assert result.cost == reserve
             self.open_windows()
@@ -260,6 +264,7 @@ class TenantMachine(RuleBasedStateMachine):
         self.specs[name] = TenantSpec(name, weight, old.priority, cap, old.max_queue)
         self.windows.clear()  # the bounds are stated for fixed weights
         self.waited.clear()
+        self.caught_up.clear()
         self.apply(self.state.refresh(self.config()))
 
     def settle(self, lease: Lease, used: float) -> None:
@@ -309,8 +314,11 @@ class TenantMachine(RuleBasedStateMachine):
         for n in list(self.waited):
             if n not in live:
                 del self.waited[n]
+                self.caught_up.pop(n, None)
+        held_back = {n for n in NAMES if n not in live and any(t == n for t in self.waiting.values())}
         for i in live:
             self.waited.setdefault(i, 0)
+            self.caught_up.setdefault(i, set()).update(held_back)
             for j in live:
                 if i < j and self.specs[i].priority == self.specs[j].priority and (i, j) not in self.windows:
                     self.windows[(i, j)] = Window({i: 0.0, j: 0.0}, {i: 0.0, j: 0.0})
@@ -320,7 +328,7 @@ class TenantMachine(RuleBasedStateMachine):
             if name in (i, j):
                 window.served[name] += lease.cost
         self.check_windows()
-        if not self.tokens and lease.attempt == 1:  # a retry was charged once, with its request
+        if not self.tokens:
             self.check_starvation(name)
 
     def check_windows(self) -> None:
@@ -337,7 +345,8 @@ class TenantMachine(RuleBasedStateMachine):
         for other in list(self.waited):
             if other == name:
                 del self.waited[other]
-            elif self.specs[other].priority == band:
+                self.caught_up.pop(other, None)
+            elif self.specs[other].priority == band and name not in self.caught_up.get(other, ()):
                 self.waited[other] += 1
                 wo = self.specs[other].weight
                 peers = [n for n in NAMES if n != other and self.specs[n].priority == band]
