@@ -69,13 +69,15 @@ bench-peers: $(STAMP)
 # Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
 # `make test`. Results are kept in mutants/. HYPOTHESIS_PROFILE=mutate (tests/conftest.py): fixed
 # seed, no shrinking, example tests before Hypothesis ones. `make mutate` reruns the mutants of the
-# health, retry, probe and panic functions of _state.py (399); MUTANTS='glob ...' picks others (e.g.
-# MUTANTS='iop_admission._gate.*'); `make mutate-all` starts from scratch over the whole admission
+# health, retry, probe and panic functions of the admission core (399 before its split by concern);
+# MUTANTS='glob ...' picks others (e.g. MUTANTS='iop_admission._gate.*'); `make mutate-all` starts from scratch over the whole admission
 # core, the Node's gate and the Edge's overload unit (3,145 mutants).
-MUTATE_HEALTH = $(foreach f,report_failure report_success advance retry expire _requeue \
-	_enqueue_in_order _eject _restore _reopen_probe _grant _reportable _forget_health,\
-	'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
-	$(foreach f,_panic _best_of _could_run _untried,'iop_admission._state.x_$(f)__mutmut_*')
+MUTATE_HEALTH = $(foreach f,report_failure report_success advance _eject _restore _reopen_probe _reportable \
+	_forget_health,'iop_admission._health.xǁHealthRulesǁ$(f)__mutmut_*') \
+	$(foreach f,retry expire,'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
+	'iop_admission._refresh.xǁRefreshRulesǁ_requeue__mutmut_*' \
+	$(foreach f,_enqueue_in_order _grant,'iop_admission._core.xǁStateCoreǁ$(f)__mutmut_*') \
+	$(foreach f,panic best_of could_run untried,'iop_admission._choice.x_$(f)__mutmut_*')
 MUTANTS ?= $(MUTATE_HEALTH)
 .PHONY: mutate mutate-all
 mutate: $(STAMP)

@@ -5,6 +5,10 @@ the 1:1:2 share of three flooding tenants on a capacity-4 provider over 10,000
 grants, token mode (8,000- against 500-token prompts, one million tokens), and
 the decision cost of a grant+release cycle with 1,000 tenants and 10,000
 waiters as a ratio to one tenant with 10,000 waiters, measured in the same run.
+Then the same cycle through the wired admission core (``AdmissionState``: a
+release that grants the next waiter, and a new request), 1,000 tenants against
+no tenants configured (the global FIFO), 10,000 waiters on a capacity-4 provider;
+and the whole lease cycle through the trio layer, 10,000 tasks asking at once.
 """
 
 from __future__ import annotations
@@ -12,7 +16,11 @@ from __future__ import annotations
 import statistics
 import time
 
+import trio
+
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from iop_admission._fairness import FairShare, TenantSpec
+from iop_admission.core import AdmissionState, Granted
 
 
 def share(grants: int = 10_000) -> dict[str, float]:
@@ -61,6 +69,67 @@ def cycle(tenants: int, waiters: int, cycles: int = 2_000) -> float:
     return (time.perf_counter() - start) / cycles
 
 
+def core_cycle(tenants: int, waiters: int = 10_000, cycles: int = 20_000) -> float:
+    """Seconds per release (granting the next waiter) + request through ``AdmissionState``.
+
+    ``tenants`` 0: none configured (today's FIFO); otherwise weights 1, 2, 3 in turn.
+    """
+    key = ProviderKey("node", "gpu")
+    spec = ProviderSpec(capacity=4, long_context_capacity=1, context_window_tokens=32768, total_context_tokens=32768)
+    specs = tuple(TenantSpec(f"t{i}", weight=1 + i % 3) for i in range(tenants))
+    state = AdmissionState(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=10 * waiters, queue_timeout=1e9),
+            providers={key: spec},
+            models={"m": ModelGroup(candidates=(key,))},
+            tenants=specs,
+        )
+    )
+    state.connect("node")
+    names = [s.name for s in specs] or [None]
+    held = [state.request("m", False, 0.0, names[0]) for _ in range(4)]
+    for n in range(waiters):
+        state.request("m", False, 0.0, names[n % len(names)])
+    start = time.perf_counter()
+    for _ in range(cycles):
+        (granted,) = state.release(held.pop(0))  # type: ignore[arg-type]
+        assert isinstance(granted, Granted)
+        held.append(granted.lease)
+        state.request("m", False, 0.0, granted.lease.tenant)
+    return (time.perf_counter() - start) / cycles
+
+
+def lease_cycle(tenants: int, requests: int = 10_000) -> float:
+    """Seconds per lease through the trio layer: ``requests`` tasks all asking at once
+    (so up to that many waiting) on a capacity-4 provider, over ``tenants`` (0: none configured)."""
+    key = ProviderKey("node", "gpu")
+    spec = ProviderSpec(capacity=4, long_context_capacity=1, context_window_tokens=32768, total_context_tokens=32768)
+    specs = tuple(TenantSpec(f"t{i}", weight=1 + i % 3) for i in range(tenants))
+    admission = Admission(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=2 * requests, queue_timeout=1e9),
+            providers={key: spec},
+            models={"m": ModelGroup(candidates=(key,))},
+            tenants=specs,
+        )
+    )
+    admission.connect("node")
+    names = [s.name for s in specs] or [None]
+
+    async def one(name: str | None) -> None:
+        async with admission.lease("m", tenant=name):
+            await trio.lowlevel.checkpoint()
+
+    async def run() -> float:
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for n in range(requests):
+                nursery.start_soon(one, names[n % len(names)])
+        return (time.perf_counter() - start) / requests
+
+    return trio.run(run)
+
+
 def main() -> None:
     print("share 1:1:2 over 10,000 grants (%):", {k: round(v, 2) for k, v in share().items()})
     served = tokens()
@@ -68,6 +137,18 @@ def main() -> None:
     one = statistics.median(cycle(1, 10_000) for _ in range(3))
     many = statistics.median(cycle(1_000, 10_000) for _ in range(3))
     print(f"decision cost: 1 tenant {one * 1e6:.1f} us, 1,000 tenants {many * 1e6:.1f} us, ratio {many / one:.1f}x")
+    none = statistics.median(core_cycle(0) for _ in range(3))
+    wired = statistics.median(core_cycle(1_000) for _ in range(3))
+    print(
+        f"admission core cycle, 10,000 waiters: no tenants {none * 1e6:.1f} us,"
+        f" 1,000 tenants {wired * 1e6:.1f} us, ratio {wired / none:.1f}x"
+    )
+    plain = statistics.median(lease_cycle(0) for _ in range(3))
+    fair = statistics.median(lease_cycle(1_000) for _ in range(3))
+    print(
+        f"trio lease cycle, 10,000 tasks asking at once: no tenants {plain * 1e6:.1f} us,"
+        f" 1,000 tenants {fair * 1e6:.1f} us, ratio {fair / plain:.1f}x"
+    )
 
 
 if __name__ == "__main__":

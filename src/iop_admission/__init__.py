@@ -30,10 +30,12 @@ from ._errors import (
     QueueFull,
     QueueTimeout,
     RetriesExhausted,
+    TenantLimitExceeded,
     Unavailable,
 )
+from ._fairness import TenantSpec
 from ._gate import GateStatistics, LocalGate, Permit
-from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, Snapshot
+from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, Snapshot, TenantSnapshot
 from ._state import Lease, PreparedRefresh
 from ._waiting import WaiterSnapshot
 
@@ -72,6 +74,9 @@ __all__ = [
     "RetriesExhausted",
     "RetryPolicy",
     "Snapshot",
+    "TenantLimitExceeded",
+    "TenantSnapshot",
+    "TenantSpec",
     "Unavailable",
     "WaiterSnapshot",
     "__version__",

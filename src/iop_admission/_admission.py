@@ -100,11 +100,17 @@ class Admission:
 
     # ------------------------------------------------------------------ leases
 
-    def lease(self, model: str, *, long: bool = False) -> LeaseScope:
+    def lease(self, model: str, *, long: bool = False, tenant: str | None = None, cost: float = 1.0) -> LeaseScope:
         """Ask for a lease on one of ``model``'s candidates.
 
         Use as ``async with admission.lease(model, long=...) as lease:``. The
         lease is released when the block exits, whichever way it exits.
+
+        ``tenant``: the configured tenant the request is charged to (None, or
+        a name not configured: the default tenant); ``cost``: its reserved
+        cost, 1 per request or estimated tokens (:meth:`settle` replaces it
+        with the usage). With ``PoolConfig.tenants`` the queue is served by
+        band, then weighted fair share, then FIFO within a tenant.
 
         Entering checkpoints. It returns at once when a candidate is
         dispatchable, otherwise waits in the global queue. Cancelled while
@@ -115,12 +121,18 @@ class Admission:
             Unavailable: no eligible candidate, now or after a disconnect/refresh
                 while waiting.
             QueueFull: the global queue holds ``max_queue`` waiters.
+            TenantLimitExceeded: the tenant's ``max_queue`` is reached, or the
+                request is of a negative band and was shed (``limit`` names which).
             QueueTimeout: no grant before the queue deadline.
 
         Raises (on exit):
             LeaseRevoked: the lease's node generation was fenced while the body ran.
         """
-        return LeaseScope(self._handoff, model, long)
+        return LeaseScope(self._handoff, model, long, tenant=tenant, cost=cost)
+
+    def settle(self, lease: Lease, actual: float) -> None:
+        """Charge ``lease``'s tenant the cost it used (tokens the backend reported) instead of its reserve."""
+        self._core.settle(lease, actual)
 
     def retry(self, lease: Lease, *, reason: str | None = None) -> LeaseScope:
         """Ask again, for the request ``lease`` served, on a candidate it has not tried.

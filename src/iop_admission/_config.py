@@ -17,6 +17,7 @@ from typing import Any, TypeVar, final
 import attrs
 
 from ._errors import ConfigError
+from ._fairness import TenantSpec
 
 
 @final
@@ -211,6 +212,8 @@ class PoolConfig:
     )
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     outlier: OutlierPolicy = attrs.field(factory=OutlierPolicy)
+    tenants: tuple[TenantSpec, ...] = attrs.field(default=(), converter=tuple)
+    """Configured tenants ([tenant-fair-share]); none: one global FIFO, exactly as before tenants."""
 
 
 # The last PoolConfig found valid. It is frozen, so it stays valid: validating it
@@ -267,9 +270,23 @@ def validate_pool(config: object, *, pause: Callable[[], None] | None = None) ->
             seen.add(key)
             if key not in config.providers:
                 problems.append(f"models[{name!r}].candidates[{i}]: provider {key} is not configured")
+    problems.extend(_tenant_problems(config.tenants))
     if problems:
         raise ConfigError(problems)
     _last_valid[:] = [config]
+
+
+def _tenant_problems(tenants: tuple[object, ...]) -> list[str]:
+    problems = []
+    names: set[str] = set()
+    for i, spec in enumerate(tenants):
+        if not isinstance(spec, TenantSpec):
+            problems.append(f"tenants[{i}]: expected TenantSpec, got {type(spec).__name__}")
+        elif spec.name in names:
+            problems.append(f"tenants[{i}]: tenant {spec.name!r} is listed twice")
+        else:
+            names.add(spec.name)
+    return problems
 
 
 T = TypeVar("T")

@@ -35,6 +35,8 @@ class AdmissionEvent:
         attempt: for ``retried``, the number of the new attempt.
         duration: for ``ejected``, the ejection's length in seconds.
         failures: for ``ejected``, the consecutive failures counted.
+        tenant: for lease events, the tenant the lease is charged to, when
+            tenants are configured ([tenant-fair-share]); None otherwise.
     """
 
     kind: str
@@ -50,6 +52,7 @@ class AdmissionEvent:
     attempt: int | None = None
     duration: float | None = None
     failures: int | None = None
+    tenant: str | None = None
 
 
 def lease_event(
@@ -74,4 +77,5 @@ def lease_event(
         reason=reason,
         waited=waited,
         attempt=attempt,
+        tenant=lease.tenant if lease._ticket is not None else None,
     )

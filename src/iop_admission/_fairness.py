@@ -28,6 +28,7 @@ of one request), and a backlogged tenant ``i`` is granted within
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -74,6 +75,7 @@ class Ticket:
     granted: bool = False
     done: bool = False
     charged: float = 0.0
+    klass: Hashable = None
 
 
 @dataclass(eq=False)
@@ -85,6 +87,10 @@ class _Tenant:
     served: float = 0.0
     grants: int = 0
     version: int = 0
+    # Tickets by class (items of one class are dispatchable together or not at all), in
+    # arrival order with lazy deletion; ``unclassed`` counts queued tickets of no class.
+    classes: dict[Hashable, deque[Ticket]] = field(default_factory=dict)
+    unclassed: int = 0
 
 
 class FairShare:
@@ -142,8 +148,25 @@ class FairShare:
 
     # -- waiters --------------------------------------------------------------
 
-    def enqueue(self, tenant: str, item: Hashable, cost: float = 1.0) -> tuple[Ticket, list[Ticket]]:
+    def enqueue(
+        self,
+        tenant: str,
+        item: Hashable,
+        cost: float = 1.0,
+        seq: int | None = None,
+        *,
+        quota: bool = True,
+        klass: Hashable = None,
+    ) -> tuple[Ticket, list[Ticket]]:
         """Queue ``item``; returns its ticket and any sheddable tickets evicted for it.
+
+        ``seq``: the item's arrival number (default: the next of this
+        FairShare's own count); an item older than the tenant's newest waiter
+        (a retry keeping its arrival place) goes in at its place. ``quota``
+        False skips the tenant's ``max_queue`` (a request admitted once already).
+        ``klass``: items of one class are dispatchable together or not at all
+        (one model group and kind): a grant then looks at the head of each of
+        the tenant's classes instead of scanning its queue.
 
         Raises :class:`TenantLimitExceeded` when the tenant's ``max_queue`` is
         reached, or when the queue is full and nothing of a lower negative
@@ -151,11 +174,11 @@ class FairShare:
         """
         state = self._tenants[self.tenant_of(tenant)]
         spec = state.spec
-        if spec.max_queue is not None and len(state.queue) >= spec.max_queue:
-            raise TenantLimitExceeded(spec.name, "max_queue", spec.max_queue)
+        if quota:
+            self.check_queue(spec.name)
         shed: list[Ticket] = []
         if self.queue_limit is not None and self.queue_depth >= self.queue_limit:
-            victim = self._shed_victim(spec.priority)
+            victim = self.shed_victim(spec.priority)
             if victim is None:
                 raise TenantLimitExceeded(spec.name, "shed" if spec.priority < 0 else "queue", self.queue_limit)
             self.cancel(victim)
@@ -163,11 +186,47 @@ class FairShare:
         if not state.queue:
             band = spec.priority
             state.finish = max(state.finish, self._vtime.get(band, 0.0))
-        ticket = Ticket(spec.name, item, cost, next(self._seq))
-        state.queue.append(ticket)
-        if len(state.queue) == 1:
+        ticket = Ticket(spec.name, item, cost, next(self._seq) if seq is None else seq, klass=klass)
+        _insert(state.queue, ticket)
+        if klass is None:
+            state.unclassed += 1
+        else:
+            _insert(state.classes.setdefault(klass, deque()), ticket)
+        queue = state.queue
+        if queue[0] is ticket:
             self._touch(state)
         return ticket, shed
+
+    def check_queue(self, tenant: str) -> None:
+        """Raise :class:`TenantLimitExceeded` if ``tenant`` has ``max_queue`` waiters already."""
+        spec = self._tenants[self.tenant_of(tenant)].spec
+        if spec.max_queue is not None and len(self._tenants[spec.name].queue) >= spec.max_queue:
+            raise TenantLimitExceeded(spec.name, "max_queue", spec.max_queue)
+
+    def can_run(self, tenant: str) -> bool:
+        """Whether ``tenant`` is under its ``max_in_flight``."""
+        state = self._tenants[self.tenant_of(tenant)]
+        cap = state.spec.max_in_flight
+        return cap is None or state.in_flight < cap
+
+    def admit(self, tenant: str, item: Hashable, cost: float = 1.0, seq: int = 0) -> Ticket:
+        """Charge a grant made at once, without queueing (nobody of a band could use the slot).
+
+        The item starts at ``max(F, V)`` as if it had queued and been served
+        first: the same tags and counts as :meth:`enqueue` then :meth:`grant`.
+        """
+        state = self._tenants[self.tenant_of(tenant)]
+        spec = state.spec
+        band = spec.priority
+        start = state.finish if state.queue else max(state.finish, self._vtime.get(band, 0.0))
+        self._vtime[band] = max(self._vtime.get(band, 0.0), start)
+        state.finish = start + cost / spec.weight
+        state.in_flight += 1
+        state.served += cost
+        state.grants += 1
+        ticket = Ticket(spec.name, item, cost, seq, granted=True, charged=cost)
+        self._touch(state)
+        return ticket
 
     def cancel(self, ticket: Ticket) -> None:
         """A queued ticket leaves without a grant (timeout, cancel, shed)."""
@@ -175,12 +234,13 @@ class FairShare:
             return
         ticket.done = True
         state = self._tenants[ticket.tenant]
+        _left(state, ticket)
         head = state.queue[0] is ticket
         state.queue.remove(ticket)
         if head:
             self._touch(state)
 
-    def _shed_victim(self, priority: int) -> Ticket | None:
+    def shed_victim(self, priority: int) -> Ticket | None:
         """The newest waiter of the lowest negative band below ``priority``."""
         worst: Ticket | None = None
         worst_band = min(priority, 0)
@@ -197,41 +257,61 @@ class FairShare:
 
     def grant(self, dispatchable: Callable[[Hashable], bool] = lambda item: True) -> Ticket | None:
         """Mark granted and charge the :meth:`choose` ticket, or None."""
-        ticket = self.choose(dispatchable)
+        if type(self).choose is FairShare.choose:
+            ticket = self._choose(dispatchable, True)
+        else:  # a subclass's own order (the FIFO control of the tests)
+            ticket = self.choose(dispatchable)
         if ticket is None:
             return None
         state = self._tenants[ticket.tenant]
         band = state.spec.priority
         self._vtime[band] = max(self._vtime.get(band, 0.0), state.finish)
-        state.queue.remove(ticket)
+        queue = state.queue
+        if queue[0] is ticket:
+            queue.popleft()
+        else:
+            queue.remove(ticket)
+        ticket.granted = True
+        _left(state, ticket)
         state.finish += ticket.cost / state.spec.weight
         state.in_flight += 1
         state.served += ticket.cost
         state.grants += 1
-        ticket.granted = True
         ticket.charged = ticket.cost
         self._touch(state)
         return ticket
 
     def choose(self, dispatchable: Callable[[Hashable], bool]) -> Ticket | None:
         """The ticket the ordering rule grants next, without granting it."""
+        return self._choose(dispatchable, False)
+
+    def _choose(self, dispatchable: Callable[[Hashable], bool], granting: bool) -> Ticket | None:
+        """:meth:`choose`; ``granting``: the chosen tenant's entry is left out (its grant re-keys it)."""
         chosen: Ticket | None = None
         passed: list[tuple[int, float, int, int, str]] = []
-        while self._heap and chosen is None:
-            entry = heapq.heappop(self._heap)
-            if not self._live(entry):
-                continue
-            passed.append(entry)
-            chosen = next((t for t in self._tenants[entry[4]].queue if dispatchable(t.item)), None)
+        heap = self._heap
+        tenants = self._tenants
+        while heap and chosen is None:
+            entry = heapq.heappop(heap)
+            state = tenants.get(entry[4])
+            if state is None or state.version != entry[3]:
+                continue  # stale
+            chosen = _first_runnable(state, dispatchable)
+            if chosen is None or not granting:
+                passed.append(entry)
         for entry in passed:
-            heapq.heappush(self._heap, entry)
+            heapq.heappush(heap, entry)
         return chosen
 
     def settle(self, ticket: Ticket, actual: float) -> None:
-        """Replace a granted ticket's reserved cost with the cost it used."""
+        """Replace a granted ticket's reserved cost with the cost it used.
+
+        A refund moves the tenant's tag back, but not behind its band's virtual
+        time: like an idle tenant, it banks no credit over the others.
+        """
         state = self._tenants[ticket.tenant]
         delta = actual - ticket.charged
-        state.finish += delta / state.spec.weight
+        state.finish = max(state.finish + delta / state.spec.weight, self._vtime.get(state.spec.priority, 0.0))
         state.served += delta
         ticket.charged = actual
         self._touch(state)
@@ -243,7 +323,9 @@ class FairShare:
         ticket.done = True
         state = self._tenants[ticket.tenant]
         state.in_flight -= 1
-        self._touch(state)
+        cap = state.spec.max_in_flight
+        if cap is not None and state.in_flight < cap <= state.in_flight + 1:
+            self._touch(state)  # back under its cap: it may be served again (else its heap entry stands)
 
     def _touch(self, state: _Tenant) -> None:
         """Re-key a tenant in the heap after its head, tag, cap or spec changed."""
@@ -288,3 +370,56 @@ class FairShare:
 
     def grants(self, tenant: str) -> int:
         return self._tenants[tenant].grants
+
+
+def _ticket_seq(ticket: Ticket) -> int:
+    return ticket.seq
+
+
+def _insert(queue: deque[Ticket], ticket: Ticket) -> None:
+    """Put ``ticket`` in ``queue`` at its arrival place (the end, unless it is a retry)."""
+    if queue and queue[-1].seq > ticket.seq:
+        queue.insert(bisect.bisect_left(queue, ticket.seq, key=_ticket_seq), ticket)
+    else:
+        queue.append(ticket)
+
+
+def _left(state: _Tenant, ticket: Ticket) -> None:
+    """``ticket`` (granted or done) left the tenant's queue: its class drops its dead front."""
+    if ticket.klass is None:
+        state.unclassed -= 1
+        return
+    members = state.classes.get(ticket.klass)
+    if members is None:
+        return
+    while members and (members[0].granted or members[0].done):
+        members.popleft()
+    if not members:
+        del state.classes[ticket.klass]
+
+
+def _first_runnable(state: _Tenant, dispatchable: Callable[[Hashable], bool]) -> Ticket | None:
+    """The tenant's earliest dispatchable ticket: the earliest dispatchable head of its classes.
+
+    Within a class, if the head cannot run nobody behind it can; so this costs
+    the number of the tenant's classes, not its queue, unless some ticket has no class.
+    """
+    queue = state.queue
+    head = queue[0]
+    if dispatchable(head.item):
+        return head
+    if state.unclassed:
+        return next((t for t in queue if dispatchable(t.item)), None)
+    best: Ticket | None = None
+    classes = state.classes
+    for key in tuple(classes):
+        members = classes[key]
+        while members and (members[0].granted or members[0].done):
+            members.popleft()
+        if not members:
+            del classes[key]
+            continue
+        first = members[0]
+        if (best is None or first.seq < best.seq) and dispatchable(first.item):
+            best = first
+    return best

@@ -98,7 +98,15 @@ class Handoff:
     # ----------------------------------------------------- lease scope halves
 
     @trio.lowlevel.enable_ki_protection
-    async def acquire(self, model: str, long: bool, retry_of: Lease | None, reason: str | None) -> Lease:
+    async def acquire(
+        self,
+        model: str,
+        long: bool,
+        retry_of: Lease | None,
+        reason: str | None,
+        tenant: str | None = None,
+        cost: float = 1.0,
+    ) -> Lease:
         """Grant a lease (a retry of ``retry_of`` if given), waiting in the queue if need be,
         and open its body's cancel scope.
 
@@ -111,12 +119,18 @@ class Handoff:
         now = trio.current_time()
         self.advance(now)
         try:
-            result = core.request(model, long, now) if retry_of is None else core.retry(retry_of, now)
+            if retry_of is None:
+                result = core.request(model, long, now, tenant, cost)
+            else:
+                result = core.retry(retry_of, now)
         except Exception as exc:
             if events.subscribers:
                 events.rejected(model, long, exc)
             await trio.lowlevel.cancel_shielded_checkpoint()
             raise
+        shed = core.drain_decisions()  # waiters of a lower negative band evicted for this request
+        if shed:
+            self.apply(shed)
         if retry_of is not None and events.subscribers:
             events.lease("retried", retry_of, attempt=retry_of.attempt + 1, reason=reason)
         scope: trio.CancelScope | None = None

@@ -19,10 +19,18 @@ class LeaseScope:
     """The async context manager :meth:`Admission.lease` and :meth:`Admission.retry` return:
     single use, a thin shell over the admission's acquire (on entry) and release (on exit)."""
 
-    __slots__ = ("_handoff", "_model", "_long", "_lease", "_entered", "_retry_of", "_reason")
+    __slots__ = ("_handoff", "_model", "_long", "_lease", "_entered", "_retry_of", "_reason", "_tenant", "_cost")
 
     def __init__(
-        self, handoff: Handoff, model: str, long: bool, *, retry_of: Lease | None = None, reason: str | None = None
+        self,
+        handoff: Handoff,
+        model: str,
+        long: bool,
+        *,
+        retry_of: Lease | None = None,
+        reason: str | None = None,
+        tenant: str | None = None,
+        cost: float = 1.0,
     ) -> None:
         self._handoff = handoff
         self._model = model
@@ -31,13 +39,17 @@ class LeaseScope:
         self._entered = False
         self._retry_of = retry_of
         self._reason = reason
+        self._tenant = tenant
+        self._cost = cost
 
     async def __aenter__(self) -> Lease:
         if self._entered:
             raise LeaseScopeError("a lease scope can be entered only once")
         self._entered = True
         try:
-            self._lease = await self._handoff.acquire(self._model, self._long, self._retry_of, self._reason)
+            self._lease = await self._handoff.acquire(
+                self._model, self._long, self._retry_of, self._reason, self._tenant, self._cost
+            )
         except RuntimeError as exc:
             if trio.lowlevel.in_trio_run():
                 raise

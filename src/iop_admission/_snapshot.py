@@ -61,12 +61,33 @@ in order, to its value (what ``cattrs.unstructure`` makes of the object)."""
 
 @final
 @attrs.frozen
+class TenantSnapshot:
+    """One tenant ([tenant-fair-share]): its spec, its queue and leases, its share of recent grants.
+
+    ``share`` is its part of the latest 1,000 grants (0 to 1); ``cost_charged``
+    the cost charged to it so far (requests, or tokens after settlement).
+    """
+
+    name: str
+    weight: float
+    priority: int
+    max_in_flight: int | None
+    max_queue: int | None
+    waiting: int
+    in_flight: int
+    grants: int
+    share: float
+    cost_charged: float
+
+
+@attrs.frozen
 class Snapshot:
     """The whole pool: the true global queue depth, the policy, and every configured provider.
 
     Providers appear in configuration order, including disconnected and disabled ones.
     ``panic`` lists the model keys in panic mode: every eligible candidate is
-    ejected, and requests are admitted to them anyway.
+    ejected, and requests are admitted to them anyway. ``tenants``: one row per
+    tenant when tenants are configured (empty otherwise).
     """
 
     queue_depth: int
@@ -75,6 +96,7 @@ class Snapshot:
     events_dropped: int
     providers: tuple[ProviderSnapshot, ...]
     panic: tuple[str, ...] = ()
+    tenants: tuple[TenantSnapshot, ...] = ()
 
     def provider(self, node_id: str, provider_id: str) -> ProviderSnapshot:
         """Return the snapshot of one provider.

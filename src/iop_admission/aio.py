@@ -74,14 +74,19 @@ class AsyncAdmission:
 
     # ------------------------------------------------------------------ leases
 
-    def lease(self, model: str, *, long: bool = False) -> AsyncLeaseScope:
+    def lease(self, model: str, *, long: bool = False, tenant: str | None = None, cost: float = 1.0) -> AsyncLeaseScope:
         """Ask for a lease on one of ``model``'s candidates: ``async with admission.lease(model) as lease:``.
 
+        ``tenant`` and ``cost`` as :meth:`iop_admission.Admission.lease`.
         Raises (on entry): ``ModelNotFound``, ``Unavailable``, ``QueueFull``,
-        ``QueueTimeout``, as :meth:`iop_admission.Admission.lease`.
+        ``TenantLimitExceeded``, ``QueueTimeout``, as :meth:`iop_admission.Admission.lease`.
         Raises (on exit): ``LeaseRevoked`` when fencing cancelled the body.
         """
-        return AsyncLeaseScope(self, model, long, None)
+        return AsyncLeaseScope(self, model, long, None, tenant, cost)
+
+    def settle(self, lease: Lease, actual: float) -> None:
+        """Charge ``lease``'s tenant the cost it used instead of its reserve (see ``Admission.settle``)."""
+        self._core.settle(lease, actual)
 
     def retry(self, lease: Lease) -> AsyncLeaseScope:
         """Ask again for the request ``lease`` served, on a candidate not tried (see ``Admission.retry``)."""
@@ -245,15 +250,23 @@ class AsyncAdmission:
 
     # ----------------------------------------------------- lease scope halves
 
-    async def _acquire(self, model: str, long: bool, retry_of: Lease | None) -> Lease:
+    async def _acquire(
+        self, model: str, long: bool, retry_of: Lease | None, tenant: str | None = None, cost: float = 1.0
+    ) -> Lease:
         core = self._core
         now = asyncio.get_running_loop().time()
         try:
-            result = core.request(model, long, now) if retry_of is None else core.retry(retry_of, now)
+            if retry_of is None:
+                result = core.request(model, long, now, tenant, cost)
+            else:
+                result = core.retry(retry_of, now)
         except Exception as exc:
             if self._subscribers:
                 self._emit(AdmissionEvent("rejected", now, model=model, long=long, reason=type(exc).__name__))
             raise
+        shed = core.drain_decisions()  # waiters of a lower negative band evicted for this request
+        if shed:
+            self._apply(shed)
         if type(result) is Lease:
             lease = result
         else:
@@ -322,10 +335,20 @@ async def _events(queue: asyncio.Queue[AdmissionEvent]) -> AsyncIterator[Admissi
 class AsyncLeaseScope:
     """What :meth:`AsyncAdmission.lease` returns: a single-use async context manager."""
 
-    __slots__ = ("_admission", "_model", "_long", "_retry_of", "_lease", "_state")
+    __slots__ = ("_admission", "_model", "_long", "_retry_of", "_lease", "_state", "_tenant", "_cost")
 
-    def __init__(self, admission: AsyncAdmission, model: str, long: bool, retry_of: Lease | None) -> None:
+    def __init__(
+        self,
+        admission: AsyncAdmission,
+        model: str,
+        long: bool,
+        retry_of: Lease | None,
+        tenant: str | None = None,
+        cost: float = 1.0,
+    ) -> None:
         self._admission = admission
+        self._tenant = tenant
+        self._cost = cost
         self._model = model
         self._long = long
         self._retry_of = retry_of
@@ -336,7 +359,7 @@ class AsyncLeaseScope:
         if self._state != "new":
             raise LeaseScopeError("a lease scope can be entered only once")
         self._state = "entering"
-        self._lease = await self._admission._acquire(self._model, self._long, self._retry_of)
+        self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._tenant, self._cost)
         self._state = "entered"
         return self._lease
 

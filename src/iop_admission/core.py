@@ -93,4 +93,5 @@ def read_snapshot(
         events_dropped=events_dropped,
         providers=state.provider_snapshots(now, first, count),
         panic=state.panic_models(),
+        tenants=state.tenant_snapshots(),
     )

@@ -7,8 +7,8 @@
   is split into named steps.
 - No module imports another module's underscore names (``from ._x import
   _y``, ``from . import _x``), inside a package or across packages.
-- No class in ``iop_edge``, ``iop_node``, ``iop_mock`` or ``iop_wire`` is
-  over 300 lines (known exceptions listed, each with its reason).
+- No class in ``iop_admission``, ``iop_edge``, ``iop_node``, ``iop_mock`` or
+  ``iop_wire`` is over 300 lines (known exceptions listed, each with its reason).
 - The benchmarks (``benchmarks/``) use public names only: no package's
   private module, no other module's underscore name; they write no CRLF
   (requests are encoded by ``iop_http``).
@@ -113,7 +113,7 @@ def test_the_length_check_counts_the_body_without_its_docstring() -> None:
 # ------------------------------------------------------------ one owner per name, rooms of a size
 
 MAX_CLASS_LINES = 300
-SIZED_PACKAGES = ("iop_edge", "iop_node", "iop_mock", "iop_wire")
+SIZED_PACKAGES = ("iop_admission", "iop_edge", "iop_node", "iop_mock", "iop_wire")
 LARGE_FOR_NOW = {
     # Being reshaped by the Edge HA work; the lead removes these two at its merge.
     "iop_edge/_links.py:NodeRegistry",
