@@ -1,6 +1,6 @@
 """Fair share in-process: ``python -m benchmarks.fairness``.
 
-Drives :class:`iop_admission._fairness.FairShare` alone (no Edge, no Node):
+Drives :class:`iop_admission.core.FairShare` alone (no Edge, no Node):
 the 1:1:2 share of three flooding tenants on a capacity-4 provider over 10,000
 grants, token mode (8,000- against 500-token prompts, one million tokens), and
 the decision cost of a grant+release cycle with 1,000 tenants and 10,000
@@ -18,9 +18,8 @@ import time
 
 import trio
 
-from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission._fairness import FairShare, TenantSpec
-from iop_admission.core import AdmissionState, Granted
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
+from iop_admission.core import AdmissionState, FairShare, Granted
 
 
 def share(grants: int = 10_000) -> dict[str, float]:

@@ -43,6 +43,7 @@ release notes. Attributes not documented on these classes are private.
 
 from __future__ import annotations
 
+from ._fairness import FairShare
 from ._snapshot import Snapshot
 from ._state import (
     AdmissionState,
@@ -64,6 +65,7 @@ __all__ = [
     "Decision",
     "Ejected",
     "Failed",
+    "FairShare",
     "Granted",
     "Lease",
     "PreparedRefresh",
