@@ -8,6 +8,7 @@ See ``docs/node.md``.
 
 from ._adapter import Adapter, TunnelHead, encoded_run, relay_encoded
 from ._client import EdgeClient, backoff_delay, first_delay, websocket_connector
+from ._edges import EdgeClients
 from ._errors import (
     BadRunRequest,
     EdgeProtocolViolation,
@@ -29,6 +30,7 @@ __all__ = [
     "Adapter",
     "BadRunRequest",
     "EdgeClient",
+    "EdgeClients",
     "EdgeProtocolViolation",
     "EdgeSession",
     "MockAdapter",

@@ -170,8 +170,11 @@ class EdgeClient:
     Attributes:
         config: the node's config.
         runtime: gate and adapters, shared by every connection.
-        connect: opens one connection; defaults to ``config.edge_url``.
+        connect: opens one connection; defaults to ``url``.
         rng: jitter source (seed it in tests).
+        url: the Edge this client keeps the node registered with; None: the
+            first of ``config.urls`` (:class:`~iop_node.EdgeClients` runs one
+            client per Edge URL).
         session: the session of the current connection, if any.
         connections: number of connections opened so far.
         session_registered: whether the last connection got ``registered``.
@@ -183,6 +186,7 @@ class EdgeClient:
     runtime: NodeRuntime
     connect: Connector | None = None
     rng: random.Random = attrs.field(factory=random.Random)
+    url: str | None = None
     session: EdgeSession | None = attrs.field(default=None, init=False)
     connections: int = attrs.field(default=0, init=False)
     session_registered: bool = attrs.field(default=False, init=False)
@@ -206,7 +210,8 @@ class EdgeClient:
             RegistrationRejected: the Edge rejected the registration and said
                 retrying will not help.
         """
-        connect = self.connect or websocket_connector(self.config.edge_url, ssl_context=self.config.ssl_context)
+        url = self.edge
+        connect = self.connect or websocket_connector(url, ssl_context=lambda: self.config.ssl_context(url))
         token = self.config.resolved_token()
         policy = self.config.reconnect
         attempt = 0
@@ -236,7 +241,7 @@ class EdgeClient:
 
     async def _attempt(self, connect: Connector, connection_tasks: trio.Nursery, token: str) -> str:
         """One connection: connect, serve, close. Returns why it ended (for the log)."""
-        logger.info("connecting to %s", self.config.edge_url)
+        logger.info("connecting to %s", self.edge)
         self.session_registered = False
         try:
             with self._phase():
@@ -270,6 +275,11 @@ class EdgeClient:
             RegistrationTimeout,
         ) as exc:
             return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+    @property
+    def edge(self) -> str:
+        """The URL of the Edge this client connects to."""
+        return self.url if self.url is not None else self.config.urls[0]
 
     def shutdown(self) -> None:
         """Stop :meth:`run`: cancel the current session or backoff and return. Idempotent."""
