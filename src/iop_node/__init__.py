@@ -19,6 +19,7 @@ from ._errors import (
     UpstreamFailed,
     UpstreamUnreachable,
 )
+from ._fence import EpochFence
 from ._mock_adapter import MockAdapter
 from ._ollama import OllamaAdapter
 from ._openai import OpenAIAdapter
@@ -33,6 +34,7 @@ __all__ = [
     "EdgeClients",
     "EdgeProtocolViolation",
     "EdgeSession",
+    "EpochFence",
     "MockAdapter",
     "NodeConfig",
     "NodeError",

@@ -11,8 +11,8 @@ Backoff: after any failed attempt or drop the client waits
 reconnect in lockstep after an Edge restart. A successful registration resets
 the attempt counter. A non-retryable rejection (bad token, protocol mismatch)
 ends the loop with :class:`~iop_node.RegistrationRejected`, except a protocol
-mismatch of wire v2: then the next connection offers v1 (an Edge older than the
-node), and the one after a v1 session ended offers v2 again.
+mismatch of wire vN > 1: then the next connection offers v(N-1) (an Edge older
+than the node), and the one after such a session ended offers the newest again.
 """
 
 from __future__ import annotations
@@ -178,8 +178,8 @@ class EdgeClient:
         session: the session of the current connection, if any.
         connections: number of connections opened so far.
         session_registered: whether the last connection got ``registered``.
-        protocol: the wire version the next connection offers: the newest, or 1 right
-            after an Edge refused the newest with ``protocol_mismatch`` (see :meth:`_attempt`).
+        protocol: the wire version the next connection offers: the newest, or one less
+            right after an Edge refused it with ``protocol_mismatch`` (see :meth:`_attempt`).
     """
 
     config: NodeConfig
@@ -257,10 +257,13 @@ class EdgeClient:
             return "connection closed"
         except RegistrationRejected as exc:
             if exc.code == "protocol_mismatch" and self.protocol > 1:
-                # An Edge older than this node: offer wire v1 on the next connection.
-                logger.warning("the edge does not speak wire v%d (%s); falling back to v1", self.protocol, exc.reason)
-                self.protocol = 1
-                return "falling back to wire v1"
+                # An Edge older than this node: offer the version before on the next connection.
+                older = self.protocol - 1
+                logger.warning(
+                    "the edge does not speak wire v%d (%s); falling back to v%d", self.protocol, exc.reason, older
+                )
+                self.protocol = older
+                return f"falling back to wire v{older}"
             if not exc.retryable:
                 raise
             return str(exc)

@@ -52,6 +52,8 @@ from iop_wire import (
     PROTOCOL_VERSION,
     Cancel,
     Heartbeat,
+    InFlight,
+    Leader,
     NodeMessage,
     ProtocolError,
     ProviderInfo,
@@ -241,6 +243,7 @@ class EdgeSession:
             Run: self._on_run,
             TunnelRequest: self._on_tunnel_request,
             Cancel: self._on_cancel,
+            Leader: self._on_leader,
         }
         while True:
             try:
@@ -270,6 +273,8 @@ class EdgeSession:
 
     async def _on_run(self, run: Run) -> Callable[[], Awaitable[None]] | None:
         end = functools.partial(_run_end, run_id=run.run_id)
+        if not await self._fenced_in(run.epoch, end):
+            return None
         admitted = await self._admit(run.provider, end)
         if admitted is None:
             return None
@@ -283,6 +288,8 @@ class EdgeSession:
             body = request.body_bytes()
         except ProtocolError as exc:
             await self._send(end("error", "bad_request", exc.reason, None))
+            return None
+        if not await self._fenced_in(request.epoch, end):
             return None
         admitted = await self._admit(request.provider, end)
         if admitted is None:
@@ -298,6 +305,25 @@ class EdgeSession:
         else:
             scope.cancel()
         await trio.lowlevel.checkpoint()
+
+    async def _on_leader(self, leader: Leader) -> None:
+        """[epoch-fencing] A new leader: raise the fence, report the runs in flight per provider."""
+        fence = self.runtime.fence
+        if leader.epoch < fence.seen:
+            logger.warning("edge announces epoch %d, older than %d already seen", leader.epoch, fence.seen)
+        fence.raise_to(leader.epoch)
+        await self._send(InFlight(leader.epoch, self.runtime.in_flight()))
+
+    async def _fenced_in(self, epoch: int | None, end: _EndFactory) -> bool:
+        """Whether the fence lets a run of ``epoch`` through; if not, answer ``stale_epoch`` at once."""
+        fence = self.runtime.fence
+        if fence.admits(epoch):
+            return True
+        logger.warning("run of epoch %s refused: this node has seen epoch %d", epoch, fence.seen)
+        await self._send(
+            end("error", "stale_epoch", f"run of epoch {epoch}; this node has seen epoch {fence.seen}", None)
+        )
+        return False
 
     async def _admit(self, provider: str, end: _EndFactory) -> tuple[Permit, Adapter] | None:
         """Take the permit synchronously; on refusal answer the end at once."""
