@@ -9,9 +9,14 @@ refused with ``stale_epoch`` before it takes a permit.
 
 from __future__ import annotations
 
+import logging
 from typing import final
 
 import attrs
+
+from ._errors import StaleEpoch
+
+logger = logging.getLogger("iop_node")
 
 
 @final
@@ -26,6 +31,16 @@ class EpochFence:
 
     seen: int = 0
     refused: int = 0
+
+    def check(self, epoch: int | None) -> None:
+        """Let a run of ``epoch`` through (raising the fence to it), or refuse it. Does not checkpoint.
+
+        Raises:
+            StaleEpoch: ``epoch`` is older than the fence.
+        """
+        if not self.admits(epoch):
+            logger.warning("run of epoch %s refused: this node has seen epoch %d", epoch, self.seen)
+            raise StaleEpoch(f"run of epoch {epoch}; this node has seen epoch {self.seen}")
 
     def admits(self, epoch: int | None) -> bool:
         """Whether a run of ``epoch`` may run; raises the fence to it when it may.

@@ -82,18 +82,22 @@ class NodeRuntime:
         adapters = {p.id: build_adapter(p, transport=transport) for p in config.providers}
         return cls(gate=gate, adapters=adapters)
 
-    def admit(self, provider: str) -> tuple[Permit, Adapter]:
+    def admit(self, provider: str, epoch: int | None = None) -> tuple[Permit, Adapter]:
         """Take a permit for ``provider`` now, or fail at once. Does not checkpoint.
+
+        ``epoch``: the sending leader's (wire v3), checked against :attr:`fence` first.
 
         Returns:
             The held permit (the caller must release it exactly once, e.g. with
             ``with permit:``) and the provider's adapter.
 
         Raises:
+            StaleEpoch: ``epoch`` is older than one this node has seen.
             BadRunRequest: ``provider`` is not configured on this node.
             iop_admission.ConcurrencyLimitExceeded: the provider's capacity or
                 the node-wide concurrency is used up.
         """
+        self.fence.check(epoch)
         adapter = self.adapters.get(provider)
         if adapter is None:
             raise BadRunRequest(f"unknown provider {provider!r}")
