@@ -104,9 +104,6 @@ def test_the_length_check_counts_the_body_without_its_docstring() -> None:
 MAX_CLASS_LINES = 300
 SIZED_PACKAGES = ("iop_edge", "iop_node", "iop_mock", "iop_wire")
 LARGE_FOR_NOW = {
-    # Being reshaped by the Edge HA work (EdgeSession is back under the bound: its relays and writer moved
-    # to iop_node/_relays.py).
-    "iop_edge/_links.py:NodeRegistry",
     # Issue 27's split of the listener into rooms (one object per request cycle, the pacer, the
     # disconnect watcher, the accept loop) is still to come.
     "iop_edge/_http_server.py:_Connection",

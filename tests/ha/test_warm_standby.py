@@ -41,6 +41,9 @@ async def test_the_node_is_registered_with_both_edges_and_the_new_leader_serves_
                 assert (await a.chat(BIG)).status_code == 200
                 assert (await b.chat(BIG)).status_code == 503  # b stands by, though it holds the node
 
+                assert a.service.ha is not None and b.service.ha is not None
+                epoch_a = a.service.ha.leadership.epoch
+                assert runtime.fence.seen == epoch_a  # a's Leader message, and its run's epoch
                 to_b = clients.clients[1]
                 assert (to_b.edge, to_b.connections) == (config.edge_urls[1], 1)
                 stop_a.cancel()
@@ -48,5 +51,7 @@ async def test_the_node_is_registered_with_both_edges_and_the_new_leader_serves_
                 answer = await b.chat(BIG)
                 assert answer.status_code == 200, answer.text
                 assert to_b.connections == 1  # served over the registration b held while standing by
+                # [epoch-fencing] b announced its term: the node's fence is at b's epoch, above a's.
+                assert runtime.fence.seen == b.service.ha.leadership.epoch > epoch_a
                 clients.shutdown()
             stop_b.cancel()
