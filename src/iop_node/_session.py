@@ -102,6 +102,12 @@ def _tunnel_end(
     return TunnelEnd(run_id, status, code, message)
 
 
+async def _until_silent(ws: EdgeSocket, interval: float, connection: trio.CancelScope) -> None:
+    """End the connection once the Edge stopped answering (:meth:`EdgeSocket.keep_alive`)."""
+    await ws.keep_alive(interval)
+    connection.cancel()
+
+
 @final
 @attrs.define(eq=False)
 class EdgeSession:
@@ -169,6 +175,8 @@ class EdgeSession:
                     self._poller = new_poller(nursery, self._outbox.room)
                 nursery.start_soon(write_frames, self.ws, self._outbox, nursery.cancel_scope)
                 nursery.start_soon(self._heartbeat, interval)
+                if isinstance(self.ws, EdgeSocket):  # a dead Edge is noticed within the interval
+                    nursery.start_soon(_until_silent, self.ws, interval, nursery.cancel_scope)
                 await self._read()  # it cancels the nursery when the connection ends
         finally:
             if self._poller is not None:
