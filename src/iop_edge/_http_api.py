@@ -105,6 +105,8 @@ CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
 UPSTREAM_RETRY_AFTER = 1
 """``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
+STALE_LEADER_RETRY_AFTER = 1
+"""``Retry-After`` seconds when a node refused the run as ``stale_epoch``: a newer leader exists already."""
 
 
 def _hooks(scope: Scope) -> ConnectionHooks | None:
@@ -143,6 +145,14 @@ def run_failure(end: RunEnd) -> RequestRejected:
         )
     if kind == "cancelled":
         return node_disconnected(f"run cancelled by the node: {detail}")
+    if kind == "stale_leader":  # [epoch-fencing] a newer leader exists: never retried here
+        return RequestRejected(
+            503,
+            "not_leader",
+            f"this Edge no longer leads: {detail}",
+            type="service_unavailable",
+            retry_after=STALE_LEADER_RETRY_AFTER,
+        )
     status = end.upstream_status
     retry = _upstream_retry(end)
     if status is not None and kind in ("client_error", "rate_limited"):
@@ -551,7 +561,8 @@ class EdgeAPI:
             upstream["model"] = service.config.upstream_model(model, key)
             if endpoint != "embeddings":  # an embeddings body goes as the client sent it
                 upstream["stream"] = stream
-            return link.open_run(Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream))
+            run = Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream, link.epoch)
+            return link.open_run(run)
         except (NodeGone, KeyError) as exc:
             raise node_disconnected(str(exc)) from None
 

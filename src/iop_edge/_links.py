@@ -62,6 +62,7 @@ from iop_wire import (
     RECEIVE_BYTES,
     Cancel,
     Heartbeat,
+    InFlight,
     ProtocolError,
     Register,
     Registered,
@@ -79,6 +80,7 @@ from iop_wire import (
     split_data,
 )
 
+from ._fencing import LeaderFence
 from ._node_limits import PendingLimits, Source, source_of
 from ._node_socket import NodeSocket
 from .metrics import DisconnectCause
@@ -398,6 +400,18 @@ class NodeLink:
 
     # ----------------------------------------------------------------- runs
 
+    @property
+    def epoch(self) -> int | None:
+        """The epoch to put on this connection's runs [epoch-fencing]: the leader's, on v3 only."""
+        return self.registry.fence.stamp(self.protocol)
+
+    def send_frame(self, frame: str) -> None:
+        """Queue one frame that is not a run's (``leader``); dropped if the connection is ending."""
+        try:
+            self._queue(frame)
+        except NodeGone:
+            pass
+
     def open_run(self, message: Run | TunnelRequest) -> RunChannel:
         """Register a run and queue its request frame for the node (never waits).
 
@@ -478,6 +492,8 @@ class NodeLink:
             self.forget_run(run_id)
         elif type(message) is RunEnd or type(message) is TunnelEnd:
             del self._runs[run_id]
+            if message.code == "stale_epoch":
+                self.registry.fence.refused(self.node_id)
 
     def _deliver_data(self, frame: bytes) -> str | None:
         """Hand the records of a v2 data frame to their runs; the protocol problem, if any.
@@ -607,6 +623,9 @@ class NodeLink:
                 continue
             if isinstance(message, RunMessage):
                 self._deliver(message.run_id, message)
+                continue
+            if isinstance(message, InFlight) and self.protocol >= 3:
+                self.registry.fence.answered(self.node_id, message)
                 continue
             logger.warning("node %s sent an unexpected %s", self.node_id, kind.__name__)
             self.cause = "error"
@@ -773,6 +792,28 @@ async def _close(ws: NodeSocket, code: int, reason: str) -> None:
             pass
 
 
+def _problem(
+    message: Register, peer: _Peer, token_for: Callable[[str], str | None], links: dict[str, NodeLink]
+) -> _Rejection | None:
+    """Why ``message`` from ``peer`` cannot register now (None: it can)."""
+    node_id = message.node_id
+    if message.protocol not in PROTOCOL_VERSIONS:
+        spoken = ", ".join(map(str, PROTOCOL_VERSIONS))
+        reason = f"protocol {message.protocol} is not supported (edge speaks {spoken})"
+        return _Rejection("protocol_mismatch", reason, node_id)
+    expected = token_for(node_id)
+    if expected is None:
+        return _Rejection("unknown_node", f"node {node_id!r} is not configured", node_id)
+    if peer.cert_names is not None and node_id not in peer.cert_names:
+        reason = f"the client certificate is not issued to node {node_id!r}"
+        return _Rejection("bad_token", reason, node_id, "cert_mismatch")
+    if not hmac.compare_digest(expected.encode(), message.token.encode()):
+        return _Rejection("bad_token", "invalid token", node_id)
+    if node_id in links:
+        return _Rejection("duplicate", f"node {node_id!r} already has a live connection", node_id)
+    return None
+
+
 @final
 class NodeRegistry:
     """Accepts node connections and tracks the one live link per node.
@@ -826,6 +867,7 @@ class NodeRegistry:
         self._on_rejected = on_rejected
         self._links: dict[str, NodeLink] = {}
         self._run_ids = itertools.count(1)
+        self.fence = LeaderFence()  # [epoch-fencing] the service moves it with this Edge's leadership
 
     def link(self, node_id: str, generation: int) -> NodeLink:
         """The live connection of ``node_id`` in ``generation``.
@@ -939,7 +981,7 @@ class NodeRegistry:
             return None
         if message is None:
             return None
-        rejection = message if isinstance(message, _Rejection) else self._check(message, peer)
+        rejection = message if isinstance(message, _Rejection) else _problem(message, peer, self.token_for, self._links)
         if rejection is not None:
             await self._reject(ws, rejection, peer.source)
             return None
@@ -961,25 +1003,6 @@ class NodeRegistry:
             return _Rejection("bad_message", "the first message must be register", None)
         return message
 
-    def _check(self, message: Register, peer: _Peer) -> _Rejection | None:
-        """Why ``message`` from ``peer`` cannot register now (None: it can)."""
-        node_id = message.node_id
-        if message.protocol not in PROTOCOL_VERSIONS:
-            spoken = ", ".join(map(str, PROTOCOL_VERSIONS))
-            reason = f"protocol {message.protocol} is not supported (edge speaks {spoken})"
-            return _Rejection("protocol_mismatch", reason, node_id)
-        expected = self.token_for(node_id)
-        if expected is None:
-            return _Rejection("unknown_node", f"node {node_id!r} is not configured", node_id)
-        if peer.cert_names is not None and node_id not in peer.cert_names:
-            reason = f"the client certificate is not issued to node {node_id!r}"
-            return _Rejection("bad_token", reason, node_id, "cert_mismatch")
-        if not hmac.compare_digest(expected.encode(), message.token.encode()):
-            return _Rejection("bad_token", "invalid token", node_id)
-        if node_id in self._links:
-            return _Rejection("duplicate", f"node {node_id!r} already has a live connection", node_id)
-        return None
-
     def _connect(self, ws: NodeSocket, message: Register) -> NodeLink:
         node_id = message.node_id
         generation = self.admission.connect(node_id)
@@ -988,6 +1011,7 @@ class NodeRegistry:
         self._links[node_id] = link
         interval_ms = max(1, int(self.heartbeat_timeout * 1000 / 3))
         link._queue(encode(Registered(node_id, generation, interval_ms)))
+        self.fence.greet(link)
         logger.info(
             "node %s registered: generation %d, wire v%d, providers %s",
             node_id,

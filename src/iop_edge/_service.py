@@ -71,7 +71,7 @@ class EdgeService:
         self.metrics.follow_front_door(self.front_door.status)
         self.ha = EdgeHa.of(config.ha, self._leadership_changed) if config.ha is not None else None
         if self.ha is not None:
-            self.metrics.registry.register(self.ha.collector())
+            self.metrics.registry.register(self.ha.collector(self.registry.fence))
         self.api = EdgeAPI(self)
         self._reload_lock = trio.Lock()
         self.http_port: int | None = None
@@ -147,6 +147,10 @@ class EdgeService:
     def _leadership_changed(self, leadership: Leadership) -> None:
         """[ha-election] Log each change of role (the HTTP API asks :meth:`EdgeHa.admits` per request)."""
         logger.warning("ha: this Edge is %s at epoch %d", leadership.role, leadership.epoch)
+        if leadership.leading:  # [epoch-fencing] stamp runs with the term's epoch, announce it to the nodes
+            self.registry.fence.lead(leadership.epoch, self.registry.links())
+        else:
+            self.registry.fence.stand_by()
 
     # ------------------------------------------------------------------ status
 

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from ._election import run_election
 from ._etcd import EtcdGateway, EtcdUnavailable, KeyHolder
+from ._fencing import LeaderFence
 from ._leadership import LeaderInfo, Leadership, Role
 from .config import HaConfig
 from .status import HaStatus
@@ -78,9 +79,9 @@ class EdgeHa:
         lead = self.leadership
         return HaStatus(lead.role, lead.leader, lead.epoch, self.since, lead.elections_won, lead.step_downs)
 
-    def collector(self) -> Collector:
-        """Prometheus families read from this Edge's leadership at every scrape (docs/metrics.md)."""
-        return _HaCollector(self.leadership)
+    def collector(self, fence: LeaderFence | None = None) -> Collector:
+        """Prometheus families read from this Edge's leadership (and epoch fence) at every scrape (docs/metrics.md)."""
+        return _HaCollector(self.leadership, fence if fence is not None else LeaderFence())
 
     @contextlib.contextmanager
     def cut_on_step_down(self, scope: trio.CancelScope) -> Iterator[None]:
@@ -132,8 +133,9 @@ class EdgeHa:
 class _HaCollector(Collector):
     """``iop_ha_leader``, ``iop_ha_epoch``, ``iop_ha_elections_won_total``, ``iop_ha_step_downs_total``."""
 
-    def __init__(self, leadership: Leadership) -> None:
+    def __init__(self, leadership: Leadership, fence: LeaderFence) -> None:
         self._leadership = leadership
+        self._fence = fence
 
     def collect(self) -> Iterator[Metric]:
         lead = self._leadership
@@ -143,3 +145,14 @@ class _HaCollector(Collector):
         yield GaugeMetricFamily("iop_ha_epoch", "The epoch of the leader this Edge knows (0: none)", value=lead.epoch)
         yield CounterMetricFamily("iop_ha_elections_won", "Elections this Edge has won", value=lead.elections_won)
         yield CounterMetricFamily("iop_ha_step_downs", "Times this Edge stopped leading", value=lead.step_downs)
+        fence = self._fence
+        yield CounterMetricFamily(
+            "iop_ha_stale_epoch_refused",
+            "Runs of this Edge that nodes refused as stale_epoch (a newer leader exists)",
+            value=fence.stale_refused,
+        )
+        yield GaugeMetricFamily(
+            "iop_ha_inherited_runs",
+            "Runs the nodes reported in flight at the start of this Edge's term (the previous term's load)",
+            value=fence.inherited_runs,
+        )

@@ -8,6 +8,7 @@ See ``docs/node.md``.
 
 from ._adapter import Adapter, TunnelHead, encoded_run, relay_encoded
 from ._client import EdgeClient, backoff_delay, first_delay, websocket_connector
+from ._edges import EdgeClients
 from ._errors import (
     BadRunRequest,
     EdgeProtocolViolation,
@@ -18,6 +19,7 @@ from ._errors import (
     UpstreamFailed,
     UpstreamUnreachable,
 )
+from ._fence import EpochFence
 from ._mock_adapter import MockAdapter
 from ._ollama import OllamaAdapter
 from ._openai import OpenAIAdapter
@@ -29,8 +31,10 @@ __all__ = [
     "Adapter",
     "BadRunRequest",
     "EdgeClient",
+    "EdgeClients",
     "EdgeProtocolViolation",
     "EdgeSession",
+    "EpochFence",
     "MockAdapter",
     "NodeConfig",
     "NodeError",

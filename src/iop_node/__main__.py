@@ -25,7 +25,7 @@ import trio
 
 from iop_config import ConfigFileError
 
-from ._client import EdgeClient
+from ._edges import EdgeClients
 from ._errors import RegistrationRejected
 from ._runtime import NodeRuntime
 from .config import NodeConfig, load_node_config
@@ -73,7 +73,7 @@ async def _serve_config(config: NodeConfig, signals: AsyncIterator[int], config_
     """Serve ``config`` until a shutdown (an exit code) or a reload that loaded (the new config)."""
     exit_code: int | NodeConfig = EXIT_OK
     async with NodeRuntime.from_config(config) as runtime:
-        client = EdgeClient(config, runtime)
+        client = EdgeClients(config, runtime)
         async with trio.open_nursery() as nursery:
 
             async def stop_on_signal() -> None:

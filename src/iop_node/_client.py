@@ -11,8 +11,8 @@ Backoff: after any failed attempt or drop the client waits
 reconnect in lockstep after an Edge restart. A successful registration resets
 the attempt counter. A non-retryable rejection (bad token, protocol mismatch)
 ends the loop with :class:`~iop_node.RegistrationRejected`, except a protocol
-mismatch of wire v2: then the next connection offers v1 (an Edge older than the
-node), and the one after a v1 session ended offers v2 again.
+mismatch of wire vN > 1: then the next connection offers v(N-1) (an Edge older
+than the node), and the one after such a session ended offers the newest again.
 """
 
 from __future__ import annotations
@@ -170,19 +170,23 @@ class EdgeClient:
     Attributes:
         config: the node's config.
         runtime: gate and adapters, shared by every connection.
-        connect: opens one connection; defaults to ``config.edge_url``.
+        connect: opens one connection; defaults to ``url``.
         rng: jitter source (seed it in tests).
+        url: the Edge this client keeps the node registered with; None: the
+            first of ``config.urls`` (:class:`~iop_node.EdgeClients` runs one
+            client per Edge URL).
         session: the session of the current connection, if any.
         connections: number of connections opened so far.
         session_registered: whether the last connection got ``registered``.
-        protocol: the wire version the next connection offers: the newest, or 1 right
-            after an Edge refused the newest with ``protocol_mismatch`` (see :meth:`_attempt`).
+        protocol: the wire version the next connection offers: the newest, or one less
+            right after an Edge refused it with ``protocol_mismatch`` (see :meth:`_attempt`).
     """
 
     config: NodeConfig
     runtime: NodeRuntime
     connect: Connector | None = None
     rng: random.Random = attrs.field(factory=random.Random)
+    url: str | None = None
     session: EdgeSession | None = attrs.field(default=None, init=False)
     connections: int = attrs.field(default=0, init=False)
     session_registered: bool = attrs.field(default=False, init=False)
@@ -206,7 +210,8 @@ class EdgeClient:
             RegistrationRejected: the Edge rejected the registration and said
                 retrying will not help.
         """
-        connect = self.connect or websocket_connector(self.config.edge_url, ssl_context=self.config.ssl_context)
+        url = self.edge
+        connect = self.connect or websocket_connector(url, ssl_context=lambda: self.config.ssl_context(url))
         token = self.config.resolved_token()
         policy = self.config.reconnect
         attempt = 0
@@ -236,7 +241,7 @@ class EdgeClient:
 
     async def _attempt(self, connect: Connector, connection_tasks: trio.Nursery, token: str) -> str:
         """One connection: connect, serve, close. Returns why it ended (for the log)."""
-        logger.info("connecting to %s", self.config.edge_url)
+        logger.info("connecting to %s", self.edge)
         self.session_registered = False
         try:
             with self._phase():
@@ -252,10 +257,13 @@ class EdgeClient:
             return "connection closed"
         except RegistrationRejected as exc:
             if exc.code == "protocol_mismatch" and self.protocol > 1:
-                # An Edge older than this node: offer wire v1 on the next connection.
-                logger.warning("the edge does not speak wire v%d (%s); falling back to v1", self.protocol, exc.reason)
-                self.protocol = 1
-                return "falling back to wire v1"
+                # An Edge older than this node: offer the version before on the next connection.
+                older = self.protocol - 1
+                logger.warning(
+                    "the edge does not speak wire v%d (%s); falling back to v%d", self.protocol, exc.reason, older
+                )
+                self.protocol = older
+                return f"falling back to wire v{older}"
             if not exc.retryable:
                 raise
             return str(exc)
@@ -270,6 +278,11 @@ class EdgeClient:
             RegistrationTimeout,
         ) as exc:
             return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+    @property
+    def edge(self) -> str:
+        """The URL of the Edge this client connects to."""
+        return self.url if self.url is not None else self.config.urls[0]
 
     def shutdown(self) -> None:
         """Stop :meth:`run`: cancel the current session or backoff and return. Idempotent."""

@@ -32,6 +32,13 @@ class BadRunRequest(RunFailed):
 
 
 @final
+class StaleEpoch(RunFailed):
+    """[epoch-fencing] The run carries an older leader epoch than the node has seen (wire v3)."""
+
+    code = "stale_epoch"
+
+
+@final
 class UpstreamUnreachable(RunFailed):
     """The upstream could not be reached, timed out, or dropped the connection."""
 

@@ -28,6 +28,7 @@ from iop_admission import LocalGate, Permit
 
 from ._adapter import Adapter
 from ._errors import BadRunRequest, UpstreamFailed
+from ._fence import EpochFence
 from ._mock_adapter import MockAdapter
 from ._ollama import OllamaAdapter
 from ._openai import OpenAIAdapter
@@ -64,10 +65,12 @@ class NodeRuntime:
         gate: the node's only gate: ``limits={provider id: capacity}``,
             ``global_limit=runtime.concurrency``.
         adapters: adapter per provider id.
+        fence: the highest leader epoch seen on any connection [epoch-fencing].
     """
 
     gate: LocalGate
     adapters: Mapping[str, Adapter]
+    fence: EpochFence = attrs.field(factory=EpochFence)
 
     @classmethod
     def from_config(cls, config: NodeConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> NodeRuntime:
@@ -79,22 +82,30 @@ class NodeRuntime:
         adapters = {p.id: build_adapter(p, transport=transport) for p in config.providers}
         return cls(gate=gate, adapters=adapters)
 
-    def admit(self, provider: str) -> tuple[Permit, Adapter]:
+    def admit(self, provider: str, epoch: int | None = None) -> tuple[Permit, Adapter]:
         """Take a permit for ``provider`` now, or fail at once. Does not checkpoint.
+
+        ``epoch``: the sending leader's (wire v3), checked against :attr:`fence` first.
 
         Returns:
             The held permit (the caller must release it exactly once, e.g. with
             ``with permit:``) and the provider's adapter.
 
         Raises:
+            StaleEpoch: ``epoch`` is older than one this node has seen.
             BadRunRequest: ``provider`` is not configured on this node.
             iop_admission.ConcurrencyLimitExceeded: the provider's capacity or
                 the node-wide concurrency is used up.
         """
+        self.fence.check(epoch)
         adapter = self.adapters.get(provider)
         if adapter is None:
             raise BadRunRequest(f"unknown provider {provider!r}")
         return self.gate.try_acquire(provider), adapter
+
+    def in_flight(self) -> tuple[tuple[str, int], ...]:
+        """``(provider, permits held)`` for every provider with runs in flight, whichever Edge sent them."""
+        return tuple((name, used) for name, used in self.gate.statistics().in_use.items() if used)
 
     async def run_background(self, provider: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
         """Run one node-initiated, non-stream request (e.g. a warm-up) through the gate.

@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import aclosing
 from typing import final
 
 import attrs
@@ -52,6 +51,8 @@ from iop_wire import (
     PROTOCOL_VERSION,
     Cancel,
     Heartbeat,
+    InFlight,
+    Leader,
     NodeMessage,
     ProtocolError,
     ProviderInfo,
@@ -60,20 +61,17 @@ from iop_wire import (
     Rejected,
     Run,
     RunEnd,
-    RunEvent,
-    TunnelChunk,
     TunnelEnd,
     TunnelRequest,
-    TunnelStart,
     decode,
     encode,
-    record_header,
 )
 
-from ._adapter import Adapter, TunnelHead
+from ._adapter import Adapter
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout, RunFailed, UpstreamFailed
 from ._outbox import Outbox
-from ._poller import BodyPoller, RunOutput, new_poller
+from ._poller import BodyPoller, new_poller
+from ._relays import Record, relay_run, relay_tunnel, write_frames
 from ._runtime import NodeRuntime
 from ._websocket import EdgeSocket, EdgeWebSocket
 from .config import NodeConfig
@@ -86,9 +84,7 @@ CLOSE_TIMEOUT = 1.0
 """Seconds the closing handshake may take before the socket is dropped."""
 
 _EndFactory = Callable[[str, str | None, str | None, UpstreamFailed | None], RunEnd | TunnelEnd]
-_Record = tuple[bytes, bytes]
-"""A data record: its header (:func:`iop_wire.record_header`) and its data."""
-_Relay = Callable[[], Awaitable[_Record | None]]
+_Relay = Callable[[], Awaitable[Record | None]]
 """Serves one run; returns the run's last data record when it is held for the run's end."""
 
 
@@ -104,6 +100,12 @@ def _tunnel_end(
     status: str, code: str | None, message: str | None, upstream: UpstreamFailed | None, *, run_id: str
 ) -> TunnelEnd:
     return TunnelEnd(run_id, status, code, message)
+
+
+async def _until_silent(ws: EdgeSocket, interval: float, connection: trio.CancelScope) -> None:
+    """End the connection once the Edge stopped answering (:meth:`EdgeSocket.keep_alive`)."""
+    await ws.keep_alive(interval)
+    connection.cancel()
 
 
 @final
@@ -171,8 +173,10 @@ class EdgeSession:
                 self._nursery = nursery
                 if self.protocol >= 2:
                     self._poller = new_poller(nursery, self._outbox.room)
-                nursery.start_soon(self._write, self._outbox, nursery.cancel_scope)
+                nursery.start_soon(write_frames, self.ws, self._outbox, nursery.cancel_scope)
                 nursery.start_soon(self._heartbeat, interval)
+                if isinstance(self.ws, EdgeSocket):  # a dead Edge is noticed within the interval
+                    nursery.start_soon(_until_silent, self.ws, interval, nursery.cancel_scope)
                 await self._read()  # it cancels the nursery when the connection ends
         finally:
             if self._poller is not None:
@@ -241,6 +245,7 @@ class EdgeSession:
             Run: self._on_run,
             TunnelRequest: self._on_tunnel_request,
             Cancel: self._on_cancel,
+            Leader: self._on_leader,
         }
         while True:
             try:
@@ -270,11 +275,11 @@ class EdgeSession:
 
     async def _on_run(self, run: Run) -> Callable[[], Awaitable[None]] | None:
         end = functools.partial(_run_end, run_id=run.run_id)
-        admitted = await self._admit(run.provider, end)
+        admitted = await self._admit(run.provider, end, run.epoch)
         if admitted is None:
             return None
         permit, adapter = admitted
-        relay = functools.partial(self._relay_run, run, adapter)
+        relay = functools.partial(relay_run, run, adapter, self.protocol, self._outbox, self._poller)
         return self._serving(run.run_id, permit, relay, end)
 
     async def _on_tunnel_request(self, request: TunnelRequest) -> Callable[[], Awaitable[None]] | None:
@@ -284,11 +289,11 @@ class EdgeSession:
         except ProtocolError as exc:
             await self._send(end("error", "bad_request", exc.reason, None))
             return None
-        admitted = await self._admit(request.provider, end)
+        admitted = await self._admit(request.provider, end, request.epoch)
         if admitted is None:
             return None
         permit, adapter = admitted
-        relay = functools.partial(self._relay_tunnel, request, body, adapter)
+        relay = functools.partial(relay_tunnel, request, body, adapter, self._send)
         return self._serving(request.run_id, permit, relay, end)
 
     async def _on_cancel(self, cancel: Cancel) -> None:
@@ -299,10 +304,15 @@ class EdgeSession:
             scope.cancel()
         await trio.lowlevel.checkpoint()
 
-    async def _admit(self, provider: str, end: _EndFactory) -> tuple[Permit, Adapter] | None:
-        """Take the permit synchronously; on refusal answer the end at once."""
+    async def _on_leader(self, leader: Leader) -> None:
+        """[epoch-fencing] A new leader: raise the fence, report the runs in flight per provider."""
+        self.runtime.fence.raise_to(leader.epoch)
+        await self._send(InFlight(leader.epoch, self.runtime.in_flight()))
+
+    async def _admit(self, provider: str, end: _EndFactory, epoch: int | None) -> tuple[Permit, Adapter] | None:
+        """Take the permit synchronously (past the epoch fence); on refusal answer the end at once."""
         try:
-            return self.runtime.admit(provider)
+            return self.runtime.admit(provider, epoch)
         except (RunFailed, ConcurrencyLimitExceeded) as exc:
             code = exc.code if isinstance(exc, RunFailed) else "concurrency_limit"
             logger.info("run refused on %s: %s: %s", provider, code, exc)
@@ -354,7 +364,7 @@ class EdgeSession:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
-    async def _end(self, final: RunEnd | TunnelEnd, held: _Record | None) -> None:
+    async def _end(self, final: RunEnd | TunnelEnd, held: Record | None) -> None:
         """Send a run's end, behind its last data record if the relay held it.
 
         The run task writes them itself (one write, no scheduling round for the
@@ -383,45 +393,6 @@ class EdgeSession:
             await outbox.put_record(*held)
         await outbox.put_text(frame)
 
-    async def _relay_run(self, run: Run, adapter: Adapter) -> _Record | None:
-        if self.protocol < 2:
-            async with aclosing(adapter.run(run.endpoint, run.body, stream=run.stream)) as events:
-                async for data in events:
-                    await self._send(RunEvent(run.run_id, data))
-            return None
-        assert self._outbox is not None
-        outbox = self._outbox
-        run_id = run.run_id
-        seq = 0
-
-        async def send(chunk: bytes) -> None:
-            nonlocal seq
-            if chunk:
-                await outbox.put_record(record_header(run_id, seq, len(chunk)), chunk)
-                seq += 1
-
-        def send_nowait(chunk: bytes) -> None:
-            nonlocal seq
-            if chunk:
-                outbox.put_record_nowait(record_header(run_id, seq, len(chunk)), chunk)
-                seq += 1
-
-        held: list[bytes] = []
-        output = RunOutput(send, send_nowait, self._poller, held.append)
-        await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
-        if held:  # the whole body, held for the run's end (BodyPoller.relay)
-            return record_header(run_id, seq, len(held[0])), held[0]
-        return None
-
-    async def _relay_tunnel(self, request: TunnelRequest, body: bytes, adapter: Adapter) -> None:
-        parts = adapter.tunnel(request.method, request.path, request.headers, body)
-        async with aclosing(parts):
-            async for part in parts:
-                if isinstance(part, TunnelHead):
-                    await self._send(TunnelStart(request.run_id, part.status, part.headers))
-                elif part:
-                    await self._send(TunnelChunk.from_bytes(request.run_id, part))
-
     async def _send(self, message: NodeMessage) -> None:
         """Queue one message for the writer task.
 
@@ -433,29 +404,6 @@ class EdgeSession:
         """
         assert self._outbox is not None
         await self._outbox.put_text(encode(message))
-
-    async def _write(self, outbox: Outbox, connection: trio.CancelScope) -> None:
-        """The only task that writes to the socket; a failed write ends the connection.
-
-        Every frame queued since the last write goes out in one write (the data
-        records among them in one binary frame): a run's output and its end
-        queued together cost one ``send()``.
-        """
-        ws = self.ws
-        try:
-            while True:
-                frames = await outbox.next_frames()
-                try:
-                    if isinstance(ws, EdgeSocket):
-                        await ws.send_messages(frames)
-                    else:  # trio-websocket's connection (tests, simulations): one message at a time
-                        for frame in frames:
-                            await ws.send_message(frame)
-                except ConnectionClosed:
-                    connection.cancel()
-                    return
-        finally:
-            outbox.close()
 
     async def _heartbeat(self, interval: float) -> None:
         while True:

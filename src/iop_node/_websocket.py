@@ -38,9 +38,9 @@ from typing import NoReturn, Protocol
 import trio
 from trio_websocket import CloseReason, ConnectionClosed, HandshakeError
 from wsproto import ConnectionType
-from wsproto.events import AcceptConnection, RejectConnection, Request
+from wsproto.events import AcceptConnection, Ping, RejectConnection, Request
 
-from iop_wire import RECEIVE_BYTES, WebSocketEnd
+from iop_wire import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
 logger = logging.getLogger("iop_node")
 
@@ -94,7 +94,7 @@ class EdgeSocket(WebSocketEnd):
     Use :func:`open_edge_socket`. ``closed``: why the connection closed, None while open.
     """
 
-    __slots__ = ("_sock", "_stream", "_out", "_lock")
+    __slots__ = ("_sock", "_stream", "_out", "_lock", "received_at")
 
     def __init__(self, transport: socket.socket | trio.abc.Stream, *, max_message_size: int) -> None:
         super().__init__(ConnectionType.CLIENT, max_message_size)
@@ -102,6 +102,8 @@ class EdgeSocket(WebSocketEnd):
         self._stream = None if isinstance(transport, socket.socket) else transport
         self._out = bytearray()
         self._lock = trio.Lock()
+        self.received_at = trio.current_time()
+        """When bytes last came from the Edge (any frame, a pong too): :meth:`keep_alive` reads it."""
 
     @property
     def buffered(self) -> bool:
@@ -173,19 +175,43 @@ class EdgeSocket(WebSocketEnd):
         except trio.ClosedResourceError:
             self._drop("the socket was closed")
 
+    async def keep_alive(self, interval: float) -> None:
+        """[edge-liveness] Ping the Edge every quarter ``interval``; return once it has sent nothing
+        (not even a pong) for more than ``interval`` seconds, with the connection abandoned. Checkpoints.
+
+        A dead Edge (killed, paused, its host gone) is so noticed between ``interval`` and
+        1.25 ``interval`` after its last byte, without a close handshake to wait for.
+        """
+        while True:
+            await trio.sleep(interval / 4)
+            silent = trio.current_time() - self.received_at
+            if silent > interval:
+                logger.warning("the edge sent nothing for %.2f s: dropping the connection", silent)
+                self._end(ABNORMAL_CLOSURE, "the edge stopped answering")
+                await self._close_transport()
+                return
+            try:
+                await self._send_control(Ping(b""))
+            except ConnectionClosed:
+                return
+
     async def _receive(self) -> bytes:
         """Bytes from the socket, b"" at its end (or when it failed). Checkpoints."""
         if self._stream is not None:
             try:
-                return bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return b""
+            self.received_at = trio.current_time()
+            return data
         sock = self._sock
         assert sock is not None
         while True:
             try:
                 await trio.lowlevel.wait_readable(sock)
-                return sock.recv(RECEIVE_BYTES)
+                data = sock.recv(RECEIVE_BYTES)
+                self.received_at = trio.current_time()
+                return data
             except BlockingIOError:
                 continue
             except (OSError, trio.ClosedResourceError):

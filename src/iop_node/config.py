@@ -3,7 +3,7 @@
 The key names are a contract (``docs/node.md``, Configuration)::
 
     node_id: node-a
-    edge_url: ws://127.0.0.1:8081
+    edge_url: ws://127.0.0.1:8081   # or edge_urls: [ws://edge-1:8081, ws://edge-2:8081] (HA)
     token: dev-token                # or token_env: NAME (exactly one)
     heartbeat_interval_ms: 5000
     runtime: {concurrency: 4}
@@ -158,24 +158,28 @@ class TlsConfig:
         """
         return client_ssl_context(self.ca_file, self.cert_file, self.key_file)
 
-    def field_problems(self, path: str, edge_url: str) -> Iterator[tuple[str, str]]:
+    def field_problems(self, path: str, edge_urls: tuple[str, ...]) -> Iterator[tuple[str, str]]:
         if (self.cert_file is None) != (self.key_file is None):
             missing = "key_file" if self.key_file is None else "cert_file"
             yield f"{path}.{missing}", "give cert_file and key_file together"
-        elif not edge_url.startswith("wss://"):
+        elif not all(url.startswith("wss://") for url in edge_urls):
             yield path, "TLS settings need a wss:// edge_url"
         else:
             yield from tls_problems(path, self.ssl_context)
 
 
 @final
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class NodeConfig:
     """The whole ``node.yaml``.
 
     Attributes:
         node_id: this node's id as configured on the Edge.
-        edge_url: ``ws://`` or ``wss://`` URL of the Edge's node socket.
+        edge_url: ``ws://`` or ``wss://`` URL of the Edge's node socket; the
+            one-Edge form of ``edge_urls`` (give exactly one of the two).
+        edge_urls: the node sockets of every Edge of an HA group (docs/ha.md):
+            the node keeps one registered connection to each, all sharing its
+            one gate [warm-standby].
         providers: the backends this node serves (at least one, unique ids).
         token: the registration token (never logged, never in repr).
         token_env: name of an environment variable holding the token instead.
@@ -187,8 +191,9 @@ class NodeConfig:
     """
 
     node_id: str
-    edge_url: str
     providers: tuple[ProviderConfig, ...]
+    edge_url: str | None = None
+    edge_urls: tuple[str, ...] = ()
     token: str | None = attrs.field(default=None, repr=False)
     token_env: str | None = None
     heartbeat_interval_ms: int = 5000
@@ -205,8 +210,7 @@ class NodeConfig:
         """
         if not self.node_id:
             yield "node_id", "must not be empty"
-        if not self.edge_url.startswith(("ws://", "wss://")):
-            yield "edge_url", f"must start with ws:// or wss://, got {self.edge_url!r}"
+        yield from self._url_problems()
         if self.token is not None and self.token_env is not None:
             yield "token_env", "give either token or token_env, not both"
         elif self.token is None and self.token_env is None:
@@ -220,7 +224,7 @@ class NodeConfig:
         yield from self.runtime.field_problems("runtime")
         yield from self.reconnect.field_problems("reconnect")
         if self.tls is not None:
-            yield from self.tls.field_problems("tls", self.edge_url)
+            yield from self.tls.field_problems("tls", self.urls)
         if not self.providers:
             yield "providers", "must list at least one provider"
         seen: set[str] = set()
@@ -230,13 +234,38 @@ class NodeConfig:
                 yield f"providers[{index}].id", f"duplicate provider id {provider.id!r}"
             seen.add(provider.id)
 
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The client context for ``edge_url`` (read from the files now); None for ``ws://``.
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every Edge this node connects to: ``edge_urls``, or ``(edge_url,)``."""
+        if self.edge_urls:
+            return self.edge_urls
+        return (self.edge_url,) if self.edge_url is not None else ()
+
+    def _url_problems(self) -> Iterator[tuple[str, str]]:
+        if self.edge_url is not None and self.edge_urls:
+            yield "edge_urls", "give either edge_url or edge_urls, not both"
+            return
+        if self.edge_url is None and not self.edge_urls:
+            yield "edge_url", "missing: give edge_url or edge_urls"
+            return
+        field = "edge_url" if self.edge_url is not None else "edge_urls"
+        seen: set[str] = set()
+        for index, url in enumerate(self.urls):
+            path = field if self.edge_url is not None else f"{field}[{index}]"
+            if not url.startswith(("ws://", "wss://")):
+                yield path, f"must start with ws:// or wss://, got {url!r}"
+            elif url in seen:
+                yield path, f"duplicate Edge URL {url!r}"
+            seen.add(url)
+
+    def ssl_context(self, url: str | None = None) -> ssl.SSLContext | None:
+        """The client context for ``url`` (default: the first Edge URL), read from the files now; None for ``ws://``.
 
         Raises:
             iop_config.TlsFileError: a file named under ``tls`` cannot be used.
         """
-        if not self.edge_url.startswith("wss://"):
+        target = url if url is not None else self.urls[0]
+        if not target.startswith("wss://"):
             return None
         return self.tls.ssl_context() if self.tls is not None else client_ssl_context()
 

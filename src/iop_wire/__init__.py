@@ -1,4 +1,4 @@
-"""The Edge–Node wire protocol (v1 and v2): message classes, their JSON codec, v2 data frames.
+"""The Edge–Node wire protocol (v1 to v3): message classes, their JSON codec, v2 data frames.
 
 The contract is ``docs/wire.md``. Messages are JSON text frames, one message each,
 tagged by ``"type"``; v2 adds binary data frames (:func:`encode_data`,
@@ -34,6 +34,8 @@ from ._messages import (
     EdgeMessage,
     FailureKind,
     Heartbeat,
+    InFlight,
+    Leader,
     Message,
     NodeMessage,
     ProviderInfo,
@@ -75,6 +77,8 @@ __all__ = [
     "EdgeMessage",
     "FailureKind",
     "Heartbeat",
+    "InFlight",
+    "Leader",
     "Message",
     "NodeMessage",
     "ProtocolError",

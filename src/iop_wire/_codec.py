@@ -24,11 +24,12 @@ from typing import Any, Final, get_args, get_origin
 
 import cattrs
 from cattrs.errors import IterableValidationError, IterableValidationNote
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception as cattrs_format_exception
 
 from ._errors import CLOSE_TOO_BIG, ProtocolError
-from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message, Run, RunEnd
+from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message, Run, RunEnd, TunnelRequest
 
 _CLASS_OF_TAG: Final = {tag: cls for cls, tag in MESSAGE_TYPES.items()}
 
@@ -137,6 +138,12 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook_func(_is_json_object, _structure_json_object)
     converter.register_unstructure_hook_func(_is_json_object, lambda value: value)
     converter.register_structure_hook_factory(_is_tuple, _make_tuple_hook)
+    # v3's epoch is left out of a frame when unset: a v1/v2 peer, whose strict decoder
+    # rejects an unknown key, never sees it (the Edge sets it only on v3 connections).
+    for cls in (Run, TunnelRequest):
+        converter.register_unstructure_hook(
+            cls, make_dict_unstructure_fn(cls, converter, epoch=override(omit_if_default=True))
+        )
     configure_tagged_union(Message, converter, tag_generator=MESSAGE_TYPES.__getitem__, tag_name="type")
     # The strategy appends the tag after the fields; put it first instead, so a
     # frame in a log or a capture says what it is before it says anything else.
@@ -202,6 +209,7 @@ _OK_END_HEAD, _OK_END_TAIL = _ENCODER.encode(_unstructure_message(RunEnd("\0", "
 
 
 _RUN_KEYS: Final = frozenset(("type", "run_id", "provider", "endpoint", "body", "stream"))
+_RUN_KEYS_EPOCH: Final = _RUN_KEYS | {"epoch"}
 
 
 def _plain_run(obj: dict[str, Any]) -> Run | None:
@@ -211,8 +219,14 @@ def _plain_run(obj: dict[str, Any]) -> Run | None:
 
     Every run a node serves is decoded: this costs about a third of the converter's time.
     """
-    if obj.keys() != _RUN_KEYS:
-        return None
+    keys = obj.keys()
+    epoch = None
+    if keys != _RUN_KEYS:
+        if keys != _RUN_KEYS_EPOCH:
+            return None
+        epoch = obj["epoch"]
+        if type(epoch) is not int:
+            return None
     run_id, provider, endpoint, body, stream = (
         obj["run_id"],
         obj["provider"],
@@ -225,7 +239,7 @@ def _plain_run(obj: dict[str, Any]) -> Run | None:
     if type(body) is not dict or type(stream) is not bool:
         return None
     try:
-        return Run(run_id, provider, endpoint, body, stream)
+        return Run(run_id, provider, endpoint, body, stream, epoch)
     except ValueError:  # a value rule (the endpoint): the converter's reason names it
         return None
 

@@ -1,4 +1,4 @@
-"""The JSON messages of the Edge–Node wire protocol, v1 and v2 (contract: ``docs/wire.md``).
+"""The JSON messages of the Edge–Node wire protocol, v1 to v3 (contract: ``docs/wire.md``).
 
 Every message is a frozen attrs value. Field types are checked by the codec when
 a frame is decoded; the rules that involve values (allowed statuses, endpoints and
@@ -21,10 +21,10 @@ import attrs
 
 from ._errors import ProtocolError
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 """The newest protocol version: the one a node offers first in :class:`Register`."""
 
-PROTOCOL_VERSIONS: Final = (1, 2)
+PROTOCOL_VERSIONS: Final = (1, 2, 3)
 """Every version this package speaks (an Edge accepts nodes of any of them)."""
 
 MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
@@ -36,8 +36,9 @@ ERROR_CODES: Final = (
     "upstream_unreachable",
     "bad_request",
     "cancelled",
+    "stale_epoch",
 )
-"""The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries."""
+"""The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries (``stale_epoch``: v3 only)."""
 
 FailureKind = Literal[
     "client_error",
@@ -47,6 +48,7 @@ FailureKind = Literal[
     "node_busy",
     "node_refused",
     "cancelled",
+    "stale_leader",
 ]
 """Whose failure a ``run_end`` with ``status != "ok"`` is, derived by :func:`failure_kind`.
 
@@ -64,6 +66,8 @@ FailureKind = Literal[
 - ``node_refused``: the node cannot serve this run (unknown provider, endpoint the
   adapter does not serve): a mismatch between Edge and Node configs.
 - ``cancelled``: the run was cancelled.
+- ``stale_leader``: the run carried an older leader's epoch than the node has
+  seen (``stale_epoch``, wire v3): the Edge that sent it no longer leads.
 """
 
 FAILURE_KINDS: Final[tuple[FailureKind, ...]] = get_args(FailureKind)
@@ -103,6 +107,7 @@ _KIND_OF_CODE: Final[dict[str | None, FailureKind]] = {
     "concurrency_limit": "node_busy",
     "bad_request": "node_refused",
     "upstream_unreachable": "unreachable",
+    "stale_epoch": "stale_leader",
 }
 
 
@@ -226,6 +231,20 @@ class RunEnd:
 
 @final
 @attrs.frozen
+class InFlight:
+    """``in_flight`` (v3): the node's answer to :class:`Leader`: its runs in flight per provider.
+
+    ``runs`` counts every run and tunnel request holding a permit of the node's
+    gate, whichever Edge sent it, as ``[provider, count]`` pairs (providers with
+    none left out); ``epoch`` echoes the leader's.
+    """
+
+    epoch: int
+    runs: tuple[tuple[str, int], ...]
+
+
+@final
+@attrs.frozen
 class TunnelStart:
     """``tunnel_start``: the upstream answered a tunnel request with this status and headers."""
 
@@ -295,12 +314,27 @@ class Rejected:
 
 @final
 @attrs.frozen
+class Leader:
+    """``leader`` (v3): the Edge leads its HA group at ``epoch`` (docs/ha.md).
+
+    Sent on every v3 connection when the Edge wins an election, and right after
+    ``registered`` while it leads. The node raises its fence to ``epoch`` and
+    answers :class:`InFlight`.
+    """
+
+    epoch: int
+
+
+@final
+@attrs.frozen
 class Run:
     """``run``: execute one OpenAI request on ``provider``.
 
     ``body["model"]`` is already the upstream model name. For ``chat/completions`` and
     ``completions`` ``body["stream"]`` equals ``stream``; an ``embeddings`` run is never a
-    stream and its body carries no ``stream`` key.
+    stream and its body carries no ``stream`` key. ``epoch`` (v3, only from an Edge
+    with ``ha:``): the sending leader's epoch; a node that has seen a higher one
+    refuses the run with ``stale_epoch``. Left out of the frame when None.
     """
 
     run_id: str
@@ -308,6 +342,7 @@ class Run:
     endpoint: str = attrs.field(validator=_one_of(ENDPOINTS))
     body: dict[str, Any]
     stream: bool
+    epoch: int | None = None
 
 
 @final
@@ -329,6 +364,8 @@ class TunnelRequest:
     path: str
     headers: tuple[tuple[str, str], ...] = ()
     body: str = ""
+    epoch: int | None = None
+    """As :attr:`Run.epoch`."""
 
     @classmethod
     def from_bytes(
@@ -339,9 +376,10 @@ class TunnelRequest:
         path: str,
         headers: tuple[tuple[str, str], ...] = (),
         body: bytes = b"",
+        epoch: int | None = None,
     ) -> TunnelRequest:
         """Build a tunnel request whose body is ``body`` (base64-encodes it)."""
-        return cls(run_id, provider, method, path, headers, _encode_base64(body))
+        return cls(run_id, provider, method, path, headers, _encode_base64(body), epoch)
 
     def body_bytes(self) -> bytes:
         """The raw request body.
@@ -352,10 +390,10 @@ class TunnelRequest:
         return _decode_base64(self.body, f"tunnel_request {self.run_id!r}: body")
 
 
-NodeMessage = Union[Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
+NodeMessage = Union[Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
 """Every message a node sends."""
 
-EdgeMessage = Union[Registered, Rejected, Run, Cancel, TunnelRequest]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
+EdgeMessage = Union[Registered, Rejected, Run, Cancel, TunnelRequest, Leader]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
 """Every message the Edge sends."""
 
 Message = Union[NodeMessage, EdgeMessage]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
@@ -369,10 +407,12 @@ MESSAGE_TYPES: Final[dict[type[Any], str]] = {
     TunnelStart: "tunnel_start",
     TunnelChunk: "tunnel_chunk",
     TunnelEnd: "tunnel_end",
+    InFlight: "in_flight",
     Registered: "registered",
     Rejected: "rejected",
     Run: "run",
     Cancel: "cancel",
     TunnelRequest: "tunnel_request",
+    Leader: "leader",
 }
 """The ``"type"`` tag of each message class."""

@@ -40,6 +40,7 @@ from iop_wire import (
     PROTOCOL_VERSION,
     Cancel,
     Heartbeat,
+    Leader,
     Message,
     ProviderInfo,
     Register,
@@ -252,6 +253,7 @@ class FakeNode:
     protocol: int = PROTOCOL_VERSION
     registered: Registered | None = None
     rejected: Rejected | None = None
+    leaders: list[Leader] = attrs.field(factory=list)
 
     async def send(self, message: Message) -> None:
         await self.ws.send_message(encode(message))
@@ -276,13 +278,19 @@ class FakeNode:
         return answer
 
     async def next_run(self) -> Run:
-        message = await self.receive()
+        message = await self._next_after_leaders()
         assert isinstance(message, Run), message
         return message
 
     async def next_cancel(self) -> Cancel:
-        message = await self.receive()
+        message = await self._next_after_leaders()
         assert isinstance(message, Cancel), message
+        return message
+
+    async def _next_after_leaders(self) -> Message:
+        """The next Edge message that is not a ``leader`` (an HA leader's, wire v3: kept in :attr:`leaders`)."""
+        while isinstance(message := await self.receive(), Leader):
+            self.leaders.append(message)
         return message
 
     async def answer(self, run: Run, text: str = "ok") -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from iop_config import ConfigFileError
 from iop_edge.config import EdgeConfig, load_edge_config
+from iop_node import load_node_config
 
 pytestmark = pytest.mark.req("ha-election")
 
@@ -68,3 +69,11 @@ def test_the_deployment_example_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     config = load_edge_config(Path(__file__).resolve().parents[2] / "deploy" / "ha" / "edge.yaml")
     assert config.ha is not None
     assert len(config.ha.endpoints) == 3
+
+
+@pytest.mark.req("warm-standby")
+def test_the_deployment_example_node_lists_both_edges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/ha/node.yaml: a Node registered with both Edges of the example."""
+    monkeypatch.setenv("IOP_NODE_A_TOKEN", "t")
+    config = load_node_config(Path(__file__).resolve().parents[2] / "deploy" / "ha" / "node.yaml")
+    assert len(config.urls) == 2

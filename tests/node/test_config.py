@@ -118,3 +118,21 @@ def test_tls_settings_need_wss_and_readable_files(tmp_path: Path) -> None:
     assert errors_of(wss + f"tls:\n  ca_file: '{missing}'\n") == (
         f"node.yaml:9: tls.ca_file: cannot read '{missing}': No such file or directory",
     )
+
+
+@pytest.mark.req("warm-standby")
+def test_edge_urls_is_the_list_form_of_edge_url() -> None:
+    """[warm-standby] edge_urls lists every Edge of an HA group; edge_url is its one-element case."""
+    assert load_config_text(GOOD, NodeConfig).urls == ("ws://127.0.0.1:8081",)
+    two = GOOD.replace("edge_url: ws://127.0.0.1:8081", "edge_urls: [ws://a:8081, wss://b:8081]")
+    assert load_config_text(two, NodeConfig).urls == ("ws://a:8081", "wss://b:8081")
+    assert errors_of(GOOD.replace("edge_url: ws://127.0.0.1:8081\n", "")) == (
+        "node.yaml:1: edge_url: missing: give edge_url or edge_urls",
+    )
+    both = GOOD.replace("edge_url: ws://127.0.0.1:8081", "edge_url: ws://a:1\nedge_urls: [ws://b:1]")
+    assert errors_of(both) == ("node.yaml:3: edge_urls: give either edge_url or edge_urls, not both",)
+    bad = GOOD.replace("edge_url: ws://127.0.0.1:8081", "edge_urls: [ws://a:1, http://b:1, ws://a:1]")
+    assert errors_of(bad) == (
+        "node.yaml:2: edge_urls[1]: must start with ws:// or wss://, got 'http://b:1'",
+        "node.yaml:2: edge_urls[2]: duplicate Edge URL 'ws://a:1'",
+    )

@@ -65,7 +65,7 @@ def chunks_of(messages: list[Any], protocol: int) -> list[dict[str, Any]]:
     if protocol == 1:
         assert all(isinstance(m, RunEvent) for m in messages)
         return [m.data for m in messages]
-    assert all(isinstance(m, RunData) for m in messages)
+    assert all(isinstance(m, RunData) for m in messages)  # v2 and v3 alike
     assert [m.seq for m in messages] == list(range(len(messages)))
     body = b"".join(m.data for m in messages)
     events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
@@ -74,7 +74,7 @@ def chunks_of(messages: list[Any], protocol: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.req("wire-versioning")
-@pytest.mark.parametrize("protocol", [1, 2])
+@pytest.mark.parametrize("protocol", [1, 2, 3])
 async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend, protocol: int) -> None:
     """A streamed chat run through the openai adapter: v1 one run_event per SSE chunk; v2 the
     backend's SSE bytes in data records; then ok. [wire-versioning] A v1-only Edge gets v1 from the node."""
@@ -83,7 +83,9 @@ async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend, protoco
         async with running_node(node_config(edge.url, openai_provider(backend.port))):
             conn = await edge.next_connection()
             assert conn.register.protocol == protocol
-            assert [r.protocol for r in edge.registers] == [2] if protocol == 2 else [2, 1]  # the fallback
+            assert [r.protocol for r in edge.registers] == list(
+                range(3, protocol - 1, -1)
+            )  # the fallback, a step at a time
             await conn.send(chat_run("r1", max_tokens=3))
             messages = await conn.receive_until_end("r1")
     assert messages[-1] == RunEnd("r1", "ok")

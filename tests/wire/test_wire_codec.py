@@ -22,6 +22,8 @@ from iop_wire import (
     Cancel,
     EdgeMessage,
     Heartbeat,
+    InFlight,
+    Leader,
     Message,
     NodeMessage,
     ProtocolError,
@@ -54,6 +56,8 @@ TAGS: dict[type[Any], str] = {
     Run: "run",
     Cancel: "cancel",
     TunnelRequest: "tunnel_request",
+    InFlight: "in_flight",
+    Leader: "leader",
 }
 
 EXAMPLES: list[Any] = [
@@ -77,6 +81,12 @@ EXAMPLES: list[Any] = [
     Cancel("r1"),
     TunnelRequest.from_bytes("t1", "gpu0", "POST", "/api/chat", (("content-type", "application/json"),), b'{"a":1}'),
     TunnelRequest("t3", "gpu0", "GET", "/v1/models"),
+    Run("r6", "gpu0", "completions", {"model": "m", "prompt": "hi", "stream": False}, False, 41),
+    TunnelRequest("t4", "gpu0", "GET", "/v1/models", epoch=41),
+    RunEnd("r7", "error", "stale_epoch", "run of epoch 40, this node has seen 41"),
+    InFlight(41, (("gpu0", 2), ("gpu1", 1))),
+    InFlight(42, ()),
+    Leader(41),
 ]
 
 
@@ -87,8 +97,8 @@ def test_examples_cover_every_message_type() -> None:
 def test_node_and_edge_messages_partition_the_protocol() -> None:
     node = set(get_args(NodeMessage))
     edge = set(get_args(EdgeMessage))
-    assert node == {Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd}
-    assert edge == {Registered, Rejected, Run, Cancel, TunnelRequest}
+    assert node == {Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight}
+    assert edge == {Registered, Rejected, Run, Cancel, TunnelRequest, Leader}
     assert node | edge == set(get_args(Message))
 
 
@@ -99,9 +109,23 @@ def test_round_trip_every_message_type(message: Any) -> None:
     assert decode(text.encode("utf-8")) == message
     obj = json.loads(text)
     assert obj["type"] == TAGS[type(message)]
-    # compact, all fields emitted, non-ASCII kept as is
+    # compact, all fields emitted (but an unset epoch, v3), non-ASCII kept as is
     assert text == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    assert set(obj) == {"type"} | {f.name for f in attrs.fields(type(message))}
+    unset = {"epoch"} if getattr(message, "epoch", 0) is None else set()
+    assert set(obj) == {"type"} | {f.name for f in attrs.fields(type(message))} - unset
+
+
+@pytest.mark.req("epoch-fencing")
+def test_an_unset_epoch_is_left_out_so_a_v2_peer_reads_the_frame() -> None:
+    """[epoch-fencing] A run without an epoch (an Edge without ``ha:``, a v1/v2 connection) is the v2 frame."""
+    run = Run("r", "gpu0", "completions", {"prompt": "hi", "stream": False}, False)
+    assert "epoch" not in json.loads(encode(run))
+    assert "epoch" not in json.loads(encode(TunnelRequest("t", "gpu0", "GET", "/")))
+    assert json.loads(encode(attrs.evolve(run, epoch=7)))["epoch"] == 7
+    with pytest.raises(ProtocolError, match="epoch"):
+        decode(
+            '{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":{},"stream":false,"epoch":"7"}'
+        )
 
 
 def test_encode_emits_optional_fields_as_null() -> None:

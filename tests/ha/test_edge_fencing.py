@@ -1,0 +1,64 @@
+"""[epoch-fencing] The Edge side of wire v3: a leader stamps its epoch, announces it, and maps ``stale_epoch``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from tests.edge.harness import BIG, TOKEN_A, TOKEN_B, fake_node, start_chat
+
+from iop_wire import InFlight, Leader, RunEnd
+
+from .etcd_server import EtcdServer
+from .test_edge_standby import BOUND_S, layout, leads, serve, until
+
+pytestmark = pytest.mark.req("epoch-fencing")
+
+
+async def test_the_leader_announces_its_epoch_stamps_runs_and_answers_a_stale_refusal_503(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    results: dict[str, httpx.Response] = {}
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as nursery:
+            edge, stop = await nursery.start(serve, tmp_path, layout(etcd, "edge-a"))
+            await until(lambda: leads(edge))
+            assert edge.service.ha is not None
+            epoch = edge.service.ha.leadership.epoch
+            async with fake_node(edge, "node-b", register=False) as node:
+                await node.register(TOKEN_B, ["gpu1"])
+                assert await node.receive() == Leader(epoch)  # right after registered, while it leads
+                await node.send(InFlight(epoch, (("gpu1", 1),)))  # the previous term's load
+                await until(lambda: edge.service.registry.fence.inherited_runs == 1)
+
+                start_chat(nursery, edge, results, "served", BIG)
+                run = await node.next_run()
+                assert run.epoch == epoch
+                await node.answer(run)
+                await until(lambda: "served" in results)
+                assert results["served"].status_code == 200
+
+                start_chat(nursery, edge, results, "fenced", BIG)
+                run = await node.next_run()
+                await node.send(RunEnd(run.run_id, "error", "stale_epoch", f"this node has seen epoch {epoch + 9}"))
+                await until(lambda: "fenced" in results)
+                refused = results["fenced"]
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "not_leader"
+                assert refused.headers["retry-after"] == "1"
+                metrics = (await edge.http.get("/metrics")).text
+                assert "iop_ha_stale_epoch_refused_total 1.0" in metrics
+                assert "iop_ha_inherited_runs 1.0" in metrics
+
+            # A v2 node: no leader message, no epoch on its runs (it could not read them).
+            async with fake_node(edge, "node-a", register=False, protocol=2) as old:
+                await old.register(TOKEN_A, ["gpu0"])
+                start_chat(nursery, edge, results, "v2", BIG)
+                run = await old.next_run()  # the first frame after registered: not a leader
+                assert run.epoch is None
+                await old.answer(run)
+                await until(lambda: "v2" in results)
+                assert results["v2"].status_code == 200
+            stop.cancel()
