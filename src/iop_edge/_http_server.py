@@ -128,7 +128,7 @@ from iop_http import (
 from ._http_accept import accept_loop
 from ._http_disconnects import CAN_POLL, DisconnectPoller, DisconnectWatcher, PolledWatch
 from ._http_pacing import PACING_QUANTUM, RECHECKS, TOLD_GRACE, Headers, Pacer, step_after
-from ._http_transport import PeerGone, SocketTransport, StreamTransport, Transport
+from ._http_transport import CLOSE_TIMEOUT, PeerGone, SocketTransport, StreamTransport, Transport
 from ._plain_http import PlainRequest, parse_plain, plain_response
 
 _MALFORMED_CHUNKS: Final = Refusal(400, "malformed chunked body")
@@ -189,6 +189,8 @@ class HttpLimits:
     read_timeout: float = 30.0
     max_head_bytes: int = 64 * 1024
     max_connections: int = 10_000
+    close_timeout: float = CLOSE_TIMEOUT
+    """Seconds a graceful close (TLS ``close_notify``) may take before the connection is dropped."""
 
 
 @final
@@ -930,6 +932,7 @@ class _Connection:
         return True
 
     async def _close(self) -> None:
+        """Close the transport, even when cancelled; bounded (``HttpLimits.close_timeout``)."""
         with trio.CancelScope(shield=True):
             await self.transport.aclose()
 
@@ -986,7 +989,7 @@ class _Listener:
                 transport = SocketTransport(stream)
             else:
                 with trio.move_on_after(self.limits.header_timeout) as scope:
-                    transport = StreamTransport(await self.wrap_stream(stream))
+                    transport = StreamTransport(await self.wrap_stream(stream), self.limits.close_timeout)
                 if scope.cancelled_caught:
                     await trio.aclose_forcefully(stream)
                     return
