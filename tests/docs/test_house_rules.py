@@ -107,9 +107,6 @@ LARGE_FOR_NOW = {
     # Being reshaped by the Edge HA work; the lead removes these two at its merge.
     "iop_edge/_links.py:NodeRegistry",
     "iop_node/_session.py:EdgeSession",
-    # Issue 27's split of the listener into rooms (one object per request cycle, the pacer, the
-    # disconnect watcher, the accept loop) is still to come.
-    "iop_edge/_http_server.py:_Connection",
 }
 """Known classes over the bound; an entry that is no longer large must go."""
 
