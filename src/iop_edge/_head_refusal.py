@@ -17,9 +17,10 @@ import trio
 
 from iop_admission import AdmissionError
 
+from ._http_cycle import ConnectionHooks
 from ._http_pacing import Headers
 from ._http_rejections import CANNED_MAX, RequestRejected, admission_rejection, bearer, canned
-from ._http_server import CannedResponse, ConnectionHooks
+from ._http_server import CannedResponse
 
 if TYPE_CHECKING:
     from ._http_api import EdgeParts

@@ -39,13 +39,14 @@ from iop_wire import Run, RunData, RunEnd, RunEvent
 
 from ._failover import AttemptFailed, serve_with_failover
 from ._head_refusal import HeadRefusal
+from ._http_cycle import CONNECTION, PAUSE_READING, ConnectionHooks
 from ._http_pacing import Headers
 from ._http_rejections import JSON as _JSON
 from ._http_rejections import RequestRejected, node_disconnected
 from ._http_rejections import bearer as _bearer
 from ._http_rejections import canned as _canned
 from ._http_rejections import dumps as _dumps
-from ._http_server import CONNECTION, PAUSE_READING, CannedResponse, ConnectionHooks
+from ._http_server import CannedResponse
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor

@@ -2,6 +2,7 @@
 importable here)."""
 
 from iop_io.transport import (
+    CLOSE_TIMEOUT,
     RECEIVE_SIZE,
     WRITE_BUFFER_LIMIT,
     PeerGone,
@@ -10,4 +11,12 @@ from iop_io.transport import (
     Transport,
 )
 
-__all__ = ["RECEIVE_SIZE", "WRITE_BUFFER_LIMIT", "PeerGone", "SocketTransport", "StreamTransport", "Transport"]
+__all__ = [
+    "CLOSE_TIMEOUT",
+    "RECEIVE_SIZE",
+    "WRITE_BUFFER_LIMIT",
+    "PeerGone",
+    "SocketTransport",
+    "StreamTransport",
+    "Transport",
+]

@@ -27,6 +27,10 @@ class PeerGone(Exception):
 WRITE_BUFFER_LIMIT = 256 * 1024
 """Bytes waiting for one client past which a body chunk written without waiting is refused."""
 
+CLOSE_TIMEOUT = 5.0
+"""Seconds a stream's graceful close may take (TLS: its ``close_notify``, which waits for room in the
+socket's buffers, so forever for a client that does not read) before the connection is dropped."""
+
 
 class Transport:
     """The bytes of one client connection, both ways, with an outgoing buffer.
@@ -126,7 +130,8 @@ class Transport:
         return None
 
     async def aclose(self) -> None:
-        """Close the connection. Checkpoints."""
+        """Close the connection, gracefully when that is quick: never takes longer than
+        :data:`CLOSE_TIMEOUT` (or the stream's ``close_timeout``). Checkpoints."""
         raise NotImplementedError
 
 
@@ -200,11 +205,12 @@ class SocketTransport(Transport):
 class StreamTransport(Transport):
     """A connection spoken through a trio stream (TLS: a ``trio.SSLStream``); the flusher writes."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "close_timeout")
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: trio.abc.Stream, close_timeout: float = CLOSE_TIMEOUT) -> None:
         super().__init__()
         self.stream = stream
+        self.close_timeout = close_timeout
 
     def _send_now(self, data: bytes) -> int:
         return 0  # a stream is written only by awaiting it: the flusher does
@@ -227,4 +233,10 @@ class StreamTransport(Transport):
 
     async def aclose(self) -> None:
         self.broken = True
-        await self.stream.aclose()
+        # A graceful close may wait on the client (a TLS close_notify needs room in the socket's
+        # buffers; a peer that never reads never makes any): bounded, then dropped.
+        with trio.move_on_after(self.close_timeout) as timer:
+            await self.stream.aclose()
+        if timer.cancelled_caught:
+            logger.info("a connection's graceful close took over %.3g s: dropped", self.close_timeout)
+            await trio.aclose_forcefully(self.stream)

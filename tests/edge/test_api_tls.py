@@ -6,6 +6,7 @@ through an ``httpx`` client given an SSL context.
 
 from __future__ import annotations
 
+import socket
 import ssl
 from pathlib import Path
 
@@ -13,10 +14,12 @@ import httpx
 import openai
 import pytest
 import trio
+import trustme
 
-from edge.harness import BIG, FAST, Edge, EdgeLayout, mock_provider, node_config, real_node, running_edge
+from edge.harness import BIG, FAST, Edge, EdgeLayout, eventually, mock_provider, node_config, real_node, running_edge
 from edge.tls_certs import CertFiles, PrivateCA
 from iop_config import client_ssl_context
+from iop_edge._http_server import ConnectionCounter, HttpLimits, serve_http
 
 pytestmark = pytest.mark.req("tls")
 
@@ -109,3 +112,59 @@ async def test_reload_refuses_bad_certificate_files_and_turning_tls_off(tmp_path
             assert await edge.service.reload() == [f"{edge.config_path}: tls: turning TLS on or off takes a restart"]
             async with httpx.AsyncClient(verify=client_ssl_context(str(ca.ca_file))) as http:
                 assert await _healthz(edge, http) == 200
+
+
+def _fill_send_buffer(stream: trio.SocketStream) -> None:
+    """Write to ``stream``'s socket until the kernel takes no more (its peer reads nothing)."""
+    with socket.socket(fileno=socket.dup(stream.socket.fileno())) as sock:
+        sock.setblocking(False)
+        try:
+            while True:
+                sock.send(bytes(65536))
+        except BlockingIOError:
+            pass
+
+
+async def test_a_tls_client_that_never_reads_is_still_closed_within_the_close_timeout() -> None:
+    """[tls] a TLS connection (a stream that sends ``close_notify`` on close) whose client reads
+    nothing, so the socket's buffers are full: at the keep-alive timeout the listener's graceful close
+    would wait forever for room; it gives up after ``close_timeout``, drops the connection and
+    releases its slot."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    server_context.maximum_version = ssl.TLSVersion.TLSv1_2  # no TLS 1.3 tickets after the handshake
+    server_context.options |= ssl.OP_NO_TICKET  # (whose sending would break the stream, so no close_notify)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+
+    async def secure(stream: trio.SocketStream) -> trio.abc.Stream:
+        tls = trio.SSLStream(stream, server_context, server_side=True)  # not https_compatible: close_notify
+        await tls.do_handshake()
+        _fill_send_buffer(stream)  # what the client was sent before and never read
+        return tls
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("the client sends no request")
+
+    counter = ConnectionCounter(limit=4)
+    limits = HttpLimits(header_timeout=5, keep_alive_timeout=0.2, close_timeout=0.2)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                lambda task_status: serve_http(
+                    app, "127.0.0.1", 0, limits=limits, counter=counter, wrap_stream=secure, task_status=task_status
+                )
+            )
+            tcp = await trio.open_tcp_stream("127.0.0.1", port)
+            client = trio.SSLStream(tcp, client_context, server_hostname="127.0.0.1")
+            await client.do_handshake()
+            await eventually(lambda: counter.open == 1)
+            await eventually(lambda: counter.open == 0)  # closed and released though the client never read
+            try:
+                while await tcp.receive_some():  # what the server sent, then its end
+                    pass
+            except trio.BrokenResourceError:
+                pass  # dropped with bytes unsent: a reset
+            await tcp.aclose()
+            nursery.cancel_scope.cancel()

@@ -19,9 +19,8 @@ import trio.testing
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, h11_answer, running_edge
 from iop_edge import _http_server
 from iop_edge._http_accept import accept_waiting
+from iop_edge._http_cycle import CONNECTION, PAUSE_READING
 from iop_edge._http_server import (
-    CONNECTION,
-    PAUSE_READING,
     ConnectionCounter,
     HttpLimits,
     serve_http,

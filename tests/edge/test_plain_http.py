@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.harness import h11_answer
-from iop_edge._http_server import CONNECTION, HttpLimits, serve_http
+from iop_edge._http_cycle import CONNECTION
+from iop_edge._http_server import HttpLimits, serve_http
 from iop_edge._plain_http import parse_plain, plain_response
 
 PLAIN_POST = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
