@@ -91,7 +91,8 @@ async def test_the_config_rebuilds_the_same_one_pickle_per_loop_turn(tmp_path: P
     out = io.BytesIO()
     write_config(path, out, weight=weight)
     sent: list[Any] = []
-    stream, objects = io.BytesIO(out.getvalue()), [None] * 10**6  # any number finds an object
+    # Any number finds an object (an empty tuple: it may stand for the arguments of a class's __new__).
+    stream, objects = io.BytesIO(out.getvalue()), [()] * 10**6
     while not sent or sent[-1][0] != "config":
         sent.append(_config_reader._Rebuilder(stream, objects).load())
     tables = [message for message in sent if message[0] in ("table", "items")]
