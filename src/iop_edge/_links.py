@@ -53,6 +53,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from iop_admission import Admission
+from iop_io import ParkedTask
 from iop_wire import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY,
@@ -111,36 +112,6 @@ class NodeGone(Exception):
 
 
 @final
-class _Parked:
-    """The one task that waits for a queue of this module (a run's relay, a link's writer), if parked.
-
-    A queue with a single consumer needs no more than this: :meth:`wake` is a
-    reschedule of that task (never waits), and a cancelled wait leaves nothing
-    behind.
-    """
-
-    __slots__ = ("task",)
-
-    def __init__(self) -> None:
-        self.task: trio.lowlevel.Task | None = None
-
-    async def park(self) -> None:
-        """Wait until :meth:`wake`. Checkpoints (cancellation ends the wait)."""
-        self.task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
-
-    def _abort(self, _: object) -> trio.lowlevel.Abort:
-        self.task = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    def wake(self) -> None:
-        """Let the parked task run (nothing if none is parked)."""
-        task, self.task = self.task, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
-
-
-@final
 class RunChannel:
     """One run's messages from its node, and its cancellation.
 
@@ -176,7 +147,7 @@ class RunChannel:
         self.run_id = run_id
         self.link = link
         self._queue: collections.deque[RunMessage] = collections.deque()
-        self._waiter = _Parked()  # the relay, in :meth:`next`
+        self._waiter = ParkedTask()  # the relay, in :meth:`next`
         self._closed = False  # nothing more comes: the end arrived, the run was dropped, or the relay left
         self.ended = False
         self.overflowed = False
@@ -392,7 +363,7 @@ class NodeLink:
         # one reader, and a frame per request pays neither the channel's calls nor its WouldBlock).
         self._outbox: collections.deque[str] = collections.deque()
         self._outbox_closed = False
-        self._writer = _Parked()  # the writer task, when it waits for frames
+        self._writer = ParkedTask()  # the writer task, when it waits for frames
         self._writer_busy = False  # frames queued for the writer, or taken and not written yet
         self._ending = False
         self._runs: dict[str, RunChannel] = {}

@@ -1,4 +1,4 @@
-"""The trio I/O pieces every HTTP/1.1 server of the project shares: the accept loop and the connection transport.
+"""The trio I/O pieces the project's servers share: the accept loop, the connection transport, due queues, parking.
 
 Why a package of its own: the Edge's listener and the mock backend each had
 a batch accept loop and a non-blocking socket with a TLS fallback. They live
@@ -7,12 +7,17 @@ and under no daemon, so a server of any package uses them through public names.
 
 - :mod:`.accept`: :func:`accept_loop` and :func:`accept_waiting`, every
   connection waiting accepted in one wake-up (up to :data:`ACCEPT_BATCH`).
+- :mod:`.due`: :class:`DueQueue`, tasks woken at their due times by one runner
+  task (one timer for a paced stream's tokens or a flood's paused connections).
+- :mod:`.parking`: :class:`ParkedTask`, the one task a single-consumer queue wakes.
 - :mod:`.transport`: :class:`Transport` (writes that never wait on the client,
   a flusher for the rest), :class:`SocketTransport` (a plain TCP connection as a
   non-blocking stdlib socket) and :class:`StreamTransport` (a trio stream: TLS).
 """
 
 from .accept import ACCEPT_BATCH, Handler, accept_loop, accept_waiting
+from .due import Answer, DueQueue
+from .parking import ParkedTask
 from .transport import (
     RECEIVE_SIZE,
     WRITE_BUFFER_LIMIT,
@@ -26,7 +31,10 @@ __all__ = [
     "ACCEPT_BATCH",
     "RECEIVE_SIZE",
     "WRITE_BUFFER_LIMIT",
+    "Answer",
+    "DueQueue",
     "Handler",
+    "ParkedTask",
     "PeerGone",
     "SocketTransport",
     "StreamTransport",
