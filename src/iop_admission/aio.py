@@ -262,7 +262,10 @@ class AsyncAdmission:
                 result = core.retry(retry_of, now)
         except Exception as exc:
             if self._subscribers:
-                self._emit(AdmissionEvent("rejected", now, model=model, long=long, reason=type(exc).__name__))
+                tenant = getattr(exc, "tenant", None)  # a TenantLimitExceeded names its tenant
+                self._emit(
+                    AdmissionEvent("rejected", now, model=model, long=long, reason=type(exc).__name__, tenant=tenant)
+                )
             raise
         shed = core.drain_decisions()  # waiters of a lower negative band evicted for this request
         if shed:

@@ -611,6 +611,7 @@ class EdgeConfig:
 
     def _pool_of(self, specs: Mapping[ProviderKey, ProviderSpec]) -> PoolConfig:
         """The :class:`PoolConfig` of this file with the providers' ``specs`` (in file order)."""
+        tenants: tuple[TenantSpec, ...] = tuple(tenant.spec() for tenant in self.tenants)
         return PoolConfig(
             policy=self.provider_pool.policy(),
             providers=specs,
@@ -619,7 +620,7 @@ class EdgeConfig:
             },
             retry=self.provider_pool.retry.policy(),
             outlier=self.provider_pool.outlier.policy(),
-            tenants=tuple(tenant.spec() for tenant in self.tenants),
+            tenants=tenants,
         )
 
     def upstream_model(self, model: str, key: ProviderKey) -> str:
