@@ -23,6 +23,7 @@ from edge.harness import (
     FakeNode,
     RunEnd,
     RunEvent,
+    chat_chunk,
     chat_response,
     eventually,
     fake_node,
@@ -234,3 +235,33 @@ async def test_a_reload_changes_weights_and_keys_keeping_leases_and_waiters(tmp_
             assert sorted(order) == ["c1", "now-batch"]
             assert {results[n].status_code for n in ("c0", "c1", "now-batch")} == {200}
             await edge.assert_drained()
+
+
+@pytest.mark.req("tenant-edge")
+async def test_a_stream_is_settled_with_the_usage_its_last_chunk_reports(tmp_path: Path) -> None:
+    """Token cost on a stream: the relay reads the chunks for ``usage`` (e.g. include_usage); a failed
+    attempt before any byte would settle 0, an answer without usage keeps its reserve."""
+    with trio.fail_after(20):
+        async with running_edge(tmp_path, layout(TWO, "tenant_cost: tokens")) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    functools.partial(post, edge, results, "s", key("chat-key"), stream=True, max_tokens=9)
+                )
+                run = await node.next_run()
+                assert run.stream
+                last = chat_chunk("done")
+                last["usage"] = {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+                await node.send(RunEvent(run.run_id, chat_chunk("he")))
+                await node.send(RunEvent(run.run_id, last))
+                await node.send(RunEnd(run.run_id, "ok"))
+            assert results["s"].status_code == 200 and "done" in results["s"].text
+            await eventually(lambda: tenant_rows(edge)["chat"].in_flight == 0)
+            assert tenant_rows(edge)["chat"].cost_charged == 5
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    functools.partial(post, edge, results, "n", key("batch-key"), stream=True, max_tokens=9)
+                )
+                await answer_next(node, [])  # no usage in the answer
+            await eventually(lambda: tenant_rows(edge)["batch"].in_flight == 0)
+            assert tenant_rows(edge)["batch"].cost_charged == 9  # "n" is 1 char (0 tokens) + max_tokens 9
