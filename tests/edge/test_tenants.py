@@ -27,6 +27,9 @@ from edge.harness import (
     chat_response,
     eventually,
     fake_node,
+    mock_provider,
+    node_config,
+    real_node,
     running_edge,
 )
 
@@ -265,3 +268,57 @@ async def test_a_stream_is_settled_with_the_usage_its_last_chunk_reports(tmp_pat
                 await answer_next(node, [])  # no usage in the answer
             await eventually(lambda: tenant_rows(edge)["batch"].in_flight == 0)
             assert tenant_rows(edge)["batch"].cost_charged == 9  # "n" is 1 char (0 tokens) + max_tokens 9
+
+
+@pytest.mark.req("tenant-edge")
+async def test_through_a_real_node_each_tenant_key_gets_its_own_code_and_grants(tmp_path: Path) -> None:
+    """Edge + an in-process Node (EdgeClient, NodeRuntime, the mock adapter at 200 ms a run): batch's key at
+    its max_queue gets 429 tenant_max_queue while chat's requests queue and run; the grants per tenant add up."""
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, layout(TWO)) as edge:
+            config = node_config(edge, "node-a", [mock_provider("gpu0", latency_ms=200)])
+            async with real_node(edge, config):
+                results: dict[str, httpx.Response] = {}
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(post, edge, results, "c0", key("chat-key"))
+                    await eventually(lambda: tenant_rows(edge)["chat"].in_flight == 1)
+                    for i, (name, owner) in enumerate([("b0", "batch-key"), ("b1", "batch-key"), ("c1", "chat-key")]):
+                        nursery.start_soon(post, edge, results, name, key(owner))
+                        await eventually(lambda i=i: edge.queue_depth == i + 1)
+                    refused = await edge.chat(FAST, "b2", headers=key("batch-key"))
+                    nursery.start_soon(post, edge, results, "c2", key("chat-key"))
+                assert refused.status_code == 429
+                assert refused.json()["error"]["code"] == "tenant_max_queue"
+                assert {name: r.status_code for name, r in results.items()} == dict.fromkeys(
+                    ["c0", "b0", "b1", "c1", "c2"], 200
+                )
+                rows = tenant_rows(edge)
+                assert (rows["chat"].grants, rows["batch"].grants) == (3, 2)
+                await edge.assert_drained()
+
+
+@pytest.mark.req("tenant-edge")
+async def test_events_carry_the_tenant(tmp_path: Path) -> None:
+    """Lease events name the tenant the lease is charged to; a tenant's refusal names it too."""
+    one = "{name: batch, max_queue: 1, api_keys: [batch-key]}"
+    with trio.fail_after(20):
+        async with running_edge(tmp_path, layout(one)) as edge, fake_node(edge) as node:
+            async with edge.service.admission.subscribe() as events:
+                results: dict[str, httpx.Response] = {}
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(post, edge, results, "b0", key("batch-key"))
+                    first = await node.next_run()
+                    nursery.start_soon(post, edge, results, "b1", key("batch-key"))
+                    await eventually(lambda: edge.queue_depth == 1)
+                    assert (await edge.chat(FAST, "b2", headers=key("batch-key"))).status_code == 429
+                    await node.answer(first)
+                    await answer_next(node, [])
+                seen = []
+                while True:
+                    try:
+                        event = events.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    seen.append((event.kind, event.tenant))
+            assert ("granted", "batch") in seen and ("released", "batch") in seen
+            assert ("rejected", "batch") in seen
