@@ -490,6 +490,7 @@ class EdgeAPI:
             nonlocal served
             visit.grant()
             served = lease
+            charge.reserve(service.admission, lease)
             try:
                 return await self._run(lease, model, endpoint, body, (stream, charge), responder)
             except RequestRejected as rejection:

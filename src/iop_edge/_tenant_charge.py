@@ -55,6 +55,12 @@ class Charge:
             if found is not None:
                 self.used = int(found.group(1))
 
+    def reserve(self, admission: Admission, lease: Lease) -> None:
+        """A retry's lease carries the cost its failed attempt settled at (0): charge it the
+        request's reserve again (token cost only; the retry is an attempt of its own)."""
+        if self.tokens and lease.cost != self.cost:
+            admission.settle(lease, self.cost)
+
     def settle(self, admission: Admission, lease: Lease, *, answered: bool) -> None:
         """Charge ``lease``'s tenant what its attempt used (token cost only): the reported usage, 0
         for an attempt that failed before any byte (it is retried or refused), else the reserve."""

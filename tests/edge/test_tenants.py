@@ -17,6 +17,7 @@ import trio
 
 from edge.harness import (
     ADMIN_TOKEN,
+    BIG,
     FAST,
     Edge,
     EdgeLayout,
@@ -322,3 +323,37 @@ async def test_events_carry_the_tenant(tmp_path: Path) -> None:
                     seen.append((event.kind, event.tenant))
             assert ("granted", "batch") in seen and ("released", "batch") in seen
             assert ("rejected", "batch") in seen
+
+
+@pytest.mark.req("tenant-edge")
+async def test_a_retry_is_reserved_anew_after_its_failed_attempt_settled_at_zero(tmp_path: Path) -> None:
+    """Token cost and failover: node-a fails before any byte (the attempt settles at 0), the retry on
+    node-b holds the request's reserve while it runs, then settles at the reported usage."""
+    with trio.fail_after(20):
+        async with (
+            running_edge(
+                tmp_path, EdgeLayout(retry="{max_attempts: 2}", extra=(f"tenants: [{TWO}]", "tenant_cost: tokens"))
+            ) as edge,
+            fake_node(edge, "node-a") as a,
+            fake_node(edge, "node-b", providers=("gpu1",)) as b,
+        ):
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                body = {"model": BIG, "messages": [{"role": "user", "content": "x" * 8}], "max_tokens": 20}
+
+                async def ask() -> None:
+                    results["r"] = await edge.http.post("/v1/chat/completions", json=body, headers=key("chat-key"))
+
+                nursery.start_soon(ask)
+                run = await a.next_run()
+                await a.send(RunEnd(run.run_id, "error", "upstream_error", "boom", 500))
+                retry = await b.next_run()
+                await eventually(lambda: tenant_rows(edge)["chat"].in_flight == 1)
+                assert tenant_rows(edge)["chat"].cost_charged == 22  # 8 chars / 4 + 20: the reserve, once
+                response = chat_response("ok")
+                response["usage"] = {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+                await b.send(RunEvent(retry.run_id, response))
+                await b.send(RunEnd(retry.run_id, "ok"))
+            assert results["r"].status_code == 200 and results["r"].headers["x-iop-attempts"] == "2"
+            await eventually(lambda: tenant_rows(edge)["chat"].in_flight == 0)
+            assert tenant_rows(edge)["chat"].cost_charged == 6
