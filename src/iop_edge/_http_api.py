@@ -490,7 +490,6 @@ class EdgeAPI:
             nonlocal served
             visit.grant()
             served = lease
-            charge.reserve(service.admission, lease)
             try:
                 return await self._run(lease, model, endpoint, body, (stream, charge), responder)
             except RequestRejected as rejection:
@@ -550,6 +549,7 @@ class EdgeAPI:
         admission ([outlier-ejection]).
         """
         stream, charge = how
+        charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
         run = _open_run(self.service, lease, model, endpoint, body, stream)
         scan = charge.scan if charge.tokens else None
         head = [
