@@ -56,6 +56,7 @@ from iop_node._fence import EpochFence
 from iop_node._websocket import EdgeSocket
 
 from . import _world
+from ._report import Summary
 from ._wire import Wire, node_socket, serve_edge_end
 from ._world import NODES, PROVIDERS, SITES, Overrides, SeedResult, SimBackend, World, node_config
 
@@ -225,7 +226,7 @@ class HaWorld(World):
             service = EdgeService(self._ha_config(self.edge_config(self.overrides), i))
             reports: Counter[tuple[ProviderKey, int]] = Counter()
             self._wrap_reports(service, reports)
-            slot = {
+            slot: dict[str, Any] = {
                 "service": service,
                 "_ledger": None,
                 "ledger_granted": set(),
@@ -355,14 +356,9 @@ class HaWorld(World):
                     self.clients[f"{node_id}@{i}"] = client
                 self.runtimes[node_id] = runtime
 
-                async def run_one(client: EdgeClient) -> None:
-                    await client.run()
-                    for other in clients:  # one connection shut down: the node process restarts
-                        other.shutdown()
-
                 async with trio.open_nursery() as nursery:
                     for client in clients:
-                        nursery.start_soon(run_one, client)
+                        nursery.start_soon(_run_then_stop_all, client, clients)
             if self.stopping:
                 return
             await trio.sleep(self.frng.uniform(0.05, 1.0))
@@ -463,6 +459,23 @@ class HaWorld(World):
             self.violation("no Edge leads after healing")
 
 
+async def _run_then_stop_all(client: EdgeClient, clients: list[EdgeClient]) -> None:
+    """One connection of a node shut down (a graceful close): the node process stops, then restarts."""
+    await client.run()
+    for other in clients:
+        other.shutdown()
+
+
+HA_COUNTS = ("runs dispatched", "runs refused stale", "edges granted past a capacity together")
+"""What :func:`ha_summary` prints after the table: runs the nodes ran and refused as stale, and the
+steps where the Edges' grants together exceeded a capacity (the node's gate held)."""
+
+
 def run_ha_seed(seed: int) -> SeedResult:
     """:func:`tests.sim._world.run_seed` for the HA world."""
     return _world.run_seed(seed, HaWorld)
+
+
+def ha_summary() -> Summary:
+    """An empty summary with the HA world's sites and counters (``run_and_summarize(..., summary=)``)."""
+    return Summary(sites=ALL_SITES, extra=HA_COUNTS)
