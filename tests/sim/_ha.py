@@ -46,11 +46,11 @@ import attrs
 import trio
 import trio.testing
 
-from iop_admission import LocalGate, ProviderKey
+from iop_admission import ProviderKey
 from iop_edge import EdgeService
 from iop_edge.config import EdgeConfig, HaConfig
 from iop_edge.ha import EtcdUnavailable, KeyHolder
-from iop_node import EdgeClient, NodeRuntime
+from iop_node import EdgeClient
 from iop_node._errors import StaleEpoch
 from iop_node._fence import EpochFence
 from iop_node._websocket import EdgeSocket
@@ -58,7 +58,7 @@ from iop_node._websocket import EdgeSocket
 from . import _world
 from ._report import Summary
 from ._wire import Wire, node_socket, serve_edge_end
-from ._world import NODES, PROVIDERS, SITES, Overrides, SeedResult, SimBackend, World, node_config
+from ._world import NODES, PROVIDERS, SITES, Overrides, SeedResult, World, node_config
 
 HA_SITES = ("leader_step_down", "leader_pause", "etcd_partition")
 ALL_SITES = SITES + HA_SITES
@@ -335,12 +335,7 @@ class HaWorld(World):
         incarnation = 0
         while not self.stopping:
             incarnation += 1
-            gate = LocalGate(
-                limits={p.id: p.capacity for p in config.providers}, global_limit=config.runtime.concurrency
-            )
-            adapters = {p.id: SimBackend(self, ProviderKey(node_id, p.id)) for p in config.providers}
-            fence = SimFence(self, node_id)
-            async with NodeRuntime(gate=gate, adapters=adapters, fence=fence) as runtime:  # type: ignore[arg-type]
+            async with self.new_runtime(node_id, config, fence=SimFence(self, node_id)) as runtime:
                 clients = [
                     EdgeClient(
                         config,

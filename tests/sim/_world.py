@@ -500,17 +500,19 @@ class World:
         async with node_socket(wire) as ws:
             yield ws
 
+    def new_runtime(self, node_id: str, config: NodeConfig, **fields: Any) -> NodeRuntime:
+        """A node process's runtime: its gate, a :class:`SimBackend` per provider, ``fields`` (the HA world's fence)."""
+        gate = LocalGate(limits={p.id: p.capacity for p in config.providers}, global_limit=config.runtime.concurrency)
+        adapters = {p.id: SimBackend(self, ProviderKey(node_id, p.id)) for p in config.providers}
+        return NodeRuntime(gate=gate, adapters=adapters, **fields)  # type: ignore[arg-type]
+
     async def node_process(self, node_id: str, restart: trio.Event | None = None) -> None:
         """One node 'process' after another: a graceful shutdown is followed by a restart."""
         config = node_config(node_id)
         incarnation = 0
         while not self.stopping:
             incarnation += 1
-            gate = LocalGate(
-                limits={p.id: p.capacity for p in config.providers}, global_limit=config.runtime.concurrency
-            )
-            adapters = {p.id: SimBackend(self, ProviderKey(node_id, p.id)) for p in config.providers}
-            async with NodeRuntime(gate=gate, adapters=adapters) as runtime:  # type: ignore[arg-type]
+            async with self.new_runtime(node_id, config) as runtime:
                 client = EdgeClient(
                     config,
                     runtime,
