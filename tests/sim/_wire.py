@@ -14,6 +14,8 @@ act on the wire, below the WebSocket, the way a real network misbehaves:
   silently lost, a local ``aclose`` sends no FIN either. Only a later
   :meth:`cut` (the sim's "TCP timeout") makes both ends see the end of stream.
 - ``cut()``: both ends see EOF at once (no WebSocket close frame): an abrupt drop.
+- ``paused`` (an event, set by the HA world): the Edge end neither sends nor
+  reads until the event fires, as a stopped Edge process (``tests/sim/_ha.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The seeded whole-system simulation: one Edge, two Nodes, clients and faults in one trio run.
 
+(:mod:`tests.sim._ha` extends :class:`World` to an HA group of Edges.)
+
 Everything runs in a single ``trio.run`` on ``MockClock(autojump_threshold=0)``:
 
 - the real Edge (:class:`iop_edge.EdgeService`: admission, node registry, the
