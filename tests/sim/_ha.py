@@ -161,6 +161,7 @@ class SimFence:
 
     The record is independent of the fence's rule: the highest epoch the node
     was told of or ran, and a violation for any run of an older one admitted.
+    Only the two calls the node makes of its fence (``check``, ``raise_to``).
     """
 
     def __init__(self, world: HaWorld, node_id: str) -> None:
@@ -169,26 +170,13 @@ class SimFence:
         self.node_id = node_id
         self.high = 0
 
-    @property
-    def seen(self) -> int:
-        return self.inner.seen
-
-    @property
-    def refused(self) -> int:
-        return self.inner.refused
-
     def raise_to(self, epoch: int) -> None:
+        """A ``leader`` message (the session calls it)."""
         self.inner.raise_to(epoch)
         self.high = max(self.high, epoch)
 
-    def admits(self, epoch: int | None) -> bool:
-        try:
-            self.check(epoch)
-        except StaleEpoch:
-            return False
-        return True
-
     def check(self, epoch: int | None) -> None:
+        """A run arrives (the runtime calls it before taking a permit)."""
         world = self.world
         try:
             self.inner.check(epoch)
@@ -202,7 +190,7 @@ class SimFence:
         if epoch < self.high:
             world.violation(f"{self.node_id}: a run of fenced epoch {epoch} dispatched after epoch {self.high}")
         self.high = max(self.high, epoch)
-        world.result.fired["runs dispatched"] += 1
+        world.result.fired["runs past the node fence"] += 1
 
 
 class HaWorld(World):
@@ -461,7 +449,7 @@ async def _run_then_stop_all(client: EdgeClient, clients: list[EdgeClient]) -> N
         other.shutdown()
 
 
-HA_COUNTS = ("runs dispatched", "runs refused stale", "edges granted past a capacity together")
+HA_COUNTS = ("runs past the node fence", "runs refused stale", "edges granted past a capacity together")
 """What :func:`ha_summary` prints after the table: runs the nodes ran and refused as stale, and the
 steps where the Edges' grants together exceeded a capacity (the node's gate held)."""
 
