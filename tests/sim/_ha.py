@@ -12,10 +12,12 @@ sends to the Edge that admits (``/readyz`` 200), sometimes to another one.
 
 Fault sites, on top of every site of the one-Edge world:
 
-- ``leader_step_down``: etcd loses the leader's lease (revoked, as ``etcdctl
-  lease revoke``): a standby wins at the next poll, while the old leader admits
-  until its next renewal answers "gone" -- two Edges believe they lead for a
-  moment, the node's fence and gate decide;
+- ``leader_step_down``: the leader resigns (its election task is cancelled: it
+  steps down and revokes its lease; it campaigns again a little later), or
+  etcd loses its lease (as ``etcdctl lease revoke``): a standby wins at the
+  next poll, while the old leader admits until its next renewal answers
+  "gone" -- two Edges believe they lead for a moment, the node's fence and
+  gate decide;
 - ``leader_pause``: the leader is stopped past its TTL (its node connections
   neither send nor read, its calls to etcd hang), then resumes; a successor
   is elected meanwhile. Its own timers still fire in the pause (a stopped
@@ -228,6 +230,7 @@ class HaWorld(World):
             self.slots.append(slot)
             self.services.append(service)
         self.node_clients: dict[str, list[EdgeClient]] = {}
+        self.campaigns: list[trio.CancelScope | None] = [None] * self.edge_count
         self.pausing = False
 
     # ------------------------------------------------------------ replicas
@@ -294,9 +297,19 @@ class HaWorld(World):
                     ledger = await stack.enter_async_context(admission.subscribe(buffer=1_000_000))
                     self._ledger = ledger
                     nursery.start_soon(admission.watch_ejections)
-                    assert self.service.ha is not None
-                    nursery.start_soon(self.service.ha.campaign, self.stores[index])
+                    nursery.start_soon(self._campaign, index)
             yield
+
+    async def _campaign(self, index: int) -> None:
+        """Edge ``index``'s election task; after a resignation (:meth:`fault_leader_step_down`) it campaigns again."""
+        ha = self.services[index].ha
+        assert ha is not None
+        while True:
+            with trio.CancelScope() as scope:
+                self.campaigns[index] = scope
+                await ha.campaign(self.stores[index])
+            await trio.sleep(self.frng.uniform(0.2, 1.5))
+            self.trace(f"edge {index} campaigns again")
 
     def connected(self) -> bool:
         every = all(s.admission.is_connected(n) for s in self.services for n in NODES)
@@ -357,13 +370,20 @@ class HaWorld(World):
     # --------------------------------------------------------------- faults
 
     async def fault_leader_step_down(self) -> None:
+        """A leader change: the leader resigns (its election task ends: it steps down, revokes its
+        lease), or etcd loses its lease (the leader learns at its next renewal)."""
         index = self.leader()
         store = self.stores[index] if index is not None else None
         if store is None or store.lease is None or store.lease not in self.etcd.leases:
             return
-        self.etcd.revoked_by_fault.add(store.lease)
-        self.etcd.drop(store.lease)
-        self.fired("leader_step_down", f"edge {index} lost lease {store.lease}")
+        scope = self.campaigns[index] if index is not None else None
+        if scope is not None and self.frng.random() < 0.5:
+            scope.cancel()
+            self.fired("leader_step_down", f"edge {index} resigns")
+        else:
+            self.etcd.revoked_by_fault.add(store.lease)
+            self.etcd.drop(store.lease)
+            self.fired("leader_step_down", f"edge {index} lost lease {store.lease}")
         await trio.lowlevel.checkpoint()
 
     async def fault_leader_pause(self) -> None:
