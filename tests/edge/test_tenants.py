@@ -34,11 +34,10 @@ from edge.harness import (
 )
 
 
-def layout(tenants: str, *extra: str, max_queue: int = 8, heartbeat_timeout_ms: int = 15_000) -> EdgeLayout:
-    """The harness layout with ``tenants: [...]`` (flow style, one line) and ``extra`` top-level lines."""
-    return EdgeLayout(
-        max_queue=max_queue, heartbeat_timeout_ms=heartbeat_timeout_ms, extra=(f"tenants: [{tenants}]", *extra)
-    )
+def layout(tenants: str, *extra: str, **knobs: Any) -> EdgeLayout:
+    """The harness layout with ``tenants: [...]`` (flow style, one line), ``extra`` top-level lines and
+    :class:`EdgeLayout`'s ``knobs``."""
+    return EdgeLayout(**knobs, extra=(f"tenants: [{tenants}]", *extra))
 
 
 TWO = "{name: chat, weight: 1, api_keys: [chat-key]}, {name: batch, weight: 2, max_queue: 2, api_keys: [batch-key]}"
@@ -212,7 +211,8 @@ async def test_the_tenant_header_is_honoured_only_when_configured(tmp_path: Path
 async def test_a_reload_changes_weights_and_keys_keeping_leases_and_waiters(tmp_path: Path) -> None:
     """Reload while one lease runs and a waiter queues: both are served; the new weight, quota and key
     map are in force (the chat key now belongs to batch)."""
-    quiet = {"heartbeat_timeout_ms": 600_000}  # the fake node sends no heartbeats while the reader runs
+    # The fake node sends no heartbeats, and the waiter must outlast the reader:
+    quiet = {"heartbeat_timeout_ms": 600_000, "queue_timeout_ms": 600_000}
     # The reader child runs at idle priority: on a loaded box it may take long (bounded here).
     with trio.fail_after(240):
         async with running_edge(tmp_path, layout(TWO, **quiet)) as edge, fake_node(edge) as node:
