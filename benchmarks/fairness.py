@@ -33,7 +33,7 @@ import trio
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
 from iop_admission.core import AdmissionState, FairShare, Granted
 
-from .harness import Daemon, HttpConnection, get_json, percentile, run_suite, start_relay
+from .harness import Daemon, HttpConnection, Relay, get_json, percentile, run_suite, start_relay
 
 
 def share(grants: int = 10_000) -> dict[str, float]:
@@ -182,6 +182,17 @@ def _tenant_lines(*tenants: str) -> str:
     return "\n".join(f"  - {t}" for t in tenants)
 
 
+async def _relay(workdir: pathlib.Path, daemons: list[Daemon], tenants: str) -> Relay:
+    """The mock backend (:data:`SERVICE_MS` a request), an Edge with ``tenants`` and the Node."""
+    return await start_relay(
+        workdir,
+        daemons,
+        mock_args=["--latency-ms", str(SERVICE_MS), "--tokens-per-second", "0"],
+        edge_yaml=EDGE_YAML.format(tenants=tenants),
+        node_yaml=NODE_YAML,
+    )
+
+
 async def _flood(port: int, key: str, clients: int, stop: trio.Event, counts: dict[str, int]) -> None:
     """``clients`` closed-loop clients of tenant key ``key`` until ``stop``; a 429 waits 50 ms."""
     raw = HttpConnection.build("POST", "/v1/chat/completions", CHAT, headers={"authorization": f"Bearer {key}"})
@@ -220,13 +231,7 @@ async def real_share(workdir: pathlib.Path, grants: int) -> dict[str, Any]:
     )
     daemons: list[Daemon] = []
     try:
-        relay = await start_relay(
-            workdir,
-            daemons,
-            mock_args=["--latency-ms", str(SERVICE_MS), "--tokens-per-second", "0"],
-            edge_yaml=EDGE_YAML.format(tenants=tenants),
-            node_yaml=NODE_YAML,
-        )
+        relay = await _relay(workdir, daemons, tenants)
         stop = trio.Event()
         counts: dict[str, int] = {}
         async with trio.open_nursery() as nursery:
@@ -284,13 +289,7 @@ async def real_light(workdir: pathlib.Path, duration: float) -> dict[str, Any]:
     daemons: list[Daemon] = []
     result: dict[str, Any] = {"rate": rate}
     try:
-        relay = await start_relay(
-            workdir,
-            daemons,
-            mock_args=["--latency-ms", str(SERVICE_MS), "--tokens-per-second", "0"],
-            edge_yaml=EDGE_YAML.format(tenants=tenants),
-            node_yaml=NODE_YAML,
-        )
+        relay = await _relay(workdir, daemons, tenants)
         for phase in ("alone", "flooded"):
             waits: list[float] = []
             served: list[float] = []
