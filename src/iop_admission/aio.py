@@ -275,7 +275,8 @@ class AsyncAdmission:
         else:
             assert type(result) is Waiter
             if self._subscribers:
-                self._emit(AdmissionEvent("queued", now, model=model, long=long))
+                tenant = result.tenant if result._ticket is not None else None  # as lease events
+                self._emit(AdmissionEvent("queued", now, model=model, long=long, tenant=tenant))
             lease = await self._wait(result)
             lease.queue_wait = asyncio.get_running_loop().time() - now
         if lease.revoked:  # fenced between the grant and now: the body never runs
