@@ -106,7 +106,10 @@ class QueuePage:
             await _answer(send, 429, "too_many_viewers", f"at most {ui.max_viewers} viewers at once")
             return
         wanted = ViewFilter(
-            node=_last(query, "node") or "", model=_last(query, "model") or "", health=_last(query, "health") or ""
+            node=_last(query, "node") or "",
+            model=_last(query, "model") or "",
+            health=_last(query, "health") or "",
+            tenant=_last(query, "tenant") or "",
         )
         self.viewers += 1
         try:
