@@ -99,6 +99,15 @@ async def test_the_queue_page_follows_the_edge(tmp_path: Path, browser: webdrive
             (row,) = await run(waiter_rows, browser)
             assert row[1:3] == ["1", FAST]
             assert row[7] == "every live candidate is at capacity"
+            # No tenants configured: no tenant column, filter or table on the page.
+            for hidden in (
+                "#waiters th.tenant-col",
+                "#waiters td.tenant-col",
+                "#filters .tenant-col",
+                "#tenants-section",
+            ):
+                assert not await run(lambda h=hidden: browser.find_element(By.CSS_SELECTOR, h).is_displayed())
+            assert "tenant_quota" not in await run(lambda: browser.find_element(By.ID, "reasons").text)
             assert stack.http_port is not None
             raw = await raw_stream(stack.http_port, 2)
             dom = await run(lambda: browser.page_source)

@@ -34,6 +34,9 @@ REASONS: Mapping[str, str] = {
 in this order (:func:`wait_reason`). ``tenant_quota`` and ``higher_band_ahead`` need
 tenants (``Snapshot.tenants``); without them they never apply."""
 
+TENANT_REASONS = frozenset(("tenant_quota", "higher_band_ahead"))
+"""The reasons that need tenants: left out of a view's ``reasons`` when there are none."""
+
 _PAUSE_EVERY = 2000  # waiters between two calls of ``pause``
 
 
@@ -155,7 +158,7 @@ def build_view(
         "models": _models(models, waiting, oldest, by_key, wanted, limits),
         "waiters": _waiters(waiters, reason, wanted, limits, step),
         "tenants": [_tenant_row(t) for t in snapshot.tenants],
-        "reasons": dict(REASONS),
+        "reasons": {code: text for code, text in REASONS.items() if tenants or code not in TENANT_REASONS},
         "panic": list(snapshot.panic),
     }
 

@@ -60,8 +60,10 @@
     ]);
     note("providers-note", view.providers, "providers");
     const dl = document.getElementById("reasons");
-    if (!dl.childElementCount) {
-      for (const [code, text] of Object.entries(view.reasons)) { dl.appendChild(el("dt", code)); dl.appendChild(el("dd", text)); }
+    const reasons = Object.entries(view.reasons);
+    if (dl.childElementCount !== 2 * reasons.length) { // tenants configured or removed: other reasons
+      dl.replaceChildren();
+      for (const [code, text] of reasons) { dl.appendChild(el("dt", code)); dl.appendChild(el("dd", text)); }
     }
   }
 
