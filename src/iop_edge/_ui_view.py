@@ -25,7 +25,7 @@ from iop_admission import ModelGroup, ProviderKey, ProviderSnapshot, Snapshot, T
 REASONS: Mapping[str, str] = {
     "no_live_candidate": "no candidate is online (offline, ejected, unavailable or disabled)",
     "tenant_quota": "its tenant is at its max_in_flight quota",
-    "higher_band_ahead": "a request of a higher priority band waits for the same providers and is served first",
+    "higher_band_ahead": "a higher band waits for the same providers, served first",
     "all_candidates_full": "every live candidate is at capacity",
     "long_slot_taken": "a long-context request: every live candidate's long-context slots are taken",
     "earlier_request_first": "a candidate has room; an earlier request is granted first",
