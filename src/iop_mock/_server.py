@@ -178,13 +178,16 @@ class _Connection:
         if head.expect_continue and head.length and not reader.buffered:
             self.transport.write_nowait(_CONTINUE)
         parts: list[bytes] = []
-        while (event := await self._next_event()) is not END_OF_MESSAGE:
-            if event is None:
-                return None
-            if type(event) is Refusal:
+        while (event := reader.next_event()) is not END_OF_MESSAGE:
+            if type(event) is bytes:
+                parts.append(event)
+            elif event is NEED_DATA:
+                if not await self._fill():
+                    return None
+            elif type(event) is Refusal:
                 raise _Refused(event)
-            assert type(event) is bytes
-            parts.append(event)
+            else:
+                return None  # CLOSED: the client left mid-body
         self._body = b"".join(parts)
         return head
 
