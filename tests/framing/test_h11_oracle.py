@@ -9,9 +9,12 @@ Hypothesis events.
 
 from __future__ import annotations
 
+import itertools
+
 import h11
 import pytest
 from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from framing.test_differential import requests
 from iop_http import CLOSED, END_OF_MESSAGE, NEED_DATA, Refusal, RequestHead, RequestReader
@@ -70,6 +73,46 @@ def test_the_reader_and_h11_read_alike_where_both_accept(data: bytes) -> None:
     method, target, headers, body = ours
     assert (method, target, body) == (theirs[0], theirs[1], theirs[3]), data
     assert _folded(headers) == _folded(theirs[2]), data
+
+
+_TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-!#$%&'*+.^_`|~", min_size=1, max_size=8)
+_VALUE = st.text(alphabet='abcdefghijklmnopqrstuvwxyz0123456789 -_.,;:/=\t"', max_size=12)
+
+
+@st.composite
+def well_formed(draw: st.DrawFn) -> bytes:
+    """Requests every reading of RFC 9112 accepts: varied fields, targets and body framings."""
+    method = draw(st.sampled_from([b"GET", b"POST", b"PUT", b"DELETE", b"PATCH", b"OPTIONS"]))
+    target = draw(st.sampled_from([b"/", b"/v1/chat/completions", b"/a?b=c&d", b"http://h:8/p?q", b"/%7Ex"]))
+    fields = [(b"Host", b"edge.example")]
+    fields += [
+        (n.encode(), v.strip(" \t").encode())
+        for n, v in draw(st.lists(st.tuples(_TOKEN, _VALUE), max_size=4))
+        if n.lower() not in ("host", "content-length", "transfer-encoding", "connection", "upgrade", "expect")
+    ]
+    body = draw(st.binary(max_size=40))
+    if draw(st.booleans()):
+        cuts = sorted(set(draw(st.lists(st.integers(0, len(body)), max_size=3))) | {0, len(body)})
+        chunks = [body[a:b] for a, b in itertools.pairwise(cuts) if b > a]
+        fields.append((b"Transfer-Encoding", b"chunked"))
+        payload = b"".join(b"%x\r\n%b\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    else:
+        fields.append((b"Content-Length", b"%d" % len(body)))
+        payload = body
+    head = b"%b %b HTTP/1.1\r\n" % (method, target) + b"".join(b"%b: %b\r\n" % f for f in fields)
+    return head + b"\r\n" + payload
+
+
+@pytest.mark.req("http-framing")
+@settings(max_examples=300, deadline=None)
+@given(data=well_formed())
+def test_well_formed_requests_are_read_alike(data: bytes) -> None:
+    """Every well-formed request: both accept it and read the same method, target, fields and body."""
+    ours = read_with_iop_http(data)
+    theirs = read_with_h11(data)
+    assert ours is not None and theirs is not None, data
+    assert (ours[0], ours[1], ours[3]) == (theirs[0], theirs[1], theirs[3]), data
+    assert _folded(ours[2]) == _folded(theirs[2]), data
 
 
 @pytest.mark.req("http-framing")
