@@ -307,10 +307,14 @@ class RequestReader:
             self._refuse(_TOO_LARGE)
             return True
         head = bytes(pending[self._fed : end])
+        first = bytes(pending[:4])
         del pending[:end]
         self._fed = 0
         self._size = end
+        self._in_head = True
         self._execute(head)
+        if self._in_head and self._state == _HEAD:  # llhttp wants more than a head: HTTP/2's preface
+            self._refuse(_VERSION if first == b"PRI " else _MALFORMED_HEAD)
         return True
 
     def _read_chunks(self) -> bool:
