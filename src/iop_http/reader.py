@@ -16,7 +16,7 @@ sign or past 2**64, data longer than its size). Ours, at headers-complete:
 
 - the target is a path (origin form), ``*`` for ``OPTIONS``, or an
   ``http``/``https`` URL (absolute form, routed by its path and query); anything else 400;
-- the version is 1.0 or 1.1 (else 505);
+- the protocol is HTTP (llhttp also reads ``RTSP/1.0``: 400) and the version 1.0 or 1.1 (else 505);
 - HTTP/1.1 requests carry exactly one ``Host``, HTTP/1.0 at most one, well formed (400);
 - ``Content-Length`` has at most 18 digits (400);
 - ``Transfer-Encoding`` other than a single ``chunked`` is 501, in HTTP/1.0 400;
@@ -200,6 +200,7 @@ class RequestReader:
         "_size",
         "_keep_alive",
         "_fed",
+        "_protocol",
     )
 
     def __init__(self, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
@@ -214,6 +215,7 @@ class RequestReader:
         self._complete = False  # llhttp completed the message in the bytes just fed
         self._keep_alive = True
         self._fed = 0  # the bytes of a head not whole yet already fed to llhttp (its errors come early)
+        self._protocol = b""  # the end of the request line: llhttp also reads RTSP/x.y and ICE/x.y
         self._reset()
 
     def __repr__(self) -> str:
@@ -308,6 +310,8 @@ class RequestReader:
             return True
         head = bytes(pending[self._fed : end])
         first = bytes(pending[:4])
+        line_end = pending.find(b"\r\n")
+        self._protocol = bytes(pending[max(0, line_end - 9) : line_end])  # " HTTP/x.y", the line's end
         del pending[:end]
         self._fed = 0
         self._size = end
@@ -395,6 +399,8 @@ class RequestReader:
         self._in_head = False
         parser = self._parser
         method = parser.get_method()
+        if self._protocol[:6] != b" HTTP/":
+            raise _Refused(_BAD_REQUEST_LINE)  # RTSP/1.0, say: llhttp reads it as HTTP
         version = parser.get_http_version().encode("ascii")
         if version not in (b"1.1", b"1.0"):
             raise _Refused(_VERSION)
