@@ -16,7 +16,8 @@ sign or past 2**64, data longer than its size). Ours, at headers-complete:
 
 - the target is a path (origin form), ``*`` for ``OPTIONS``, or an
   ``http``/``https`` URL (absolute form, routed by its path and query); anything else 400;
-- the protocol is HTTP (llhttp also reads ``RTSP/1.0``: 400) and the version 1.0 or 1.1 (else 505);
+- the request line is exactly ``method SP target SP HTTP/x.y`` (llhttp also takes ``RTSP/1.0``
+  and several spaces: 400), the version 1.0 or 1.1 (else 505);
 - HTTP/1.1 requests carry exactly one ``Host``, HTTP/1.0 at most one, well formed (400);
 - ``Content-Length`` has at most 18 digits (400);
 - ``Transfer-Encoding`` other than a single ``chunked`` is 501, in HTTP/1.0 400;
@@ -200,7 +201,7 @@ class RequestReader:
         "_size",
         "_keep_alive",
         "_fed",
-        "_protocol",
+        "_line",
     )
 
     def __init__(self, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
@@ -215,7 +216,7 @@ class RequestReader:
         self._complete = False  # llhttp completed the message in the bytes just fed
         self._keep_alive = True
         self._fed = 0  # the bytes of a head not whole yet already fed to llhttp (its errors come early)
-        self._protocol = b""  # the end of the request line: llhttp also reads RTSP/x.y and ICE/x.y
+        self._line = b""  # the request line of the head being read
         self._reset()
 
     def __repr__(self) -> str:
@@ -311,7 +312,7 @@ class RequestReader:
         head = bytes(pending[self._fed : end])
         first = bytes(pending[:4])
         line_end = pending.find(b"\r\n")
-        self._protocol = bytes(pending[max(0, line_end - 9) : line_end])  # " HTTP/x.y", the line's end
+        self._line = bytes(pending[:line_end])
         del pending[:end]
         self._fed = 0
         self._size = end
@@ -399,12 +400,15 @@ class RequestReader:
         self._in_head = False
         parser = self._parser
         method = parser.get_method()
-        if self._protocol[:6] != b" HTTP/":
+        line = self._line
+        if line[-9:-3] != b" HTTP/":
             raise _Refused(_BAD_REQUEST_LINE)  # RTSP/1.0, say: llhttp reads it as HTTP
         version = parser.get_http_version().encode("ascii")
         if version not in (b"1.1", b"1.0"):
             raise _Refused(_VERSION)
         target = self._url
+        if line != b"%b %b HTTP/%b" % (method, target, version):
+            raise _Refused(_BAD_REQUEST_LINE)  # not method SP target SP version: llhttp takes "GET  /"
         path = _routed(method, target)
         if path is None:
             raise _Refused(_BAD_TARGET)

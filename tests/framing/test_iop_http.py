@@ -144,6 +144,7 @@ def test_the_reader_reads_pipelined_requests_only_as_far_as_asked() -> None:
         (b"GET / HTTP/2.0\r\nhost: x\r\n\r\n", 505),  # llhttp takes it
         (b"PRI * HTTP/2.0\r\n\r\n", 505),  # HTTP/2's preface: llhttp pauses on it
         (b"GET / RTSP/1.0\r\nhost: x\r\n\r\n", 400),  # llhttp reads RTSP too
+        (b"GET  / HTTP/1.1\r\nhost: x\r\n\r\n", 400),  # llhttp takes several spaces
         (b"GET * HTTP/1.1\r\nhost: x\r\n\r\n", 400),  # llhttp takes it
         (b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1234567890123456789\r\n\r\n", 400),
         (b"POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n", 400),
