@@ -217,6 +217,7 @@ class RequestReader:
         self._keep_alive = True
         self._fed = 0  # the bytes of a head not whole yet already fed to llhttp (its errors come early)
         self._line = b""  # the request line of the head being read
+        self._size = 0  # the length of the head being read
         self._reset()
 
     def __repr__(self) -> str:
@@ -232,7 +233,6 @@ class RequestReader:
         self._connection: list[bytes] = []
         self._expect = False
         self._upgrade = False
-        self._size = 0
 
     @property
     def buffered(self) -> int:

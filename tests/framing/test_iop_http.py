@@ -45,6 +45,7 @@ def test_an_accepted_head_carries_its_framing_and_route() -> None:
         True,
     )
     assert head.headers[0] == (b"host", b"edge")
+    assert head.size == 132  # every byte through the empty line
     chunked = accept_head(b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: Chunked\r\n\r\n")
     assert isinstance(chunked, RequestHead) and chunked.length == CHUNKED and chunked.keep_alive
 
