@@ -341,18 +341,25 @@ class Responder:
         await self._send({"type": "http.response.body", "body": response.body, "more_body": False})
 
     async def reject(self, rejection: RequestRejected) -> None:
-        """Answer with an error: a JSON response, or a final SSE error event mid-stream."""
+        """Answer with an error: a JSON response, or a final SSE error event mid-stream.
+
+        Shielded, for at most :data:`REJECT_BOUND_S`: the answer goes out even when the request's
+        scope is cancelled as it is written (a leader stepping down just as a node refuses its run
+        as ``stale_epoch``: found by the seeded simulation's Edge replicas). Without the shield the
+        response was marked finished and never sent, and the client got nothing.
+        """
         if self.finished:
             return
         if rejection.read_after is not None:
             self._scope[PAUSE_READING] = rejection.read_after
-        if not self.started:
-            head, body = _canned(rejection)
-            self.started = self.finished = True
-            await self._send({"type": "http.response.start", "status": rejection.status, "headers": head})
-            await self._send({"type": "http.response.body", "body": body, "more_body": False})
-        else:
-            await self.finish(b"data: " + rejection.body() + b"\n\n")
+        with trio.CancelScope(shield=True), trio.move_on_after(REJECT_BOUND_S):
+            if not self.started:
+                head, body = _canned(rejection)
+                self.started = self.finished = True
+                await self._send({"type": "http.response.start", "status": rejection.status, "headers": head})
+                await self._send({"type": "http.response.body", "body": body, "more_body": False})
+            else:
+                await self.finish(b"data: " + rejection.body() + b"\n\n")
 
 
 @final
@@ -823,6 +830,9 @@ def _finite_float(text: str) -> float:
         raise ValueError(f"number {text[:30]} is out of range")
     return value
 
+
+REJECT_BOUND_S = 1.0
+"""How long an error answer may take to write, shielded from the request's cancellation (:meth:`Responder.reject`)."""
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 """The request body's decoder, built once (``json.loads`` with hooks builds one per call)."""
