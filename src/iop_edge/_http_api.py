@@ -1,4 +1,4 @@
-"""The Edge's HTTP API: a raw ASGI app served by the Edge's own h11 listener (``_http_server``).
+"""The Edge's HTTP API: a raw ASGI app served by the Edge's own HTTP/1.1 listener (``_http_server``).
 
 Endpoints (contract: ``docs/openai-api.md``): ``GET /v1/models``, ``POST
 /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
@@ -37,6 +37,8 @@ from iop_admission import (
 )
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
+from ._asgi import last_value as _last
+from ._asgi import watch_disconnect as _watch_disconnect
 from ._failover import AttemptFailed, serve_with_failover
 from ._head_refusal import HeadRefusal
 from ._http_cycle import CONNECTION, PAUSE_READING, ConnectionHooks
@@ -906,20 +908,6 @@ def _framing(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> list[tuple[
 
 def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
-def _last(query: dict[str, list[str]], name: str) -> str | None:
-    values = query.get(name)
-    return values[-1] if values else None
-
-
-async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` when the client goes away."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
