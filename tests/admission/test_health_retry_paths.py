@@ -475,3 +475,25 @@ def test_refresh_leaving_a_queued_retry_no_untried_candidate_fails_it(pool, prep
     assert (retried.error.model, retried.error.long) == (BIG, long)
     assert core.queue_depth == 0
     core.release(second)
+
+
+@pytest.mark.req("outlier-ejection")
+def test_failure_of_a_probe_released_without_report_ejects_nothing(pool):
+    """gpu0's probe is released without a report, so the next grant probes again; a failure
+    reported afterwards for that first probe is not the current probe's: gpu0 is not ejected
+    again, and its next probe (the second) still decides."""
+    config = attrs.evolve(pool.two_nodes(gpu1=pool.spec(priority=-1)), outlier=OutlierPolicy(1, 1.0, 4.0))
+    core = _core(config)
+    first = _lease(core.request(BIG, False, 0.0))
+    core.release(first)
+    core.report_failure(first, 0.0)
+    core.advance(1.0)
+    probe = _lease(core.request(BIG, False, 1.0))
+    core.release(probe)
+    assert core.report_failure(probe, 1.0) == []
+    second = _lease(core.request(BIG, False, 1.0))
+    assert (second.provider, second.probe) == (pool.gpu0, True)
+    core.release(second)
+    again = _lease(core.request(BIG, False, 1.0))
+    assert (again.provider, again.probe) == (pool.gpu0, True)
+    assert core.report_failure(again, 1.0) != []
