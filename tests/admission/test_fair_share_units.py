@@ -1,0 +1,112 @@
+"""Example tests of FairShare's bookkeeping that the fairness machine reaches rarely or not at all.
+
+Each pins a figure the mutation run (docs/reliability.md) found unchecked: an at-once
+grant (``admit``) charges what ``enqueue`` then ``grant`` would; ``settle`` moves the
+tag by ``delta / weight`` and records the cost; a weight change rescales the lead;
+the heap's compaction keeps the live entries.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from iop_admission import TenantSpec
+from iop_admission.core import FairShare
+
+
+def _order(core: FairShare, count: int) -> list[str]:
+    out = []
+    for _ in range(count):
+        ticket = core.grant()
+        assert ticket is not None
+        out.append(ticket.tenant)
+    return out
+
+
+@pytest.mark.req("tenant-fair-share")
+@pytest.mark.parametrize("at_once", [True, False])
+def test_admit_charges_what_enqueue_then_grant_would(at_once: bool) -> None:
+    """b (weight 2) is served twice while a idles; then a's grant -- at once or queued -- starts
+    at the band's virtual time (idle time banks no credit) and costs 3 / 2 of b's per unit."""
+    core = FairShare([TenantSpec("a", weight=1), TenantSpec("b", weight=2)])
+    for n in range(2):
+        core.enqueue("b", f"b{n}", cost=3.0)
+    assert _order(core, 2) == ["b", "b"]
+    if at_once:
+        ticket = core.admit("a", "a0", cost=3.0, seq=7)
+    else:
+        ticket, _ = core.enqueue("a", "a0", cost=3.0, seq=7)
+        assert core.grant() is ticket
+    assert (ticket.tenant, ticket.item, ticket.cost, ticket.seq, ticket.granted, ticket.charged) == (
+        "a",
+        "a0",
+        3.0,
+        7,
+        True,
+        3.0,
+    )
+    assert (core.served("a"), core.grants("a"), core.in_flight("a")) == (3.0, 1, 1)
+    for n in range(4):
+        core.enqueue("a", f"a{n + 1}", cost=1.0)
+        core.enqueue("b", f"b{n + 2}", cost=1.0)
+    # a started at V = 1.5 (b's second start), so its tag is 4.5; b's is 3.0 and moves by 0.5.
+    assert _order(core, 8) == ["b", "b", "b", "a", "b", "a", "a", "a"]
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_admit_counts_every_grant_and_its_cost() -> None:
+    core = FairShare([TenantSpec("a")])
+    for n in range(3):
+        core.admit("a", n, cost=2.5)
+    assert (core.served("a"), core.grants("a"), core.in_flight("a")) == (7.5, 3, 3)
+    default = core.admit("a", "x")
+    assert (default.cost, default.seq) == (1.0, 0)
+
+
+@pytest.mark.req("tenant-token-cost")
+def test_settle_moves_the_tag_by_the_difference_over_the_weight() -> None:
+    """a (weight 2) reserved 2 and used 10: its tag moves by 8 / 2 = 4, so b (weight 1), from the
+    same start, is served four times before a again; the ticket records the cost it used."""
+    core = FairShare([TenantSpec("a", weight=2), TenantSpec("b", weight=1)])
+    first, _ = core.enqueue("a", "a0", cost=2.0)
+    assert core.grant() is first
+    core.settle(first, 10.0)
+    assert first.charged == 10.0
+    assert core.served("a") == 10.0
+    core.settle(first, 10.0)
+    assert core.served("a") == 10.0
+    core.enqueue("a", "a1")
+    for n in range(6):
+        core.enqueue("b", f"b{n}")
+    # a's tag: 0 + 2 / 2 + 8 / 2 = 5; b starts at V = 0 and moves by 1; at 5 a's earlier arrival wins.
+    assert _order(core, 7) == ["b", "b", "b", "b", "b", "a", "b"]
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_weight_change_rescales_the_lead_over_the_band() -> None:
+    """a is 4 ahead of its band's virtual time at weight 1; at weight 4 the lead is 1, so a
+    newcomer b (weight 1) is served once before a, not four times, then they alternate by tag."""
+    core = FairShare([TenantSpec("a"), TenantSpec("b")])
+    core.admit("a", "a0", cost=4.0)
+    core.enqueue("a", "a1", cost=4.0)
+    assert core.grant() is not None  # a's start 4 is now the band's time; its tag 8
+    core.configure([TenantSpec("a", weight=4), TenantSpec("b")])
+    for n in range(4):
+        core.enqueue("b", f"b{n}")
+        core.enqueue("a", f"a{n + 2}")
+    # a's tag: 4 + 4 * 1 / 4 = 5, then + 1 / 4 per grant; b's: 4, then + 1 (a wins the tie at 5).
+    assert _order(core, 6) == ["b", "a", "b", "a", "a", "a"]
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_heap_compaction_keeps_the_live_entries() -> None:
+    """Many re-keys (each settle pushes a fresh heap entry) trigger the heap's compaction; the
+    tenants with waiters are still served afterwards, in tag order."""
+    core = FairShare([TenantSpec("a"), TenantSpec("b")])
+    held = core.admit("a", "a0")
+    core.enqueue("a", "a1")
+    core.enqueue("b", "b0")
+    for _ in range(200):
+        core.settle(held, 1.0)
+    assert _order(core, 2) == ["b", "a"]
+    assert core.grant() is None
