@@ -497,3 +497,15 @@ def test_failure_of_a_probe_released_without_report_ejects_nothing(pool):
     again = _lease(core.request(BIG, False, 1.0))
     assert (again.provider, again.probe) == (pool.gpu0, True)
     assert core.report_failure(again, 1.0) != []
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_retry_goes_to_the_untried_candidate_with_the_lowest_load_ratio(pool):
+    """A retry chooses by a scan of its own candidates: equal priority, so the lowest
+    ``in_flight / capacity`` wins -- gpu1 at 1 / 4, not gpu2 at 1 / 2 (which holds fewer slots)."""
+    core = _core(_three(pool, pool.spec(priority=1), pool.spec(4), pool.spec(2)))
+    first, second, third = (_lease(core.request(BIG, False, 0.0)) for _ in range(3))
+    assert (first.provider, second.provider, third.provider) == (pool.gpu0, GPU2, pool.gpu1)
+    core.release(first)
+    retried = _lease(core.retry(first, 1.0))
+    assert retried.provider == pool.gpu1
