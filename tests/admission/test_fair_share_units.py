@@ -110,3 +110,17 @@ def test_heap_compaction_keeps_the_live_entries() -> None:
         core.settle(held, 1.0)
     assert _order(core, 2) == ["b", "a"]
     assert core.grant() is None
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_choose_names_the_next_grant_without_granting_it() -> None:
+    """``choose`` is ``grant``'s choice, predicate included, and leaves the order as it was."""
+    core = FairShare([TenantSpec("a"), TenantSpec("b")])
+    a0, _ = core.enqueue("a", "a0")
+    b0, _ = core.enqueue("b", "b0")
+    assert core.choose(lambda item: item != "a0") is b0
+    assert core.choose(lambda item: True) is a0
+    assert core.choose(lambda item: True) is a0
+    assert not a0.granted and core.in_flight("a") == 0
+    assert core.grant() is a0
+    assert core.choose(lambda item: True) is b0
