@@ -509,3 +509,15 @@ def test_retry_goes_to_the_untried_candidate_with_the_lowest_load_ratio(pool):
     core.release(first)
     retried = _lease(core.retry(first, 1.0))
     assert retried.provider == pool.gpu1
+
+
+@pytest.mark.req("outlier-ejection")
+def test_panic_models_names_models_in_panic_for_normal_requests(pool):
+    """FAST's only candidate, gpu0, runs no long requests and is ejected: FAST is in panic mode
+    (for the requests it can run), BIG (gpu1 still admits) is not."""
+    config = attrs.evolve(pool.two_nodes(gpu0=pool.spec(1, 0)), outlier=OutlierPolicy(1, 10.0, 10.0))
+    core = _core(config)
+    lease = _lease(core.request(FAST, False, 0.0))
+    core.release(lease)
+    assert [type(d) for d in core.report_failure(lease, 0.0)] == [Ejected]
+    assert core.panic_models() == (FAST,)
