@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from iop_admission import TenantSpec
+from iop_admission import TenantLimitExceeded, TenantSpec
 from iop_admission.core import FairShare
 
 
@@ -124,3 +124,47 @@ def test_choose_names_the_next_grant_without_granting_it() -> None:
     assert not a0.granted and core.in_flight("a") == 0
     assert core.grant() is a0
     assert core.choose(lambda item: True) is b0
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_admit_charges_cost_over_weight() -> None:
+    """a (weight 4) granted at once for cost 2 is at tag 0.5: b, at 0, then a, then b again."""
+    core = FairShare([TenantSpec("a", weight=4), TenantSpec("b")])
+    core.admit("a", "a0", cost=2.0)
+    core.enqueue("b", "b0")
+    core.enqueue("b", "b1")
+    core.enqueue("a", "a1")
+    assert _order(core, 3) == ["b", "a", "b"]
+
+
+@pytest.mark.req("tenant-token-cost")
+def test_a_refund_does_not_move_the_tag_behind_the_band_time() -> None:
+    """a reserved 10 and used nothing while b was served five times (the band's time is 4); a
+    has waiters when the refund comes: its tag goes back to 4, not 0, so a and b alternate
+    instead of a being served first three times."""
+    core = FairShare([TenantSpec("a"), TenantSpec("b")])
+    held = core.admit("a", "a0", cost=10.0)
+    for n in range(5):
+        core.enqueue("b", f"b{n}")
+    assert _order(core, 5) == ["b"] * 5
+    for n in range(3):
+        core.enqueue("b", f"b{n + 5}")
+    for n in range(3):
+        core.enqueue("a", f"a{n + 1}")  # a is backlogged: its next enqueue will not lift its tag
+    core.settle(held, 0.0)
+    assert core.served("a") == 0.0
+    # a at 4 is served first; then each tie goes to b, whose waiters arrived first.
+    assert _order(core, 6) == ["a", "b", "a", "b", "a", "b"]
+
+
+@pytest.mark.req("tenant-quotas")
+@pytest.mark.parametrize(("priority", "limit"), [(0, "queue"), (-1, "shed")])
+def test_full_queue_refusal_names_the_tenant_the_limit_and_its_size(priority: int, limit: str) -> None:
+    """With the whole queue full and nothing of a lower negative band to shed, a newcomer is
+    refused: ``queue`` for a band >= 0, ``shed`` for a negative one; the error names both."""
+    core = FairShare([TenantSpec("a", priority=priority), TenantSpec("b")], queue_limit=2)
+    core.enqueue("b", "b0")
+    core.enqueue("b", "b1")
+    with pytest.raises(TenantLimitExceeded) as refused:
+        core.enqueue("a", "a0")
+    assert (refused.value.tenant, refused.value.limit, refused.value.value) == ("a", limit, 2)
