@@ -63,7 +63,7 @@ def test_admit_counts_every_grant_and_its_cost() -> None:
     assert (default.cost, default.seq) == (1.0, 0)
 
 
-@pytest.mark.req("tenant-token-cost")
+@pytest.mark.req("tenant-fair-share")
 def test_settle_moves_the_tag_by_the_difference_over_the_weight() -> None:
     """a (weight 2) reserved 2 and used 10: its tag moves by 8 / 2 = 4, so b (weight 1), from the
     same start, is served four times before a again; the ticket records the cost it used."""
@@ -137,7 +137,7 @@ def test_admit_charges_cost_over_weight() -> None:
     assert _order(core, 3) == ["b", "a", "b"]
 
 
-@pytest.mark.req("tenant-token-cost")
+@pytest.mark.req("tenant-fair-share")
 def test_a_refund_does_not_move_the_tag_behind_the_band_time() -> None:
     """a reserved 10 and used nothing while b was served five times (the band's time is 4); a
     has waiters when the refund comes: its tag goes back to 4, not 0, so a and b alternate
@@ -157,7 +157,7 @@ def test_a_refund_does_not_move_the_tag_behind_the_band_time() -> None:
     assert _order(core, 6) == ["a", "b", "a", "b", "a", "b"]
 
 
-@pytest.mark.req("tenant-quotas")
+@pytest.mark.req("tenant-fair-share")
 @pytest.mark.parametrize(("priority", "limit"), [(0, "queue"), (-1, "shed")])
 def test_full_queue_refusal_names_the_tenant_the_limit_and_its_size(priority: int, limit: str) -> None:
     """With the whole queue full and nothing of a lower negative band to shed, a newcomer is

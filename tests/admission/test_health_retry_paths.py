@@ -523,7 +523,7 @@ def test_panic_models_names_models_in_panic_for_normal_requests(pool):
     assert core.panic_models() == (FAST,)
 
 
-@pytest.mark.req("outlier-ejection", "long-state")
+@pytest.mark.req("outlier-ejection")
 def test_long_request_in_panic_when_its_only_long_candidate_is_ejected(pool):
     """BIG's long requests can run on gpu1 only (gpu0 has no long slot): gpu1 ejected, a long
     request is in panic mode of the index and granted on gpu1 at once, though gpu0 admits."""
@@ -539,7 +539,7 @@ def test_long_request_in_panic_when_its_only_long_candidate_is_ejected(pool):
     assert (panic.provider, panic.long, panic.probe) == (pool.gpu1, True, False)
 
 
-@pytest.mark.req("outlier-ejection", "long-state")
+@pytest.mark.req("outlier-ejection")
 def test_long_request_not_in_panic_while_a_long_candidate_admits(pool):
     """gpu0 admits but its long slot is taken; gpu1 is ejected with long slots free: not panic
     mode for long requests, so the next one waits for gpu0 instead of going to gpu1."""
@@ -557,7 +557,7 @@ def test_long_request_not_in_panic_while_a_long_candidate_admits(pool):
     assert grant.waiter is waiter and grant.lease.provider == pool.gpu0
 
 
-@pytest.mark.req("failover-before-first-byte", "snapshot-source")
+@pytest.mark.req("failover-before-first-byte")
 def test_queued_retries_sharing_a_candidate_both_count_in_its_pressure(pool):
     """Two queued retries whose untried candidates both include gpu1 count twice in gpu1's
     ``queued`` (candidate pressure), once in gpu2's and gpu0's."""

@@ -42,7 +42,7 @@ def _grants(decisions: list[object]) -> list[tuple[Waiter, ProviderKey]]:
     return [(d.waiter, d.lease.provider) for d in decisions if isinstance(d, Granted)]
 
 
-@pytest.mark.req("tenant-quotas", "disconnect-exclusion")
+@pytest.mark.req("tenant-quotas")
 def test_disconnect_fencing_a_tenants_lease_grants_its_waiter_elsewhere() -> None:
     state, held, waiting = _held_and_waiting()
     ok, decisions = state.disconnect("node-a", state.generation("node-a"))
@@ -50,7 +50,7 @@ def test_disconnect_fencing_a_tenants_lease_grants_its_waiter_elsewhere() -> Non
     assert _grants(decisions) == [(waiting, B)]
 
 
-@pytest.mark.req("tenant-quotas", "refresh-consistency")
+@pytest.mark.req("tenant-quotas")
 def test_release_on_a_removed_provider_grants_the_tenants_waiter_elsewhere() -> None:
     state, held, waiting = _held_and_waiting()
     assert _grants(state.refresh(_config(with_a=False))) == []
