@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from iop_admission import TenantLimitExceeded, TenantSpec
+from iop_admission import ConfigError, TenantLimitExceeded, TenantSpec
 from iop_admission.core import FairShare
 
 
@@ -168,3 +168,86 @@ def test_full_queue_refusal_names_the_tenant_the_limit_and_its_size(priority: in
     with pytest.raises(TenantLimitExceeded) as refused:
         core.enqueue("a", "a0")
     assert (refused.value.tenant, refused.value.limit, refused.value.value) == ("a", limit, 2)
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_tenant_spec_lists_every_problem() -> None:
+    with pytest.raises(ConfigError) as bad:
+        TenantSpec("", weight=0, max_in_flight=0)
+    assert bad.value.problems == (
+        "tenant name must not be empty",
+        "tenant '': weight must be > 0",
+        "tenant '': max_in_flight must be >= 1",
+    )
+
+
+@pytest.mark.req("tenant-fair-share")
+@pytest.mark.parametrize("holds", ["queue", "lease", "both"])
+def test_tenant_dropped_from_the_config_keeps_its_waiters_and_leases(holds: str) -> None:
+    """x leaves the config while it has a waiter, a lease or both: it stays, under the default
+    tenant's spec and its own name, until they leave; a tenant with neither is gone at once."""
+    core = FairShare([TenantSpec("x", weight=5, max_in_flight=3), TenantSpec("idle")])
+    held = core.admit("x", "x0") if holds in ("lease", "both") else None
+    waiting = core.enqueue("x", "x1")[0] if holds in ("queue", "both") else None
+    core.configure([TenantSpec("default", weight=2)])
+    assert core.tenants() == ["x", "default"]
+    assert core.spec("x") == TenantSpec("x", weight=2)
+    if waiting is not None:
+        assert core.grant() is waiting
+    if held is not None:
+        core.release(held)
+    assert core.in_flight("x") == (1 if waiting is not None else 0)
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_release_counts_once_and_only_granted_tickets() -> None:
+    core = FairShare([TenantSpec("a", max_in_flight=1)])
+    held = core.admit("a", "a0")
+    queued, _ = core.enqueue("a", "a1")
+    core.release(queued)  # not granted: nothing to free
+    assert core.in_flight("a") == 1
+    assert core.grant() is None  # a is at its max_in_flight
+    core.release(held)
+    core.release(held)
+    assert core.in_flight("a") == 0
+    assert core.grant() is queued
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_shedding_takes_the_newest_waiter_of_the_lowest_negative_band_below() -> None:
+    """Under a full queue a newcomer evicts the newest waiter of the lowest negative band below
+    its own; nothing of band 0 or above is ever shed, nor anything of the newcomer's band."""
+    core = FairShare(
+        [TenantSpec("top", priority=1), TenantSpec("low", priority=-2), TenantSpec("mid", priority=-1)],
+        queue_limit=4,
+    )
+    low0, _ = core.enqueue("low", "l0")
+    low1, _ = core.enqueue("low", "l1")
+    core.enqueue("mid", "m0")
+    core.enqueue("mid", "m1")
+    assert core.enqueue("top", "t0")[1] == [low1]
+    assert core.enqueue("default", "d0")[1] == [low0]
+    with pytest.raises(TenantLimitExceeded) as refused:  # only mid (-1) is left below 0: not below -1
+        core.enqueue("mid", "m2")
+    assert refused.value.limit == "shed"
+    assert [t.item for t in core.enqueue("top", "t1")[1]] == ["m1"]
+    assert [t.item for t in core.enqueue("top", "t2")[1]] == ["m0"]
+    with pytest.raises(TenantLimitExceeded) as refused:  # bands 0 and 1 only: nothing to shed
+        core.enqueue("top", "t3")
+    assert refused.value.limit == "queue"
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_shedding_compares_bands_first_then_arrival_across_tenants() -> None:
+    """mid (-1) holds the newest waiter, lowa and lowb (-2) older ones: the lowest band goes
+    first, and within it the newest waiter of either tenant; mid's waiter last."""
+    core = FairShare(
+        [TenantSpec("mid", priority=-1), TenantSpec("lowa", priority=-2), TenantSpec("lowb", priority=-2)],
+        queue_limit=4,
+    )
+    for tenant, item in (("lowa", "a0"), ("lowb", "b0"), ("lowa", "a1"), ("mid", "m0")):
+        core.enqueue(tenant, item)
+    shed = [[t.item for t in core.enqueue("default", f"d{n}")[1]] for n in range(4)]
+    assert shed == [["a1"], ["b0"], ["a0"], ["m0"]]
+    with pytest.raises(TenantLimitExceeded):
+        core.enqueue("default", "d4")
