@@ -55,3 +55,38 @@ def test_release_on_a_removed_provider_grants_the_tenants_waiter_elsewhere() -> 
     state, held, waiting = _held_and_waiting()
     assert _grants(state.refresh(_config(with_a=False))) == []
     assert _grants(state.release(held)) == [(waiting, B)]
+
+
+def _one_slot(tenants: tuple[TenantSpec, ...]) -> PoolConfig:
+    providers = {A: ProviderSpec(capacity=1, long_context_capacity=0)}
+    return PoolConfig(
+        policy=QueuePolicy(queue_timeout=1e9),
+        providers=providers,
+        models={"m": ModelGroup(candidates=(A,))},
+        tenants=tenants,
+    )
+
+
+@pytest.mark.req("tenant-quotas")
+def test_tenants_configured_while_waiters_queue_give_them_tickets() -> None:
+    """Waiters queued before any tenant was configured are the default tenant's; a refresh that
+    configures tenants gives them tickets in arrival order (``max_queue`` does not refuse what
+    was admitted already), and a later arrival of tenant a shares with them fairly: second,
+    not last."""
+    state = AdmissionState(_one_slot(()))
+    state.connect("node-a")
+    held = state.request("m", False, 0.0)
+    assert isinstance(held, Lease)
+    queued = [state.request("m", False, 0.0) for _ in range(3)]
+    tenants = (TenantSpec("default", max_queue=1), TenantSpec("a"))
+    assert state.refresh(_one_slot(tenants)) == []
+    later = state.request("m", False, 0.0, "a")
+    assert all(isinstance(w, Waiter) for w in (*queued, later))
+    order = []
+    lease = held
+    for _ in range(4):
+        [(waiter, _provider)] = _grants(state.release(lease))
+        order.append(waiter)
+        assert waiter.lease is not None
+        lease = waiter.lease
+    assert order == [queued[0], later, queued[1], queued[2]]
