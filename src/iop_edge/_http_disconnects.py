@@ -34,7 +34,7 @@ class DisconnectWatcher:
 
     Parked between requests; :meth:`watch` wakes it to wait for the socket to
     become readable while the app runs. What it reads then (a pipelined next
-    request) goes to the connection's h11 at once, in the same step as the
+    request) goes to the connection's request reader at once, in the same step as the
     read, so the bytes keep their order whoever reads next; an end of stream
     or an error marks the connection gone and cancels the watched scope.
     :meth:`stop` (the app returned) withdraws its wait at once, so the
@@ -91,7 +91,7 @@ class DisconnectWatcher:
 def read_while_watched(connection: Watched, sock: socket.socket, watched: trio.CancelScope) -> bool:
     """Read what the client sent while its app runs (``sock`` is readable); whether to go on watching.
 
-    The bytes (a pipelined next request) go to the connection's h11 at once, so
+    The bytes (a pipelined next request) go to the connection's request reader at once, so
     they keep their order whoever reads next; past ``max_head_bytes`` of them,
     watching stops (the rest stays in the socket). An end of stream or an error
     marks the connection gone and cancels ``watched``.

@@ -91,7 +91,7 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
     clock: trio.testing.MockClock,
 ) -> None:
     """[overload-cheap-reject] The first refusal after a pause goes through the connection's task
-    (h11 parses it; the pacer remembers it by its bytes); the same bytes again are answered from the
+    (the reader reads it; the pacer remembers it by its bytes); the same bytes again are answered from the
     pacer's task, paused again each time. The same bytes no longer refused go to the app; a request
     that differs, or comes in pieces, is parsed by the connection's task; a client that leaves
     during a pause ends the connection."""
@@ -156,14 +156,14 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                     assert len(pacer.queue) == 1
                 assert await ask(other) == (429, b"full")  # ... and answered there
                 # ... up to RECHECKS times; then its task waits for the socket, and answers a
-                # remembered request the same way, without h11.
+                # remembered request the same way, without its reader.
                 for step in (1.0, *[RECHECK_AFTER] * RECHECKS):
                     clock.jump(step)
                     await trio.testing.wait_all_tasks_blocked()
                 assert len(pacer.queue) == 0
-                parser = connection.h11
+                assert connection.reader.at_rest
                 assert await ask(other) == (429, b"full")
-                assert connection.h11 is parser and len(pacer.queue) == 1
+                assert connection.reader.at_rest and len(pacer.queue) == 1  # the reader never saw the bytes
                 assert decided_in[8:] == ["pacer", "connection"]
                 await client.aclose()
             nursery.cancel_scope.cancel()  # the connection ended (its client left during a pause)
