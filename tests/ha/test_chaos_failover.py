@@ -44,6 +44,8 @@ KILL_AFTER = 6
 """200s served before the leader is killed."""
 ATTEMPTS = 200
 """Attempts per request at most (a failover is a few seconds of 50 ms retries)."""
+ETCD_REQUESTS = 80
+"""Requests of the etcd-kill test: the leader serves some 25 until it steps down, the rest wait out etcd's outage."""
 STANDBY_REQUESTS = 120
 """Requests of the standby-restart test: they outlast the restart (about 20/s at capacity 2)."""
 TTL_S = 2
@@ -318,11 +320,14 @@ async def test_etcd_killed_under_load_the_leader_steps_down_standbys_wait_servic
                 seen["b_ready"] = await ready(stack.http, b)
                 seen["dispatched while etcd was gone"] = (await stack.backend_stats())["total"] - served
                 await trio.to_thread.run_sync(etcd.start)  # same ports, same data dir; bounded start
-                seen["restarted"] = True
+                seen["served before the restart"] = tally.ok
 
-            tally = await load(stack, [a, b], kill_etcd_then_restart, attempts=600)
+            tally = Tally()
+            # Enough requests that some wait out the outage (the leader serves up to its step-down).
+            await load(stack, [a, b], kill_etcd_then_restart, attempts=600, requests=ETCD_REQUESTS, tally=tally)
 
-            assert seen.get("restarted"), seen
+            served_before = seen["served before the restart"]
+            assert isinstance(served_before, int) and served_before < ETCD_REQUESTS, seen  # service resumed
             step_down = seen["a"]
             assert isinstance(step_down, dict) and step_down["role"] == "standby" and step_down["step_downs"] == 1
             since, killed_at = step_down["since"], seen["killed_at"]
@@ -331,8 +336,7 @@ async def test_etcd_killed_under_load_the_leader_steps_down_standbys_wait_servic
             standby = seen["b"]
             assert isinstance(standby, dict) and standby["role"] == "standby" and standby["elections_won"] == 0, seen
             assert seen["b_ready"] == 503 and seen["dispatched while etcd was gone"] == 0, seen
-            assert tally.ok == REQUESTS, tally
-            assert 200 in {await ready(stack.http, a), await ready(stack.http, b)}
+            assert tally.ok == ETCD_REQUESTS, tally
             stats = await stack.backend_stats()
             assert stats["peak_in_flight"] <= CAPACITY, stats
             # Nothing executed twice: past the 200s, the backend saw only the runs the step-down cut
