@@ -118,7 +118,7 @@ class EdgeHa:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Campaign until cancelled (see :func:`iop_edge._election.run_election`); steps down on cancel."""
         async with self._client() as client:
-            gateway = EtcdGateway(client, self.config.endpoints)
+            gateway = EtcdGateway(client, self.config.endpoints, self.config.credentials)
             await run_election(
                 gateway,
                 self.leadership,
