@@ -104,53 +104,15 @@ async def test_sigkill_of_the_leader_under_load_the_standby_serves_without_a_new
 ) -> None:
     with trio.fail_after(120):
         async with open_stack(tmp_path) as stack:
-            await stack.start_backend(latency_ms=100)
-            a = await start_edge(stack, etcd, "edge-a")
-            await until_ready(stack.http, a, 200)
-            b = await start_edge(stack, etcd, "edge-b")
-            await until_ready(stack.http, b, 503)
+            a, b, node = await leader_and_standby(stack, etcd, latency_ms=100)
 
-            node = await start_node(stack, a, b, capacity=CAPACITY)
-
-            tally = Tally()
             killed = trio.Event()
-            edges = [a, b]
 
-            async def one_request(worker: int) -> None:
-                for attempt in range(ATTEMPTS):
-                    edge = edges[(worker + attempt) % 2] if attempt else edges[0]
-                    try:
-                        answer = await stack.http.post(
-                            f"{edge.url}/v1/chat/completions",
-                            json={"model": BIG, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
-                        )
-                    except httpx.ConnectError:
-                        tally.refused += 1
-                    except httpx.TransportError:
-                        tally.cut += 1
-                    else:
-                        if answer.status_code == 200:
-                            tally.ok += 1
-                            tally.ok_by_edge[edge.name] = tally.ok_by_edge.get(edge.name, 0) + 1
-                            if tally.ok >= KILL_AFTER and not killed.is_set():
-                                a.daemon.kill()
-                                killed.set()
-                            return
-                        if answer.status_code == 503:
-                            tally.refused += 1
-                        else:
-                            tally.other += 1
-                    await trio.sleep(0.05)  # the client's own backoff before it tries the other Edge
-                raise AssertionError(f"request not served in {ATTEMPTS} attempts: {tally}")
+            async def kill_the_leader() -> None:
+                a.daemon.kill()
+                killed.set()
 
-            async def worker(index: int) -> None:
-                while tally.done < REQUESTS:
-                    tally.done += 1
-                    await one_request(index)
-
-            async with trio.open_nursery() as nursery:
-                for index in range(WORKERS):
-                    nursery.start_soon(worker, index)
+            tally = await load(stack, [a, b], kill_the_leader)
 
             assert killed.is_set()
             assert tally.ok == REQUESTS
@@ -165,6 +127,18 @@ async def test_sigkill_of_the_leader_under_load_the_standby_serves_without_a_new
             # No lease leaks on the survivor.
             while not drained((await stack.http.get(f"{b.url}/status")).json()):
                 await trio.sleep(0.05)
+
+
+async def leader_and_standby(
+    stack: Stack, etcd: EtcdServer, *, latency_ms: int, capacity: int = CAPACITY
+) -> tuple[RunningEdge, RunningEdge, Daemon]:
+    """The mock backend, edge-a leading, edge-b standing by, and a Node registered with both."""
+    await stack.start_backend(latency_ms=latency_ms)
+    a = await start_edge(stack, etcd, "edge-a", capacity=capacity)
+    await until_ready(stack.http, a, 200)
+    b = await start_edge(stack, etcd, "edge-b", capacity=capacity)
+    await until_ready(stack.http, b, 503)
+    return a, b, await start_node(stack, a, b, capacity=capacity)
 
 
 async def start_node(stack: Stack, *edges: RunningEdge, capacity: int) -> Daemon:
@@ -186,12 +160,7 @@ async def test_a_leader_paused_past_its_ttl_dispatches_nothing_when_it_wakes(etc
     after the new leader's first grant."""
     with trio.fail_after(120):
         async with open_stack(tmp_path) as stack:
-            await stack.start_backend(latency_ms=400)
-            a = await start_edge(stack, etcd, "edge-a", capacity=1)
-            await until_ready(stack.http, a, 200)
-            b = await start_edge(stack, etcd, "edge-b", capacity=1)
-            await until_ready(stack.http, b, 503)
-            await start_node(stack, a, b, capacity=1)
+            a, b, _ = await leader_and_standby(stack, etcd, latency_ms=400, capacity=1)
 
             body = {"model": BIG, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
             old_answers: list[int | str] = []
@@ -299,12 +268,7 @@ async def test_etcd_killed_under_load_the_leader_steps_down_standbys_wait_servic
     Edge leads again and the load completes. The backend never passes capacity, nothing runs twice."""
     with trio.fail_after(50):
         async with open_stack(tmp_path) as stack:
-            await stack.start_backend(latency_ms=100)
-            a = await start_edge(stack, etcd, "edge-a")
-            await until_ready(stack.http, a, 200)
-            b = await start_edge(stack, etcd, "edge-b")
-            await until_ready(stack.http, b, 503)
-            await start_node(stack, a, b, capacity=CAPACITY)
+            a, b, _ = await leader_and_standby(stack, etcd, latency_ms=100)
             seen: dict[str, object] = {}
 
             async def kill_etcd_then_restart() -> None:
@@ -351,12 +315,7 @@ async def test_a_standby_restarted_under_load_has_no_effect_on_service(etcd: Etc
     leader at the first attempt, the node registers with the new standby, which stands by."""
     with trio.fail_after(50):
         async with open_stack(tmp_path) as stack:
-            await stack.start_backend(latency_ms=100)
-            a = await start_edge(stack, etcd, "edge-a")
-            await until_ready(stack.http, a, 200)
-            b = await start_edge(stack, etcd, "edge-b")
-            await until_ready(stack.http, b, 503)
-            node = await start_node(stack, a, b, capacity=CAPACITY)
+            a, b, node = await leader_and_standby(stack, etcd, latency_ms=100)
             restarted: list[RunningEdge] = []
 
             async def restart_standby() -> None:
