@@ -38,15 +38,24 @@ class EpochFence:
     seen: int = 0
     refused: int = 0
     _ended: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
+    _waiting: int = attrs.field(default=0, init=False, repr=False)
 
     def run_ended(self) -> None:
-        """A run of any connection gave its permit back: wake the ``in_flight`` reports (:class:`RunsElsewhere`)."""
-        self._ended.set()
-        self._ended = trio.Event()
+        """A run of any connection gave its permit back: wake the ``in_flight`` reports (:class:`RunsElsewhere`).
+
+        Every run's end calls it: without a report waiting it only reads a counter.
+        """
+        if self._waiting:
+            self._ended.set()
+            self._ended = trio.Event()
 
     async def wait_run_ended(self) -> None:
         """Until the next :meth:`run_ended`."""
-        await self._ended.wait()
+        self._waiting += 1
+        try:
+            await self._ended.wait()
+        finally:
+            self._waiting -= 1
 
     def check(self, epoch: int | None) -> None:
         """Let a run of ``epoch`` through (raising the fence to it), or refuse it. Does not checkpoint.
