@@ -9,8 +9,11 @@
   The streams write to loopback sockets that a child process reads (the Edge's socket writes
   are counted, the readers' CPU is not; no HTTP framing).
 
-- ``flood``: the stream's update delay while the overload benchmark's 5,000-client flood
-  runs against a real Edge (:func:`_under_flood`).
+- ``flood``: the stream's update delay, and the page's open latency (``GET /ui``, then a new
+  stream's first view), while the overload benchmark's 5,000-client flood runs against a
+  real Edge (:func:`_under_flood`).
+
+``python -m benchmarks.ui flood [--quick]`` runs the flood figure alone (``--quick``: a 4 s window).
 
 Every provider is full (1,000 leases held), so every waiter waits.
 """
@@ -36,7 +39,7 @@ from iop_edge import QueuePage, build_view
 from iop_edge.config import UiConfig
 
 from . import overload
-from .harness import ROOT, Daemon, HttpConnection, start_relay
+from .harness import ROOT, Daemon, HttpConnection, percentile, start_relay
 
 NODES = 1_000
 MODELS = 10
@@ -182,19 +185,75 @@ async def _viewers() -> dict[str, float]:
 
 FLOOD_CLIENTS = 5_000
 FLOOD_RETRY_S = 1.0
-FLOOD_WARMUP_S, FLOOD_DURATION_S = 3.0, 8.0
-FLOOD_INTERVAL_MS = 250
+FLOOD_WARMUP_S, FLOOD_DURATION_S = 3.0, 20.0
+FLOOD_INTERVAL_MS = 100
+OPEN_EVERY_S = 0.25
+OPEN_TIMEOUT_S = 10.0
 
 
-async def _under_flood() -> dict[str, Any]:
-    """The stream's update delay while the overload benchmark's flood runs against the Edge (its window only).
+async def _fetched(port: int, raw: bytes, answered: bytes) -> float:
+    """Seconds for ``raw`` on a new connection to be answered ``200`` with ``answered`` in its body
+    (``math.inf`` when not, or not within ``OPEN_TIMEOUT_S``)."""
+    start = time.perf_counter()
+    with trio.move_on_after(OPEN_TIMEOUT_S):
+        connection = HttpConnection("127.0.0.1", port)
+        try:
+            status, body = await connection.request(raw)
+        finally:
+            await connection.aclose()
+        if status == 200 and answered in body:
+            return time.perf_counter() - start
+    return math.inf
+
+
+async def _open_page(port: int, opens: list[tuple[float, float, float, float]]) -> None:
+    """Open the page as a new viewer does, every ``OPEN_EVERY_S``, until cancelled: ``GET /ui`` on
+    a new connection, then ``/ui/stream`` on another until its first view; and, as the
+    reference, ``GET /healthz`` on a new connection. Each open is ``(start, page_s,
+    first_view_s, healthz_s)`` (``math.inf`` for a part not answered within ``OPEN_TIMEOUT_S``
+    or refused)."""
+    page = HttpConnection.build("GET", "/ui?token=bench-viewer")
+    stream = HttpConnection.build("GET", "/ui/stream?token=bench-viewer")
+    healthz = HttpConnection.build("GET", "/healthz")
+    while True:
+        start = time.perf_counter()
+        first_s = math.inf
+        page_s = await _fetched(port, page, b"</html>")
+        first = time.perf_counter()
+        with trio.move_on_after(OPEN_TIMEOUT_S) as scope:
+            connection = HttpConnection("127.0.0.1", port)
+
+            def on_event(data: bytes) -> None:
+                if b"data: " in data:
+                    scope.cancel()
+
+            try:
+                await connection.request(stream, on_event)
+            finally:
+                await connection.aclose()
+        if scope.cancelled_caught and time.perf_counter() - first < OPEN_TIMEOUT_S:
+            first_s = time.perf_counter() - first
+        healthz_s = await _fetched(port, healthz, b"")
+        opens.append((start, page_s, first_s, healthz_s))
+        await trio.sleep(max(0.0, OPEN_EVERY_S - (time.perf_counter() - start)))
+
+
+def _p(values: list[float], q: float) -> float:
+    return percentile(sorted(values), q) * 1000 if values else math.nan
+
+
+async def _under_flood(quick: bool = False) -> dict[str, Any]:
+    """The stream's update delay and the page's open latency while the overload benchmark's
+    flood runs against the Edge (its window only).
 
     The relay and the flood are the overload benchmark's (``benchmarks/overload.py``: one
     provider of capacity 8, ``max_queue: 64``, 5,000 closed-loop clients retrying after 1 s),
-    with the page on (``update_interval_ms: 250``). A viewer in this process reads
+    with the page on (``update_interval_ms: 100``). A viewer in this process reads
     ``/ui/stream``; an event's delay is its gap from the one before minus the interval (the
     queue is full all along, and waiters age, so every interval has a new view to send).
+    Meanwhile a new viewer opens the page every 0.25 s (:func:`_open_page`).
     """
+    duration = 4.0 if quick else FLOOD_DURATION_S
     daemons: list[Daemon] = []
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="iop-ui-flood-"))
     extra = f"ui: {{enabled: true, viewer_token: bench-viewer, update_interval_ms: {FLOOD_INTERVAL_MS}}}\n"
@@ -223,22 +282,29 @@ async def _under_flood() -> dict[str, Any]:
         flood_argv = [
             sys.executable, "-m", "benchmarks.overload", "flood", "--port", str(relay.http_port),
             "--clients", str(FLOOD_CLIENTS), "--retry", str(FLOOD_RETRY_S),
-            "--warmup", str(FLOOD_WARMUP_S), "--duration", str(FLOOD_DURATION_S),
+            "--warmup", str(FLOOD_WARMUP_S), "--duration", str(duration),
         ]  # fmt: skip
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(view_stream)
-            flood = await trio.run_process(flood_argv, capture_stdout=True, cwd=str(ROOT), check=False)
-            nursery.cancel_scope.cancel()
+        opens: list[tuple[float, float, float, float]] = []
+        with trio.fail_after(FLOOD_WARMUP_S + duration + 120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(view_stream)
+                nursery.start_soon(_open_page, relay.http_port, opens)
+                flood = await trio.run_process(flood_argv, capture_stdout=True, cwd=str(ROOT), check=False)
+                nursery.cancel_scope.cancel()
         lines = flood.stdout.decode().split("\n")
         summary = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
         ready = next(line.split() for line in lines if line.startswith(overload.READY))
         begin = float(ready[1])  # the flood's window (time.perf_counter: the system's monotonic clock)
-        arrivals = [t for t in arrivals if begin <= t <= begin + FLOOD_DURATION_S]
+        arrivals = [t for t in arrivals if begin <= t <= begin + duration]
+        opens = [o for o in opens if begin <= o[0] <= begin + duration]
     finally:
         for daemon in reversed(daemons):
             daemon.stop()
     gaps = sorted(b - a for a, b in itertools.pairwise(arrivals))
     delays = [max(0.0, g - FLOOD_INTERVAL_MS / 1000) * 1000 for g in gaps]
+    pages = [o[1] for o in opens if o[1] < math.inf]
+    firsts = [o[2] for o in opens if o[2] < math.inf]
+    healthz = [o[3] for o in opens if o[3] < math.inf]
     return {
         "clients": FLOOD_CLIENTS,
         "retry_s": FLOOD_RETRY_S,
@@ -247,6 +313,19 @@ async def _under_flood() -> dict[str, Any]:
         "delay_p50_ms": delays[len(delays) // 2] if delays else math.nan,
         "delay_p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))] if delays else math.nan,
         "delay_max_ms": delays[-1] if delays else math.nan,
+        "opens": len(opens),
+        "page_failed": len(opens) - len(pages),
+        "page_p50_ms": _p(pages, 0.5),
+        "page_p99_ms": _p(pages, 0.99),
+        "page_max_ms": _p(pages, 1.0),
+        "first_view_failed": len(opens) - len(firsts),
+        "first_view_p50_ms": _p(firsts, 0.5),
+        "first_view_p99_ms": _p(firsts, 0.99),
+        "first_view_max_ms": _p(firsts, 1.0),
+        "healthz_failed": len(opens) - len(healthz),
+        "healthz_p50_ms": _p(healthz, 0.5),
+        "healthz_p99_ms": _p(healthz, 0.99),
+        "healthz_max_ms": _p(healthz, 1.0),
         "flood_ok": summary.get("ok"),
         "flood_rejected": summary.get("rejected"),
     }
@@ -279,11 +358,33 @@ def table(result: dict[str, Any]) -> str:
         f"  {v['viewers']} viewers at 1 update/s, 1,000 waiters: {v['core_pct']:.2f} % of a core"
         f" (idle loop {v['idle_core_pct']:.2f} %), {v['bytes_per_s'] / 1000:,.0f} kB/s written"
     )
-    f = result["flood"]
+    lines.extend(_flood_lines(result["flood"]))
+    return "\n".join(lines)
+
+
+def _flood_lines(f: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     lines.append(
         f"  under a flood of {f['clients']:,} clients (retry {f['retry_s']:g} s): {f['events']} stream events,"
         f" update delay beyond the {f['interval_ms']} ms interval p50 {f['delay_p50_ms']:.0f} ms,"
         f" p99 {f['delay_p99_ms']:.0f} ms, max {f['delay_max_ms']:.0f} ms"
         f" (flood: {f['flood_ok']} answered, {f['flood_rejected']} refused)"
     )
-    return "\n".join(lines)
+    lines.append(
+        f"  opening the page under that flood, {f['opens']} opens: GET /ui p50 {f['page_p50_ms']:.0f} ms,"
+        f" p99 {f['page_p99_ms']:.0f} ms, max {f['page_max_ms']:.0f} ms ({f['page_failed']} failed);"
+        f" a new stream's first view p50 {f['first_view_p50_ms']:.0f} ms, p99 {f['first_view_p99_ms']:.0f} ms,"
+        f" max {f['first_view_max_ms']:.0f} ms ({f['first_view_failed']} failed);"
+        f" reference GET /healthz (new connection, same run) p50 {f['healthz_p50_ms']:.0f} ms,"
+        f" p99 {f['healthz_p99_ms']:.0f} ms, max {f['healthz_max_ms']:.0f} ms ({f['healthz_failed']} failed)"
+    )
+    return lines
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["flood"]:
+        raise SystemExit("usage: python -m benchmarks.ui flood [--quick]   (the whole suite: python -m benchmarks ui)")
+    quick = "--quick" in sys.argv[2:]
+    figures = trio.run(_under_flood, quick)
+    print(json.dumps(figures))
+    print("\n".join(_flood_lines(figures)))

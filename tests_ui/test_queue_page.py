@@ -3,22 +3,34 @@
 [queue-page]: the page loads; a provider's in-flight count changes within 1 s of a request
 starting and ending; a request queued behind the capacity-1 provider shows with its position
 and reason and leaves when granted; a node that goes away shows offline within 1 s; the
-prompt sent is nowhere in the DOM or in the raw stream; without the token the page is refused.
-Screenshots go to ``docs/``.
+prompt sent is nowhere in the DOM or in the raw stream; without the token the page is refused;
+without tenants nothing tenant shows. Screenshots go to ``docs/``.
+
+The Edge has no ``tenants:`` key yet, so the tenant test does not start Edge and Node
+processes: it serves the Edge's own page app (:class:`iop_edge.QueuePage`) from a tiny
+hypercorn (trio) server over a real admission core configured with ``PoolConfig.tenants``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
+import trio.testing
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from e2e.harness import FAST, Requests, Stack, edge_config, node_config, open_stack, provider
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
+from iop_edge import QueuePage
+from iop_edge.config import UiConfig
 
 VIEWER = "viewer-ui-tier-sentinel"
 PROMPT = "prompt-text-c41f-must-never-show"
@@ -99,6 +111,15 @@ async def test_the_queue_page_follows_the_edge(tmp_path: Path, browser: webdrive
             (row,) = await run(waiter_rows, browser)
             assert row[1:3] == ["1", FAST]
             assert row[7] == "every live candidate is at capacity"
+            # No tenants configured: no tenant column, filter or table on the page.
+            for hidden in (
+                "#waiters th.tenant-col",
+                "#waiters td.tenant-col",
+                "#filters .tenant-col",
+                "#tenants-section",
+            ):
+                assert not await run(lambda h=hidden: browser.find_element(By.CSS_SELECTOR, h).is_displayed())
+            assert "tenant_quota" not in await run(lambda: browser.find_element(By.ID, "reasons").text)
             assert stack.http_port is not None
             raw = await raw_stream(stack.http_port, 2)
             dom = await run(lambda: browser.page_source)
@@ -120,3 +141,76 @@ async def test_the_queue_page_follows_the_edge(tmp_path: Path, browser: webdrive
             await run(browser.save_screenshot, str(DOCS / "ui-offline.png"))
             dom = await run(lambda: browser.page_source)
             assert PROMPT not in dom
+
+
+GPU0 = ProviderKey("node-a", "gpu0")
+
+
+@attrs.frozen
+class _Config:
+    ui: UiConfig
+    admin_token: str | None = None
+
+
+@attrs.frozen
+class _Parts:
+    config: _Config
+    admission: Admission
+
+
+def pool() -> PoolConfig:
+    """One provider of capacity 2 for model key ``m``; ``gold`` in a higher band, ``team-a``
+    capped at one request in flight, ``team-b`` of weight 2."""
+    return PoolConfig(
+        policy=QueuePolicy(max_queue=100, queue_timeout=1e9),
+        providers={
+            GPU0: ProviderSpec(
+                capacity=2, long_context_capacity=1, context_window_tokens=32768, total_context_tokens=32768
+            )
+        },
+        models={"m": ModelGroup(candidates=(GPU0,))},
+        tenants=(
+            TenantSpec("gold", priority=1),
+            TenantSpec("team-a", max_in_flight=1),
+            TenantSpec("team-b", weight=2.0),
+        ),
+    )
+
+
+@pytest.mark.req("queue-page")
+async def test_the_page_shows_tenants_when_the_core_has_them(browser: webdriver.Chrome) -> None:
+    admission = Admission(pool())
+    admission.connect(GPU0.node_id)
+    page = QueuePage(_Parts(_Config(UiConfig(enabled=True, viewer_token=VIEWER, update_interval_ms=250)), admission))
+    config = HypercornConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = config.errorlog = None
+
+    async def request(tenant: str) -> None:
+        async with admission.lease("m", tenant=tenant):
+            await trio.sleep_forever()
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for tenant in ("team-a", "team-b", "team-a", "team-b", "gold"):  # two run, three wait
+                nursery.start_soon(request, tenant)
+                await trio.testing.wait_all_tasks_blocked()
+            binds = await nursery.start(functools.partial(serve, page, config))
+            await run(browser.get, f"{binds[0]}/ui?token={VIEWER}")
+            await shows(browser, lambda b: len(table(b, "waiters")) == 3, 10)
+            assert [(row[6], row[7]) for row in await run(table, browser, "waiters")] == [
+                ("team-a", "its tenant is at its max_in_flight quota"),
+                ("team-b", "a higher band waits for the same providers, served first"),
+                ("gold", "every live candidate is at capacity"),
+            ]
+            for shown in ("#waiters th.tenant-col", "#filters .tenant-col", "#tenants-section"):
+                assert await run(lambda s=shown: browser.find_element(By.CSS_SELECTOR, s).is_displayed())
+            tenants = {row[0]: row[1:] for row in await run(table, browser, "tenants")}
+            assert tenants == {
+                "gold": ["1", "1", "1", "0 / ∞", "∞", "0.0 %"],
+                "team-a": ["0", "1", "1", "1 / 1", "∞", "50.0 %"],
+                "team-b": ["0", "2", "1", "1 / ∞", "∞", "50.0 %"],
+                "default": ["0", "1", "0", "0 / ∞", "∞", "0.0 %"],
+            }
+            await run(browser.save_screenshot, str(DOCS / "ui-tenants.png"))
+            nursery.cancel_scope.cancel()

@@ -22,7 +22,8 @@ class WaiterSnapshot(NamedTuple):
     granted once one of their candidates has room. ``order`` is the 1-based
     place in the whole queue (all model keys). ``age`` is the seconds since it
     was queued, ``candidates`` the providers it may still use, in preference
-    order (a retry excludes the providers it already tried).
+    order (a retry excludes the providers it already tried). ``tenant`` is the
+    tenant it is charged to ([tenant-fair-share]; ``"default"`` without tenants).
     """
 
     seq: int
@@ -33,6 +34,7 @@ class WaiterSnapshot(NamedTuple):
     age: float
     attempt: int
     candidates: tuple[ProviderKey, ...]
+    tenant: str = "default"
 
 
 def waiter_snapshots(
@@ -53,7 +55,9 @@ def waiter_snapshots(
         candidates = w.candidates if w.tried or model not in shared else shared[model]
         age = now - w.enqueue_time
         found.append(
-            WaiterSnapshot(w.seq, order, position, model, long, age if age > 0 else 0.0, w.attempt, candidates)
+            WaiterSnapshot(
+                w.seq, order, position, model, long, age if age > 0 else 0.0, w.attempt, candidates, w.tenant
+            )
         )
     return tuple(found)
 

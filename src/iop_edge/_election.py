@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 import trio
 
-from ._etcd import EtcdGateway, EtcdUnavailable
+from ._etcd import EtcdUnavailable, KeyHolder
 from ._leadership import Leadership
 
 log = logging.getLogger("iop_edge.ha")
@@ -37,8 +38,25 @@ REVOKE_BOUND_S = 1.0
 """How long a step-down waits for etcd to revoke its lease (best effort)."""
 
 
+class ElectionStore(Protocol):
+    """The calls the election makes: :class:`~iop_edge._etcd.EtcdGateway` on etcd, or a stand-in.
+
+    Each checkpoints and raises :class:`~iop_edge._etcd.EtcdUnavailable` when the store does not
+    answer. The seeded simulation (``tests/sim/_ha.py``) passes an in-memory one to
+    :meth:`iop_edge.ha.EdgeHa.campaign`.
+    """
+
+    async def grant(self, ttl: int) -> int: ...
+
+    async def keepalive(self, lease: int) -> int: ...
+
+    async def revoke(self, lease: int) -> None: ...
+
+    async def create(self, key: str, value: str, lease: int) -> tuple[bool, KeyHolder | None]: ...
+
+
 async def run_election(
-    gateway: EtcdGateway,
+    gateway: ElectionStore,
     leadership: Leadership,
     key: str,
     *,
@@ -83,7 +101,7 @@ async def run_election(
 class _Campaign:
     """A standby's lease and its attempts at the election key."""
 
-    gateway: EtcdGateway
+    gateway: ElectionStore
     leadership: Leadership
     key: str
     lease: int | None = None
@@ -137,7 +155,7 @@ class _Campaign:
                 pass
 
 
-async def _lead(gateway: EtcdGateway, leadership: Leadership, lease: int | None, renew_every: float) -> int | None:
+async def _lead(gateway: ElectionStore, leadership: Leadership, lease: int | None, renew_every: float) -> int | None:
     """Renew ``lease`` until this Edge must stop leading; returns the lease to keep, if any.
 
     Checkpoints; the renewals are cut at the leader's own deadline, so a call

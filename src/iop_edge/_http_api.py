@@ -37,6 +37,8 @@ from iop_admission import (
 )
 from iop_wire import Run, RunData, RunEnd, RunEvent
 
+from ._asgi import last_value as _last
+from ._asgi import watch_disconnect as _watch_disconnect
 from ._failover import AttemptFailed, serve_with_failover
 from ._head_refusal import HeadRefusal
 from ._http_cycle import CONNECTION, PAUSE_READING, ConnectionHooks
@@ -341,18 +343,25 @@ class Responder:
         await self._send({"type": "http.response.body", "body": response.body, "more_body": False})
 
     async def reject(self, rejection: RequestRejected) -> None:
-        """Answer with an error: a JSON response, or a final SSE error event mid-stream."""
+        """Answer with an error: a JSON response, or a final SSE error event mid-stream.
+
+        Shielded, for at most :data:`REJECT_BOUND_S`: the answer goes out even when the request's
+        scope is cancelled as it is written (a leader stepping down just as a node refuses its run
+        as ``stale_epoch``: found by the seeded simulation's Edge replicas). Without the shield the
+        response was marked finished and never sent, and the client got nothing.
+        """
         if self.finished:
             return
         if rejection.read_after is not None:
             self._scope[PAUSE_READING] = rejection.read_after
-        if not self.started:
-            head, body = _canned(rejection)
-            self.started = self.finished = True
-            await self._send({"type": "http.response.start", "status": rejection.status, "headers": head})
-            await self._send({"type": "http.response.body", "body": body, "more_body": False})
-        else:
-            await self.finish(b"data: " + rejection.body() + b"\n\n")
+        with trio.CancelScope(shield=True), trio.move_on_after(REJECT_BOUND_S):
+            if not self.started:
+                head, body = _canned(rejection)
+                self.started = self.finished = True
+                await self._send({"type": "http.response.start", "status": rejection.status, "headers": head})
+                await self._send({"type": "http.response.body", "body": body, "more_body": False})
+            else:
+                await self.finish(b"data: " + rejection.body() + b"\n\n")
 
 
 @final
@@ -824,6 +833,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
+REJECT_BOUND_S = 1.0
+"""How long an error answer may take to write, shielded from the request's cancellation (:meth:`Responder.reject`)."""
+
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 """The request body's decoder, built once (``json.loads`` with hooks builds one per call)."""
 
@@ -857,20 +869,6 @@ def _framing(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> list[tuple[
 
 def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
-def _last(query: dict[str, list[str]], name: str) -> str | None:
-    values = query.get(name)
-    return values[-1] if values else None
-
-
-async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` when the client goes away."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

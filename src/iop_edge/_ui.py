@@ -29,6 +29,7 @@ import trio
 
 from iop_admission import Admission
 
+from ._asgi import last_value, watch_disconnect
 from ._http_rejections import bearer
 from ._off_loop import run_off_loop, yield_to_loop
 from ._ui_view import ViewFilter, ViewLimits, build_view
@@ -95,7 +96,7 @@ class QueuePage:
             await _answer(send, 405, "method_not_allowed", f"{scope['method']} is not allowed here")
             return
         query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
-        token = bearer(scope["headers"]) or _last(query, "token") or ""
+        token = bearer(scope["headers"]) or last_value(query, "token") or ""
         if not ui.accepts(token, config.admin_token):
             await _answer(send, 401, "unauthorized", "a viewer or admin token is required", "authentication_error")
             return
@@ -106,12 +107,15 @@ class QueuePage:
             await _answer(send, 429, "too_many_viewers", f"at most {ui.max_viewers} viewers at once")
             return
         wanted = ViewFilter(
-            node=_last(query, "node") or "", model=_last(query, "model") or "", health=_last(query, "health") or ""
+            node=last_value(query, "node") or "",
+            model=last_value(query, "model") or "",
+            health=last_value(query, "health") or "",
+            tenant=last_value(query, "tenant") or "",
         )
         self.viewers += 1
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
                 await self._stream(send, wanted, nursery)
         finally:
             self.viewers -= 1
@@ -221,19 +225,8 @@ _PRIVATE = (
 )
 
 
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
-
-
 async def _answer(send: Send, status: int, code: str, message: str, kind: str = "invalid_request_error") -> None:
     body = json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *_PRIVATE]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _last(query: dict[str, list[str]], name: str) -> str | None:
-    values = query.get(name)
-    return values[-1] if values else None

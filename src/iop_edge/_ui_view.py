@@ -8,7 +8,9 @@ A large fleet is aggregated, never sent whole: totals by health over every
 provider, then at most ``ViewLimits.providers`` provider rows and
 ``ViewLimits.waiters`` waiter rows after the filters, with the number left out.
 Prompts never reach this module (a waiter snapshot holds none); API keys and
-tokens are not part of its inputs.
+tokens are not part of its inputs. Tenants appear by name only, and only when
+the snapshot has tenant rows (``PoolConfig.tenants`` configured): otherwise the
+view's ``tenants`` is empty and every waiter's tenant is ``default``.
 """
 
 from __future__ import annotations
@@ -18,21 +20,24 @@ from typing import Any, final
 
 import attrs
 
-from iop_admission import ModelGroup, ProviderKey, ProviderSnapshot, Snapshot, WaiterSnapshot
+from iop_admission import ModelGroup, ProviderKey, ProviderSnapshot, Snapshot, TenantSnapshot, WaiterSnapshot
 
 REASONS: Mapping[str, str] = {
+    "no_live_candidate": "no candidate is online (offline, ejected, unavailable or disabled)",
+    "tenant_quota": "its tenant is at its max_in_flight quota",
+    "higher_band_ahead": "a higher band waits for the same providers, served first",
     "all_candidates_full": "every live candidate is at capacity",
     "long_slot_taken": "a long-context request: every live candidate's long-context slots are taken",
-    "no_live_candidate": "no candidate is online (offline, ejected, unavailable or disabled)",
     "earlier_request_first": "a candidate has room; an earlier request is granted first",
 }
-"""Why a request waits, by code, as the page explains it. Tenants and bands do not exist
-yet: a tenant's quota and a higher band ahead are not among the reasons."""
+"""Why a request waits, by code, as the page explains it: the first of these that applies,
+in this order (:func:`wait_reason`). ``tenant_quota`` and ``higher_band_ahead`` need
+tenants (``Snapshot.tenants``); without them they never apply."""
+
+TENANT_REASONS = frozenset(("tenant_quota", "higher_band_ahead"))
+"""The reasons that need tenants: left out of a view's ``reasons`` when there are none."""
 
 _PAUSE_EVERY = 2000  # waiters between two calls of ``pause``
-
-DEFAULT_TENANT = "default"
-"""The tenant every request belongs to until tenants exist."""
 
 
 @final
@@ -48,11 +53,13 @@ class ViewLimits:
 @final
 @attrs.frozen(kw_only=True)
 class ViewFilter:
-    """What the viewer asked to see: a node id substring, a model key, a health."""
+    """What the viewer asked to see: a node id substring, a model key, a health, a tenant
+    (the tenant filter applies to the waiters only)."""
 
     node: str = ""
     model: str = ""
     health: str = ""
+    tenant: str = ""
 
     def keeps(self, p: ProviderSnapshot, models_of: Mapping[ProviderKey, frozenset[str]]) -> bool:
         if self.node and self.node not in p.node_id:
@@ -71,11 +78,26 @@ def health_of(p: ProviderSnapshot) -> str:
     return p.health
 
 
-def wait_reason(candidates: Iterable[ProviderSnapshot], long: bool) -> str:
-    """Why a request of this kind waits for these candidates (a code of :data:`REASONS`)."""
+def wait_reason(
+    candidates: Iterable[ProviderSnapshot],
+    long: bool,
+    *,
+    tenant: TenantSnapshot | None = None,
+    higher_band_ahead: bool = False,
+) -> str:
+    """Why a request of this kind waits for these candidates (a code of :data:`REASONS`).
+
+    ``tenant``: its tenant's row (None without tenants); ``higher_band_ahead``: a waiter
+    of a higher priority band, whose tenant is under its quota, may use one of these
+    candidates.
+    """
     live = [p for p in candidates if health_of(p) == "online" and p.effective_capacity > 0]
     if not live:
         return "no_live_candidate"
+    if tenant is not None and tenant.max_in_flight is not None and tenant.in_flight >= tenant.max_in_flight:
+        return "tenant_quota"
+    if higher_band_ahead:
+        return "higher_band_ahead"
     with_room = [p for p in live if p.in_flight < p.effective_capacity]
     if not with_room:
         return "all_candidates_full"
@@ -104,17 +126,27 @@ def build_view(
         for key in group.candidates:
             models_of.setdefault(key, set()).add(name)
     frozen_models = {key: frozenset(names) for key, names in models_of.items()}
-    # Waiters of one model key share one candidate tuple: the reason is worked out once per tuple and kind.
-    reasons: dict[tuple[int, bool], str] = {}
+    tenants = {t.name: t for t in snapshot.tenants}
+    step = pause or _no_pause
+    top_band = _top_band(waiters, tenants, step) if tenants else {}
+    # Waiters of one model key share one candidate tuple: the reason is worked out once per
+    # tuple, kind and tenant.
+    reasons: dict[tuple[int, bool, str], str] = {}
 
     def reason(w: WaiterSnapshot) -> str:
-        kind = (id(w.candidates), w.long)
+        kind = (id(w.candidates), w.long, w.tenant)
         found = reasons.get(kind)
         if found is None:
-            found = reasons[kind] = wait_reason((by_key[k] for k in w.candidates if k in by_key), w.long)
+            tenant = tenants.get(w.tenant)
+            band = tenant.priority if tenant is not None else 0
+            found = reasons[kind] = wait_reason(
+                (by_key[k] for k in w.candidates if k in by_key),
+                w.long,
+                tenant=tenant,
+                higher_band_ahead=any(top_band.get(k, band) > band for k in w.candidates),
+            )
         return found
 
-    step = pause or _no_pause
     waiting, oldest = _waiting_by_model(waiters, step)
     totals = _totals(snapshot)
     step()
@@ -125,8 +157,46 @@ def build_view(
         "providers": providers,
         "models": _models(models, waiting, oldest, by_key, wanted, limits),
         "waiters": _waiters(waiters, reason, wanted, limits, step),
-        "reasons": dict(REASONS),
+        "tenants": [_tenant_row(t) for t in snapshot.tenants],
+        "reasons": {code: text for code, text in REASONS.items() if tenants or code not in TENANT_REASONS},
         "panic": list(snapshot.panic),
+    }
+
+
+def _top_band(
+    waiters: tuple[WaiterSnapshot, ...], tenants: Mapping[str, TenantSnapshot], step: Callable[[], None]
+) -> dict[ProviderKey, int]:
+    """Per provider: the highest band among the waiters that may use it and whose tenant is
+    under its ``max_in_flight`` (a waiter held by its own quota is ahead of nobody)."""
+    by_tuple: dict[int, tuple[tuple[ProviderKey, ...], int]] = {}
+    for i, w in enumerate(waiters):
+        if not i % _PAUSE_EVERY:
+            step()
+        tenant = tenants.get(w.tenant)
+        if tenant is None or (tenant.max_in_flight is not None and tenant.in_flight >= tenant.max_in_flight):
+            continue
+        seen = by_tuple.get(id(w.candidates))
+        if seen is None or tenant.priority > seen[1]:
+            by_tuple[id(w.candidates)] = (w.candidates, tenant.priority)
+    top: dict[ProviderKey, int] = {}
+    for candidates, band in by_tuple.values():
+        for key in candidates:
+            if band > top.get(key, band - 1):
+                top[key] = band
+    return top
+
+
+def _tenant_row(t: TenantSnapshot) -> dict[str, Any]:
+    return {
+        "tenant": t.name,
+        "band": t.priority,
+        "weight": t.weight,
+        "waiting": t.waiting,
+        "in_flight": t.in_flight,
+        "max_in_flight": t.max_in_flight,
+        "max_queue": t.max_queue,
+        "share": round(t.share, 3),
+        "grants": t.grants,
     }
 
 
@@ -238,14 +308,16 @@ def _waiters(
     step: Callable[[], None],
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    # Waiters counted per candidate tuple and kind (one reason each), a sample of each kept.
-    kinds: dict[tuple[int, bool], list[Any]] = {}
+    # Waiters counted per candidate tuple, kind and tenant (one reason each), a sample of each kept.
+    kinds: dict[tuple[int, bool, str], list[Any]] = {}
     on_node: dict[int, bool] = {}  # by candidate tuple, shared by the waiters of a model key
     matched = 0
     for i, w in enumerate(waiters):
         if not i % _PAUSE_EVERY:
             step()
         if wanted.model and w.model != wanted.model:
+            continue
+        if wanted.tenant and w.tenant != wanted.tenant:
             continue
         if wanted.node:
             near = on_node.get(id(w.candidates))
@@ -254,9 +326,9 @@ def _waiters(
             if not near:
                 continue
         matched += 1
-        kind = kinds.get((id(w.candidates), w.long))
+        kind = kinds.get((id(w.candidates), w.long, w.tenant))
         if kind is None:
-            kinds[id(w.candidates), w.long] = [w, 1]
+            kinds[id(w.candidates), w.long, w.tenant] = [w, 1]
         else:
             kind[1] += 1
         if len(rows) < limits.waiters:
@@ -268,7 +340,7 @@ def _waiters(
                     "long": w.long,
                     "age": round(w.age, 1),
                     "attempt": w.attempt,
-                    "tenant": DEFAULT_TENANT,
+                    "tenant": w.tenant,
                     "reason": reason(w),
                 }
             )

@@ -21,14 +21,14 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ._election import run_election
+from ._election import ElectionStore, run_election
 from ._etcd import EtcdGateway, EtcdUnavailable, KeyHolder
 from ._fencing import LeaderFence
 from ._leadership import LeaderInfo, Leadership, Role
 from .config import HaConfig
 from .status import HaStatus
 
-__all__ = ["EdgeHa", "EtcdGateway", "EtcdUnavailable", "KeyHolder", "LeaderInfo", "Leadership", "Role"]
+__all__ = ["EdgeHa", "ElectionStore", "EtcdGateway", "EtcdUnavailable", "KeyHolder", "LeaderInfo", "Leadership", "Role"]
 
 LEADER_HEADER = "x-iop-leader"
 """The header a standby's 503 carries: the leader's advertised address, when known."""
@@ -118,15 +118,21 @@ class EdgeHa:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Campaign until cancelled (see :func:`iop_edge._election.run_election`); steps down on cancel."""
         async with self._client() as client:
-            gateway = EtcdGateway(client, self.config.endpoints, self.config.credentials)
-            await run_election(
-                gateway,
-                self.leadership,
-                self.config.key,
-                poll_interval=self.config.poll_interval_ms / 1000,
-                on_change=self._changed,
-                task_status=task_status,
-            )
+            await self.campaign(EtcdGateway(client, self.config.endpoints, self.config.credentials), task_status=task_status)
+
+    async def campaign(
+        self, store: ElectionStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """:meth:`run` on another :class:`ElectionStore` than etcd's gateway (the seeded simulation's
+        in-memory one); the same election, step-downs and ``on_change`` calls."""
+        await run_election(
+            store,
+            self.leadership,
+            self.config.key,
+            poll_interval=self.config.poll_interval_ms / 1000,
+            on_change=self._changed,
+            task_status=task_status,
+        )
 
 
 @final

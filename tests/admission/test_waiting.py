@@ -38,6 +38,7 @@ async def test_waiters_carry_order_position_age_and_candidates(autojump_clock, p
         assert waiting[1].age == pytest.approx(0.0)
         assert waiting[0].candidates == (GPU0, GPU1)
         assert waiting[1].candidates == (GPU0,)
+        assert {w.tenant for w in waiting} == {"default"}  # no tenants configured
         holders[0].release.set()
         await trio.testing.wait_all_tasks_blocked()
         assert [(w.order, w.position, w.model) for w in adm.waiters()][:2] == [(1, 1, FAST), (2, 1, BIG)]

@@ -31,7 +31,7 @@ from edge.harness import (
     sse_events,
     start_chat,
 )
-from iop_edge import _overload
+from iop_edge import _http_api, _overload
 from iop_wire import RunEnd, RunEvent
 
 
@@ -310,3 +310,23 @@ async def test_models_listed_while_offline(tmp_path: Path) -> None:
             status = await edge.status()
             assert len(status["providers"]) == 2
             assert all(p["connected"] is False and p["health"] == "offline" for p in status["providers"])
+
+
+@pytest.mark.req("ha-step-down")
+async def test_a_rejection_is_answered_even_when_the_request_is_cancelled_as_it_is_written() -> None:
+    """[ha-step-down] A leader stepping down cancels its requests; one whose error answer is being
+    written at that moment (a node just refused its run as stale) still gets it, head and body,
+    instead of nothing. Found by the seeded simulation's Edge replicas (docs/reliability.md)."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        await trio.lowlevel.checkpoint()  # a server's send may checkpoint
+        sent.append(message)
+
+    responder = _http_api.Responder(send, {"type": "http"}, None, None)
+    with trio.CancelScope() as term:
+        term.cancel()  # the step-down, before the answer goes out
+        await responder.reject(_http_api.RequestRejected(503, "not_leader", "this Edge no longer leads"))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 503 and b"not_leader" in sent[1]["body"]
+    assert responder.finished

@@ -6,10 +6,24 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
-from iop_admission import ModelGroup, ProviderKey, ProviderSnapshot, Snapshot, WaiterSnapshot
+from iop_admission import (
+    Admission,
+    ModelGroup,
+    PoolConfig,
+    ProviderKey,
+    ProviderSnapshot,
+    ProviderSpec,
+    QueuePolicy,
+    Snapshot,
+    TenantSpec,
+    WaiterSnapshot,
+)
 from iop_edge._ui_view import REASONS, ViewFilter, ViewLimits, build_view, health_of, wait_reason
 
 BIG = "ornith:35b"
@@ -124,6 +138,8 @@ def test_view_of_a_small_fleet():
         (3, 2, BIG, "default", "all_candidates_full"),
     ]
     assert view["waiters"]["by_reason"] == {"all_candidates_full": 3}
+    assert view["tenants"] == []  # no tenants configured: no tenant table, no tenant reasons
+    assert set(view["reasons"]) == set(REASONS) - {"tenant_quota", "higher_band_ahead"}
 
 
 @pytest.mark.req("queue-page")
@@ -173,3 +189,113 @@ def test_filters_by_node_model_and_health():
     view = build_view(snap, waiters, MODELS, wanted=ViewFilter(health="offline"))
     assert [r["node"] for r in view["providers"]["rows"]] == ["node-b"]
     assert view["providers"]["left_out"] == 0
+
+
+TENANTS = (
+    TenantSpec("gold", priority=1),
+    TenantSpec("team-a", max_in_flight=1),
+    TenantSpec("team-b", weight=2.0),
+)
+
+
+def tenant_pool() -> PoolConfig:
+    """One provider of capacity 2 serving model key ``m``, and three tenants: ``gold`` in a
+    higher band, ``team-a`` capped at one request in flight, ``team-b``."""
+    window = 32768
+    return PoolConfig(
+        policy=QueuePolicy(max_queue=100, queue_timeout=1e9),
+        providers={
+            GPU0: ProviderSpec(
+                capacity=2, long_context_capacity=1, context_window_tokens=window, total_context_tokens=window
+            )
+        },
+        models={"m": ModelGroup(candidates=(GPU0,))},
+        tenants=TENANTS,
+    )
+
+
+def views_of_a_tenant_pool(wanted: ViewFilter | None = None) -> list[dict[str, Any]]:
+    """Run the real admission core with tenants: team-a and team-b each hold a lease (the
+    provider is full, team-a at its quota), then team-a, team-b and gold queue, in that order.
+    The view of that instant; then team-b's lease ends and the view again."""
+    views: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        adm = Admission(tenant_pool())
+        adm.connect(GPU0.node_id)
+        end = {name: trio.Event() for name in ("team-a", "team-b")}
+
+        async def request(tenant: str, done: trio.Event | None = None) -> None:
+            async with adm.lease("m", tenant=tenant):
+                if done is not None:
+                    await done.wait()
+
+        async with trio.open_nursery() as nursery:
+            for name, done in end.items():
+                nursery.start_soon(request, name, done)
+                await trio.testing.wait_all_tasks_blocked()
+            for name in ("team-a", "team-b", "gold"):
+                nursery.start_soon(request, name, trio.Event())  # held until cancelled
+                await trio.testing.wait_all_tasks_blocked()
+            views.append(build_view(adm.snapshot(), adm.waiters(), adm.config.models, wanted=wanted or ViewFilter()))
+            end["team-b"].set()
+            await trio.testing.wait_all_tasks_blocked()
+            views.append(build_view(adm.snapshot(), adm.waiters(), adm.config.models, wanted=wanted or ViewFilter()))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return views
+
+
+@pytest.mark.req("queue-page")
+def test_waiters_show_their_tenant_and_the_tenant_reasons():
+    """[queue-page] from the core's own snapshot with tenants: a request held by its tenant's
+    quota, one behind a higher band, one of the higher band waiting for a full provider; when a
+    slot frees the higher band is granted and the reasons follow."""
+    before, after = views_of_a_tenant_pool()
+    rows = [(w["order"], w["position"], w["tenant"], w["reason"]) for w in before["waiters"]["rows"]]
+    assert rows == [
+        (1, 1, "team-a", "tenant_quota"),
+        (2, 2, "team-b", "higher_band_ahead"),
+        (3, 3, "gold", "all_candidates_full"),
+    ]
+    assert before["waiters"]["by_reason"] == {
+        "tenant_quota": 1,
+        "higher_band_ahead": 1,
+        "all_candidates_full": 1,
+    }
+    rows = [(w["position"], w["tenant"], w["reason"]) for w in after["waiters"]["rows"]]
+    assert rows == [(1, "team-a", "tenant_quota"), (2, "team-b", "all_candidates_full")]
+    assert set(before["reasons"]) == set(REASONS)
+
+
+@pytest.mark.req("queue-page")
+def test_tenant_table_has_band_weight_waiting_in_flight_and_share():
+    """[queue-page] one row per tenant, by name only: band, weight, quotas, waiting, in flight
+    and the share of recent grants."""
+    before, after = views_of_a_tenant_pool()
+    table = {t["tenant"]: t for t in before["tenants"]}
+    assert list(table) == ["gold", "team-a", "team-b", "default"]
+    cells = {
+        name: (t["band"], t["weight"], t["waiting"], t["in_flight"], t["max_in_flight"]) for name, t in table.items()
+    }
+    assert cells == {
+        "gold": (1, 1.0, 1, 0, None),
+        "team-a": (0, 1.0, 1, 1, 1),
+        "team-b": (0, 2.0, 1, 1, None),
+        "default": (0, 1.0, 0, 0, None),
+    }
+    assert (table["team-a"]["share"], table["team-b"]["share"], table["gold"]["share"]) == (0.5, 0.5, 0.0)
+    table = {t["tenant"]: t for t in after["tenants"]}
+    assert (table["gold"]["waiting"], table["gold"]["in_flight"], table["team-b"]["in_flight"]) == (0, 1, 0)
+    assert table["gold"]["share"] == pytest.approx(1 / 3, abs=0.001)
+
+
+@pytest.mark.req("queue-page")
+def test_filter_by_tenant_narrows_the_waiters_only():
+    """[queue-page] ?tenant= keeps that tenant's waiters; the providers and the tenant table stay whole."""
+    before, _ = views_of_a_tenant_pool(wanted=ViewFilter(tenant="team-b"))
+    assert [(w["tenant"], w["reason"]) for w in before["waiters"]["rows"]] == [("team-b", "higher_band_ahead")]
+    assert before["waiters"]["matched"] == 1
+    assert len(before["tenants"]) == 4
+    assert len(before["providers"]["rows"]) == 1

@@ -14,6 +14,8 @@ act on the wire, below the WebSocket, the way a real network misbehaves:
   silently lost, a local ``aclose`` sends no FIN either. Only a later
   :meth:`cut` (the sim's "TCP timeout") makes both ends see the end of stream.
 - ``cut()``: both ends see EOF at once (no WebSocket close frame): an abrupt drop.
+- ``paused`` (an event, set by the HA world): the Edge end neither sends nor
+  reads until the event fires, as a stopped Edge process (``tests/sim/_ha.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ class Wire:
         self.dead = False
         self.fail_next: dict[str, bool] = {EDGE: False, NODE: False}
         self.send_failures = 0
+        self.edge_index = 0
+        """Which Edge replica the wire reaches (:mod:`tests.sim._ha`)."""
+        self.paused: trio.Event | None = None
+        """Set while that Edge is paused: its end neither sends nor reads until the event fires."""
+
+    async def edge_unpaused(self, side: str) -> None:
+        """Wait while the Edge end is paused (a stopped process); no checkpoint otherwise."""
+        if side == EDGE and self.paused is not None:
+            await self.paused.wait()
 
     def fail_next_send(self, side: str) -> None:
         self.fail_next[side] = True
@@ -88,6 +99,7 @@ class SimStream(trio.abc.Stream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         wire = self.wire
+        await wire.edge_unpaused(self.side)
         if wire.fail_next[self.side]:
             wire.fail_next[self.side] = False
             wire.send_failures += 1
@@ -105,6 +117,7 @@ class SimStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        await self.wire.edge_unpaused(self.side)
         return await self.inner.receive_some(max_bytes)
 
     async def aclose(self) -> None:

@@ -1,5 +1,7 @@
 """The seeded whole-system simulation: one Edge, two Nodes, clients and faults in one trio run.
 
+(:mod:`tests.sim._ha` extends :class:`World` to an HA group of Edges.)
+
 Everything runs in a single ``trio.run`` on ``MockClock(autojump_threshold=0)``:
 
 - the real Edge (:class:`iop_edge.EdgeService`: admission, node registry, the
@@ -355,7 +357,15 @@ class SimBackend:
 
 
 class World:
-    """One seed's system, faults and checks."""
+    """One seed's system, faults and checks.
+
+    The hooks :mod:`tests.sim._ha` overrides for Edge replicas: :attr:`sites`,
+    :attr:`expected_errors`, :meth:`edge_config`, :meth:`front`, :meth:`watching`,
+    :meth:`connected` (and the checks, fault and node methods themselves).
+    """
+
+    sites: tuple[str, ...] = SITES
+    expected_errors: frozenset[str] = EXPECTED_ERRORS
 
     def __init__(self, seed: int, clock: trio.testing.MockClock) -> None:
         self.seed = seed
@@ -363,10 +373,10 @@ class World:
         self.rng = random.Random(f"sim:{seed}:plan")
         self.frng = random.Random(f"sim:{seed}:faults")
         self.result = SeedResult(seed)
-        self.enabled = frozenset(s for s in SITES if self.rng.random() < ENABLE_P)
-        self.result.enabled = tuple(s for s in SITES if s in self.enabled)
+        self.enabled = frozenset(s for s in self.sites if self.rng.random() < ENABLE_P)
+        self.result.enabled = tuple(s for s in self.sites if s in self.enabled)
         self.overrides = Overrides()
-        self.service = EdgeService(edge_config())
+        self.service = EdgeService(self.edge_config(self.overrides))
         self.unhang = trio.Event()
         self.upstream: Counter[ProviderKey] = Counter()
         self.upstream_peak: Counter[ProviderKey] = Counter()
@@ -393,7 +403,7 @@ class World:
         self.order = 0  # a global sequence: backend run starts and response heads are ordered by it
         self.run_starts: dict[int, list[int]] = {}  # request number -> order of each backend run start
         self.probe_reports: Counter[tuple[ProviderKey, int]] = Counter()  # (provider, epoch) -> probe reports
-        self._wrap_reports()
+        self._wrap_reports(self.service, self.probe_reports)
 
     # ---------------------------------------------------------------- tracing
 
@@ -449,16 +459,24 @@ class World:
             self.fired("first_token_never", f"{key} holds a run without a first token")
             await trio.sleep_until(until)
 
-    def _wrap_reports(self) -> None:
+    def edge_config(self, overrides: Overrides) -> EdgeConfig:
+        """The Edge's config under ``overrides`` (the HA world adds ``ha:``)."""
+        return edge_config(overrides)
+
+    def front(self) -> EdgeService:
+        """The Edge a client request goes to (the HA world's load balancer chooses among replicas)."""
+        return self.service
+
+    def _wrap_reports(self, service: EdgeService, reports: Counter[tuple[ProviderKey, int]]) -> None:
         """Record the deciding probe reports per (provider, health epoch): one per ejection period."""
-        admission = self.service.admission
+        admission = service.admission
         failure, success = admission.report_failure, admission.report_success
 
         def record(lease: Any) -> None:
             # The report that decides an ejection: the running probe's (an earlier probe that
             # ended unreported -- cancelled, fenced -- no longer decides anything).
             if lease.probe and not lease._reported and lease._slot.probe_lease == lease.id:
-                self.probe_reports[lease.provider, lease._epoch] += 1
+                reports[lease.provider, lease._epoch] += 1
 
         def report_failure(lease: Any) -> None:
             record(lease)
@@ -484,17 +502,19 @@ class World:
         async with node_socket(wire) as ws:
             yield ws
 
+    def new_runtime(self, node_id: str, config: NodeConfig, **fields: Any) -> NodeRuntime:
+        """A node process's runtime: its gate, a :class:`SimBackend` per provider, ``fields`` (the HA world's fence)."""
+        gate = LocalGate(limits={p.id: p.capacity for p in config.providers}, global_limit=config.runtime.concurrency)
+        adapters = {p.id: SimBackend(self, ProviderKey(node_id, p.id)) for p in config.providers}
+        return NodeRuntime(gate=gate, adapters=adapters, **fields)  # type: ignore[arg-type]
+
     async def node_process(self, node_id: str, restart: trio.Event | None = None) -> None:
         """One node 'process' after another: a graceful shutdown is followed by a restart."""
         config = node_config(node_id)
         incarnation = 0
         while not self.stopping:
             incarnation += 1
-            gate = LocalGate(
-                limits={p.id: p.capacity for p in config.providers}, global_limit=config.runtime.concurrency
-            )
-            adapters = {p.id: SimBackend(self, ProviderKey(node_id, p.id)) for p in config.providers}
-            async with NodeRuntime(gate=gate, adapters=adapters) as runtime:  # type: ignore[arg-type]
+            async with self.new_runtime(node_id, config) as runtime:
                 client = EdgeClient(
                     config,
                     runtime,
@@ -561,7 +581,7 @@ class World:
             if plan.cancel_after is not None:
                 nursery.start_soon(cancel_later, plan.cancel_after)
             try:
-                await self.service.api(scope, receive, send)
+                await self.front().api(scope, receive, send)
             except Exception as exc:  # the app must answer, never raise
                 self.violation(f"request {plan.number}: the ASGI app raised {type(exc).__name__}: {exc}")
             nursery.cancel_scope.cancel()
@@ -621,7 +641,7 @@ class World:
         except (ValueError, KeyError, TypeError):
             code = "?"
         result = f"{out.status}:{code}"
-        if result not in EXPECTED_ERRORS:
+        if result not in self.expected_errors:
             self.violation(f"request {plan.number}: unexpected answer {result}")
         return result
 
@@ -663,7 +683,7 @@ class World:
     async def fault_ticks(self) -> None:
         """Reach every tick-driven site at random times during the load window."""
         rng = self.frng
-        sites = [s for s in SITES if s not in REQUEST_SITES]
+        sites = [s for s in self.sites if s not in REQUEST_SITES]
         while trio.current_time() < LOAD_WINDOW:
             await trio.sleep(rng.uniform(0.2, 0.8))
             for site in sites:
@@ -839,7 +859,7 @@ class World:
         self.max_lease_id = max(
             [self.max_lease_id, *(lease.id for lease in self.service.admission._core.live_leases())]
         )
-        config = edge_config(overrides)
+        config = self.edge_config(overrides)
         self.service.admission.refresh(config.pool_config())
         self.service.config = config
         self.overrides = overrides
@@ -1019,19 +1039,16 @@ class World:
     async def run(self) -> None:
         self.plans = self.plan_requests()
         self.result.requests = len(self.plans)
-        admission = self.service.admission
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
-            async with admission.subscribe(buffer=1_000_000) as ledger:
-                self._ledger = ledger
-                nursery.start_soon(admission.watch_ejections)
+            async with self.watching(nursery):
                 processes = []
                 for node_id in NODES:
                     done = trio.Event()
                     processes.append(done)
                     nursery.start_soon(self._process_then, node_id, done)
                 with trio.fail_after(30):
-                    while not all(admission.is_connected(n) for n in NODES):
+                    while not self.connected():
                         await trio.sleep(0.01)
                 start = trio.current_time()
                 self.plans = [attrs.evolve(p, at=start + p.at) for p in self.plans]
@@ -1047,9 +1064,7 @@ class World:
                 # within 1 s, reconnect backoff is <= 1.2 s), then wait for both nodes.
                 await trio.sleep(3.0)
                 with trio.move_on_after(30) as back:
-                    while not all(admission.is_connected(n) for n in NODES) or any(
-                        c.session is None for c in self.clients.values()
-                    ):
+                    while not self.connected() or any(c.session is None for c in self.clients.values()):
                         await trio.sleep(0.05)
                 if back.cancelled_caught:
                     self.violation("nodes did not reconnect after healing")
@@ -1064,6 +1079,19 @@ class World:
                     for done in processes:
                         await done.wait()
                 nursery.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def watching(self, nursery: trio.Nursery) -> AsyncIterator[None]:
+        """The ledger subscription and the ejection watcher for the run (of every Edge in the HA world)."""
+        admission = self.service.admission
+        async with admission.subscribe(buffer=1_000_000) as ledger:
+            self._ledger = ledger
+            nursery.start_soon(admission.watch_ejections)
+            yield
+
+    def connected(self) -> bool:
+        """Every node registered (with every Edge in the HA world)."""
+        return all(self.service.admission.is_connected(n) for n in NODES)
 
     async def _process_then(self, node_id: str, done: trio.Event) -> None:
         try:
@@ -1100,7 +1128,7 @@ class Steps(trio.abc.Instrument):
             self.world.quiescent()
 
 
-def run_seed(seed: int) -> SeedResult:
+def run_seed(seed: int, kind: type[World] = World) -> SeedResult:
     """Run one seed to the end and return its figures (violations included, never raised).
 
     trio's scheduler shuffles each batch of runnable tasks with a module-level
@@ -1123,7 +1151,7 @@ def run_seed(seed: int) -> SeedResult:
     if isinstance(scheduler_rng, random.Random):
         scheduler_rng.seed(seed)
     clock = trio.testing.MockClock(autojump_threshold=0)
-    world = World(seed, clock)
+    world = kind(seed, clock)
     collecting = gc.isenabled()
     gc.collect()
     gc.disable()

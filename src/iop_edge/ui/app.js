@@ -37,9 +37,16 @@
       (view.panic.length ? " · panic: " + view.panic.join(", ") : "");
     fill("waiters", view.waiters.rows, (w) => [
       [w.order, "n"], [w.position, "n"], [w.model], [w.long ? "long" : "normal"], [w.age.toFixed(1), "n"],
-      [w.attempt, "n"], [w.tenant], [view.reasons[w.reason] || w.reason, "reason " + w.reason],
+      [w.attempt, "n"], [w.tenant, "tenant-col"], [view.reasons[w.reason] || w.reason, "reason " + w.reason],
     ]);
     note("waiters-note", view.waiters, "waiting");
+    // Tenants only when the core has them: no tenant column, filter or table otherwise.
+    document.body.classList.toggle("tenanted", view.tenants.length > 0);
+    fill("tenants", view.tenants, (t) => [
+      [t.tenant], [t.band, "n"], [t.weight, "n"], [t.waiting, "n"],
+      [t.in_flight + " / " + (t.max_in_flight === null ? "∞" : t.max_in_flight), "n"],
+      [t.max_queue === null ? "∞" : t.max_queue, "n"], [(100 * t.share).toFixed(1) + " %", "n"],
+    ]);
     fill("models", view.models, (m) => [
       [m.model], [m.waiting, "n"], [m.long_waiting, "n"], [m.oldest_wait.toFixed(1), "n"], [m.in_flight, "n"],
       [m.live_candidates + " / " + m.candidate_count, "n"],
@@ -53,8 +60,10 @@
     ]);
     note("providers-note", view.providers, "providers");
     const dl = document.getElementById("reasons");
-    if (!dl.childElementCount) {
-      for (const [code, text] of Object.entries(view.reasons)) { dl.appendChild(el("dt", code)); dl.appendChild(el("dd", text)); }
+    const reasons = Object.entries(view.reasons);
+    if (dl.childElementCount !== 2 * reasons.length) { // tenants configured or removed: other reasons
+      dl.replaceChildren();
+      for (const [code, text] of reasons) { dl.appendChild(el("dt", code)); dl.appendChild(el("dd", text)); }
     }
   }
 
@@ -94,10 +103,11 @@
   }
 
   const form = document.getElementById("filters");
-  for (const name of ["node", "model", "health"]) form.elements[name].value = params.get(name) || "";
+  const FILTERS = ["node", "model", "health", "tenant"];
+  for (const name of FILTERS) form.elements[name].value = params.get(name) || "";
   form.addEventListener("submit", (e) => {
     e.preventDefault();
-    for (const name of ["node", "model", "health"]) {
+    for (const name of FILTERS) {
       const v = form.elements[name].value.trim();
       if (v) params.set(name, v); else params.delete(name);
     }
