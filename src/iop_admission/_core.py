@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterable
 from typing import cast
 
-from ._choice import best_of, could_run
+from ._choice import best_of, could_run, groups_of
 from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
 from ._errors import AdmissionError, QueueFull, TenantLimitExceeded, Unavailable
 from ._fairness import TenantSpec
@@ -193,6 +193,23 @@ class StateCore:
         return lease
 
     def _dispatch(self, groups: Iterable[ModelGroup]) -> list[Decision]:
+        """Grant waiters of ``groups`` (:meth:`_dispatch_round`), then those of the groups of each
+        provider a grant started probing: one that stops admitting may put them in panic mode."""
+        decisions = self._dispatch_round(groups)
+        probed = [d.lease._slot for d in decisions if type(d) is Granted and d.lease.probe]
+        while probed:  # a provider starts one probe per ejection: this ends
+            more = self._dispatch_round(groups_of(probed))
+            decisions += more
+            probed = [d.lease._slot for d in more if type(d) is Granted and d.lease.probe]
+        return decisions
+
+    def _probe_started(self, lease: Lease) -> None:
+        """After an immediate grant: if it started a probe, grant whom it put in panic mode
+        (decisions for :meth:`drain_decisions`)."""
+        if lease.probe:
+            self._pending += self._dispatch(g for g, _ in lease._slot.groups)
+
+    def _dispatch_round(self, groups: Iterable[ModelGroup]) -> list[Decision]:
         """Grant waiters of ``groups``, earliest first, while one has a dispatchable candidate.
 
         Within one group and kind, waiters share their candidates: if the head

@@ -155,7 +155,8 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         cost, 1 per request or an estimate in tokens (:meth:`settle` replaces
         it with the usage). With tenants configured the grant order is the
         tenants' fair share ([tenant-fair-share]); a request that finds the
-        queue full may evict a waiter of a lower negative band: take those
+        queue full may evict a waiter of a lower negative band, and a grant
+        that starts a probe may grant waiters it put in panic mode: take those
         decisions with :meth:`drain_decisions`.
 
         Returns:
@@ -180,6 +181,7 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         if best is not None:
             lease = self._grant(best, model, long, next(self._seq), now)
             lease.cost = cost
+            self._probe_started(lease)
             return lease
         if not group.could_run(long):
             raise Unavailable(model, long, reasons(group.providers, long, ()))
@@ -233,6 +235,7 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         if best is not None and self._can_run(tenant):
             again = self._grant(best, model, long, lease.arrival, lease.enqueue_time, attempt, lease.tried)
             self._charge(again, tenant, cost)
+            self._probe_started(again)
             return again
         waiter = Waiter(lease.arrival, model, long, lease.enqueue_time, deadline, attempt, lease.tried)
         waiter._candidates = candidates

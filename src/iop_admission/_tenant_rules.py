@@ -27,10 +27,13 @@ class TenantRules(StateCore):
         lease.cost = actual
 
     def drain_decisions(self) -> list[Decision]:
-        """Decisions made by the last :meth:`request` besides its result: waiters shed for it.
+        """Decisions made by the last :meth:`request` or :meth:`retry` besides its result.
 
         A request that finds the queue full evicts the newest waiter of a lower
-        negative band ([tenant-quotas]); carry these out like any decision.
+        negative band ([tenant-quotas]); a grant that starts a provider's probe
+        stops it admitting, which may put the waiters of its model groups in
+        panic mode, and they are granted ([outlier-ejection]). Carry these out
+        like any decision.
         Do not change the list returned (empty, it is the state's own).
         """
         out = self._pending
@@ -53,6 +56,7 @@ class TenantRules(StateCore):
         if best is not None and fair.can_run(name):
             lease = self._grant(best, model, long, next(self._seq), now)
             self._charge(lease, name, cost)
+            self._probe_started(lease)
             return lease
         if not group.could_run(long):
             raise Unavailable(model, long, reasons(group.providers, long, ()))

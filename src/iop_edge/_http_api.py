@@ -1,4 +1,4 @@
-"""The Edge's HTTP API: a raw ASGI app served by the Edge's own h11 listener (``_http_server``).
+"""The Edge's HTTP API: a raw ASGI app served by the Edge's own HTTP/1.1 listener (``_http_server``).
 
 Endpoints (contract: ``docs/openai-api.md``): ``GET /v1/models``, ``POST
 /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,

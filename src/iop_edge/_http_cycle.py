@@ -2,9 +2,13 @@
 out-of-band writes and disconnect hook the app gets through :class:`ConnectionHooks` (in the manner
 of uvicorn's ``RequestResponseCycle``).
 
-The connection (:mod:`._http_server`) reads and frames the request head and makes one
+The connection (:mod:`._http_server`) reads the request head and makes one
 :class:`RequestCycle` per request it lets through; the cycle calls the app, reads the request body
-when the app asks, writes the response, and says whether the connection can carry another request.
+from the connection's :class:`iop_http.RequestReader` when the app asks, writes the response with
+:mod:`iop_http`'s encoders, and says whether the connection can carry another request.
+
+**Response framing**: :class:`iop_http.ResponseFraming` (a ``content-length``, chunks, or the
+connection's close; keep-alive or close), as h11 frames an answer.
 
 What the listener guarantees:
 
@@ -37,21 +41,28 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
-import h11
 import trio
 
-from iop_http import MalformedChunk, Refusal, RequestHead, encode_chunk
+from iop_http import (
+    END_OF_MESSAGE,
+    MALFORMED_CHUNKS,
+    NEED_DATA,
+    BodyOverrun,
+    Refusal,
+    RequestHead,
+    RequestReader,
+    ResponseFraming,
+    encode_chunk,
+    encode_head,
+)
 
 from ._http_disconnects import DisconnectPoller, DisconnectWatcher, PolledWatch
 from ._http_transport import PeerGone, SocketTransport, Transport
-from ._plain_http import PlainRequest, plain_response
 
 if TYPE_CHECKING:
     from ._http_server import HttpLimits
 
 logger = logging.getLogger("iop_edge.http")
-
-MALFORMED_CHUNKS: Final = Refusal(400, "malformed chunked body")
 
 Message = MutableMapping[str, Any]
 App = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Any]
@@ -65,6 +76,8 @@ PAUSE_READING = "iop.pause_reading"
 
 CONNECTION = "iop.connection"
 """Scope extension: the listener's :class:`ConnectionHooks` for this request (its one key in the scope)."""
+
+_CONTINUE: Final = encode_head(100, [])
 
 
 class ConnectionHooks(Protocol):
@@ -97,7 +110,7 @@ class ConnectionHooks(Protocol):
 class CycleHost(Protocol):
     """What a request cycle uses of its connection (:class:`iop_edge._http_server` ``_Connection``)."""
 
-    h11: h11.Connection
+    reader: RequestReader
     gone: bool
     app: App
     limits: HttpLimits
@@ -107,10 +120,6 @@ class CycleHost(Protocol):
 
     async def receive(self, deadline: float, what: str) -> bytes:
         """The client's next bytes by ``deadline`` (raises :class:`PeerGone`)."""
-        ...
-
-    def check_chunks(self, data: bytes) -> bool:
-        """Check the next bytes of a chunked request body; False when malformed."""
         ...
 
     async def refuse_bytes(self, refusal: Refusal) -> None:
@@ -125,39 +134,23 @@ class CycleHost(Protocol):
         """Write ``data`` and wait until it is out (or the client is gone)."""
         ...
 
-    def hand_to_h11(self, plain: PlainRequest) -> bool:
-        """Hand a plain request to h11 so h11 answers it; False when h11 refuses it (the connection is gone)."""
-        ...
-
 
 @final
 class RequestCycle:
     """One request through the app: its response state, ASGI ``receive``/``send`` and :class:`ConnectionHooks`."""
 
-    def __init__(
-        self,
-        conn: CycleHost,
-        request: h11.Request | PlainRequest,
-        target: bytes,
-        head: RequestHead | None,
-        plain: PlainRequest | None,
-        head_let_through: bool,
-    ) -> None:
+    def __init__(self, conn: CycleHost, request: RequestHead, head_let_through: bool) -> None:
         self.conn = conn
         self.transport = conn.transport
         self.request = request
-        self.target = target
-        """The origin-form target the request is routed by (an absolute-form target's path and query)."""
-        self._request_head = head
-        self._plain_request = plain  # the request in the plain lane (h11 has not seen it)
-        self._plain_answered = False  # its whole answer went out in the plain lane
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._continued = False  # 100 Continue went out for the request
-        self._status = 0  # the status of the response, once its head is encoded
+        self._framing = ResponseFraming(request)
         self._body_done = False
-        self._suppress_body = request.method == b"HEAD"
+        self._delivered = False  # the app received the body's last message
+        if request.length == 0:  # its end is queued right behind its head
+            self._body_done = conn.reader.next_event() is END_OF_MESSAGE
         self._response_started = False
-        self._chunked = False  # h11 frames this response's body as chunks: later ones are framed alike
         self.head_let_through = head_let_through
         """:class:`ConnectionHooks`: ``refuse_head`` let the request through."""
         self.can_watch_disconnect = isinstance(conn.transport, SocketTransport)
@@ -165,7 +158,7 @@ class RequestCycle:
 
     async def respond(self) -> float:
         """Call the app for ``request``; returns when the next request may be read (``PAUSE_READING``)."""
-        scope = asgi_scope(self.request, self.target, self)
+        scope = asgi_scope(self.request, self)
         try:
             await self.conn.app(scope, self.receive, self.send)
         except Exception:
@@ -177,30 +170,33 @@ class RequestCycle:
             if self.conn.watcher is not None:
                 self.conn.watcher.stop()
         await self.transport.wait_written()  # a response written without waiting (respond_nowait)
-        if self.conn.h11.our_state is h11.SEND_BODY and not self.conn.gone:
+        if self._response_started and not self._framing.complete and not self.conn.gone:
             raise PeerGone  # the app ended a response midway: the client cannot frame it
         until: float = scope.get(PAUSE_READING, -math.inf)
         return until
+
+    # ------------------------------------------------------------ the request body
 
     async def receive(self) -> Message:
         """ASGI ``receive``: the next body chunk, then (after the body) the client's departure."""
         if self.conn.gone:
             return DISCONNECT
         if self._body_done:
-            return await self._wait_disconnect()
-        plain = self._plain_request
-        if plain is not None:
-            self._body_done = True
-            return {"type": "http.request", "body": plain.body, "more_body": False}
-        if self.conn.h11.they_are_waiting_for_100_continue:
+            if self._delivered:
+                return await self._wait_disconnect()
+            self._delivered = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        request = self.request
+        if request.expect_continue and not self._continued and not self.conn.reader.buffered:
             self._continued = True
-            await self.conn.send_bytes(self.conn.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
+            await self.conn.send_bytes(_CONTINUE)
+        self._continued = True  # the body is read now: a 100 Continue later would come too late
         try:
             return await self._next_body_message()
         except PeerGone:
             self.conn.gone = True
             return DISCONNECT
-        except (MalformedChunk, h11.RemoteProtocolError):
+        except _Malformed:
             if not self._response_started:
                 self._response_started = True
                 await self.conn.refuse_bytes(MALFORMED_CHUNKS)
@@ -208,32 +204,37 @@ class RequestCycle:
             return DISCONNECT
 
     async def _next_body_message(self) -> Message:
+        """The body bytes the reader has (reading when it has none), ``more_body`` false at the end."""
+        reader = self.conn.reader
+        body = b""
         while True:
-            event = self.conn.h11.next_event()
-            if event is h11.NEED_DATA:
+            event = reader.next_event()
+            if type(event) is bytes:
+                body += event
+                continue
+            if event is END_OF_MESSAGE:
+                self._body_done = self._delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            if event is NEED_DATA:
+                if body:
+                    return {"type": "http.request", "body": body, "more_body": True}
                 data = await self.conn.receive(trio.current_time() + self.conn.limits.read_timeout, "body")
-                if not self.conn.check_chunks(data):
-                    raise MalformedChunk("malformed chunked body")
-                self.conn.h11.receive_data(data)
+                reader.feed(data)
                 continue
-            if isinstance(event, h11.Data):
-                return self._body_message(bytearray(event.data))
-            if isinstance(event, h11.EndOfMessage):
-                self._body_done = True
-                return {"type": "http.request", "body": b"", "more_body": False}
-            raise PeerGone  # ConnectionClosed mid-body
+            if type(event) is Refusal:
+                raise _Malformed
+            raise PeerGone  # CLOSED: the client left mid-body
 
-    def _body_message(self, body: bytearray) -> Message:
-        """``body`` plus every chunk already buffered; ``more_body`` false if the end is buffered too."""
+    def _buffered_body(self) -> bool:
+        """Skip the body bytes the reader has without reading more; whether the body's end was among them."""
+        reader = self.conn.reader
         while True:
-            event = self.conn.h11.next_event()
-            if isinstance(event, h11.Data):
-                body += event.data
-                continue
-            if isinstance(event, h11.EndOfMessage):
+            event = reader.next_event()
+            if event is END_OF_MESSAGE:
                 self._body_done = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return {"type": "http.request", "body": bytes(body), "more_body": True}  # NEED_DATA
+                return True
+            if type(event) is not bytes:
+                return False
 
     def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
         """Cancel ``cancel_scope`` if the client goes away before the app returns (never waits).
@@ -258,7 +259,7 @@ class RequestCycle:
     async def _wait_disconnect(self) -> Message:
         """Read (and keep, for the next request) until the client goes away."""
         while not self.conn.gone:
-            if len(self.conn.h11.trailing_data[0]) > self.conn.limits.max_head_bytes:
+            if self.conn.reader.buffered > self.conn.limits.max_head_bytes:
                 await trio.sleep_forever()  # pipelined too far ahead: stop reading, keep the bytes
             try:
                 data = await self.transport.receive_some()
@@ -267,8 +268,10 @@ class RequestCycle:
             if not data:
                 self.conn.gone = True
                 break
-            self.conn.h11.receive_data(data)
+            self.conn.reader.feed(data)
         return DISCONNECT
+
+    # ------------------------------------------------------------------ the response
 
     async def send(self, message: Message) -> None:
         """ASGI ``send``: the head waits for the first body chunk so both go in one write."""
@@ -279,7 +282,11 @@ class RequestCycle:
             self._head = (message["status"], list(message.get("headers", ())))
             return
         more = message.get("more_body", False)
-        data = self._encoded(message.get("body", b""), more)
+        try:
+            data = self._encoded(message.get("body", b""), more)
+        except BodyOverrun:
+            self.conn.gone = True
+            return
         if not data:
             return
         if more:  # a body chunk: written at once, waiting only for a client far behind
@@ -291,33 +298,22 @@ class RequestCycle:
             self.conn.gone = True
 
     def _encoded(self, body: bytes, more: bool) -> bytes:
-        """The response's bytes for ``body``: after the head if it is not out yet, before the end unless ``more``.
+        """The response's bytes for ``body``: after the head if it is not out yet, the end unless ``more``.
 
-        A plain request's whole plain answer is written in the plain lane; any other answer to it
-        hands the request to h11 first (the connection's ``hand_to_h11``), which writes it.
+        Raises:
+            BodyOverrun: more body than the response's ``content-length`` said.
         """
-        if self._plain_request is not None:
-            if self._head is not None and not more:
-                data = plain_response(*self._head, body)
-                if data is not None:
-                    self._head = None
-                    self._plain_answered = True
-                    return data
-            plain, self._plain_request = self._plain_request, None
-            if not self.conn.hand_to_h11(plain):
-                return b""
-        parts: list[bytes] = []
+        framing = self._framing
+        if framing.done:
+            return b""
+        head = b""
         if self._head is not None:
-            status, headers = self._head
+            head = framing.head(*self._head)
             self._head = None
-            self._status = status
-            parts.append(self.conn.h11.send(_response(status, headers)) or b"")
-        if body and not self._suppress_body:
-            parts.append(self._framed(body))
-        if not more:
-            self._chunked = False
-            parts.append(self.conn.h11.send(h11.EndOfMessage()) or b"")
-        return b"".join(parts)
+        data = framing.body(body) if body else b""
+        if more:
+            return head + data if head else data
+        return head + data + framing.end()
 
     def respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Write a whole response now, from any task (never waits).
@@ -339,7 +335,9 @@ class RequestCycle:
         self._head = (status, headers)
         try:
             data = self._encoded(body, more=False)
-        except h11.LocalProtocolError:  # the head does not frame the body: nothing went out, nothing can
+        except (
+            ValueError
+        ):  # the head does not frame the body (BodyOverrun), or a bad field: nothing went out, nothing can
             self.conn.gone = True
             return False
         self._response_started = True
@@ -367,89 +365,45 @@ class RequestCycle:
         """
         if self.conn.gone:
             return True
-        if self._chunked:  # the common case, a relayed token: no h11 event, no state check
+        framing = self._framing
+        if framing.chunked:  # the common case, a relayed token
             return not data or self.transport.write_nowait(encode_chunk(data))
-        if self._suppress_body or self.conn.h11.our_state is not h11.SEND_BODY:
+        if self._head is not None or framing.done:
             return True
         try:
-            framed = self._framed(data)
-        except h11.LocalProtocolError:  # more than a content-length said: the response cannot go on
+            framed = framing.body(data)
+        except BodyOverrun:  # more than a content-length said: the response cannot go on
             self.conn.gone = True
             return False
-        return self.transport.write_nowait(framed)
-
-    def _framed(self, data: bytes) -> bytes:
-        """``data`` framed as the response body's next bytes, the way h11 frames them.
-
-        h11 decides the framing of each response (a content-length, the chunked
-        transfer coding, or the connection's end). Once h11 framed a chunk of
-        this response as a chunk (its size in hex, CRLF, the bytes, CRLF), the
-        later chunks of the response are framed the same way here, without an
-        h11 event each: h11's event and state machine cost more than the rest of
-        a relayed token's way through the Edge in Python, and the chunked
-        coding keeps no state between chunks. h11 still writes the head and the
-        last chunk, and every body it does not frame as chunks.
-        """
-        if self._chunked:
-            return encode_chunk(data)
-        framed = self.conn.h11.send(h11.Data(data=data)) or b""
-        self._chunked = bool(data) and framed == encode_chunk(data)
-        return framed
+        return not framed or self.transport.write_nowait(framed)
 
     async def ready_for_next(self) -> bool:
         """Whether the connection can carry another request; drains an unread small body."""
-        if self._plain_request is not None:  # the request and its whole answer never went through h11
-            self._plain_request = None
-            return self._plain_answered and not self.conn.gone
-        if self.conn.gone or self.conn.h11.our_state is not h11.DONE:
+        if self.conn.gone or not self._framing.complete or not self._framing.keep_alive:
             return False
-        if self.conn.h11.their_state is h11.SEND_BODY:
-            head = self._request_head
-            if head is not None and head.expect_continue and not self._continued and head.length:
+        if not self._body_done:
+            if self.request.expect_continue and not self._continued:
                 return False  # the client waits to send its body: what follows is not a next request
+            if self._framing.status >= 400:  # a refusal keeps the connection only when its body is in hand
+                return self._buffered_body()
+            drained = 0
             try:
-                if self._status >= 400:  # a refusal keeps the connection only when its body is in hand
-                    self._body_message(bytearray())
-                else:
-                    drained = 0
-                    while self.conn.h11.their_state is h11.SEND_BODY and drained <= DRAIN_LIMIT:
-                        message = await self._next_body_message()
-                        drained += len(message["body"])
-            except (PeerGone, MalformedChunk, h11.RemoteProtocolError):
+                while not self._body_done and drained <= DRAIN_LIMIT:
+                    message = await self._next_body_message()
+                    drained += len(message["body"])
+            except (PeerGone, _Malformed):
                 return False
-        if self.conn.h11.their_state is not h11.DONE:
-            return False
-        self.conn.h11.start_next_cycle()
+            return self._body_done
         return True
 
 
-_RESPONSES: dict[tuple[int, tuple[tuple[bytes, bytes], ...]], h11.Response] = {}
-_RESPONSES_MAX = 1024
+class _Malformed(Exception):
+    """The request body's chunked framing is malformed (the reader refused it)."""
 
 
-def _response(status: int, headers: list[tuple[bytes, bytes]]) -> h11.Response:
-    """The h11 response event for ``status`` and ``headers``, reused when seen before.
-
-    Building an :class:`h11.Response` validates every header, about 13 % of the
-    Edge's CPU under a flood of refusals (py-spy), whose heads repeat. Events are
-    immutable, so one can serve every connection. Only error heads (status >= 400)
-    are kept, the first ``_RESPONSES_MAX`` distinct ones: a success head carries
-    per-request values (queue wait, length) and would only fill the table.
-    """
-    if status < 400:
-        return h11.Response(status_code=status, headers=headers, reason=b"")
-    key = (status, tuple(headers))
-    event = _RESPONSES.get(key)
-    if event is None:
-        event = h11.Response(status_code=status, headers=headers, reason=b"")
-        if len(_RESPONSES) < _RESPONSES_MAX:
-            _RESPONSES[key] = event
-    return event
-
-
-def asgi_scope(request: h11.Request | PlainRequest, target: bytes, hooks: ConnectionHooks) -> dict[str, Any]:
-    """The ASGI HTTP scope of ``request``, routed by ``target`` (origin-form), with ``hooks`` as its extension."""
-    path, _, query = target.decode("latin-1").partition("?")
+def asgi_scope(request: RequestHead, hooks: ConnectionHooks) -> dict[str, Any]:
+    """The ASGI HTTP scope of ``request``, routed by its origin-form path, with ``hooks`` as its extension."""
+    path, _, query = request.path.decode("latin-1").partition("?")
     return {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},

@@ -20,7 +20,7 @@ What the listener guarantees:
   that response goes out as bytes iop_http encoded once, the body (if the client sent
   it whole) is skipped, and the connection is paced as above. When a paused
   connection is due, the pacer's task reads it itself: if what the client sent
-  is, byte for byte, a whole request h11 parsed and the listener refused before
+  is, byte for byte, a whole request the listener read and refused before
   (a flood's retries repeat), ``refuse_head`` is asked again on that request's
   head, and a refusal goes out and the connection is paused again, all without
   waking the connection's task or parsing the bytes again; anything else is
@@ -41,12 +41,12 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, final
 
-import h11
 import trio
+
+from iop_http import END_OF_MESSAGE, RequestHead, RequestReader
 
 from ._http_pacing import PACING_QUANTUM, RECHECKS, TOLD_GRACE, Headers, Pacer, step_after
 from ._http_transport import PeerGone, SocketTransport, Transport
-from ._plain_http import PlainRequest
 
 if TYPE_CHECKING:
     from ._http_server import CannedResponse, ConnectionCounter, HttpLimits
@@ -60,7 +60,7 @@ HeadRefuser = Callable[[bytes, bytes, Headers], "tuple[CannedResponse, float] | 
 class DeskHost(Protocol):
     """What the desk uses of its connection (``_http_server``'s connection)."""
 
-    h11: h11.Connection
+    reader: RequestReader
     gone: bool
     limits: HttpLimits
     transport: Transport
@@ -81,7 +81,7 @@ class HeadDesk:
         self.counter = counter
         self.pacer = pacer
         self.refuse_head = refuse_head
-        self.unparsed: bytes | None = None  # all the bytes h11 holds, read whole on a pause's end
+        self.unparsed: bytes | None = None  # all the bytes the reader holds, read whole on a pause's end
         self.let_through = False  # refuse_head let those bytes' request through already
         self._rechecks = 0  # times the pacer found nothing to read since the pause's end
         self._idle = False  # the pacer gave up looking: the task waits for the client's bytes
@@ -135,10 +135,9 @@ class HeadDesk:
         after that :data:`RECHECK_AFTER` apart, up to :data:`RECHECKS` times (a
         client a little late, as on a busy host, costs a ``recv`` each time, not
         a wake-up of its own and a wait for the socket). Otherwise the bytes go
-        to h11 and None wakes the task, which carries on as after any pause.
+        to the reader and None wakes the task, which carries on as after any pause.
         """
-        conn = self.conn.h11
-        if conn.their_state is not h11.IDLE or conn.trailing_data != (b"", False):
+        if not self.conn.reader.at_rest:
             return None
         try:
             data = self.conn.transport.receive_nowait()
@@ -158,14 +157,13 @@ class HeadDesk:
         return self._answer_bytes(data)
 
     def _answer_bytes(self, data: bytes) -> float | None:
-        """Answer ``data``, the client's bytes read on a fresh h11 connection: the time to pause until
-        when it is a remembered request refused again (the refusal sent), else None (the bytes are
-        h11's)."""
-        conn = self.conn.h11
+        """Answer ``data``, the client's bytes read between requests with nothing buffered: the time to
+        pause until when it is a remembered request refused again (the refusal sent), else None (the
+        bytes go to the reader)."""
         head = self.pacer.recall(data) if data else None
         refused = self.decide(*head) if head is not None else None
         if refused is None:
-            conn.receive_data(data)
+            self.conn.reader.feed(data)
             self.unparsed = data
             self.let_through = head is not None
             return None
@@ -192,54 +190,36 @@ class HeadDesk:
             return None
 
     async def refuse(
-        self,
-        response: CannedResponse,
-        until: float,
-        request: h11.Request | PlainRequest,
-        path: bytes,
-        unparsed: bytes | None,
+        self, response: CannedResponse, until: float, request: RequestHead, unparsed: bytes | None
     ) -> float | None:
         """Answer ``request`` with ``response`` before the app sees it; like the connection's answer.
 
         A body already received whole is skipped and the pre-encoded bytes go out
-        as they are; h11 then starts afresh on what follows (the next request,
+        as they are; the reader then goes on with what follows (the next request,
         pipelined). A body still to come (or awaited behind ``100 Continue``)
         gets the response with ``connection: close`` and the connection ends: where
         that body ends is the client's word only. When the request was exactly the bytes
         ``unparsed`` (read whole on a pause's end, nothing after them), the pacer
-        remembers its head by them. A plain request (h11 has not seen it) is
-        whole and keeps the connection: the pre-encoded bytes go out.
+        remembers its head by them.
         """
-        if type(request) is PlainRequest:
-            await self.conn.transport.send_all(response.keep_alive)
-            if self.conn.transport.broken:
-                self.conn.gone = True
-            if self.conn.gone:
-                return None
-            self._booked(response)
-            return until
-        assert type(request) is h11.Request
-        conn = self.conn.h11
-        try:
-            event = conn.next_event()
-            while isinstance(event, h11.Data):
-                event = conn.next_event()
-        except h11.RemoteProtocolError:
-            return None  # a malformed body: nothing to answer it with
-        if not isinstance(event, h11.EndOfMessage):  # the body is not read: the connection cannot go on
+        reader = self.conn.reader
+        whole = request.length == 0
+        while not whole:
+            event = reader.next_event()
+            if event is END_OF_MESSAGE:
+                whole = True
+            elif type(event) is not bytes:
+                break
+        if not whole:  # the body is not read (or malformed): the connection cannot go on
             await self.conn.send_bytes(response.closing)
             return None
-        keep_alive = conn.their_state is h11.DONE  # MUST_CLOSE: HTTP/1.0, or connection: close
+        if request.length == 0 and reader.next_event() is not END_OF_MESSAGE:
+            return None  # never: a request without a body ends with its head
+        keep_alive = request.keep_alive  # not: HTTP/1.0, or connection: close
         await self.conn.send_bytes(response.keep_alive if keep_alive else response.closing)
         if not keep_alive or self.conn.gone:
             return None
-        rest, closed = conn.trailing_data
-        if unparsed is not None and not rest and not closed:
-            self.pacer.remember(unparsed, (request.method, path, request.headers))
+        if unparsed is not None and reader.at_rest:
+            self.pacer.remember(unparsed, (request.method, request.path, request.headers))
         self._booked(response)
-        self.conn.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.conn.limits.max_head_bytes)
-        if rest:
-            self.conn.h11.receive_data(rest)
-        if closed:
-            self.conn.h11.receive_data(b"")
         return until

@@ -1,28 +1,15 @@
-"""The Edge's HTTP/1.1 listener: h11 on trio sockets, serving an ASGI-shaped app.
+"""The Edge's HTTP/1.1 listener: :mod:`iop_http`'s request reader on trio sockets, serving an ASGI-shaped app.
 
-**Framing** (:mod:`iop_http`): every request head is accepted or refused by
-:func:`iop_http.accept_head` before any parser frames it, and a chunked body
-is checked by :class:`iop_http.ChunkedBody` as it is read. The module's rules
-are stricter than h11's (``Content-Length`` beside ``Transfer-Encoding``,
-obs-fold, bare CR/LF, ``Content-Length`` spellings, chunk sizes past 2**64),
-so h11, reading only heads the module accepted, frames them the same way. A
-refusal (400, 431, 501, 505) is a fixed text answered with ``connection:
-close``, and the connection ends.
-
-**The plain lane** (:mod:`._plain_http`): a request that arrives whole in one
-read on a connection with nothing else buffered (a keep-alive client's small
-POST, the usual case) and is plain (HTTP/1.1, keep-alive, a ``content-length``
-body, no ``expect``, nothing after it) is read by :mod:`iop_http` alone, and a
-whole answer with a ``content-length`` is written as the bytes h11 writes for
-it; any other answer to it (a stream, an odd header) hands the request's bytes
-to h11 first, which answers it as any other. Every other request goes through
-h11 as below. Driving h11 for such an exchange was about a sixth of the Edge's
-CPU per request at concurrency 64.
+**Framing** (:mod:`iop_http`): each connection has one :class:`iop_http.RequestReader`,
+fed every byte the client sends once: llhttp (``httptools``) parses the requests and
+the reader adds the project's rules where llhttp is more permissive (``docs/security.md``).
+A refusal (400, 431, 501, 505) is a fixed text answered with ``connection:
+close``, and the connection ends. Every answer is written by :mod:`iop_http`'s
+encoders (:mod:`._http_cycle`): no second parser reads the same bytes.
 
 Why not hypercorn: it was ~45 % of the Edge's CPU, and the only way to put a
 request-head deadline on its connections was its internal ``TCPServer``. Here
-each accepted connection is one task that drives an :class:`h11.Connection`
-(the protocol library hypercorn itself uses) and calls the app with an ASGI
+each accepted connection is one task that reads its requests and calls the app with an ASGI
 ``scope``, ``receive`` and ``send`` -- the subset the Edge uses (no lifespan,
 no websockets, no HTTP/2). What the listener guarantees:
 
@@ -48,8 +35,8 @@ no websockets, no HTTP/2). What the listener guarantees:
 - A response head goes out with the first body chunk, in one send.
 - **Pacing and refusals on the head**: see :mod:`._http_head_desk`.
 
-**Rooms**: :class:`_Connection` is the serve loop: it owns the socket's transport and its parser,
-reads and frames each request head, and answers framing refusals. :class:`~._http_head_desk.HeadDesk`
+**Rooms**: :class:`_Connection` is the serve loop: it owns the socket's transport and its request
+reader, reads each request head, and answers framing refusals. :class:`~._http_head_desk.HeadDesk`
 asks ``refuse_head``, answers refusals and keeps a paused connection (:mod:`._http_pacing`'s
 :class:`Pacer`). One :class:`~._http_cycle.RequestCycle` per request let through calls the app with
 its ASGI ``receive``/``send`` and :class:`~._http_cycle.ConnectionHooks`. The disconnect watch is
@@ -68,39 +55,19 @@ import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Final, final
+from typing import final
 
 import attrs
-import h11
 import trio
 
-from iop_http import (
-    CHUNKED,
-    ChunkedBody,
-    MalformedChunk,
-    Refusal,
-    RequestHead,
-    accept_head,
-    encode_response,
-    error_response,
-    find_head_end,
-    head_too_large,
-)
+from iop_http import CLOSED, NEED_DATA, Refusal, RequestHead, RequestReader, encode_response, error_response
 
 from ._http_accept import accept_loop
-from ._http_cycle import (
-    MALFORMED_CHUNKS,
-    App,
-    CycleHost,
-    RequestCycle,
-)
+from ._http_cycle import App, CycleHost, RequestCycle
 from ._http_disconnects import CAN_POLL, DisconnectPoller, DisconnectWatcher, PolledWatch
 from ._http_head_desk import HeadDesk, HeadRefuser
 from ._http_pacing import Headers, Pacer
 from ._http_transport import CLOSE_TIMEOUT, PeerGone, SocketTransport, StreamTransport, Transport
-from ._plain_http import PlainRequest, parse_plain
-
-_UNREADABLE: Final = Refusal(400, "malformed request head")
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -149,7 +116,7 @@ class CannedResponse:
 
     ``keep_alive`` and ``closing`` are the bytes on the wire after a request
     that keeps the connection open or must close it (the latter with
-    ``connection: close``, as h11 writes it).
+    ``connection: close``).
     """
 
     __slots__ = ("status", "headers", "body", "retry_after", "keep_alive", "closing")
@@ -168,7 +135,7 @@ class CannedResponse:
 
 @final
 class _Connection:
-    """One HTTP/1.1 connection: reads requests with h11, calls the app for each."""
+    """One HTTP/1.1 connection: reads requests with its :class:`iop_http.RequestReader`, calls the app for each."""
 
     def __init__(
         self,
@@ -188,15 +155,12 @@ class _Connection:
         self.refuse_head = refuse_head
         self.disconnects = disconnects
         """The listener's disconnect poller (Linux); None: the connection watches with a task of its own."""
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head_bytes)
+        self.reader = RequestReader(limits.max_head_bytes)
+        """The connection's requests, from every byte its client sends (read once)."""
         self.gone = False
         self._resumed = False  # woken from a pause: the next read need not be a schedule point
         self.desk = HeadDesk(self, counter, pacer, refuse_head)
         """The head refusals and pauses of this connection."""
-        self._plain_request: PlainRequest | None = None  # the request in the plain lane (h11 has not seen it)
-        self._request_head: RequestHead | None = None  # iop_http's reading of the request in hand
-        self._chunks: ChunkedBody | None = None  # checks a chunked request body's framing as it is read
-        self._chunks_pending = b""  # the start of a chunk line not whole yet
         self.watcher: DisconnectWatcher | PolledWatch | None = None
         """The connection's disconnect watch, made by the first request that asks for one."""
         host: CycleHost = self  # mypy checks the contract here
@@ -227,131 +191,60 @@ class _Connection:
 
     # ------------------------------------------------------------- request heads
 
-    async def _next_request(self) -> h11.Request | PlainRequest | None:
-        """The next request head (a whole plain request: :mod:`._plain_http`), or None when the connection
-        should end.
+    async def _next_request(self) -> RequestHead | None:
+        """The next request head, or None when the connection should end (a refusal answered).
 
-        Every head is accepted or refused by :func:`iop_http.accept_head` before any parser frames it:
-        the module decides where the body ends, and h11 (which reads the head only once the module
-        accepted it) frames the same bytes the same way. A refusal is answered and closes the connection.
+        Reads until the reader has the next head, the head deadline running from its first byte:
+        ``header_timeout`` to finish it, ``keep_alive_timeout`` for the first byte to come.
         """
-        self._chunks = None
-        read = await self._read_head()
-        if read is None or isinstance(read, PlainRequest):
-            return read
-        buffered, end, scheduled = read
-        head = accept_head(buffered[:end], self.limits.max_head_bytes)
-        if type(head) is Refusal:
-            await self.refuse_bytes(head)
-            return None
-        assert type(head) is RequestHead
-        if head.length == CHUNKED and not self._chunks_ok(buffered[end:]):
-            await self.refuse_bytes(MALFORMED_CHUNKS)
-            return None
-        try:
-            event = self.h11.next_event()
-        except h11.RemoteProtocolError:
-            event = None
-        if type(event) is not h11.Request:  # never, with the module's rules stricter than h11's
-            logger.warning("h11 refuses a request head iop_http accepted: closing the connection")
-            await self.refuse_bytes(_UNREADABLE)
-            return None
-        self._request_head = head
-        if not scheduled:
-            await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
-        return event
-
-    async def _read_head(self) -> PlainRequest | tuple[bytes, int, bool] | None:
-        """Read until a whole head is buffered: (the buffered bytes, the head's length, whether a schedule
-        point passed), or a whole plain request, or None when the connection ends (a refusal sent)."""
         head_deadline = math.inf
         scheduled = self._resumed  # a schedule point passed for this request (a pause's wake-up)
         self._resumed = False
-        conn = self.h11
-        max_head = self.limits.max_head_bytes
-        # Nothing buffered (the usual case between keep-alive requests): the plain lane may take the read.
-        fresh = conn.trailing_data == (b"", False)
-        buffered = b"" if fresh else conn.trailing_data[0]
+        reader = self.reader
         while True:
-            end = find_head_end(buffered)
-            if end >= 0:
-                break
-            refusal = head_too_large(buffered, max_head)
-            if refusal is not None:
-                await self.refuse_bytes(refusal)
-                return None
-            if conn.trailing_data[1]:
-                return None  # the client closed (mid-head or between requests)
-            if buffered and head_deadline == math.inf:
-                head_deadline = trio.current_time() + self.limits.header_timeout
-            self.desk.unparsed = None  # h11 now holds more than the bytes read on the pause's end
-            # Bytes already there (a keep-alive client's next request usually is, by the time the
-            # previous one is done) are read without a timer; the schedule point follows the head.
-            data = self.transport.receive_nowait()
-            if data is None:
-                deadline = head_deadline
-                if deadline == math.inf:
-                    deadline = trio.current_time() + self.limits.keep_alive_timeout
-                data = await self.receive(deadline, "request head")
-                scheduled = True
-            if fresh:
-                fresh = False
-                plain = self._plain_lane(data)
-                if plain is not None:
-                    if not scheduled:
-                        await trio.lowlevel.checkpoint()  # one schedule point per request, as below
-                    return plain
-            if data and head_deadline == math.inf:
-                head_deadline = trio.current_time() + self.limits.header_timeout
-            conn.receive_data(data)
-            buffered = conn.trailing_data[0]
-        return buffered, end, scheduled
-
-    def _plain_lane(self, data: bytes) -> PlainRequest | None:
-        """``data``, a fresh read on an idle connection, as a whole plain request, or None to read it the
-        usual way."""
-        plain = parse_plain(data, self.limits.max_head_bytes)
-        if plain is not None:
-            self._request_head = plain.head
-            self._plain_request = plain
-        return plain
-
-    def _chunks_ok(self, data: bytes) -> bool:
-        """Start checking a chunked body's framing with the bytes after its head; False when malformed."""
-        self._chunks = ChunkedBody()
-        self._chunks_pending = b""
-        return self.check_chunks(data)
-
-    def check_chunks(self, data: bytes) -> bool:
-        """Check the next bytes of a chunked request body (:class:`iop_http.ChunkedBody`), as h11 reads
-        them too: h11 takes chunk sizes iop_http refuses. False when the framing is malformed."""
-        chunks = self._chunks
-        if chunks is None or chunks.done:
-            return True
-        data = self._chunks_pending + data
-        try:
-            _, used = chunks.feed(data)
-        except MalformedChunk:
-            return False
-        self._chunks_pending = b"" if chunks.done else data[used:]
-        return True
+            event = reader.next_event()
+            if event is NEED_DATA:
+                if reader.buffered and head_deadline == math.inf:
+                    head_deadline = trio.current_time() + self.limits.header_timeout
+                self.desk.unparsed = None  # the reader now holds more than the bytes read on the pause's end
+                # Bytes already there (a keep-alive client's next request usually is, by the time the
+                # previous one is done) are read without a timer; the schedule point follows the head.
+                data = self.transport.receive_nowait()
+                if data is None:
+                    deadline = head_deadline
+                    if deadline == math.inf:
+                        deadline = trio.current_time() + self.limits.keep_alive_timeout
+                    data = await self.receive(deadline, "request head")
+                    scheduled = True
+                if data and head_deadline == math.inf:
+                    head_deadline = trio.current_time() + self.limits.header_timeout
+                reader.feed(data)
+                continue
+            if type(event) is RequestHead:
+                if not scheduled:
+                    await trio.lowlevel.checkpoint()  # read without waiting: still one schedule point per request
+                return event
+            if type(event) is Refusal:
+                await self.refuse_bytes(event)
+            else:  # CLOSED: the client ended its side (between requests or mid-head), or may send nothing more
+                assert event is CLOSED, event
+            return None
 
     async def refuse_bytes(self, refusal: Refusal) -> None:
         """Answer a request refused on its framing (fixed text) and end the connection."""
         self.gone = True
-        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self.transport.send_all(error_response(refusal))
+        await self.transport.send_all(error_response(refusal))
 
     async def receive(self, deadline: float, what: str) -> bytes:
         with trio.move_on_at(deadline):
             return await self.transport.receive_some()
-        if what == "request head" and self.h11.trailing_data[0]:
+        if what == "request head" and self.reader.buffered:
             logger.info("client sent no complete request head within %.3g s: disconnecting", self.limits.header_timeout)
         raise PeerGone
 
     # -------------------------------------------------------------- the exchange
 
-    async def _answer(self, request: h11.Request | PlainRequest) -> float | None:
+    async def _answer(self, request: RequestHead) -> float | None:
         """Answer ``request``: refused on its head, or through the app.
 
         Returns:
@@ -362,52 +255,25 @@ class _Connection:
         unparsed, desk.unparsed = desk.unparsed, None
         decided, desk.let_through = desk.let_through and unparsed is not None, False
         asked = self.refuse_head is not None and request.method != b"HEAD"
-        path = self._path(request)
-        plain, self._plain_request = self._plain_request, None
         if asked and not decided:
-            refused = desk.decide(request.method, path, request.headers)
+            refused = desk.decide(request.method, request.path, request.headers)
             if refused is not None:
-                return await desk.refuse(*refused, request, path, unparsed)
-        cycle = RequestCycle(self, request, path, self._request_head, plain, asked)
+                return await desk.refuse(*refused, request, unparsed)
+        cycle = RequestCycle(self, request, asked)
         until = await cycle.respond()
         return until if await cycle.ready_for_next() else None
-
-    def _path(self, request: h11.Request | PlainRequest) -> bytes:
-        """The origin-form target ``request`` is routed by (an absolute-form target's path and query)."""
-        head = self._request_head
-        return head.path if head is not None else request.target
 
     def keep_read(self, data: bytes) -> bool:
         """Keep bytes the disconnect watch read (a pipelined next request) for the next request; whether
         to go on watching (no: past ``max_head_bytes`` of them, the rest stays in the socket)."""
-        self.h11.receive_data(data)
-        return len(self.h11.trailing_data[0]) <= self.limits.max_head_bytes
+        self.reader.feed(data)
+        return self.reader.buffered <= self.limits.max_head_bytes
 
     async def send_bytes(self, data: bytes) -> None:
         """Write ``data`` and wait until it is out (or the client is gone)."""
         await self.transport.send_all(data)
         if self.transport.broken:
             self.gone = True
-
-    def hand_to_h11(self, plain: PlainRequest) -> bool:
-        """Hand the plain request to h11 (its bytes, then those the client sent after them), so h11
-        answers it; False when h11 refuses them (the connection is then gone)."""
-        rest, closed = self.h11.trailing_data  # bytes read after the request (h11 had only those)
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
-        conn.receive_data(plain.raw)
-        try:
-            while type(conn.next_event()) is not h11.EndOfMessage:
-                pass
-        except h11.RemoteProtocolError as exc:
-            logger.warning("h11 refuses a request llhttp read (%s): closing the connection", exc)
-            self.gone = True
-            return False
-        if rest:
-            conn.receive_data(rest)
-        if closed:
-            conn.receive_data(b"")
-        self.h11 = conn
-        return True
 
     async def _close(self) -> None:
         """Close the transport, even when cancelled; bounded (``HttpLimits.close_timeout``)."""

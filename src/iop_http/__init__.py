@@ -7,14 +7,18 @@ functions on bytes (in the manner of h11 and of :mod:`iop_admission`'s core),
 so the listener, the Node's upstream client, the mock backend and the load
 generator ask the same code, and tests check every rule without a socket.
 
-- :mod:`.request_head`: :func:`accept_head` reads a request head and returns
-  either an accepted :class:`RequestHead` (its framing decided) or a
-  :class:`Refusal` (status, reason, and whether the connection must close).
-- :mod:`.chunked`: :class:`ChunkedBody`, the strict decoder of a chunked body.
+- :mod:`.reader`: :class:`RequestReader`, one per connection, reads every
+  request with llhttp (``httptools``) and applies the project's rules where
+  llhttp is more permissive, in one place: each request's accepted
+  :class:`RequestHead` (its framing decided) or :class:`Refusal` (a fixed
+  status and text; the connection closes), its body bytes and its end.
+  :func:`accept_head` is the same reader's verdict on one head (the reference
+  the tests compare the listener with).
+- :mod:`.response`: :class:`ResponseFraming`, how one response is framed
+  (``content-length``, chunks, the connection's close; keep-alive or close).
 - :mod:`.encoding`: requests, response heads, whole answers, chunks and canned answers.
 """
 
-from .chunked import ChunkedBody, MalformedChunk
 from .encoding import (
     LAST_CHUNK,
     encode_chunk,
@@ -24,24 +28,36 @@ from .encoding import (
     error_response,
     length_framed,
 )
-from .request_head import (
+from .reader import (
     CHUNKED,
+    CLOSED,
+    END_OF_MESSAGE,
+    MALFORMED_CHUNKS,
     MAX_HEAD_BYTES,
+    NEED_DATA,
+    Event,
     Refusal,
     RequestHead,
+    RequestReader,
     accept_head,
     find_head_end,
-    head_too_large,
 )
+from .response import BodyOverrun, ResponseFraming
 
 __all__ = [
     "CHUNKED",
+    "CLOSED",
+    "END_OF_MESSAGE",
     "LAST_CHUNK",
+    "MALFORMED_CHUNKS",
     "MAX_HEAD_BYTES",
-    "ChunkedBody",
-    "MalformedChunk",
+    "NEED_DATA",
+    "BodyOverrun",
+    "Event",
     "Refusal",
     "RequestHead",
+    "RequestReader",
+    "ResponseFraming",
     "accept_head",
     "encode_chunk",
     "encode_head",
@@ -49,6 +65,5 @@ __all__ = [
     "encode_response",
     "error_response",
     "find_head_end",
-    "head_too_large",
     "length_framed",
 ]

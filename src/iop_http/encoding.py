@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from .request_head import Refusal
+from .reader import Refusal
 
 LAST_CHUNK: Final = b"0\r\n\r\n"
 """The end of a chunked body (no trailers)."""

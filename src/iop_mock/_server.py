@@ -12,9 +12,8 @@ Edge's are:
   uvicorn's asyncio loop does), where ``trio.serve_listeners`` accepts one per scheduling round:
   a Node opening hundreds of connections at once to a mock busy streaming met seconds of accept
   delay that a real server does not add.
-- Requests: each head is accepted or refused by :func:`iop_http.accept_head` (a head over the
-  limit by :func:`iop_http.head_too_large`, however it arrives), a chunked body decoded by
-  :class:`iop_http.ChunkedBody`; a refusal or malformed chunk framing gets
+- Requests: read by one :class:`iop_http.RequestReader` per connection (llhttp and the
+  project's rules, as the Edge reads them); a refusal (a head, or a chunked body's framing) gets
   :func:`iop_http.error_response` (fixed text, ``connection: close``) and the connection closes.
 - Keep-alive: a connection serves requests one after another until the client closes it or
   asks to (``connection: close``, HTTP/1.0), or sends nothing of a next request for
@@ -41,18 +40,16 @@ from typing import Any, Final, final
 import trio
 
 from iop_http import (
-    CHUNKED,
+    CLOSED,
+    END_OF_MESSAGE,
     LAST_CHUNK,
-    ChunkedBody,
-    MalformedChunk,
+    NEED_DATA,
     Refusal,
     RequestHead,
-    accept_head,
+    RequestReader,
     encode_chunk,
     encode_head,
     error_response,
-    find_head_end,
-    head_too_large,
 )
 from iop_io import PeerGone, SocketTransport, accept_loop
 
@@ -67,7 +64,6 @@ App = Callable[
 _SERVER: Final = (b"server", b"iop-mock")
 _CONTINUE: Final = encode_head(100, [_SERVER])
 _FAILED: Final = error_response(Refusal(500, "internal server error"))
-_BAD_CHUNK: Final = Refusal(400, "malformed chunked body")
 
 
 async def serve_asgi(
@@ -126,12 +122,12 @@ class _Refused(Exception):
 class _Connection:
     """One client connection: requests read one after another, each answered by the app."""
 
-    __slots__ = ("transport", "app", "_buffer", "_body", "_head", "_chunked", "_started", "_finished")
+    __slots__ = ("transport", "app", "_reader", "_body", "_head", "_chunked", "_started", "_finished")
 
     def __init__(self, transport: SocketTransport, app: App) -> None:
         self.transport = transport
         self.app = app
-        self._buffer = bytearray()
+        self._reader = RequestReader()
         self._body: bytes | None = None
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._chunked = False
@@ -172,48 +168,40 @@ class _Connection:
             _Refused: the head or the body's framing is refused.
             PeerGone: the connection broke.
         """
-        while (end := find_head_end(self._buffer)) < 0:
-            refusal = head_too_large(self._buffer)
-            if refusal is not None:
-                raise _Refused(refusal)
-            if not await self._fill():
-                return None
-        head = accept_head(bytes(self._buffer[:end]))
-        del self._buffer[:end]
+        reader = self._reader
+        head = await self._next_event()
+        if head is None:
+            return None
         if type(head) is Refusal:
             raise _Refused(head)
         assert type(head) is RequestHead
-        if head.expect_continue and head.length and not self._buffer:
+        if head.expect_continue and head.length and not reader.buffered:
             self.transport.write_nowait(_CONTINUE)
-        if head.length == CHUNKED:
-            self._body = await self._chunked_body()
-        else:
-            while len(self._buffer) < head.length:
+        parts: list[bytes] = []
+        while (event := reader.next_event()) is not END_OF_MESSAGE:
+            if type(event) is bytes:
+                parts.append(event)
+            elif event is NEED_DATA:
                 if not await self._fill():
                     return None
-            self._body = bytes(self._buffer[: head.length])
-            del self._buffer[: head.length]
+            elif type(event) is Refusal:
+                raise _Refused(event)
+            else:
+                return None  # CLOSED: the client left mid-body
+        self._body = b"".join(parts)
         return head
 
-    async def _chunked_body(self) -> bytes | None:
-        decoder = ChunkedBody()
-        parts: list[bytes] = []
-        while True:
-            try:
-                data, used = decoder.feed(self._buffer)
-            except MalformedChunk:
-                raise _Refused(_BAD_CHUNK) from None
-            parts.append(data)
-            del self._buffer[:used]
-            if decoder.done:
-                return b"".join(parts)
+    async def _next_event(self) -> RequestHead | Refusal | bytes | object | None:
+        """The reader's next event, reading as it needs; None when no further request can come."""
+        while (event := self._reader.next_event()) is NEED_DATA:
             if not await self._fill():
                 return None
+        return None if event is CLOSED else event
 
     async def _fill(self) -> bool:
-        """Read more of the client's bytes into the buffer; False at its end. Checkpoints."""
+        """Read more of the client's bytes into the reader; False at its end. Checkpoints."""
         data = await self.transport.receive_some()
-        self._buffer += data
+        self._reader.feed(data)
         return bool(data)
 
     async def _call(self, request: RequestHead) -> bool:

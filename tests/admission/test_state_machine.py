@@ -380,11 +380,21 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert result.provider == expect, f"granted {result.provider}, expected {expect}"
             assert result.attempt == 1 and result.tried == (result.provider,)
             self.take(result.arrival, result, self.candidates(model))
+            self.probe_started(result)
         else:
             self.last_seq = result.seq
             assert expect == "queued", expect
             assert result.deadline == self.now + self.config.policy.queue_timeout
             self.queued.append(result)
+
+    def probe_started(self, lease: Lease) -> None:
+        """[outlier-ejection] a grant that starts a probe stops its provider admitting: waiters of its
+        groups that this puts in panic mode are granted with it (the core's ``drain_decisions``)."""
+        drained = self.core.drain_decisions()
+        assert lease.probe or drained == [], f"decisions beside {lease}, which started no probe"
+        if drained:
+            self.fired("panic grants a probe's start caused")
+        self.apply(drained)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
@@ -505,6 +515,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert (result.arrival, result.attempt) == (lease.arrival, lease.attempt + 1)
             assert result.tried == (*lease.tried, result.provider)
             self.take(result.arrival, result, self.candidates(model, lease.tried))
+            self.probe_started(result)
         else:
             assert expect == "queued", expect
             assert (result.seq, result.attempt, result.tried) == (lease.arrival, lease.attempt + 1, lease.tried)

@@ -1,4 +1,4 @@
-"""The Edge's HTTP/1.1 listener (h11 on trio sockets): keep-alive, one send per response,
+"""The Edge's HTTP/1.1 listener (iop_http's request reader on trio sockets; h11 is the test client): keep-alive, one send per response,
 chunked bodies, ``expect: 100-continue``, the body limit, the connection cap.
 
 Real sockets on 127.0.0.1 port 0, bounded by ``trio.fail_after``.
@@ -387,8 +387,8 @@ async def test_requests_read_without_waiting_still_pass_one_schedule_point_each(
 @pytest.mark.parametrize(
     ("request_head", "headers", "reusable"),
     [
-        (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", [], True),  # h11 frames chunks: later ones framed alike
-        (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", [(b"content-length", b"17")], True),  # h11 frames all
+        (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", [], True),  # no content-length: chunks
+        (b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", [(b"content-length", b"17")], True),  # framed by its content-length
         (b"GET / HTTP/1.0\r\n\r\n", [], False),  # HTTP/1.0: the body ends with the connection
     ],
 )
@@ -500,4 +500,52 @@ async def test_the_connection_watcher_keeps_a_pipelined_request_and_parks_betwee
                     await stream.send_all(f"GET /{n} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
                     assert (await _read_response(stream, buffer))[:2] == (200, f"/{n}".encode())
                 assert seen == ["/1", "/2", "/3", "/4"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_streamed_answer_keeps_the_request_read_behind_it_while_watched() -> None:
+    """A request answered as a stream of chunks, with the next request the client sent meanwhile read by
+    the disconnect watch into the connection's reader: both are answered in order, framed as h11 reads them."""
+    release = trio.Event()
+    watching = trio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        message = await receive()
+        if scope["path"] == "/stream":
+            with trio.CancelScope() as cancel_scope:
+                scope["extensions"][CONNECTION].cancel_on_disconnect(cancel_scope)
+                watching.set()
+                await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": message["body"], "more_body": True})
+            await send({"type": "http.response.body", "body": b";end", "more_body": False})
+        else:
+            body = scope["path"].encode()
+            headers = [(b"content-length", b"%d" % len(body))]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port: int = await nursery.start(
+                lambda task_status: serve_http(
+                    app, "127.0.0.1", 0, limits=HttpLimits(header_timeout=5), task_status=task_status
+                )
+            )
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            client = h11.Connection(h11.CLIENT)
+            await stream.send_all(b"POST /stream HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nfirst")
+            await watching.wait()
+            await stream.send_all(b"GET /next HTTP/1.1\r\nhost: x\r\n\r\n")
+            await trio.testing.wait_all_tasks_blocked()  # the watch has read /next by now
+            release.set()
+            answers = []
+            for target in ("/stream", "/next"):
+                client.send(h11.Request(method="GET", target=target, headers=[("host", "x")]))
+                client.send(h11.EndOfMessage())
+                response, body = await h11_answer(client, stream)
+                answers.append((body, (b"transfer-encoding", b"chunked") in list(response.headers)))
+                client.start_next_cycle()
+            assert answers == [(b"first;end", True), (b"/next", False)]
+            await stream.aclose()
             nursery.cancel_scope.cancel()

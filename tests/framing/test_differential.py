@@ -5,6 +5,7 @@ connection)."""
 
 from __future__ import annotations
 
+import itertools
 import urllib.parse
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framing.listener import MARKER, exchange, listening, statuses
-from iop_http import CHUNKED, ChunkedBody, MalformedChunk, Refusal, accept_head, find_head_end, head_too_large
+from iop_http import CLOSED, END_OF_MESSAGE, NEED_DATA, Refusal, RequestHead, RequestReader
 
 _TARGETS = [b"/a", b"/a?b=1", b"a", b"*", b"http://h/p", b"https://h", b"http://h?x", b"//x", b"/%41", b"ftp://h/"]
 _LENGTHS = [b"3", b"03", b"+3", b"3 ", b"3,3", b"0x3", b"-1", b"", b"3 3", b"99999999999999999999"]
@@ -51,50 +52,47 @@ def requests(draw: st.DrawFn) -> bytes:
 
 
 def reference(stream: bytes) -> tuple[list[int], list[tuple[str, str, bytes]]]:
-    """iop_http's reading of ``stream`` (the client then ends its side): the statuses answered and the
-    requests run (method, path, body). A request cut short by the client's end is neither answered nor run."""
+    """iop_http's reading of ``stream`` (the client then ends its side), all of it in one read: the
+    statuses answered and the requests run (method, path, body). A request cut short by the client's
+    end is neither answered nor run."""
     statuses: list[int] = []
     ran: list[tuple[str, str, bytes]] = []
-    while stream:
-        end = find_head_end(stream)
-        if end < 0:
-            early = head_too_large(stream)
-            return statuses + ([early.status] if early is not None else []), ran
-        head = accept_head(stream[:end])
-        if isinstance(head, Refusal):
-            return [*statuses, head.status], ran
-        rest = stream[end:]
-        if head.length == CHUNKED:
-            chunks = ChunkedBody()
-            try:
-                body, used = chunks.feed(rest)
-            except MalformedChunk:
-                return [*statuses, 400], ran  # the app was reading it: it never ran
-            if not chunks.done:
-                return statuses, ran
-        elif len(rest) < head.length:
+    reader = RequestReader()
+    reader.feed(stream)
+    reader.feed(b"")
+    head: RequestHead | None = None
+    body = b""
+    while True:
+        event = reader.next_event()
+        if event is CLOSED or event is NEED_DATA:
             return statuses, ran
+        if isinstance(event, Refusal):
+            return [*statuses, event.status], ran  # a malformed body: the app was reading it, it never ran
+        if isinstance(event, RequestHead):
+            head, body = event, b""
+        elif isinstance(event, bytes):
+            body += event
         else:
-            body, used = rest[: head.length], head.length
-        statuses.append(200)
-        ran.append((head.method.decode(), urllib.parse.unquote(head.path.partition(b"?")[0].decode()), body))
-        if not head.keep_alive:
-            return statuses, ran
-        stream = rest[used:]
-    return statuses, ran
+            assert event is END_OF_MESSAGE and head is not None
+            statuses.append(200)
+            ran.append((head.method.decode(), urllib.parse.unquote(head.path.partition(b"?")[0].decode()), body))
 
 
 @pytest.mark.req("http-framing")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=requests())
-def test_the_listener_frames_as_the_module_does(data: bytes) -> None:
-    """[http-framing] Whatever the request, the listener's verdicts and framing are the module's."""
+@given(data=requests(), cuts=st.lists(st.integers(1, 200), max_size=3))
+def test_the_listener_frames_as_the_module_does(data: bytes, cuts: list[int]) -> None:
+    """[http-framing] Whatever the request and however its bytes are sent (cut into several sends), the
+    listener's verdicts and framing are the module's, which reads it all in one read."""
     statuses_expected, ran_expected = reference(data + MARKER)
+    stream = data + MARKER
+    bounds = sorted({0, *(c for c in cuts if c < len(stream)), len(stream)})
+    pieces = [stream[a:b] for a, b in itertools.pairwise(bounds)]
 
     async def check() -> None:
         with trio.fail_after(10):
             async with listening() as backend:
-                answers = statuses(await exchange(backend.port, data + MARKER))
+                answers = statuses(await exchange(backend.port, *pieces))
                 assert [s for s, _ in answers] == statuses_expected, (answers, data)
                 assert backend.ran == ran_expected, (backend.ran, data)
 

@@ -122,3 +122,17 @@ async def test_an_absolute_form_target_is_routed_by_its_path(target: bytes, path
             received = await exchange(backend.port, b"GET %b HTTP/1.1\r\nhost: x\r\n\r\n" % target + MARKER)
             assert statuses(received) == [(200, b"ran " + path.encode()), (200, b"ran /marker")]
             assert [p for _, p, _ in backend.ran] == [path, "/marker"]
+
+
+@pytest.mark.req("http-framing")
+async def test_an_upgrade_request_is_answered_then_the_connection_closes() -> None:
+    """[http-framing] RFC 9110 7.8: a request asking for a protocol upgrade is answered as a plain one
+    (no switch) and the connection closes after it: llhttp reads nothing after an upgrade, so the
+    request pipelined behind it never runs."""
+    with trio.fail_after(10):
+        async with listening() as backend:
+            upgrade = b"GET /up HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nconnection: upgrade\r\n\r\n"
+            received = await exchange(backend.port, upgrade + MARKER)
+            assert statuses(received) == [(200, b"ran /up")]
+            assert b"connection: close" in received.lower()
+            assert backend.count("/marker") == 0

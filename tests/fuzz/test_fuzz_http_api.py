@@ -217,7 +217,7 @@ async def test_odd_contents_never_500(edge_thread: EdgeThread, case: tuple[str, 
 @example(head=b"! ! HTTP/0.0")  # once answered 404: h11 reads any version and any target
 @example(head=b"GET ! HTTP/1.1\r\nhost: x")
 @example(head=b"GET / HTTP/2.0\r\nhost: x")
-@example(head=b"A / HTTP/1.0")  # well formed: an unknown method on a path
+@example(head=b"A / HTTP/1.0")  # an unknown method on a path: llhttp refuses it (400)
 async def test_garbage_request_head_is_400_or_closed(edge_thread: EdgeThread, head: bytes) -> None:
     """Bytes that are not an HTTP request head: iop_http's refusal (400, 501 or 505) or a closed
     connection, no hang; the rare head that is well formed (iop_http accepts it) gets an answer

@@ -1,0 +1,539 @@
+"""Reading requests (RFC 9112): llhttp frames them, the project's rules decide which it serves.
+
+One :class:`RequestReader` per connection, fed every byte the client sends,
+once. Parsing is a library's (llhttp through ``httptools``, as uvicorn reads
+requests); this module adds, in one place (:meth:`RequestReader.on_headers_complete`),
+the rules where llhttp is more permissive than a gateway facing the internet
+should be, and maps llhttp's errors onto fixed refusals. Each rule is listed
+with its RFC section in ``docs/security.md``.
+
+llhttp refuses on its own: ``Content-Length`` beside ``Transfer-Encoding``,
+obs-fold, a bare CR or LF, a duplicate ``Content-Length`` (even an equal one),
+whitespace before a field's colon, control characters, an unknown method, a
+version that is not ``HTTP/x.y``, ``Transfer-Encoding`` whose last coding is
+not ``chunked`` (501 here), and malformed chunk framing (a size with ``0x``, a
+sign or past 2**64, data longer than its size). Ours, at headers-complete:
+
+- the target is a path (origin form), ``*`` for ``OPTIONS``, or an
+  ``http``/``https`` URL (absolute form, routed by its path and query); anything else 400;
+- the request line is exactly ``method SP target SP HTTP/x.y`` (llhttp also takes ``RTSP/1.0``
+  and several spaces: 400), the version 1.0 or 1.1 (else 505);
+- HTTP/1.1 requests carry exactly one ``Host``, HTTP/1.0 at most one, well formed (400);
+- ``Content-Length`` has at most 18 digits (400);
+- ``Transfer-Encoding`` other than a single ``chunked`` is 501, in HTTP/1.0 400;
+- a protocol upgrade (``Upgrade`` with ``connection: upgrade``) with a body is 400; without one
+  it is answered as a plain request, and the connection closes after it;
+- a head longer than the limit is 431, whatever the reads it came in.
+
+Where a message ends is found without parsing ahead: a head ends at the first
+CRLF CRLF (a byte search; llhttp then reads exactly those bytes), a
+``Content-Length`` body after that many bytes, and a chunked body, which
+always ends with CRLF CRLF, is fed to llhttp in pieces cut after each CRLF
+CRLF, so the piece in which llhttp completes the message ends where the
+message ends. llhttp thus never reads a byte of the next request before the
+reader is asked for it, and the bytes a request consumed are exact.
+
+Every refusal ends the reading: the connection closes after the answer. A
+refusal's text is fixed: it never carries the request's bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Final, final
+
+import httptools
+
+MAX_HEAD_BYTES: Final = 64 * 1024
+"""The default bound of a request head, its final empty line included."""
+
+CHUNKED: Final = -1
+""":attr:`RequestHead.length` of a body in the chunked transfer coding."""
+
+_MAX_LENGTH_DIGITS: Final = 18  # below 2**63: a length every parser holds in a machine word
+_ABSOLUTE: Final = re.compile(rb"(?i:https?)://([^/?#]*)([^#]*)")
+_AUTHORITY: Final = re.compile(rb"[-A-Za-z0-9._~%!$&'()*+,;=:\[\]]*")
+_HEAD_END: Final = b"\r\n\r\n"
+
+
+@final
+class RequestHead:
+    """An accepted request head.
+
+    Attributes:
+        method: the method, as sent (case matters).
+        target: the request target as sent.
+        path: the target in origin form (``/path?query``): the path of an
+            absolute-form target, ``*`` for ``OPTIONS *``; what the request is
+            routed by.
+        http_version: ``b"1.1"`` or ``b"1.0"``.
+        headers: the fields, names lower-cased, values without surrounding whitespace.
+        length: the body's length in bytes, or :data:`CHUNKED`.
+        keep_alive: whether the client lets the connection carry another request.
+        expect_continue: the client waits for ``100 Continue`` before sending its body.
+        size: the head's length in bytes (its final empty line included).
+    """
+
+    __slots__ = (
+        "method",
+        "target",
+        "path",
+        "http_version",
+        "headers",
+        "length",
+        "keep_alive",
+        "expect_continue",
+        "size",
+    )
+
+    def __init__(
+        self,
+        method: bytes,
+        target: bytes,
+        path: bytes,
+        http_version: bytes,
+        headers: list[tuple[bytes, bytes]],
+        length: int,
+        keep_alive: bool,
+        expect_continue: bool,
+        size: int,
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.path = path
+        self.http_version = http_version
+        self.headers = headers
+        self.length = length
+        self.keep_alive = keep_alive
+        self.expect_continue = expect_continue
+        self.size = size
+
+    def __repr__(self) -> str:
+        length = "chunked" if self.length == CHUNKED else f"{self.length} bytes"
+        return f"<RequestHead {self.method.decode('latin-1')} {self.path!r}, body {length}>"
+
+
+@final
+class Refusal:
+    """A refused request: answer ``status`` with ``reason`` (fixed text), then close the connection."""
+
+    __slots__ = ("status", "reason")
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<Refusal {self.status} {self.reason}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Refusal) and (self.status, self.reason) == (other.status, other.reason)
+
+    def __hash__(self) -> int:
+        return hash((self.status, self.reason))
+
+
+@final
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+NEED_DATA: Final = _Marker("NEED_DATA")
+""":meth:`RequestReader.next_event`: nothing more until more bytes arrive."""
+END_OF_MESSAGE: Final = _Marker("END_OF_MESSAGE")
+""":meth:`RequestReader.next_event`: the request's body ended (its last bytes came before)."""
+CLOSED: Final = _Marker("CLOSED")
+""":meth:`RequestReader.next_event`: no further request: the client ended its side (between requests or
+mid-request), the request before did not keep the connection, or a refusal was given."""
+
+Event = RequestHead | Refusal | bytes | _Marker
+"""What :meth:`RequestReader.next_event` returns; ``bytes`` are body bytes."""
+
+_HEAD, _LENGTH, _CHUNKED, _DONE = range(4)
+
+
+class _Refused(Exception):
+    """Raised in a parser callback to stop llhttp with our refusal."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.reason)
+        self.refusal = refusal
+
+
+@final
+class RequestReader:
+    """The requests of one connection, from the bytes its client sends (sans-I/O, one llhttp parser).
+
+    :meth:`feed` the bytes as they arrive (``b""`` when the client ends its
+    side); :meth:`next_event` returns, in order, each request's
+    :class:`RequestHead` (or its :class:`Refusal`), its body bytes, then
+    :data:`END_OF_MESSAGE`; :data:`NEED_DATA` when it needs more bytes, and
+    :data:`CLOSED` when no further request can come. Bytes are framed only as
+    far as events are asked for: the rest waits (:attr:`buffered`).
+    """
+
+    __slots__ = (
+        "_parser",
+        "_max_head",
+        "_pending",
+        "_events",
+        "_state",
+        "_eof",
+        "_left",
+        "_tail",
+        "_complete",
+        "_in_head",
+        "_url",
+        "_headers",
+        "_lengths",
+        "_codings",
+        "_hosts",
+        "_connection",
+        "_expect",
+        "_upgrade",
+        "_size",
+        "_keep_alive",
+        "_fed",
+        "_line",
+    )
+
+    def __init__(self, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
+        self._parser = httptools.HttpRequestParser(self)
+        self._max_head = max_head_bytes
+        self._pending = bytearray()  # received, not fed to llhttp yet
+        self._events: deque[Event] = deque()
+        self._state = _HEAD
+        self._eof = False
+        self._left = 0  # the bytes of a content-length body not fed yet
+        self._tail = b""  # the last bytes of a chunked body fed (a CRLF CRLF may straddle two reads)
+        self._complete = False  # llhttp completed the message in the bytes just fed
+        self._keep_alive = True
+        self._fed = 0  # the bytes of a head not whole yet already fed to llhttp (its errors come early)
+        self._line = b""  # the request line of the head being read
+        self._size = 0  # the length of the head being read
+        self._reset()
+
+    def __repr__(self) -> str:
+        return f"<RequestReader state {self._state}, {len(self._pending)} bytes buffered>"
+
+    def _reset(self) -> None:
+        self._in_head = True
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._lengths: list[bytes] = []
+        self._codings: list[bytes] = []
+        self._hosts: list[bytes] = []
+        self._connection: list[bytes] = []
+        self._expect = False
+        self._upgrade = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not framed yet (a pipelined next request, say)."""
+        return len(self._pending)
+
+    @property
+    def at_rest(self) -> bool:
+        """Between requests with nothing buffered and the client's side open: a fresh start."""
+        return self._state == _HEAD and not self._pending and not self._events and not self._eof
+
+    def feed(self, data: bytes) -> None:
+        """Take the client's next bytes (``b""``: the client ended its side)."""
+        if data:
+            self._pending += data
+        else:
+            self._eof = True
+
+    def next_event(self) -> Event:
+        """The next event of the request stream (see the class)."""
+        events = self._events
+        while not events:
+            if not self._advance():
+                return CLOSED if self._state == _DONE or (self._eof and not self._pending) else NEED_DATA
+        return events.popleft()
+
+    # ----------------------------------------------------------------- framing
+
+    def _advance(self) -> bool:
+        """Frame what the buffered bytes allow; False when nothing could be (more bytes, or nothing more)."""
+        state = self._state
+        if state == _HEAD:
+            return self._read_head()
+        if state == _DONE:
+            return False
+        pending = self._pending
+        if not pending:
+            if self._eof:
+                self._state = _DONE  # the client left mid-body
+            return False
+        if state == _LENGTH:
+            take = min(self._left, len(pending))
+            self._left -= take
+            piece = bytes(pending[:take])
+            del pending[:take]
+            self._execute(piece)
+            return True
+        return self._read_chunks()
+
+    def _read_head(self) -> bool:
+        pending = self._pending
+        if not pending:
+            if self._eof:
+                self._state = _DONE
+            return False
+        if pending[0] in b"\r\n":  # llhttp would skip empty lines; the head's length would not be the bytes'
+            self._refuse(_BAD_REQUEST_LINE)
+            return True
+        end = pending.find(_HEAD_END)
+        if end < 0:
+            if len(pending) > self._max_head:
+                self._refuse(_TOO_LARGE)
+                return True
+            if self._eof:
+                self._state = _DONE  # the client left mid-head
+                return False
+            fed = self._fed
+            if fed >= len(pending) - 1:
+                return False
+            self._fed = len(pending) - 1  # the last byte may be the CR of the end: wait for it
+            self._execute(bytes(pending[fed : self._fed]))
+            return self._state == _DONE
+        end += 4
+        if end > self._max_head:
+            self._refuse(_TOO_LARGE)
+            return True
+        head = bytes(pending[self._fed : end])
+        first = bytes(pending[:4])
+        line_end = pending.find(b"\r\n")
+        self._line = bytes(pending[:line_end])
+        del pending[:end]
+        self._fed = 0
+        self._size = end
+        self._in_head = True
+        self._execute(head)
+        if self._in_head and self._state == _HEAD:  # llhttp wants more than a head: HTTP/2's preface
+            self._refuse(_VERSION if first == b"PRI " else _MALFORMED_HEAD)
+        return True
+
+    def _read_chunks(self) -> bool:
+        """Feed a chunked body in pieces cut after each CRLF CRLF: the message can only end at such a cut."""
+        pending = self._pending
+        data = bytes(pending)
+        tail = self._tail
+        joined = tail + data
+        start = 0
+        at = joined.find(_HEAD_END)
+        while at >= 0:
+            cut = at + 4 - len(tail)
+            if cut > start:
+                self._execute(data[start:cut])
+                start = cut
+                if self._complete or self._state != _CHUNKED:
+                    del pending[:start]
+                    return True
+            at = joined.find(_HEAD_END, at + 1)
+        if start < len(data):
+            self._execute(data[start:])
+        self._tail = joined[-3:]
+        pending.clear()
+        return True
+
+    def _execute(self, data: bytes) -> None:
+        """Feed ``data`` to llhttp; its callbacks queue the events."""
+        self._complete = False
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if not self._complete:  # never: llhttp pauses on an upgrade once the message is complete
+                self._refuse(_UPGRADE_WITH_BODY)
+            else:
+                self._state = _DONE
+        except httptools.HttpParserError as error:
+            refused = error.__context__
+            if isinstance(refused, _Refused):
+                self._refuse(refused.refusal)
+            else:
+                self._refuse(_mapped(str(error), self._in_head))
+
+    def _refuse(self, refusal: Refusal) -> None:
+        self._fed = 0
+        self._events.append(refusal)
+        self._state = _DONE
+        self._pending.clear()
+
+    # -------------------------------------------------- llhttp's callbacks
+
+    def on_message_begin(self) -> None:
+        self._reset()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a trailer field: llhttp checked its syntax; the body's end is all it decides
+        name = name.lower()
+        value = value.strip(b" \t")
+        self._headers.append((name, value))
+        if name == b"content-length":
+            self._lengths.append(value)
+        elif name == b"transfer-encoding":
+            self._codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
+        elif name == b"host":
+            self._hosts.append(value)
+        elif name == b"connection":
+            self._connection.extend(c.strip(b" \t").lower() for c in value.split(b","))
+        elif name == b"expect":
+            self._expect = value.lower() == b"100-continue"
+        elif name == b"upgrade":
+            self._upgrade = True
+
+    def on_headers_complete(self) -> None:
+        """The project's rules on a head llhttp read; raises :class:`_Refused` to refuse it."""
+        self._in_head = False
+        parser = self._parser
+        method = parser.get_method()
+        line = self._line
+        if line[-9:-3] != b" HTTP/":
+            raise _Refused(_BAD_REQUEST_LINE)  # RTSP/1.0, say: llhttp reads it as HTTP
+        version = parser.get_http_version().encode("ascii")
+        if version not in (b"1.1", b"1.0"):
+            raise _Refused(_VERSION)
+        target = self._url
+        if line != b"%b %b HTTP/%b" % (method, target, version):
+            raise _Refused(_BAD_REQUEST_LINE)  # not method SP target SP version: llhttp takes "GET  /"
+        path = _routed(method, target)
+        if path is None:
+            raise _Refused(_BAD_TARGET)
+        hosts = self._hosts
+        if len(hosts) > 1 or (not hosts and version == b"1.1"):
+            raise _Refused(_BAD_HOST)
+        if hosts and _AUTHORITY.fullmatch(hosts[0]) is None:
+            raise _Refused(_BAD_HOST)
+        length = self._length(version)
+        upgrade = self._upgrade and b"upgrade" in self._connection
+        if upgrade and length:
+            raise _Refused(_UPGRADE_WITH_BODY)
+        keep_alive = version == b"1.1" and b"close" not in self._connection and not upgrade
+        self._keep_alive = keep_alive
+        head = RequestHead(method, target, path, version, self._headers, length, keep_alive, self._expect, self._size)
+        self._events.append(head)
+        if length == CHUNKED:
+            self._state = _CHUNKED
+            self._tail = b""
+        elif length:
+            self._state = _LENGTH
+            self._left = length
+
+    def _length(self, version: bytes) -> int:
+        """The body's framing (RFC 9112 6.3, strictly): its length or :data:`CHUNKED`; raises to refuse."""
+        if self._codings:
+            if version == b"1.0":
+                raise _Refused(_CODING_IN_1_0)
+            if self._codings != [b"chunked"]:
+                raise _Refused(_CODING)
+            return CHUNKED
+        if self._lengths:
+            value = self._lengths[0]
+            if len(value) > _MAX_LENGTH_DIGITS:
+                raise _Refused(_BAD_LENGTH)
+            return int(value)
+        return 0
+
+    def on_body(self, body: bytes) -> None:
+        self._events.append(body)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        self._events.append(END_OF_MESSAGE)
+        self._state = _HEAD if self._keep_alive else _DONE
+
+
+def _routed(method: bytes, target: bytes) -> bytes | None:
+    """The origin form ``target`` is routed by, or None when it is no target this server takes."""
+    if target[:1] == b"/":
+        return target
+    if target == b"*":
+        return target if method == b"OPTIONS" else None
+    absolute = _ABSOLUTE.fullmatch(target)
+    if absolute is None or method == b"CONNECT":
+        return None
+    authority, rest = absolute.groups()
+    if not authority or _AUTHORITY.fullmatch(authority) is None or b"@" in authority:
+        return None
+    if rest[:1] == b"/":
+        return rest
+    return b"/" + rest if rest[:1] == b"?" or not rest else None
+
+
+def _mapped(error: str, in_head: bool) -> Refusal:
+    """The refusal for llhttp's ``error`` (its reason text), in a head or in a chunked body."""
+    if not in_head:
+        return MALFORMED_CHUNKS
+    for fragment, refusal in _LLHTTP_ERRORS:
+        if fragment in error:
+            return refusal
+    return _MALFORMED_HEAD
+
+
+def find_head_end(data: bytes | bytearray) -> int:
+    """The length of the request head at the start of ``data`` (through its empty line), or -1 if not whole."""
+    end = data.find(_HEAD_END)
+    return end + 4 if end >= 0 else -1
+
+
+def accept_head(head: bytes, max_head_bytes: int = MAX_HEAD_BYTES) -> RequestHead | Refusal:
+    """The reference verdict on ``head`` (the bytes :func:`find_head_end` measured): the accepted
+    head, or its refusal. The same :class:`RequestReader` the listener reads requests with."""
+    if not head.endswith(_HEAD_END) or find_head_end(head) != len(head):
+        return _NOT_A_HEAD if len(head) <= max_head_bytes else _TOO_LARGE
+    reader = RequestReader(max_head_bytes)
+    reader.feed(head)
+    event = reader.next_event()
+    assert isinstance(event, RequestHead | Refusal), event
+    return event
+
+
+_TOO_LARGE: Final = Refusal(431, "request head too large")
+_NOT_A_HEAD: Final = Refusal(400, "request head not terminated by an empty line")
+_BARE: Final = Refusal(400, "bare CR or LF in the request head")
+_BAD_REQUEST_LINE: Final = Refusal(400, "malformed request line")
+_VERSION: Final = Refusal(505, "HTTP version not supported")
+_BAD_TARGET: Final = Refusal(400, "request target is not a path")
+_OBS_FOLD: Final = Refusal(400, "folded header line (obs-fold)")
+_BAD_FIELD: Final = Refusal(400, "malformed header field")
+_BAD_LENGTH: Final = Refusal(400, "content-length is not a number")
+_LENGTHS: Final = Refusal(400, "several content-length fields")
+_BAD_HOST: Final = Refusal(400, "missing, repeated or malformed host")
+_LENGTH_AND_CODING: Final = Refusal(400, "both content-length and transfer-encoding")
+_CODING_IN_1_0: Final = Refusal(400, "transfer-encoding in an HTTP/1.0 request")
+_CODING: Final = Refusal(501, "transfer-encoding other than chunked")
+_UPGRADE_WITH_BODY: Final = Refusal(400, "protocol upgrade with a body")
+_MALFORMED_HEAD: Final = Refusal(400, "malformed request head")
+MALFORMED_CHUNKS: Final = Refusal(400, "malformed chunked body")
+"""The refusal of a chunked body whose framing llhttp refuses."""
+
+_LLHTTP_ERRORS: Final = (
+    ("can't be present with", _LENGTH_AND_CODING),
+    ("Transfer-Encoding", _CODING),  # a coding after chunked, a repeated chunked: not a single final chunked
+    ("Duplicate Content-Length", _LENGTHS),
+    ("Content-Length", _BAD_LENGTH),
+    ("whitespace after header value", _OBS_FOLD),
+    ("HTTP version", _VERSION),
+    ("Expected CRLF", _BARE),
+    ("Missing expected LF", _BARE),
+    ("Missing expected CR", _BARE),
+    ("Expected LF", _BARE),
+    ("header", _BAD_FIELD),
+    ("method", _BAD_REQUEST_LINE),
+    ("url", _BAD_TARGET),
+    ("Expected HTTP/", _BAD_REQUEST_LINE),
+)
+"""llhttp's error reasons (fragments, first match wins) and the refusal each maps onto; any other: 400."""
