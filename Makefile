@@ -69,20 +69,27 @@ bench-peers: $(STAMP)
 # Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
 # `make test`. Results are kept in mutants/. HYPOTHESIS_PROFILE=mutate (tests/conftest.py): fixed
 # seed, no shrinking, example tests before Hypothesis ones. `make mutate` reruns the mutants of the
-# health, retry, probe and panic functions of the admission core (399 before its split by concern);
-# MUTANTS='glob ...' picks others (e.g. MUTANTS='iop_admission._gate.*'); `make mutate-all` starts from scratch over the whole admission
-# core, the Node's gate and the Edge's overload unit (3,145 mutants).
-MUTATE_HEALTH = $(foreach f,report_failure report_success advance _eject _restore _reopen_probe _reportable \
-	_forget_health,'iop_admission._health.xǁHealthRulesǁ$(f)__mutmut_*') \
-	$(foreach f,retry expire,'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
+# health, retry, probe and panic functions of the admission core, where they live since its split by
+# concern (_health, _state, _refresh, _core, _slots, _queries, _choice); MUTANTS='glob ...' picks
+# others (e.g. MUTANTS='iop_admission._gate.*'); `make mutate-all` starts from scratch over the whole
+# admission core, the Node's gate and the Edge's overload unit. `make mutate-hand` applies issue 32's
+# hand mutants one at a time against the example tests of tests/admission.
+MUTATE_HEALTH = $(foreach f,report_failure report_success advance next_ejection_end panic_models _eject _restore \
+	_reopen_probe _reportable _forget_health,'iop_admission._health.xǁHealthRulesǁ$(f)__mutmut_*') \
+	$(foreach f,retry expire release disconnect _fence,'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
 	'iop_admission._refresh.xǁRefreshRulesǁ_requeue__mutmut_*' \
-	$(foreach f,_enqueue_in_order _grant,'iop_admission._core.xǁStateCoreǁ$(f)__mutmut_*') \
-	$(foreach f,panic best_of could_run untried,'iop_admission._choice.x_$(f)__mutmut_*')
+	$(foreach f,_enqueue_in_order _grant _probe_started _retries_of,'iop_admission._core.xǁStateCoreǁ$(f)__mutmut_*') \
+	$(foreach f,best in_panic,'iop_admission._slots.xǁModelGroupǁ$(f)__mutmut_*') \
+	'iop_admission._queries.xǁStateQueriesǁ_retry_pressure__mutmut_*' \
+	$(foreach f,choose panic best_of could_run untried,'iop_admission._choice.x_$(f)__mutmut_*')
 MUTANTS ?= $(MUTATE_HEALTH)
-.PHONY: mutate mutate-all
+.PHONY: mutate mutate-all mutate-hand
 mutate: $(STAMP)
 	HYPOTHESIS_PROFILE=mutate nice -n 19 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 	$(BIN)/mutmut results
+
+mutate-hand: $(STAMP)
+	$(BIN)/python -m tests.admission.hand_mutants
 
 mutate-all: $(STAMP)
 	rm -rf mutants

@@ -65,7 +65,7 @@ from typing import NoReturn, final
 
 import trio
 
-from ._config import PoolConfig
+from ._config import PoolConfig, ProviderKey
 from ._errors import NodeNotFound
 from ._events import AdmissionEvent
 from ._handoff import Handoff
@@ -230,6 +230,22 @@ class Admission:
             if self._events.subscribers:
                 self._events.emit(AdmissionEvent("disconnected", now_or_none(), node_id=node_id, generation=generation))
         return done
+
+    @trio.lowlevel.enable_ki_protection
+    def hold(self, provider: ProviderKey, runs: int) -> None:
+        """Count ``runs`` held elsewhere against ``provider``'s capacity [held-elsewhere].
+
+        Runs this pool did not grant but that use the provider all the same
+        (another Edge's, still running on the node) count in its
+        ``in_flight`` until a later call lowers the count (0 ends it) or the
+        node's generation ends (``disconnect``, ``connect``). A lower count
+        hands the room to waiters at once. A provider not configured, or whose
+        node is not connected, is left as it is.
+
+        Raises:
+            ValueError: ``runs`` is negative.
+        """
+        self._handoff.apply(self._core.hold(provider, runs))
 
     def prepare_refresh(self, config: PoolConfig, *, pause: Callable[[], None] | None = None) -> PreparedRefresh:
         """Validate ``config`` and work out what it changes, for :meth:`refresh` to apply.

@@ -242,6 +242,7 @@ class ProviderSlot:
         "eligible",
         "in_flight",
         "long_in_flight",
+        "held",
         "leases",
         "groups",
         "stamp",
@@ -263,8 +264,9 @@ class ProviderSlot:
     def __init__(self, key: ProviderKey, node: NodeState, spec: ProviderSpec) -> None:
         self.key = key
         self.node = node
-        self.in_flight = 0
+        self.in_flight = 0  # live leases + held
         self.long_in_flight = 0
+        self.held = 0  # runs held elsewhere (AdmissionState.hold), counted in in_flight
         self.leases: dict[int, Lease] = {}
         self.groups: list[tuple[ModelGroup, int]] = []  # (model group, position among its candidates)
         self.stamp = 0

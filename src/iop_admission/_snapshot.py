@@ -20,7 +20,8 @@ class ProviderSnapshot:
     with three eligible candidates counts at each of them, so the sum over
     providers can exceed :attr:`Snapshot.queue_depth`, the true queue length.
     An offline or disabled provider reports 0 for effective capacities and
-    pressure; ``in_flight`` always equals its live leases.
+    pressure; ``in_flight`` always equals its live leases plus the runs held
+    elsewhere (``AdmissionState.hold``, ``Admission.hold``).
 
     Health ([outlier-ejection]): ``health`` is ``offline`` while the node is not
     connected, else ``ejected`` from an ejection until the provider is restored

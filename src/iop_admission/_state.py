@@ -70,6 +70,11 @@ Why it is built this way:
   provider overtakes it. Retries are few (one per failed attempt), and each
   costs a scan of its candidates.
 
+* **Runs held elsewhere** [held-elsewhere]. :meth:`AdmissionState.hold` sets
+  a count of runs on a provider that this state did not grant (another
+  Edge's, docs/ha.md); it is added to ``in_flight``, so every capacity check
+  and the choice rule see it, and a lower count hands the room to waiters.
+
 * **Generations fence.** ``connect`` starts a new generation of a node;
   ``disconnect`` with the current generation takes the node offline and
   revokes every live lease on its providers (counters drop at once; each lease
@@ -84,6 +89,7 @@ from collections.abc import Iterator
 from typing import final
 
 from ._choice import best_of, by_seq, could_run, groups_of, reasons, untried
+from ._config import ProviderKey
 from ._errors import ModelNotFound, QueueFull, QueueTimeout, RetriesExhausted, Unavailable
 from ._prepared import PreparedRefresh, prepare_refresh
 from ._queries import StateQueries
@@ -296,6 +302,34 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
                 return self._dispatch(g for g, _ in slot.groups)
         return []
 
+    def hold(self, provider: ProviderKey, runs: int) -> list[Decision]:
+        """Count ``runs`` held elsewhere against ``provider``'s capacity, until changed [held-elsewhere].
+
+        Runs this state did not grant but that use the provider all the same
+        -- the runs another Edge left running on a node (docs/ha.md) -- count
+        in its ``in_flight`` like live leases: no grant takes the provider past
+        its capacity with them. ``runs`` replaces the provider's previous
+        count (0 ends it); the count belongs to the node's current
+        connection: :meth:`disconnect` and :meth:`connect` drop it. A provider
+        not configured, or whose node is not connected, is left as it is.
+
+        Returns:
+            The grants a lower count caused (empty when it did not go down).
+
+        Raises:
+            ValueError: ``runs`` is negative.
+        """
+        if runs < 0:
+            raise ValueError(f"runs held must be >= 0, got {runs}")
+        slot = self._providers.get(provider)
+        if slot is None or not slot.configured or not slot.node.connected or runs == slot.held:
+            return []
+        step = runs - slot.held
+        slot.held = runs
+        slot.in_flight += step
+        slot.reindex()
+        return self._dispatch(g for g, _ in slot.groups) if step < 0 else []
+
     # ------------------------------------------------------------ connectivity
 
     def connect(self, node_id: str) -> tuple[int, list[Decision]]:
@@ -347,7 +381,7 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
 
     def _fence(self, node: NodeState) -> Iterator[Revoked]:
         for p in tuple(node.providers):
-            if not p.leases:
+            if not p.leases and not p.held:
                 continue
             for lease in tuple(p.leases.values()):
                 lease._released = True
@@ -359,6 +393,7 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
             p.leases.clear()
             p.in_flight = 0
             p.long_in_flight = 0
+            p.held = 0
             if not p.configured:
                 self._drop_retired(p)
             else:

@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import final
 
-from ._config import PoolConfig
+from ._config import PoolConfig, ProviderKey
 from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
 from ._events import AdmissionEvent, lease_event
 from ._snapshot import Snapshot
@@ -119,6 +119,10 @@ class AsyncAdmission:
         if done and self._subscribers:
             self._emit(AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation))
         return done
+
+    def hold(self, provider: ProviderKey, runs: int) -> None:
+        """Count ``runs`` held elsewhere against ``provider``'s capacity (see ``Admission.hold``)."""
+        self._apply(self._core.hold(provider, runs))
 
     def prepare_refresh(self, config: PoolConfig, *, pause: Callable[[], None] | None = None) -> PreparedRefresh:
         """Validate ``config`` for :meth:`refresh`; safe in a worker thread (see ``Admission.prepare_refresh``)."""

@@ -16,7 +16,7 @@ The contract a layer must keep:
   for a failed attempt, keeping its arrival place and queue deadline.
 * **Decisions.** Every call that may free or fence capacity (``release``,
   ``connect``, ``disconnect``, ``refresh``, ``report_failure``,
-  ``report_success``, ``advance``) returns a list of decisions the layer must
+  ``report_success``, ``advance``, ``hold``) returns a list of decisions the layer must
   carry out *in order*, before it calls the core again from another task:
   :class:`Granted` (wake ``waiter``'s task with ``lease``: from this instant the
   task owns the lease, even if it has not run yet), :class:`Failed` (wake it

@@ -32,6 +32,8 @@ log = logging.getLogger("iop_edge.ha")
 
 RETRY_S = 0.2
 """How long the task waits before calling etcd again after a failed call."""
+COMPLAIN_EVERY_S = 30.0
+"""The same etcd error (etcd down, a wrong password) is logged again at most this often."""
 REVOKE_BOUND_S = 1.0
 """How long a step-down waits for etcd to revoke its lease (best effort)."""
 
@@ -105,6 +107,9 @@ class _Campaign:
     lease: int | None = None
     last_sent: float = 0.0
     """When the last successful grant or keepalive of :attr:`lease` was sent."""
+    last_error: str | None = None
+    """The last etcd error logged (None once etcd answered again), and when."""
+    logged_at: float = 0.0
 
     async def try_once(self) -> bool:
         """Keep the lease alive and try to create the key; False when etcd did not answer.
@@ -123,13 +128,21 @@ class _Campaign:
                 self.last_sent = sent
             won, holder = await self.gateway.create(self.key, self.leadership.name, self.lease)
         except EtcdUnavailable as error:
-            log.warning("etcd: %s", error)
+            self._complain(str(error))
             return False
+        self.last_error = None
         if won and holder is not None:
             self.leadership.won(holder.create_revision, self.last_sent)
         else:
             self.leadership.saw_leader(holder.value if holder else None, holder.create_revision if holder else 0)
         return True
+
+    def _complain(self, error: str) -> None:
+        """Log an etcd error: a new one at once, the same one again every :data:`COMPLAIN_EVERY_S`."""
+        now = trio.current_time()
+        if error != self.last_error or now - self.logged_at >= COMPLAIN_EVERY_S:
+            log.warning("etcd: %s", error)
+            self.last_error, self.logged_at = error, now
 
     async def revoke(self) -> None:
         """Revoke the lease, if any, shielded and bounded (shutdown: a successor need not wait the TTL)."""

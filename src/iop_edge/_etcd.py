@@ -4,7 +4,10 @@ Chosen over a gRPC client library: httpx is already a dependency, the five
 calls the election needs (lease grant, keepalive, revoke, a create-if-absent
 transaction, a range read) are one POST each, and the gateway ships in every
 etcd 3.x server. Keys and values are base64 in the gateway's JSON; 64-bit
-numbers are strings. Every call is a checkpoint; cancelling one abandons the
+numbers are strings. With etcd's auth enabled, the gateway authenticates once
+(``/v3/auth/authenticate``) and sends the token etcd gave it in the
+``Authorization`` header of every call, authenticating again when etcd
+answers 401 (the token expired, or etcd restarted). Every call is a checkpoint; cancelling one abandons the
 request (etcd may still have applied it: the election is written so that a
 lost answer costs at most one lease TTL).
 """
@@ -46,21 +49,24 @@ class EtcdGateway:
     """Calls to etcd's JSON gateway, trying ``endpoints`` in turn.
 
     Args:
-        client: an ``httpx.AsyncClient`` (TLS and auth headers configured on it).
+        client: an ``httpx.AsyncClient`` (TLS configured on it).
         endpoints: base URLs, e.g. ``http://10.0.0.1:2379``.
+        credentials: ``(user, password)`` when etcd's auth is enabled; None: no auth.
     """
 
     client: httpx.AsyncClient
     endpoints: Sequence[str]
+    credentials: tuple[str, str] | None = attrs.field(default=None, repr=False)
     _next: int = 0
+    _token: str | None = attrs.field(default=None, repr=False)
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         last: Exception | None = None
         for i in range(len(self.endpoints)):
             endpoint = self.endpoints[(self._next + i) % len(self.endpoints)]
             try:
-                response = await self.client.post(endpoint.rstrip("/") + path, json=body)
-            except httpx.HTTPError as error:
+                response = await self._call(endpoint.rstrip("/"), path, body)
+            except (httpx.HTTPError, EtcdUnavailable) as error:
                 last = error
                 continue
             if response.status_code != 200:
@@ -70,6 +76,27 @@ class EtcdGateway:
             answer: dict[str, Any] = response.json()
             return answer
         raise EtcdUnavailable(str(last))
+
+    async def _call(self, endpoint: str, path: str, body: dict[str, Any]) -> httpx.Response:
+        """One POST, with the auth token when etcd's auth is on (a new one after a 401)."""
+        if self.credentials is None:
+            return await self.client.post(endpoint + path, json=body)
+        for attempt in range(2):
+            if self._token is None or attempt:
+                self._token = await self._authenticate(endpoint, *self.credentials)
+            response = await self.client.post(endpoint + path, json=body, headers={"Authorization": self._token})
+            if response.status_code != 401:
+                break
+        return response
+
+    async def _authenticate(self, endpoint: str, user: str, password: str) -> str:
+        response = await self.client.post(endpoint + "/v3/auth/authenticate", json={"name": user, "password": password})
+        if response.status_code != 200:
+            raise EtcdUnavailable(
+                f"{endpoint}: etcd refused user {user!r}: {response.status_code} {response.text[:200]}"
+            )
+        token: str = response.json()["token"]
+        return token
 
     async def grant(self, ttl: int) -> int:
         """A new lease of ``ttl`` seconds; returns its id."""

@@ -3,18 +3,20 @@
 :class:`LeaderFence` holds the epoch this Edge stamps on its runs while it leads
 (None while it stands by, and always without ``ha:``), announces a won term to
 every v3 node connection with ``leader``, and keeps what the nodes answered
-(``in_flight``: the runs the previous leader left running on each node) and how
-many of this Edge's runs nodes refused as ``stale_epoch``.
+(``in_flight``: the runs the previous leader left running on each node, which
+it counts against the providers' capacities until the nodes report them ended
+[held-elsewhere]) and how many of this Edge's runs nodes refused as ``stale_epoch``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol, final
 
 import attrs
 
+from iop_admission import ProviderKey
 from iop_wire import InFlight, Leader, encode
 
 logger = logging.getLogger("iop_edge.ha")
@@ -40,25 +42,29 @@ class LeaderFence:
     Attributes:
         epoch: stamped on every run and tunnel request of a v3 connection; None
             while this Edge does not lead.
-        inherited: per node, ``{provider: runs}`` it reported in flight at this
-            term's start (runs of any Edge, on the node's one gate).
+        inherited: per node, ``{provider: runs}`` it last reported in flight
+            that this Edge did not send (the previous term's, on the node's one gate).
         stale_refused: this Edge's runs the nodes refused as ``stale_epoch``.
+        hold: counts runs held elsewhere against a provider's capacity
+            (``Admission.hold``); None: they are only kept here.
     """
 
     epoch: int | None = None
     inherited: dict[str, dict[str, int]] = attrs.field(factory=dict)
     stale_refused: int = 0
+    hold: Callable[[ProviderKey, int], None] | None = None
 
     def lead(self, epoch: int, links: Iterable[Announced]) -> None:
         """This Edge won a term at ``epoch``: announce it to every v3 node connection."""
         self.epoch = epoch
-        self.inherited.clear()
+        self._forget_all()
         for link in links:
             self.greet(link)
 
     def stand_by(self) -> None:
         """This Edge no longer leads: it stamps nothing (it admits nothing either)."""
         self.epoch = None
+        self._forget_all()
 
     def greet(self, link: Announced) -> None:
         """Announce the term to one connection (a v3 one, while leading): at a win, or at its registration."""
@@ -73,9 +79,28 @@ class LeaderFence:
         """A node's ``in_flight``: the load the previous term left on it (a stale answer is dropped)."""
         if message.epoch != self.epoch:
             return
-        self.inherited[node_id] = dict(message.runs)
-        if message.runs:
-            logger.info("node %s has runs of the previous term in flight: %s", node_id, dict(message.runs))
+        runs = dict(message.runs)
+        before = self.inherited.pop(node_id, {})
+        if runs:
+            self.inherited[node_id] = runs
+            if not before:
+                logger.info("node %s has runs of the previous term in flight: %s", node_id, runs)
+        if self.hold is not None:
+            for provider in before.keys() | runs.keys():
+                if before.get(provider, 0) != runs.get(provider, 0):
+                    self.hold(ProviderKey(node_id, provider), runs.get(provider, 0))
+
+    def forget(self, node_id: str) -> None:
+        """The node's connection ended: what it reported goes with it (its generation's holds too)."""
+        self.inherited.pop(node_id, None)
+
+    def _forget_all(self) -> None:
+        """A new term, or none: the last term's reports count no more."""
+        if self.hold is not None:
+            for node_id, runs in self.inherited.items():
+                for provider in runs:
+                    self.hold(ProviderKey(node_id, provider), 0)
+        self.inherited.clear()
 
     def refused(self, node_id: str) -> None:
         """A node refused one of this Edge's runs as ``stale_epoch``: another Edge leads at a newer epoch."""

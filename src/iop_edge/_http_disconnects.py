@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import select
 import socket
-from typing import Any, Protocol, final
+from typing import Protocol, final
 
 import trio
+
+from iop_io import ParkedTask
 
 from ._http_transport import RECEIVE_SIZE
 
@@ -47,15 +49,13 @@ class DisconnectWatcher:
         self.connection = connection
         self.sock = sock
         self.watched: trio.CancelScope | None = None
-        self._parked: trio.lowlevel.Task | None = None
+        self._parked = ParkedTask()  # the watch task, between watches
         self._waiting: trio.CancelScope | None = None
 
     def watch(self, cancel_scope: trio.CancelScope) -> None:
         """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
         self.watched = cancel_scope
-        task, self._parked = self._parked, None
-        if task is not None:
-            trio.lowlevel.reschedule(task)
+        self._parked.wake()
 
     def stop(self) -> None:
         """Stop watching (never waits); the socket is free for another reader when this returns."""
@@ -67,16 +67,11 @@ class DisconnectWatcher:
         """Watch whenever asked, until the connection's nursery is cancelled. Checkpoints."""
         while True:
             if self.watched is None:
-                self._parked = trio.lowlevel.current_task()
-                await trio.lowlevel.wait_task_rescheduled(self._abort_park)
+                await self._parked.park()
                 continue
             with trio.CancelScope() as self._waiting:
                 await self._wait_readable()
             self._waiting = None
-
-    def _abort_park(self, _: Any) -> trio.lowlevel.Abort:
-        self._parked = None
-        return trio.lowlevel.Abort.SUCCEEDED
 
     async def _wait_readable(self) -> None:
         while True:

@@ -838,7 +838,7 @@ class NodeRegistry:
         self._on_rejected = on_rejected
         self._links: dict[str, NodeLink] = {}
         self._run_ids = itertools.count(1)
-        self.fence = LeaderFence()  # [epoch-fencing] the service moves it with this Edge's leadership
+        self.fence = LeaderFence(hold=admission.hold)  # [epoch-fencing] moved with this Edge's leadership
 
     def link(self, node_id: str, generation: int) -> NodeLink:
         """The live connection of ``node_id`` in ``generation``.
@@ -1032,6 +1032,7 @@ class NodeRegistry:
             del self._links[link.node_id]
         link._end_runs()
         if self.admission.disconnect(link.node_id, link.generation):
+            self.fence.forget(link.node_id)
             logger.info("node %s generation %d disconnected (%s)", link.node_id, link.generation, link.cause)
             if self._on_disconnect is not None:
                 self._on_disconnect(link.node_id, link.generation, link.cause)

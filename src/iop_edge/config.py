@@ -353,11 +353,20 @@ class HaConfig:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    user: str | None = None
+    """etcd user (etcd's auth enabled); with exactly one of ``password`` / ``password_env``."""
+    password: str | None = attrs.field(default=None, repr=False)
+    password_env: str | None = None
 
     @property
     def key(self) -> str:
         """The election key in etcd."""
         return f"/iop/election/{self.election}"
+
+    @property
+    def credentials(self) -> tuple[str, str] | None:
+        """``(user, password)`` for etcd's auth, or None (no ``user``)."""
+        return None if self.user is None else (self.user, self.password or "")
 
     @property
     def margin(self) -> float:
@@ -379,6 +388,14 @@ class HaConfig:
         yield from _at_least("ha.poll_interval_ms", self.poll_interval_ms, 10)
         if (self.cert_file is None) != (self.key_file is None):
             yield "ha.cert_file", "ha.cert_file and ha.key_file go together"
+        if self.user is not None:
+            if not self.user:
+                yield "ha.user", "must not be empty"
+            yield from _secret_problems(
+                "ha.password", self.password, "ha.password_env", self.password_env, required=True
+            )
+        elif self.password is not None or self.password_env is not None:
+            yield "ha.user", "required with ha.password or ha.password_env"
 
 
 @final
@@ -991,8 +1008,11 @@ def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeCon
     ui = config.ui
     if ui.viewer_token_env is not None:
         ui = attrs.evolve(ui, viewer_token=environ.get(ui.viewer_token_env, ""))
+    ha = config.ha
+    if ha is not None and ha.password_env is not None:
+        ha = attrs.evolve(ha, password=environ.get(ha.password_env, ""))
     tenant_keys = tuple((digest, tenant.name) for tenant in config.tenants for digest in tenant.key_digests(environ))
-    resolved = attrs.evolve(config, nodes=nodes, admin_token=admin_token, api_keys=api_keys, ui=ui)
+    resolved = attrs.evolve(config, nodes=nodes, admin_token=admin_token, api_keys=api_keys, ui=ui, ha=ha)
     object.__setattr__(resolved, "_tenant_keys", tenant_keys)
     object.__setattr__(resolved, "_pool", config._pool)  # no secret is in the pool: it is the same
     return resolved

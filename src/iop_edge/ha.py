@@ -118,7 +118,9 @@ class EdgeHa:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Campaign until cancelled (see :func:`iop_edge._election.run_election`); steps down on cancel."""
         async with self._client() as client:
-            await self.campaign(EtcdGateway(client, self.config.endpoints), task_status=task_status)
+            await self.campaign(
+                EtcdGateway(client, self.config.endpoints, self.config.credentials), task_status=task_status
+            )
 
     async def campaign(
         self, store: ElectionStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -10,9 +10,15 @@ refused with ``stale_epoch`` before it takes a permit.
 from __future__ import annotations
 
 import logging
-from typing import final
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, final
 
 import attrs
+import trio
+
+from iop_admission import LocalGate
+from iop_wire import InFlight, Leader
 
 from ._errors import StaleEpoch
 
@@ -31,6 +37,25 @@ class EpochFence:
 
     seen: int = 0
     refused: int = 0
+    _ended: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
+    _waiting: int = attrs.field(default=0, init=False, repr=False)
+
+    def run_ended(self) -> None:
+        """A run of any connection gave its permit back: wake the ``in_flight`` reports (:class:`RunsElsewhere`).
+
+        Every run's end calls it: without a report waiting it only reads a counter.
+        """
+        if self._waiting:
+            self._ended.set()
+            self._ended = trio.Event()
+
+    async def wait_run_ended(self) -> None:
+        """Until the next :meth:`run_ended`."""
+        self._waiting += 1
+        try:
+            await self._ended.wait()
+        finally:
+            self._waiting -= 1
 
     def check(self, epoch: int | None) -> None:
         """Let a run of ``epoch`` through (raising the fence to it), or refuse it. Does not checkpoint.
@@ -59,3 +84,70 @@ class EpochFence:
     def raise_to(self, epoch: int) -> None:
         """A leader announced ``epoch``: the fence never goes down."""
         self.seen = max(self.seen, epoch)
+
+
+@final
+@attrs.define(eq=False)
+class RunsElsewhere:
+    """One Edge connection's ``in_flight`` reports [epoch-fencing] [held-elsewhere].
+
+    A new leader's ``leader`` is answered with the runs holding a permit of
+    the node's one gate per provider that this connection did not send (the
+    previous leader's, a warm-up's): the leader counts them against the
+    provider's capacity. While any is left, each change is reported again, at
+    the end of any run of the node (or at the latest every heartbeat
+    interval), so the count goes down as they end and the last report is
+    empty.
+
+    Attributes:
+        fence: the node's fence (raised by ``leader``; signals the end of runs).
+        gate: the node's one gate.
+        own: this connection's permits, per provider.
+        epoch: the epoch of the last ``leader`` on this connection (None: none yet).
+        reported: the runs last reported.
+    """
+
+    fence: EpochFence
+    gate: LocalGate
+    own: Counter[str] = attrs.field(factory=Counter)
+    epoch: int | None = None
+    reported: tuple[tuple[str, int], ...] = ()
+    _due: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
+
+    def took(self, provider: str) -> None:
+        """This connection took a permit of ``provider``."""
+        self.own[provider] += 1
+
+    def gave_back(self, provider: str) -> None:
+        """This connection's run on ``provider`` gave its permit back."""
+        self.own[provider] -= 1
+        self.fence.run_ended()
+
+    def runs(self) -> tuple[tuple[str, int], ...]:
+        """``(provider, permits held)`` not held by this connection, providers with none left out."""
+        own = self.own
+        return tuple(
+            (name, used - own[name]) for name, used in self.gate.statistics().in_use.items() if used > own[name]
+        )
+
+    def lead(self, leader: Leader) -> InFlight:
+        """A new leader on this connection: raise the fence, and the answer to send it."""
+        self.fence.raise_to(leader.epoch)
+        self.epoch = leader.epoch
+        self.reported = self.runs()
+        if self.reported:
+            self._due.set()
+        return InFlight(leader.epoch, self.reported)
+
+    async def report(self, send: Callable[[InFlight], Awaitable[None]], interval: float) -> NoReturn:
+        """Forever: while runs reported are left, send each change (at a run's end, or every ``interval``)."""
+        while True:
+            await self._due.wait()
+            with trio.move_on_after(interval):
+                await self.fence.wait_run_ended()
+            runs = self.runs()
+            if not runs:
+                self._due = trio.Event()
+            if runs != self.reported and self.epoch is not None:
+                self.reported = runs
+                await send(InFlight(self.epoch, runs))

@@ -51,7 +51,6 @@ from iop_wire import (
     PROTOCOL_VERSION,
     Cancel,
     Heartbeat,
-    InFlight,
     Leader,
     NodeMessage,
     ProtocolError,
@@ -69,6 +68,7 @@ from iop_wire import (
 
 from ._adapter import Adapter
 from ._errors import EdgeProtocolViolation, RegistrationRejected, RegistrationTimeout, RunFailed, UpstreamFailed
+from ._fence import RunsElsewhere
 from ._outbox import Outbox
 from ._poller import BodyPoller, new_poller
 from ._relays import Record, relay_run, relay_tunnel, write_frames
@@ -100,6 +100,17 @@ def _tunnel_end(
     status: str, code: str | None, message: str | None, upstream: UpstreamFailed | None, *, run_id: str
 ) -> TunnelEnd:
     return TunnelEnd(run_id, status, code, message)
+
+
+def _elsewhere_of(session: EdgeSession) -> RunsElsewhere:
+    return RunsElsewhere(session.runtime.fence, session.runtime.gate)
+
+
+async def _heartbeat(session: EdgeSession, interval: float) -> None:
+    while True:
+        await trio.sleep(interval)
+        session.heartbeats_sent += 1
+        await session._send(Heartbeat(session.heartbeats_sent))
 
 
 async def _until_silent(ws: EdgeSocket, interval: float, connection: trio.CancelScope) -> None:
@@ -137,6 +148,7 @@ class EdgeSession:
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _close_code: int = attrs.field(default=CLOSE_GOING_AWAY, init=False)
     _close_reason: str = attrs.field(default="node going away", init=False)
+    _elsewhere: RunsElsewhere = attrs.field(init=False, default=attrs.Factory(_elsewhere_of, takes_self=True))
 
     @property
     def active_runs(self) -> int:
@@ -174,7 +186,8 @@ class EdgeSession:
                 if self.protocol >= 2:
                     self._poller = new_poller(nursery, self._outbox.room)
                 nursery.start_soon(write_frames, self.ws, self._outbox, nursery.cancel_scope)
-                nursery.start_soon(self._heartbeat, interval)
+                nursery.start_soon(_heartbeat, self, interval)
+                nursery.start_soon(self._elsewhere.report, self._send, interval)
                 if isinstance(self.ws, EdgeSocket):  # a dead Edge is noticed within the interval
                     nursery.start_soon(_until_silent, self.ws, interval, nursery.cancel_scope)
                 await self._read()  # it cancels the nursery when the connection ends
@@ -305,9 +318,8 @@ class EdgeSession:
         await trio.lowlevel.checkpoint()
 
     async def _on_leader(self, leader: Leader) -> None:
-        """[epoch-fencing] A new leader: raise the fence, report the runs in flight per provider."""
-        self.runtime.fence.raise_to(leader.epoch)
-        await self._send(InFlight(leader.epoch, self.runtime.in_flight()))
+        """[epoch-fencing] A new leader: raise the fence, report the runs in flight per provider it did not send."""
+        await self._send(self._elsewhere.lead(leader))
 
     async def _admit(self, provider: str, end: _EndFactory, epoch: int | None) -> tuple[Permit, Adapter] | None:
         """Take the permit synchronously (past the epoch fence); on refusal answer the end at once."""
@@ -324,6 +336,7 @@ class EdgeSession:
         # The scope exists before the run is served, so a cancel that arrives
         # before its first checkpoint still takes effect.
         scope = self._active[run_id] = trio.CancelScope()
+        self._elsewhere.took(permit.name)
         return functools.partial(self._serve_one, run_id, permit, scope, relay, end)
 
     async def _serve_one(
@@ -359,6 +372,7 @@ class EdgeSession:
             final = end("error", "upstream_error", f"node error: {type(exc).__name__}: {exc}"[:500], None)
         finally:
             del self._active[run_id]
+            self._elsewhere.gave_back(permit.name)
         try:
             await self._end(final, held)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -404,9 +418,3 @@ class EdgeSession:
         """
         assert self._outbox is not None
         await self._outbox.put_text(encode(message))
-
-    async def _heartbeat(self, interval: float) -> None:
-        while True:
-            await trio.sleep(interval)
-            self.heartbeats_sent += 1
-            await self._send(Heartbeat(self.heartbeats_sent))

@@ -234,9 +234,11 @@ class RunEnd:
 class InFlight:
     """``in_flight`` (v3): the node's answer to :class:`Leader`: its runs in flight per provider.
 
-    ``runs`` counts every run and tunnel request holding a permit of the node's
-    gate, whichever Edge sent it, as ``[provider, count]`` pairs (providers with
-    none left out); ``epoch`` echoes the leader's.
+    ``runs`` counts the runs and tunnel requests holding a permit of the node's
+    gate that the connection it is sent on did not send (another Edge's, a
+    warm-up's), as ``[provider, count]`` pairs (providers with none left out);
+    ``epoch`` echoes the leader's. While any is left, the node sends it again at
+    each change; each replaces the last.
     """
 
     epoch: int

@@ -272,3 +272,33 @@ def test_disabled_status_whether_connected_or_not(pool, drain_check, connected):
     assert p.health == ("online" if connected else "offline")
     assert (p.effective_capacity, p.effective_long_capacity) == (0, 0)
     drain_check(adm)
+
+
+@pytest.mark.req("held-elsewhere")
+async def test_runs_held_elsewhere_count_until_they_end(autojump_clock, pool, spawn, drain_check):
+    """[held-elsewhere] runs another Edge left on a capacity-1 provider hold it: a request waits
+    until the count goes down (then it is granted at once), and a new generation drops the count."""
+    adm = Admission(pool.shared())
+    gen = adm.connect("node-a")
+    adm.hold(pool.gpu0, 1)
+    assert adm.snapshot().provider("node-a", "gpu0").in_flight == 1
+    async with trio.open_nursery() as nursery:
+        waiter = await spawn(nursery, adm, BIG)
+        assert waiter.waiting and adm.queue_depth == 1
+        adm.hold(pool.gpu0, 1)  # the same report again changes nothing
+        await trio.testing.wait_all_tasks_blocked()
+        assert waiter.waiting
+        adm.hold(pool.gpu0, 0)  # the run ended
+        await trio.testing.wait_all_tasks_blocked()
+        assert waiter.lease is not None and waiter.lease.provider == pool.gpu0
+        assert adm.snapshot().provider("node-a", "gpu0").in_flight == 1
+        waiter.release.set()
+    adm.hold(pool.gpu0, 1)
+    assert adm.disconnect("node-a", gen)  # the count belongs to the connection
+    assert adm.snapshot().provider("node-a", "gpu0").in_flight == 0
+    adm.hold(pool.gpu0, 1)  # offline: ignored
+    adm.connect("node-a")
+    assert adm.snapshot().provider("node-a", "gpu0").in_flight == 0
+    with pytest.raises(ValueError):
+        adm.hold(pool.gpu0, -1)
+    drain_check(adm)

@@ -475,3 +475,96 @@ def test_refresh_leaving_a_queued_retry_no_untried_candidate_fails_it(pool, prep
     assert (retried.error.model, retried.error.long) == (BIG, long)
     assert core.queue_depth == 0
     core.release(second)
+
+
+@pytest.mark.req("outlier-ejection")
+def test_failure_of_a_probe_released_without_report_ejects_nothing(pool):
+    """gpu0's probe is released without a report, so the next grant probes again; a failure
+    reported afterwards for that first probe is not the current probe's: gpu0 is not ejected
+    again, and its next probe (the second) still decides."""
+    config = attrs.evolve(pool.two_nodes(gpu1=pool.spec(priority=-1)), outlier=OutlierPolicy(1, 1.0, 4.0))
+    core = _core(config)
+    first = _lease(core.request(BIG, False, 0.0))
+    core.release(first)
+    core.report_failure(first, 0.0)
+    core.advance(1.0)
+    probe = _lease(core.request(BIG, False, 1.0))
+    core.release(probe)
+    assert core.report_failure(probe, 1.0) == []
+    second = _lease(core.request(BIG, False, 1.0))
+    assert (second.provider, second.probe) == (pool.gpu0, True)
+    core.release(second)
+    again = _lease(core.request(BIG, False, 1.0))
+    assert (again.provider, again.probe) == (pool.gpu0, True)
+    assert core.report_failure(again, 1.0) != []
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_retry_goes_to_the_untried_candidate_with_the_lowest_load_ratio(pool):
+    """A retry chooses by a scan of its own candidates: equal priority, so the lowest
+    ``in_flight / capacity`` wins -- gpu1 at 1 / 4, not gpu2 at 1 / 2 (which holds fewer slots)."""
+    core = _core(_three(pool, pool.spec(priority=1), pool.spec(4), pool.spec(2)))
+    first, second, third = (_lease(core.request(BIG, False, 0.0)) for _ in range(3))
+    assert (first.provider, second.provider, third.provider) == (pool.gpu0, GPU2, pool.gpu1)
+    core.release(first)
+    retried = _lease(core.retry(first, 1.0))
+    assert retried.provider == pool.gpu1
+
+
+@pytest.mark.req("outlier-ejection")
+def test_panic_models_names_models_in_panic_for_normal_requests(pool):
+    """FAST's only candidate, gpu0, runs no long requests and is ejected: FAST is in panic mode
+    (for the requests it can run), BIG (gpu1 still admits) is not."""
+    config = attrs.evolve(pool.two_nodes(gpu0=pool.spec(1, 0)), outlier=OutlierPolicy(1, 10.0, 10.0))
+    core = _core(config)
+    lease = _lease(core.request(FAST, False, 0.0))
+    core.release(lease)
+    assert [type(d) for d in core.report_failure(lease, 0.0)] == [Ejected]
+    assert core.panic_models() == (FAST,)
+
+
+@pytest.mark.req("outlier-ejection")
+def test_long_request_in_panic_when_its_only_long_candidate_is_ejected(pool):
+    """BIG's long requests can run on gpu1 only (gpu0 has no long slot): gpu1 ejected, a long
+    request is in panic mode of the index and granted on gpu1 at once, though gpu0 admits."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu0=pool.spec(1, 0), gpu1=pool.spec(2, 2)), outlier=OutlierPolicy(1, 10.0, 10.0)
+    )
+    core = _core(config)
+    failing = _lease(core.request(BIG, True, 0.0))
+    assert failing.provider == pool.gpu1
+    core.release(failing)
+    assert [type(d) for d in core.report_failure(failing, 0.0)] == [Ejected]
+    panic = _lease(core.request(BIG, True, 0.5))
+    assert (panic.provider, panic.long, panic.probe) == (pool.gpu1, True, False)
+
+
+@pytest.mark.req("outlier-ejection")
+def test_long_request_not_in_panic_while_a_long_candidate_admits(pool):
+    """gpu0 admits but its long slot is taken; gpu1 is ejected with long slots free: not panic
+    mode for long requests, so the next one waits for gpu0 instead of going to gpu1."""
+    config = attrs.evolve(
+        pool.two_nodes(gpu0=pool.spec(1, 1), gpu1=pool.spec(2, 2, priority=-1)), outlier=OutlierPolicy(1, 10.0, 10.0)
+    )
+    core = _core(config)
+    held = _lease(core.request(BIG, True, 0.0))
+    failing = _lease(core.request(BIG, True, 0.0))
+    assert (held.provider, failing.provider) == (pool.gpu0, pool.gpu1)
+    assert [type(d) for d in core.report_failure(failing, 0.0)] == [Ejected]
+    core.release(failing)
+    waiter = _waiter(core.request(BIG, True, 0.5))
+    [grant] = core.release(held)
+    assert grant.waiter is waiter and grant.lease.provider == pool.gpu0
+
+
+@pytest.mark.req("failover-before-first-byte")
+def test_queued_retries_sharing_a_candidate_both_count_in_its_pressure(pool):
+    """Two queued retries whose untried candidates both include gpu1 count twice in gpu1's
+    ``queued`` (candidate pressure), once in gpu2's and gpu0's."""
+    core = _core(_three(pool, pool.spec(), pool.spec(), pool.spec()))
+    a, b, c = (_lease(core.request(BIG, False, 0.0)) for _ in range(3))
+    assert (a.provider, b.provider, c.provider) == (pool.gpu0, GPU2, pool.gpu1)
+    _waiter(core.retry(a, 1.0))
+    _waiter(core.retry(b, 1.0))
+    queued = {(s.node_id, s.provider_id): s.queued for s in core.provider_snapshots()}
+    assert queued == {("node-a", "gpu0"): 1, ("node-b", "gpu2"): 1, ("node-b", "gpu1"): 2}

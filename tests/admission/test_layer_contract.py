@@ -430,3 +430,30 @@ def test_failure_ejects_the_retry_goes_elsewhere_and_the_probe_comes_when_due(la
         _drained(admission)
 
     layer.run(scenario)
+
+
+@pytest.mark.req("held-elsewhere")
+def test_runs_held_elsewhere_hold_the_provider_until_lowered(layer: Layer, pool: Any) -> None:
+    """[held-elsewhere] both layers: a capacity-1 provider held elsewhere makes a lease wait; lowering
+    the count grants it at once."""
+
+    async def scenario() -> None:
+        admission = layer.admission(pool.shared())
+        admission.connect("node-a")
+        admission.hold(pool.gpu0, 1)
+        granted: list[int] = []
+
+        async def job() -> None:
+            async with admission.lease(pool.big):
+                granted.append(_in_flight(admission))
+
+        async with layer.tasks() as spawn:
+            spawn(job)
+            await layer.settle()
+            assert granted == [] and admission.queue_depth == 1
+            admission.hold(pool.gpu0, 0)
+            await layer.settle()
+        assert granted == [1]
+        _drained(admission)
+
+    layer.run(scenario)

@@ -156,6 +156,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.connected: dict[str, bool] = dict.fromkeys(NODES, False)
         self.generation: dict[str, int] = dict.fromkeys(NODES, 0)
         self.held: list[Lease] = []  # leases whose holder has not released yet
+        self.elsewhere: dict[ProviderKey, int] = {}  # [held-elsewhere] runs held elsewhere, per provider
         self.queued: list[Waiter] = []  # arrival order
         self.release_count: dict[int, int] = {}  # lease id -> releases (ledger)
         self.fenced: set[int] = set()
@@ -180,7 +181,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         return bool(spec and spec.enabled and self.connected[key.node_id])
 
     def live(self, key: ProviderKey, long: bool | None = None) -> int:
-        return sum(
+        """Live leases on ``key`` (of one kind), plus its runs held elsewhere when counting all."""
+        elsewhere = self.elsewhere.get(key, 0) if long is None else 0
+        return elsewhere + sum(
             1
             for lease in self.held
             if lease.provider == key and not lease.revoked and (long is None or lease.long == long)
@@ -563,6 +566,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         for d in revoked:
             assert d.lease.generation == self.generation[node]
         self.apply(revoked)
+        self.drop_elsewhere(node)  # [held-elsewhere] a new generation starts with none
         self.generation[node] = gen
         self.connected[node] = True
         self.apply([d for d in decisions if not isinstance(d, Revoked)])
@@ -582,6 +586,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             return
         assert done
         self.connected[node] = False
+        self.drop_elsewhere(node)
         self.apply(decisions)
         for lease in self.held:
             if lease.provider.node_id == node:
@@ -620,9 +625,38 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.apply(self.core.refresh(prepared))
         self.kept = len(self.queued)
 
+    def drop_elsewhere(self, node: str) -> None:
+        for key in [k for k in self.elsewhere if k.node_id == node]:
+            del self.elsewhere[key]
+
+    @rule(data=st.data())
+    @counted
+    def hold(self, data: st.DataObject) -> None:
+        """[held-elsewhere] runs held elsewhere (another Edge's, on the node) count against capacity:
+        no grant takes a provider past it with them, and a lower count hands the room to waiters."""
+        self.step_grants = []
+        key = data.draw(st.sampled_from(KEYS))
+        spec = self.config.providers.get(key)
+        runs = data.draw(st.integers(0, (spec.capacity if spec else 1) + 1))
+        before = self.elsewhere.get(key, 0)
+        decisions = self.core.hold(key, runs)
+        if spec is None or not self.connected[key.node_id]:
+            assert decisions == []
+            return
+        if runs:
+            self.elsewhere[key] = runs
+        else:
+            self.elsewhere.pop(key, None)
+        if runs >= before:
+            assert decisions == []
+        else:
+            self.fired("held elsewhere lowered")
+        self.apply(decisions)
+
     def set_config(self, config: PoolConfig) -> None:
         for key in self.config.providers:
             if key not in config.providers:  # a provider that leaves the config forgets its health
+                self.elsewhere.pop(key, None)  # [held-elsewhere] and its runs held elsewhere
                 self.health[key] = RefHealth(epoch=self.health[key].epoch + 1)
                 self.probes[key] = 0
         self.config = config
@@ -951,6 +985,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.queued.clear()
         for lease in list(self.held):
             assert self.core.release(lease) == []
+        for key in list(self.elsewhere):
+            assert self.core.hold(key, 0) == []
         for snap in self.core.provider_snapshots():
             assert snap.in_flight == snap.long_in_flight == snap.queued == 0
         assert self.core.queue_depth == 0
@@ -981,4 +1017,5 @@ TestAdmissionStateMachine = pytest.mark.req(
     "offline-snapshot",
     "outlier-ejection",
     "failover-before-first-byte",
+    "held-elsewhere",
 )(AdmissionMachine.TestCase)

@@ -133,7 +133,7 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                 assert await ask(REFUSED) == (429, b"full")
                 assert await ask(REFUSED) == (429, b"full")
                 assert decided_in == ["connection", "connection", "pacer", "pacer"]
-                assert seen == [] and len(pacer.queue) == 1
+                assert seen == [] and len(pacer.due) == 1
                 refuse[0] = False
                 # Remembered, not refused now: the app answers, and the pacer's decision stands (its
                 # task does not ask again; the scope tells the app it was let through).
@@ -153,21 +153,21 @@ async def test_a_refused_retry_is_answered_by_the_pacer_without_the_connections_
                 for step in (1.0 + RECHECK_AFTER * 1.5, *[RECHECK_AFTER] * (RECHECKS - 2)):
                     clock.jump(step)
                     await trio.testing.wait_all_tasks_blocked()
-                    assert len(pacer.queue) == 1
+                    assert len(pacer.due) == 1
                 assert await ask(other) == (429, b"full")  # ... and answered there
                 # ... up to RECHECKS times; then its task waits for the socket, and answers a
                 # remembered request the same way, without its reader.
                 for step in (1.0, *[RECHECK_AFTER] * RECHECKS):
                     clock.jump(step)
                     await trio.testing.wait_all_tasks_blocked()
-                assert len(pacer.queue) == 0
+                assert len(pacer.due) == 0
                 assert connection.reader.at_rest
                 assert await ask(other) == (429, b"full")
-                assert connection.reader.at_rest and len(pacer.queue) == 1  # the reader never saw the bytes
+                assert connection.reader.at_rest and len(pacer.due) == 1  # the reader never saw the bytes
                 assert decided_in[8:] == ["pacer", "connection"]
                 await client.aclose()
             nursery.cancel_scope.cancel()  # the connection ended (its client left during a pause)
-    assert len(pacer.queue) == 0
+    assert len(pacer.due) == 0
 
 
 @pytest.mark.req("overload-cheap-reject")
@@ -190,7 +190,7 @@ async def test_a_client_told_to_come_back_after_its_pause_is_looked_at_then(cloc
             for step in (1.0, *[RECHECK_AFTER] * RECHECKS):
                 clock.jump(step)
                 await trio.testing.wait_all_tasks_blocked()
-            assert len(pacer.queue) == 1  # the look at the time it was told
+            assert len(pacer.due) == 1  # the look at the time it was told
             await client.send_all(REFUSED)
             assert (await _read_response(client, buffer))[0] == 429
             assert 2.0 < trio.current_time() - start <= 2.0 + 2 * RECHECK_AFTER

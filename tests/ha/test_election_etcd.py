@@ -13,8 +13,8 @@ from .etcd_server import EtcdServer
 BOUND_S = 30
 
 
-def edge(etcd: EtcdServer, name: str, log: list[tuple[str, str, int]]) -> EdgeHa:
-    config = HaConfig(endpoints=(etcd.url,), advertise=name, ttl_s=2, poll_interval_ms=50)
+def edge(etcd: EtcdServer, name: str, log: list[tuple[str, str, int]], **auth: str) -> EdgeHa:
+    config = HaConfig(endpoints=(etcd.url,), advertise=name, ttl_s=2, poll_interval_ms=50, **auth)
 
     def changed(leadership: Leadership) -> None:
         log.append((name, leadership.role, leadership.epoch))
@@ -72,6 +72,48 @@ async def test_a_leader_cut_off_from_etcd_stops_admitting_before_its_lease_expir
             await wait_for(a.admits)
             outer.cancel_scope.cancel()
     assert [role for _, role, _ in log] == ["leader", "standby", "leader", "standby"]  # the last: cancelled
+
+
+@pytest.mark.req("ha-election")
+async def test_with_etcd_auth_an_edge_campaigns_as_its_user_and_a_wrong_password_never_leads(
+    etcd: EtcdServer,
+) -> None:
+    """etcd's auth on, a user allowed only the ``/iop/`` prefix: Edges given it campaign as usual,
+    one with a wrong password never leads, and a token etcd invalidated costs a new one."""
+    await trio.to_thread.run_sync(etcd.enable_auth, "root-secret")
+    for command in (
+        ("role", "add", "iop-edge"),
+        ("role", "grant-permission", "iop-edge", "--prefix=true", "readwrite", "/iop/"),
+        ("user", "add", "iop:edge-secret"),
+        ("user", "grant-role", "iop", "iop-edge"),
+    ):
+        await trio.to_thread.run_sync(lambda args=command: etcd.etcdctl(*args, user="root:root-secret"))
+    log: list[tuple[str, str, int]] = []
+    a = edge(etcd, "edge-a", log, user="iop", password="edge-secret")
+    wrong = edge(etcd, "edge-w", log, user="iop", password="not-it")
+    b = edge(etcd, "edge-b", log, user="iop", password="edge-secret")
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as outer:
+            scope_a = await outer.start(_run, a)
+            await wait_for(a.admits)
+            await outer.start(_run, wrong)
+            scope_a.cancel()  # a resigns: the key is free, but only an Edge etcd lets in may take it
+            await outer.start(_run, b)
+            await wait_for(b.admits)
+            assert not wrong.admits() and wrong.leadership.elections_won == 0
+            # A password change (to the same one) invalidates the user's tokens in etcd: b's next call
+            # is answered 401, and b authenticates again.
+            await trio.to_thread.run_sync(
+                lambda: etcd.etcdctl(
+                    "user", "passwd", "iop", "--interactive=false", user="root:root-secret", stdin="edge-secret\n"
+                )
+            )
+            changed = trio.current_time()
+            lead = b.leadership
+            # b leads on (or again) with a renewal sent after the change: it authenticated again.
+            await wait_for(lambda: b.admits() and lead.deadline() > changed + lead.ttl - lead.margin)
+            assert not wrong.admits() and wrong.leadership.elections_won == 0
+            outer.cancel_scope.cancel()
 
 
 async def _run(ha: EdgeHa, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:

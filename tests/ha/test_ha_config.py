@@ -55,12 +55,29 @@ def test_the_defaults(tmp_path: Path) -> None:
         ("{endpoints: ['http://e:2379'], advertise: a, step_down_margin_ms: 2000}", "ha.step_down_margin_ms"),
         ("{endpoints: ['http://e:2379'], advertise: a, poll_interval_ms: 1}", "ha.poll_interval_ms"),
         ("{endpoints: ['http://e:2379'], advertise: a, cert_file: c.pem}", "ha.cert_file"),
+        ("{endpoints: ['http://e:2379'], advertise: a, user: iop}", "ha"),
+        ("{endpoints: ['http://e:2379'], advertise: a, password: p}", "ha.user"),
+        ("{endpoints: ['http://e:2379'], advertise: a, user: '', password: p}", "ha.user"),
+        ("{endpoints: ['http://e:2379'], advertise: a, user: iop, password: p, password_env: E}", "ha.password_env"),
+        ("{endpoints: ['http://e:2379'], advertise: a, user: iop, password_env: IOP_UNSET_ETCD_PW}", "ha.password_env"),
     ],
 )
 def test_each_rule_names_its_field(tmp_path: Path, ha: str, field: str) -> None:
     with pytest.raises(ConfigFileError) as info:
         load(tmp_path, f"ha: {ha}\n")
     assert any(field + ":" in error for error in info.value.errors), info.value.errors
+
+
+def test_the_etcd_password_comes_from_the_environment_and_is_never_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IOP_ETCD_PASSWORD", "s3cret")
+    ha = load(
+        tmp_path, "ha: {endpoints: ['http://e:2379'], advertise: a, user: iop, password_env: IOP_ETCD_PASSWORD}\n"
+    ).ha
+    assert ha is not None and ha.credentials == ("iop", "s3cret")
+    assert "s3cret" not in repr(ha)
+    assert load(tmp_path, "ha: {endpoints: ['http://e:2379'], advertise: a}\n").ha.credentials is None  # type: ignore[union-attr]
 
 
 def test_the_deployment_example_loads(monkeypatch: pytest.MonkeyPatch) -> None:

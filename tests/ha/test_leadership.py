@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import logging
 
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from iop_edge._election import run_election
+from iop_edge._etcd import EtcdGateway
 from iop_edge.ha import Leadership
 
 pytestmark = pytest.mark.req("ha-step-down")
@@ -46,3 +53,22 @@ def test_a_standby_tracks_the_leader_and_the_highest_epoch() -> None:
 def test_the_margin_must_lie_inside_the_ttl() -> None:
     with pytest.raises(ValueError, match="margin"):
         Leadership("edge-a", ttl=2.0, margin=2.0)
+
+
+async def test_the_same_etcd_error_is_logged_once_per_interval_not_per_retry(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd down (or a wrong password) for 100 s: the standby retries every 0.2 s but logs the error
+    at once, then again every 30 s, not five times a second."""
+
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    lead = Leadership("edge-a", ttl=2.0, margin=0.5)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(unreachable)) as client:
+        gateway = EtcdGateway(client, ["http://etcd:2379"])
+        with caplog.at_level(logging.WARNING, logger="iop_edge.ha"), trio.move_on_after(100):
+            await run_election(gateway, lead, "/iop/election/x", poll_interval=0.1)
+    logged = [r for r in caplog.records if r.getMessage().startswith("etcd: ")]
+    assert len(logged) == 4, [r.getMessage() for r in logged]  # at 0, 30, 60 and 90 s
+    assert lead.role == "standby" and lead.elections_won == 0

@@ -13,10 +13,10 @@ import pytest
 import trio
 
 from iop_node import EdgeClients, EpochFence, NodeRuntime, ProviderConfig
-from iop_wire import InFlight, Leader, Run, RunEnd, TunnelEnd, TunnelRequest
-from node.harness import FakeEdge, node_config
+from iop_wire import Cancel, InFlight, Leader, Run, RunEnd, TunnelEnd, TunnelRequest
+from node.harness import EdgeConn, FakeEdge, node_config
 
-pytestmark = pytest.mark.req("epoch-fencing")
+pytestmark = pytest.mark.req("epoch-fencing", "held-elsewhere")
 
 SLOW = ProviderConfig(id="gpu0", adapter="mock", capacity=3, latency_ms=60_000)
 """Runs stay in flight until cancelled."""
@@ -79,4 +79,17 @@ async def test_a_stale_leaders_run_is_refused_once_a_newer_leader_spoke(nursery:
             await to_new.send(run("r4", None))
             while runtime.in_flight() != (("gpu0", 3),):
                 await trio.sleep(0.01)
+
+            # [held-elsewhere] the old leader's run ends: the new leader hears the count go down.
+            await to_old.send(Cancel("r1"))
+            assert await next_in_flight(to_new) == InFlight(6, ())
+            assert runtime.in_flight() == (("gpu0", 2),)  # its own runs are never reported to it
             clients.shutdown()
+
+
+async def next_in_flight(edge: EdgeConn) -> InFlight:
+    """The next ``in_flight`` on a fake Edge's connection (heartbeats and run messages skipped)."""
+    while True:
+        message = await edge.receive()
+        if isinstance(message, InFlight):
+            return message

@@ -163,7 +163,8 @@ class SimFence:
 
     The record is independent of the fence's rule: the highest epoch the node
     was told of or ran, and a violation for any run of an older one admitted.
-    Only the two calls the node makes of its fence (``check``, ``raise_to``).
+    Only the calls the node makes of its fence (``check``, ``raise_to``, and the
+    signal of a run's end its ``in_flight`` reports wait for).
     """
 
     def __init__(self, world: HaWorld, node_id: str) -> None:
@@ -176,6 +177,12 @@ class SimFence:
         """A ``leader`` message (the session calls it)."""
         self.inner.raise_to(epoch)
         self.high = max(self.high, epoch)
+
+    def run_ended(self) -> None:
+        self.inner.run_ended()
+
+    async def wait_run_ended(self) -> None:
+        await self.inner.wait_run_ended()
 
     def check(self, epoch: int | None) -> None:
         """A run arrives (the runtime calls it before taking a permit)."""

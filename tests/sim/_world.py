@@ -960,8 +960,11 @@ class World:
                 )
         for p in tuple(core._providers.values()):
             leases = list(p.leases.values())
-            if p.in_flight != len(leases) or p.long_in_flight != sum(lease.long for lease in leases):
-                self.violation(f"{p.key} in_flight {p.in_flight}/{p.long_in_flight} != live leases {len(leases)}")
+            # [held-elsewhere] in_flight counts the runs another Edge left on the node too.
+            if p.in_flight != len(leases) + p.held or p.long_in_flight != sum(lease.long for lease in leases):
+                self.violation(
+                    f"{p.key} in_flight {p.in_flight}/{p.long_in_flight} != live leases {len(leases)} + held {p.held}"
+                )
             for lease in leases:
                 if lease.released or lease.generation != p.node.generation or not p.node.connected:
                     self.violation(f"{lease!r} live on {p.key} gen {p.node.generation} connected={p.node.connected}")
