@@ -194,6 +194,11 @@ def _frozen_mapping(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
     return types.MappingProxyType(dict(value))
 
 
+def _tenant_specs(specs: Iterable[TenantSpec]) -> tuple[TenantSpec, ...]:
+    """``PoolConfig.tenants`` as a tuple (a typed converter: ``tuple`` leaves its item type open)."""
+    return tuple(specs)
+
+
 @final
 @attrs.frozen
 class PoolConfig:
@@ -212,7 +217,7 @@ class PoolConfig:
     )
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     outlier: OutlierPolicy = attrs.field(factory=OutlierPolicy)
-    tenants: tuple[TenantSpec, ...] = attrs.field(default=(), converter=tuple)
+    tenants: tuple[TenantSpec, ...] = attrs.field(default=(), converter=_tenant_specs)
     """Configured tenants ([tenant-fair-share]); none: one global FIFO, exactly as before tenants."""
 
 

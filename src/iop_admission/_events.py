@@ -35,8 +35,9 @@ class AdmissionEvent:
         attempt: for ``retried``, the number of the new attempt.
         duration: for ``ejected``, the ejection's length in seconds.
         failures: for ``ejected``, the consecutive failures counted.
-        tenant: for lease events, the tenant the lease is charged to, when
-            tenants are configured ([tenant-fair-share]); None otherwise.
+        tenant: for lease events and ``queued``, the tenant the request is
+            charged to, and for a ``rejected`` ``TenantLimitExceeded`` the tenant
+            refused, when tenants are configured ([tenant-fair-share]); None otherwise.
     """
 
     kind: str

@@ -176,7 +176,8 @@ class Handoff:
         events = self.events
         parked_at = trio.current_time()  # the enqueue time, or for a retry the time it asked again
         if events.subscribers:
-            events.emit(AdmissionEvent("queued", now_or_none(), model=waiter.model, long=waiter.long))
+            tenant = waiter.tenant if waiter._ticket is not None else None  # as lease events
+            events.emit(AdmissionEvent("queued", now_or_none(), model=waiter.model, long=waiter.long, tenant=tenant))
 
         def abort(_: object) -> trio.lowlevel.Abort:
             core.expire(trio.current_time())  # this waiter too, if its deadline is what fired

@@ -64,7 +64,10 @@ class EventFanout:
 
     def rejected(self, model: str, long: bool, exc: BaseException) -> None:
         """Emit ``rejected`` for a request on ``model`` that failed with ``exc``."""
-        self.emit(AdmissionEvent("rejected", now_or_none(), model=model, long=long, reason=type(exc).__name__))
+        tenant = getattr(exc, "tenant", None)  # a TenantLimitExceeded names its tenant
+        self.emit(
+            AdmissionEvent("rejected", now_or_none(), model=model, long=long, reason=type(exc).__name__, tenant=tenant)
+        )
 
     def lease(
         self,

@@ -266,7 +266,10 @@ class AsyncAdmission:
                 result = core.retry(retry_of, now)
         except Exception as exc:
             if self._subscribers:
-                self._emit(AdmissionEvent("rejected", now, model=model, long=long, reason=type(exc).__name__))
+                tenant = getattr(exc, "tenant", None)  # a TenantLimitExceeded names its tenant
+                self._emit(
+                    AdmissionEvent("rejected", now, model=model, long=long, reason=type(exc).__name__, tenant=tenant)
+                )
             raise
         shed = core.drain_decisions()  # waiters of a lower negative band evicted for this request
         if shed:
@@ -276,7 +279,8 @@ class AsyncAdmission:
         else:
             assert type(result) is Waiter
             if self._subscribers:
-                self._emit(AdmissionEvent("queued", now, model=model, long=long))
+                tenant = result.tenant if result._ticket is not None else None  # as lease events
+                self._emit(AdmissionEvent("queued", now, model=model, long=long, tenant=tenant))
             lease = await self._wait(result)
             lease.queue_wait = asyncio.get_running_loop().time() - now
         if lease.revoked:  # fenced between the grant and now: the body never runs

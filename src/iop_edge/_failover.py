@@ -73,8 +73,13 @@ async def serve_with_failover(
     *,
     answered: Callable[[], bool],
     on_retry: Callable[[str, Lease], None],
+    tenant: str | None = None,
+    cost: float = 1.0,
 ) -> str:
     """Run ``attempt(lease)`` under a lease, retrying on another candidate while it fails early.
+
+    ``tenant`` and ``cost``: whom the request is charged to and its reserve ([tenant-edge]);
+    a retry keeps both (admission carries them).
 
     ``attempt`` raises :class:`AttemptFailed` only when nothing reached the
     client yet. ``answered()`` tells whether a byte went out (a lease fenced
@@ -96,7 +101,7 @@ async def serve_with_failover(
     last: AttemptFailed | None = None
     while True:
         try:
-            return await _attempt_once(admission, model, long, previous, last, attempt, answered)
+            return await _attempt_once(admission, (model, long, tenant, cost), previous, last, attempt, answered)
         except AttemptFailed as failed:
             previous, last = failed.lease, failed
         except _NO_RETRY:
@@ -109,8 +114,7 @@ async def serve_with_failover(
 
 async def _attempt_once(
     admission: Admission,
-    model: str,
-    long: bool,
+    request: tuple[str, bool, str | None, float],
     previous: Lease | None,
     last: AttemptFailed | None,
     attempt: Callable[[Lease], Awaitable[str]],
@@ -123,7 +127,8 @@ async def _attempt_once(
     included.
     """
     if previous is None:
-        scope = admission.lease(model, long=long)
+        model, long, tenant, cost = request
+        scope = admission.lease(model, long=long, tenant=tenant, cost=cost)
     else:
         assert last is not None
         scope = admission.retry(previous, reason=last.reason)

@@ -52,6 +52,7 @@ from ._http_server import CannedResponse
 from ._links import NodeGone, NodeRegistry, RunChannel, RunMessage
 from ._off_loop import run_off_loop
 from ._overload import FrontDoor
+from ._tenant_charge import Charge, charge_of, refusal_of
 from ._ui import PATHS as QUEUE_PAGE_PATHS
 from ._ui import QueuePage
 from ._upstream_errors import upstream_error_object
@@ -66,6 +67,8 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+_Request = tuple[str, bool, str, dict[str, Any], bool, Charge]
+"""A completion request as :meth:`EdgeAPI._admit_and_run` takes it (model, long, endpoint, body, stream, charge)."""
 
 
 class EdgeParts(Protocol):
@@ -444,6 +447,7 @@ class EdgeAPI:
             stream = checked_stream(endpoint, body)
             threshold = service.config.long_threshold(model)
             long = threshold is not None and estimate_tokens(endpoint, body) > threshold
+            charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, body))
         except BaseException:
             service.front_door.gave_up()  # let through on its head, it will not ask for a lease
             raise
@@ -453,13 +457,11 @@ class EdgeAPI:
             if service.ha is not None:
                 stack.enter_context(service.ha.cut_on_step_down(term))
             with term:
-                await self._watched(scope, receive, responder, (model, long, endpoint, body, stream))
+                await self._watched(scope, receive, responder, (model, long, endpoint, body, stream, charge))
         if term.cancelled_caught and service.ha is not None:
             raise _standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
 
-    async def _watched(
-        self, scope: Scope, receive: Receive, responder: Responder, request: tuple[str, bool, str, dict[str, Any], bool]
-    ) -> None:
+    async def _watched(self, scope: Scope, receive: Receive, responder: Responder, request: _Request) -> None:
         """Admit and run ``request``, cancelled if the client goes away."""
         hooks = _hooks(scope)
         if hooks is not None and hooks.can_watch_disconnect:  # the connection's own watcher: no task per request
@@ -483,6 +485,7 @@ class EdgeAPI:
         endpoint: str,
         body: dict[str, Any],
         stream: bool,
+        charge: Charge,
         responder: Responder,
     ) -> None:
         service = self.service
@@ -497,20 +500,29 @@ class EdgeAPI:
             visit.grant()
             served = lease
             try:
-                return await self._run(lease, model, endpoint, body, stream, responder)
+                return await self._run(lease, model, endpoint, body, (stream, charge), responder)
             except RequestRejected as rejection:
                 raise _attempt_failure(rejection, lease, responder.started) from None
+            finally:
+                charge.settle(service.admission, lease, answered=responder.started)
 
         on_retry = _retried(metrics, model)
         try:
             outcome = await serve_with_failover(
-                service.admission, model, long, attempt, answered=lambda: responder.started, on_retry=on_retry
+                service.admission,
+                model,
+                long,
+                attempt,
+                answered=lambda: responder.started,
+                on_retry=on_retry,
+                tenant=charge.tenant,
+                cost=charge.cost,
             )
         except AdmissionError as exc:
             visit.stop_asking()
             if isinstance(exc, LeaseRevoked):
                 outcome = "revoked"
-            await responder.reject(self.head_refusal.admission_refusal(exc))
+            await responder.reject(refusal_of(exc, service, self.head_refusal))
         except RequestRejected as rejection:
             if rejection.code == "provider_busy":
                 metrics.request_rejected(model, "provider_busy")
@@ -533,16 +545,22 @@ class EdgeAPI:
         model: str,
         endpoint: str,
         body: dict[str, Any],
-        stream: bool,
+        how: tuple[bool, Charge],
         responder: Responder,
     ) -> str:
         """Send the run to the lease's node and relay its answer. Returns the outcome.
+
+        ``how``: whether it streams, and its tenant charge (whose :meth:`Charge.scan` sees the
+        answer in token mode, to settle with the reported usage).
 
         Checkpoints. The first message must come within the model's first-token
         timeout ([first-token-timeout]); the first output reports a success to
         admission ([outlier-ejection]).
         """
-        run = self._open_run(lease, model, endpoint, body, stream)
+        stream, charge = how
+        charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
+        run = _open_run(self.service, lease, model, endpoint, body, stream)
+        scan = charge.scan if charge.tokens else None
         head = [
             (b"x-iop-provider", str(lease.provider).encode()),
             (b"x-iop-queue-ms", str(round(lease.queue_wait * 1000)).encode()),
@@ -556,25 +574,10 @@ class EdgeAPI:
             if isinstance(first, RunData | RunEvent):
                 self.service.admission.report_success(lease)
             if stream:
-                await _relay_stream(run, responder, head, first)
+                await _relay_stream(run, responder, head, first, scan)
             else:
-                await _relay_whole(run, responder, head, first)
+                await _relay_whole(run, responder, head, first, scan)
         return "ok"
-
-    def _open_run(self, lease: Any, model: str, endpoint: str, body: dict[str, Any], stream: bool) -> RunChannel:
-        """Send ``run`` to the node holding the lease (never waits)."""
-        service = self.service
-        key = lease.provider
-        try:
-            link = service.registry.link(key.node_id, lease.generation)
-            upstream = dict(body)
-            upstream["model"] = service.config.upstream_model(model, key)
-            if endpoint != "embeddings":  # an embeddings body goes as the client sent it
-                upstream["stream"] = stream
-            run = Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream, link.epoch)
-            return link.open_run(run)
-        except (NodeGone, KeyError) as exc:
-            raise node_disconnected(str(exc)) from None
 
     # ------------------------------------------------------------ other routes
 
@@ -662,6 +665,23 @@ class EdgeAPI:
         return body
 
 
+def _open_run(
+    service: EdgeParts, lease: Any, model: str, endpoint: str, body: dict[str, Any], stream: bool
+) -> RunChannel:
+    """Send ``run`` to the node holding the lease (never waits)."""
+    key = lease.provider
+    try:
+        link = service.registry.link(key.node_id, lease.generation)
+        upstream = dict(body)
+        upstream["model"] = service.config.upstream_model(model, key)
+        if endpoint != "embeddings":  # an embeddings body goes as the client sent it
+            upstream["stream"] = stream
+        run = Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream, link.epoch)
+        return link.open_run(run)
+    except (NodeGone, KeyError) as exc:
+        raise node_disconnected(str(exc)) from None
+
+
 def _retried(metrics: EdgeMetrics, model: str) -> Callable[[str, Lease], None]:
     """What to do before a retry ([failover-before-first-byte]): count it and say so."""
 
@@ -729,13 +749,18 @@ def _end_of(message: RunMessage) -> RunEnd:
 
 
 async def _relay_stream(
-    run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]], first: RunMessage | None = None
+    run: RunChannel,
+    responder: Responder,
+    head: list[tuple[bytes, bytes]],
+    first: RunMessage | None = None,
+    scan: Callable[[bytes], None] | None = None,
 ) -> None:
     """Relay a streamed run: every burst of output that has arrived goes out in one send.
 
     Output in data records (v2) is the SSE body already, written as is; output in
     ``run_event`` messages (v1) is framed here, and the stream ends with our ``[DONE]``.
     ``first`` is the run's first message when the caller received it already.
+    ``scan`` (token cost, [tenant-edge]) sees every burst written, to find the reported usage.
 
     Once the head is out and everything received is written, data records go
     from the node link's reader straight to the client's socket (the server's
@@ -743,17 +768,21 @@ async def _relay_stream(
     waits for the run's end.
     """
     try:
-        await _relay_bursts(run, responder, head, first)
+        await _relay_bursts(run, responder, head, first, scan)
     finally:
         run.detach()
 
 
 async def _relay_bursts(
-    run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]], first: RunMessage | None
+    run: RunChannel,
+    responder: Responder,
+    head: list[tuple[bytes, bytes]],
+    first: RunMessage | None,
+    scan: Callable[[bytes], None] | None,
 ) -> None:
     framed_here = False
     while True:
-        if not framed_here and responder.started and responder.write_nowait is not None:
+        if not framed_here and scan is None and responder.started and responder.write_nowait is not None:
             run.attach(responder.write_nowait)
         message, first = (first, None) if first is not None else (await _next(run), None)
         burst = [message, *run.buffered()]
@@ -771,7 +800,10 @@ async def _relay_bursts(
         if parts:
             if not responder.started:
                 await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
-            await responder.chunk(b"".join(parts))
+            data = b"".join(parts)
+            if scan is not None:
+                scan(data)
+            await responder.chunk(data)
         if end is not None:
             _end_of(end)
             if not responder.started:
@@ -781,7 +813,11 @@ async def _relay_bursts(
 
 
 async def _relay_whole(
-    run: RunChannel, responder: Responder, head: list[tuple[bytes, bytes]], first: RunMessage | None = None
+    run: RunChannel,
+    responder: Responder,
+    head: list[tuple[bytes, bytes]],
+    first: RunMessage | None = None,
+    scan: Callable[[bytes], None] | None = None,
 ) -> None:
     """Relay a non-stream run: the body bytes (v2 records) or the one response object (v1).
 
@@ -808,8 +844,11 @@ async def _relay_whole(
                     raise RequestRejected(
                         502, "upstream_error", "the node ended the run without a response", type="upstream_error"
                     )
+                answer = b"".join(parts)
+                if scan is not None:
+                    scan(answer)
                 if not run.answered:
-                    await responder.whole(200, [_JSON, *head], b"".join(parts))
+                    await responder.whole(200, [_JSON, *head], answer)
                 return
         first = None
 

@@ -34,6 +34,7 @@ from iop_admission import (
     ProviderSpec,
     QueuePolicy,
     RetryPolicy,
+    TenantSpec,
     validate_pool,
 )
 from iop_config import load_config, make_converter, server_ssl_context, tls_problems
@@ -52,6 +53,7 @@ __all__ = [
     "EdgeModel",
     "EdgeNode",
     "EdgeProvider",
+    "EdgeTenant",
     "HostPort",
     "NodeTls",
     "OutlierSettings",
@@ -436,6 +438,90 @@ class UiConfig:
         )
 
 
+TENANT_COSTS = ("requests", "tokens")
+"""The values of ``tenant_cost``: what a grant charges its tenant ([tenant-edge])."""
+
+
+@final
+@attrs.frozen(kw_only=True)
+class EdgeTenant:
+    """One entry of ``tenants``: a tenant's share, band, quotas and API keys ([tenant-edge]).
+
+    Its keys are given like the top-level ones: inline (``api_keys``, digested at
+    once) or by the name of an environment variable holding a comma-separated
+    list (``api_keys_env``). A request whose key is one of them is charged to it.
+    """
+
+    name: str
+    weight: float = 1.0
+    priority: int = 0
+    max_in_flight: int | None = None
+    max_queue: int | None = None
+    api_keys: tuple[ApiKeyDigest, ...] | None = attrs.field(default=None, repr=False)
+    api_keys_env: str | None = None
+
+    def spec(self) -> TenantSpec:
+        """The admission core's :class:`TenantSpec` of this entry."""
+        return TenantSpec(
+            self.name,
+            weight=self.weight,
+            priority=self.priority,
+            max_in_flight=self.max_in_flight,
+            max_queue=self.max_queue,
+        )
+
+    def key_digests(self, environ: Mapping[str, str]) -> tuple[ApiKeyDigest, ...]:
+        """Its keys: the inline ones, or those of its environment variable in ``environ``."""
+        if self.api_keys_env is not None:
+            return tuple(ApiKeyDigest.of(key) for key in _split_keys(environ.get(self.api_keys_env, "")))
+        return self.api_keys or ()
+
+    def problems(self, where: str) -> Iterator[tuple[str, str]]:
+        if not self.name:
+            yield f"{where}.name", "must not be empty"
+        if not self.weight > 0:
+            yield f"{where}.weight", f"must be > 0, got {self.weight}"
+        for key in ("max_in_flight", "max_queue"):
+            value = getattr(self, key)
+            if value is not None:
+                yield from _at_least(f"{where}.{key}", value, 1)
+        if self.api_keys is not None and self.api_keys_env is not None:
+            yield f"{where}.api_keys_env", "give at most one of api_keys or api_keys_env"
+        elif self.api_keys is not None and not self.api_keys:
+            yield f"{where}.api_keys", "must list at least one key (leave the key out for a tenant without keys)"
+        elif self.api_keys_env is not None:
+            if not self.api_keys_env:
+                yield f"{where}.api_keys_env", "must name an environment variable"
+            elif not _split_keys(os.environ.get(self.api_keys_env, "")):
+                yield (
+                    f"{where}.api_keys_env",
+                    f"environment variable {self.api_keys_env!r} is not set or holds no keys "
+                    "(expected a comma-separated list)",
+                )
+
+
+def tenant_problems(tenants: tuple[EdgeTenant, ...], cost: str, header: str | None) -> Iterator[tuple[str, str]]:
+    """The rules of ``tenants``, ``tenant_cost`` and ``tenant_header`` ([tenant-edge]); reads ``os.environ``."""
+    if cost not in TENANT_COSTS:
+        yield "tenant_cost", f"must be one of {', '.join(TENANT_COSTS)}"
+    if header is not None and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", header):
+        yield "tenant_header", "must be an HTTP header name (or leave the key out: off)"
+    first: dict[str, int] = {}
+    owner: dict[str, int] = {}
+    for i, tenant in enumerate(tenants):
+        where = f"tenants[{i}]"
+        yield from tenant.problems(where)
+        if tenant.name in first:
+            yield f"{where}.name", f"duplicate tenant {tenant.name!r} (first at tenants[{first[tenant.name]}])"
+        first.setdefault(tenant.name, i)
+        for digest in tenant.key_digests(os.environ):
+            other = owner.setdefault(digest.hexdigest, i)
+            if other != i:
+                field = "api_keys_env" if tenant.api_keys_env is not None else "api_keys"
+                yield f"{where}.{field}", f"a key of this tenant belongs to tenants[{other}] too"
+                break
+
+
 @final
 @attrs.frozen
 class _Lookups:
@@ -489,6 +575,11 @@ class EdgeConfig:
     admin_token_env: str | None = None
     api_keys: tuple[ApiKeyDigest, ...] | None = attrs.field(default=None, repr=False)
     api_keys_env: str | None = None
+    tenants: tuple[EdgeTenant, ...] = ()
+    tenant_cost: str = "requests"
+    tenant_header: str | None = None
+    _tenant_keys: tuple[tuple[ApiKeyDigest, str], ...] = attrs.field(default=(), init=False, eq=False, repr=False)
+    """Every tenant's key digests with its name, once resolved (:func:`load_edge_config`); not a key of the file."""
     max_body_bytes: int = 4 * 1024 * 1024
     max_ws_message_bytes: int = 8 * 1024 * 1024
     header_timeout_ms: int = 10000
@@ -537,6 +628,7 @@ class EdgeConfig:
 
     def _pool_of(self, specs: Mapping[ProviderKey, ProviderSpec]) -> PoolConfig:
         """The :class:`PoolConfig` of this file with the providers' ``specs`` (in file order)."""
+        tenants: tuple[TenantSpec, ...] = tuple(tenant.spec() for tenant in self.tenants)
         return PoolConfig(
             policy=self.provider_pool.policy(),
             providers=specs,
@@ -545,6 +637,7 @@ class EdgeConfig:
             },
             retry=self.provider_pool.retry.policy(),
             outlier=self.provider_pool.outlier.policy(),
+            tenants=tenants,
         )
 
     def upstream_model(self, model: str, key: ProviderKey) -> str:
@@ -624,13 +717,29 @@ class EdgeConfig:
 
     @property
     def api_keys_required(self) -> bool:
-        """True when the HTTP API demands one of the configured API keys."""
-        return bool(self.api_keys)
+        """True when the HTTP API demands one of the configured API keys (top-level or a tenant's)."""
+        return bool(self.api_keys) or bool(self._tenant_keys)
 
     def accepts_api_key(self, key: str) -> bool:
         """True if ``key`` is one of the configured API keys (constant-time compare)."""
         # A list, not a generator: compare against every digest, whichever matches.
-        return any([digest.matches(key) for digest in self.api_keys or ()])  # noqa: C419
+        digests = [*(self.api_keys or ()), *(digest for digest, _ in self._tenant_keys)]
+        return any([digest.matches(key) for digest in digests])  # noqa: C419
+
+    def tenant_of(self, key: str | None, named: str | None = None) -> str | None:
+        """The tenant a request is charged to ([tenant-edge]): the one its API ``key`` belongs to
+        (constant-time compare against every tenant key), else None (the default tenant).
+
+        ``named`` is the ``tenant_header``'s value, read only when the operator set that key (a
+        trusted front proxy names the tenant); it wins over the key. The core maps a name that
+        is not configured to the default tenant: request input never makes a tenant up.
+        """
+        if named is not None and self.tenant_header is not None and self.tenants:
+            return named
+        if key is None or not self._tenant_keys:
+            return None
+        owners = [name for digest, name in self._tenant_keys if digest.matches(key)]
+        return owners[0] if owners else None
 
     def accepts_admin_token(self, token: str) -> bool:
         """True if an admin token is configured and ``token`` equals it (constant time)."""
@@ -670,6 +779,7 @@ class EdgeConfig:
             *(tls_problems("tls", self.tls.ssl_context) if self.tls else ()),
             *_secret_problems("admin_token", self.admin_token, "admin_token_env", self.admin_token_env, required=False),
             *self._api_key_problems(),
+            *tenant_problems(self.tenants, self.tenant_cost, self.tenant_header),
             *self._node_problems(specs),
             *self._model_problems(),
         ]
@@ -901,6 +1011,8 @@ def _with_environment(config: EdgeConfig, environ: Mapping[str, str]) -> EdgeCon
     ha = config.ha
     if ha is not None and ha.password_env is not None:
         ha = attrs.evolve(ha, password=environ.get(ha.password_env, ""))
+    tenant_keys = tuple((digest, tenant.name) for tenant in config.tenants for digest in tenant.key_digests(environ))
     resolved = attrs.evolve(config, nodes=nodes, admin_token=admin_token, api_keys=api_keys, ui=ui, ha=ha)
+    object.__setattr__(resolved, "_tenant_keys", tenant_keys)
     object.__setattr__(resolved, "_pool", config._pool)  # no secret is in the pool: it is the same
     return resolved

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from iop_admission import Admission, AdmissionEvent, ProviderSnapshot, Snapshot
+from iop_admission import Admission, AdmissionEvent, ProviderSnapshot, Snapshot, TenantSnapshot
 
 from ._failover import RETRY_REASONS
 from ._off_loop import run_off_loop, snapshot_in_slices
@@ -71,6 +71,7 @@ _REASON_CODES: Final = {
     "QueueTimeout": "queue_timeout",
     "Unavailable": "unavailable",
     "ModelNotFound": "model_not_found",
+    "TenantLimitExceeded": "tenant_limit",
 }
 
 #: The queue timeout defaults to 30 s; waits beyond a minute are off the scale anyway.
@@ -232,6 +233,7 @@ class _SnapshotCollector(Collector):
                 family.add_metric(where, total)
             yield family
         yield from _health_families(snap, reading.models if reading else (), level)
+        yield from _tenant_families(snap.tenants if snap is not None else ())
         edge_wide = (
             (
                 "iop_queue_depth",
@@ -257,6 +259,35 @@ class _SnapshotCollector(Collector):
             "While it grows, event-fed counters undercount.",
             value=snap.events_dropped if snap else None,
         )
+
+
+#: Per-tenant gauges ([tenant-edge]): name suffix, help, reading. Labelled ``tenant`` with the
+#: snapshot's tenants only -- the configured ones, ``default``, and a dropped one until it drains.
+_TENANT_GAUGES: Final[tuple[tuple[str, str, Callable[[TenantSnapshot], float]], ...]] = (
+    ("weight", "The tenant's weight in its band (tenants[].weight).", lambda t: t.weight),
+    ("priority", "The tenant's band (tenants[].priority).", lambda t: t.priority),
+    ("waiting", "The tenant's waiters now.", lambda t: t.waiting),
+    ("in_flight", "The tenant's leases now, over every provider.", lambda t: t.in_flight),
+    ("share", "The tenant's part of the latest 1,000 grants (0 to 1).", lambda t: t.share),
+    (
+        "cost_charged",
+        "Cost charged to the tenant so far: requests, or tokens after settlement.",
+        lambda t: t.cost_charged,
+    ),
+)
+
+
+def _tenant_families(tenants: tuple[TenantSnapshot, ...]) -> Iterator[Metric]:
+    """``iop_tenant_*`` from the snapshot's tenant rows (none without tenants)."""
+    for suffix, documentation, read in _TENANT_GAUGES:
+        family = GaugeMetricFamily(f"iop_tenant_{suffix}", documentation, labels=("tenant",))
+        for t in tenants:
+            family.add_metric((t.name,), read(t))
+        yield family
+    grants = CounterMetricFamily("iop_tenant_grants", "Leases granted to the tenant.", labels=("tenant",))
+    for t in tenants:
+        grants.add_metric((t.name,), t.grants)
+    yield grants
 
 
 def _health_families(snap: Snapshot | None, models: Iterable[str], level: Level) -> Iterator[Metric]:
@@ -351,6 +382,12 @@ class EdgeMetrics:
         self.registry.register(self._gauges)
         self._declare_request_metrics(self.registry)
         self._declare_node_metrics(self.registry)
+        self._tenant_rejected = Counter(
+            "iop_tenant_rejected",
+            "Requests refused by their tenant's quota or band (tenant_max_queue, tenant_shed) or a full queue.",
+            ("tenant", "code"),
+            registry=self.registry,
+        )
         # Closed label sets start at 0, so rate() and absence alerts work from the first scrape.
         for outcome in LEASE_OUTCOMES:
             self._lease_endings.labels(outcome)
@@ -500,6 +537,11 @@ class EdgeMetrics:
         """
         _check(reason, REJECTION_REASONS, "rejection reason")
         return self._rejected.labels(model, reason).inc
+
+    def tenant_rejected(self, tenant: str, code: str) -> None:
+        """Count a tenant's refusal ([tenant-edge]); ``tenant`` is one admission resolved (configured or
+        ``default``), so the label set is bounded by the config."""
+        self._tenant_rejected.labels(tenant, code).inc()
 
     def lease_ended(self, model: str, outcome: str, duration: float) -> None:
         """Count an admitted request that ended, and observe its duration in seconds.

@@ -154,6 +154,8 @@ def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:
         + (f", and {more_nodes} more" if more_nodes else "")
     )
     parts: list[Text | Table] = [_summary(status), table]
+    if snap.tenants:
+        parts.append(_tenant_table(status))
     hidden = len(snap.providers) - len(shown)
     if hidden:
         parts.append(Text(f"... and {hidden} more providers: narrow with --node / --model, or show --all"))
@@ -162,6 +164,26 @@ def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:
             Text("panic mode (every candidate ejected, admitted anyway): " + ", ".join(snap.panic), style="red")
         )
     return Group(*parts, queue, nodes, _LEGEND)
+
+
+def _tenant_table(status: EdgeStatus) -> Table:
+    """One row per tenant ([tenant-edge]): band, weight, quotas, queue, leases, share of recent grants, cost."""
+    table = Table(title="tenants", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("tenant", overflow="fold")
+    for name in ("band", "weight", "waiting", "in-flight", "share", "grants", "charged"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for t in status.snapshot.tenants:
+        table.add_row(
+            t.name,
+            str(t.priority),
+            f"{t.weight:g}",
+            f"{t.waiting}/{'-' if t.max_queue is None else t.max_queue}",
+            f"{t.in_flight}/{'-' if t.max_in_flight is None else t.max_in_flight}",
+            f"{t.share:.0%}",
+            str(t.grants),
+            f"{t.cost_charged:g}",
+        )
+    return table
 
 
 def _health(p: ProviderSnapshot) -> Text:

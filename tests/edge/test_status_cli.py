@@ -24,7 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from rich.console import Console
 
-from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
 from iop_edge import EdgeService, load_edge_config, status_cli
 from iop_edge.status import EdgeStatus, NodeStatus, OverloadStatus, parse_status
 from iop_edge.status import status_document as edge_status_document
@@ -365,3 +365,28 @@ async def test_table_shows_ejection_time_left_failures_and_panic(still_clock: tr
     text = console.export_text()
     assert "ejected (5.0s left, 3 failures)" in text
     assert "panic mode (every candidate ejected, admitted anyway): ornith:35b, ornith-fast" in text
+
+
+@pytest.mark.req("tenant-edge")
+async def test_status_shows_a_tenants_table_read_back_from_the_document() -> None:
+    """``iop status`` lists each tenant (band, weight, waiting/max_queue, in-flight/max_in_flight, share,
+    grants, cost charged) from /status's ``tenants``; without tenants there is no such table."""
+    admission = two_node_admission()
+    plain = recording_console()
+    plain.print(status_cli.render_status(parse_status(json.loads(json.dumps(status_document(admission))))))
+    assert "tenants" not in plain.export_text()
+    config = admission.config
+    tenants = (TenantSpec("chat", weight=2.0, priority=1, max_in_flight=3), TenantSpec("batch", max_queue=5))
+    admission.refresh(
+        PoolConfig(policy=config.policy, providers=config.providers, models=config.models, tenants=tenants)
+    )
+    admission.connect("node-a")
+    async with admission.lease("ornith-fast", tenant="chat"):
+        document = json.loads(json.dumps(status_document(admission)))
+        console = recording_console()
+        console.print(status_cli.render_status(parse_status(document)))
+    table = rows(console.export_text())
+    assert ["tenant", "band", "weight", "waiting", "in-flight", "share", "grants", "charged"] in table
+    assert ["chat", "1", "2", "0/-", "1/3", "100%", "1", "1"] in table
+    assert ["batch", "0", "1", "0/5", "0/-", "0%", "0", "0"] in table
+    assert ["default", "0", "1", "0/-", "0/-", "0%", "0", "0"] in table
