@@ -43,6 +43,7 @@ import trio
 
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
 from iop_admission.core import AdmissionState, FairShare, Granted
+from iop_edge.config import load_edge_config
 
 from .harness import (
     BenchmarkFailed,
@@ -508,6 +509,20 @@ async def _waiting_clients(
             task_status.started()
 
 
+def key_check_seconds(edge_yaml: pathlib.Path, keys: int, requests: int = 2_000) -> float:
+    """Seconds the Edge's API-key check and tenant lookup (``accepts_api_key`` + ``tenant_of``, what
+    a request's head costs before admission) take for one request, in process, with ``edge_yaml``."""
+    config = load_edge_config(edge_yaml)
+    start = time.perf_counter()
+    for n in range(requests):
+        key = f"key-{n % keys}"
+        if config.api_keys or config.tenants:
+            config.accepts_api_key(key)
+        if config.tenants:
+            config.tenant_of(key)
+    return (time.perf_counter() - start) / requests
+
+
 async def _decision_phase(workdir: pathlib.Path, tenants: int, waiters: int, window: float) -> dict[str, Any]:
     """Edge CPU per request served while ``waiters`` clients wait, over ``tenants`` tenants (0: none)."""
     lines = _tenant_lines(*(f"{{name: t{i}, api_keys: [key-{i}]}}" for i in range(tenants))) if tenants else ""
@@ -548,7 +563,9 @@ async def _decision_phase(workdir: pathlib.Path, tenants: int, waiters: int, win
         served = served1 - served0
         if served <= 0:
             raise BenchmarkFailed(f"no request served in {window} s with {waiters} waiters")
+        key_check = key_check_seconds(workdir / "edge.yaml", max(1, tenants))
         return {
+            "key_check_us_per_request": round(key_check * 1e6, 1),
             "tenants": tenants,
             "served": served,
             "requests_per_s": round(served / (t1 - t0), 1),
@@ -572,7 +589,11 @@ async def real_decision(workdir: pathlib.Path, waiters: int, window: float, roun
             phase_dir.mkdir()
             phases[tenants].append(await _decision_phase(phase_dir, tenants, waiters, window))
     cost = {t: statistics.median(p["edge_cpu_us_per_request"] for p in runs) for t, runs in phases.items()}
+    keys = {t: statistics.median(p["key_check_us_per_request"] for p in runs) for t, runs in phases.items()}
+    less = {t: cost[t] - keys[t] for t in phases}
     return {
+        "edge_cpu_less_key_check_us_per_request": {str(t): round(c, 1) for t, c in less.items()},
+        "ratio_less_key_check": round(less[1_000] / less[0], 3),
         "waiters": waiters,
         "window_s": window,
         "mock_latency_ms": DECISION_SERVICE_MS,
