@@ -47,7 +47,6 @@ import json
 import math
 import pathlib
 import random
-import shutil
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Hashable
@@ -176,6 +175,7 @@ class FairWatch:
         self.caught_up: dict[str, set[str]] = {}
         self.granted: list[Any] = []
         self.charged: Counter[str] = Counter()  # the watch's own ledger: reserves granted + settlement deltas
+        self.runnable: dict[str, int] = {}  # before a grant: the tenants with a waiter that could run, and their bands
         grant, admit, enqueue, cancel = fair.grant, fair.admit, fair.enqueue, fair.cancel
         settle, release, configure = fair.settle, fair.release, fair.configure
 
@@ -414,7 +414,6 @@ class TenantWorld(World):
         """A refresh set ``provider_pool.max_queue`` below the tenants' quotas: ``queue_full`` may then happen."""
         self.lowered: dict[str, tuple[int, int]] = {}
         """Per tenant, the waiting and in-flight counts a reload that lowered its quotas left over them."""
-        self.config_dir = pathlib.Path(tempfile.mkdtemp(prefix="iop-sim-tenants-"))
         super().__init__(seed, clock)
         self.watch = FairWatch(self, self.service.admission._core._tenancy.fair)
         self.result.trace.append(f"0 tenants {self.scenario}: {sorted(self.tenants.values(), key=str)}")
@@ -431,9 +430,10 @@ class TenantWorld(World):
         document = {key: fields[key] for key in (*keys, "node_max_pending_per_address")}
         document["tenants"] = [t.entry() for t in self.tenants.values()]
         document["tenant_cost"] = "tokens" if self.tokens else "requests"
-        path = self.config_dir / "edge.yaml"
-        path.write_text(json.dumps(_without_nulls(document)), encoding="utf-8")  # JSON is YAML
-        return load_edge_config(path)
+        with tempfile.TemporaryDirectory(prefix="iop-sim-tenants-") as folder:
+            path = pathlib.Path(folder) / "edge.yaml"
+            path.write_text(json.dumps(_without_nulls(document)), encoding="utf-8")  # JSON is YAML
+            return load_edge_config(path)
 
     def request_headers(self, plan: RequestPlan) -> list[tuple[bytes, bytes]]:
         assert isinstance(plan, TenantPlan)
@@ -537,7 +537,6 @@ class TenantWorld(World):
             self.violation(f"{len(leaked)} tenant tickets granted but never released: {leaked[:3]}")
         if self.tokens:
             self.check_tokens(fair)
-        shutil.rmtree(self.config_dir, ignore_errors=True)
 
     def check_tokens(self, fair: Any) -> None:
         """A tenant each of whose requests either ended ``ok`` in one attempt (charged the usage the
