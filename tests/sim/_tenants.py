@@ -24,9 +24,10 @@ instance to see each grant as it is made, and writes nothing):
   first attempts <= ``max_queue`` (a reload that lowered a quota lets the
   waiters already queued stay);
 - a tenant's 429s only for its own limits: ``tenant_max_queue`` only when its
-  own queue is at its ``max_queue``, ``tenant_shed`` only to a negative band,
-  and no ``queue_full`` for anyone while the tenants' quotas fit the queue (no
-  tenant is refused because another floods);
+  own queue is at its ``max_queue``, ``tenant_shed`` only to a negative band (a
+  waiter evicted from a full queue only of the lowest negative band below the
+  newcomer's), and no ``queue_full`` for anyone while the tenants' quotas fit
+  the queue (no tenant is refused because another floods);
 - no dispatchable waiter of a higher band passed over by a grant;
 - the fairness bound of docs/admission.md: two tenants of a band backlogged
   over an interval differ in served ``cost / weight`` by at most
@@ -92,6 +93,7 @@ REPORTED = (
     "fairness windows",
     "grants outside the fair order",
     "tenant 429s",
+    "waiters shed",
     "settlements",
     "tenants settled exactly",
 )
@@ -178,6 +180,19 @@ class FairWatch:
         self.runnable: dict[str, int] = {}  # before a grant: the tenants with a waiter that could run, and their bands
         grant, admit, enqueue, cancel = fair.grant, fair.admit, fair.enqueue, fair.cancel
         settle, release, configure = fair.settle, fair.release, fair.configure
+        check_queue, shed_victim = fair.check_queue, fair.shed_victim
+
+        def watched_check_queue(tenant: str) -> None:
+            try:
+                check_queue(tenant)
+            except TenantLimitExceeded as exc:
+                self.refused(tenant, exc)
+                raise
+
+        def watched_shed_victim(priority: int) -> Any:
+            victim = shed_victim(priority)
+            self.shed(victim, priority)
+            return victim
 
         def watched_grant(dispatchable: Callable[[Hashable], bool] = lambda item: True) -> Any:
             self.before_grant(dispatchable)
@@ -201,7 +216,7 @@ class FairWatch:
                 self.refused(tenant, exc)
                 raise
             for victim in shed:
-                self.shed(victim)
+                self.shed(victim, self.fair.spec(self.fair.tenant_of(tenant)).priority)
             self.open_windows()
             return ticket, shed
 
@@ -238,6 +253,7 @@ class FairWatch:
             watched_cancel,
         )
         fair.settle, fair.release, fair.configure = watched_settle, watched_release, watched_configure
+        fair.check_queue, fair.shed_victim = watched_check_queue, watched_shed_victim
 
     # -- who is backlogged ------------------------------------------------------
 
@@ -377,10 +393,21 @@ class FairWatch:
         elif exc.limit == "shed" and spec.priority >= 0:
             self.world.violation(f"tenant {name} of band {spec.priority} refused as sheddable")
 
-    def shed(self, victim: Any) -> None:
+    def shed(self, victim: Any, priority: int) -> None:
+        """The queue is full and a newcomer of band ``priority`` came: the waiter chosen to make room
+        (``victim``) is of the lowest negative band below it, else none waits there."""
+        lowest = min(priority, 0)
+        below = [n for n in self.names() if self.fair.waiting(n) and self.fair.spec(n).priority < lowest]
+        if victim is None:
+            if below:
+                self.world.violation(
+                    f"a full queue refused band {priority} while {below} of a lower negative band wait"
+                )
+            return
         band = self.fair.spec(victim.tenant).priority
-        if band >= 0:
-            self.world.violation(f"a waiter of tenant {victim.tenant} (band {band}) shed")
+        self.world.result.fired["waiters shed"] += 1
+        if band >= lowest or any(self.fair.spec(n).priority < band for n in below):
+            self.world.violation(f"a waiter of tenant {victim.tenant} (band {band}) shed for band {priority}")
 
 
 class TenantWorld(World):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from iop_admission import TenantLimitExceeded
 from iop_admission.core import FairShare
 from iop_edge import _tenant_charge
 
@@ -107,6 +108,22 @@ def test_the_checker_sees_a_quota_ignored(
     monkeypatch.setattr(FairShare, rule, broken)
     result = run_tenant_seed(seed)
     assert any(seen in v for v in result.violations), result.violations[:5]
+
+
+def test_the_checker_sees_a_tenant_refused_for_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sensitivity: with one shared quota (any tenant at its max_queue refuses every newcomer), the
+    trickling tenants get 429 tenant_max_queue for the flooder's queue and the checker reports a
+    refusal for a limit the tenant did not reach (seed 0, flood)."""
+
+    def shared(self: FairShare, tenant: str) -> None:
+        for name in self.tenants():
+            limit = self.spec(name).max_queue
+            if limit is not None and self.waiting(name) >= limit:
+                raise TenantLimitExceeded(self.tenant_of(tenant), "max_queue", limit)
+
+    monkeypatch.setattr(FairShare, "check_queue", shared)
+    result = run_tenant_seed(0)
+    assert any("refused max_queue with" in v for v in result.violations), result.violations[:5]
 
 
 def test_the_checker_sees_usage_never_settled(monkeypatch: pytest.MonkeyPatch) -> None:
