@@ -106,7 +106,7 @@ class Tenant:
     name: str
     weight: int
     priority: int
-    max_queue: int
+    max_queue: int | None
     max_in_flight: int | None
 
     @property
@@ -115,7 +115,9 @@ class Tenant:
 
     def entry(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": self.name, "weight": self.weight, "priority": self.priority}
-        entry |= {"max_queue": self.max_queue, "api_keys": [self.key]}
+        entry["api_keys"] = [self.key]
+        if self.max_queue is not None:
+            entry["max_queue"] = self.max_queue
         if self.max_in_flight is not None:
             entry["max_in_flight"] = self.max_in_flight
         return entry
@@ -431,7 +433,7 @@ class TenantWorld(World):
                 f"t{i}",
                 weight=trng.randint(1, 3),
                 priority=-1 if negative and i == count - 1 else 0,
-                max_queue=quotas[i],
+                max_queue=None if negative and i == count - 1 else quotas[i],  # sheddable: it may fill the queue
                 max_in_flight=trng.choice((None, None, 1, 2)),
             )
             for i in range(count)
@@ -450,7 +452,7 @@ class TenantWorld(World):
     def edge_config(self, overrides: Overrides) -> EdgeConfig:
         """The one-Edge world's config with ``tenants:``, as a file the Edge's loader reads (it resolves the keys)."""
         overrides = attrs.evolve(overrides, max_queue=overrides.max_queue * QUEUE_SCALE)
-        if overrides.max_queue < sum(t.max_queue for t in self.tenants.values()) + QUOTA_ROOM:
+        if overrides.max_queue < self.quotas() + QUOTA_ROOM:
             self.squeezed = True
         fields = cattrs.Converter().unstructure(edge_config(overrides))
         keys = ("nodes", "models", "heartbeat_timeout_ms", "provider_pool", "node_max_pending")
@@ -461,6 +463,10 @@ class TenantWorld(World):
             path = pathlib.Path(folder) / "edge.yaml"
             path.write_text(json.dumps(_without_nulls(document)), encoding="utf-8")  # JSON is YAML
             return load_edge_config(path)
+
+    def quotas(self, but: str = "") -> int:
+        """The queue places the non-negative tenants (but ``but``) may fill: their ``max_queue``."""
+        return sum(t.max_queue or 0 for n, t in self.tenants.items() if n != but and t.priority >= 0)
 
     def request_headers(self, plan: RequestPlan) -> list[tuple[bytes, bytes]]:
         assert isinstance(plan, TenantPlan)
@@ -486,6 +492,10 @@ class TenantWorld(World):
         for _ in range(rng.randint(2, 4)):  # t0 floods: bursts of many clients at once
             at = rng.uniform(0.0, LOAD_WINDOW - 1.0)
             arrivals += [(at + k * 0.002, "t0") for k in range(rng.randint(6, 14))]
+        for name in (n for n, t in self.tenants.items() if t.priority < 0):  # a sheddable tenant floods too
+            for _ in range(rng.randint(1, 3)):
+                at = rng.uniform(0.0, LOAD_WINDOW - 1.0)
+                arrivals += [(at + k * 0.003, name) for k in range(rng.randint(10, 30))]
         plans: list[RequestPlan] = []
         for number, (at, name) in enumerate(sorted(arrivals), start=1):
             big = self.tokens and name == "t0"
@@ -516,12 +526,12 @@ class TenantWorld(World):
         """A reload that changes one tenant's weight and quotas (its band and key stay)."""
         name = self.frng.choice(sorted(self.tenants))
         old = self.tenants[name]
-        others = sum(t.max_queue for n, t in self.tenants.items() if n != name)
-        room = MAX_QUEUE * QUEUE_SCALE - QUOTA_ROOM - others
+        room = MAX_QUEUE * QUEUE_SCALE - QUOTA_ROOM - self.quotas(but=name)
+        quota = max(1, min(room, self.frng.randint(2, 7)))
         new = attrs.evolve(
             old,
             weight=self.frng.randint(1, 3),
-            max_queue=max(1, min(room, self.frng.randint(2, 7))),
+            max_queue=None if old.priority < 0 else quota,
             max_in_flight=self.frng.choice((None, 1, 2)),
         )
         self.tenants[name] = new
@@ -591,7 +601,7 @@ class TenantWorld(World):
             self.result.fired["tenant 429s"] += 1
         if result == "429:tenant_shed" and tenant.priority >= 0:
             self.violation(f"request {plan.number} of {plan.tenant} (band {tenant.priority}): tenant_shed")
-        if result == "429:queue_full" and not self.squeezed:
+        if result == "429:queue_full" and tenant.priority >= 0 and not self.squeezed:
             self.violation(
                 f"request {plan.number} of {plan.tenant}: queue_full while the tenants' quotas fit the queue"
             )

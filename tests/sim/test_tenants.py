@@ -14,7 +14,7 @@ import pytest
 
 from iop_admission import TenantLimitExceeded
 from iop_admission.core import FairShare
-from iop_edge import _tenant_charge
+from iop_edge import _head_refusal, _tenant_charge
 
 from ._report import run_and_summarize
 from ._tenants import TENANT_SITES, run_tenant_seed, tenant_summary
@@ -124,6 +124,18 @@ def test_the_checker_sees_a_tenant_refused_for_another(monkeypatch: pytest.Monke
     monkeypatch.setattr(FairShare, "check_queue", shared)
     result = run_tenant_seed(0)
     assert any("refused max_queue with" in v for v in result.violations), result.violations[:5]
+
+
+@pytest.mark.req("tenant-quotas", "tenant-edge")
+def test_a_sheddable_flood_turns_no_other_request_into_queue_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[tenant-quotas] The bug this world found: a tenant of band -1 (no max_queue) filled the queue and
+    the Edge's head check, blind to tenants, refused the other tenants' requests 429 queue_full
+    instead of letting admission shed a sheddable waiter for them (seed 11). With the head check's
+    exception for queued negative-band waiters taken out, the checker reports it again."""
+    assert run_tenant_seed(11).violations == []
+    monkeypatch.setattr(_head_refusal.HeadRefusal, "sheddable_waiting", lambda self: False)
+    result = run_tenant_seed(11)
+    assert any("queue_full while the tenants' quotas fit" in v for v in result.violations), result.violations[:5]
 
 
 def test_the_checker_sees_usage_never_settled(monkeypatch: pytest.MonkeyPatch) -> None:
