@@ -123,8 +123,10 @@ class HeadRefusal:
         """Whether a waiter of a negative band is queued ([tenant-quotas]): then a full queue is no
         ``queue_full`` on the head -- admission sheds that waiter for a newcomer of a band above it,
         or refuses a newcomer of a negative band ``tenant_shed`` itself."""
-        admission = self._service.admission
-        return any(row.priority < 0 and row.waiting for row in admission.snapshot(count=0).tenants)
+        service = self._service
+        if not service.config.tenants:  # no tenants, no bands: the flood path reads nothing more
+            return False
+        return any(row.priority < 0 and row.waiting for row in service.admission.snapshot(count=0).tenants)
 
     def _refusal_on_head(self, code: str, retry_after: int) -> CannedResponse:
         """The canned ``overloaded`` or ``queue_full`` answer with ``retry_after``, built once per kind."""
