@@ -124,8 +124,8 @@ class HeadRefusal:
         ``queue_full`` on the head -- admission sheds that waiter for a newcomer of a band above it,
         or refuses a newcomer of a negative band ``tenant_shed`` itself."""
         service = self._service
-        if not service.config.tenants:  # no tenants, no bands: the flood path reads nothing more
-            return False
+        if not any(tenant.priority < 0 for tenant in service.config.tenants):
+            return False  # no negative band configured: the flood path reads nothing more
         return any(row.priority < 0 and row.waiting for row in service.admission.snapshot(count=0).tenants)
 
     def _refusal_on_head(self, code: str, retry_after: int) -> CannedResponse:
