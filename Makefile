@@ -78,7 +78,7 @@ MUTATE_HEALTH = $(foreach f,report_failure report_success advance next_ejection_
 	_reopen_probe _reportable _forget_health,'iop_admission._health.xǁHealthRulesǁ$(f)__mutmut_*') \
 	$(foreach f,retry expire release disconnect _fence,'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
 	'iop_admission._refresh.xǁRefreshRulesǁ_requeue__mutmut_*' \
-	$(foreach f,_enqueue_in_order _grant _probe_started _retries_of,'iop_admission._core.xǁStateCoreǁ$(f)__mutmut_*') \
+	$(foreach f,_enqueue_in_order _grant _probe_started _dispatch _retries_of,'iop_admission._core.xǁStateCoreǁ$(f)__mutmut_*') \
 	$(foreach f,best in_panic,'iop_admission._slots.xǁModelGroupǁ$(f)__mutmut_*') \
 	'iop_admission._queries.xǁStateQueriesǁ_retry_pressure__mutmut_*' \
 	$(foreach f,choose panic best_of could_run untried,'iop_admission._choice.x_$(f)__mutmut_*')

@@ -107,7 +107,8 @@ class HeadRefusal:
         else:
             self.authorize(headers)
             max_queue = service.config.provider_pool.max_queue
-            if not door.queue_full(max_queue, self.capacity(), service.admission.queue_depth, now):
+            full = door.queue_full(max_queue, self.capacity(), service.admission.queue_depth, now)
+            if not full or self.sheddable_waiting():
                 door.let_through(now)
                 return None
             code = "queue_full"
@@ -117,6 +118,15 @@ class HeadRefusal:
         count()
         retry_after, delay = door.refusal(now, self.capacity())
         return self._refusal_on_head(code, retry_after), now + delay
+
+    def sheddable_waiting(self) -> bool:
+        """Whether a waiter of a negative band is queued ([tenant-quotas]): then a full queue is no
+        ``queue_full`` on the head -- admission sheds that waiter for a newcomer of a band above it,
+        or refuses a newcomer of a negative band ``tenant_shed`` itself."""
+        service = self._service
+        if not any(tenant.priority < 0 for tenant in service.config.tenants):
+            return False  # no negative band configured: the flood path reads nothing more
+        return any(row.priority < 0 and row.waiting for row in service.admission.snapshot(count=0).tenants)
 
     def _refusal_on_head(self, code: str, retry_after: int) -> CannedResponse:
         """The canned ``overloaded`` or ``queue_full`` answer with ``retry_after``, built once per kind."""

@@ -55,9 +55,9 @@ from iop_http import (
     encode_chunk,
     encode_head,
 )
+from iop_io import PeerGone, SocketTransport, Transport
 
 from ._http_disconnects import DisconnectPoller, DisconnectWatcher, PolledWatch
-from ._http_transport import PeerGone, SocketTransport, Transport
 
 if TYPE_CHECKING:
     from ._http_server import HttpLimits

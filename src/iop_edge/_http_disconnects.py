@@ -15,9 +15,7 @@ from typing import Protocol, final
 
 import trio
 
-from iop_io import ParkedTask
-
-from ._http_transport import RECEIVE_SIZE
+from iop_io import RECEIVE_SIZE, ParkedTask
 
 
 class Watched(Protocol):

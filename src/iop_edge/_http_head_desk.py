@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Protocol, final
 import trio
 
 from iop_http import END_OF_MESSAGE, RequestHead, RequestReader
+from iop_io import PeerGone, SocketTransport, Transport
 
 from ._http_pacing import PACING_QUANTUM, RECHECKS, TOLD_GRACE, Headers, Pacer, step_after
-from ._http_transport import PeerGone, SocketTransport, Transport
 
 if TYPE_CHECKING:
     from ._http_server import CannedResponse, ConnectionCounter, HttpLimits

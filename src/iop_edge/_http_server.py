@@ -29,7 +29,7 @@ no websockets, no HTTP/2). What the listener guarantees:
   connection closes.
 - **Disconnect** and **writes that never wait on the client**: see :mod:`._http_cycle`.
 - **Accept**: each wake-up of the listener accepts every connection waiting (up to
-  :data:`ACCEPT_BATCH`), not one per scheduling round (:mod:`._http_accept`).
+  :data:`ACCEPT_BATCH`), not one per scheduling round (:mod:`iop_io.accept`).
 - **Connection cap**: past ``max_connections`` open connections, a new one is
   closed at once (before a byte is read) -- the cheapest possible refusal.
 - A response head goes out with the first body chunk, in one send.
@@ -40,7 +40,7 @@ reader, reads each request head, and answers framing refusals. :class:`~._http_h
 asks ``refuse_head``, answers refusals and keeps a paused connection (:mod:`._http_pacing`'s
 :class:`Pacer`). One :class:`~._http_cycle.RequestCycle` per request let through calls the app with
 its ASGI ``receive``/``send`` and :class:`~._http_cycle.ConnectionHooks`. The disconnect watch is
-:mod:`._http_disconnects`, the transport :mod:`._http_transport`, the accept loop :mod:`._http_accept`.
+:mod:`._http_disconnects`; the transport and the accept loop are :mod:`iop_io`'s (shared with the mock).
 
 ``wrap_stream`` is the seam for TLS: it gets each accepted socket stream and
 returns the stream to speak HTTP on (e.g. a ``trio.SSLStream``); it runs under
@@ -61,13 +61,12 @@ import attrs
 import trio
 
 from iop_http import CLOSED, NEED_DATA, Refusal, RequestHead, RequestReader, encode_response, error_response
+from iop_io import CLOSE_TIMEOUT, PeerGone, SocketTransport, StreamTransport, Transport, accept_loop
 
-from ._http_accept import accept_loop
 from ._http_cycle import App, CycleHost, RequestCycle
 from ._http_disconnects import CAN_POLL, DisconnectPoller, DisconnectWatcher, PolledWatch
 from ._http_head_desk import HeadDesk, HeadRefuser
 from ._http_pacing import Headers, Pacer
-from ._http_transport import CLOSE_TIMEOUT, PeerGone, SocketTransport, StreamTransport, Transport
 
 logger = logging.getLogger("iop_edge.http")
 

@@ -19,6 +19,7 @@ from .accept import ACCEPT_BATCH, Handler, accept_loop, accept_waiting
 from .due import Answer, DueQueue
 from .parking import ParkedTask
 from .transport import (
+    CLOSE_TIMEOUT,
     RECEIVE_SIZE,
     WRITE_BUFFER_LIMIT,
     PeerGone,
@@ -29,6 +30,7 @@ from .transport import (
 
 __all__ = [
     "ACCEPT_BATCH",
+    "CLOSE_TIMEOUT",
     "RECEIVE_SIZE",
     "WRITE_BUFFER_LIMIT",
     "Answer",

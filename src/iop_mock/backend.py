@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -147,6 +148,9 @@ class MockBackend:
         models: the ids listed by ``GET /v1/models``. Requests may name any model; it is echoed.
         fail_status: when set, every generation request is answered with this HTTP status and an
             OpenAI error body (code ``mock_fault``) instead of a completion.
+        track_repeats: count the requests whose body is byte for byte one served before since
+            the last reset (``repeated`` in ``/stats``): a test whose every request is unique
+            checks that nothing ran twice. Off by default: it keeps a digest per distinct body.
     """
 
     latency: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
@@ -156,6 +160,9 @@ class MockBackend:
         default=("mock",), converter=_as_models, validator=attrs.validators.min_len(1)
     )
     fail_status: int | None = None
+    track_repeats: bool = False
+    _seen: set[bytes] = attrs.field(factory=set, init=False)
+    _repeated: int = attrs.field(default=0, init=False)
     _in_flight: int = attrs.field(default=0, init=False)
     _peak_in_flight: int = attrs.field(default=0, init=False)
     _total: int = attrs.field(default=0, init=False)
@@ -186,13 +193,17 @@ class MockBackend:
 
         Returns:
             ``{"in_flight": n, "peak_in_flight": n, "total": n}``; ``total`` counts the
-            generation requests started since the last :meth:`reset`.
+            generation requests started since the last :meth:`reset`. With ``track_repeats``,
+            also ``"repeated"``: those of them whose body was served before since the reset.
         """
-        return {
+        stats = {
             "in_flight": self._in_flight,
             "peak_in_flight": self._peak_in_flight,
             "total": self._total,
         }
+        if self.track_repeats:
+            stats["repeated"] = self._repeated
+        return stats
 
     def reset(self) -> None:
         """Start a new measurement: ``total`` and ``peak_in_flight`` restart, ``in_flight`` stays.
@@ -203,6 +214,8 @@ class MockBackend:
         """
         self._total = 0
         self._peak_in_flight = self._in_flight
+        self._seen.clear()
+        self._repeated = 0
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI 3 application (``http`` and ``lifespan`` scopes).
@@ -294,6 +307,8 @@ class MockBackend:
             self._in_flight += 1
             self._total += 1
             self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+            if self.track_repeats:
+                self._note(body)
             try:
                 await respond(send, request)
             except OSError:
@@ -301,6 +316,14 @@ class MockBackend:
             finally:
                 self._in_flight -= 1
                 nursery.cancel_scope.cancel()
+
+    def _note(self, body: bytes) -> None:
+        """Count ``body`` as repeated if one like it was served since the last reset."""
+        digest = hashlib.blake2b(body, digest_size=16).digest()
+        if digest in self._seen:
+            self._repeated += 1
+        else:
+            self._seen.add(digest)
 
     async def _chat(self, receive: Receive, send: Send) -> None:
         await self._serve_generation(receive, send, ollama=False, respond=self._respond_chat)
@@ -568,6 +591,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="answer every generation request with this HTTP status (400-599); POST /fault changes it",
     )
+    parser.add_argument(
+        "--track-repeats",
+        action="store_true",
+        help="count requests whose body repeats one served before (repeated in /stats; for tests)",
+    )
     args = parser.parse_args(argv)
     if args.fail_status is not None and not 400 <= args.fail_status <= 599:
         parser.error("--fail-status must be an HTTP error status (400-599)")
@@ -604,6 +632,7 @@ def main(argv: list[str] | None = None) -> None:
         prompt_chars_per_token=args.prompt_chars_per_token,
         models=models,
         fail_status=args.fail_status,
+        track_repeats=args.track_repeats,
     )
     trio.run(_run, backend, args.host, args.port)
 

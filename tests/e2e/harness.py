@@ -288,21 +288,14 @@ class Stack:
         self.daemons.append(daemon)
         return daemon
 
-    async def start_backend(self, *, latency_ms: float = 200, tokens_per_second: float = 0) -> Daemon:
-        """Start ``iop_mock`` (the mock backend) on port 0 and wait for its ready line."""
-        daemon = await self.spawn(
-            "backend",
-            [
-                "-m",
-                "iop_mock",
-                "--port",
-                "0",
-                "--latency-ms",
-                str(latency_ms),
-                "--tokens-per-second",
-                str(tokens_per_second),
-            ],
-        )
+    async def start_backend(
+        self, *, latency_ms: float = 200, tokens_per_second: float = 0, track_repeats: bool = False
+    ) -> Daemon:
+        """Start ``iop_mock`` (the mock backend) on port 0 and wait for its ready line; ``track_repeats``:
+        its ``/stats`` counts requests whose body repeats one served before (``repeated``)."""
+        argv = ["-m", "iop_mock", "--port", "0", "--latency-ms", str(latency_ms)]
+        argv += ["--tokens-per-second", str(tokens_per_second)]
+        daemon = await self.spawn("backend", [*argv, "--track-repeats"] if track_repeats else argv)
         self.backend = daemon
         self.backend_port = int((await daemon.wait_for_line(BACKEND_READY))[1])
         return daemon

@@ -18,14 +18,13 @@ import trio.testing
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, h11_answer, running_edge
 from iop_edge import _http_server
-from iop_edge._http_accept import accept_waiting
 from iop_edge._http_cycle import CONNECTION, PAUSE_READING
 from iop_edge._http_server import (
     ConnectionCounter,
     HttpLimits,
     serve_http,
 )
-from iop_edge._http_transport import WRITE_BUFFER_LIMIT
+from iop_io import WRITE_BUFFER_LIMIT, accept_waiting
 
 
 async def _read_response(stream: trio.SocketStream, buffer: bytearray) -> tuple[int, bytes, int]:

@@ -27,7 +27,7 @@ from iop_edge._http_server import (
     HttpLimits,
     _Connection,
 )
-from iop_edge._http_transport import SocketTransport
+from iop_io import SocketTransport
 
 REFUSED = b"POST /full HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello"
 

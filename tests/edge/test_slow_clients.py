@@ -29,8 +29,8 @@ from edge.harness import (
     running_edge,
 )
 from iop_config import ConfigFileError
-from iop_edge._http_transport import WRITE_BUFFER_LIMIT
 from iop_edge.config import load_edge_config
+from iop_io import WRITE_BUFFER_LIMIT
 from iop_wire import Heartbeat, RunData, encode
 
 HEADER_TIMEOUT_MS = 300

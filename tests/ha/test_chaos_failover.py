@@ -10,6 +10,7 @@ the other). The fault strikes once a few have been served. Bounded in count
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -124,6 +125,7 @@ async def test_sigkill_of_the_leader_under_load_the_standby_serves_without_a_new
             assert stats["peak_in_flight"] <= CAPACITY, stats
             # Nothing executed twice: every 200 is one backend request, plus at most one per cut attempt.
             assert tally.ok <= stats["total"] <= tally.ok + tally.cut + tally.other, (stats, tally)
+            assert stats["repeated"] == 0, stats  # no attempt ran twice at the backend
             # No lease leaks on the survivor.
             while not drained((await stack.http.get(f"{b.url}/status")).json()):
                 await trio.sleep(0.05)
@@ -133,7 +135,7 @@ async def leader_and_standby(
     stack: Stack, etcd: EtcdServer, *, latency_ms: int, capacity: int = CAPACITY
 ) -> tuple[RunningEdge, RunningEdge, Daemon]:
     """The mock backend, edge-a leading, edge-b standing by, and a Node registered with both."""
-    await stack.start_backend(latency_ms=latency_ms)
+    await stack.start_backend(latency_ms=latency_ms, track_repeats=True)
     a = await start_edge(stack, etcd, "edge-a", capacity=capacity)
     await until_ready(stack.http, a, 200)
     b = await start_edge(stack, etcd, "edge-b", capacity=capacity)
@@ -197,6 +199,8 @@ async def test_a_leader_paused_past_its_ttl_dispatches_nothing_when_it_wakes(etc
 
 
 BODY = {"model": BIG, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+ATTEMPT_IDS = itertools.count()
+"""Each attempt's prompt is unique, so the backend's ``repeated`` count is what ran twice."""
 
 
 async def load(
@@ -217,8 +221,9 @@ async def load(
         async def one_request(worker: int) -> None:
             for attempt in range(attempts):
                 edge = edges[(worker + attempt) % len(edges)] if attempt else edges[0]
+                body = {**BODY, "messages": [{"role": "user", "content": f"attempt {next(ATTEMPT_IDS)}"}]}
                 try:
-                    answer = await stack.http.post(f"{edge.url}/v1/chat/completions", json=BODY)
+                    answer = await stack.http.post(f"{edge.url}/v1/chat/completions", json=body)
                 except httpx.ConnectError:
                     tally.refused += 1
                 except httpx.TransportError:
@@ -306,6 +311,7 @@ async def test_etcd_killed_under_load_the_leader_steps_down_standbys_wait_servic
             # Nothing executed twice: past the 200s, the backend saw only the runs the step-down cut
             # (at most a capacity's worth, answered 503) and attempts whose connection broke.
             assert tally.ok <= stats["total"] <= tally.ok + CAPACITY + tally.cut, (stats, tally)
+            assert stats["repeated"] == 0, stats  # no attempt ran twice at the backend
             await until_drained(stack.http, a, b)
 
 
@@ -339,4 +345,5 @@ async def test_a_standby_restarted_under_load_has_no_effect_on_service(etcd: Etc
             stats = await stack.backend_stats()
             assert stats["peak_in_flight"] <= CAPACITY, stats
             assert stats["total"] == tally.ok, (stats, tally)  # nothing executed twice, nothing cut
+            assert stats["repeated"] == 0, stats
             await until_drained(stack.http, a, again)

@@ -557,3 +557,28 @@ async def test_fault_makes_generation_fail_until_healed(served: Served) -> None:
         assert (await served.client.post("/fault", json={"status": None})).json() == {"status": None}
         healed = await served.client.post("/v1/chat/completions", json=body)
         assert healed.status_code == 200
+
+
+async def test_track_repeats_counts_bodies_served_before(served: Served) -> None:
+    """``track_repeats``: a request whose body repeats one served since the last reset counts in
+    ``repeated`` (a test whose requests are all unique checks that nothing ran twice)."""
+    assert "repeated" not in served.backend.stats()  # off by default
+    served.backend.track_repeats = True
+    with trio.fail_after(TIMEOUT):
+        for content in ("a", "b", "a", "a"):
+            answer = await served.client.post(
+                "/v1/chat/completions", json={"max_tokens": 1, "messages": [{"role": "user", "content": content}]}
+            )
+            assert answer.status_code == 200
+        assert (await served.client.get("/stats")).json()["repeated"] == 2
+        reset = (await served.client.post("/stats/reset")).json()
+        assert reset["repeated"] == 0
+        await served.client.post(
+            "/v1/chat/completions", json={"max_tokens": 1, "messages": [{"role": "user", "content": "a"}]}
+        )
+        assert (await served.client.get("/stats")).json() == {
+            "in_flight": 0,
+            "peak_in_flight": 1,
+            "total": 1,
+            "repeated": 0,
+        }

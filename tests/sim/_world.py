@@ -366,6 +366,8 @@ class World:
 
     sites: tuple[str, ...] = SITES
     expected_errors: frozenset[str] = EXPECTED_ERRORS
+    backend: type[SimBackend] = SimBackend
+    """The node's adapter per provider (the tenant world's reports usage)."""
 
     def __init__(self, seed: int, clock: trio.testing.MockClock) -> None:
         self.seed = seed
@@ -505,7 +507,7 @@ class World:
     def new_runtime(self, node_id: str, config: NodeConfig, **fields: Any) -> NodeRuntime:
         """A node process's runtime: its gate, a :class:`SimBackend` per provider, ``fields`` (the HA world's fence)."""
         gate = LocalGate(limits={p.id: p.capacity for p in config.providers}, global_limit=config.runtime.concurrency)
-        adapters = {p.id: SimBackend(self, ProviderKey(node_id, p.id)) for p in config.providers}
+        adapters = {p.id: self.backend(self, ProviderKey(node_id, p.id)) for p in config.providers}
         return NodeRuntime(gate=gate, adapters=adapters, **fields)  # type: ignore[arg-type]
 
     async def node_process(self, node_id: str, restart: trio.Event | None = None) -> None:
@@ -575,7 +577,11 @@ class World:
             "type": "http",
             "method": "POST",
             "path": "/v1/chat/completions",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *self.request_headers(plan),
+            ],
         }
         async with trio.open_nursery() as nursery:
             if plan.cancel_after is not None:
@@ -590,6 +596,10 @@ class World:
         out.result = self._classify(plan, out)
         self.result.outcomes[out.result.split(" ")[0]] += 1
         self.trace(f"request {plan.number} {plan.model} {'long' if plan.long else 'normal'} -> {out.result}")
+
+    def request_headers(self, plan: RequestPlan) -> list[tuple[bytes, bytes]]:
+        """Headers a client adds to its request (the tenant world's: its tenant's API key)."""
+        return []
 
     def _check_attempts(self, plan: RequestPlan, out: Outcome) -> None:
         """[failover-before-first-byte] no run starts after the response head; attempts are bounded."""
@@ -665,18 +675,22 @@ class World:
                 latency=rng.uniform(0.01, 0.6),
                 tokens_per_second=rng.choice((0.0, rng.uniform(5, 40))),
             )
-            # Request fault sites, reached once per request.
-            if self.reached("client_cancel"):
-                if rng.random() < 0.5:
-                    plan = attrs.evolve(plan, cancel_after=rng.uniform(0.0, 1.5))
-                else:
-                    plan = attrs.evolve(plan, cancel_after_sends=rng.randint(1, 3))
-            if self.reached("upstream_error_mid_stream"):
-                plan = attrs.evolve(plan, fail_after_chunks=rng.randint(0, plan.max_tokens))
-            if self.reached("upstream_hang"):
-                plan = attrs.evolve(plan, hang=True)
-            plans.append(plan)
+            plans.append(self.request_faults(plan))
         return plans
+
+    def request_faults(self, plan: RequestPlan) -> RequestPlan:
+        """``plan`` with the request fault sites, reached once per request."""
+        rng = self.rng
+        if self.reached("client_cancel"):
+            if rng.random() < 0.5:
+                plan = attrs.evolve(plan, cancel_after=rng.uniform(0.0, 1.5))
+            else:
+                plan = attrs.evolve(plan, cancel_after_sends=rng.randint(1, 3))
+        if self.reached("upstream_error_mid_stream"):
+            plan = attrs.evolve(plan, fail_after_chunks=rng.randint(0, plan.max_tokens))
+        if self.reached("upstream_hang"):
+            plan = attrs.evolve(plan, hang=True)
+        return plan
 
     # ---------------------------------------------------------------- faults
 
@@ -928,13 +942,15 @@ class World:
         waiters = list(core.waiters())
         pressure: Counter[ProviderKey] = Counter()
         long_pressure: Counter[ProviderKey] = Counter()
+        tenancy = core._tenancy
         for w in waiters:
             candidates = w._candidates
             panic = _in_panic(candidates, w.long)
+            capped = tenancy is not None and not tenancy.fair.can_run(w.tenant)  # at its max_in_flight: it waits
             for p in candidates:
                 # [cross-group-wakeup] work conservation: no queued waiter has a dispatchable candidate
                 # (an ejected one only counts in panic mode, [outlier-ejection]).
-                if not (p.admitting or panic):
+                if capped or not (p.admitting or panic):
                     continue
                 if p.eligible and p.in_flight < p.capacity and (not w.long or p.long_in_flight < p.long_capacity):
                     self.violation(f"{w!r} queued while {p.key} is dispatchable for it")

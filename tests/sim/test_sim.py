@@ -24,6 +24,7 @@ from iop_node._fence import EpochFence
 
 from ._ha import HA_SITES, ha_summary, run_ha_seed
 from ._report import run_and_summarize
+from ._tenants import run_tenant_seed
 from ._world import SITES, run_seed
 
 CI_SEEDS = range(200)
@@ -65,9 +66,9 @@ def test_ci_seeds_hold_every_invariant_and_hit_every_fault_site() -> None:
     assert {site: summary.fired[site] for site in SITES if not summary.fired[site]} == {}
 
 
-@pytest.mark.parametrize(("seed", "ha"), [(5, False), (12, False), (13, True)])
-def test_a_seed_replays_the_same_trace(seed: int, ha: bool) -> None:
-    """Two runs of one seed (of either world), each in a fresh process, give an identical trace
+@pytest.mark.parametrize(("seed", "world"), [(5, ""), (12, ""), (13, "--ha"), (2, "--tenants")])
+def test_a_seed_replays_the_same_trace(seed: int, world: str) -> None:
+    """Two runs of one seed (of any world), each in a fresh process, give an identical trace
     hash (faults, refreshes, every outcome), and neither saw a wakeup from
     outside the simulation.
 
@@ -77,19 +78,20 @@ def test_a_seed_replays_the_same_trace(seed: int, ha: bool) -> None:
     CI, the path one callback queued from outside gives. A run in this process
     is still printed (``-s``) for comparison.
     """
-    first, second = _replay_in_fresh_process(seed, ha), _replay_in_fresh_process(seed, ha)
+    first, second = _replay_in_fresh_process(seed, world), _replay_in_fresh_process(seed, world)
     assert first["trace"] and first["outside_wakeups"] == 0 == second["outside_wakeups"]
     assert first["trace_hash"] == second["trace_hash"], _first_difference(first["trace"], second["trace"])
     assert first["outcomes"] == second["outcomes"]
-    here = run_ha_seed(seed) if ha else run_seed(seed)
+    here = {"--ha": run_ha_seed, "--tenants": run_tenant_seed}.get(world, run_seed)(seed)
     same = "the same trace" if here.trace_hash == first["trace_hash"] else _first_difference(here.trace, first["trace"])
     print(f"seed {seed} in the pytest process: {here.outside_wakeups} outside wakeups, {same}")
 
 
-def _replay_in_fresh_process(seed: int, ha: bool) -> dict[str, Any]:
-    """``python -m tests.sim --json`` (``--ha``: the HA world) for one seed, in a new interpreter."""
+def _replay_in_fresh_process(seed: int, world: str) -> dict[str, Any]:
+    """``python -m tests.sim --json`` (``world``: ``--ha`` or ``--tenants``, else the one-Edge world)
+    for one seed, in a new interpreter."""
     command = [sys.executable, "-m", "tests.sim", "--json", "--first-seed", str(seed), "--seeds", "1"]
-    command += ["--ha"] if ha else []
+    command += [world] if world else []
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
