@@ -16,13 +16,24 @@ the tenants told apart by their API keys. (1) Three tenants 1:1:2 flood a capaci
 each tenant's share of the grants (``/status`` ``tenants[].grants``, the difference over the
 measured window). (2) A light tenant at 10 % of capacity (open loop) alone, then while another
 tenant floods with 10x the capacity in concurrent clients: the light tenant's p99 queue wait
-(``x-iop-queue-ms``) in both runs, the mean service time and its 429s.
+(``x-iop-queue-ms``) in both runs, the mean service time and its 429s. (3) Token mode
+(``tenant_cost: tokens``): a tenant of 8,000-token requests (whole answers) and one of 500-token
+requests (streamed with ``include_usage``) at equal weight flood until a million tokens were served
+(``--full``; 200,000 otherwise); served tokens of each (the usage the answers reported) and, once
+every client stopped, the Edge's ``cost_charged`` against those reported tokens. The mock counts a
+prompt token per 5 characters, the Edge reserves one per 4: settlement has 25 % to correct.
+(4) Decision cost: 10,000 closed-loop clients (2,000 without ``--full``), each on its own
+connection, keep about that many requests waiting on the capacity-4 provider; the Edge's CPU per
+request served with no tenants configured and with 1,000 tenants (client ``i`` uses tenant
+``i % 1000``'s key), alternated in the same run, next to the in-process trio lease cycle.
+``--parts tokens,decision`` runs some of the four.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import statistics
 import sys
 import time
@@ -32,8 +43,18 @@ import trio
 
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
 from iop_admission.core import AdmissionState, FairShare, Granted
+from iop_edge.config import load_edge_config
 
-from .harness import Daemon, HttpConnection, Relay, get_json, percentile, run_suite, start_relay
+from .harness import (
+    BenchmarkFailed,
+    Daemon,
+    HttpConnection,
+    Relay,
+    get_json,
+    percentile,
+    run_suite,
+    start_relay,
+)
 
 
 def share(grants: int = 10_000) -> dict[str, float]:
@@ -152,9 +173,8 @@ SERVICE_MS = 50
 EDGE_YAML = """\
 listen: 127.0.0.1:0
 node_listen: 127.0.0.1:0
-provider_pool: {{max_queue: 256, queue_timeout_ms: 60000}}
-overload: {{shed_loop_lag_ms: 600000}}
-tenants:
+provider_pool: {{max_queue: {max_queue}, queue_timeout_ms: 600000}}
+overload: {{shed_loop_lag_ms: 600000, max_connections: {connections}, shed_connections: {connections}}}
 {tenants}
 nodes:
   - id: bench-node
@@ -179,16 +199,26 @@ CHAT = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "He
 
 
 def _tenant_lines(*tenants: str) -> str:
-    return "\n".join(f"  - {t}" for t in tenants)
+    return "tenants:\n" + "\n".join(f"  - {t}" for t in tenants)
 
 
-async def _relay(workdir: pathlib.Path, daemons: list[Daemon], tenants: str) -> Relay:
-    """The mock backend (:data:`SERVICE_MS` a request), an Edge with ``tenants`` and the Node."""
+async def _relay(
+    workdir: pathlib.Path,
+    daemons: list[Daemon],
+    tenants: str,
+    *,
+    latency_ms: int = SERVICE_MS,
+    max_queue: int = 256,
+    connections: int = 8192,
+    mock_args: tuple[str, ...] = (),
+) -> Relay:
+    """The mock backend (``latency_ms`` a request), an Edge with ``tenants`` (YAML lines, or "" for
+    none) and the Node; the Edge's queue holds ``max_queue`` and its listener ``connections``."""
     return await start_relay(
         workdir,
         daemons,
-        mock_args=["--latency-ms", str(SERVICE_MS), "--tokens-per-second", "0"],
-        edge_yaml=EDGE_YAML.format(tenants=tenants),
+        mock_args=["--latency-ms", str(latency_ms), "--tokens-per-second", "0", *mock_args],
+        edge_yaml=EDGE_YAML.format(tenants=tenants, max_queue=max_queue, connections=connections),
         node_yaml=NODE_YAML,
     )
 
@@ -317,25 +347,310 @@ async def real_light(workdir: pathlib.Path, duration: float) -> dict[str, Any]:
             daemon.stop()
 
 
-def real(full: bool) -> dict[str, Any]:
-    async def both(workdir: pathlib.Path) -> dict[str, Any]:
-        share_dir, light_dir = workdir / "share", workdir / "light"
-        share_dir.mkdir()
-        light_dir.mkdir()
-        with trio.fail_after(600):
-            return {
-                "share": await real_share(share_dir, 10_000 if full else 2_000),
-                "light": await real_light(light_dir, 20.0 if full else 8.0),
-            }
+# token mode through real processes
 
-    result = run_suite("iop-fairness-", both, with_peers=False)
-    result["command"] = "python -m benchmarks.fairness --real" + (" --full" if full else "")
+TOKEN_SERVICE_MS = 20
+"""The mock's latency in the token-mode run (short, so a million tokens pass in seconds)."""
+PROMPT_CHARS_PER_TOKEN = 5
+"""The mock counts a prompt token per 5 characters; the Edge reserves one per 4 (a 25 % over-estimate
+that settlement corrects)."""
+MAX_TOKENS = 16
+TOKEN_TENANTS = {"big": 8_000, "small": 500}
+"""Tokens each request of the tenant uses (prompt + ``max_tokens``) as the backend reports them."""
+_USAGE = re.compile(rb'"total_tokens"\s*:\s*([0-9]+)')
+
+
+def token_body(used: int, *, stream: bool) -> bytes:
+    """A chat request the mock reports ``used`` tokens for (prompt + :data:`MAX_TOKENS`)."""
+    prompt = "x" * ((used - MAX_TOKENS) * PROMPT_CHARS_PER_TOKEN)
+    body: dict[str, Any] = {"model": "mock", "messages": [{"role": "user", "content": prompt}]}
+    body["max_tokens"] = MAX_TOKENS
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return json.dumps(body).encode()
+
+
+def reported_tokens(answer: bytes) -> int:
+    """The last ``usage.total_tokens`` in an answer (a JSON body, or an SSE stream's usage chunk)."""
+    found = list(_USAGE.finditer(answer))
+    if not found:
+        raise BenchmarkFailed(f"no usage in the answer: {answer[-200:]!r}")
+    return int(found[-1].group(1))
+
+
+async def _token_flood(
+    port: int,
+    key: str,
+    body: bytes,
+    clients: int,
+    stop: trio.Event,
+    done: list[tuple[float, int]],
+    counts: dict[str, int],
+) -> None:
+    """``clients`` closed-loop clients sending ``body`` as ``key``; each answer's (time, reported tokens) into ``done``."""
+    raw = HttpConnection.build("POST", "/v1/chat/completions", body, headers={"authorization": f"Bearer {key}"})
+
+    async def client() -> None:
+        connection = HttpConnection("127.0.0.1", port)
+        try:
+            while not stop.is_set():
+                status, answer = await connection.request(raw)
+                counts[str(status)] = counts.get(str(status), 0) + 1
+                if status != 200:
+                    await trio.sleep(0.05)
+                    continue
+                done.append((time.perf_counter(), reported_tokens(answer)))
+        finally:
+            await connection.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(client)
+
+
+async def _tenant_rows(port: int) -> dict[str, dict[str, Any]]:
+    poller = HttpConnection("127.0.0.1", port)
+    try:
+        status = await get_json(poller, "/status")
+    finally:
+        await poller.aclose()
+    return {t["name"]: t for t in status["tenants"]}
+
+
+async def real_tokens(workdir: pathlib.Path, total: int) -> dict[str, Any]:
+    """``tenant_cost: tokens``: tenant big (8,000-token requests, whole answers) and small (500-token
+    requests, streamed with ``include_usage``), weight 1 each, 8 closed-loop clients each, until
+    ``total`` tokens were served after a 1 s warm-up; then every client stops after its answer and
+    the Edge's ``cost_charged`` is compared with the tokens the answers reported."""
+    tenants = _tenant_lines("{name: big, api_keys: [key-big]}", "{name: small, api_keys: [key-small]}")
+    daemons: list[Daemon] = []
+    try:
+        relay = await _relay(
+            workdir,
+            daemons,
+            "tenant_cost: tokens\n" + tenants,
+            latency_ms=TOKEN_SERVICE_MS,
+            mock_args=("--prompt-chars-per-token", str(PROMPT_CHARS_PER_TOKEN)),
+        )
+        stop = trio.Event()
+        done: dict[str, list[tuple[float, int]]] = {name: [] for name in TOKEN_TENANTS}
+        counts: dict[str, dict[str, int]] = {name: {} for name in TOKEN_TENANTS}
+        async with trio.open_nursery() as nursery:
+            for name, used in TOKEN_TENANTS.items():
+                body = token_body(used, stream=name == "small")
+                nursery.start_soon(
+                    _token_flood, relay.http_port, f"key-{name}", body, 8, stop, done[name], counts[name]
+                )
+            await trio.sleep(1.0)  # both backlogged
+            start = time.perf_counter()
+            while True:
+                await trio.sleep(0.1)
+                served = {n: sum(t for at, t in d if at >= start) for n, d in done.items()}
+                if sum(served.values()) >= total:
+                    break
+            seconds = time.perf_counter() - start
+            stop.set()
+        rows = await _tenant_rows(relay.http_port)
+        while any(rows[n]["in_flight"] or rows[n]["waiting"] for n in TOKEN_TENANTS):
+            await trio.sleep(0.05)
+            rows = await _tenant_rows(relay.http_port)
+        big, small = served["big"], served["small"]
+        return {
+            "tokens_per_request": TOKEN_TENANTS,
+            "reserve_per_request": {
+                n: (u - MAX_TOKENS) * PROMPT_CHARS_PER_TOKEN // 4 + MAX_TOKENS for n, u in TOKEN_TENANTS.items()
+            },
+            "served_tokens": served,
+            "served_requests": {n: sum(1 for at, _ in d if at >= start) for n, d in done.items()},
+            "ratio_big_to_small": round(big / small, 4),
+            "seconds": round(seconds, 1),
+            "used_tokens_whole_run": {n: sum(t for _, t in d) for n, d in done.items()},
+            "charged_tokens_after_settlement": {n: rows[n]["cost_charged"] for n in TOKEN_TENANTS},
+            "answers": counts,
+            "mock_latency_ms": TOKEN_SERVICE_MS,
+        }
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+
+
+# decision cost through real processes
+
+DECISION_SERVICE_MS = 5
+"""The mock's latency in the decision-cost run."""
+
+
+async def _waiting_clients(
+    port: int, clients: int, keys: int, cancel: trio.CancelScope, answers: dict[str, int], *, task_status: Any
+) -> None:
+    """``clients`` closed-loop clients, client ``i`` with key ``key-{i % keys}``, each opening its
+    connection before the next starts (then ``task_status.started()``); runs until ``cancel``."""
+    with cancel:
+        async with trio.open_nursery() as nursery:
+
+            async def client(index: int, *, task_status: Any) -> None:
+                headers = {"authorization": f"Bearer key-{index % keys}"}
+                raw = HttpConnection.build("POST", "/v1/chat/completions", CHAT, headers=headers)
+                connection = HttpConnection("127.0.0.1", port)
+                try:
+                    await connection.connect()
+                    task_status.started()
+                    while True:
+                        status, _ = await connection.request(raw)
+                        answers[str(status)] = answers.get(str(status), 0) + 1
+                        if status != 200:
+                            await trio.sleep(1.0)
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        await connection.aclose()
+
+            for index in range(clients):
+                await nursery.start(client, index)
+            task_status.started()
+
+
+KEY_CHECKS_PER_REQUEST = 2
+"""``EdgeConfig.accepts_api_key`` calls per request in the Edge today (a cProfile of the Edge in this
+run's decision phase: 6,780 calls for 3,390 of ``tenant_of``); each compares against every key."""
+
+
+def key_check_seconds(edge_yaml: pathlib.Path, keys: int, requests: int = 2_000) -> float:
+    """Seconds the Edge's API-key checks and tenant lookup (:data:`KEY_CHECKS_PER_REQUEST` times
+    ``accepts_api_key`` and once ``tenant_of``: linear in the keys configured, before admission)
+    take for one request, in process, with ``edge_yaml``."""
+    config = load_edge_config(edge_yaml)
+    start = time.perf_counter()
+    for n in range(requests):
+        key = f"key-{n % keys}"
+        if config.api_keys or config.tenants:
+            for _ in range(KEY_CHECKS_PER_REQUEST):
+                config.accepts_api_key(key)
+        if config.tenants:
+            config.tenant_of(key)
+    return (time.perf_counter() - start) / requests
+
+
+async def _decision_phase(workdir: pathlib.Path, tenants: int, waiters: int, window: float) -> dict[str, Any]:
+    """Edge CPU per request served while ``waiters`` clients wait, over ``tenants`` tenants (0: none)."""
+    lines = _tenant_lines(*(f"{{name: t{i}, api_keys: [key-{i}]}}" for i in range(tenants))) if tenants else ""
+    daemons: list[Daemon] = []
+    try:
+        relay = await _relay(
+            workdir,
+            daemons,
+            lines,
+            latency_ms=DECISION_SERVICE_MS,
+            max_queue=waiters + 1_000,
+            connections=waiters + 2_000,
+        )
+        answers: dict[str, int] = {}
+        cancel = trio.CancelScope()
+        poller = HttpConnection("127.0.0.1", relay.http_port)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_waiting_clients, relay.http_port, waiters, max(1, tenants), cancel, answers)
+            while (await get_json(poller, "/status"))["queue_depth"] < 0.95 * waiters:
+                relay.edge.check_alive()
+                await trio.sleep(0.5)
+            served0, cpu0, node0, t0 = (
+                answers.get("200", 0),
+                relay.edge.cpu_seconds(),
+                relay.node.cpu_seconds(),
+                time.perf_counter(),
+            )
+            await trio.sleep(window)
+            served1, cpu1, node1, t1 = (
+                answers.get("200", 0),
+                relay.edge.cpu_seconds(),
+                relay.node.cpu_seconds(),
+                time.perf_counter(),
+            )
+            depth = (await get_json(poller, "/status"))["queue_depth"]
+            await poller.aclose()
+            cancel.cancel()
+        served = served1 - served0
+        if served <= 0:
+            raise BenchmarkFailed(f"no request served in {window} s with {waiters} waiters")
+        key_check = key_check_seconds(workdir / "edge.yaml", max(1, tenants))
+        return {
+            "key_check_us_per_request": round(key_check * 1e6, 1),
+            "tenants": tenants,
+            "served": served,
+            "requests_per_s": round(served / (t1 - t0), 1),
+            "edge_cpu_us_per_request": round(1e6 * (cpu1 - cpu0) / served, 1),
+            "node_cpu_us_per_request": round(1e6 * (node1 - node0) / served, 1),
+            "queue_depth_at_end": depth,
+            "answers": dict(answers),
+        }
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+
+
+async def real_decision(workdir: pathlib.Path, waiters: int, window: float, rounds: int) -> dict[str, Any]:
+    """The Edge's CPU per lease cycle with ``waiters`` waiting clients: no tenants, then 1,000 tenants
+    (alternated ``rounds`` times; the median of each), in the same run."""
+    phases: dict[int, list[dict[str, Any]]] = {0: [], 1_000: []}
+    for n in range(rounds):
+        for tenants in phases:
+            phase_dir = workdir / f"decision-{tenants}-{n}"
+            phase_dir.mkdir()
+            phases[tenants].append(await _decision_phase(phase_dir, tenants, waiters, window))
+    cost = {t: statistics.median(p["edge_cpu_us_per_request"] for p in runs) for t, runs in phases.items()}
+    keys = {t: statistics.median(p["key_check_us_per_request"] for p in runs) for t, runs in phases.items()}
+    less = {t: cost[t] - keys[t] for t in phases}
+    return {
+        "edge_cpu_less_key_check_us_per_request": {str(t): round(c, 1) for t, c in less.items()},
+        "ratio_less_key_check": round(less[1_000] / less[0], 3),
+        "waiters": waiters,
+        "window_s": window,
+        "mock_latency_ms": DECISION_SERVICE_MS,
+        "runs": {str(t): runs for t, runs in phases.items()},
+        "edge_cpu_us_per_request": {str(t): c for t, c in cost.items()},
+        "ratio_1000_tenants_vs_none": round(cost[1_000] / cost[0], 3),
+    }
+
+
+PARTS: tuple[str, ...] = ("share", "light", "tokens", "decision")
+"""The parts of ``--real`` (``--parts a,b`` runs some)."""
+
+
+def real(full: bool, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+    async def run(workdir: pathlib.Path) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        with trio.fail_after(1_200):
+            for part in parts:
+                (workdir / part).mkdir()
+            if "share" in parts:
+                result["share"] = await real_share(workdir / "share", 10_000 if full else 2_000)
+            if "light" in parts:
+                result["light"] = await real_light(workdir / "light", 20.0 if full else 8.0)
+            if "tokens" in parts:
+                result["tokens"] = await real_tokens(workdir / "tokens", 1_000_000 if full else 200_000)
+            if "decision" in parts:
+                waiters = 10_000 if full else 2_000
+                result["decision"] = await real_decision(
+                    workdir / "decision", waiters, 15.0 if full else 5.0, 2 if full else 1
+                )
+        return result
+
+    result = run_suite("iop-fairness-", run, with_peers=False)
+    if "decision" in parts:
+        plain = statistics.median(lease_cycle(0) for _ in range(3))
+        fair = statistics.median(lease_cycle(1_000) for _ in range(3))
+        result["decision"]["in_process_lease_cycle_us"] = {"none": round(plain * 1e6, 1), "1000": round(fair * 1e6, 1)}
+    command = "python -m benchmarks.fairness --real" + (" --full" if full else "")
+    result["command"] = command + ("" if parts == PARTS else " --parts " + ",".join(parts))
     return result
 
 
 def main() -> None:
     if "--real" in sys.argv:
-        print(json.dumps(real("--full" in sys.argv), indent=1))
+        parts = PARTS
+        if "--parts" in sys.argv:
+            parts = tuple(sys.argv[sys.argv.index("--parts") + 1].split(","))
+            if not set(parts) <= set(PARTS):
+                sys.exit(f"--parts: choose among {','.join(PARTS)}")
+        print(json.dumps(real("--full" in sys.argv, parts), indent=1))
         return
     print("share 1:1:2 over 10,000 grants (%):", {k: round(v, 2) for k, v in share().items()})
     served = tokens()

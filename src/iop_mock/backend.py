@@ -114,6 +114,7 @@ class _Generation:
     n_tokens: int
     stream: bool
     include_usage: bool
+    prompt_tokens: int
 
 
 _Request = typing.TypeVar("_Request")
@@ -142,6 +143,8 @@ class MockBackend:
     Attributes:
         latency: seconds before the first token.
         tokens_per_second: generation speed; 0 produces all tokens at once.
+        prompt_chars_per_token: characters of the prompt per ``prompt_tokens`` in the usage
+            reported (4: the Edge's estimate; see :func:`iop_mock.completion.prompt_token_count`).
         models: the ids listed by ``GET /v1/models``. Requests may name any model; it is echoed.
         fail_status: when set, every generation request is answered with this HTTP status and an
             OpenAI error body (code ``mock_fault``) instead of a completion.
@@ -152,6 +155,7 @@ class MockBackend:
 
     latency: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
     tokens_per_second: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+    prompt_chars_per_token: float = attrs.field(default=4.0, validator=attrs.validators.gt(0.0))
     models: tuple[str, ...] = attrs.field(
         default=("mock",), converter=_as_models, validator=attrs.validators.min_len(1)
     )
@@ -270,7 +274,9 @@ class MockBackend:
         ollama: bool,
         respond: Callable[[Send, _Generation], Awaitable[None]],
     ) -> None:
-        parse = functools.partial(_parse_generation, default_model=self.models[0], ollama=ollama)
+        parse = functools.partial(
+            _parse_generation, default_model=self.models[0], ollama=ollama, chars_per_token=self.prompt_chars_per_token
+        )
         await self._serve(receive, send, parse, respond)
 
     async def _serve(
@@ -346,13 +352,14 @@ class MockBackend:
         return {"id": f"{prefix}-mock{next(self._ids)}", "created": int(time.time())}
 
     async def _respond_chat(self, send: Send, generation: _Generation) -> None:
-        model, n_tokens = generation.model, generation.n_tokens
+        model, n_tokens, prompt = generation.model, generation.n_tokens, generation.prompt_tokens
         identity = self._openai_identity("chatcmpl")
         if generation.stream:
-            chunks = mock_completion.chat_chunks(model, n_tokens, include_usage=generation.include_usage, **identity)
+            usage = generation.include_usage
+            chunks = mock_completion.chat_chunks(model, n_tokens, include_usage=usage, prompt_tokens=prompt, **identity)
             await self._stream(send, _SSE_HEADERS, _frames(chunks, _sse_frame), n_tokens, head=1)
         else:
-            response = mock_completion.chat_response(model, n_tokens, **identity)
+            response = mock_completion.chat_response(model, n_tokens, prompt_tokens=prompt, **identity)
             await self._respond_whole(send, n_tokens, response)
 
     async def _respond_completion(self, send: Send, generation: _Generation) -> None:
@@ -362,17 +369,21 @@ class MockBackend:
             chunks = mock_completion.completion_chunks(model, n_tokens, **identity)
             await self._stream(send, _SSE_HEADERS, _frames(chunks, _sse_frame), n_tokens)
         else:
-            response = mock_completion.completion_response(model, n_tokens, **identity)
+            response = mock_completion.completion_response(
+                model, n_tokens, prompt_tokens=generation.prompt_tokens, **identity
+            )
             await self._respond_whole(send, n_tokens, response)
 
     async def _respond_ollama_chat(self, send: Send, generation: _Generation) -> None:
-        model, n_tokens = generation.model, generation.n_tokens
+        model, n_tokens, prompt = generation.model, generation.n_tokens, generation.prompt_tokens
         if generation.stream:
-            lines = mock_completion.ollama_chat_lines(model, n_tokens, created_at=_created_at())
+            lines = mock_completion.ollama_chat_lines(model, n_tokens, created_at=_created_at(), prompt_tokens=prompt)
             frames = _frames(lines, _ndjson_frame)
             await self._stream(send, _NDJSON_HEADERS, frames, n_tokens, trailer=b"")
         else:
-            response = mock_completion.ollama_chat_response(model, n_tokens, created_at=_created_at())
+            response = mock_completion.ollama_chat_response(
+                model, n_tokens, created_at=_created_at(), prompt_tokens=prompt
+            )
             await self._respond_whole(send, n_tokens, response)
 
     async def _respond_whole(self, send: Send, n_tokens: int, response: dict[str, Any]) -> None:
@@ -455,7 +466,7 @@ def _request_of(body: bytes, default_model: str) -> tuple[dict[str, Any], str]:
     return request, model
 
 
-def _parse_generation(body: bytes, *, default_model: str, ollama: bool) -> _Generation:
+def _parse_generation(body: bytes, *, default_model: str, ollama: bool, chars_per_token: float = 4.0) -> _Generation:
     request, model = _request_of(body, default_model)
     try:
         n_tokens = mock_completion.token_count(request)
@@ -465,7 +476,8 @@ def _parse_generation(body: bytes, *, default_model: str, ollama: bool) -> _Gene
     include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
     # Ollama streams unless told "stream": false; OpenAI streams only when told "stream": true.
     stream = request.get("stream") is not False if ollama else bool(request.get("stream"))
-    return _Generation(model, n_tokens, stream, include_usage)
+    prompt_tokens = mock_completion.prompt_token_count(request, chars_per_token)
+    return _Generation(model, n_tokens, stream, include_usage, prompt_tokens)
 
 
 def _parse_embedding(body: bytes, *, default_model: str, ollama: bool) -> dict[str, Any]:
@@ -562,6 +574,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="generation speed, 0 = as fast as possible (default 0)",
     )
     parser.add_argument(
+        "--prompt-chars-per-token",
+        type=float,
+        default=4.0,
+        help="prompt characters per prompt token reported in usage (default 4, the Edge's estimate)",
+    )
+    parser.add_argument(
         "--model",
         action="append",
         dest="models",
@@ -583,6 +601,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--fail-status must be an HTTP error status (400-599)")
     if args.latency_ms < 0 or args.tokens_per_second < 0:
         parser.error("--latency-ms and --tokens-per-second must be >= 0")
+    if args.prompt_chars_per_token <= 0:
+        parser.error("--prompt-chars-per-token must be > 0")
     return args
 
 
@@ -609,6 +629,7 @@ def main(argv: list[str] | None = None) -> None:
     backend = MockBackend(
         latency=args.latency_ms / 1000.0,
         tokens_per_second=args.tokens_per_second,
+        prompt_chars_per_token=args.prompt_chars_per_token,
         models=models,
         fail_status=args.fail_status,
         track_repeats=args.track_repeats,

@@ -28,6 +28,7 @@ __all__ = [
     "completion_response",
     "ollama_chat_lines",
     "ollama_chat_response",
+    "prompt_token_count",
     "token_count",
 ]
 
@@ -76,8 +77,45 @@ def _is_integral(value: int | float) -> bool:
     return isinstance(value, int) or (math.isfinite(value) and value == int(value))
 
 
-def _usage(n_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": 0, "completion_tokens": n_tokens, "total_tokens": n_tokens}
+def _text_chars(content: object) -> int:
+    """Characters of a message's ``content``: a string, or the ``text`` of a list of parts."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
+
+
+def prompt_token_count(body: dict[str, Any], chars_per_token: float = 4.0) -> int:
+    """How many prompt tokens a request body counts for in ``usage``: its characters / ``chars_per_token``.
+
+    The characters are those of every ``messages[].content`` (a string, or the ``text`` of
+    its parts) or of ``prompt`` (a string or a list of strings), rounded down: with the
+    default 4 this is the Edge's own estimate of a prompt, so a request's reported
+    ``total_tokens`` (prompt + generated) equals its reserve under ``tenant_cost: tokens``;
+    another ratio stands for a tokenizer the estimate misjudges.
+
+    Args:
+        body: the decoded JSON request body.
+        chars_per_token: characters per prompt token, ``> 0``.
+
+    Returns:
+        The number of prompt tokens, ``>= 0``.
+    """
+    chars = 0
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        chars += sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        chars += len(prompt)
+    elif isinstance(prompt, list):
+        chars += sum(len(p) for p in prompt if isinstance(p, str))
+    return int(chars / chars_per_token)
+
+
+def _usage(n_tokens: int, prompt_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens, "total_tokens": prompt_tokens + n_tokens}
 
 
 def _chat_chunk(
@@ -99,7 +137,7 @@ def _chat_chunk(
 
 
 def chat_chunks(
-    model: str, n_tokens: int, *, id: str, created: int, include_usage: bool = False
+    model: str, n_tokens: int, *, id: str, created: int, include_usage: bool = False, prompt_tokens: int = 0
 ) -> Iterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of one streamed chat completion.
 
@@ -113,6 +151,7 @@ def chat_chunks(
         created: Unix time in seconds shared by all chunks.
         include_usage: as OpenAI's ``stream_options.include_usage``: every chunk carries
             ``"usage": null`` and one last chunk with no choices carries the usage.
+        prompt_tokens: the usage's ``prompt_tokens`` (:func:`prompt_token_count`).
 
     Yields:
         Fresh chunk dicts, ``n_tokens + 2`` of them (``+ 3`` with ``include_usage``).
@@ -125,11 +164,11 @@ def chat_chunks(
     if include_usage:
         usage_chunk = _chat_chunk(model, id=id, created=created, delta={})
         usage_chunk["choices"] = []
-        usage_chunk["usage"] = _usage(n_tokens)
+        usage_chunk["usage"] = _usage(n_tokens, prompt_tokens)
         yield usage_chunk
 
 
-def chat_response(model: str, n_tokens: int, *, id: str, created: int) -> dict[str, Any]:
+def chat_response(model: str, n_tokens: int, *, id: str, created: int, prompt_tokens: int = 0) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` object with ``usage``.
 
     Args:
@@ -137,6 +176,7 @@ def chat_response(model: str, n_tokens: int, *, id: str, created: int) -> dict[s
         n_tokens: number of tokens in the message content.
         id: the completion id (``chatcmpl-...``).
         created: Unix time in seconds.
+        prompt_tokens: the usage's ``prompt_tokens`` (:func:`prompt_token_count`).
 
     Returns:
         A fresh dict.
@@ -155,7 +195,7 @@ def chat_response(model: str, n_tokens: int, *, id: str, created: int) -> dict[s
                 "finish_reason": _FINISH_REASON,
             }
         ],
-        "usage": _usage(n_tokens),
+        "usage": _usage(n_tokens, prompt_tokens),
     }
 
 
@@ -190,7 +230,7 @@ def completion_chunks(model: str, n_tokens: int, *, id: str, created: int) -> It
     yield _completion(model, "", id=id, created=created, finish_reason=_FINISH_REASON)
 
 
-def completion_response(model: str, n_tokens: int, *, id: str, created: int) -> dict[str, Any]:
+def completion_response(model: str, n_tokens: int, *, id: str, created: int, prompt_tokens: int = 0) -> dict[str, Any]:
     """A non-streamed ``text_completion`` object with ``usage``.
 
     Args:
@@ -198,12 +238,13 @@ def completion_response(model: str, n_tokens: int, *, id: str, created: int) -> 
         n_tokens: number of tokens in the text.
         id: the completion id (``cmpl-...``).
         created: Unix time in seconds.
+        prompt_tokens: the usage's ``prompt_tokens`` (:func:`prompt_token_count`).
 
     Returns:
         A fresh dict.
     """
     response = _completion(model, TOKEN_TEXT * n_tokens, id=id, created=created, finish_reason=_FINISH_REASON)
-    response["usage"] = _usage(n_tokens)
+    response["usage"] = _usage(n_tokens, prompt_tokens)
     return response
 
 
@@ -216,14 +257,14 @@ def _ollama_message(model: str, content: str, *, created_at: str) -> dict[str, A
     }
 
 
-def _ollama_done(message: dict[str, Any], n_tokens: int) -> dict[str, Any]:
+def _ollama_done(message: dict[str, Any], n_tokens: int, prompt_tokens: int) -> dict[str, Any]:
     # The mock has no clock: the durations (nanoseconds in Ollama) are reported as 0.
     message.update(
         done=True,
         done_reason=_FINISH_REASON,
         total_duration=0,
         load_duration=0,
-        prompt_eval_count=0,
+        prompt_eval_count=prompt_tokens,
         prompt_eval_duration=0,
         eval_count=n_tokens,
         eval_duration=0,
@@ -231,7 +272,9 @@ def _ollama_done(message: dict[str, Any], n_tokens: int) -> dict[str, Any]:
     return message
 
 
-def ollama_chat_lines(model: str, n_tokens: int, *, created_at: str) -> Iterator[dict[str, Any]]:
+def ollama_chat_lines(
+    model: str, n_tokens: int, *, created_at: str, prompt_tokens: int = 0
+) -> Iterator[dict[str, Any]]:
     """The NDJSON objects of one streamed Ollama ``/api/chat`` reply.
 
     One object per token (``done: false``, message content ``"tok "``), then a last object with
@@ -241,24 +284,27 @@ def ollama_chat_lines(model: str, n_tokens: int, *, created_at: str) -> Iterator
         model: echoed in every object.
         n_tokens: number of content objects.
         created_at: RFC 3339 timestamp shared by all objects (``2024-01-01T00:00:00.000000Z``).
+        prompt_tokens: the last object's ``prompt_eval_count`` (:func:`prompt_token_count`).
 
     Yields:
         Fresh dicts, ``n_tokens + 1`` of them.
     """
     for _ in range(n_tokens):
         yield _ollama_message(model, TOKEN_TEXT, created_at=created_at)
-    yield _ollama_done(_ollama_message(model, "", created_at=created_at), n_tokens)
+    yield _ollama_done(_ollama_message(model, "", created_at=created_at), n_tokens, prompt_tokens)
 
 
-def ollama_chat_response(model: str, n_tokens: int, *, created_at: str) -> dict[str, Any]:
+def ollama_chat_response(model: str, n_tokens: int, *, created_at: str, prompt_tokens: int = 0) -> dict[str, Any]:
     """A non-streamed Ollama ``/api/chat`` reply (``done: true``, the whole message).
 
     Args:
         model: echoed in the reply.
         n_tokens: number of tokens in the message content.
         created_at: RFC 3339 timestamp.
+        prompt_tokens: its ``prompt_eval_count`` (:func:`prompt_token_count`).
 
     Returns:
         A fresh dict.
     """
-    return _ollama_done(_ollama_message(model, TOKEN_TEXT * n_tokens, created_at=created_at), n_tokens)
+    message = _ollama_message(model, TOKEN_TEXT * n_tokens, created_at=created_at)
+    return _ollama_done(message, n_tokens, prompt_tokens)

@@ -95,6 +95,26 @@ def test_token_count_rejects_non_integers(bad: object) -> None:
         mock_completion.token_count({"max_tokens": bad})
 
 
+@pytest.mark.parametrize(
+    ("body", "chars_per_token", "expected"),
+    [
+        ({}, 4.0, 0),
+        ({"messages": [{"role": "user", "content": "x" * 9}]}, 4.0, 2),
+        (
+            {"messages": [{"content": "abcd"}, {"content": [{"type": "text", "text": "efgh"}, {"type": "image"}]}]},
+            4.0,
+            2,
+        ),
+        ({"messages": ["not a message", {"content": None}]}, 4.0, 0),
+        ({"prompt": "x" * 40}, 5.0, 8),
+        ({"prompt": ["x" * 10, 3, "y" * 10]}, 4.0, 5),
+    ],
+)
+def test_prompt_token_count(body: dict[str, Any], chars_per_token: float, expected: int) -> None:
+    """Prompt characters / chars_per_token, rounded down (4: the Edge's estimate of a prompt)."""
+    assert mock_completion.prompt_token_count(body, chars_per_token) == expected
+
+
 def test_chat_chunks_shape() -> None:
     chunks = list(mock_completion.chat_chunks("m", 3, id="chatcmpl-1", created=5))
     assert [c["choices"][0]["delta"] for c in chunks] == [
@@ -395,6 +415,26 @@ async def test_abandoned_stream_releases_in_flight(served: Served) -> None:
     assert stats == {"in_flight": 0, "peak_in_flight": 1, "total": 1}
 
 
+async def test_usage_counts_the_prompt_and_the_generated_tokens(served: Served) -> None:
+    """Every generation path reports prompt_tokens = prompt characters / prompt_chars_per_token
+    and total_tokens = prompt + max_tokens (what tenant_cost: tokens settles with)."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 16}
+    with trio.fail_after(TIMEOUT):
+        whole = (await served.client.post("/v1/chat/completions", json=chat)).json()
+        streamed = await served.client.post(
+            "/v1/chat/completions", json=chat | {"stream": True, "stream_options": {"include_usage": True}}
+        )
+        legacy = (await served.client.post("/v1/completions", json={"prompt": "y" * 40, "max_tokens": 2})).json()
+        ollama = (await served.client.post("/api/chat", json=chat | {"stream": False})).json()
+        served.backend.prompt_chars_per_token = 5.0
+        fewer = (await served.client.post("/v1/chat/completions", json=chat)).json()
+    assert whole["usage"] == {"prompt_tokens": 100, "completion_tokens": 16, "total_tokens": 116}
+    assert json.loads(sse_events(streamed.text)[-2])["usage"] == whole["usage"]
+    assert legacy["usage"] == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    assert (ollama["prompt_eval_count"], ollama["eval_count"]) == (100, 16)
+    assert fewer["usage"] == {"prompt_tokens": 80, "completion_tokens": 16, "total_tokens": 96}
+
+
 async def test_ollama_chat_stream_and_non_stream(served: Served) -> None:
     served.backend.tokens_per_second = 2000
     request = {"model": "qwen3:35b", "messages": [{"role": "user", "content": "hi"}]}
@@ -494,6 +534,10 @@ def test_cli_rejects_negative_settings(capsys: pytest.CaptureFixture[str]) -> No
         main(["--latency-ms", "-1"])
     assert exit_info.value.code == 2
     assert "must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--prompt-chars-per-token", "0"])
+    assert exit_info.value.code == 2
+    assert "must be > 0" in capsys.readouterr().err
 
 
 async def test_fault_makes_generation_fail_until_healed(served: Served) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import trio
+from benchmarks import fairness
 from benchmarks.harness import HttpConnection, percentile
 
 from iop_mock import MockBackend, serve_mock_backend
@@ -62,3 +63,20 @@ def test_percentile_is_the_nearest_rank() -> None:
     assert (percentile(values, 0.5), percentile(values, 0.99), percentile(values, 1.0)) == (50.0, 99.0, 100.0)
     assert percentile([7.0], 0.99) == 7.0
     assert percentile([], 0.5) != percentile([], 0.5)  # NaN
+
+
+async def test_token_mode_requests_report_the_tokens_the_fairness_benchmark_counts(nursery: trio.Nursery) -> None:
+    """benchmarks.fairness's token-mode requests: the mock (a prompt token per 5 characters) reports
+    8,000 and 500 tokens for them, whole or streamed with include_usage, and the client reads it back."""
+    backend = MockBackend(latency=0.0, tokens_per_second=0, prompt_chars_per_token=fairness.PROMPT_CHARS_PER_TOKEN)
+    with trio.fail_after(TIMEOUT):
+        port = await nursery.start(serve_mock_backend, backend)
+        connection = HttpConnection("127.0.0.1", port)
+        try:
+            for used, stream in ((8_000, False), (500, True), (500, False)):
+                raw = HttpConnection.build("POST", "/v1/chat/completions", fairness.token_body(used, stream=stream))
+                status, answer = await connection.request(raw)
+                assert status == 200
+                assert fairness.reported_tokens(answer) == used
+        finally:
+            await connection.aclose()
