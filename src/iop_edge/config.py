@@ -535,6 +535,9 @@ class _Lookups:
     models_by_id: dict[str, EdgeModel]
     upstream_models: dict[tuple[str, ProviderKey], str]
     """``(model, provider)`` -> the model name sent upstream."""
+    key_owners: dict[str, str | None]
+    """API key digest -> the tenant it belongs to (None: a top-level key; a tenant's key wins over
+    the same top-level one; a key in two tenants is a config error)."""
 
     @classmethod
     def of(cls, config: EdgeConfig) -> _Lookups:
@@ -545,7 +548,12 @@ class _Lookups:
             spans.setdefault(node.id, (first, len(node.providers)))
             first += len(node.providers)
         models_by_id = {model.id: model for model in reversed(config.models)}
+        owners: dict[str, str | None] = {digest.hexdigest: None for digest in config.api_keys or ()}
+        for digest, name in config._tenant_keys:
+            if owners.get(digest.hexdigest) is None:
+                owners[digest.hexdigest] = name
         return cls(
+            key_owners=owners,
             nodes_by_id={node.id: node for node in paced(reversed(config.nodes))},
             provider_spans=spans,
             models_by_id=models_by_id,
@@ -721,14 +729,17 @@ class EdgeConfig:
         return bool(self.api_keys) or bool(self._tenant_keys)
 
     def accepts_api_key(self, key: str) -> bool:
-        """True if ``key`` is one of the configured API keys (constant-time compare)."""
-        # A list, not a generator: compare against every digest, whichever matches.
-        digests = [*(self.api_keys or ()), *(digest for digest, _ in self._tenant_keys)]
-        return any([digest.matches(key) for digest in digests])  # noqa: C419
+        """True if ``key`` is one of the configured API keys.
+
+        The presented key is hashed once and looked up by its SHA-256 digest: the cost does not
+        grow with the number of keys, and the time taken depends on the digest only, never on how
+        much of a configured key the presented one shares.
+        """
+        return ApiKeyDigest.of(key).hexdigest in self._tables.key_owners
 
     def tenant_of(self, key: str | None, named: str | None = None) -> str | None:
         """The tenant a request is charged to ([tenant-edge]): the one its API ``key`` belongs to
-        (constant-time compare against every tenant key), else None (the default tenant).
+        (looked up by its digest, as :meth:`accepts_api_key` does), else None (the default tenant).
 
         ``named`` is the ``tenant_header``'s value, read only when the operator set that key (a
         trusted front proxy names the tenant); it wins over the key. The core maps a name that
@@ -738,8 +749,7 @@ class EdgeConfig:
             return named
         if key is None or not self._tenant_keys:
             return None
-        owners = [name for digest, name in self._tenant_keys if digest.matches(key)]
-        return owners[0] if owners else None
+        return self._tables.key_owners.get(ApiKeyDigest.of(key).hexdigest)
 
     def accepts_admin_token(self, token: str) -> bool:
         """True if an admin token is configured and ``token`` equals it (constant time)."""
