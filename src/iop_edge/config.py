@@ -118,10 +118,6 @@ class ApiKeyDigest:
         """Digest a plain key."""
         return cls(hashlib.sha256(key.encode("utf-8")).hexdigest())
 
-    def matches(self, key: str) -> bool:
-        """Compare a presented key with this digest in constant time."""
-        return hmac.compare_digest(self.hexdigest, ApiKeyDigest.of(key).hexdigest)
-
 
 @final
 @attrs.frozen(kw_only=True)
