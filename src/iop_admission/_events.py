@@ -11,9 +11,9 @@ from typing import final
 import attrs
 
 from ._config import ProviderKey
-from .core import Lease
+from .core import Ejected, Lease, Restored
 
-__all__ = ["AdmissionEvent", "lease_event"]
+__all__ = ["AdmissionEvent", "health_event", "lease_event", "rejected_event"]
 
 
 @final
@@ -25,7 +25,8 @@ class AdmissionEvent:
         kind: ``granted``, ``queued``, ``released``, ``revoked``, ``timed_out``,
             ``rejected``, ``connected``,
             ``disconnected``, ``refreshed``, ``ejected``, ``restored`` or ``retried``.
-        time: ``trio.current_time()`` when emitted, or None outside trio.
+        time: the layer's clock when emitted: ``trio.current_time()``, or the
+            asyncio loop's ``loop.time()`` for :class:`~iop_admission.aio.AsyncAdmission`.
         model, provider, lease_id, generation, node_id, long: what it concerns
             (for ``retried``: the provider and lease that failed).
         reason: for ``rejected`` and failed waiters, the error class name
@@ -80,3 +81,19 @@ def lease_event(
         attempt=attempt,
         tenant=lease.tenant if lease._ticket is not None else None,
     )
+
+
+def rejected_event(time: float | None, model: str, long: bool, exc: BaseException) -> AdmissionEvent:
+    """The ``rejected`` event of a request on ``model`` that failed with ``exc``."""
+    tenant = getattr(exc, "tenant", None)  # a TenantLimitExceeded names its tenant
+    return AdmissionEvent("rejected", time, model=model, long=long, reason=type(exc).__name__, tenant=tenant)
+
+
+def health_event(time: float | None, decision: Ejected | Restored) -> AdmissionEvent:
+    """The ``ejected`` or ``restored`` event of a provider's health decision."""
+    key = decision.provider
+    if type(decision) is Ejected:
+        return AdmissionEvent(
+            "ejected", time, provider=key, node_id=key.node_id, duration=decision.duration, failures=decision.failures
+        )
+    return AdmissionEvent("restored", time, provider=key, node_id=key.node_id)

@@ -18,7 +18,7 @@ import outcome
 import trio
 
 from ._errors import LeaseRevoked, QueueTimeout
-from ._events import AdmissionEvent
+from ._events import AdmissionEvent, health_event
 from ._trio_events import EventFanout, now_or_none
 from .core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
 
@@ -65,23 +65,10 @@ class Handoff:
                 self._health_event(d)
 
     def _health_event(self, d: Ejected | Restored) -> None:
-        if type(d) is Ejected:
-            if self.ejection_wakeup is not None:
-                self.ejection_wakeup.set()  # a new end time for watch_ejections
-            if self.events.subscribers:
-                key = d.provider
-                self.events.emit(
-                    AdmissionEvent(
-                        "ejected",
-                        now_or_none(),
-                        provider=key,
-                        node_id=key.node_id,
-                        duration=d.duration,
-                        failures=d.failures,
-                    )
-                )
-        elif self.events.subscribers:
-            self.events.emit(AdmissionEvent("restored", now_or_none(), provider=d.provider, node_id=d.provider.node_id))
+        if type(d) is Ejected and self.ejection_wakeup is not None:
+            self.ejection_wakeup.set()  # a new end time for watch_ejections
+        if self.events.subscribers:
+            self.events.emit(health_event(now_or_none(), d))
 
     @trio.lowlevel.enable_ki_protection
     def advance(self, now: float) -> None:

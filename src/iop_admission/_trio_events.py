@@ -12,7 +12,7 @@ from typing import final
 
 import trio
 
-from ._events import AdmissionEvent, lease_event
+from ._events import AdmissionEvent, lease_event, rejected_event
 from .core import Lease
 
 __all__ = ["EventFanout", "now_or_none"]
@@ -64,10 +64,7 @@ class EventFanout:
 
     def rejected(self, model: str, long: bool, exc: BaseException) -> None:
         """Emit ``rejected`` for a request on ``model`` that failed with ``exc``."""
-        tenant = getattr(exc, "tenant", None)  # a TenantLimitExceeded names its tenant
-        self.emit(
-            AdmissionEvent("rejected", now_or_none(), model=model, long=long, reason=type(exc).__name__, tenant=tenant)
-        )
+        self.emit(rejected_event(now_or_none(), model, long, exc))
 
     def lease(
         self,

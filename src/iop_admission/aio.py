@@ -33,7 +33,7 @@ from typing import final
 
 from ._config import PoolConfig, ProviderKey
 from ._errors import LeaseRevoked, LeaseScopeError, NodeNotFound, QueueTimeout
-from ._events import AdmissionEvent, lease_event
+from ._events import AdmissionEvent, health_event, lease_event, rejected_event
 from ._snapshot import Snapshot
 from .core import (
     AdmissionState,
@@ -88,9 +88,12 @@ class AsyncAdmission:
         """Charge ``lease``'s tenant the cost it used instead of its reserve (see ``Admission.settle``)."""
         self._core.settle(lease, actual)
 
-    def retry(self, lease: Lease) -> AsyncLeaseScope:
-        """Ask again for the request ``lease`` served, on a candidate not tried (see ``Admission.retry``)."""
-        return AsyncLeaseScope(self, lease.model, lease.long, lease)
+    def retry(self, lease: Lease, *, reason: str | None = None) -> AsyncLeaseScope:
+        """Ask again for the request ``lease`` served, on a candidate not tried (see ``Admission.retry``).
+
+        ``reason`` goes into the ``retried`` event.
+        """
+        return AsyncLeaseScope(self, lease.model, lease.long, lease, reason=reason)
 
     def report_failure(self, lease: Lease) -> None:
         """Count a provider failure of ``lease``; may eject its provider (see ``Admission.report_failure``)."""
@@ -217,8 +220,7 @@ class AsyncAdmission:
                 if type(d) is Ejected:
                     self._arm_ejection()
                 if self._subscribers:
-                    kind = "ejected" if type(d) is Ejected else "restored"
-                    self._emit(AdmissionEvent(kind, _now(), provider=d.provider, node_id=d.provider.node_id))
+                    self._emit(health_event(_now(), d))
 
     def _leave(self, waiter: Waiter) -> asyncio.Future[Lease]:
         self._timers.pop(waiter).cancel()
@@ -255,7 +257,13 @@ class AsyncAdmission:
     # ----------------------------------------------------- lease scope halves
 
     async def _acquire(
-        self, model: str, long: bool, retry_of: Lease | None, tenant: str | None = None, cost: float = 1.0
+        self,
+        model: str,
+        long: bool,
+        retry_of: Lease | None,
+        tenant: str | None = None,
+        cost: float = 1.0,
+        reason: str | None = None,
     ) -> Lease:
         core = self._core
         now = asyncio.get_running_loop().time()
@@ -266,14 +274,13 @@ class AsyncAdmission:
                 result = core.retry(retry_of, now)
         except Exception as exc:
             if self._subscribers:
-                tenant = getattr(exc, "tenant", None)  # a TenantLimitExceeded names its tenant
-                self._emit(
-                    AdmissionEvent("rejected", now, model=model, long=long, reason=type(exc).__name__, tenant=tenant)
-                )
+                self._emit(rejected_event(now, model, long, exc))
             raise
         shed = core.drain_decisions()  # waiters of a lower negative band evicted for this request
         if shed:
             self._apply(shed)
+        if retry_of is not None and self._subscribers:
+            self._emit(lease_event("retried", now, retry_of, attempt=retry_of.attempt + 1, reason=reason))
         if type(result) is Lease:
             lease = result
         else:
@@ -281,7 +288,12 @@ class AsyncAdmission:
             if self._subscribers:
                 tenant = result.tenant if result._ticket is not None else None  # as lease events
                 self._emit(AdmissionEvent("queued", now, model=model, long=long, tenant=tenant))
-            lease = await self._wait(result)
+            try:
+                lease = await self._wait(result)
+            except Exception as exc:  # failed in the queue; a timeout has its own event
+                if self._subscribers and not isinstance(exc, QueueTimeout):
+                    self._emit(rejected_event(_now(), model, long, exc))
+                raise
             lease.queue_wait = asyncio.get_running_loop().time() - now
         if lease.revoked:  # fenced between the grant and now: the body never runs
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
@@ -343,7 +355,7 @@ async def _events(queue: asyncio.Queue[AdmissionEvent]) -> AsyncIterator[Admissi
 class AsyncLeaseScope:
     """What :meth:`AsyncAdmission.lease` returns: a single-use async context manager."""
 
-    __slots__ = ("_admission", "_model", "_long", "_retry_of", "_lease", "_state", "_tenant", "_cost")
+    __slots__ = ("_admission", "_model", "_long", "_retry_of", "_lease", "_state", "_tenant", "_cost", "_reason")
 
     def __init__(
         self,
@@ -353,8 +365,11 @@ class AsyncLeaseScope:
         retry_of: Lease | None,
         tenant: str | None = None,
         cost: float = 1.0,
+        *,
+        reason: str | None = None,
     ) -> None:
         self._admission = admission
+        self._reason = reason
         self._tenant = tenant
         self._cost = cost
         self._model = model
@@ -367,7 +382,9 @@ class AsyncLeaseScope:
         if self._state != "new":
             raise LeaseScopeError("a lease scope can be entered only once")
         self._state = "entering"
-        self._lease = await self._admission._acquire(self._model, self._long, self._retry_of, self._tenant, self._cost)
+        self._lease = await self._admission._acquire(
+            self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason
+        )
         self._state = "entered"
         return self._lease
 

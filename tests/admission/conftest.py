@@ -18,6 +18,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from tests.admission.layers import AsyncioLayer, Layer, TrioLayer
 
 from iop_admission import (
     Admission,
@@ -103,6 +104,12 @@ class Pool:
 @pytest.fixture
 def pool() -> Pool:
     return Pool()
+
+
+@pytest.fixture(params=[TrioLayer(), AsyncioLayer()], ids=lambda layer: layer.name)
+def layer(request: pytest.FixtureRequest) -> Layer:
+    """Each layer of admission in turn, on virtual time (``tests/admission/layers.py``)."""
+    return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture

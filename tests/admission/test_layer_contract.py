@@ -1,163 +1,27 @@
 """The lease contract, run against both layers: trio (``Admission``) and asyncio
 (``AsyncAdmission``), each on the public core.
 
-Each test is a scenario written once against :class:`Layer`, a thin harness
-that runs it under ``trio.run`` (``MockClock(autojump_threshold=0)``: virtual
-time) or ``asyncio.run`` (real time, with timeouts of a few hundredths of a
-second; no test asserts on elapsed time). ``settle()`` lets every other task
-run until blocked: trio's ``wait_all_tasks_blocked``, asyncio's round of
-``sleep(0)`` steps.
+Each test is a scenario written once against :class:`~tests.admission.layers.Layer`
+and run on both layers, on virtual time (the ``layer`` fixture).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import pytest
-import trio
-import trio.testing
+from tests.admission.layers import Layer
 
 from iop_admission import (
-    Admission,
     LeaseRevoked,
     LeaseScopeError,
     OutlierPolicy,
-    PoolConfig,
     QueuePolicy,
     QueueTimeout,
     RetryPolicy,
     Unavailable,
 )
-from iop_admission.aio import AsyncAdmission
-
-
-class Handle(Protocol):
-    outcome: str | None
-
-    def cancel(self) -> None: ...
-
-
-class Layer(Protocol):
-    name: str
-
-    def admission(self, config: PoolConfig) -> Any: ...
-
-    async def settle(self) -> None: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-    def tasks(self) -> contextlib.AbstractAsyncContextManager[Callable[[Callable[[], Awaitable[object]]], Handle]]: ...
-
-    def run(self, scenario: Callable[[], Awaitable[None]]) -> None: ...
-
-
-@attrs.define
-class _Handle:
-    outcome: str | None = None
-    _cancel: Callable[[], None] | None = None
-
-    def cancel(self) -> None:
-        assert self._cancel is not None
-        self._cancel()
-
-
-def _record(handle: _Handle, exc: BaseException | None) -> None:
-    handle.outcome = "ok" if exc is None else type(exc).__name__
-
-
-class TrioLayer:
-    name = "trio"
-
-    def admission(self, config: PoolConfig) -> Admission:
-        return Admission(config)
-
-    async def settle(self) -> None:
-        await trio.testing.wait_all_tasks_blocked()
-
-    async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)
-
-    @contextlib.asynccontextmanager
-    async def tasks(self) -> AsyncIterator[Callable[[Callable[[], Awaitable[object]]], Handle]]:
-        async with trio.open_nursery() as nursery:
-
-            def spawn(fn: Callable[[], Awaitable[object]]) -> Handle:
-                scope = trio.CancelScope()
-                handle = _Handle(None, scope.cancel)
-
-                async def body() -> None:
-                    with scope:
-                        try:
-                            await fn()
-                        except Exception as exc:
-                            _record(handle, exc)
-                            return
-                        except trio.Cancelled:
-                            handle.outcome = "cancelled"
-                            raise
-                        _record(handle, None)
-
-                nursery.start_soon(body)
-                return handle
-
-            yield spawn
-
-    def run(self, scenario: Callable[[], Awaitable[None]]) -> None:
-        trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
-
-
-class AsyncioLayer:
-    name = "asyncio"
-
-    def admission(self, config: PoolConfig) -> AsyncAdmission:
-        return AsyncAdmission(config)
-
-    async def settle(self) -> None:
-        for _ in range(50):
-            await asyncio.sleep(0)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds / 100)  # scenarios' seconds are hundredths here
-
-    @contextlib.asynccontextmanager
-    async def tasks(self) -> AsyncIterator[Callable[[Callable[[], Awaitable[object]]], Handle]]:
-        async with asyncio.TaskGroup() as group:
-
-            def spawn(fn: Callable[[], Awaitable[object]]) -> Handle:
-                handle = _Handle()
-
-                async def body() -> None:
-                    try:
-                        await fn()
-                    except Exception as exc:
-                        _record(handle, exc)
-                        return
-                    except asyncio.CancelledError:
-                        handle.outcome = "cancelled"
-                        return
-                    _record(handle, None)
-
-                task = group.create_task(body())
-                handle._cancel = task.cancel
-                return handle
-
-            yield spawn
-
-    def run(self, scenario: Callable[[], Awaitable[None]]) -> None:
-        asyncio.run(asyncio.wait_for(scenario(), 30))
-
-
-@pytest.fixture(params=[TrioLayer(), AsyncioLayer()], ids=lambda layer: layer.name)
-def layer(request: pytest.FixtureRequest) -> Layer:
-    return request.param  # type: ignore[no-any-return]
-
-
-def _timeout(layer: Layer, seconds: float) -> float:
-    return seconds / 100 if layer.name == "asyncio" else seconds
 
 
 def _in_flight(admission: Any) -> int:
@@ -320,7 +184,7 @@ def test_revoke_of_a_body_that_does_not_await_again(layer: Layer, pool: Any) -> 
 
 def test_queue_timeout(layer: Layer, pool: Any) -> None:
     async def scenario() -> None:
-        admission = layer.admission(pool.shared(queue_timeout=_timeout(layer, 1)))
+        admission = layer.admission(pool.shared(queue_timeout=1))
         admission.connect("node-a")
         async with layer.tasks() as spawn:
             async with admission.lease(pool.big):
@@ -334,7 +198,7 @@ def test_queue_timeout(layer: Layer, pool: Any) -> None:
 
 def test_refresh_re_arms_queue_deadlines(layer: Layer, pool: Any) -> None:
     async def scenario() -> None:
-        admission = layer.admission(pool.shared(queue_timeout=_timeout(layer, 2)))
+        admission = layer.admission(pool.shared(queue_timeout=2))
         admission.connect("node-a")
 
         async def wait_and_run() -> None:
@@ -374,7 +238,7 @@ def test_scope_misuse_raises_lease_scope_error(layer: Layer, pool: Any) -> None:
 
 def test_queue_timeout_error_names_the_model(layer: Layer, pool: Any) -> None:
     async def scenario() -> None:
-        admission = layer.admission(pool.shared(max_queue=1, queue_timeout=_timeout(layer, 1)))
+        admission = layer.admission(pool.shared(max_queue=1, queue_timeout=1))
         admission.connect("node-a")
         async with admission.lease(pool.big):
             with pytest.raises(QueueTimeout, match=pool.big):
@@ -408,7 +272,7 @@ def test_failure_ejects_the_retry_goes_elsewhere_and_the_probe_comes_when_due(la
     and its success brings gpu0 back."""
 
     async def scenario() -> None:
-        ejection = _timeout(layer, 1.0)
+        ejection = 1.0
         config = attrs.evolve(pool.two_nodes(), outlier=OutlierPolicy(1, ejection, ejection), retry=RetryPolicy(2))
         admission = layer.admission(config)
         admission.connect("node-a")
