@@ -83,3 +83,20 @@ def test_tenant_waiter_deadline_counts_from_its_arrival() -> None:
     assert (second.enqueue_time, second.deadline) == (3.0, 13.0)
     assert state.expire(12.9) == []
     assert state.expire(13.0) == [second]
+
+
+@pytest.mark.req("tenant-token-cost")
+def test_settling_a_lease_granted_before_tenants_only_records_its_cost() -> None:
+    """A lease granted before a refresh configured tenants has no ticket: settling it records
+    the cost it used and charges nobody."""
+    untenanted = _config()
+    state = AdmissionState(
+        PoolConfig(policy=untenanted.policy, providers=untenanted.providers, models=untenanted.models)
+    )
+    state.connect("node-a")
+    lease = state.request("n", False, 0.0)
+    assert isinstance(lease, Lease)
+    state.refresh(_config())
+    state.settle(lease, 5.0)
+    assert lease.cost == 5.0
+    assert [row.cost_charged for row in state.tenant_snapshots()] == [0.0, 0.0, 0.0]
