@@ -100,3 +100,20 @@ def test_settling_a_lease_granted_before_tenants_only_records_its_cost() -> None
     state.settle(lease, 5.0)
     assert lease.cost == 5.0
     assert [row.cost_charged for row in state.tenant_snapshots()] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.req("tenant-quotas")
+def test_disconnect_fences_a_lease_granted_before_tenants() -> None:
+    """A node's disconnect fences a lease granted before tenants were configured (it has no
+    ticket): it is revoked, no tenant is charged a release, and the queue goes on."""
+    untenanted = _config()
+    state = AdmissionState(
+        PoolConfig(policy=untenanted.policy, providers=untenanted.providers, models=untenanted.models)
+    )
+    state.connect("node-a")
+    lease = state.request("n", False, 0.0)
+    assert isinstance(lease, Lease)
+    state.refresh(_config())
+    ok, _decisions = state.disconnect("node-a", state.generation("node-a"))
+    assert ok and lease.revoked
+    assert [(row.in_flight, row.waiting) for row in state.tenant_snapshots()] == [(0, 0)] * 3
