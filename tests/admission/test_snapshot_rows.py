@@ -201,7 +201,7 @@ def test_ejection_figures_and_the_window_of_rows(pool):
     assert (row["health"], row["failures"], row["ejections"], row["probes"]) == ("online", 0, 1, 1)
     assert [r["provider_id"] for r in core.provider_rows(first=1)] == ["gpu1", "gpu2"]
     assert [r["provider_id"] for r in core.provider_rows(first=1, count=1)] == ["gpu1"]
-    assert [p.provider_id for p in core.provider_snapshots(first=1, count=2)] == ["gpu1", "gpu2"]
+    assert [p.provider_id for p in core.provider_snapshots(first=1, count=1)] == ["gpu1"]
     assert core.provider_rows(first=3) == []
 
 
