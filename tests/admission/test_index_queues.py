@@ -25,7 +25,8 @@ def _waiter(result: Lease | Waiter) -> Waiter:
 def test_waiters_left_after_mass_withdrawals_are_granted_in_order_and_kind(pool, first_kind):
     """70 waiters of each kind are withdrawn around 2 kept ones of each kind (the deques are
     rebuilt on the way); the 4 kept are granted one after another, in arrival order, each with
-    a lease of its own kind, and the queue is empty after."""
+    a lease of its own kind, and the queue is empty after; the provider's queued figures count
+    the live waiters only."""
     core = AdmissionState(pool.shared(max_queue=400))
     core.connect("node-a")
     held = _lease(core.request(BIG, False, 0.0))
@@ -38,6 +39,7 @@ def test_waiters_left_after_mass_withdrawals_are_granted_in_order_and_kind(pool,
     for w in gone:
         assert core.withdraw(w)
     assert list(core.waiters()) == kept
+    assert (core.provider_rows()[0]["queued"], core.provider_rows()[0]["long_queued"]) == (4, 2)
     granted: list[tuple[Waiter, bool]] = []
     lease = held
     for _ in kept:
@@ -48,3 +50,4 @@ def test_waiters_left_after_mass_withdrawals_are_granted_in_order_and_kind(pool,
     assert granted == [(w, w.long) for w in kept]
     assert core.release(lease) == []
     assert core.queue_depth == 0
+    assert (core.provider_rows()[0]["queued"], core.provider_rows()[0]["long_queued"]) == (0, 0)
