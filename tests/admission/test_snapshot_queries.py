@@ -3,6 +3,9 @@ the live leases (what the layers' snapshots and the Edge's status read)."""
 
 from __future__ import annotations
 
+import pytest
+
+from iop_admission import Unavailable
 from iop_admission._state import AdmissionState, Lease, Waiter
 
 BIG = "ornith:35b"
@@ -35,3 +38,15 @@ def test_queue_leases_and_latest_time(pool):
     assert (core.queue_depth, list(core.waiters()), core.last_time) == (1, [waiter], 4.0)
     assert list(core.live_leases()) == [first, second]
     assert core.config.models[BIG].candidates == (pool.gpu0,)
+
+
+def test_unavailable_names_the_node_to_connect(pool):
+    """A request whose candidates' nodes never connected is refused with one reason per
+    candidate naming its node."""
+    core = AdmissionState(pool.two_nodes())
+    with pytest.raises(Unavailable) as caught:
+        core.request(BIG, False, 0.0)
+    assert caught.value.reasons == (
+        "node-a/gpu0: node 'node-a' is not connected (call connect('node-a'))",
+        "node-b/gpu1: node 'node-b' is not connected (call connect('node-b'))",
+    )
