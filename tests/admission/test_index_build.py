@@ -4,6 +4,7 @@ mode and the choice behave as in a group that lived through the same events. [ou
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, QueuePolicy
@@ -59,3 +60,24 @@ def test_group_built_by_a_prepared_refresh_counts_its_long_candidates(pool):
     assert long.provider in (pool.gpu0, GPU2) and not long.probe
     normal = _lease(core.request(BIG, False, 2.0))
     assert normal.provider == pool.gpu1  # gpu1 admits normal requests: no panic for them
+
+
+@pytest.mark.req("outlier-ejection", "refresh-consistency")
+def test_provider_losing_its_long_slots_in_a_prepared_refresh_leaves_long_panic_to_the_rest(pool):
+    """gpu0 stays eligible and admitting but loses its long slot in a prepared refresh; once
+    gpu1, BIG's other long candidate, is ejected, a long BIG request is in panic mode and gets
+    the ejected gpu1 at once (gpu0 no longer counts as an admitting long candidate)."""
+    two = {pool.gpu0: pool.spec(2, 1), pool.gpu1: pool.spec(2, 1, priority=1)}
+    base = PoolConfig(
+        policy=QueuePolicy(max_queue=64, queue_timeout=30.0),
+        providers=two,
+        models={BIG: ModelGroup(candidates=(pool.gpu0, pool.gpu1))},
+        outlier=OutlierPolicy(1, 10.0, 60.0),
+    )
+    core = AdmissionState(base)
+    core.connect("node-a")
+    core.connect("node-b")
+    core.refresh(core.prepare_refresh(attrs.evolve(base, providers={**two, pool.gpu0: pool.spec(2, 0)})))
+    assert _eject(core, BIG, True, 0.0).provider == pool.gpu1
+    long = _lease(core.request(BIG, True, 1.0))
+    assert (long.provider, long.probe) == (pool.gpu1, False)
