@@ -5,7 +5,6 @@ mode and the choice behave as in a group that lived through the same events. [ou
 from __future__ import annotations
 
 import attrs
-import pytest
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, QueuePolicy
 from iop_admission._state import AdmissionState, Lease, Waiter
@@ -42,7 +41,6 @@ def _eject(core: AdmissionState, model: str, long: bool, now: float) -> Lease:
     return lease
 
 
-@pytest.mark.req("outlier-ejection", "refresh-consistency")
 def test_group_built_by_a_prepared_refresh_counts_its_long_candidates(pool):
     """BIG gains gpu2 (ejected already) and gpu1 (no long slot) in a prepared refresh; once gpu0,
     its only admitting long candidate, is ejected too, a long BIG request is in panic mode and is
@@ -62,7 +60,6 @@ def test_group_built_by_a_prepared_refresh_counts_its_long_candidates(pool):
     assert normal.provider == pool.gpu1  # gpu1 admits normal requests: no panic for them
 
 
-@pytest.mark.req("outlier-ejection", "refresh-consistency")
 def test_provider_losing_its_long_slots_in_a_prepared_refresh_leaves_long_panic_to_the_rest(pool):
     """gpu0 stays eligible and admitting but loses its long slot in a prepared refresh; once
     gpu1, BIG's other long candidate, is ejected, a long BIG request is in panic mode and gets

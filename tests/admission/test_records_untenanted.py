@@ -4,7 +4,6 @@ and the events of the lease it is granted name no tenant (None), as the one gran
 
 from __future__ import annotations
 
-import pytest
 import trio
 import trio.testing
 
@@ -13,7 +12,6 @@ from iop_admission import Admission
 BIG = "ornith:35b"
 
 
-@pytest.mark.req("tenant-fair-share")
 async def test_queued_then_granted_request_names_no_tenant_without_tenants(autojump_clock, pool, spawn, drain_check):
     adm = Admission(pool.shared())
     adm.connect("node-a")

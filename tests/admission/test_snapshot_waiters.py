@@ -5,7 +5,6 @@ candidate tuple of a model key's first attempts, and an age never below 0. [queu
 from __future__ import annotations
 
 import attrs
-import pytest
 
 from iop_admission import TenantSpec
 from iop_admission._state import AdmissionState, Lease, Waiter
@@ -13,8 +12,6 @@ from iop_admission._waiting import WaiterSnapshot, waiter_snapshots
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
-
-pytestmark = pytest.mark.req("queue-page")
 
 
 def _lease(result: Lease | Waiter) -> Lease:
