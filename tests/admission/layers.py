@@ -180,8 +180,13 @@ class AsyncioLayer:
             yield spawn
 
     def run(self, scenario: Callable[[], Awaitable[None]]) -> None:
+        """Run ``scenario`` on a :class:`VirtualTimeLoop`; an exception the loop only logged (raised in
+        a timer's or a callback's code, where asyncio catches it) fails the run too."""
+        logged: list[dict[str, Any]] = []
         with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+            runner.get_loop().set_exception_handler(lambda loop, context: logged.append(context))
             runner.run(asyncio.wait_for(scenario(), 3600))  # virtual seconds: a scenario that hangs fails
+        assert not logged, logged
 
     def watch_ejections(
         self, admission: Any, spawn: Callable[[Callable[[], Awaitable[object]]], Handle]
