@@ -1,0 +1,135 @@
+"""The core's decisions with tenants configured: shedding a waiter for a full queue, and the
+candidate a fair dispatch gives a queued long waiter or a queued long retry.
+
+Sans-I/O tests with exact steps: the errors a full queue raises or puts on the shed waiter
+(their tenant, limit, value, model), the state a shed or granted waiter is left in, and a long
+waiter granted a long slot, not the better provider whose long slots are all taken.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from iop_admission import (
+    ModelGroup,
+    PoolConfig,
+    ProviderKey,
+    ProviderSpec,
+    QueueFull,
+    QueuePolicy,
+    TenantLimitExceeded,
+    TenantSpec,
+)
+from iop_admission.core import AdmissionState, Failed, Granted, Lease, Waiter, WaiterState
+
+A = ProviderKey("node-a", "gpu0")
+B = ProviderKey("node-b", "gpu1")
+C = ProviderKey("node-c", "gpu2")
+M = "m"
+
+
+def _state(config: PoolConfig) -> AdmissionState:
+    state = AdmissionState(config)
+    for node in state.nodes():
+        state.connect(node)
+    return state
+
+
+def _lease(result: Lease | Waiter) -> Lease:
+    assert isinstance(result, Lease), result
+    return result
+
+
+def _waiter(result: Lease | Waiter) -> Waiter:
+    assert isinstance(result, Waiter), result
+    return result
+
+
+def _one_slot_two_bands() -> AdmissionState:
+    """One provider of one slot; ``max_queue`` 1; tenant ``high`` of band 0, ``low`` of band -1."""
+    return _state(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=1, queue_timeout=60.0),
+            providers={A: ProviderSpec(capacity=1, long_context_capacity=0)},
+            models={M: ModelGroup(candidates=(A,))},
+            tenants=(TenantSpec("high"), TenantSpec("low", priority=-1)),
+        )
+    )
+
+
+@pytest.mark.req("tenant-quotas")
+def test_full_queue_sheds_the_lower_band_waiter_with_its_own_error() -> None:
+    state = _one_slot_two_bands()
+    _lease(state.request(M, False, 0.0, "high"))
+    shed = _waiter(state.request(M, False, 0.0, "low"))
+    newcomer = _waiter(state.request(M, False, 1.0, "high"))
+    assert shed.state is WaiterState.FAILED
+    error = shed.error
+    assert isinstance(error, TenantLimitExceeded)
+    assert (error.tenant, error.limit, error.value) == ("low", "shed", 1)
+    [decision] = state.drain_decisions()
+    assert isinstance(decision, Failed) and decision.waiter is shed and decision.error is error
+    assert list(state.waiters()) == [newcomer]
+
+
+@pytest.mark.req("tenant-quotas")
+def test_full_queue_refuses_a_lower_band_request_with_nothing_lower_to_shed() -> None:
+    state = _one_slot_two_bands()
+    _lease(state.request(M, False, 0.0, "high"))
+    queued = _waiter(state.request(M, False, 0.0, "high"))
+    with pytest.raises(TenantLimitExceeded) as refused:
+        state.request(M, False, 1.0, "low")
+    assert (refused.value.tenant, refused.value.limit, refused.value.value) == ("low", "shed", 1)
+    with pytest.raises(QueueFull) as full:
+        state.request(M, False, 1.0, "high")
+    assert (full.value.model, full.value.max_queue) == (M, 1)
+    assert list(state.waiters()) == [queued] and state.drain_decisions() == []
+
+
+def _long_slots(*specs: ProviderSpec) -> AdmissionState:
+    keys = (A, B, C)[: len(specs)]
+    return _state(
+        PoolConfig(
+            policy=QueuePolicy(queue_timeout=60.0),
+            providers=dict(zip(keys, specs, strict=True)),
+            models={M: ModelGroup(candidates=keys)},
+            tenants=(TenantSpec("t"),),
+        )
+    )
+
+
+@pytest.mark.req("tenant-fair-share", "long-state")
+def test_fair_dispatch_gives_a_long_waiter_the_provider_with_a_free_long_slot() -> None:
+    """gpu0 is preferred and has normal room but its one long slot is taken: the long waiter
+    granted when gpu1's long lease ends goes to gpu1, in state GRANTED."""
+    state = _long_slots(
+        ProviderSpec(capacity=3, long_context_capacity=1, priority=1),
+        ProviderSpec(capacity=1, long_context_capacity=1),
+    )
+    on_a = _lease(state.request(M, True, 0.0, "t"))
+    on_b = _lease(state.request(M, True, 0.0, "t"))
+    assert (on_a.provider, on_b.provider) == (A, B)
+    waiting = _waiter(state.request(M, True, 1.0, "t"))
+    [grant] = state.release(on_b)
+    assert isinstance(grant, Granted) and grant.waiter is waiting
+    assert (grant.lease.provider, grant.lease.long) == (B, True)
+    assert waiting.state is WaiterState.GRANTED and waiting.lease is grant.lease
+
+
+@pytest.mark.req("tenant-fair-share", "failover-before-first-byte")
+def test_fair_dispatch_gives_a_queued_long_retry_an_untried_provider_with_a_free_long_slot() -> None:
+    """The long retry of gpu0's lease waits (gpu1 and gpu2 have no long slot free); when gpu2's
+    long lease ends it goes to gpu2, not to gpu1, preferred and with normal room only."""
+    state = _long_slots(
+        ProviderSpec(capacity=1, long_context_capacity=1, priority=2),
+        ProviderSpec(capacity=3, long_context_capacity=1, priority=1),
+        ProviderSpec(capacity=1, long_context_capacity=1),
+    )
+    first, on_b, on_c = (_lease(state.request(M, True, 0.0, "t")) for _ in range(3))
+    assert (first.provider, on_b.provider, on_c.provider) == (A, B, C)
+    retried = _waiter(state.retry(first, 1.0))
+    assert state.release(first) == []
+    [grant] = state.release(on_c)
+    assert isinstance(grant, Granted) and grant.waiter is retried
+    assert (grant.lease.provider, grant.lease.long, grant.lease.tried) == (C, True, (A, C))
+    assert retried.state is WaiterState.GRANTED
