@@ -12,6 +12,8 @@ import pytest
 
 from iop_admission import (
     ModelGroup,
+    ModelNotFound,
+    OutlierPolicy,
     PoolConfig,
     ProviderKey,
     ProviderSpec,
@@ -20,7 +22,7 @@ from iop_admission import (
     TenantLimitExceeded,
     TenantSpec,
 )
-from iop_admission.core import AdmissionState, Failed, Granted, Lease, Waiter, WaiterState
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Lease, Waiter, WaiterState
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")
@@ -133,3 +135,93 @@ def test_fair_dispatch_gives_a_queued_long_retry_an_untried_provider_with_a_free
     assert isinstance(grant, Granted) and grant.waiter is retried
     assert (grant.lease.provider, grant.lease.long, grant.lease.tried) == (C, True, (A, C))
     assert retried.state is WaiterState.GRANTED
+
+
+def _ejected_long_slot() -> tuple[AdmissionState, Lease]:
+    """m on gpu0 (preferred, one slot, no long slot) and gpu1 (one slot, one long slot); gpu1's
+    failure ejects it, so long requests of m are in panic mode on gpu1; gpu0 runs a normal lease."""
+    state = _state(
+        PoolConfig(
+            policy=QueuePolicy(queue_timeout=60.0),
+            providers={
+                A: ProviderSpec(capacity=1, long_context_capacity=0, priority=1),
+                B: ProviderSpec(capacity=1, long_context_capacity=1),
+            },
+            models={M: ModelGroup(candidates=(A, B))},
+            outlier=OutlierPolicy(1, 10.0, 20.0),
+            tenants=(TenantSpec("t"),),
+        )
+    )
+    failed = _lease(state.request(M, True, 0.0, "t"))
+    assert failed.provider == B
+    state.release(failed)
+    assert any(isinstance(d, Ejected) for d in state.report_failure(failed, 0.0))
+    assert _lease(state.request(M, False, 0.0, "t")).provider == A
+    return state, _lease(state.request(M, True, 0.0, "t"))
+
+
+@pytest.mark.req("tenant-fair-share", "outlier-ejection")
+def test_fair_dispatch_grants_a_long_waiter_in_panic_mode_while_the_admitting_provider_is_full() -> None:
+    """The long waiter's only long candidate, gpu1, is ejected (panic mode); gpu0 admits but is
+    full and runs no long request. gpu1's panic lease ends: the waiter gets gpu1."""
+    state, panic_lease = _ejected_long_slot()
+    assert panic_lease.provider == B and state.panic_models() == ()
+    waiting = _waiter(state.request(M, True, 0.0, "t"))
+    [grant] = state.release(panic_lease)
+    assert isinstance(grant, Granted) and grant.waiter is waiting
+    assert (grant.lease.provider, grant.lease.long, grant.lease.probe) == (B, True, False)
+
+
+@pytest.mark.req("tenant-fair-share", "outlier-ejection", "failover-before-first-byte")
+def test_fair_dispatch_grants_a_queued_long_retry_in_panic_mode_while_the_admitting_provider_is_full() -> None:
+    """As above for a queued long retry: the retry of a lease on gpu2 (preferred, tried) has gpu0
+    (admitting, full, no long slot) and gpu1 (ejected) left, and gets gpu1 when it frees."""
+    state = _state(
+        PoolConfig(
+            policy=QueuePolicy(queue_timeout=60.0),
+            providers={
+                C: ProviderSpec(capacity=1, long_context_capacity=1, priority=2),
+                A: ProviderSpec(capacity=1, long_context_capacity=0, priority=1),
+                B: ProviderSpec(capacity=1, long_context_capacity=1),
+            },
+            models={M: ModelGroup(candidates=(C, A, B)), "b": ModelGroup(candidates=(B,))},
+            outlier=OutlierPolicy(1, 10.0, 20.0),
+            tenants=(TenantSpec("t"),),
+        )
+    )
+    failed = _lease(state.request("b", False, 0.0, "t"))
+    state.release(failed)
+    assert any(isinstance(d, Ejected) for d in state.report_failure(failed, 0.0))
+    panic_lease = _lease(state.request("b", False, 0.0, "t"))  # b's only candidate is ejected
+    first = _lease(state.request(M, True, 0.0, "t"))
+    assert (panic_lease.provider, first.provider) == (B, C)
+    assert _lease(state.request(M, False, 0.0, "t")).provider == A
+    retried = _waiter(state.retry(first, 1.0))
+    [grant] = state.release(panic_lease)
+    assert isinstance(grant, Granted) and grant.waiter is retried
+    assert (grant.lease.provider, grant.lease.long, grant.lease.tried) == (B, True, (C, B))
+
+
+@pytest.mark.req("tenant-quotas", "refresh-consistency")
+def test_waiter_failed_by_a_refresh_leaves_its_tenants_queue() -> None:
+    """Tenant t may queue one waiter; a refresh that drops its model fails it (ModelNotFound),
+    and t may queue again at once."""
+    tenants = (TenantSpec("t", max_queue=1),)
+    providers = {A: ProviderSpec(capacity=1, long_context_capacity=0)}
+    config = PoolConfig(
+        policy=QueuePolicy(queue_timeout=60.0),
+        providers=providers,
+        models={M: ModelGroup(candidates=(A,)), "gone": ModelGroup(candidates=(A,))},
+        tenants=tenants,
+    )
+    state = _state(config)
+    _lease(state.request(M, False, 0.0, "t"))
+    dropped = _waiter(state.request("gone", False, 0.0, "t"))
+    with pytest.raises(TenantLimitExceeded):
+        state.request(M, False, 0.0, "t")
+    [failed] = state.refresh(
+        PoolConfig(policy=config.policy, providers=providers, models={M: ModelGroup(candidates=(A,))}, tenants=tenants)
+    )
+    assert isinstance(failed, Failed) and failed.waiter is dropped and isinstance(failed.error, ModelNotFound)
+    again = _waiter(state.request(M, False, 1.0, "t"))
+    assert list(state.waiters()) == [again]
