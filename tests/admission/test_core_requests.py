@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from iop_admission import ModelGroup, ModelNotFound, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, Unavailable
+from iop_admission import (
+    ModelGroup,
+    ModelNotFound,
+    PoolConfig,
+    ProviderKey,
+    ProviderSpec,
+    QueueFull,
+    QueuePolicy,
+    Unavailable,
+)
 from iop_admission.core import AdmissionState, Granted, Lease, Waiter, WaiterState
 
 A = ProviderKey("node-a", "gpu0")
@@ -51,3 +60,27 @@ def test_waiter_granted_later_holds_its_lease() -> None:
     [grant] = state.release(held)
     assert isinstance(grant, Granted) and grant.waiter is waiting
     assert waiting.state is WaiterState.GRANTED and waiting.lease is grant.lease
+
+
+def test_long_request_without_a_long_slot_anywhere_is_unavailable_saying_so() -> None:
+    state = _state()
+    state.connect("node-a")
+    with pytest.raises(Unavailable) as raised:
+        state.request(M, True, 0.0)
+    assert raised.value.reasons == ("node-a/gpu0: runs no long requests (long_context_capacity=0)",)
+
+
+def test_full_queue_refuses_a_request_naming_the_model_and_the_bound() -> None:
+    state = AdmissionState(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=1, queue_timeout=60.0),
+            providers={A: ProviderSpec(capacity=1, long_context_capacity=0)},
+            models={M: ModelGroup(candidates=(A,))},
+        )
+    )
+    state.connect("node-a")
+    assert isinstance(state.request(M, False, 0.0), Lease)
+    assert isinstance(state.request(M, False, 0.0), Waiter)
+    with pytest.raises(QueueFull) as raised:
+        state.request(M, False, 0.0)
+    assert (raised.value.model, raised.value.max_queue) == (M, 1)

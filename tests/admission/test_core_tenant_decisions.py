@@ -225,3 +225,26 @@ def test_waiter_failed_by_a_refresh_leaves_its_tenants_queue() -> None:
     assert isinstance(failed, Failed) and failed.waiter is dropped and isinstance(failed.error, ModelNotFound)
     again = _waiter(state.request(M, False, 1.0, "t"))
     assert list(state.waiters()) == [again]
+
+
+@pytest.mark.req("tenant-quotas")
+def test_reconnect_fencing_a_tenants_lease_grants_its_waiter_on_another_node() -> None:
+    """Tenant t may hold one lease: its waiter for n (gpu1, free) waits for t's slot. node-a
+    connecting again fences t's lease on gpu0: the waiter gets gpu1 in the same call."""
+    state = _state(
+        PoolConfig(
+            policy=QueuePolicy(queue_timeout=60.0),
+            providers={
+                A: ProviderSpec(capacity=1, long_context_capacity=0),
+                B: ProviderSpec(capacity=1, long_context_capacity=0),
+            },
+            models={M: ModelGroup(candidates=(A,)), "n": ModelGroup(candidates=(B,))},
+            tenants=(TenantSpec("t", max_in_flight=1),),
+        )
+    )
+    held = _lease(state.request(M, False, 0.0, "t"))
+    waiting = _waiter(state.request("n", False, 0.0, "t"))
+    _, decisions = state.connect("node-a")
+    assert held.revoked
+    grants = [(d.waiter, d.lease.provider) for d in decisions if isinstance(d, Granted)]
+    assert grants == [(waiting, B)]
