@@ -84,3 +84,12 @@ def test_full_queue_refuses_a_request_naming_the_model_and_the_bound() -> None:
     with pytest.raises(QueueFull) as raised:
         state.request(M, False, 0.0)
     assert (raised.value.model, raised.value.max_queue) == (M, 1)
+
+
+def test_arrival_numbers_count_from_one_in_request_order_granted_or_queued() -> None:
+    state = _state()
+    state.connect("node-a")
+    first = state.request(M, False, 0.0)
+    second = state.request(M, False, 0.0)
+    assert isinstance(first, Lease) and isinstance(second, Waiter)
+    assert (first.id, first.arrival, second.seq) == (1, 1, 2)
