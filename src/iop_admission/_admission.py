@@ -232,20 +232,22 @@ class Admission:
         return done
 
     @trio.lowlevel.enable_ki_protection
-    def hold(self, provider: ProviderKey, runs: int) -> None:
-        """Count ``runs`` held elsewhere against ``provider``'s capacity [held-elsewhere].
+    def hold(self, provider: ProviderKey, runs: int, long_runs: int = 0) -> None:
+        """Count ``runs`` held elsewhere against ``provider``'s capacity, ``long_runs`` of them
+        against its long-context slots too [held-elsewhere].
 
         Runs this pool did not grant but that use the provider all the same
         (another Edge's, still running on the node) count in its
-        ``in_flight`` until a later call lowers the count (0 ends it) or the
-        node's generation ends (``disconnect``, ``connect``). A lower count
-        hands the room to waiters at once. A provider not configured, or whose
-        node is not connected, is left as it is.
+        ``in_flight`` (the long ones in ``long_in_flight``) until a later call
+        lowers the counts (0 ends them) or the node's generation ends
+        (``disconnect``, ``connect``). A lower count hands the room to waiters
+        at once. A provider not configured, or whose node is not connected, is
+        left as it is.
 
         Raises:
-            ValueError: ``runs`` is negative.
+            ValueError: ``runs`` is negative, or ``long_runs`` is negative or more than ``runs``.
         """
-        self._handoff.apply(self._core.hold(provider, runs))
+        self._handoff.apply(self._core.hold(provider, runs, long_runs))
 
     def prepare_refresh(self, config: PoolConfig, *, pause: Callable[[], None] | None = None) -> PreparedRefresh:
         """Validate ``config`` and work out what it changes, for :meth:`refresh` to apply.

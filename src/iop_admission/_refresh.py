@@ -59,8 +59,7 @@ class RefreshRules(HealthRules):
         for p in tuple(self._providers.values()):
             if not p.configured:
                 self._forget_health(p)
-                p.in_flight -= p.held  # [held-elsewhere] a provider that leaves the config forgets them
-                p.held = 0
+                p.forget_held()  # [held-elsewhere] a provider that leaves the config forgets them
                 if not p.leases:
                     self._drop_retired(p)
         decisions = self._requeue()
@@ -101,8 +100,7 @@ class RefreshRules(HealthRules):
         for key in prepared.removed:
             p = providers[key]
             self._forget_health(p)
-            p.in_flight -= p.held
-            p.held = 0
+            p.forget_held()
             if not p.leases:
                 self._drop_retired(p)
         decisions = self._requeue()

@@ -243,6 +243,7 @@ class ProviderSlot:
         "in_flight",
         "long_in_flight",
         "held",
+        "held_long",
         "leases",
         "groups",
         "stamp",
@@ -267,6 +268,7 @@ class ProviderSlot:
         self.in_flight = 0  # live leases + held
         self.long_in_flight = 0
         self.held = 0  # runs held elsewhere (AdmissionState.hold), counted in in_flight
+        self.held_long = 0  # the long ones among them, counted in long_in_flight
         self.leases: dict[int, Lease] = {}
         self.groups: list[tuple[ModelGroup, int]] = []  # (model group, position among its candidates)
         self.stamp = 0
@@ -292,6 +294,12 @@ class ProviderSlot:
         self.capacity = spec.capacity
         self.long_capacity = spec.long_context_capacity
         self.priority = spec.priority
+
+    def forget_held(self) -> None:
+        """Drop the runs held elsewhere from the counters (the provider left the config)."""
+        self.in_flight -= self.held
+        self.long_in_flight -= self.held_long
+        self.held = self.held_long = 0
 
     def update_eligibility(self) -> None:
         self.eligible = self.configured and self.spec.enabled and self.node.connected

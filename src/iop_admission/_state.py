@@ -72,8 +72,9 @@ Why it is built this way:
 
 * **Runs held elsewhere** [held-elsewhere]. :meth:`AdmissionState.hold` sets
   a count of runs on a provider that this state did not grant (another
-  Edge's, docs/ha.md); it is added to ``in_flight``, so every capacity check
-  and the choice rule see it, and a lower count hands the room to waiters.
+  Edge's, docs/ha.md), and how many of them are long; they are added to
+  ``in_flight`` and ``long_in_flight``, so every capacity and long-slot check
+  and the choice rule see them, and a lower count hands the room to waiters.
 
 * **Generations fence.** ``connect`` starts a new generation of a node;
   ``disconnect`` with the current generation takes the node offline and
@@ -302,33 +303,38 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
                 return self._dispatch(g for g, _ in slot.groups)
         return []
 
-    def hold(self, provider: ProviderKey, runs: int) -> list[Decision]:
-        """Count ``runs`` held elsewhere against ``provider``'s capacity, until changed [held-elsewhere].
+    def hold(self, provider: ProviderKey, runs: int, long_runs: int = 0) -> list[Decision]:
+        """Count ``runs`` held elsewhere against ``provider``'s capacity, ``long_runs`` of them
+        against its long-context slots too, until changed [held-elsewhere].
 
         Runs this state did not grant but that use the provider all the same
         -- the runs another Edge left running on a node (docs/ha.md) -- count
-        in its ``in_flight`` like live leases: no grant takes the provider past
-        its capacity with them. ``runs`` replaces the provider's previous
-        count (0 ends it); the count belongs to the node's current
-        connection: :meth:`disconnect` and :meth:`connect` drop it. A provider
-        not configured, or whose node is not connected, is left as it is.
+        in its ``in_flight`` (and the long ones in its ``long_in_flight``) like
+        live leases: no grant takes the provider past its capacity or its long
+        slots with them. The counts replace the provider's previous ones (0
+        ends them); they belong to the node's current connection:
+        :meth:`disconnect` and :meth:`connect` drop them. A provider not
+        configured, or whose node is not connected, is left as it is.
 
         Returns:
-            The grants a lower count caused (empty when it did not go down).
+            The grants a lower count caused (empty when neither went down).
 
         Raises:
-            ValueError: ``runs`` is negative.
+            ValueError: ``runs`` is negative, or ``long_runs`` is negative or more than ``runs``.
         """
-        if runs < 0:
-            raise ValueError(f"runs held must be >= 0, got {runs}")
+        if runs < 0 or not 0 <= long_runs <= runs:
+            raise ValueError(f"runs held must be >= 0 and long runs between 0 and them, got {runs} and {long_runs}")
         slot = self._providers.get(provider)
-        if slot is None or not slot.configured or not slot.node.connected or runs == slot.held:
+        if slot is None or not slot.configured or not slot.node.connected:
             return []
-        step = runs - slot.held
-        slot.held = runs
+        step, long_step = runs - slot.held, long_runs - slot.held_long
+        if not step and not long_step:
+            return []
+        slot.held, slot.held_long = runs, long_runs
         slot.in_flight += step
+        slot.long_in_flight += long_step
         slot.reindex()
-        return self._dispatch(g for g, _ in slot.groups) if step < 0 else []
+        return self._dispatch(g for g, _ in slot.groups) if step < 0 or long_step < 0 else []
 
     # ------------------------------------------------------------ connectivity
 
@@ -393,7 +399,7 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
             p.leases.clear()
             p.in_flight = 0
             p.long_in_flight = 0
-            p.held = 0
+            p.held = p.held_long = 0
             if not p.configured:
                 self._drop_retired(p)
             else:

@@ -23,9 +23,13 @@ RECENT_GRANTS = 1000
 
 def klass_of(waiter: Waiter) -> Hashable:
     """The FairShare class of ``waiter``: waiters of one model key and kind share their
-    candidates, so they can run together or not at all; a queued retry has its own."""
+    candidates, so they can run together or not at all; a queued retry has its own.
+
+    A retry's key is a 1-tuple: it never equals a ``(model, long)`` pair, whatever the
+    model is called (``("retry", 1)`` would be the long class of a model ``"retry"``).
+    """
     if waiter.attempt > 1:
-        return ("retry", waiter.seq)
+        return (waiter.seq,)
     return (waiter.model, waiter.long)
 
 

@@ -123,9 +123,10 @@ class AsyncAdmission:
             self._emit(AdmissionEvent("disconnected", _now(), node_id=node_id, generation=generation))
         return done
 
-    def hold(self, provider: ProviderKey, runs: int) -> None:
-        """Count ``runs`` held elsewhere against ``provider``'s capacity (see ``Admission.hold``)."""
-        self._apply(self._core.hold(provider, runs))
+    def hold(self, provider: ProviderKey, runs: int, long_runs: int = 0) -> None:
+        """Count ``runs`` held elsewhere against ``provider``'s capacity, ``long_runs`` of them against
+        its long slots too (see ``Admission.hold``)."""
+        self._apply(self._core.hold(provider, runs, long_runs))
 
     def prepare_refresh(self, config: PoolConfig, *, pause: Callable[[], None] | None = None) -> PreparedRefresh:
         """Validate ``config`` for :meth:`refresh`; safe in a worker thread (see ``Admission.prepare_refresh``)."""

@@ -42,17 +42,18 @@ class LeaderFence:
     Attributes:
         epoch: stamped on every run and tunnel request of a v3 connection; None
             while this Edge does not lead.
-        inherited: per node, ``{provider: runs}`` it last reported in flight
-            that this Edge did not send (the previous term's, on the node's one gate).
+        inherited: per node, ``{provider: (runs, long runs)}`` it last reported in
+            flight that this Edge did not send (the previous term's, on the node's one
+            gate); the long ones only from a v4 node (0 from an older one).
         stale_refused: this Edge's runs the nodes refused as ``stale_epoch``.
-        hold: counts runs held elsewhere against a provider's capacity
-            (``Admission.hold``); None: they are only kept here.
+        hold: counts runs held elsewhere against a provider's capacity and the long
+            ones against its long slots (``Admission.hold``); None: they are only kept here.
     """
 
     epoch: int | None = None
-    inherited: dict[str, dict[str, int]] = attrs.field(factory=dict)
+    inherited: dict[str, dict[str, tuple[int, int]]] = attrs.field(factory=dict)
     stale_refused: int = 0
-    hold: Callable[[ProviderKey, int], None] | None = None
+    hold: Callable[[ProviderKey, int, int], None] | None = None
 
     def lead(self, epoch: int, links: Iterable[Announced]) -> None:
         """This Edge won a term at ``epoch``: announce it to every v3 node connection."""
@@ -79,16 +80,17 @@ class LeaderFence:
         """A node's ``in_flight``: the load the previous term left on it (a stale answer is dropped)."""
         if message.epoch != self.epoch:
             return
-        runs = dict(message.runs)
+        runs = _counts(message)
         before = self.inherited.pop(node_id, {})
         if runs:
             self.inherited[node_id] = runs
             if not before:
-                logger.info("node %s has runs of the previous term in flight: %s", node_id, runs)
+                logger.info("node %s has runs of the previous term in flight (runs, long): %s", node_id, runs)
         if self.hold is not None:
             for provider in before.keys() | runs.keys():
-                if before.get(provider, 0) != runs.get(provider, 0):
-                    self.hold(ProviderKey(node_id, provider), runs.get(provider, 0))
+                counts = runs.get(provider, (0, 0))
+                if before.get(provider, (0, 0)) != counts:
+                    self.hold(ProviderKey(node_id, provider), *counts)
 
     def forget(self, node_id: str) -> None:
         """The node's connection ended: what it reported goes with it (its generation's holds too)."""
@@ -99,7 +101,7 @@ class LeaderFence:
         if self.hold is not None:
             for node_id, runs in self.inherited.items():
                 for provider in runs:
-                    self.hold(ProviderKey(node_id, provider), 0)
+                    self.hold(ProviderKey(node_id, provider), 0, 0)
         self.inherited.clear()
 
     def refused(self, node_id: str) -> None:
@@ -110,4 +112,16 @@ class LeaderFence:
     @property
     def inherited_runs(self) -> int:
         """Runs in flight on the nodes at this term's start, as they reported."""
-        return sum(sum(runs.values()) for runs in self.inherited.values())
+        return sum(runs for counts in self.inherited.values() for runs, _ in counts.values())
+
+
+def _counts(message: InFlight) -> dict[str, tuple[int, int]]:
+    """``{provider: (runs, long runs)}`` of a node's report, each count made sense of: none below 0,
+    never more long runs than runs (a node's bad count is not the Edge's error)."""
+    long = dict(message.long_runs)
+    counts = {}
+    for provider, runs in message.runs:
+        runs = max(runs, 0)
+        if runs:
+            counts[provider] = (runs, min(max(long.get(provider, 0), 0), runs))
+    return counts

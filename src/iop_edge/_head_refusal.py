@@ -1,15 +1,17 @@
 """The head refusal: which completion requests the Edge refuses before their body is read.
 
-One owner decides ([overload-shed], a full queue): :class:`HeadRefusal` asks the
-front door (:class:`~iop_edge._overload.FrontDoor`) whether to shed or whether
-the queue is full, checks the API key, counts the refusal and books the
+One owner decides ([overload-shed], a full queue, the API key): :class:`HeadRefusal`
+asks the front door (:class:`~iop_edge._overload.FrontDoor`) whether to shed or
+whether the queue is full, checks the API key, counts the refusal and books the
 client's return. The listener asks it on each request head (``refuse_head``);
-the app asks it when the listener did not (another server, a paused
-connection), and for the ``Retry-After`` of the queue's own refusals.
+the app asks it when the listener did not (another server, a query string), and
+for the ``Retry-After`` of the queue's own refusals. A request is decided on
+once: one the listener let through passed all three, its key included.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, final
 
@@ -38,6 +40,7 @@ class HeadRefusal:
         self._service = service
         self._capacity_of: tuple[EdgeConfig | None, int] = (None, 0)
         self._head_refusals: dict[tuple[str, int, int], CannedResponse] = {}
+        self._unauthorized: CannedResponse | None = None  # the 401 on the head, built once
         self._refusal_counters: dict[str, Callable[[], None]] = {}
 
     def refuse(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
@@ -45,15 +48,19 @@ class HeadRefusal:
 
         Asked before a scope is built: the refusal is a response encoded once per
         kind and the time before which the connection is not read again (the
-        client's booked return). Anything else -- another route, a query string,
-        a request that is not refused, a 401 -- goes to the app as usual.
+        client's booked return; a 401 books none). Anything else -- another route,
+        a query string, a request that is not refused -- goes to the app as usual,
+        which does not check it again.
         """
         if method != b"POST" or target not in COMPLETION_TARGETS:
             return None
         try:
             return self.refused(headers)
-        except RequestRejected:
-            return None  # unauthorized: the app answers it
+        except RequestRejected as rejection:  # the API key: refused before the body is read, no pause
+            if self._unauthorized is None:
+                head, body = canned(rejection)
+                self._unauthorized = CannedResponse(rejection.status, head, body)
+            return self._unauthorized, -math.inf
 
     def refuse_request(
         self, scope: MutableMapping[str, Any], hooks: ConnectionHooks | None
@@ -63,14 +70,13 @@ class HeadRefusal:
         Decided once per request: when the listener asked :meth:`refuse` on this
         request's head (``hooks.head_let_through``, and the target is exactly a
         completion target without a query string, as :meth:`refuse` asks) and it
-        let the request through, that decision stands and only the API key is
-        checked (:meth:`refuse` leaves a 401 to the app); otherwise it is decided here.
+        let the request through, that decision stands (its API key included);
+        otherwise it is decided here.
 
         Raises:
             RequestRejected: 401 when an API key is required and missing or wrong.
         """
         if self.let_through_by_listener(scope, hooks):
-            self.authorize(scope["headers"])
             return None
         return self.refused(scope["headers"])
 

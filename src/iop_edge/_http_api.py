@@ -35,7 +35,7 @@ from iop_admission import (
     Lease,
     LeaseRevoked,
 )
-from iop_wire import Run, RunData, RunEnd, RunEvent
+from iop_wire import LONG_PROTOCOL, Run, RunData, RunEnd, RunEvent
 
 from ._asgi import last_value as _last
 from ._asgi import watch_disconnect as _watch_disconnect
@@ -676,7 +676,8 @@ def _open_run(
         upstream["model"] = service.config.upstream_model(model, key)
         if endpoint != "embeddings":  # an embeddings body goes as the client sent it
             upstream["stream"] = stream
-        run = Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream, link.epoch)
+        long = lease.long and link.protocol >= LONG_PROTOCOL  # [held-elsewhere] a v4 node counts its long runs
+        run = Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream, link.epoch, long)
         return link.open_run(run)
     except (NodeGone, KeyError) as exc:
         raise node_disconnected(str(exc)) from None

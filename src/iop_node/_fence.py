@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import NoReturn, final
 
 import attrs
@@ -94,50 +94,67 @@ class RunsElsewhere:
     A new leader's ``leader`` is answered with the runs holding a permit of
     the node's one gate per provider that this connection did not send (the
     previous leader's, a warm-up's): the leader counts them against the
-    provider's capacity. While any is left, each change is reported again, at
-    the end of any run of the node (or at the latest every heartbeat
-    interval), so the count goes down as they end and the last report is
-    empty.
+    provider's capacity, and on a v4 connection the long ones among them (a
+    ``run`` marked ``long``) against its long-context slots. While any is left,
+    each change is reported again, at the end of any run of the node (or at
+    the latest every heartbeat interval), so the count goes down as they end
+    and the last report is empty.
 
     Attributes:
         fence: the node's fence (raised by ``leader``; signals the end of runs).
         gate: the node's one gate.
+        long_in_use: the node's long runs in flight per provider, every connection's.
+        with_long: the connection speaks v4: its reports carry ``long_runs``.
         own: this connection's permits, per provider.
+        own_long: this connection's long runs, per provider.
         epoch: the epoch of the last ``leader`` on this connection (None: none yet).
-        reported: the runs last reported.
+        reported: the report last sent.
     """
 
     fence: EpochFence
     gate: LocalGate
+    long_in_use: Counter[str] = attrs.field(factory=Counter)
+    with_long: bool = False
     own: Counter[str] = attrs.field(factory=Counter)
+    own_long: Counter[str] = attrs.field(factory=Counter)
     epoch: int | None = None
-    reported: tuple[tuple[str, int], ...] = ()
+    reported: InFlight | None = None
     _due: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
 
-    def took(self, provider: str) -> None:
-        """This connection took a permit of ``provider``."""
+    def took(self, provider: str, long: bool = False) -> None:
+        """This connection took a permit of ``provider`` (for a long run: ``long``)."""
         self.own[provider] += 1
+        if long:
+            self.own_long[provider] += 1
+            self.long_in_use[provider] += 1
 
-    def gave_back(self, provider: str) -> None:
-        """This connection's run on ``provider`` gave its permit back."""
+    def gave_back(self, provider: str, long: bool = False) -> None:
+        """This connection's run on ``provider`` (a long one: ``long``) gave its permit back."""
         self.own[provider] -= 1
+        if long:
+            self.own_long[provider] -= 1
+            self.long_in_use[provider] -= 1
         self.fence.run_ended()
 
     def runs(self) -> tuple[tuple[str, int], ...]:
         """``(provider, permits held)`` not held by this connection, providers with none left out."""
-        own = self.own
-        return tuple(
-            (name, used - own[name]) for name, used in self.gate.statistics().in_use.items() if used > own[name]
-        )
+        return _others(self.gate.statistics().in_use, self.own)
+
+    def long_runs(self) -> tuple[tuple[str, int], ...]:
+        """``(provider, long runs)`` not of this connection, providers with none left out."""
+        return _others(self.long_in_use, self.own_long)
+
+    def _report(self, epoch: int) -> InFlight:
+        return InFlight(epoch, self.runs(), self.long_runs() if self.with_long else ())
 
     def lead(self, leader: Leader) -> InFlight:
         """A new leader on this connection: raise the fence, and the answer to send it."""
         self.fence.raise_to(leader.epoch)
         self.epoch = leader.epoch
-        self.reported = self.runs()
-        if self.reported:
+        self.reported = self._report(leader.epoch)
+        if self.reported.runs:
             self._due.set()
-        return InFlight(leader.epoch, self.reported)
+        return self.reported
 
     async def report(self, send: Callable[[InFlight], Awaitable[None]], interval: float) -> NoReturn:
         """Forever: while runs reported are left, send each change (at a run's end, or every ``interval``)."""
@@ -145,9 +162,15 @@ class RunsElsewhere:
             await self._due.wait()
             with trio.move_on_after(interval):
                 await self.fence.wait_run_ended()
-            runs = self.runs()
-            if not runs:
+            assert self.epoch is not None  # only lead() sets _due, after the epoch
+            report = self._report(self.epoch)
+            if not report.runs:
                 self._due = trio.Event()
-            if runs != self.reported and self.epoch is not None:
-                self.reported = runs
-                await send(InFlight(self.epoch, runs))
+            if report != self.reported:
+                self.reported = report
+                await send(report)
+
+
+def _others(in_use: Mapping[str, int], own: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """``(name, count)`` of ``in_use`` beyond ``own``, names with nothing beyond left out."""
+    return tuple((name, used - own.get(name, 0)) for name, used in in_use.items() if used > own.get(name, 0))

@@ -15,6 +15,7 @@ permit to that task, which returns it exactly once (``with permit:``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from contextlib import aclosing
 from types import TracebackType
@@ -66,11 +67,14 @@ class NodeRuntime:
             ``global_limit=runtime.concurrency``.
         adapters: adapter per provider id.
         fence: the highest leader epoch seen on any connection [epoch-fencing].
+        long_runs: long runs in flight per provider, every connection's (wire v4
+            marks a run ``long``): reported to a new leader [held-elsewhere].
     """
 
     gate: LocalGate
     adapters: Mapping[str, Adapter]
     fence: EpochFence = attrs.field(factory=EpochFence)
+    long_runs: Counter[str] = attrs.field(factory=Counter)
 
     @classmethod
     def from_config(cls, config: NodeConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> NodeRuntime:

@@ -48,6 +48,7 @@ from iop_admission import ConcurrencyLimitExceeded, Permit
 from iop_wire import (
     CLOSE_GOING_AWAY,
     CLOSE_PROTOCOL_ERROR,
+    LONG_PROTOCOL,
     PROTOCOL_VERSION,
     Cancel,
     Heartbeat,
@@ -85,6 +86,7 @@ CLOSE_TIMEOUT = 1.0
 
 _EndFactory = Callable[[str, str | None, str | None, UpstreamFailed | None], RunEnd | TunnelEnd]
 _Relay = Callable[[], Awaitable[Record | None]]
+_Serve = Callable[[], Awaitable[None]]  # a run or tunnel request, ready to be served
 """Serves one run; returns the run's last data record when it is held for the run's end."""
 
 
@@ -103,7 +105,8 @@ def _tunnel_end(
 
 
 def _elsewhere_of(session: EdgeSession) -> RunsElsewhere:
-    return RunsElsewhere(session.runtime.fence, session.runtime.gate)
+    runtime = session.runtime
+    return RunsElsewhere(runtime.fence, runtime.gate, runtime.long_runs, with_long=session.protocol >= LONG_PROTOCOL)
 
 
 async def _heartbeat(session: EdgeSession, interval: float) -> None:
@@ -251,10 +254,10 @@ class EdgeSession:
         else:
             await serve()
 
-    async def _dispatch(self) -> Callable[[], Awaitable[None]] | None:
+    async def _dispatch(self) -> _Serve | None:
         """Dispatch Edge messages until the connection closes or breaks the protocol (None), or
         until a run for this task to serve arrives (see :meth:`_read`)."""
-        handlers: dict[type, Callable[..., Awaitable[Callable[[], Awaitable[None]] | None]]] = {
+        handlers: dict[type, Callable[..., Awaitable[_Serve | None]]] = {
             Run: self._on_run,
             TunnelRequest: self._on_tunnel_request,
             Cancel: self._on_cancel,
@@ -286,16 +289,16 @@ class EdgeSession:
                     return serve
                 self._nursery.start_soon(serve)
 
-    async def _on_run(self, run: Run) -> Callable[[], Awaitable[None]] | None:
+    async def _on_run(self, run: Run) -> _Serve | None:
         end = functools.partial(_run_end, run_id=run.run_id)
         admitted = await self._admit(run.provider, end, run.epoch)
         if admitted is None:
             return None
         permit, adapter = admitted
         relay = functools.partial(relay_run, run, adapter, self.protocol, self._outbox, self._poller)
-        return self._serving(run.run_id, permit, relay, end)
+        return self._serving(run.run_id, permit, relay, end, run.long)
 
-    async def _on_tunnel_request(self, request: TunnelRequest) -> Callable[[], Awaitable[None]] | None:
+    async def _on_tunnel_request(self, request: TunnelRequest) -> _Serve | None:
         end = functools.partial(_tunnel_end, run_id=request.run_id)
         try:
             body = request.body_bytes()
@@ -331,13 +334,14 @@ class EdgeSession:
             await self._send(end("error", code, str(exc), None))
             return None
 
-    def _serving(self, run_id: str, permit: Permit, relay: _Relay, end: _EndFactory) -> Callable[[], Awaitable[None]]:
-        """The run as one call that serves it (in whichever task :meth:`_dispatch` chooses)."""
+    def _serving(self, run_id: str, permit: Permit, relay: _Relay, end: _EndFactory, long: bool = False) -> _Serve:
+        """The run (``long``: a long-context one, wire v4) as one call that serves it (in whichever
+        task :meth:`_dispatch` chooses)."""
         # The scope exists before the run is served, so a cancel that arrives
         # before its first checkpoint still takes effect.
         scope = self._active[run_id] = trio.CancelScope()
-        self._elsewhere.took(permit.name)
-        return functools.partial(self._serve_one, run_id, permit, scope, relay, end)
+        self._elsewhere.took(permit.name, long)
+        return functools.partial(self._serve_one, run_id, permit, scope, relay, end, long)
 
     async def _serve_one(
         self,
@@ -346,6 +350,7 @@ class EdgeSession:
         scope: trio.CancelScope,
         relay: _Relay,
         end: _EndFactory,
+        long: bool,
     ) -> None:
         """Run one relay under its permit and cancel scope, then send its end (behind the
         run's last data record, if the relay held it: :meth:`_end`).
@@ -372,7 +377,7 @@ class EdgeSession:
             final = end("error", "upstream_error", f"node error: {type(exc).__name__}: {exc}"[:500], None)
         finally:
             del self._active[run_id]
-            self._elsewhere.gave_back(permit.name)
+            self._elsewhere.gave_back(permit.name, long)
         try:
             await self._end(final, held)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -29,7 +29,7 @@ from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception as cattrs_format_exception
 
 from ._errors import CLOSE_TOO_BIG, ProtocolError
-from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, Message, Run, RunEnd, TunnelRequest
+from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, InFlight, Message, Run, RunEnd, TunnelRequest
 
 _CLASS_OF_TAG: Final = {tag: cls for cls, tag in MESSAGE_TYPES.items()}
 
@@ -138,12 +138,15 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook_func(_is_json_object, _structure_json_object)
     converter.register_unstructure_hook_func(_is_json_object, lambda value: value)
     converter.register_structure_hook_factory(_is_tuple, _make_tuple_hook)
-    # v3's epoch is left out of a frame when unset: a v1/v2 peer, whose strict decoder
-    # rejects an unknown key, never sees it (the Edge sets it only on v3 connections).
-    for cls in (Run, TunnelRequest):
-        converter.register_unstructure_hook(
-            cls, make_dict_unstructure_fn(cls, converter, epoch=override(omit_if_default=True))
-        )
+    # v3's epoch and v4's long and long_runs are left out of a frame when unset: an older
+    # peer, whose strict decoder rejects an unknown key, never sees them (they are set only
+    # on connections of their version).
+    omitted = override(omit_if_default=True)
+    converter.register_unstructure_hook(Run, make_dict_unstructure_fn(Run, converter, epoch=omitted, long=omitted))
+    converter.register_unstructure_hook(
+        TunnelRequest, make_dict_unstructure_fn(TunnelRequest, converter, epoch=omitted)
+    )
+    converter.register_unstructure_hook(InFlight, make_dict_unstructure_fn(InFlight, converter, long_runs=omitted))
     configure_tagged_union(Message, converter, tag_generator=MESSAGE_TYPES.__getitem__, tag_name="type")
     # The strategy appends the tag after the fields; put it first instead, so a
     # frame in a log or a capture says what it is before it says anything else.
@@ -209,7 +212,7 @@ _OK_END_HEAD, _OK_END_TAIL = _ENCODER.encode(_unstructure_message(RunEnd("\0", "
 
 
 _RUN_KEYS: Final = frozenset(("type", "run_id", "provider", "endpoint", "body", "stream"))
-_RUN_KEYS_EPOCH: Final = _RUN_KEYS | {"epoch"}
+_RUN_OPTIONAL_KEYS: Final = frozenset(("epoch", "long"))
 
 
 def _plain_run(obj: dict[str, Any]) -> Run | None:
@@ -220,12 +223,12 @@ def _plain_run(obj: dict[str, Any]) -> Run | None:
     Every run a node serves is decoded: this costs about a third of the converter's time.
     """
     keys = obj.keys()
-    epoch = None
+    epoch, long = None, False
     if keys != _RUN_KEYS:
-        if keys != _RUN_KEYS_EPOCH:
+        if not keys - _RUN_KEYS <= _RUN_OPTIONAL_KEYS or not keys >= _RUN_KEYS:
             return None
-        epoch = obj["epoch"]
-        if type(epoch) is not int:
+        epoch, long = obj.get("epoch"), obj.get("long", False)
+        if (epoch is not None and type(epoch) is not int) or type(long) is not bool:
             return None
     run_id, provider, endpoint, body, stream = (
         obj["run_id"],
@@ -239,7 +242,7 @@ def _plain_run(obj: dict[str, Any]) -> Run | None:
     if type(body) is not dict or type(stream) is not bool:
         return None
     try:
-        return Run(run_id, provider, endpoint, body, stream, epoch)
+        return Run(run_id, provider, endpoint, body, stream, epoch, long)
     except ValueError:  # a value rule (the endpoint): the converter's reason names it
         return None
 

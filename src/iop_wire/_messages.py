@@ -1,4 +1,4 @@
-"""The JSON messages of the Edge–Node wire protocol, v1 to v3 (contract: ``docs/wire.md``).
+"""The JSON messages of the Edge–Node wire protocol, v1 to v4 (contract: ``docs/wire.md``).
 
 Every message is a frozen attrs value. Field types are checked by the codec when
 a frame is decoded; the rules that involve values (allowed statuses, endpoints and
@@ -21,11 +21,14 @@ import attrs
 
 from ._errors import ProtocolError
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """The newest protocol version: the one a node offers first in :class:`Register`."""
 
-PROTOCOL_VERSIONS: Final = (1, 2, 3)
+PROTOCOL_VERSIONS: Final = (1, 2, 3, 4)
 """Every version this package speaks (an Edge accepts nodes of any of them)."""
+
+LONG_PROTOCOL: Final = 4
+"""The first version whose ``run`` says whether it is long and whose ``in_flight`` counts the long runs."""
 
 MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
 """Default limit for one text frame, in UTF-8 bytes."""
@@ -238,11 +241,14 @@ class InFlight:
     gate that the connection it is sent on did not send (another Edge's, a
     warm-up's), as ``[provider, count]`` pairs (providers with none left out);
     ``epoch`` echoes the leader's. While any is left, the node sends it again at
-    each change; each replaces the last.
+    each change; each replaces the last. ``long_runs`` (v4): how many of those
+    runs are long (their ``run`` said so), as pairs the same way; left out of the
+    frame when empty.
     """
 
     epoch: int
     runs: tuple[tuple[str, int], ...]
+    long_runs: tuple[tuple[str, int], ...] = ()
 
 
 @final
@@ -337,6 +343,8 @@ class Run:
     stream and its body carries no ``stream`` key. ``epoch`` (v3, only from an Edge
     with ``ha:``): the sending leader's epoch; a node that has seen a higher one
     refuses the run with ``stale_epoch``. Left out of the frame when None.
+    ``long`` (v4): the Edge admitted it as a long-context request (it holds one of
+    the provider's long slots there); left out of the frame when false.
     """
 
     run_id: str
@@ -345,6 +353,7 @@ class Run:
     body: dict[str, Any]
     stream: bool
     epoch: int | None = None
+    long: bool = False
 
 
 @final

@@ -302,3 +302,39 @@ async def test_runs_held_elsewhere_count_until_they_end(autojump_clock, pool, sp
     with pytest.raises(ValueError):
         adm.hold(pool.gpu0, -1)
     drain_check(adm)
+
+
+@pytest.mark.req("held-elsewhere")
+async def test_long_runs_held_elsewhere_hold_the_long_slots(autojump_clock, pool, spawn, drain_check):
+    """[held-elsewhere] a long run another Edge left on a provider holds one of its long slots: a
+    long request waits for it while a short one still runs; lowering the long count alone (the long
+    run ended, a short one started: the same number of runs) hands the slot over, a refresh that
+    removes the provider forgets both counts, and the counts must make sense."""
+    adm = Admission(pool.shared(capacity=4, long_cap=1))
+    adm.connect("node-a")
+    adm.hold(pool.gpu0, 1, 1)
+    gpu0 = adm.snapshot().provider("node-a", "gpu0")
+    assert (gpu0.in_flight, gpu0.long_in_flight) == (1, 1)
+    async with trio.open_nursery() as nursery:
+        long = await spawn(nursery, adm, BIG, long=True)
+        short = await spawn(nursery, adm, BIG)
+        assert long.waiting and short.lease is not None
+        adm.hold(pool.gpu0, 2, 1)  # one more short run elsewhere: the long slot is still taken
+        await trio.testing.wait_all_tasks_blocked()
+        assert long.waiting
+        adm.hold(pool.gpu0, 2, 0)  # the long run ended as another short one started
+        await trio.testing.wait_all_tasks_blocked()
+        assert long.lease is not None and long.lease.long
+        gpu0 = adm.snapshot().provider("node-a", "gpu0")
+        assert (gpu0.in_flight, gpu0.long_in_flight) == (4, 1)
+        long.release.set()
+        short.release.set()
+    for runs, long_runs in ((1, 2), (1, -1), (-1, 0)):
+        with pytest.raises(ValueError, match="long runs between 0 and them"):
+            adm.hold(pool.gpu0, runs, long_runs)
+    adm.hold(pool.gpu0, 1, 1)
+    adm.refresh(pool.single())  # gpu0 leaves the config: its counts go with it
+    adm.refresh(pool.shared(capacity=4, long_cap=1))
+    gpu0 = adm.snapshot().provider("node-a", "gpu0")
+    assert (gpu0.in_flight, gpu0.long_in_flight) == (0, 0)
+    drain_check(adm)

@@ -156,7 +156,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.connected: dict[str, bool] = dict.fromkeys(NODES, False)
         self.generation: dict[str, int] = dict.fromkeys(NODES, 0)
         self.held: list[Lease] = []  # leases whose holder has not released yet
-        self.elsewhere: dict[ProviderKey, int] = {}  # [held-elsewhere] runs held elsewhere, per provider
+        # [held-elsewhere] runs held elsewhere, per provider: (all of them, the long ones)
+        self.elsewhere: dict[ProviderKey, tuple[int, int]] = {}
         self.queued: list[Waiter] = []  # arrival order
         self.release_count: dict[int, int] = {}  # lease id -> releases (ledger)
         self.fenced: set[int] = set()
@@ -181,8 +182,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         return bool(spec and spec.enabled and self.connected[key.node_id])
 
     def live(self, key: ProviderKey, long: bool | None = None) -> int:
-        """Live leases on ``key`` (of one kind), plus its runs held elsewhere when counting all."""
-        elsewhere = self.elsewhere.get(key, 0) if long is None else 0
+        """Live leases on ``key`` (of one kind), plus its runs held elsewhere when counting all or long ones."""
+        runs, long_runs = self.elsewhere.get(key, (0, 0))
+        elsewhere = runs if long is None else long_runs if long else 0
         return elsewhere + sum(
             1
             for lease in self.held
@@ -632,25 +634,29 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     @counted
     def hold(self, data: st.DataObject) -> None:
-        """[held-elsewhere] runs held elsewhere (another Edge's, on the node) count against capacity:
-        no grant takes a provider past it with them, and a lower count hands the room to waiters."""
+        """[held-elsewhere] runs held elsewhere (another Edge's, on the node) count against capacity,
+        the long ones against long slots too: no grant takes a provider past either with them, and a
+        lower count hands the room to waiters."""
         self.step_grants = []
         key = data.draw(st.sampled_from(KEYS))
         spec = self.config.providers.get(key)
         runs = data.draw(st.integers(0, (spec.capacity if spec else 1) + 1))
-        before = self.elsewhere.get(key, 0)
-        decisions = self.core.hold(key, runs)
+        long_runs = data.draw(st.integers(0, min(runs, (spec.long_context_capacity if spec else 1) + 1)))
+        before, long_before = self.elsewhere.get(key, (0, 0))
+        decisions = self.core.hold(key, runs, long_runs)
         if spec is None or not self.connected[key.node_id]:
             assert decisions == []
             return
         if runs:
-            self.elsewhere[key] = runs
+            self.elsewhere[key] = (runs, long_runs)
         else:
             self.elsewhere.pop(key, None)
-        if runs >= before:
+        if runs >= before and long_runs >= long_before:
             assert decisions == []
         else:
             self.fired("held elsewhere lowered")
+            if long_runs < long_before:
+                self.fired("long runs held elsewhere lowered")
         self.apply(decisions)
 
     def set_config(self, config: PoolConfig) -> None:

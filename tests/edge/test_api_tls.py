@@ -81,8 +81,10 @@ async def test_reload_serves_new_certificates_and_keeps_open_connections(tmp_pat
     server = old_ca.issue("api", "127.0.0.1")
     with trio.fail_after(30):
         async with running_edge(tmp_path, _layout(server)) as edge:
+            # The old client keeps its idle connection however long the reload takes (httpx drops it after 5 s).
+            keep = httpx.Limits(keepalive_expiry=60)
             async with (
-                httpx.AsyncClient(verify=client_ssl_context(str(old_ca.ca_file))) as old_client,
+                httpx.AsyncClient(verify=client_ssl_context(str(old_ca.ca_file)), limits=keep) as old_client,
                 httpx.AsyncClient(verify=client_ssl_context(str(new_ca.ca_file))) as new_client,
             ):
                 assert await _healthz(edge, old_client) == 200

@@ -266,6 +266,30 @@ async def test_api_keys(tmp_path: Path) -> None:
             await edge.assert_drained()
 
 
+async def test_a_wrong_api_key_is_refused_on_the_head_before_the_body(tmp_path: Path) -> None:
+    """A completion request with a wrong key gets its 401 before it sends its body (the body is never
+    asked for, the app never runs: nothing passes the front door, nothing queues); the connection then
+    closes, since where the unsent body would end is the client's word only."""
+    layout = EdgeLayout(api_keys=("key-one-sentinel",))
+    with trio.fail_after(10):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge):
+            head = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer wrong\r\n"
+                b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+            )
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            async with stream:
+                await stream.send_all(head)  # and not a byte of the body
+                received = b""
+                while chunk := await stream.receive_some():
+                    received += chunk
+            status_line, _, rest = received.partition(b"\r\n")
+            assert status_line.startswith(b"HTTP/1.1 401 "), received
+            assert b"connection: close" in rest.lower() and b'"invalid_api_key"' in rest
+            assert edge.service.front_door.passing == 0 and edge.queue_depth == 0
+            await edge.assert_drained()
+
+
 async def test_status_healthz_metrics_never_show_secrets(tmp_path: Path) -> None:
     """/status, /healthz and /metrics never contain a node token or the admin token."""
     with trio.fail_after(10):

@@ -12,7 +12,7 @@ from tests.edge.harness import BIG, TOKEN_A, TOKEN_B, fake_node, start_chat
 from iop_wire import InFlight, Leader, RunEnd
 
 from .etcd_server import EtcdServer
-from .test_edge_standby import BOUND_S, layout, leads, serve, until
+from .harness import BOUND_S, layout, leads, serve, until
 
 pytestmark = pytest.mark.req("epoch-fencing", "held-elsewhere")
 

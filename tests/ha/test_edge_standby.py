@@ -8,26 +8,15 @@ from pathlib import Path
 import pytest
 import trio
 from rich.console import Console
-from tests.edge.harness import BIG, Edge, EdgeLayout, running_edge
+from tests.edge.harness import BIG
 
 from iop_edge.status import EdgeStatus, parse_status
 from iop_edge.status_cli import render_status
 
 from .etcd_server import EtcdServer
+from .harness import BOUND_S, leader_and_standby, leads, until
 
 pytestmark = pytest.mark.req("ha-election")
-
-BOUND_S = 30
-
-
-def layout(etcd: EtcdServer, name: str) -> EdgeLayout:
-    return EdgeLayout(extra=(f"ha: {{endpoints: [{etcd.url}], advertise: {name}, ttl_s: 2, poll_interval_ms: 50}}",))
-
-
-async def until(condition: object) -> None:
-    assert callable(condition)
-    while not condition():  # bounded by the caller's fail_after
-        await trio.sleep(0.02)
 
 
 def rendered(status: EdgeStatus) -> str:
@@ -36,30 +25,12 @@ def rendered(status: EdgeStatus) -> str:
     return console.export_text()
 
 
-def leads(edge: Edge) -> bool:
-    return edge.service.ha is not None and edge.service.ha.admits()
-
-
-async def serve(
-    path: Path, edge_layout: EdgeLayout, *, task_status: trio.TaskStatus[tuple[Edge, trio.CancelScope]]
-) -> None:
-    """Serve an Edge in its own task until the reported scope is cancelled."""
-    with trio.CancelScope() as scope:
-        async with running_edge(path, edge_layout) as edge:
-            task_status.started((edge, scope))
-            await trio.sleep_forever()
-
-
 async def test_the_standby_refuses_with_retry_after_and_the_leader_then_takes_over(
     etcd: EtcdServer, tmp_path: Path
 ) -> None:
     with trio.fail_after(BOUND_S):
         async with trio.open_nursery() as nursery:
-            (tmp_path / "a").mkdir()
-            (tmp_path / "b").mkdir()
-            a, stop_a = await nursery.start(serve, tmp_path / "a", layout(etcd, "edge-a"))
-            await until(lambda: leads(a))
-            b, stop_b = await nursery.start(serve, tmp_path / "b", layout(etcd, "edge-b"))
+            a, stop_a, b, stop_b = await leader_and_standby(nursery, etcd, tmp_path)
             assert b.service.ha is not None
             await until(lambda: b.service.ha is not None and b.service.ha.leadership.leader == "edge-a")
             epoch = b.service.ha.leadership.epoch

@@ -13,7 +13,7 @@ from tests.edge.harness import BIG, mock_provider, node_config
 from iop_node import EdgeClients, NodeRuntime
 
 from .etcd_server import EtcdServer
-from .test_edge_standby import BOUND_S, layout, leads, serve, until
+from .harness import BOUND_S, leader_and_standby, leads, until
 
 pytestmark = pytest.mark.req("warm-standby")
 
@@ -23,11 +23,7 @@ async def test_the_node_is_registered_with_both_edges_and_the_new_leader_serves_
 ) -> None:
     with trio.fail_after(BOUND_S):
         async with trio.open_nursery() as nursery:
-            (tmp_path / "a").mkdir()
-            (tmp_path / "b").mkdir()
-            a, stop_a = await nursery.start(serve, tmp_path / "a", layout(etcd, "edge-a"))
-            await until(lambda: leads(a))
-            b, stop_b = await nursery.start(serve, tmp_path / "b", layout(etcd, "edge-b"))
+            a, stop_a, b, stop_b = await leader_and_standby(nursery, etcd, tmp_path)
             one = node_config(a, "node-a", [mock_provider()])
             config = attrs.evolve(
                 one, edge_url=None, edge_urls=(f"ws://127.0.0.1:{a.node_port}", f"ws://127.0.0.1:{b.node_port}")

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from iop_node import EdgeClients, EpochFence, NodeRuntime, ProviderConfig
-from iop_wire import Cancel, InFlight, Leader, Run, RunEnd, TunnelEnd, TunnelRequest
+from iop_wire import PROTOCOL_VERSION, Cancel, InFlight, Leader, Run, RunEnd, TunnelEnd, TunnelRequest
 from node.harness import EdgeConn, FakeEdge, node_config
 
 pytestmark = pytest.mark.req("epoch-fencing", "held-elsewhere")
@@ -22,9 +22,9 @@ SLOW = ProviderConfig(id="gpu0", adapter="mock", capacity=3, latency_ms=60_000)
 """Runs stay in flight until cancelled."""
 
 
-def run(run_id: str, epoch: int | None) -> Run:
+def run(run_id: str, epoch: int | None, *, long: bool = False) -> Run:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False}
-    return Run(run_id, "gpu0", "chat/completions", body, False, epoch)
+    return Run(run_id, "gpu0", "chat/completions", body, False, epoch, long)
 
 
 def test_the_fence_only_goes_up_and_lets_unfenced_runs_through() -> None:
@@ -48,17 +48,17 @@ async def test_a_stale_leaders_run_is_refused_once_a_newer_leader_spoke(nursery:
             clients = EdgeClients(config, runtime, rng=random.Random(1))
             nursery.start_soon(clients.run)
             to_old, to_new = await old.next_connection(), await new.next_connection()
-            assert to_old.register.protocol == to_new.register.protocol == 3
+            assert to_old.register.protocol == to_new.register.protocol == PROTOCOL_VERSION
 
             await to_old.send(Leader(5))
             assert await to_old.receive() == InFlight(5, ())
-            await to_old.send(run("r1", 5))  # the leader of epoch 5 runs r1: it stays in flight
+            await to_old.send(run("r1", 5, long=True))  # the leader of epoch 5 runs r1, a long one: it stays
             while runtime.in_flight() != (("gpu0", 1),):
                 await trio.sleep(0.01)
 
-            # A new leader: it learns the run the old one left running, on the same gate.
+            # A new leader: it learns the run the old one left running, on the same gate, and that it is long.
             await to_new.send(Leader(6))
-            assert await to_new.receive() == InFlight(6, (("gpu0", 1),))
+            assert await to_new.receive() == InFlight(6, (("gpu0", 1),), (("gpu0", 1),))
 
             # The old leader, unaware, sends another run of epoch 5: refused, nothing upstream.
             await to_old.send(run("r2", 5))
@@ -84,6 +84,7 @@ async def test_a_stale_leaders_run_is_refused_once_a_newer_leader_spoke(nursery:
             await to_old.send(Cancel("r1"))
             assert await next_in_flight(to_new) == InFlight(6, ())
             assert runtime.in_flight() == (("gpu0", 2),)  # its own runs are never reported to it
+            assert +runtime.long_runs == {}  # and the long one's count went with it
             clients.shutdown()
 
 

@@ -74,7 +74,7 @@ def chunks_of(messages: list[Any], protocol: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.req("wire-versioning")
-@pytest.mark.parametrize("protocol", [1, 2, 3])
+@pytest.mark.parametrize("protocol", [1, 2, 3, 4])
 async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend, protocol: int) -> None:
     """A streamed chat run through the openai adapter: v1 one run_event per SSE chunk; v2 the
     backend's SSE bytes in data records; then ok. [wire-versioning] A v1-only Edge gets v1 from the node."""
@@ -84,7 +84,7 @@ async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend, protoco
             conn = await edge.next_connection()
             assert conn.register.protocol == protocol
             assert [r.protocol for r in edge.registers] == list(
-                range(3, protocol - 1, -1)
+                range(PROTOCOL_VERSION, protocol - 1, -1)
             )  # the fallback, a step at a time
             await conn.send(chat_run("r1", max_tokens=3))
             messages = await conn.receive_until_end("r1")

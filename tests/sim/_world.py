@@ -977,9 +977,11 @@ class World:
         for p in tuple(core._providers.values()):
             leases = list(p.leases.values())
             # [held-elsewhere] in_flight counts the runs another Edge left on the node too.
-            if p.in_flight != len(leases) + p.held or p.long_in_flight != sum(lease.long for lease in leases):
+            long_leases = sum(lease.long for lease in leases)
+            if p.in_flight != len(leases) + p.held or p.long_in_flight != long_leases + p.held_long:
                 self.violation(
-                    f"{p.key} in_flight {p.in_flight}/{p.long_in_flight} != live leases {len(leases)} + held {p.held}"
+                    f"{p.key} in_flight {p.in_flight}/{p.long_in_flight} != live leases {len(leases)}/{long_leases}"
+                    f" + held {p.held}/{p.held_long}"
                 )
             for lease in leases:
                 if lease.released or lease.generation != p.node.generation or not p.node.connected:

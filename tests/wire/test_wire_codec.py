@@ -86,6 +86,9 @@ EXAMPLES: list[Any] = [
     RunEnd("r7", "error", "stale_epoch", "run of epoch 40, this node has seen 41"),
     InFlight(41, (("gpu0", 2), ("gpu1", 1))),
     InFlight(42, ()),
+    Run("r8", "gpu0", "chat/completions", {"model": "m", "messages": [], "stream": False}, False, 43, True),
+    Run("r9", "gpu0", "chat/completions", {"model": "m", "messages": [], "stream": False}, False, long=True),
+    InFlight(43, (("gpu0", 2), ("gpu1", 1)), (("gpu0", 1),)),
     Leader(41),
 ]
 
@@ -109,9 +112,11 @@ def test_round_trip_every_message_type(message: Any) -> None:
     assert decode(text.encode("utf-8")) == message
     obj = json.loads(text)
     assert obj["type"] == TAGS[type(message)]
-    # compact, all fields emitted (but an unset epoch, v3), non-ASCII kept as is
+    # compact, all fields emitted (but an unset epoch, v3, and unset v4 fields), non-ASCII kept as is
     assert text == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     unset = {"epoch"} if getattr(message, "epoch", 0) is None else set()
+    unset |= {"long"} if getattr(message, "long", True) is False else set()
+    unset |= {"long_runs"} if getattr(message, "long_runs", None) == () else set()
     assert set(obj) == {"type"} | {f.name for f in attrs.fields(type(message))} - unset
 
 
