@@ -46,3 +46,24 @@ def test_fencing_a_probe_that_restored_its_provider_opens_no_new_probe() -> None
     assert (snap.health, snap.probes) == ("online", 1)
     after = _lease(state.request(M, False, 2.0))
     assert not after.probe
+
+
+def test_disconnect_fences_every_provider_of_the_node_after_an_idle_one() -> None:
+    """node-a has an idle gpu0 and a busy gpu1: its disconnect revokes gpu1's lease too."""
+    idle, busy = ProviderKey("node-a", "gpu0"), ProviderKey("node-a", "gpu1")
+    state = AdmissionState(
+        PoolConfig(
+            policy=QueuePolicy(queue_timeout=60.0),
+            providers={
+                idle: ProviderSpec(capacity=1, long_context_capacity=0),
+                busy: ProviderSpec(capacity=1, long_context_capacity=0),
+            },
+            models={M: ModelGroup(candidates=(busy,)), "idle": ModelGroup(candidates=(idle,))},
+        )
+    )
+    state.connect("node-a")
+    running = _lease(state.request(M, False, 0.0))
+    ok, decisions = state.disconnect("node-a", state.generation("node-a"))
+    assert ok and [(type(d), getattr(d, "lease", None)) for d in decisions] == [(Revoked, running)]
+    assert running.revoked and list(state.live_leases()) == []
+    assert [p.in_flight for p in state.provider_snapshots()] == [0, 0]
