@@ -25,7 +25,18 @@ import trio.testing
 from iop_admission import Admission, PoolConfig
 from iop_admission.aio import AsyncAdmission
 
-__all__ = ["AsyncioLayer", "Handle", "Layer", "TrioLayer", "VirtualTimeLoop"]
+__all__ = ["AsyncioLayer", "Handle", "Layer", "TrioLayer", "VirtualTimeLoop", "books_closed"]
+
+
+def books_closed(admission: Any) -> None:
+    """Nothing queued or leased, and nothing left in the layer's own tables (a leak would show here)."""
+    assert admission.queue_depth == 0
+    assert all(p.in_flight == 0 for p in admission.snapshot().providers)
+    if isinstance(admission, Admission):
+        assert not admission._handoff._parked and not admission._handoff._bodies
+    else:
+        assert not admission._futures and not admission._timers and not admission._bodies
+        assert not admission._revoking
 
 
 class Handle(Protocol):

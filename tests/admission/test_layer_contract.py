@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 import pytest
-from tests.admission.layers import Layer
+from tests.admission.layers import Layer, books_closed
 
 from iop_admission import (
     LeaseRevoked,
@@ -29,8 +29,7 @@ def _in_flight(admission: Any) -> int:
 
 
 def _drained(admission: Any) -> None:
-    assert admission.queue_depth == 0
-    assert _in_flight(admission) == 0
+    books_closed(admission)
 
 
 def test_lease_released_on_every_exit_path(layer: Layer, pool: Any) -> None:

@@ -144,7 +144,7 @@ def _transcript(layer: Layer) -> Transcript:
             # gpu1 serves the waiters one by one from t=1; at t=2.5 gpu0's probe goes to one and restores it.
             await layer.sleep(1.0)
             # Read at t=1 with nothing asked since t=0: the ejection's time left counts from now.
-            out.append(("t=1", admission.snapshot(), admission.snapshot(first=1, count=1)))
+            out.append(("t=1", admission.snapshot(), admission.snapshot(first=1, count=1), admission.snapshot(count=1)))
             out.append(("nodes", admission.generation("node-a"), admission.is_connected("node-b")))
             admission.report_success(second)
             await retry_scope.__aexit__(None, None, None)
