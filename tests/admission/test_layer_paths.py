@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from tests.admission.layers import AsyncioLayer, Layer, VirtualTimeLoop
+from tests.admission.layers import AsyncioLayer, Layer, VirtualTimeLoop, books_closed
 from tests.admission.layers import books_closed as _books_closed
 
 from iop_admission import (
@@ -419,3 +419,77 @@ def test_trio_readings_count_from_the_current_time_and_in_their_window() -> None
     admission.report_failure(kept[0])
     gpu1 = admission.snapshot().providers[1]
     assert (gpu1.health, gpu1.ejection_left) == ("ejected", 5.0)
+
+
+def test_a_cancelled_waiter_is_not_a_rejection(layer: Layer) -> None:
+    """A waiter withdrawn by its task's cancellation gives no ``rejected`` event (it was not refused)."""
+    events: list[AdmissionEvent] = []
+
+    async def scenario() -> None:
+        admission = layer.admission(_config())
+        admission.connect("node-a")
+        async with admission.subscribe() as stream, layer.tasks() as spawn:
+
+            async def collect() -> None:
+                async for event in stream:
+                    events.append(event)
+
+            collector = spawn(collect)
+            holder = admission.lease(FAST)
+            await holder.__aenter__()
+            waiter = spawn(lambda: admission.lease(BIG).__aenter__())
+            await layer.settle()
+            waiter.cancel()
+            await layer.settle()
+            await holder.__aexit__(None, None, None)
+            await layer.settle()
+            collector.cancel()
+        assert [e.kind for e in events] == ["granted", "queued", "released"]
+        _books_closed(admission)
+
+    layer.run(scenario)
+
+
+def test_trio_a_grant_in_the_tick_its_waiters_deadline_fires_wins() -> None:
+    """trio: the waiter is granted, then its queue deadline passes before it resumes (the same
+    tick): the grant stands, and its body runs in a fresh scope, not cancelled by that deadline."""
+    clock = trio.testing.MockClock()
+    ran: list[float] = []
+
+    async def main() -> None:
+        admission = Admission(_config())
+        admission.connect("node-a")
+
+        async def wait() -> None:
+            async with admission.lease(BIG):
+                await trio.sleep(1.0)  # the deadline passed: a body cancelled by it would not sleep
+                ran.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            async with admission.lease(FAST):
+                nursery.start_soon(wait)
+                await trio.testing.wait_all_tasks_blocked()
+                clock.jump(30.0)  # the waiter's queue_timeout; its deadline is processed at the next checkpoint
+            # Leaving the block granted the waiter before that checkpoint; from here time may run.
+            clock.autojump_threshold = 0
+        books_closed(admission)
+
+    trio.run(main, clock=clock)
+    assert ran == [31.0]
+
+
+def test_trio_admission_under_asyncio_says_which_layer_to_use() -> None:
+    """``Admission.lease()`` entered under asyncio: a ``RuntimeError`` that names the asyncio layer."""
+
+    async def scenario() -> None:
+        admission = Admission(_config())
+        admission.connect("node-a")
+        with pytest.raises(RuntimeError) as caught:
+            async with admission.lease(BIG):
+                pass
+        assert str(caught.value) == (
+            "Admission.lease() runs under trio only; under asyncio use iop_admission.aio.AsyncAdmission"
+        )
+
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        runner.run(scenario())
