@@ -1,5 +1,5 @@
 """Bad configuration is refused with every problem listed, each naming its field and value, in
-the words an operator reads ([config-validation]); the errors' own messages say what happened.
+the words an operator reads; the errors' own messages say what happened.
 
 The texts are the contract an operator (and the Edge's file:line errors) depend on, so each is
 checked whole.

@@ -112,7 +112,7 @@ def test_a_refresh_that_fails_two_waiters_fails_both(layer: Layer) -> None:
 
 
 def test_a_higher_band_sheds_the_lower_waiter_of_a_full_queue(layer: Layer) -> None:
-    """[tenant-quotas] a full queue, a waiter of a negative band, a newcomer above it: the waiter is
+    """A full queue, a waiter of a negative band, a newcomer above it: the waiter is
     shed (``TenantLimitExceeded`` with ``shed``) and its ``rejected`` event names its tenant."""
     errors: list[TenantLimitExceeded] = []
     events: list[AdmissionEvent] = []
