@@ -226,3 +226,28 @@ def test_errors_keep_what_they_name() -> None:
     revoked = LeaseRevoked(7, "node-a", 2)
     assert (revoked.lease_id, revoked.node_id, revoked.generation) == (7, "node-a", 2)
     assert NodeNotFound("x", ("n0",)).node_id == "x"
+
+
+def test_unavailable_names_a_disabled_candidate_and_one_without_long_slots() -> None:
+    """The reasons of an ``Unavailable``: a disabled provider says so, one without long slots says so
+    to a long request; each reason names its provider."""
+    from iop_admission.core import AdmissionState
+
+    off = ProviderSpec(
+        capacity=1, long_context_capacity=1, context_window_tokens=1, total_context_tokens=1, enabled=False
+    )
+    short_only = ProviderSpec(capacity=1, long_context_capacity=0, context_window_tokens=1, total_context_tokens=0)
+    state = AdmissionState(
+        PoolConfig(
+            QueuePolicy(),
+            {A: off, B: short_only},
+            {"m": ModelGroup(candidates=(A, B))},
+        )
+    )
+    state.connect("node-a")
+    with pytest.raises(Unavailable) as caught:
+        state.request("m", True, 0.0)
+    assert caught.value.reasons == (
+        "node-a/gpu0: disabled (enabled=False)",
+        "node-a/gpu1: runs no long requests (long_context_capacity=0)",
+    )
