@@ -65,3 +65,10 @@ def test_a_refresh_dispatches_every_group_it_built() -> None:
     granted = [d for d in decisions if isinstance(d, Granted)]
     assert {d.waiter for d in granted} == set(waiting)
     assert {d.lease.provider for d in granted} == {P1}
+
+
+def test_a_retry_takes_the_earlier_of_equal_candidates() -> None:
+    state = _state({P0: _spec(), P1: _spec(), P2: _spec()}, {"m": (P0, P1, P2)})
+    first = _lease(state, "m")
+    retried = state.retry(first, 0.0)
+    assert isinstance(retried, Lease) and retried.provider == P1
