@@ -8,17 +8,13 @@ provider is healthy and its next grant is an ordinary lease, not a second probe.
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission.core import AdmissionState, Lease, Restored, Revoked, Waiter
+from iop_admission.core import AdmissionState, Restored, Revoked
 
 A = ProviderKey("node-a", "gpu0")
 M = "m"
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
 
 
 @pytest.mark.req("outlier-ejection")

@@ -8,9 +8,10 @@ reads the live counts; a negative count held elsewhere is refused with the count
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission.core import AdmissionState, Lease, Waiter, read_snapshot
+from iop_admission.core import AdmissionState, Waiter, read_snapshot
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")
@@ -32,11 +33,6 @@ def _state() -> AdmissionState:
     for node in state.nodes():
         state.connect(node)
     return state
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
 
 
 @pytest.mark.req("outlier-ejection")

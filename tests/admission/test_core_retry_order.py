@@ -7,22 +7,14 @@ is granted first when the provider both can use frees; the retry gets the next o
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission.core import AdmissionState, Granted, Lease, Waiter, WaiterState
+from iop_admission.core import AdmissionState, Granted, WaiterState
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 @pytest.mark.req("failover-before-first-byte")

@@ -8,6 +8,8 @@ only candidates without a long slot are left, while a normal waiter of the same 
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, Unavailable
 from iop_admission.core import AdmissionState, Failed, Lease, Revoked, Waiter, WaiterState
@@ -29,16 +31,6 @@ def _state(providers: dict[ProviderKey, ProviderSpec]) -> AdmissionState:
     for node in state.nodes():
         state.connect(node)
     return state
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 def _disconnect(state: AdmissionState, node: str) -> list[object]:

@@ -9,6 +9,8 @@ waiter granted a long slot, not the better provider whose long slots are all tak
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import (
     ModelGroup,
@@ -22,7 +24,7 @@ from iop_admission import (
     TenantLimitExceeded,
     TenantSpec,
 )
-from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Lease, Waiter, WaiterState
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Lease, WaiterState
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")
@@ -35,16 +37,6 @@ def _state(config: PoolConfig) -> AdmissionState:
     for node in state.nodes():
         state.connect(node)
     return state
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 def _one_slot_two_bands() -> AdmissionState:

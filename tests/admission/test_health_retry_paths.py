@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import (
     ModelGroup,
@@ -24,7 +26,7 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._state import FAILED, QUEUED, AdmissionState, Ejected, Failed, Granted, Lease, Waiter
+from iop_admission._state import FAILED, QUEUED, AdmissionState, Ejected, Failed, Granted
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -35,16 +37,6 @@ def _core(config: PoolConfig) -> AdmissionState:
     for node in {key.node_id for key in config.providers}:
         core.connect(node)
     return core
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 @pytest.mark.req("outlier-ejection")

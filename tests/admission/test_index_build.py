@@ -5,23 +5,14 @@ mode and the choice behave as in a group that lived through the same events. [ou
 from __future__ import annotations
 
 import attrs
+from tests.admission.steps import as_lease as _lease
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, QueuePolicy
-from iop_admission._state import AdmissionState, Lease, Waiter
+from iop_admission._state import AdmissionState, Lease
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
 GPU2 = ProviderKey("node-c", "gpu2")
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 def _config(pool, big: tuple[ProviderKey, ...]) -> PoolConfig:

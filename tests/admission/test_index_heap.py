@@ -5,17 +5,13 @@ the rebuild is still the rule's (priority, then load), for normal and long reque
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
 
 from iop_admission import ModelGroup, PoolConfig, QueuePolicy
-from iop_admission._state import AdmissionState, Lease, Waiter
+from iop_admission._state import AdmissionState, Waiter
 
 BIG = "ornith:35b"
 OTHER = "other"
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
 
 
 @pytest.mark.parametrize("preferred_first", [True, False], ids=["preferred-at-0", "preferred-at-1"])

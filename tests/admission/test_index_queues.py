@@ -5,20 +5,12 @@ in arrival order; withdrawals after the rebuild are counted as before."""
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
-from iop_admission._state import AdmissionState, Granted, Lease, Waiter
+from iop_admission._state import AdmissionState, Granted, Waiter
 
 BIG = "ornith:35b"
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 @pytest.mark.parametrize("first_kind", [False, True])

@@ -5,6 +5,8 @@ so each part of it is pinned exactly."""
 from __future__ import annotations
 
 import attrs
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import OutlierPolicy, PoolConfig, ProviderKey, QueueTimeout, RetryPolicy
 from iop_admission._state import (
@@ -16,10 +18,8 @@ from iop_admission._state import (
     Ejected,
     Failed,
     Granted,
-    Lease,
     Restored,
     Revoked,
-    Waiter,
 )
 
 BIG = "ornith:35b"
@@ -31,16 +31,6 @@ def _core(config: PoolConfig) -> AdmissionState:
     for node in sorted({key.node_id for key in config.providers}):
         core.connect(node)
     return core
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 def test_lease_repr_names_id_provider_generation_kind_model_and_state(pool):

@@ -10,9 +10,11 @@ tenant's cap grants that tenant's waiter.
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
-from iop_admission.core import AdmissionState, Granted, Lease, Waiter, WaiterState
+from iop_admission.core import AdmissionState, Granted, Waiter, WaiterState
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")
@@ -46,16 +48,6 @@ def _state(config: PoolConfig) -> AdmissionState:
 
 def _refresh(state: AdmissionState, config: PoolConfig, prepared: bool) -> list[object]:
     return list(state.refresh(state.prepare_refresh(config) if prepared else config))
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 def _grants(decisions: list[object]) -> list[tuple[Waiter, ProviderKey]]:

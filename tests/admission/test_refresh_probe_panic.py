@@ -9,9 +9,11 @@ waiter must be granted in the same refresh (work conservation), as the direct re
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission.core import AdmissionState, Ejected, Granted, Lease, Waiter
+from iop_admission.core import AdmissionState, Ejected, Granted
 
 P = ProviderKey("node-p", "gpu0")
 Q = ProviderKey("node-q", "gpu1")
@@ -36,16 +38,6 @@ def _config(h: tuple[ProviderKey, ...]) -> PoolConfig:
         },
         outlier=OutlierPolicy(1, 10.0, 20.0),
     )
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 def _eject(state: AdmissionState, model: str, now: float) -> None:

@@ -8,9 +8,11 @@ so when tenants come back their releases free nothing twice and break nothing.
 from __future__ import annotations
 
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
-from iop_admission.core import AdmissionState, Granted, Lease, Waiter
+from iop_admission.core import AdmissionState, Granted
 
 A = ProviderKey("node-a", "gpu0")
 M = "m"
@@ -29,16 +31,6 @@ def _state(tenants: tuple[TenantSpec, ...]) -> AdmissionState:
     state = AdmissionState(_config(tenants))
     state.connect("node-a")
     return state
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 @pytest.mark.req("tenant-quotas", "refresh-consistency")

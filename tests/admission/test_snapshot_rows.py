@@ -7,24 +7,16 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import Admission, ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, QueuePolicy
 from iop_admission._snapshot import PROVIDER_FIELDS, ProviderSnapshot
-from iop_admission._state import AdmissionState, Lease, Waiter
+from iop_admission._state import AdmissionState
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
 GPU2 = ProviderKey("node-c", "gpu2")
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 def _three(pool, **gpu2: object) -> PoolConfig:

@@ -5,23 +5,15 @@ candidate tuple of a model key's first attempts, and an age never below 0. [queu
 from __future__ import annotations
 
 import attrs
+from tests.admission.steps import as_lease as _lease
+from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import TenantSpec
-from iop_admission._state import AdmissionState, Lease, Waiter
+from iop_admission._state import AdmissionState
 from iop_admission._waiting import WaiterSnapshot, waiter_snapshots
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
-
-
-def _lease(result: Lease | Waiter) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-def _waiter(result: Lease | Waiter) -> Waiter:
-    assert isinstance(result, Waiter), result
-    return result
 
 
 def _core(config) -> AdmissionState:
