@@ -9,15 +9,15 @@ Besides the daemon's pieces, the config reload's reader (:func:`run_config_reade
 through public names.
 """
 
-from ._config_reader import lower_priority
-from ._config_reader import rebuild as rebuild_config
-from ._config_reader import run_reader as run_config_reader
-from ._http_api import EdgeAPI, estimate_tokens
-from ._links import NodeGone, NodeLink, NodeRegistry
-from ._service import EdgeService
-from ._ui import QueuePage
-from ._ui_view import build_view
-from .config import EdgeConfig, load_edge_config
+from iop_edge._service import EdgeService
+from iop_edge.api.app import EdgeAPI, estimate_tokens
+from iop_edge.config import EdgeConfig, load_edge_config
+from iop_edge.config.reader import lower_priority
+from iop_edge.config.reader import rebuild as rebuild_config
+from iop_edge.config.reader import run_reader as run_config_reader
+from iop_edge.nodes.links import NodeGone, NodeLink, NodeRegistry
+from iop_edge.ui.page import QueuePage
+from iop_edge.ui.view import build_view
 
 __all__ = [
     "EdgeAPI",

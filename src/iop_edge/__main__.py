@@ -16,9 +16,8 @@ from collections.abc import Sequence
 import trio
 
 from iop_config import ConfigFileError
-
-from ._collector import tune as tune_collector
-from ._service import EdgeService, load_config_off_loop
+from iop_edge._collector import tune as tune_collector
+from iop_edge._service import EdgeService, load_config_off_loop
 
 logger = logging.getLogger("iop_edge")
 

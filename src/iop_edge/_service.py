@@ -20,17 +20,16 @@ import trio
 
 from iop_admission import Admission, ConfigError, PreparedRefresh, ProviderKey
 from iop_config import ConfigFileError, TlsFileError
-
-from ._config_reader import error_lines, rebuild, run_reader
-from ._http_api import EdgeAPI
-from ._http_server import HttpLimits, serve_http
-from ._links import NodeRegistry
-from ._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
-from ._overload import FrontDoor, watch_loop_lag
-from .config import EdgeConfig, load_edge_config
-from .ha import EdgeHa, Leadership
-from .metrics import EdgeMetrics
-from .status import EdgeStatus, NodeRow, StatusRows, status_document
+from iop_edge._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
+from iop_edge.api.app import EdgeAPI
+from iop_edge.api.overload import FrontDoor, watch_loop_lag
+from iop_edge.config import EdgeConfig, load_edge_config
+from iop_edge.config.reader import error_lines, rebuild, run_reader
+from iop_edge.ha import EdgeHa, Leadership
+from iop_edge.listener.server import HttpLimits, serve_http
+from iop_edge.metrics import EdgeMetrics
+from iop_edge.nodes.links import NodeRegistry
+from iop_edge.status import EdgeStatus, NodeRow, StatusRows, status_document
 
 logger = logging.getLogger("iop_edge")
 
@@ -84,7 +83,7 @@ class EdgeService:
 
         [reload-off-loop] The file is read, parsed and validated, and its pool
         and lookup tables built, in a child process at a lower OS priority
-        (:mod:`iop_edge._config_reader`); the loop rebuilds the result about a
+        (:mod:`iop_edge.config.reader`); the loop rebuilds the result about a
         millisecond at a time, so it (streams, heartbeats, other requests)
         keeps running. What the new config changes in the pool is worked out
         in turns with the loop (``admission.prepare_refresh`` in a worker

@@ -31,10 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from iop_admission import Admission, AdmissionEvent, ProviderSnapshot, Snapshot, TenantSnapshot
-
-from ._failover import RETRY_REASONS
-from ._off_loop import run_off_loop, snapshot_in_slices
-from .status import OverloadStatus
+from iop_edge._off_loop import run_off_loop, snapshot_in_slices
+from iop_edge.api.failover import RETRY_REASONS
+from iop_edge.status import OverloadStatus
 
 __all__ = [
     "ADDRESS_CLASSES",

@@ -29,8 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from iop_admission import ProviderSnapshot
-
-from .status import EdgeStatus, NodeStatus, parse_status
+from iop_edge.status import EdgeStatus, NodeStatus, parse_status
 
 __all__ = ["EdgeStatus", "NodeStatus", "StatusUnavailable", "fetch_status", "main", "render_status"]
 

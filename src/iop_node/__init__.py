@@ -6,10 +6,7 @@ runs the Edge's requests on local backends through one
 See ``docs/node.md``.
 """
 
-from ._adapter import Adapter, TunnelHead, encoded_run, relay_encoded
-from ._client import EdgeClient, backoff_delay, first_delay, websocket_connector
-from ._edges import EdgeClients
-from ._errors import (
+from iop_node._errors import (
     BadRunRequest,
     EdgeProtocolViolation,
     NodeError,
@@ -19,13 +16,16 @@ from ._errors import (
     UpstreamFailed,
     UpstreamUnreachable,
 )
-from ._fence import EpochFence
-from ._mock_adapter import MockAdapter
-from ._ollama import OllamaAdapter
-from ._openai import OpenAIAdapter
-from ._runtime import NodeRuntime, build_adapter
-from ._session import EdgeSession
-from .config import NodeConfig, ProviderConfig, ReconnectConfig, RuntimeConfig, load_node_config
+from iop_node._runtime import NodeRuntime, build_adapter
+from iop_node.adapters.interface import Adapter, TunnelHead, encoded_run, relay_encoded
+from iop_node.adapters.mock import MockAdapter
+from iop_node.adapters.ollama import OllamaAdapter
+from iop_node.adapters.openai_compat import OpenAIAdapter
+from iop_node.config import NodeConfig, ProviderConfig, ReconnectConfig, RuntimeConfig, load_node_config
+from iop_node.edges.client import EdgeClient, backoff_delay, first_delay, websocket_connector
+from iop_node.edges.clients import EdgeClients
+from iop_node.edges.fence import EpochFence
+from iop_node.edges.session import EdgeSession
 
 __all__ = [
     "Adapter",

@@ -24,11 +24,10 @@ from collections.abc import AsyncIterator, Sequence
 import trio
 
 from iop_config import ConfigFileError
-
-from ._edges import EdgeClients
-from ._errors import RegistrationRejected
-from ._runtime import NodeRuntime
-from .config import NodeConfig, load_node_config
+from iop_node._errors import RegistrationRejected
+from iop_node._runtime import NodeRuntime
+from iop_node.config import NodeConfig, load_node_config
+from iop_node.edges.clients import EdgeClients
 
 logger = logging.getLogger("iop_node")
 

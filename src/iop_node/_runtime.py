@@ -26,14 +26,13 @@ import httpx
 import trio
 
 from iop_admission import LocalGate, Permit
-
-from ._adapter import Adapter
-from ._errors import BadRunRequest, UpstreamFailed
-from ._fence import EpochFence
-from ._mock_adapter import MockAdapter
-from ._ollama import OllamaAdapter
-from ._openai import OpenAIAdapter
-from .config import NodeConfig, ProviderConfig
+from iop_node._errors import BadRunRequest, UpstreamFailed
+from iop_node.adapters.interface import Adapter
+from iop_node.adapters.mock import MockAdapter
+from iop_node.adapters.ollama import OllamaAdapter
+from iop_node.adapters.openai_compat import OpenAIAdapter
+from iop_node.config import NodeConfig, ProviderConfig
+from iop_node.edges.fence import EpochFence
 
 _CLOSE_TIMEOUT = 1.0
 

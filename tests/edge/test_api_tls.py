@@ -19,7 +19,7 @@ import trustme
 from edge.harness import BIG, FAST, Edge, EdgeLayout, eventually, mock_provider, node_config, real_node, running_edge
 from edge.tls_certs import CertFiles, PrivateCA
 from iop_config import client_ssl_context
-from iop_edge._http_server import ConnectionCounter, HttpLimits, serve_http
+from iop_edge.listener.server import ConnectionCounter, HttpLimits, serve_http
 
 pytestmark = pytest.mark.req("tls")
 

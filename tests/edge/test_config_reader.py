@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from edge.harness import EdgeLayout, running_edge
 from iop_config import ConfigFileError
-from iop_edge import _config_reader
-from iop_edge._config_reader import messages, rebuild, run_reader, write_config
 from iop_edge.config import load_edge_config
+from iop_edge.config import reader as _config_reader
+from iop_edge.config.reader import messages, rebuild, run_reader, write_config
 
 
 def _fleet_yaml(nodes: int) -> str:
@@ -265,7 +265,7 @@ async def test_what_the_reader_prints_does_not_reach_its_pickles(
     path.write_text(_fleet_yaml(4))
     code = (
         "import sys\n"
-        "from iop_edge import _config_reader as r\n"
+        "from iop_edge.config import reader as r\n"
         "load = r.load_edge_config\n"
         "r.load_edge_config = lambda p: (print('stray output'), load(p))[1]\n"
         f"sys.exit(r.main(['reader', {str(path)!r}]))\n"

@@ -31,7 +31,8 @@ from edge.harness import (
     sse_events,
     start_chat,
 )
-from iop_edge import _http_api, _overload
+from iop_edge.api import app as _http_api
+from iop_edge.api import overload as _overload
 from iop_wire import RunEnd, RunEvent
 
 

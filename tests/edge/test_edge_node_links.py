@@ -26,9 +26,9 @@ from edge.harness import (
     running_edge,
     start_chat,
 )
-from iop_edge._http_api import _first_message
-from iop_edge._links import RUN_BUFFER, NodeGone, RunChannel, _PeerWatch
-from iop_edge._node_socket import NodeSocket
+from iop_edge.api.app import _first_message
+from iop_edge.nodes.connection import NodeSocket
+from iop_edge.nodes.links import RUN_BUFFER, NodeGone, RunChannel, _PeerWatch
 from iop_wire import Rejected, Run, RunData, RunEnd, RunEvent
 
 

@@ -17,9 +17,9 @@ import trio
 import trio.testing
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, h11_answer, running_edge
-from iop_edge import _http_server
-from iop_edge._http_cycle import CONNECTION, PAUSE_READING
-from iop_edge._http_server import (
+from iop_edge.listener import server as _http_server
+from iop_edge.listener.cycle import CONNECTION, PAUSE_READING
+from iop_edge.listener.server import (
     ConnectionCounter,
     HttpLimits,
     serve_http,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from iop_admission import ProviderKey
-from iop_edge._fencing import LeaderFence
+from iop_edge.ha.fencing import LeaderFence
 from iop_wire import InFlight
 
 pytestmark = pytest.mark.req("held-elsewhere")

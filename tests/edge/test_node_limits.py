@@ -1,6 +1,6 @@
 """[node-socket-limits] The pure core of the node socket's limits, and its timing on a MockClock.
 
-The first half drives :class:`iop_edge._node_limits.PendingLimits` directly
+The first half drives :class:`iop_edge.nodes.limits.PendingLimits` directly
 (no I/O, time passed in). The second half serves connections made of
 in-memory streams with :meth:`NodeRegistry.serve_stream` under
 ``MockClock(autojump_threshold=0)``, so deadlines and backoff delays are
@@ -21,8 +21,8 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_st
 
 from edge.harness import TOKEN_A, EdgeLayout
 from iop_edge import EdgeService
-from iop_edge._node_limits import PendingLimits, Source, source_of
 from iop_edge.config import load_edge_config
+from iop_edge.nodes.limits import PendingLimits, Source, source_of
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, Rejected, decode, encode
 
 pytestmark = pytest.mark.req("node-socket-limits")

@@ -1,4 +1,4 @@
-"""The Edge's end of a node WebSocket (:class:`iop_edge._node_socket.NodeSocket`, wsproto read
+"""The Edge's end of a node WebSocket (:class:`iop_edge.nodes.connection.NodeSocket`, wsproto read
 by its caller) against trio-websocket's client, over in-memory streams on a MockClock: the
 messages both ways, several in one write, pings, the size limit, and every way a connection ends.
 """
@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
-from iop_edge._node_socket import NodeSocket
+from iop_edge.nodes.connection import NodeSocket
 
 
 @asynccontextmanager

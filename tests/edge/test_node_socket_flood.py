@@ -17,8 +17,8 @@ import trio.testing
 from trio_websocket import ConnectionClosed, HandshakeError, wrap_client_stream
 
 from edge.harness import Edge, EdgeLayout, eventually, mock_provider, node_config, real_node, running_edge
-from iop_edge._links import _PeerWatch
-from iop_edge._node_limits import source_of
+from iop_edge.nodes.limits import source_of
+from iop_edge.nodes.links import _PeerWatch
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Rejected, decode, encode
 
 pytestmark = pytest.mark.req("node-socket-limits")

@@ -17,7 +17,7 @@ import trio.testing
 
 from edge.harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
 from iop_config import ConfigFileError
-from iop_edge._overload import (
+from iop_edge.api.overload import (
     PASSING_WINDOW,
     RETURN_GRACE,
     RETURN_GRID,

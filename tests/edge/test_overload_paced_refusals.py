@@ -19,9 +19,9 @@ import trio.testing
 
 from edge.test_http_server import _read_response
 from edge.test_refuse_head import FULL
-from iop_edge._http_cycle import CONNECTION
-from iop_edge._http_pacing import RECHECK_AFTER, RECHECKS, Pacer
-from iop_edge._http_server import (
+from iop_edge.listener.cycle import CONNECTION
+from iop_edge.listener.pacing import RECHECK_AFTER, RECHECKS, Pacer
+from iop_edge.listener.server import (
     CannedResponse,
     ConnectionCounter,
     HttpLimits,

@@ -16,8 +16,8 @@ import trio.testing
 
 from edge.harness import eventually
 from edge.test_http_server import _read_response
-from iop_edge._http_pacing import PACING_BATCH, PACING_QUANTUM, Pacer
-from iop_edge._http_server import CannedResponse, ConnectionCounter, HttpLimits, serve_http
+from iop_edge.listener.pacing import PACING_BATCH, PACING_QUANTUM, Pacer
+from iop_edge.listener.server import CannedResponse, ConnectionCounter, HttpLimits, serve_http
 
 FULL = CannedResponse(
     429, [(b"content-type", b"text/plain"), (b"retry-after", b"1"), (b"content-length", b"4")], b"full"

@@ -24,7 +24,7 @@ from iop_admission import (
     TenantSpec,
     WaiterSnapshot,
 )
-from iop_edge._ui_view import REASONS, ViewFilter, ViewLimits, build_view, health_of, wait_reason
+from iop_edge.ui.view import REASONS, ViewFilter, ViewLimits, build_view, health_of, wait_reason
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import trio
 
-from iop_edge._http_server import HttpLimits, serve_http
+from iop_edge.listener.server import HttpLimits, serve_http
 
 MARKER = b"GET /marker HTTP/1.1\r\nhost: x\r\n\r\n"
 """The request pipelined behind each refused one: it must never run on that connection."""

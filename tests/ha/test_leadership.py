@@ -9,9 +9,9 @@ import pytest
 import trio
 import trio.testing
 
-from iop_edge._election import run_election
-from iop_edge._etcd import EtcdGateway
 from iop_edge.ha import Leadership
+from iop_edge.ha.election import run_election
+from iop_edge.ha.etcd import EtcdGateway
 
 pytestmark = pytest.mark.req("ha-step-down")
 

@@ -17,9 +17,9 @@ import pytest
 import trio
 import trio.testing
 
-from iop_edge._node_socket import NodeSocket
+from iop_edge.nodes.connection import NodeSocket
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig
-from iop_node._websocket import EdgeWebSocket, open_edge_socket
+from iop_node.edges.websocket import EdgeWebSocket, open_edge_socket
 from iop_wire import Heartbeat, Register, Registered, decode, encode
 from node.harness import node_config
 

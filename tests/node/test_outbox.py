@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from iop_node._outbox import MAX_FRAME, Outbox
+from iop_node.edges.outbox import MAX_FRAME, Outbox
 
 
 async def writes_once(outbox: Outbox, taken: list[list[str | bytes]]) -> None:

@@ -7,7 +7,7 @@ import gc
 import httpx
 import pytest
 
-from iop_node._response import ResponseParser
+from iop_node.upstream.response import ResponseParser
 
 CHUNKED = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"

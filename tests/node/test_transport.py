@@ -20,9 +20,9 @@ import trio
 import trio.testing
 
 from iop_node import OpenAIAdapter, UpstreamFailed, UpstreamUnreachable
-from iop_node._http import BodyStream, HttpUpstream
-from iop_node._poller import BodyPoller, RunOutput
-from iop_node._transport import H11Transport, PostRequests, written
+from iop_node.upstream.http_upstream import BodyStream, HttpUpstream
+from iop_node.upstream.poller import BodyPoller, RunOutput
+from iop_node.upstream.transport import H11Transport, PostRequests, written
 from node.harness import Backend, openai_provider
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -24,7 +24,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from iop_node._websocket import EdgeSocket
+from iop_node.edges.websocket import EdgeSocket
 
 
 class Server:

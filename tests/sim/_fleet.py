@@ -31,7 +31,7 @@ from iop_admission import LocalGate
 from iop_edge import EdgeService
 from iop_edge.config import EdgeCandidate, EdgeConfig, EdgeModel, EdgeNode, EdgeProvider
 from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig
-from iop_node._websocket import EdgeSocket
+from iop_node.edges.websocket import EdgeSocket
 
 from ._wire import Wire, node_socket, one_source, serve_edge_end
 

@@ -54,8 +54,8 @@ from iop_edge.config import EdgeConfig, HaConfig
 from iop_edge.ha import EtcdUnavailable, KeyHolder
 from iop_node import EdgeClient
 from iop_node._errors import StaleEpoch
-from iop_node._fence import EpochFence
-from iop_node._websocket import EdgeSocket
+from iop_node.edges.fence import EpochFence
+from iop_node.edges.websocket import EdgeSocket
 
 from . import _world
 from ._report import Summary
@@ -159,7 +159,7 @@ class SimStore:
 
 
 class SimFence:
-    """The node's :class:`~iop_node._fence.EpochFence`, with the world's own record of what it let through.
+    """The node's :class:`~iop_node.edges.fence.EpochFence`, with the world's own record of what it let through.
 
     The record is independent of the fence's rule: the highest epoch the node
     was told of or ran, and a violation for any run of an older one admitted.

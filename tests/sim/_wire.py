@@ -2,8 +2,8 @@
 
 A :class:`Wire` is one ``trio.testing.memory_stream_pair`` connection between a
 node and the Edge, each end wrapped in a :class:`SimStream`. Both ends speak
-the production WebSocket code over it: the node's :class:`iop_node._websocket.EdgeSocket`
-(:func:`node_socket`) and the Edge's :class:`iop_edge._node_socket.NodeSocket`,
+the production WebSocket code over it: the node's :class:`iop_node.edges.websocket.EdgeSocket`
+(:func:`node_socket`) and the Edge's :class:`iop_edge.nodes.connection.NodeSocket`,
 entered through ``NodeRegistry.serve_stream`` (:func:`serve_edge_end`). Faults
 act on the wire, below the WebSocket, the way a real network misbehaves:
 
@@ -30,8 +30,8 @@ import trio.testing
 
 from iop_edge import EdgeService
 from iop_edge.config import EdgeConfig
-from iop_node._session import CLOSE_TIMEOUT
-from iop_node._websocket import EdgeSocket, open_edge_socket
+from iop_node.edges.session import CLOSE_TIMEOUT
+from iop_node.edges.websocket import EdgeSocket, open_edge_socket
 from iop_wire import MAX_MESSAGE_BYTES
 
 EDGE = "edge"
@@ -138,7 +138,7 @@ async def serve_edge_end(service: EdgeService, wire: Wire) -> None:
 
     ``NodeRegistry.serve_stream`` runs it: the pending caps (every in-memory
     stream is one ``unknown`` source, see :func:`one_source`), the handshake
-    deadline, the Edge's :class:`~iop_edge._node_socket.NodeSocket`; it closes the stream.
+    deadline, the Edge's :class:`~iop_edge.nodes.connection.NodeSocket`; it closes the stream.
     """
     await service.registry.serve_stream(wire.edge_end)
 

@@ -5,7 +5,7 @@
 Everything runs in a single ``trio.run`` on ``MockClock(autojump_threshold=0)``:
 
 - the real Edge (:class:`iop_edge.EdgeService`: admission, node registry, the
-  ASGI :class:`~iop_edge._http_api.EdgeAPI`), with no sockets: each node
+  ASGI :class:`~iop_edge.api.app.EdgeAPI`), with no sockets: each node
   connection is a :class:`~tests.sim._wire.Wire` (memory streams) served by
   ``NodeRegistry.serve_stream`` as the node socket's listener serves a TCP
   connection (pending caps, handshake deadline, the Edge's ``NodeSocket``);
@@ -44,7 +44,6 @@ from trio_websocket import ConnectionClosed, HandshakeError
 
 from iop_admission import LocalGate, ProviderKey
 from iop_edge import EdgeService
-from iop_edge._links import NodeLink
 from iop_edge.config import (
     EdgeCandidate,
     EdgeConfig,
@@ -55,6 +54,7 @@ from iop_edge.config import (
     ProviderPool,
     RetrySettings,
 )
+from iop_edge.nodes.links import NodeLink
 from iop_node import (
     EdgeClient,
     MockAdapter,
@@ -67,7 +67,7 @@ from iop_node import (
     UpstreamUnreachable,
     relay_encoded,
 )
-from iop_node._websocket import EdgeSocket
+from iop_node.edges.websocket import EdgeSocket
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, decode, encode
 
 from ._wire import EDGE, NODE, Wire, node_socket, one_source, serve_edge_end

@@ -35,7 +35,7 @@ def test_fleet_comes_back_after_a_mass_drop() -> None:
 def test_the_checker_sees_an_unspread_storm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sensitivity: with no first-attempt spread (the old policy), the reconnects bunch up
     within 100 ms of the drop and the check reports it."""
-    from iop_node import _client
+    from iop_node.edges import client as _client
 
     monkeypatch.setattr(_client, "first_delay", lambda policy, rng: 0.0)
     result = run_fleet(nodes=100, waves=1, seed=1)

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from iop_admission import _state
-from iop_edge import _links
 from iop_edge.ha import EdgeHa
-from iop_node._fence import EpochFence
+from iop_edge.nodes import links as _links
+from iop_node.edges.fence import EpochFence
 
 from ._ha import HA_SITES, ha_summary, run_ha_seed
 from ._report import run_and_summarize

@@ -1,0 +1,6 @@
+"""The OpenAI-compatible API served on the listener (contract: ``docs/openai-api.md``).
+
+``app`` routes and answers; ``head_refusal`` and ``overload`` decide what is refused before a
+body is read; ``failover`` retries before the first byte; ``tenant_charge`` prices a request for
+its tenant; ``rejections`` and ``upstream_errors`` shape the error answers.
+"""

@@ -1,0 +1,417 @@
+"""One request's cycle on the Edge's listener: its state, the ASGI ``receive`` and ``send``, and the
+out-of-band writes and disconnect hook the app gets through :class:`ConnectionHooks` (in the manner
+of uvicorn's ``RequestResponseCycle``).
+
+The connection (:mod:`._http_server`) reads the request head and makes one
+:class:`RequestCycle` per request it lets through; the cycle calls the app, reads the request body
+from the connection's :class:`iop_http.RequestReader` when the app asks, writes the response with
+:mod:`iop_http`'s encoders, and says whether the connection can carry another request.
+
+**Response framing**: :class:`iop_http.ResponseFraming` (a ``content-length``, chunks, or the
+connection's close; keep-alive or close), as h11 frames an answer.
+
+What the listener guarantees:
+
+- **Disconnect**: once the body is read, ``receive`` waits for the client to
+  go away and then returns ``http.disconnect``. On a plain TCP connection the
+  scope's ``cancel_on_disconnect(cancel_scope)`` (:class:`ConnectionHooks`) does the same watching
+  without a task per request: the listener's one disconnect poller (an epoll
+  set of its own, Linux; elsewhere one watcher task per connection, parked
+  between requests) cancels ``cancel_scope`` if the client goes away before
+  the app returns, or before the app's whole response went out through
+  ``respond_nowait`` (bytes of a next request read meanwhile are kept
+  for it).
+- **Writes never wait on the client**: a plain TCP connection is driven as a
+  non-blocking stdlib socket with trio's low-level waits; bytes go to the
+  socket at once from whichever task has them (the scope's
+  ``write_body_nowait`` lets a relay write body chunks from a node link's
+  reader, ``respond_nowait`` a whole response), and what the socket does
+  not take waits in the connection's
+  buffer, written by a flusher task. A body chunk is refused past
+  ``WRITE_BUFFER_LIMIT`` bytes waiting (the relay then drops the run);
+  ASGI ``send`` of a chunk waits only then, the last body message until
+  everything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import urllib.parse
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
+
+import trio
+
+from iop_edge.listener.disconnects import DisconnectPoller, DisconnectWatcher, PolledWatch
+from iop_http import (
+    END_OF_MESSAGE,
+    MALFORMED_CHUNKS,
+    NEED_DATA,
+    BodyOverrun,
+    Refusal,
+    RequestHead,
+    RequestReader,
+    ResponseFraming,
+    encode_chunk,
+    encode_head,
+)
+from iop_io import PeerGone, SocketTransport, Transport
+
+if TYPE_CHECKING:
+    from iop_edge.listener.server import HttpLimits
+
+logger = logging.getLogger("iop_edge.http")
+
+Message = MutableMapping[str, Any]
+App = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Any]
+DRAIN_LIMIT = 64 * 1024
+"""Unread request body bytes the listener reads and drops to keep a connection alive."""
+
+DISCONNECT: Message = {"type": "http.disconnect"}
+
+PAUSE_READING = "iop.pause_reading"
+"""Scope key: a time on trio's clock before which the connection's next request is not read (pacing)."""
+
+CONNECTION = "iop.connection"
+"""Scope extension: the listener's :class:`ConnectionHooks` for this request (its one key in the scope)."""
+
+_CONTINUE: Final = encode_head(100, [])
+
+
+class ConnectionHooks(Protocol):
+    """What the listener offers the app beyond ASGI for one request: the out-of-band writes, the
+    disconnect hook and what ``refuse_head`` decided. The scope's ``extensions[CONNECTION]``."""
+
+    @property
+    def head_let_through(self) -> bool:
+        """The listener asked ``refuse_head`` on this request's head and it let it through."""
+        ...
+
+    @property
+    def can_watch_disconnect(self) -> bool:
+        """:meth:`cancel_on_disconnect` is available (a plain TCP connection)."""
+        ...
+
+    def write_body_nowait(self, data: bytes) -> bool:
+        """Write a chunk of the response body now, from any task; False when the client is too far behind."""
+        ...
+
+    def respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write a whole response now, from any task; False when nothing was written."""
+        ...
+
+    def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
+        """Cancel ``cancel_scope`` if the client goes away before the app returns."""
+        ...
+
+
+class CycleHost(Protocol):
+    """What a request cycle uses of its connection (:class:`iop_edge.listener.server` ``_Connection``)."""
+
+    reader: RequestReader
+    gone: bool
+    app: App
+    limits: HttpLimits
+    transport: Transport
+    disconnects: DisconnectPoller | None
+    watcher: DisconnectWatcher | PolledWatch | None
+
+    async def receive(self, deadline: float, what: str) -> bytes:
+        """The client's next bytes by ``deadline`` (raises :class:`PeerGone`)."""
+        ...
+
+    async def refuse_bytes(self, refusal: Refusal) -> None:
+        """Answer a request refused on its framing and end the connection."""
+        ...
+
+    def keep_read(self, data: bytes) -> bool:
+        """Keep bytes read for the next request; whether to go on reading."""
+        ...
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Write ``data`` and wait until it is out (or the client is gone)."""
+        ...
+
+
+@final
+class RequestCycle:
+    """One request through the app: its response state, ASGI ``receive``/``send`` and :class:`ConnectionHooks`."""
+
+    def __init__(self, conn: CycleHost, request: RequestHead, head_let_through: bool) -> None:
+        self.conn = conn
+        self.transport = conn.transport
+        self.request = request
+        self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
+        self._continued = False  # 100 Continue went out for the request
+        self._framing = ResponseFraming(request)
+        self._body_done = False
+        self._delivered = False  # the app received the body's last message
+        if request.length == 0:  # its end is queued right behind its head
+            self._body_done = conn.reader.next_event() is END_OF_MESSAGE
+        self._response_started = False
+        self.head_let_through = head_let_through
+        """:class:`ConnectionHooks`: ``refuse_head`` let the request through."""
+        self.can_watch_disconnect = isinstance(conn.transport, SocketTransport)
+        """:class:`ConnectionHooks`: :meth:`cancel_on_disconnect` is available."""
+
+    async def respond(self) -> float:
+        """Call the app for ``request``; returns when the next request may be read (``PAUSE_READING``)."""
+        scope = asgi_scope(self.request, self)
+        try:
+            await self.conn.app(scope, self.receive, self.send)
+        except Exception:
+            logger.exception("error while answering %s %s", scope["method"], scope["path"])
+            if not self._response_started and not self.conn.gone:
+                await self.send({"type": "http.response.start", "status": 500, "headers": []})
+                await self.send({"type": "http.response.body", "body": b"internal error"})
+        finally:
+            if self.conn.watcher is not None:
+                self.conn.watcher.stop()
+        await self.transport.wait_written()  # a response written without waiting (respond_nowait)
+        if self._response_started and not self._framing.complete and not self.conn.gone:
+            raise PeerGone  # the app ended a response midway: the client cannot frame it
+        until: float = scope.get(PAUSE_READING, -math.inf)
+        return until
+
+    # ------------------------------------------------------------ the request body
+
+    async def receive(self) -> Message:
+        """ASGI ``receive``: the next body chunk, then (after the body) the client's departure."""
+        if self.conn.gone:
+            return DISCONNECT
+        if self._body_done:
+            if self._delivered:
+                return await self._wait_disconnect()
+            self._delivered = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        request = self.request
+        if request.expect_continue and not self._continued and not self.conn.reader.buffered:
+            self._continued = True
+            await self.conn.send_bytes(_CONTINUE)
+        self._continued = True  # the body is read now: a 100 Continue later would come too late
+        try:
+            return await self._next_body_message()
+        except PeerGone:
+            self.conn.gone = True
+            return DISCONNECT
+        except _Malformed:
+            if not self._response_started:
+                self._response_started = True
+                await self.conn.refuse_bytes(MALFORMED_CHUNKS)
+            self.conn.gone = True
+            return DISCONNECT
+
+    async def _next_body_message(self) -> Message:
+        """The body bytes the reader has (reading when it has none), ``more_body`` false at the end."""
+        reader = self.conn.reader
+        body = b""
+        while True:
+            event = reader.next_event()
+            if type(event) is bytes:
+                body += event
+                continue
+            if event is END_OF_MESSAGE:
+                self._body_done = self._delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            if event is NEED_DATA:
+                if body:
+                    return {"type": "http.request", "body": body, "more_body": True}
+                data = await self.conn.receive(trio.current_time() + self.conn.limits.read_timeout, "body")
+                reader.feed(data)
+                continue
+            if type(event) is Refusal:
+                raise _Malformed
+            raise PeerGone  # CLOSED: the client left mid-body
+
+    def _buffered_body(self) -> bool:
+        """Skip the body bytes the reader has without reading more; whether the body's end was among them."""
+        reader = self.conn.reader
+        while True:
+            event = reader.next_event()
+            if event is END_OF_MESSAGE:
+                self._body_done = True
+                return True
+            if type(event) is not bytes:
+                return False
+
+    def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
+        """Cancel ``cancel_scope`` if the client goes away before the app returns (never waits).
+
+        The scope's ``cancel_on_disconnect`` (:class:`ConnectionHooks`) extension (plain TCP connections
+        only). Call it once the request body is read, and do not ``receive``
+        meanwhile: the connection's watcher reads the socket until the app
+        returns, keeping what it reads for the next request.
+        """
+        if self.conn.gone:
+            cancel_scope.cancel()
+            return
+        if self.conn.watcher is None:
+            assert self.conn.transport.nursery is not None and isinstance(self.transport, SocketTransport)
+            if self.conn.disconnects is not None:
+                self.conn.watcher = PolledWatch(self.conn.disconnects, self.conn, self.transport.sock)
+            else:
+                watcher = self.conn.watcher = DisconnectWatcher(self.conn, self.transport.sock)
+                self.conn.transport.nursery.start_soon(watcher.run)
+        self.conn.watcher.watch(cancel_scope)
+
+    async def _wait_disconnect(self) -> Message:
+        """Read (and keep, for the next request) until the client goes away."""
+        while not self.conn.gone:
+            if self.conn.reader.buffered > self.conn.limits.max_head_bytes:
+                await trio.sleep_forever()  # pipelined too far ahead: stop reading, keep the bytes
+            try:
+                data = await self.transport.receive_some()
+            except PeerGone:
+                data = b""
+            if not data:
+                self.conn.gone = True
+                break
+            self.conn.reader.feed(data)
+        return DISCONNECT
+
+    # ------------------------------------------------------------------ the response
+
+    async def send(self, message: Message) -> None:
+        """ASGI ``send``: the head waits for the first body chunk so both go in one write."""
+        if self.conn.gone:
+            return
+        if message["type"] == "http.response.start":
+            self._response_started = True
+            self._head = (message["status"], list(message.get("headers", ())))
+            return
+        more = message.get("more_body", False)
+        try:
+            data = self._encoded(message.get("body", b""), more)
+        except BodyOverrun:
+            self.conn.gone = True
+            return
+        if not data:
+            return
+        if more:  # a body chunk: written at once, waiting only for a client far behind
+            self.transport.write_nowait(data)
+            await self.transport.wait_below_limit()
+        else:
+            await self.conn.send_bytes(data)
+        if self.transport.broken:
+            self.conn.gone = True
+
+    def _encoded(self, body: bytes, more: bool) -> bytes:
+        """The response's bytes for ``body``: after the head if it is not out yet, the end unless ``more``.
+
+        Raises:
+            BodyOverrun: more body than the response's ``content-length`` said.
+        """
+        framing = self._framing
+        if framing.done:
+            return b""
+        head = b""
+        if self._head is not None:
+            head = framing.head(*self._head)
+            self._head = None
+        data = framing.body(body) if body else b""
+        if more:
+            return head + data if head else data
+        return head + data + framing.end()
+
+    def respond_nowait(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write a whole response now, from any task (never waits).
+
+        The ``respond_nowait`` extension of the scope: a relay whose whole
+        answer arrives in another task (a node link's reader) writes it from
+        there, without a task switch to the handler; the handler still returns
+        as usual, and the connection reads its next request once every byte is
+        written. The request's disconnect watch (``cancel_on_disconnect`` (:class:`ConnectionHooks`))
+        ends here. ``headers`` must frame ``body`` (a ``content-length``).
+
+        Returns:
+            False when nothing was written: the response was started already
+            (send the rest through ``send``), or the client is gone (as is the
+            connection when the head does not frame the body).
+        """
+        if self._response_started or self.conn.gone:
+            return False
+        self._head = (status, headers)
+        try:
+            data = self._encoded(body, more=False)
+        except (
+            ValueError
+        ):  # the head does not frame the body (BodyOverrun), or a bad field: nothing went out, nothing can
+            self.conn.gone = True
+            return False
+        self._response_started = True
+        self.transport.write_nowait(data)
+        if self.transport.broken:
+            self.conn.gone = True
+        if self.conn.watcher is not None:
+            # The client has its answer: its leaving no longer cancels anything, and a next request
+            # it sends before the app returns waits in the socket for this task (no poller wake-up).
+            self.conn.watcher.stop()
+        return True
+
+    def write_body_nowait(self, data: bytes) -> bool:
+        """Write a chunk of the response body now, from any task (never waits).
+
+        The ``write_body_nowait`` extension of the scope: for a relay that
+        gets the bytes in another task (a node link's reader) and wants them on
+        the socket without a task switch. Call it only between the response
+        head and the last body message, with nothing else writing meanwhile.
+
+        Returns:
+            False when the client is too far behind (more than
+            :data:`WRITE_BUFFER_LIMIT` bytes wait for it); the chunk is kept.
+            Bytes for a client that is gone are dropped (True).
+        """
+        if self.conn.gone:
+            return True
+        framing = self._framing
+        if framing.chunked:  # the common case, a relayed token
+            return not data or self.transport.write_nowait(encode_chunk(data))
+        if self._head is not None or framing.done:
+            return True
+        try:
+            framed = framing.body(data)
+        except BodyOverrun:  # more than a content-length said: the response cannot go on
+            self.conn.gone = True
+            return False
+        return not framed or self.transport.write_nowait(framed)
+
+    async def ready_for_next(self) -> bool:
+        """Whether the connection can carry another request; drains an unread small body."""
+        if self.conn.gone or not self._framing.complete or not self._framing.keep_alive:
+            return False
+        if not self._body_done:
+            if self.request.expect_continue and not self._continued:
+                return False  # the client waits to send its body: what follows is not a next request
+            if self._framing.status >= 400:  # a refusal keeps the connection only when its body is in hand
+                return self._buffered_body()
+            drained = 0
+            try:
+                while not self._body_done and drained <= DRAIN_LIMIT:
+                    message = await self._next_body_message()
+                    drained += len(message["body"])
+            except (PeerGone, _Malformed):
+                return False
+            return self._body_done
+        return True
+
+
+class _Malformed(Exception):
+    """The request body's chunked framing is malformed (the reader refused it)."""
+
+
+def asgi_scope(request: RequestHead, hooks: ConnectionHooks) -> dict[str, Any]:
+    """The ASGI HTTP scope of ``request``, routed by its origin-form path, with ``hooks`` as its extension."""
+    path, _, query = request.path.decode("latin-1").partition("?")
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": request.http_version.decode(),
+        "method": request.method.decode("ascii"),
+        "scheme": "http",
+        "path": urllib.parse.unquote(path) if "%" in path else path,
+        "raw_path": path.encode("latin-1"),
+        "query_string": query.encode("latin-1"),
+        "headers": request.headers,
+        "extensions": {CONNECTION: hooks},
+    }

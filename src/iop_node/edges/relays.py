@@ -1,0 +1,96 @@
+"""How one connection's runs reach the socket: a run's output, a tunnel's parts, the one writer.
+
+Module functions of :class:`~iop_node.EdgeSession`'s connection (see its design
+notes): run tasks hand frames to the connection's :class:`~iop_node.edges.outbox.Outbox`,
+and only :func:`write_frames` writes to the socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+
+import trio
+from trio_websocket import ConnectionClosed
+
+from iop_node.adapters.interface import Adapter, TunnelHead
+from iop_node.edges.outbox import Outbox
+from iop_node.edges.websocket import EdgeSocket, EdgeWebSocket
+from iop_node.upstream.poller import BodyPoller, RunOutput
+from iop_wire import NodeMessage, Run, RunEvent, TunnelChunk, TunnelRequest, TunnelStart, encode, record_header
+
+Record = tuple[bytes, bytes]
+"""A data record: its header (:func:`iop_wire.record_header`) and its data."""
+
+
+async def relay_run(
+    run: Run, adapter: Adapter, protocol: int, outbox: Outbox | None, poller: BodyPoller | None
+) -> Record | None:
+    """Serve ``run`` on ``adapter``: v1 one ``run_event`` per output, v2+ data records.
+
+    Returns the run's whole body as its last data record when the poller held
+    it for the run's end (the session sends it with the end), else None.
+    """
+    assert outbox is not None
+    if protocol < 2:
+        async with aclosing(adapter.run(run.endpoint, run.body, stream=run.stream)) as events:
+            async for data in events:
+                await outbox.put_text(encode(RunEvent(run.run_id, data)))
+        return None
+    run_id = run.run_id
+    seq = 0
+
+    async def send(chunk: bytes) -> None:
+        nonlocal seq
+        if chunk:
+            await outbox.put_record(record_header(run_id, seq, len(chunk)), chunk)
+            seq += 1
+
+    def send_nowait(chunk: bytes) -> None:
+        nonlocal seq
+        if chunk:
+            outbox.put_record_nowait(record_header(run_id, seq, len(chunk)), chunk)
+            seq += 1
+
+    held: list[bytes] = []
+    output = RunOutput(send, send_nowait, poller, held.append)
+    await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
+    if held:  # the whole body, held for the run's end (BodyPoller.relay)
+        return record_header(run_id, seq, len(held[0])), held[0]
+    return None
+
+
+async def relay_tunnel(
+    request: TunnelRequest, body: bytes, adapter: Adapter, send: Callable[[NodeMessage], Awaitable[None]]
+) -> None:
+    """Serve one tunnel request: ``tunnel_start``, then ``tunnel_chunk`` per body part."""
+    parts = adapter.tunnel(request.method, request.path, request.headers, body)
+    async with aclosing(parts):
+        async for part in parts:
+            if isinstance(part, TunnelHead):
+                await send(TunnelStart(request.run_id, part.status, part.headers))
+            elif part:
+                await send(TunnelChunk.from_bytes(request.run_id, part))
+
+
+async def write_frames(ws: EdgeWebSocket, outbox: Outbox, connection: trio.CancelScope) -> None:
+    """The only task that writes to the socket; a failed write ends the connection.
+
+    Every frame queued since the last write goes out in one write (the data
+    records among them in one binary frame): a run's output and its end
+    queued together cost one ``send()``.
+    """
+    try:
+        while True:
+            frames = await outbox.next_frames()
+            try:
+                if isinstance(ws, EdgeSocket):
+                    await ws.send_messages(frames)
+                else:  # trio-websocket's connection (tests, simulations): one message at a time
+                    for frame in frames:
+                        await ws.send_message(frame)
+            except ConnectionClosed:
+                connection.cancel()
+                return
+    finally:
+        outbox.close()
