@@ -65,7 +65,7 @@ def node() -> None:
 
 def mock_backend() -> None:
     """``iop-mock-backend``."""
-    _start("iop-mock-backend", "iop_mock.backend", "main")
+    _start("iop-mock-backend", "iop_mock.cli", "main")
 
 
 def status() -> None:
