@@ -97,7 +97,7 @@ def fast_load(text: str, *, release: bool, pause: Callable[[], None] | None = No
 
 
 PAUSE_EVERY = 64
-"""Parser events (or freed tree nodes) between two calls of a loader's ``pause`` (about 0.1 ms)."""
+"""Parser events (or freed tree nodes) between two calls of a loader's ``pause``."""
 
 
 def in_batches(items: Iterator[Any], pause: Callable[[], None] | None) -> Iterator[Any]:
@@ -258,9 +258,8 @@ def safe_load(text: str, *, release: bool, pause: Callable[[], None] | None = No
 def release_tree(root: Any, pause: Callable[[], None] | None = None) -> None:
     """Free a YAML node tree a node at a time, in Python steps.
 
-    Dropping the last reference to a tree of 300,000 objects frees all of them
-    in one C call that holds the GIL throughout (170 ms for a 10,000-node
-    file on a loaded 2-core box): an event loop in another thread stalls for
+    Dropping the last reference to a large tree frees all of it in one C call
+    that holds the GIL throughout: an event loop in another thread stalls for
     that long. Emptying the containers here, one item per step, frees each
     object when its own last reference goes, and the interpreter may switch
     threads between any two steps.

@@ -71,8 +71,8 @@ def load_config(
             another thread keeps running. The fast path builds no node tree
             and holds the GIL for one parser event at a time; a document the
             safe loader reads (anchors, tags, ...) has its node tree freed a
-            node at a time (freed at once, the tree of a 10,000-node file
-            holds the GIL for up to 170 ms).
+            node at a time (freed at once, a large file's tree holds the GIL
+            throughout).
         pause: called every :data:`PAUSE_EVERY` parser events (or tree nodes
             freed): a worker thread's chance to wait while an event loop in
             another thread has work to do.

@@ -21,8 +21,7 @@ Design notes:
 - A raw ASGI app (no framework) on a small server of its own (:mod:`iop_mock._server`, HTTP framed by
   :mod:`iop_http` on :mod:`iop_io`'s accept loop and transport):
   the mock stands in for a GPU server, whose tokens cost the host nothing, so its own CPU
-  per request and per token must stay small next to the Edge's and the Node's (with hypercorn
-  it was ~0.15-0.18 ms per streamed token). There is no per-request logging, each response
+  per request and per token must stay small next to the Edge's and the Node's. There is no per-request logging, each response
   object is encoded to JSON once, identical consecutive stream chunks reuse the same bytes,
   a response head goes out with the first body bytes in one ``send()``, and an unthrottled
   stream (``tokens_per_second == 0``) goes out as one body message.

@@ -39,8 +39,7 @@ class _Series(Generic[_Metric]):
     """The children of one labelled metric, each looked up through ``labels()`` once.
 
     ``labels()`` converts and checks the label values and takes the metric's
-    lock on every call: a few microseconds, several times on every admitted
-    request's path. A child never changes once made (nothing here removes
+    lock on every call, several times on every admitted request's path. A child never changes once made (nothing here removes
     one), so each is kept by its label values.
     """
 
@@ -323,8 +322,7 @@ class EdgeMetrics:
 
         The admission snapshot is read on the loop a slice at a time
         (:func:`snapshot_in_slices`), the front door's figures at once; turning
-        them and the counters into text (about 8 µs per series: over a second
-        at 10,000 providers) runs off the loop, so streams keep flowing
+        them and the counters into text (long at fleet size) runs off the loop, so streams keep flowing
         meanwhile. Checkpoints.
         """
         snapshot = await snapshot_in_slices(self._admission)
