@@ -118,15 +118,12 @@ def tune_collector() -> None:
     """The node process's garbage-collector policy (set by ``iop-node``, not by the library).
 
     A run allocates short-lived objects and frees them by reference counting, but with
-    CPython's default young threshold (700) a collection came every ten or so runs at
-    concurrency 64 and found the objects of the runs in flight alive: it scanned and
-    promoted them, so the middle and oldest generations were scanned ever more often,
-    and a full collection walked every object of the loaded modules (tens of ms). Measured
-    with the benchmark's non-stream load at concurrency 64 (gc callbacks, about 8,000 runs):
-    about 300 young, 30 middle and 3 full collections, over 0.3 s in all; with
-    :data:`YOUNG_THRESHOLD` and the startup objects frozen, 6 young collections and none
-    older, 15 ms in all. The threshold bounds the cyclic garbage kept between collections
-    (a few MB at most).
+    CPython's default young threshold (700) a collection came every few runs under load
+    and found the objects of the runs in flight alive: it scanned and promoted them, so
+    the middle and oldest generations were scanned ever more often, and a full
+    collection walked every object of the loaded modules. With :data:`YOUNG_THRESHOLD`
+    and the startup objects frozen, young collections are rare and older ones do not
+    come; the threshold bounds the cyclic garbage kept between collections.
     """
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
