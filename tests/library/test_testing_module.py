@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -126,6 +127,15 @@ def test_a_misuse_error_out_of_a_call_is_reported_with_its_call(layer: str) -> N
     program: list[Step] = [Ask("chat", tenant="paid"), Finish(0)]
     with pytest.raises(AssertionError, match=r"after step 2, Finish.*call #1 \('chat'.*raised LeaseScopeError"):
         run_program(program, CONFIG, layer=layer, client=lambda admission: ExitsTwice(admission).run)
+
+
+def test_the_code_of_the_testing_page_is_the_examples() -> None:
+    """Each ``python`` block of docs/testing.md is a piece of examples/testing_guard.py, which runs."""
+    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```$", page, re.M | re.S)
+    example = (ROOT / "examples" / "testing_guard.py").read_text(encoding="utf-8")
+    assert len(blocks) == 3
+    assert [block in example for block in blocks] == [True, True, True]
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
