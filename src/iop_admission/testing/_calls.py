@@ -6,6 +6,8 @@ from typing import final
 
 import attrs
 
+from iop_admission import Lease
+
 from ._layers import Handle, Signal
 from ._program import Ask
 
@@ -23,7 +25,9 @@ class Call:
 
     ``number`` is its arrival order (calls start one at a time, each after the
     previous one settled). ``entered`` turns true when the client's
-    ``__aenter__`` returned; ``handle.outcome`` is set when the task ended.
+    ``__aenter__`` returned, during step ``entered_step``; ``lease`` is what it
+    returned if that is a :class:`~iop_admission.Lease`. ``handle.outcome`` is
+    set when the task ended.
     """
 
     number: int
@@ -31,6 +35,8 @@ class Call:
     finish: Signal
     handle: Handle | None = None
     entered: bool = False
+    entered_step: int = 0
+    lease: Lease | None = None
     fail: bool = False
     cancelled: bool = False  # the runner cancelled it
     error: Exception | None = None

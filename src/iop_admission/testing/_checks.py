@@ -11,12 +11,12 @@ A broken promise raises :class:`AssertionError` naming it.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 import attrs
 
-from iop_admission import AdmissionError, AdmissionEvent, ConfigError, LeaseScopeError, NodeNotFound
+from iop_admission import AdmissionError, AdmissionEvent, ConfigError, LeaseScopeError, ModelGroup, NodeNotFound
 from iop_admission.core import AdmissionState, Lease
 
 from ._calls import BodyFailed, Call
@@ -39,6 +39,7 @@ class Books:
     live: dict[int, Lease] = attrs.Factory(dict)
     events: list[AdmissionEvent] = attrs.Factory(list)
     allowed: tuple[type[BaseException], ...] = ()
+    step: int = 0  # the step being checked (0: before the first)
 
 
 def check_step(admission: Any, calls: Sequence[Call], books: Books) -> None:
@@ -47,7 +48,7 @@ def check_step(admission: Any, calls: Sequence[Call], books: Books) -> None:
     _counters(admission)
     _new_grants(admission, live, books.live)
     _nothing_leaked(admission, live, calls)
-    _fifo(calls)
+    _fifo(admission, calls, books.step)
     _outcomes(calls, books.allowed)
     _released_once(admission, books.events, end=False)
     books.live = live
@@ -114,17 +115,33 @@ def _nothing_leaked(admission: Any, live: dict[int, Lease], calls: Sequence[Call
     assert depth <= waiting, f"{depth} waiters queued but {waiting} calls wait: a waiter outlived its call"
 
 
-def _fifo(calls: Sequence[Call]) -> None:
-    """FIFO within a tenant: no call entered while an earlier call of the same tenant, model and
-    kind still waits (it could have used the same slot)."""
-    first_waiting: dict[tuple[str, bool, str | None], Call] = {}
-    for call in calls:
-        key = (call.ask.model, call.ask.long, call.ask.tenant)
-        earlier = first_waiting.get(key)
-        if call.waiting and earlier is None:
-            first_waiting[key] = call
-        elif call.entered and earlier is not None:
-            raise AssertionError(f"{call} entered while the earlier {earlier} still waits (FIFO within a tenant)")
+def _fifo(admission: Any, calls: Sequence[Call], step: int) -> None:
+    """FIFO within a tenant: no call entered during this step while an earlier call of the same
+    tenant waits that could have used its slot -- one of the same model and kind, or, when the
+    client's ``async with`` gave the lease, one whose model lists its provider (if the earlier
+    call is long, only a long lease took a slot it could use)."""
+    waiting = [c for c in calls if c.waiting]
+    if not waiting:
+        return
+    models = admission.config.models
+    for call in calls[waiting[0].number - 1 :]:
+        if not call.entered or call.entered_step != step:
+            continue
+        for earlier in waiting:
+            if earlier.number > call.number:
+                break
+            if earlier.ask.tenant == call.ask.tenant and _could_use(earlier, call, models):
+                raise AssertionError(f"{call} entered while the earlier {earlier} still waits (FIFO within a tenant)")
+
+
+def _could_use(earlier: Call, call: Call, models: Mapping[str, ModelGroup]) -> bool:
+    """Whether ``earlier`` could have used the slot ``call`` took."""
+    if (earlier.ask.model, earlier.ask.long) == (call.ask.model, call.ask.long):
+        return True
+    group = models.get(earlier.ask.model)
+    if call.lease is None or group is None or call.lease.provider not in group.candidates:
+        return False
+    return call.lease.long or not earlier.ask.long
 
 
 _NOT_EXPECTED = (ConfigError, LeaseScopeError, NodeNotFound)  # misuse or a broken program, never an answer
@@ -141,9 +158,15 @@ def _outcomes(calls: Sequence[Call], allowed: tuple[type[BaseException], ...]) -
             assert answer or planted or isinstance(error, allowed), f"{call} raised {error!r}"
         outcome = call.handle.outcome if call.handle is not None else None
         if outcome == "cancelled":
-            assert call.cancelled, f"{call} was cancelled, and not by the runner"
-        else:  # the call's own errors are in call.error: this one came from the runtime
-            assert outcome in (None, "ok"), f"{call}'s task failed in its runtime: {outcome}"
+            assert call.cancelled, (
+                f"{call} was cancelled, and not by the runner (the revocation of a lease whose scope was never"
+                " exited cancels its task)"
+            )
+        else:  # the call's own errors are in call.error: this one came from the runtime, as the task ended
+            assert outcome in (None, "ok"), (
+                f"{call}'s task ended with {outcome} outside the code under test (trio's, when a task ends"
+                " inside a cancel scope it never exited, such as a lease scope never exited)"
+            )
 
 
 def _released_once(admission: Any, events: list[AdmissionEvent], *, end: bool) -> None:

@@ -9,7 +9,7 @@ with no call holding) does nothing, so shrinking may drop any step.
 
 from __future__ import annotations
 
-from typing import TypeAlias, final
+from typing import Any, TypeAlias, final
 
 import attrs
 from hypothesis import strategies as st
@@ -82,11 +82,29 @@ class Reconnect:
 
 
 @final
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Refresh:
-    """``refresh(config)``: providers removed (their live leases kept), capacities and timeouts changed."""
+    """``refresh(config)``: providers removed (their live leases kept), capacities and timeouts changed.
 
-    config: PoolConfig = attrs.field(repr=lambda c: f"<{len(c.providers)} providers, {len(c.models)} models>")
+    Its repr shows what a refresh varies: each provider's capacity (and ``off``
+    when disabled), each model's candidates, the queue timeout.
+    """
+
+    config: PoolConfig
+
+    def __repr__(self) -> str:
+        providers = ", ".join(
+            f"{k.node_id}/{k.provider_id}: {spec.capacity}{'' if spec.enabled else ' off'}"
+            for k, spec in self.config.providers.items()
+        )
+        models = ", ".join(
+            f"{name}: {'+'.join(k.provider_id for k in group.candidates)}" for name, group in self.config.models.items()
+        )
+        return f"Refresh(<{providers}; {models}; timeout {self.config.policy.queue_timeout:g}>)"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """What Hypothesis prints in a failing program: the repr, not every field of the config."""
+        printer.text(repr(self))
 
 
 @final
@@ -157,7 +175,7 @@ def steps(config: PoolConfig) -> st.SearchStrategy[Step]:
 
     def asks(hold: bool) -> st.SearchStrategy[Ask]:
         return st.builds(
-            Ask, model=models, long=st.booleans(), tenant=tenants, hold=st.just(hold), count=st.integers(1, 4)
+            Ask, model=models, long=st.booleans(), tenant=tenants, hold=st.just(hold), count=st.integers(1, 6)
         )
 
     finish = st.builds(Finish, pick=st.integers(0, 7), fail=st.booleans())

@@ -9,7 +9,7 @@ from typing import Any, final
 
 import attrs
 
-from iop_admission import PoolConfig
+from iop_admission import Lease, PoolConfig
 
 from ._calls import BodyFailed, Call
 from ._checks import Books, check_end, check_step
@@ -55,8 +55,10 @@ class _Run:
 
     async def _body(self, call: Call) -> None:
         try:
-            async with self.client(call.ask):
+            async with self.client(call.ask) as held:
                 call.entered = True
+                call.entered_step = self.books.step
+                call.lease = held if isinstance(held, Lease) else None
                 if call.ask.hold:
                     await call.finish.wait()
                     if call.fail:
@@ -165,6 +167,7 @@ async def _scenario(
         reader = spawn(read)
         run = _Run(layer, admission, client(admission), spawn, books)
         for number, step in enumerate(program, 1):
+            books.step = number
             await run.step(step)
             if _broken(f"after step {number}, {step!r}", lambda: check_step(admission, run.calls, books), broken):
                 run.cancel_all()
