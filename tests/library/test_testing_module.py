@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import trio
 from hypothesis import Phase, given, settings
+from hypothesis.errors import FlakyFailure
 from tests.admission.layers import books_closed
 
 from iop_admission import Admission, Lease, ProviderKey
@@ -87,16 +88,33 @@ def _search(layer: str, client: Callable[[Any], Client], runs: list[int]) -> Non
     search()
 
 
+def _found(layer: str, client: Callable[[Any], Client]) -> str:
+    """What the search reports about ``client``, having found it broken within the budget.
+
+    Trio runs a step's woken tasks in an order of its own choosing, so a fault
+    that depends on that order (which lease is the seventh) may not repeat when
+    Hypothesis replays the program: then it reports the failure as flaky, with
+    the same message inside.
+    """
+    runs: list[int] = []
+    try:
+        _search(layer, client, runs)
+    except AssertionError as exc:
+        message = str(exc)
+    except FlakyFailure as group:
+        message = "\n".join(str(exc) for exc in group.exceptions)
+    else:
+        raise AssertionError(f"not found in {len(runs)} programs")
+    assert len(runs) <= 100
+    return message
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 def test_a_long_lease_leaked_once_in_seven_is_found_within_the_default_budget(layer: str) -> None:
-    runs: list[int] = []
     # Its symptoms: the lease outlives its call; or, revoked first, it cancels its task (asyncio) or its
     # scope left open ends its task with trio's error.
-    with pytest.raises(
-        AssertionError, match=r"a lease outlived its call \(leaked\)|scope was never exited|never exited\)"
-    ):
-        _search(layer, leaky_client, runs)
-    assert len(runs) <= 100
+    symptom = r"a lease outlived its call \(leaked\)|scope was never exited|never exited\)"
+    assert re.search(symptom, _found(layer, leaky_client))
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -139,10 +157,8 @@ class PollsForRoom:
 
 @pytest.mark.parametrize("layer", LAYERS)
 def test_a_wrapper_that_polls_instead_of_queueing_is_found_to_break_fifo(layer: str) -> None:
-    runs: list[int] = []
-    with pytest.raises(AssertionError, match=r"entered while the earlier .* still waits \(FIFO within a tenant\)"):
-        _search(layer, lambda admission: PollsForRoom(admission).run, runs)
-    assert len(runs) <= 100
+    message = _found(layer, lambda admission: PollsForRoom(admission).run)
+    assert re.search(r"entered while the earlier .* still waits \(FIFO within a tenant\)", message)
 
 
 class ExitsTwice:
