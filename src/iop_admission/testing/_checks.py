@@ -60,9 +60,13 @@ def check_end(admission: Any, calls: Sequence[Call], books: Books) -> None:
     assert not running, f"never ended: {', '.join(running)}"
     check_step(admission, calls, books)
     assert admission.queue_depth == 0, f"{admission.queue_depth} waiters left in the queue"
-    for p in admission.snapshot().providers:
+    snapshot = admission.snapshot()
+    for p in snapshot.providers:
         counters = (p.in_flight, p.long_in_flight, p.queued, p.long_queued)
         assert counters == (0, 0, 0, 0), f"{p.node_id}/{p.provider_id}: counters {counters} after every call ended"
+    for t in snapshot.tenants:
+        waiting, in_flight = t.waiting, t.in_flight
+        assert (waiting, in_flight) == (0, 0), f"tenant {t.name}: {waiting} waiting, {in_flight} in flight at the end"
     _released_once(admission, books.events, end=True)
 
 
@@ -73,6 +77,8 @@ def _counters(admission: Any) -> None:
         for name in ("in_flight", "long_in_flight", "queued", "long_queued"):
             value = getattr(p, name)
             assert value >= 0, f"{p.node_id}/{p.provider_id}: {name} is {value}"
+    for t in snapshot.tenants:
+        assert t.waiting >= 0 and t.in_flight >= 0, f"tenant {t.name}: waiting {t.waiting}, in flight {t.in_flight}"
 
 
 def _new_grants(admission: Any, live: dict[int, Lease], before: dict[int, Lease]) -> None:
