@@ -198,12 +198,13 @@ def _flat(rounds: list[list[Step]]) -> list[Step]:
     return [step for steps in rounds for step in steps]
 
 
-def programs(config: PoolConfig, *, max_steps: int = 64) -> st.SearchStrategy[list[Step]]:
+def programs(config: PoolConfig, *, max_steps: int = 100) -> st.SearchStrategy[list[Step]]:
     """Programs of up to ``max_steps`` steps over ``config``, for :func:`iop_admission.testing.run_program`.
 
-    Drawn as rounds of up to eight steps: lists of Hypothesis's own sizes average about five
+    Drawn as rounds of up to ten steps: lists of Hypothesis's own sizes average about five
     items, too few leases to meet a fault that shows once in a few dozen, while lists of
-    rounds average about twenty steps and still shrink as lists do.
+    rounds hold several times more and still shrink as lists do (a round may be empty, so
+    that a step can go without its neighbours).
     """
-    rounds = st.lists(steps(config), min_size=1, max_size=8)
-    return st.lists(rounds, min_size=1, max_size=max(1, max_steps // 8)).map(_flat)
+    rounds = st.lists(steps(config), max_size=10)
+    return st.lists(rounds, min_size=1, max_size=max(1, max_steps // 10)).map(_flat)
