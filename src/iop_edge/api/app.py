@@ -59,6 +59,7 @@ from iop_edge.nodes.runs import NodeGone, RunChannel
 from iop_edge.status import StatusRows, status_json_rows
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
+from iop_io import answer_lifespan
 from iop_wire import LONG_PROTOCOL, Run, RunData, RunEvent
 
 logger = logging.getLogger("iop_edge.http")
@@ -137,7 +138,7 @@ class EdgeAPI:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await _lifespan(receive, send)
+            await answer_lifespan(receive, send)
             return
         if kind != "http":
             return
@@ -476,13 +477,3 @@ def _standby_refusal(ha: EdgeHa) -> RequestRejected:
 
 def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
