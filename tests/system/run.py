@@ -43,7 +43,9 @@ class Result:
         return sum(1 for a in self.attempts if a.status == 200)
 
 
-async def run_schedule(seed: int, directory: Path, *, length: float = 12.0, edges: int = 2, workers: int = 6) -> Result:
+async def run_schedule(
+    seed: int, directory: Path, *, length: float = 12.0, edges: int = 2, workers: int = 10, latency_ms: float = 400
+) -> Result:
     """Run schedule ``seed`` in ``directory`` (its processes' logs and the executions stay there).
 
     Checkpoints. Every process is reaped on the way out, whatever happens.
@@ -56,7 +58,7 @@ async def run_schedule(seed: int, directory: Path, *, length: float = 12.0, edge
     async with open_stack(directory) as stack:
         cluster = Cluster(stack, etcd)
         try:
-            await cluster.start(edges, latency_ms=150)
+            await cluster.start(edges, latency_ms=latency_ms)
             http = httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_S, limits=httpx.Limits(max_connections=64))
             async with http:
                 await _wait_for_a_leader(cluster, http)
