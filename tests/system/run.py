@@ -101,8 +101,9 @@ async def run_schedule(
             left = await _settle(cluster, http)
         finally:
             cluster.resume_everything()
+            with trio.CancelScope(shield=True):  # etcd is no child of the stack: stopped here, whatever happened
+                await trio.to_thread.run_sync(etcd.stop)
             services.cancel_scope.cancel()
-            await trio.to_thread.run_sync(etcd.stop)
     executions = read_executions(cluster.backend_logs)
     found = violations(load.attempts, executions, cluster.capacity, load.losses) + left
     return Result(seed, load.faults, load.attempts, len(executions), found)
