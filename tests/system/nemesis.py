@@ -56,13 +56,14 @@ class Fault:
     """How long the process stays stopped or down."""
 
 
-def schedule(seed: int, length: float) -> list[Fault]:
-    """The faults of ``seed`` over ``length`` seconds of load: one at a time, a quiet gap between."""
+def schedule(seed: int, length: float, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+    """The faults of ``seed`` over ``length`` seconds of load: one at a time, a quiet gap between,
+    each of one of ``kinds``."""
     rng = random.Random(seed)
     faults = []
     at = rng.uniform(1.0, 2.5)
     while at < length - 2.0:
-        kind = rng.choice(KINDS)
+        kind = rng.choice(kinds)
         if kind == "pause_leader":
             duration = rng.uniform(TTL_S + 0.5, TTL_S + 2.0)
         elif kind == "pause_edge":

@@ -24,7 +24,7 @@ from tests.ha.etcd_server import EtcdServer
 
 from .checker import Attempt, Loss, read_executions, violations
 from .cluster import MODEL, Cluster
-from .nemesis import apply, schedule
+from .nemesis import KINDS, apply, schedule
 
 SETTLE_S = 20.0
 """Seconds the cluster has, after the load, to drain every Edge."""
@@ -70,15 +70,22 @@ class _Load:
                 turn += 1
                 await trio.sleep(0.05)
 
-    async def nemesis(self, length: float) -> None:
+    async def nemesis(self, length: float, kinds: tuple[str, ...]) -> None:
         started = trio.current_time()
-        for fault in schedule(self.seed, length):
+        for fault in schedule(self.seed, length, kinds):
             await trio.sleep_until(started + fault.at)
             self.faults.append(f"{fault.at:6.2f} s {await apply(fault, self.cluster, self.http, self.losses)}")
 
 
 async def run_schedule(
-    seed: int, directory: Path, *, length: float = 12.0, edges: int = 2, workers: int = 10, latency_ms: float = 400
+    seed: int,
+    directory: Path,
+    *,
+    length: float = 12.0,
+    edges: int = 2,
+    workers: int = 10,
+    latency_ms: float = 400,
+    kinds: tuple[str, ...] = KINDS,
 ) -> Result:
     """Run schedule ``seed`` in ``directory`` (its processes' logs and the executions stay there).
 
@@ -94,7 +101,7 @@ async def run_schedule(
             await _wait_for_a_leader(cluster, http)
             stop_at = trio.current_time() + length
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(load.nemesis, length)
+                nursery.start_soon(load.nemesis, length, kinds)
                 for _ in range(workers):
                     nursery.start_soon(load.client, stop_at)
             cluster.resume_everything()
