@@ -17,8 +17,18 @@ What this adds to llhttp's callbacks (httptools exposes no "end of input"):
 - An answer to HEAD has no body: it completes with its head (and the connection
   is closed rather than reused, which needs no body-length bookkeeping).
 - Bytes after the end of the answer (unasked data) make the connection unusable.
+- Bounds on what the backend sends (:class:`~iop_node.config.UpstreamLimits`,
+  docs/security.md): the head (informational answers before it included),
+  the number of informational answers, the chunk extensions and trailer fields
+  of a chunked body (:mod:`iop_http.chunks`), and, for an answer the Node
+  relays whole (a non-stream run), the body. Each is checked as the bytes
+  arrive, so a backend that sends without end is refused after one read past
+  the bound.
 
-Errors are httpx's (``httpx.RemoteProtocolError``), as the transport's others.
+Errors are httpx's (``httpx.RemoteProtocolError``), as the transport's others;
+a bound passed is :class:`AnswerOverBound` (:class:`AnswerTooLarge` for the
+head and the body), a subclass, so a caller that does not tell them apart
+still sees a protocol error.
 """
 
 from __future__ import annotations
@@ -28,7 +38,21 @@ from typing import final
 import httptools
 import httpx
 
+from iop_http.chunks import extension_bytes
+from iop_node.config import UpstreamLimits
+
 _NO_BODY_STATUSES = frozenset({204, 304})
+_DEFAULT_LIMITS = UpstreamLimits()
+_LINE_BYTES = 4  # the CRLF and the ": " (or the status line's spaces) a head spends on each field beside its text
+
+
+class AnswerOverBound(httpx.RemoteProtocolError):
+    """The answer went past one of the Node's bounds on what a backend sends."""
+
+
+@final
+class AnswerTooLarge(AnswerOverBound):
+    """The answer's head, or the body of an answer relayed whole, is larger than its bound."""
 
 
 @final
@@ -52,6 +76,13 @@ class ResponseParser:
         "_keep_alive",
         "_unasked",
         "_parts",
+        "_limits",
+        "_body_limit",
+        "_fed",
+        "_head_size",
+        "_body_size",
+        "_chunks",
+        "_informational_count",
         "status",
         "reason",
         "headers",
@@ -59,9 +90,19 @@ class ResponseParser:
         "complete",
     )
 
-    def __init__(self, *, head_only: bool = False) -> None:
+    def __init__(
+        self, *, head_only: bool = False, limits: UpstreamLimits = _DEFAULT_LIMITS, whole: bool = False
+    ) -> None:
+        """``limits``: the bounds checked; ``whole``: the body is relayed whole (bounded by ``limits.answer_bytes``)."""
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._head_only = head_only
+        self._limits = limits
+        self._body_limit = limits.answer_bytes if whole else None
+        self._fed = 0  # bytes read: of the head (1xx answers included) until it is parsed, then of the body
+        self._head_size = 0  # bytes of the heads parsed (their text, and _LINE_BYTES per line)
+        self._body_size = 0
+        self._chunks = 0
+        self._informational_count = 0
         self._informational = False
         self._needs_eof = False
         self._keep_alive = False
@@ -81,6 +122,7 @@ class ResponseParser:
         """Parse ``data`` (not empty: use :meth:`feed_eof` at the end of input).
 
         Raises:
+            AnswerOverBound: the answer went past one of ``limits``.
             httpx.RemoteProtocolError: the answer is not valid HTTP/1.1.
         """
         if self.complete:  # unasked data after the answer
@@ -88,14 +130,36 @@ class ResponseParser:
             return
         parser = self._parser
         assert parser is not None  # dropped only at the end of the answer
+        in_head = not self.head_done
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             raise httpx.RemoteProtocolError("the upstream switched protocols") from None
         except httptools.HttpParserError as exc:
+            bound = exc.__context__
+            if isinstance(bound, AnswerOverBound):  # raised by a callback below
+                raise bound from None
             if not self.complete:
                 raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}") from None
             self._unasked = True  # whatever follows the answer is not ours to parse
+        if not self.complete:
+            self._count(len(data), in_head)
+
+    def _count(self, size: int, in_head: bool) -> None:
+        """Count ``size`` bytes just parsed against the bounds of the head or of the chunk extensions."""
+        limits = self._limits
+        if not in_head:
+            self._fed += size
+            if extension_bytes(self._fed, self._body_size, self._chunks) > limits.chunk_extension_bytes:
+                raise AnswerOverBound(
+                    f"the upstream's chunk extensions and trailers exceed {limits.chunk_extension_bytes} bytes"
+                )
+        elif self.head_done:
+            self._fed = self._body_size  # the head ended in this read: the body's framing is counted from here
+        else:
+            self._fed += size
+            if self._fed > limits.head_bytes:
+                raise AnswerTooLarge(f"the upstream's answer head exceeds {limits.head_bytes} bytes")
 
     def feed_eof(self) -> None:
         """The connection closed: complete a body that runs to the close, else fail.
@@ -130,10 +194,20 @@ class ResponseParser:
     def on_status(self, reason: bytes) -> None:
         if not self.head_done:
             self.reason += reason
+            self._grow_head(len(reason) + 16)  # "HTTP/1.1 200 " and the CRLF
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.head_done:
             self.headers.append((name, value))
+            self._grow_head(len(name) + len(value) + _LINE_BYTES)
+
+    def _grow_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self._limits.head_bytes:
+            raise AnswerTooLarge(f"the upstream's answer head exceeds {self._limits.head_bytes} bytes")
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
 
     def on_headers_complete(self) -> None:
         if self.complete:
@@ -143,6 +217,11 @@ class ResponseParser:
         status = parser.get_status_code()
         if status < 200:  # informational: the real answer follows
             self._informational = True
+            self._informational_count += 1
+            if self._informational_count > self._limits.informational_answers:
+                raise AnswerOverBound(
+                    f"the upstream sent over {self._limits.informational_answers} informational (1xx) answers"
+                )
             self.reason = b""
             self.headers = []
             return
@@ -156,8 +235,12 @@ class ResponseParser:
     def on_body(self, body: bytes) -> None:
         if self.complete:
             self._unasked = True
-        else:
-            self._parts.append(body)
+            return
+        self._parts.append(body)
+        self._body_size += len(body)
+        limit = self._body_limit
+        if limit is not None and self._body_size > limit:
+            raise AnswerTooLarge(f"the upstream's answer exceeds {limit} bytes")
 
     def on_message_complete(self) -> None:
         if self._informational:
