@@ -20,7 +20,9 @@ What this adds to llhttp's callbacks (httptools exposes no "end of input"):
 - Bounds on what the backend sends (:class:`~iop_node.config.UpstreamLimits`,
   docs/security.md): the head (informational answers before it included),
   the number of informational answers, the chunk extensions and trailer fields
-  of a chunked body (:mod:`iop_http.chunks`), and, for an answer the Node
+  of a chunked body (:mod:`iop_http.chunks`; here each piece of data llhttp
+  hands on, at least one per chunk, counts as a chunk: no callback per chunk
+  on a stream's path), and, for an answer the Node
   relays whole (a non-stream run), the body. Each is checked as the bytes
   arrive, so a backend that sends without end is refused after one read past
   the bound.
@@ -33,12 +35,13 @@ still sees a protocol error.
 
 from __future__ import annotations
 
+import sys
 from typing import final
 
 import httptools
 import httpx
 
-from iop_http.chunks import extension_bytes
+from iop_http.chunks import CHUNK_FRAMING_BYTES
 from iop_node.config import UpstreamLimits
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -77,11 +80,10 @@ class ResponseParser:
         "_unasked",
         "_parts",
         "_limits",
-        "_body_limit",
-        "_fed",
+        "_body_left",
+        "_head_read",
         "_head_size",
-        "_body_size",
-        "_chunks",
+        "_slack",
         "_informational_count",
         "status",
         "reason",
@@ -97,11 +99,12 @@ class ResponseParser:
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._head_only = head_only
         self._limits = limits
-        self._body_limit = limits.answer_bytes if whole else None
-        self._fed = 0  # bytes read: of the head (1xx answers included) until it is parsed, then of the body
+        self._body_left = limits.answer_bytes if whole else sys.maxsize
+        self._head_read = 0  # bytes read while the head (1xx answers included) was not whole
         self._head_size = 0  # bytes of the heads parsed (their text, and _LINE_BYTES per line)
-        self._body_size = 0
-        self._chunks = 0
+        self._slack = limits.chunk_extension_bytes
+        """Bytes of the body read so far that may still be framing beyond the plain framing of its chunks:
+        each read takes its length, each piece of data gives its length and CHUNK_FRAMING_BYTES back."""
         self._informational_count = 0
         self._informational = False
         self._needs_eof = False
@@ -142,24 +145,24 @@ class ResponseParser:
             if not self.complete:
                 raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}") from None
             self._unasked = True  # whatever follows the answer is not ours to parse
-        if not self.complete:
-            self._count(len(data), in_head)
+        if self.complete:
+            return
+        if in_head:
+            self._count_head(len(data))
+            return
+        self._slack -= len(data)
+        if self._slack < 0:
+            limit = self._limits.chunk_extension_bytes
+            raise AnswerOverBound(f"the upstream's chunk extensions and trailers exceed {limit} bytes")
 
-    def _count(self, size: int, in_head: bool) -> None:
-        """Count ``size`` bytes just parsed against the bounds of the head or of the chunk extensions."""
-        limits = self._limits
-        if not in_head:
-            self._fed += size
-            if extension_bytes(self._fed, self._body_size, self._chunks) > limits.chunk_extension_bytes:
-                raise AnswerOverBound(
-                    f"the upstream's chunk extensions and trailers exceed {limits.chunk_extension_bytes} bytes"
-                )
-        elif self.head_done:
-            self._fed = self._body_size  # the head ended in this read: the body's framing is counted from here
-        else:
-            self._fed += size
-            if self._fed > limits.head_bytes:
-                raise AnswerTooLarge(f"the upstream's answer head exceeds {limits.head_bytes} bytes")
+    def _count_head(self, size: int) -> None:
+        """Count a read of ``size`` bytes that began in the head."""
+        if self.head_done:  # the head ended in this read: the body's framing is counted from the next one
+            self._slack = self._limits.chunk_extension_bytes
+            return
+        self._head_read += size
+        if self._head_read > self._limits.head_bytes:
+            raise AnswerTooLarge(f"the upstream's answer head exceeds {self._limits.head_bytes} bytes")
 
     def feed_eof(self) -> None:
         """The connection closed: complete a body that runs to the close, else fail.
@@ -206,9 +209,6 @@ class ResponseParser:
         if self._head_size > self._limits.head_bytes:
             raise AnswerTooLarge(f"the upstream's answer head exceeds {self._limits.head_bytes} bytes")
 
-    def on_chunk_header(self) -> None:
-        self._chunks += 1
-
     def on_headers_complete(self) -> None:
         if self.complete:
             return
@@ -237,10 +237,11 @@ class ResponseParser:
             self._unasked = True
             return
         self._parts.append(body)
-        self._body_size += len(body)
-        limit = self._body_limit
-        if limit is not None and self._body_size > limit:
-            raise AnswerTooLarge(f"the upstream's answer exceeds {limit} bytes")
+        size = len(body)
+        self._slack += size + CHUNK_FRAMING_BYTES
+        self._body_left -= size
+        if self._body_left < 0:
+            raise AnswerTooLarge(f"the upstream's answer exceeds {self._limits.answer_bytes} bytes")
 
     def on_message_complete(self) -> None:
         if self._informational:
