@@ -18,7 +18,7 @@ import trio.testing
 from edge.harness import TOKEN_A
 from edge.test_node_limits import _memory_connection, _open_ws, _service
 from iop_edge import EdgeService
-from iop_edge.nodes.links import MAX_NODE_ID_CHARS
+from iop_edge.nodes.registry import MAX_NODE_ID_CHARS
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Registered, Rejected, decode, encode
 
 FORGED = "INFO iop_edge: node node-a registered"
