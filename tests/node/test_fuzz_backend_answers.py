@@ -10,7 +10,8 @@ body poller or by the run itself, stream or non-stream) must end or raise a :cla
 (``upstream_error``, ``upstream_unreachable``, ``upstream_too_large``) and
 nothing else, a non-stream run never hands on more than ``answer_bytes``, and
 the provider's one pool slot is back: the next run is served. Small limits
-make every bound reachable in a small example.
+make every bound reachable in a small example. The number of examples is the
+Hypothesis profile's (``ci`` in ``make test``, ``soak`` for a long run).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import trio
-from hypothesis import event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from iop_node import ProviderConfig, RunFailed, UpstreamLimits
@@ -89,7 +90,6 @@ def sent_in_pieces(data: bytes, cuts: list[int]) -> Callable[[], Iterator[bytes]
 
 
 @pytest.mark.req("upstream-bounds")
-@settings(max_examples=60)
 @given(answer=answers(), cuts=st.lists(st.integers(min_value=0), max_size=6), whole=st.booleans(), polled=st.booleans())
 async def test_a_run_fails_only_with_typed_upstream_errors(
     answer: bytes, cuts: list[int], whole: bool, polled: bool
