@@ -206,7 +206,9 @@ class EdgeAPI:
             with term:
                 await self._watched(scope, receive, responder, (model, long, endpoint, body, stream, charge))
         if term.cancelled_caught and service.ha is not None:
-            raise _standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
+            # queued: a 503 now; streaming: a final error event. A request whose run was sent may have
+            # run: its code says so, and not_leader always means it did not [ha-step-down].
+            raise _standby_refusal(service.ha, ran=responder.run_sent)
 
     async def _watched(self, scope: Scope, receive: Receive, responder: Responder, request: _Request) -> None:
         """Admit and run ``request``, cancelled if the client goes away."""
@@ -307,6 +309,7 @@ class EdgeAPI:
         stream, charge = how
         charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
         run = _open_run(self.service, lease, model, endpoint, body, stream)
+        responder.run_sent = True
         scan = charge.scan if charge.tokens else None
         head = [
             (b"x-iop-provider", str(lease.provider).encode()),
@@ -461,14 +464,20 @@ class _ClientGone(RequestRejected):
         super().__init__(499, "client_closed", "client closed the connection")
 
 
-def _standby_refusal(ha: EdgeHa) -> RequestRejected:
-    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader."""
+def _standby_refusal(ha: EdgeHa, *, ran: bool = False) -> RequestRejected:
+    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader.
+
+    ``ran``: the request's run had been sent when this Edge stepped down, so it may have run:
+    ``leader_stepped_down``; otherwise ``not_leader``, which always means it did not run."""
     leader = ha.leadership.leader
     where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
+    code, what = ("leader_stepped_down", "this Edge stopped leading while the request ran (it may have run)")
+    if not ran:
+        code, what = "not_leader", "this Edge does not lead"
     return RequestRejected(
         503,
-        "not_leader",
-        "this Edge does not lead" + where,
+        code,
+        what + where,
         type="service_unavailable",
         retry_after=ha.retry_after(),
         leader=leader,
