@@ -47,6 +47,7 @@ from typing import Any
 import attrs
 import trio
 
+from iop_io import answer_lifespan
 from iop_mock.framing import (
     NDJSON_HEADERS,
     SSE_DONE,
@@ -172,7 +173,7 @@ class MockBackend:
         if scope["type"] == "http":
             await self._http(scope, receive, send)
         elif scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await answer_lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
@@ -396,17 +397,3 @@ _ROUTES: dict[str, tuple[str, _Handler]] = {
     "/stats/reset": ("POST", MockBackend._reset),
     "/fault": ("POST", MockBackend._fault),
 }
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    """Acknowledge ASGI lifespan startup and shutdown; the backend holds no resources.
-
-    Checkpoints. Cancellation propagates.
-    """
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

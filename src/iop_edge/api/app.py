@@ -59,6 +59,7 @@ from iop_edge.nodes.runs import NodeGone, RunChannel
 from iop_edge.status import StatusRows, status_json_rows
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
+from iop_io import answer_lifespan
 from iop_wire import LONG_PROTOCOL, Run, RunData, RunEvent
 
 logger = logging.getLogger("iop_edge.http")
@@ -137,7 +138,7 @@ class EdgeAPI:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await _lifespan(receive, send)
+            await answer_lifespan(receive, send)
             return
         if kind != "http":
             return
@@ -205,7 +206,9 @@ class EdgeAPI:
             with term:
                 await self._watched(scope, receive, responder, (model, long, endpoint, body, stream, charge))
         if term.cancelled_caught and service.ha is not None:
-            raise _standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
+            # queued: a 503 now; streaming: a final error event. A request whose run was sent may have
+            # run: its code says so, and not_leader always means it did not [ha-step-down].
+            raise _standby_refusal(service.ha, ran=responder.run_sent)
 
     async def _watched(self, scope: Scope, receive: Receive, responder: Responder, request: _Request) -> None:
         """Admit and run ``request``, cancelled if the client goes away."""
@@ -306,6 +309,7 @@ class EdgeAPI:
         stream, charge = how
         charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
         run = _open_run(self.service, lease, model, endpoint, body, stream)
+        responder.run_sent = True
         scan = charge.scan if charge.tokens else None
         head = [
             (b"x-iop-provider", str(lease.provider).encode()),
@@ -460,14 +464,20 @@ class _ClientGone(RequestRejected):
         super().__init__(499, "client_closed", "client closed the connection")
 
 
-def _standby_refusal(ha: EdgeHa) -> RequestRejected:
-    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader."""
+def _standby_refusal(ha: EdgeHa, *, ran: bool = False) -> RequestRejected:
+    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader.
+
+    ``ran``: the request's run had been sent when this Edge stepped down, so it may have run:
+    ``leader_stepped_down``; otherwise ``not_leader``, which always means it did not run."""
     leader = ha.leadership.leader
     where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
+    code, what = ("leader_stepped_down", "this Edge stopped leading while the request ran (it may have run)")
+    if not ran:
+        code, what = "not_leader", "this Edge does not lead"
     return RequestRejected(
         503,
-        "not_leader",
-        "this Edge does not lead" + where,
+        code,
+        what + where,
         type="service_unavailable",
         retry_after=ha.retry_after(),
         leader=leader,
@@ -476,13 +486,3 @@ def _standby_refusal(ha: EdgeHa) -> RequestRejected:
 
 def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
