@@ -182,6 +182,30 @@ def test_a_misuse_error_out_of_a_call_is_reported_with_its_call(layer: str) -> N
         run_program(program, CONFIG, layer=layer, client=lambda admission: ExitsTwice(admission).run)
 
 
+class HangsAfterRelease:
+    """A wrapper whose exit waits for something that never comes, after the lease went back."""
+
+    def __init__(self, admission: Admission | AsyncAdmission) -> None:
+        self.admission = admission
+
+    @contextlib.asynccontextmanager
+    async def run(self, ask: Ask) -> AsyncIterator[Lease]:
+        async with self.admission.lease(ask.model, long=ask.long, tenant=ask.tenant) as lease:
+            yield lease
+        if isinstance(self.admission, AsyncAdmission):
+            await asyncio.Event().wait()
+        else:
+            await trio.sleep_forever()
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_call_that_never_ends_is_reported_and_the_run_still_ends(layer: str) -> None:
+    with pytest.raises(AssertionError, match=r"^at the end: never ended: call #1 \('chat'"):
+        run_program(
+            [Ask("chat", hold=False)], CONFIG, layer=layer, client=lambda admission: HangsAfterRelease(admission).run
+        )
+
+
 def test_the_code_of_the_testing_page_is_the_examples() -> None:
     """Each ``python`` block of docs/testing.md is a piece of examples/testing_guard.py, which runs."""
     page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
