@@ -14,7 +14,8 @@ time, and checks after every step what the library promises:
 * a grant goes only to a configured, enabled, connected provider with room:
   capacity and long slots are never exceeded;
 * FIFO within a tenant: no call enters while an earlier call of the same
-  tenant, model and kind still waits;
+  tenant still waits that could have used its slot (same model and kind, or
+  a model listing the provider of the lease the client's ``async with`` gave);
 * calls end normally, by the body's failure, by cancellation, or with an
   admission error that answers a request (never a misuse error);
 * every lease is released once (exactly once, by the end of the run), and at
