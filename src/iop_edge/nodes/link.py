@@ -91,7 +91,12 @@ class NodeLink:
 
     @property
     def epoch(self) -> int | None:
-        """The epoch to put on this connection's runs [epoch-fencing]: the leader's, on v3 only."""
+        """The epoch to put on a run about to be sent on this connection [epoch-fencing]: the
+        leader's, on v3 only (:meth:`~iop_edge.ha.fencing.LeaderFence.stamp`).
+
+        Raises:
+            NotLeading: this Edge has ``ha:`` and cannot prove it leads: send nothing.
+        """
         return self.registry.fence.stamp(self.protocol)
 
     def send_frame(self, frame: str) -> None:

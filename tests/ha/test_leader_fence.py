@@ -1,0 +1,86 @@
+"""[epoch-fencing] [ha-step-down] The Edge's stamp: every run of an HA Edge carries its term's epoch,
+and none leaves an Edge that cannot prove it leads (sans-I/O, on a mock clock)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from iop_edge.config import HaConfig
+from iop_edge.ha import EdgeHa
+from iop_edge.ha.fencing import FENCED_PROTOCOL, LeaderFence, NotLeading
+
+pytestmark = pytest.mark.req("epoch-fencing", "ha-step-down")
+
+
+class Link:
+    """A node connection as the fence sees it: the frames it was given."""
+
+    def __init__(self, protocol: int = FENCED_PROTOCOL) -> None:
+        self.node_id = "node-a"
+        self.protocol = protocol
+        self.frames: list[str] = []
+
+    def send_frame(self, frame: str) -> None:
+        self.frames.append(frame)
+
+
+def test_without_ha_runs_go_unstamped_and_are_never_refused() -> None:
+    fence = LeaderFence()
+    assert fence.stamp(FENCED_PROTOCOL) is None
+    assert fence.stamp(2) is None
+
+
+def test_an_ha_edge_stamps_its_terms_epoch_and_sends_nothing_without_a_term() -> None:
+    leads = [True]
+    fence = LeaderFence(leads=lambda: leads[0])
+    with pytest.raises(NotLeading):
+        fence.stamp(FENCED_PROTOCOL)  # never led: no epoch to stamp, nothing sent
+    link = Link()
+    fence.lead(7, [link])
+    assert link.frames == ['{"type":"leader","epoch":7}']
+    assert fence.stamp(FENCED_PROTOCOL) == 7
+    assert fence.stamp(FENCED_PROTOCOL + 1) == 7
+    assert fence.stamp(2) is None  # a v2 node cannot read an epoch
+    leads[0] = False  # the leader's count of its lease ran out; its election task has not run yet
+    with pytest.raises(NotLeading):
+        fence.stamp(FENCED_PROTOCOL)
+    with pytest.raises(NotLeading):
+        fence.stamp(2)  # nor to an unfenced node
+    leads[0] = True
+    fence.stand_by()
+    with pytest.raises(NotLeading):
+        fence.stamp(FENCED_PROTOCOL)  # stepped down: never an epoch-less run instead
+
+
+def ha() -> EdgeHa:
+    """An Edge's part in the election (TTL 2 s, margin a third of it), not campaigning."""
+    return EdgeHa.of(HaConfig(endpoints=("http://127.0.0.1:1",), advertise="edge-a", ttl_s=2))
+
+
+def test_a_leader_woken_past_its_deadline_stamps_nothing_before_its_election_task_runs() -> None:
+    async def main() -> None:
+        edge = ha()
+        fence = LeaderFence(leads=edge.admits)
+        edge.leadership.won(epoch=11, renewal_sent_at=trio.current_time())
+        fence.lead(11, [])
+        assert fence.stamp(FENCED_PROTOCOL) == 11
+        await trio.sleep(1.3)  # within TTL - margin of the last renewal sent
+        assert fence.stamp(FENCED_PROTOCOL) == 11
+        await trio.sleep(0.1)  # SIGSTOP and SIGCONT look like this to the process: time jumped
+        assert edge.leadership.leading  # its election task has not stepped down yet
+        with pytest.raises(NotLeading):
+            fence.stamp(FENCED_PROTOCOL)
+        assert edge.refusal_headers() == [("retry-after", "2")]  # it does not know its successor: no x-iop-leader
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_refusal_names_the_leader_only_when_it_is_another_edge() -> None:
+    edge = ha()
+    edge.leadership.saw_leader("edge-b", 4)
+    assert edge.other_leader() == "edge-b"
+    assert ("x-iop-leader", "edge-b") in edge.refusal_headers()
+    edge.leadership.won(epoch=9, renewal_sent_at=0.0)
+    assert edge.other_leader() is None
