@@ -1,0 +1,251 @@
+"""[epoch-fencing] [ha-step-down] The paused leader, with real processes: nothing runs twice.
+
+A real etcd, two Edges with ``ha:`` (TTL 2 s), one Node registered with both
+(``edge_urls``, two providers of capacity 2) in front of an independent counting
+backend (:mod:`tests.ha.counting_backend`: each request's marker, each provider's
+concurrency). Clients send requests with a unique marker each, first to the
+leader, and try again -- the same marker -- at the other Edge on a 503, a broken
+connection or a timeout, as behind a load balancer. With runs in flight and
+requests queued on the leader, it is SIGSTOPped past its TTL, the standby takes
+over, and the leader is SIGCONTed 3.5 s after the pause, with its queued
+requests (some its clients gave up on and sent to the new leader), its node
+connection still open, and its runs' answers waiting in its sockets: runs end,
+queued requests are granted, before its election task has run.
+
+Checked: no request whose run did not reach the backend before the pause is
+executed twice, and none at all is executed twice after it (the woken leader
+sends nothing); each provider's concurrency at the backend never passes its
+capacity; the woken leader answers ``503 not_leader`` (never ``overloaded``),
+naming the new leader once it knows it; no run of the woken leader was refused
+``stale_epoch`` (it sent none). Bounded in count (``REQUESTS``) and time
+(``fail_after``); every wait is for a condition.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+import trio
+from tests.e2e.harness import BIG, EDGE_READY, NODE_REGISTERED, Daemon, Stack, open_stack, write_config
+
+from .counting_backend import READY
+from .etcd_server import EtcdServer
+from .test_chaos_failover import RunningEdge, until_ready
+
+pytestmark = pytest.mark.req("epoch-fencing", "ha-step-down")
+
+PROVIDERS = {"gpu0": 2, "gpu1": 2}
+"""Capacity per provider, at the Edges and at the Node."""
+LATENCY_MS = 400
+WORKERS = 8
+"""More clients than slots: some requests wait in the leader's queue at the pause."""
+REQUESTS = 48
+PAUSE_AFTER = 8
+"""200s served before the pause."""
+PAUSE_S = 3.5
+"""SIGSTOP to SIGCONT: past the TTL (2 s); the standby leads at about +2 s."""
+ATTEMPT_TIMEOUT_S = (2.5, 60.0)
+"""How long a client waits for an attempt, by worker: half give up on the paused leader and try the other
+Edge (their requests are still in the leader when it wakes), half are still waiting when it wakes."""
+ATTEMPTS = 200
+TTL_S = 2
+
+
+@attrs.define
+class History:
+    """What the clients saw."""
+
+    ok: dict[str, str] = attrs.field(factory=dict)
+    """marker -> the Edge whose 200 answered it."""
+    refusals: list[tuple[str, int, str]] = attrs.field(factory=list)
+    """(Edge, status, error code) of every answer but a 200."""
+    from_woken: list[tuple[int, str]] = attrs.field(factory=list)
+    """(status, error code) of the answers the old leader gave after it woke."""
+    woke: bool = False
+
+
+async def start_backend(stack: Stack) -> int:
+    script = Path(__file__).with_name("counting_backend.py")
+    daemon = await stack.spawn("counting-backend", [str(script), "--port", "0", "--latency-ms", str(LATENCY_MS)])
+    match = await daemon.wait_for_line(re.compile(re.escape(READY) + r"(\d+)"))
+    return int(match[1])
+
+
+async def start_edge(stack: Stack, etcd: EtcdServer, name: str) -> RunningEdge:
+    ha = {"endpoints": [etcd.url], "advertise": name, "ttl_s": TTL_S, "poll_interval_ms": 50}
+    config = {
+        "listen": "127.0.0.1:0",
+        "node_listen": "127.0.0.1:0",
+        "heartbeat_timeout_ms": 15_000,
+        "provider_pool": {"max_queue": 64, "queue_timeout_ms": 30_000},
+        "nodes": [
+            {"id": "node-a", "token": "t", "providers": [{"id": p, "capacity": c} for p, c in PROVIDERS.items()]}
+        ],
+        "models": [
+            {"id": BIG, "candidates": [{"node": "node-a", "provider": p, "upstream_model": "m"} for p in PROVIDERS]}
+        ],
+        "ha": ha,
+    }
+    daemon = await stack.spawn(
+        name, ["-m", "iop_edge", "--config", str(write_config(stack.directory / f"{name}.yaml", config))]
+    )
+    match = await daemon.wait_for_line(EDGE_READY)
+    return RunningEdge(name, daemon, int(match[1]), int(match[2]))
+
+
+async def start_node(stack: Stack, backend_port: int, *edges: RunningEdge) -> Daemon:
+    """A Node on every Edge's node socket; heartbeat 5 s, so it still holds the paused Edge's connection
+    when that Edge wakes (3.5 s later), and the woken leader has a node to send runs to."""
+    config = {
+        "node_id": "node-a",
+        "token": "t",
+        "heartbeat_interval_ms": 5000,
+        "runtime": {"concurrency": 16},
+        "reconnect": {"initial_ms": 50, "max_ms": 500},
+        "edge_urls": [f"ws://127.0.0.1:{edge.node_port}" for edge in edges],
+        "providers": [
+            {"id": p, "adapter": "openai", "capacity": c, "base_url": f"http://127.0.0.1:{backend_port}/{p}/v1"}
+            for p, c in PROVIDERS.items()
+        ],
+    }
+    node = await stack.spawn(
+        "node", ["-m", "iop_node", "--config", str(write_config(stack.directory / "node.yaml", config))]
+    )
+    await node.wait_for_line(NODE_REGISTERED, count=len(edges))
+    return node
+
+
+async def stats(http: httpx.AsyncClient, port: int) -> dict[str, dict[str, int] | list[str]]:
+    document: dict[str, dict[str, int] | list[str]] = (await http.get(f"http://127.0.0.1:{port}/stats")).json()
+    return document
+
+
+def code_of(answer: httpx.Response) -> str:
+    try:
+        return str(answer.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+async def load(http: httpx.AsyncClient, a: RunningEdge, b: RunningEdge, history: History, paused: trio.Event) -> None:
+    """``REQUESTS`` requests by ``WORKERS`` clients, each answered 200 in the end; ``paused`` is set
+    once ``PAUSE_AFTER`` have been served (the test pauses the leader then)."""
+    markers = iter(range(REQUESTS))
+
+    async def one_request(worker: int, marker: str) -> None:
+        body = {"model": BIG, "max_tokens": 4, "messages": [{"role": "user", "content": marker}]}
+        for attempt in range(ATTEMPTS):
+            edge = (a, b)[(worker + attempt) % 2] if attempt else a
+            woken = edge is a and history.woke
+            try:
+                answer = await http.post(
+                    f"{edge.url}/v1/chat/completions", json=body, timeout=ATTEMPT_TIMEOUT_S[worker % 2]
+                )
+            except httpx.TransportError:
+                pass  # refused, cut, or timed out on the paused leader: the other Edge next
+            else:
+                if woken:
+                    history.from_woken.append((answer.status_code, code_of(answer)))
+                if answer.status_code == 200:
+                    history.ok[marker] = edge.name
+                    if len(history.ok) == PAUSE_AFTER:
+                        paused.set()
+                    return
+                history.refusals.append((edge.name, answer.status_code, code_of(answer)))
+            await trio.sleep(0.05)  # the client's backoff before it tries the other Edge
+        raise AssertionError(f"request {marker} not served in {ATTEMPTS} attempts")
+
+    async def worker(index: int) -> None:
+        for marker in markers:
+            await one_request(index, f"request {marker}")
+
+    async with trio.open_nursery() as nursery:
+        for index in range(WORKERS):
+            nursery.start_soon(worker, index)
+
+
+async def test_a_leader_paused_past_its_ttl_runs_nothing_twice_and_answers_not_leader_when_it_wakes(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    with trio.fail_after(180):
+        async with open_stack(tmp_path) as stack:
+            http = stack.http
+            port = await start_backend(stack)
+            a = await start_edge(stack, etcd, "edge-a")
+            await until_ready(http, a, 200)
+            b = await start_edge(stack, etcd, "edge-b")
+            await until_ready(http, b, 503)
+            await start_node(stack, port, a, b)
+
+            history = History()
+            paused = trio.Event()
+            seen: dict[str, object] = {}
+
+            async def pause_the_leader() -> None:
+                await paused.wait()
+                while True:  # runs in flight on both providers and requests queued on a
+                    status = (await http.get(f"{a.url}/status")).json()
+                    if status["queue_depth"] >= 1 and sum(p["in_flight"] for p in status["providers"]) == 4:
+                        break
+                    await trio.sleep(0.01)
+                a.daemon.sigstop()
+                stopped_at = time.monotonic()
+                # What a sent before it stopped reaches the backend within a moment; b cannot lead
+                # before a's lease expires (2 s), so every arrival from here on is of the pause.
+                await trio.sleep(0.5)
+                seen["arrived before the pause"] = len((await stats(http, port))["arrivals"])
+                await until_ready(http, b, 200)
+                await trio.sleep(max(0.0, PAUSE_S - (time.monotonic() - stopped_at)))
+                history.woke = True
+                a.daemon.sigcont()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pause_the_leader)
+                await load(http, a, b, history, paused)
+
+            # The woken leader is a standby: 503 not_leader, naming edge-b once it has read the key.
+            await until_ready(http, a, 503)
+            while (await http.get(f"{a.url}/status")).json()["ha"]["leader"] != "edge-b":
+                await trio.sleep(0.05)
+            refused = await http.post(
+                f"{a.url}/v1/chat/completions", json={"model": BIG, "messages": [{"role": "user", "content": "x"}]}
+            )
+            assert (refused.status_code, code_of(refused)) == (503, "not_leader"), refused.text
+            assert refused.headers["x-iop-leader"] == "edge-b"
+
+            # Wait for the backend to finish every run still going (a cut one ends as its node closes it).
+            while any((await stats(http, port))["in_flight"].values()):  # type: ignore[union-attr]
+                await trio.sleep(0.05)
+            record = await stats(http, port)
+            arrivals = record["arrivals"]
+            executions = record["executions"]
+            peak = record["peak"]
+            assert isinstance(arrivals, list) and isinstance(executions, dict) and isinstance(peak, dict)
+            before = seen["arrived before the pause"]
+            assert isinstance(before, int)
+
+            assert len(history.ok) == REQUESTS, history
+            # Since the pause, every request ran at most once: the woken leader sent nothing.
+            since_pause = arrivals[before:]
+            twice = {m for m in since_pause if since_pause.count(m) > 1}
+            assert not twice, (twice, history)
+            # A request that had not reached the backend before the pause ran exactly once in all.
+            started_before = set(arrivals[:before])
+            for marker in history.ok:
+                runs = executions.get(marker, 0)
+                assert runs >= 1, marker
+                assert runs == 1 or marker in started_before, (marker, runs)
+            # Every provider within its capacity at the backend, at every instant.
+            assert all(peak.get(p, 0) <= capacity for p, capacity in PROVIDERS.items()), peak
+            # The woken leader answered not_leader, never overloaded; it sent no run a node refused stale.
+            assert history.from_woken, history
+            assert all(status in (200, 503) for status, _ in history.from_woken), history.from_woken
+            assert all(code == "not_leader" for status, code in history.from_woken if status == 503), history
+            metrics = (await http.get(f"{a.url}/metrics")).text
+            assert "iop_ha_stale_epoch_refused_total 0.0" in metrics
+            assert "iop_ha_step_downs_total 1.0" in metrics
