@@ -3,6 +3,8 @@ and none leaves an Edge that cannot prove it leads (sans-I/O, on a mock clock)."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
@@ -10,6 +12,9 @@ import trio.testing
 from iop_edge.config import HaConfig
 from iop_edge.ha import EdgeHa
 from iop_edge.ha.fencing import FENCED_PROTOCOL, LeaderFence, NotLeading
+from iop_edge.nodes.link import _withhold_runs
+from iop_edge.nodes.runs import RunChannel
+from iop_wire import RunEnd
 
 pytestmark = pytest.mark.req("epoch-fencing", "ha-step-down")
 
@@ -84,3 +89,18 @@ def test_a_refusal_names_the_leader_only_when_it_is_another_edge() -> None:
     assert ("x-iop-leader", "edge-b") in edge.refusal_headers()
     edge.leadership.won(epoch=9, renewal_sent_at=0.0)
     assert edge.other_leader() is None
+
+
+async def test_a_run_frame_left_in_the_outbox_is_withheld_when_the_edge_can_no_longer_prove_it_leads() -> None:
+    """Stamped as its run opened, queued behind a busy writer, then the process paused past its deadline:
+    when the writer takes it, it is dropped and its run ends ``stale_epoch`` here (503 not_leader)."""
+    link: Any = None  # the channel touches its link only when its relay leaves it
+    waited, sent_at_once = RunChannel("r1", link), RunChannel("r2", link)
+    runs = {"r1": waited, "r2": sent_at_once}
+    frames = ['{"type":"leader","epoch":7}', '{"type":"run","run_id":"r1"}', ""]  # "": r2's, sent without waiting
+    unsent = {id(frames[1]): "r1"}
+    assert _withhold_runs(frames, dict(unsent), dict(runs), may_send=True) == frames  # a leader sends all
+    assert _withhold_runs(frames, unsent, runs, may_send=False) == [frames[0], ""]
+    assert unsent == {} and runs == {"r2": sent_at_once}
+    end = await waited.next()
+    assert isinstance(end, RunEnd) and (end.code, end.failure) == ("stale_epoch", "stale_leader")

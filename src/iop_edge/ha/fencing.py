@@ -96,9 +96,13 @@ class LeaderFence:
         """
         if self.leads is None:
             return None
-        if self.epoch is None or not self.leads():
+        if not self.may_send():
             raise NotLeading("this Edge does not lead: it sends no run")
         return self.epoch if protocol >= FENCED_PROTOCOL else None
+
+    def may_send(self) -> bool:
+        """Whether a run stamped earlier may leave now: no ``ha:``, or this Edge can prove it leads."""
+        return self.leads is None or (self.epoch is not None and self.leads())
 
     def answered(self, node_id: str, message: InFlight) -> None:
         """A node's ``in_flight``: the load the previous term left on it (a stale answer is dropped)."""
