@@ -3,12 +3,15 @@ and none leaves an Edge that cannot prove it leads (sans-I/O, on a mock clock)."
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+from iop_edge.api.not_leader import not_leader_on_head
 from iop_edge.config import HaConfig
 from iop_edge.ha import EdgeHa
 from iop_edge.ha.fencing import FENCED_PROTOCOL, LeaderFence, NotLeading
@@ -104,3 +107,23 @@ async def test_a_run_frame_left_in_the_outbox_is_withheld_when_the_edge_can_no_l
     assert unsent == {} and runs == {"r2": sent_at_once}
     end = await waited.next()
     assert isinstance(end, RunEnd) and (end.code, end.failure) == ("stale_epoch", "stale_leader")
+
+
+def test_a_leader_woken_past_its_deadline_refuses_completions_on_their_head_not_leader() -> None:
+    """Not ``503 overloaded`` (a pause's backlog trips the shedder): the leader is what is gone."""
+
+    async def main() -> None:
+        edge = ha()
+        edge.leadership.won(epoch=11, renewal_sent_at=trio.current_time())
+        assert not_leader_on_head(edge, b"POST", b"/v1/chat/completions") is None  # it leads
+        await trio.sleep(1.4)  # past TTL - margin: paused, its election task has not run
+        refused = not_leader_on_head(edge, b"POST", b"/v1/chat/completions")
+        assert refused is not None
+        response, read_after = refused
+        assert response.status == 503 and json.loads(response.body)["error"]["code"] == "not_leader"
+        assert (b"retry-after", b"2") in response.headers and read_after == -math.inf  # go elsewhere now
+        assert not any(name == b"x-iop-leader" for name, _ in response.headers)  # its successor is unknown
+        assert not_leader_on_head(edge, b"GET", b"/readyz") is None  # /readyz answers for itself
+        assert not_leader_on_head(None, b"POST", b"/v1/chat/completions") is None  # no ha:
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
