@@ -1,17 +1,22 @@
 """[epoch-fencing] [ha-step-down] The Edge's stamp: every run of an HA Edge carries its term's epoch,
-and none leaves an Edge that cannot prove it leads (sans-I/O, on a mock clock)."""
+and none leaves an Edge that cannot prove it leads -- not at a grant, not at a retry, not from its
+node link's outbox -- and its completions are refused ``not_leader`` on their head (sans-I/O, on a
+mock clock)."""
 
 from __future__ import annotations
 
 import json
 import math
+import types
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+from iop_edge.api.app import _retried
 from iop_edge.api.not_leader import not_leader_on_head
+from iop_edge.api.rejections import RequestRejected
 from iop_edge.config import HaConfig
 from iop_edge.ha import EdgeHa
 from iop_edge.ha.fencing import FENCED_PROTOCOL, LeaderFence, NotLeading
@@ -125,5 +130,31 @@ def test_a_leader_woken_past_its_deadline_refuses_completions_on_their_head_not_
         assert not any(name == b"x-iop-leader" for name, _ in response.headers)  # its successor is unknown
         assert not_leader_on_head(edge, b"GET", b"/readyz") is None  # /readyz answers for itself
         assert not_leader_on_head(None, b"POST", b"/v1/chat/completions") is None  # no ha:
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_leader_woken_past_its_deadline_asks_for_no_retry_and_answers_not_leader() -> None:
+    """Its node dropped a run during the pause: the retry is not asked for (no dispatch anywhere)."""
+
+    class Metrics:
+        def __init__(self) -> None:
+            self.retries: list[str] = []
+
+        def retried(self, model: str, reason: str) -> None:
+            self.retries.append(reason)
+
+    async def main() -> None:
+        edge = ha()
+        service: Any = types.SimpleNamespace(metrics=Metrics(), ha=edge)
+        on_retry = _retried(service, "m")
+        failed: Any = types.SimpleNamespace(provider="node-a/gpu0", attempt=1)
+        edge.leadership.won(epoch=11, renewal_sent_at=trio.current_time())
+        on_retry("node_disconnected", failed)  # it leads: the retry goes ahead, counted
+        await trio.sleep(1.4)
+        with pytest.raises(RequestRejected) as refused:
+            on_retry("node_disconnected", failed)
+        assert (refused.value.status, refused.value.code, refused.value.retry) == (503, "not_leader", None)
+        assert service.metrics.retries == ["node_disconnected"]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
