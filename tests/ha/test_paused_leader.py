@@ -8,9 +8,12 @@ leader, and try again -- the same marker -- at the other Edge on a 503, a broken
 connection or a timeout, as behind a load balancer. With runs in flight and
 requests queued on the leader, it is SIGSTOPped past its TTL, the standby takes
 over, and the leader is SIGCONTed 3.5 s after the pause, with its queued
-requests (some its clients gave up on and sent to the new leader), its node
-connection still open, and its runs' answers waiting in its sockets: runs end,
-queued requests are granted, before its election task has run.
+requests (some its clients gave up on and sent to the new leader), before its
+election task has run. Twice: with the node's heartbeat at 5 s it still holds
+the paused Edge's connection when that Edge wakes (runs' answers wait in its
+sockets, runs end, queued requests are granted); at 1 s it dropped it during
+the pause (the woken Edge's runs were cut: their retries are asked, and the
+node dials it again).
 
 Checked: no request whose run did not reach the backend in the paused leader's
 term is executed twice, and none at all is executed twice once the new leader
@@ -77,12 +80,13 @@ async def start_backend(stack: Stack) -> int:
     return int(match[1])
 
 
-async def start_edge(stack: Stack, etcd: EtcdServer, name: str) -> RunningEdge:
+async def start_edge(stack: Stack, etcd: EtcdServer, name: str, heartbeat_ms: int) -> RunningEdge:
+    """An Edge with ``ha:``; its nodes heartbeat every ``heartbeat_ms`` (a third of its heartbeat timeout)."""
     ha = {"endpoints": [etcd.url], "advertise": name, "ttl_s": TTL_S, "poll_interval_ms": 50}
     config = {
         "listen": "127.0.0.1:0",
         "node_listen": "127.0.0.1:0",
-        "heartbeat_timeout_ms": 15_000,
+        "heartbeat_timeout_ms": 3 * heartbeat_ms,
         "provider_pool": {"max_queue": 64, "queue_timeout_ms": 30_000},
         "nodes": [
             {"id": "node-a", "token": "t", "providers": [{"id": p, "capacity": c} for p, c in PROVIDERS.items()]}
@@ -99,13 +103,12 @@ async def start_edge(stack: Stack, etcd: EtcdServer, name: str) -> RunningEdge:
     return RunningEdge(name, daemon, int(match[1]), int(match[2]))
 
 
-async def start_node(stack: Stack, backend_port: int, *edges: RunningEdge) -> Daemon:
-    """A Node on every Edge's node socket; heartbeat 5 s, so it still holds the paused Edge's connection
-    when that Edge wakes (3.5 s later), and the woken leader has a node to send runs to."""
+async def start_node(stack: Stack, backend_port: int, heartbeat_ms: int, *edges: RunningEdge) -> Daemon:
+    """A Node on every Edge's node socket, dropping a silent one after 1 to 1.25 ``heartbeat_ms``."""
     config = {
         "node_id": "node-a",
         "token": "t",
-        "heartbeat_interval_ms": 5000,
+        "heartbeat_interval_ms": heartbeat_ms,
         "runtime": {"concurrency": 16},
         "reconnect": {"initial_ms": 50, "max_ms": 500},
         "edge_urls": [f"ws://127.0.0.1:{edge.node_port}" for edge in edges],
@@ -169,18 +172,25 @@ async def load(http: httpx.AsyncClient, a: RunningEdge, b: RunningEdge, history:
             nursery.start_soon(worker, index)
 
 
+@pytest.mark.parametrize(
+    "heartbeat_ms",
+    [
+        pytest.param(5000, id="the-node-keeps-its-connection"),  # woken: runs end, queued requests are granted
+        pytest.param(1000, id="the-node-drops-the-paused-edge"),  # woken: its runs were cut, retries are asked
+    ],
+)
 async def test_a_leader_paused_past_its_ttl_runs_nothing_twice_and_answers_not_leader_when_it_wakes(
-    etcd: EtcdServer, tmp_path: Path
+    etcd: EtcdServer, tmp_path: Path, heartbeat_ms: int
 ) -> None:
     with trio.fail_after(180):
         async with open_stack(tmp_path) as stack:
             http = stack.http
             port = await start_backend(stack)
-            a = await start_edge(stack, etcd, "edge-a")
+            a = await start_edge(stack, etcd, "edge-a", heartbeat_ms)
             await until_ready(http, a, 200)
-            b = await start_edge(stack, etcd, "edge-b")
+            b = await start_edge(stack, etcd, "edge-b", heartbeat_ms)
             await until_ready(http, b, 503)
-            await start_node(stack, port, a, b)
+            await start_node(stack, port, heartbeat_ms, a, b)
 
             history = History()
             paused = trio.Event()
