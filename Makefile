@@ -10,7 +10,7 @@ REAL_STAMP := $(VENV)/.installed-real
 # (AVX-512/AMX probing), so build a portable one. Takes several minutes.
 REAL_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_OPENMP=OFF
 
-.PHONY: run dist lint test test-real test-ui soak bench bench-peers clean
+.PHONY: run dist chaos lint test test-real test-ui soak bench bench-peers clean
 
 $(STAMP): pyproject.toml daemons/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ bench: $(STAMP)
 # Also measures a LiteLLM proxy, installed on first use into benchmarks/.peers.
 bench-peers: $(STAMP)
 	$(BIN)/python -m benchmarks e2e fleet --runs 3 --peers
+
+# The whole system under a nemesis (docs/reliability.md): 200 seeded schedules of real etcd, Edges,
+# Nodes and counting backends; a failing seed is saved under tests/system/results/. Not part of `make test`.
+chaos: $(STAMP)
+	$(BIN)/python -m tests.system --schedules 200
 
 # Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
 # `make test`. Results are kept in mutants/. HYPOTHESIS_PROFILE=mutate (tests/conftest.py): fixed

@@ -134,7 +134,7 @@ def test_a_leader_woken_past_its_deadline_refuses_completions_on_their_head_not_
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def test_a_leader_woken_past_its_deadline_asks_for_no_retry_and_answers_not_leader() -> None:
+def test_a_leader_woken_past_its_deadline_asks_for_no_retry_and_answers_503() -> None:
     """Its node dropped a run during the pause: the retry is not asked for (no dispatch anywhere)."""
 
     class Metrics:
@@ -147,7 +147,8 @@ def test_a_leader_woken_past_its_deadline_asks_for_no_retry_and_answers_not_lead
     async def main() -> None:
         edge = ha()
         service: Any = types.SimpleNamespace(metrics=Metrics(), ha=edge)
-        on_retry = _retried(service, "m")
+        responder: Any = types.SimpleNamespace(run_sent=False)
+        on_retry = _retried(service, "m", responder)
         failed: Any = types.SimpleNamespace(provider="node-a/gpu0", attempt=1)
         edge.leadership.won(epoch=11, renewal_sent_at=trio.current_time())
         on_retry("node_disconnected", failed)  # it leads: the retry goes ahead, counted
@@ -155,6 +156,10 @@ def test_a_leader_woken_past_its_deadline_asks_for_no_retry_and_answers_not_lead
         with pytest.raises(RequestRejected) as refused:
             on_retry("node_disconnected", failed)
         assert (refused.value.status, refused.value.code, refused.value.retry) == (503, "not_leader", None)
+        responder.run_sent = True  # the failed attempt's run had been sent: it may have run
+        with pytest.raises(RequestRejected) as refused:
+            on_retry("node_disconnected", failed)
+        assert (refused.value.status, refused.value.code) == (503, "leader_stepped_down")
         assert service.metrics.retries == ["node_disconnected"]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -208,7 +208,9 @@ class EdgeAPI:
             with term:
                 await self._watched(scope, receive, responder, (model, long, endpoint, body, stream, charge))
         if term.cancelled_caught and service.ha is not None:
-            raise standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
+            # queued: a 503 now; streaming: a final error event. A request whose run was sent may have
+            # run: its code says so, and not_leader always means it did not [ha-step-down].
+            raise standby_refusal(service.ha, ran=responder.run_sent)
 
     async def _watched(self, scope: Scope, receive: Receive, responder: Responder, request: _Request) -> None:
         """Admit and run ``request``, cancelled if the client goes away."""
@@ -224,10 +226,8 @@ class EdgeAPI:
             nursery.cancel_scope.cancel()
 
     def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
-        """The listener's ``refuse_head``: :func:`~iop_edge.api.not_leader.not_leader_on_head` first [ha-step-down] (a woken
-        leader's backlog would trip the overload shedder), then :meth:`HeadRefusal.refuse`."""
-        refused = not_leader_on_head(self.service.ha, method, target)
-        return refused if refused is not None else self.head_refusal.refuse(method, target, headers)
+        """The listener's ``refuse_head``: ``not_leader_on_head`` [ha-step-down], then :meth:`HeadRefusal.refuse`."""
+        return not_leader_on_head(self.service.ha, method, target) or self.head_refusal.refuse(method, target, headers)
 
     async def _admit_and_run(
         self,
@@ -257,7 +257,7 @@ class EdgeAPI:
             finally:
                 charge.settle(service.admission, lease, answered=responder.started)
 
-        on_retry = _retried(service, model)
+        on_retry = _retried(service, model, responder)
         try:
             outcome = await serve_with_failover(
                 service.admission,
@@ -311,6 +311,7 @@ class EdgeAPI:
         stream, charge = how
         charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
         run = _open_run(self.service, lease, model, endpoint, body, stream)
+        responder.run_sent = True
         scan = charge.scan if charge.tokens else None
         head = [
             (b"x-iop-provider", str(lease.provider).encode()),
@@ -443,15 +444,16 @@ def _open_run(
         raise standby_refusal(service.ha) from None
 
 
-def _retried(service: EdgeParts, model: str) -> Callable[[str, Lease], None]:
+def _retried(service: EdgeParts, model: str, responder: Responder) -> Callable[[str, Lease], None]:
     """What to do before a retry ([failover-before-first-byte]): count it and say so -- unless this Edge
     has ``ha:`` and can no longer prove it leads [ha-step-down]: then the retry is not asked for, and
-    the request is answered ``503 not_leader`` (a woken leader whose runs' node dropped them)."""
+    the request is answered 503 (a woken leader whose runs' node dropped them): ``leader_stepped_down``
+    when an attempt's run was sent (it may have run), else ``not_leader``."""
     metrics, ha = service.metrics, service.ha
 
     def on_retry(reason: str, failed: Lease) -> None:
         if ha is not None and not ha.admits():
-            raise standby_refusal(ha)
+            raise standby_refusal(ha, ran=responder.run_sent)
         metrics.retried(model, reason)
         logger.info("retrying %s after %s on %s (attempt %d)", model, reason, failed.provider, failed.attempt)
 

@@ -1,4 +1,5 @@
-"""The answers of an Edge with ``ha:`` that does not lead, or cannot prove it still does: ``503 not_leader``.
+"""The answers of an Edge with ``ha:`` that does not lead, or cannot prove it still does: ``503 not_leader``
+(``leader_stepped_down`` for a request whose run had been sent).
 
 [ha-election] [ha-step-down] A standby, a leader that stepped down, and a leader woken from a
 pause past its own count of its lease (before its election task has run) answer alike:
@@ -15,15 +16,21 @@ from iop_edge.ha import EdgeHa
 from iop_edge.listener.server import CannedResponse
 
 
-def standby_refusal(ha: EdgeHa) -> RequestRejected:
+def standby_refusal(ha: EdgeHa, *, ran: bool = False) -> RequestRejected:
     """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader
-    (named when another Edge is known to lead, never this one)."""
+    (named when another Edge is known to lead, never this one).
+
+    ``ran``: the request's run had been sent when this Edge stepped down, so it may have run:
+    ``leader_stepped_down``; otherwise ``not_leader``, which always means it did not run."""
     leader = ha.other_leader()
     where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
+    code, what = ("leader_stepped_down", "this Edge stopped leading while the request ran (it may have run)")
+    if not ran:
+        code, what = "not_leader", "this Edge does not lead"
     return RequestRejected(
         503,
-        "not_leader",
-        "this Edge does not lead" + where,
+        code,
+        what + where,
         type="service_unavailable",
         retry_after=ha.retry_after(),
         leader=leader,
