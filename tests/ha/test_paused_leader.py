@@ -1,9 +1,9 @@
 """[epoch-fencing] [ha-step-down] The paused leader, with real processes: nothing runs twice.
 
 A real etcd, two Edges with ``ha:`` (TTL 2 s), one Node registered with both
-(``edge_urls``, two providers of capacity 2) in front of an independent counting
-backend (:mod:`tests.ha.counting_backend`: each request's marker, each provider's
-concurrency). Clients send requests with a unique marker each, first to the
+(``edge_urls``, two providers of capacity 2), each provider in front of an independent
+counting backend (:mod:`tests.system.backend`, the whole-system check's witness: each
+request's marker, arrival and end), judged by :mod:`tests.system.checker`. Clients send requests with a unique marker each, first to the
 leader, and try again -- the same marker -- at the other Edge on a 503, a broken
 connection or a timeout, as behind a load balancer. With runs in flight and
 requests queued on the leader, it is SIGSTOPped past its TTL, the standby takes
@@ -27,17 +27,18 @@ naming the new leader once it knows it; no run of the woken leader was refused
 
 from __future__ import annotations
 
-import re
 import time
+from collections import Counter
 from pathlib import Path
 
 import attrs
 import httpx
 import pytest
 import trio
-from tests.e2e.harness import BIG, EDGE_READY, NODE_REGISTERED, Daemon, Stack, open_stack, write_config
+from tests.e2e.harness import BIG, EDGE_READY, NODE_REGISTERED, Daemon, Stack, drained, open_stack, write_config
+from tests.system.checker import Execution, at_most_once, read_executions, within_capacity
+from tests.system.cluster import BACKEND_READY
 
-from .counting_backend import READY
 from .etcd_server import EtcdServer
 from .test_chaos_failover import RunningEdge, until_ready
 
@@ -74,11 +75,19 @@ class History:
     woke: bool = False
 
 
-async def start_backend(stack: Stack) -> int:
-    script = Path(__file__).with_name("counting_backend.py")
-    daemon = await stack.spawn("counting-backend", [str(script), "--port", "0", "--latency-ms", str(LATENCY_MS)])
-    match = await daemon.wait_for_line(re.compile(re.escape(READY) + r"(\d+)"))
-    return int(match[1])
+async def start_backends(stack: Stack) -> dict[str, int]:
+    """One counting backend per provider, logging to ``backend-<provider>.log``; their ports."""
+    ports = {}
+    for provider in PROVIDERS:
+        log = stack.directory / f"backend-{provider}.log"
+        argv = ["-m", "tests.system.backend", "--label", provider, "--log", str(log), "--latency-ms", str(LATENCY_MS)]
+        daemon = await stack.spawn(f"backend-{provider}", argv)
+        ports[provider] = int((await daemon.wait_for_line(BACKEND_READY))[1])
+    return ports
+
+
+def executions(stack: Stack) -> list[Execution]:
+    return read_executions(stack.directory / f"backend-{provider}.log" for provider in PROVIDERS)
 
 
 async def start_edge(stack: Stack, etcd: EtcdServer, name: str, heartbeat_ms: int) -> RunningEdge:
@@ -104,7 +113,7 @@ async def start_edge(stack: Stack, etcd: EtcdServer, name: str, heartbeat_ms: in
     return RunningEdge(name, daemon, int(match[1]), int(match[2]))
 
 
-async def start_node(stack: Stack, backend_port: int, heartbeat_ms: int, *edges: RunningEdge) -> Daemon:
+async def start_node(stack: Stack, ports: dict[str, int], heartbeat_ms: int, *edges: RunningEdge) -> Daemon:
     """A Node on every Edge's node socket, dropping a silent one after 1 to 1.25 ``heartbeat_ms``."""
     config = {
         "node_id": "node-a",
@@ -114,7 +123,7 @@ async def start_node(stack: Stack, backend_port: int, heartbeat_ms: int, *edges:
         "reconnect": {"initial_ms": 50, "max_ms": 500},
         "edge_urls": [f"ws://127.0.0.1:{edge.node_port}" for edge in edges],
         "providers": [
-            {"id": p, "adapter": "openai", "capacity": c, "base_url": f"http://127.0.0.1:{backend_port}/{p}/v1"}
+            {"id": p, "adapter": "openai", "capacity": c, "base_url": f"http://127.0.0.1:{ports[p]}/v1"}
             for p, c in PROVIDERS.items()
         ],
     }
@@ -123,11 +132,6 @@ async def start_node(stack: Stack, backend_port: int, heartbeat_ms: int, *edges:
     )
     await node.wait_for_line(NODE_REGISTERED, count=len(edges))
     return node
-
-
-async def stats(http: httpx.AsyncClient, port: int) -> dict[str, dict[str, int] | list[str]]:
-    document: dict[str, dict[str, int] | list[str]] = (await http.get(f"http://127.0.0.1:{port}/stats")).json()
-    return document
 
 
 def code_of(answer: httpx.Response) -> str:
@@ -186,12 +190,12 @@ async def test_a_leader_paused_past_its_ttl_runs_nothing_twice_and_answers_not_l
     with trio.fail_after(180):
         async with open_stack(tmp_path) as stack:
             http = stack.http
-            port = await start_backend(stack)
+            ports = await start_backends(stack)
             a = await start_edge(stack, etcd, "edge-a", heartbeat_ms)
             await until_ready(http, a, 200)
             b = await start_edge(stack, etcd, "edge-b", heartbeat_ms)
             await until_ready(http, b, 503)
-            await start_node(stack, port, heartbeat_ms, a, b)
+            await start_node(stack, ports, heartbeat_ms, a, b)
 
             history = History()
             paused = trio.Event()
@@ -209,7 +213,7 @@ async def test_a_leader_paused_past_its_ttl_runs_nothing_twice_and_answers_not_l
                 # Until b leads (a's lease expires in etcd, at least 1.3 s from now) only what a sent
                 # before it stopped can reach the backend: the runs of its term, however slow the box.
                 await until_ready(http, b, 200)
-                seen["arrived in a's term"] = len((await stats(http, port))["arrivals"])
+                seen["b leads"] = time.monotonic()  # the backends' clock: the system's monotonic one
                 await trio.sleep(max(0.0, PAUSE_S - (time.monotonic() - stopped_at)))
                 history.woke = True
                 a.daemon.sigcont()
@@ -228,31 +232,26 @@ async def test_a_leader_paused_past_its_ttl_runs_nothing_twice_and_answers_not_l
             assert (refused.status_code, code_of(refused)) == (503, "not_leader"), refused.text
             assert refused.headers["x-iop-leader"] == "edge-b"
 
-            # Wait for the backend to finish every run still going (a cut one ends as its node closes it).
-            while any((await stats(http, port))["in_flight"].values()):  # type: ignore[union-attr]
-                await trio.sleep(0.05)
-            record = await stats(http, port)
-            arrivals = record["arrivals"]
-            executions = record["executions"]
-            peak = record["peak"]
-            assert isinstance(arrivals, list) and isinstance(executions, dict) and isinstance(peak, dict)
-            before = seen["arrived in a's term"]
-            assert isinstance(before, int)
-
+            # Every lease ended on both Edges (a cut run ends as its node closes it) and every 200 logged.
+            for edge in (a, b):
+                while not drained((await http.get(f"{edge.url}/status")).json()):
+                    await trio.sleep(0.05)
             assert len(history.ok) == REQUESTS, history
+            while not set(history.ok) <= {e.marker for e in executions(stack)}:  # logged after the answer
+                await trio.sleep(0.05)
+            ran = executions(stack)
+            b_leads = seen["b leads"]
+            assert isinstance(b_leads, float)
+
             # Since b leads, every request ran at most once: the woken leader sent nothing.
-            since_pause = arrivals[before:]
-            twice = {m for m in since_pause if since_pause.count(m) > 1}
-            assert not twice, (twice, history)
-            # A request that had not reached the backend in a's term ran exactly once in all (one a's
+            assert at_most_once(e for e in ran if e.arrival > b_leads) == [], history
+            # A request that had not reached a backend in a's term ran exactly once in all (one a's
             # term ran may run again at b: its client gave up on the paused a and tried b).
-            started_before = set(arrivals[:before])
-            for marker in history.ok:
-                runs = executions.get(marker, 0)
-                assert runs >= 1, marker
-                assert runs == 1 or marker in started_before, (marker, runs)
-            # Every provider within its capacity at the backend, at every instant.
-            assert all(peak.get(p, 0) <= capacity for p, capacity in PROVIDERS.items()), peak
+            in_a_term = {e.marker for e in ran if e.arrival <= b_leads}
+            runs = Counter(e.marker for e in ran)
+            assert all(runs[m] == 1 or (m in in_a_term and runs[m] == 2) for m in history.ok), runs
+            # Every provider within its capacity at its backend, at every instant.
+            assert within_capacity(ran, PROVIDERS) == []
             # The woken leader answered 503 not_leader (leader_stepped_down for a request whose run it had
             # sent), never overloaded; it sent no run a node refused stale.
             assert history.from_woken, history
