@@ -1,4 +1,4 @@
-"""``python -m tests.system [--schedules N] [--seed S] [--length SECONDS]``: ``make chaos``.
+"""``python -m tests.system [--schedules N] [--seed S] [--length SECONDS] [--kinds K,...]``: ``make chaos``.
 
 Runs ``N`` seeded schedules (seeds S, S+1, ...) of the whole-system check one after the other,
 prints a line per schedule, saves each failing one under ``tests/system/results/`` (its seed
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import trio
 
+from .nemesis import KINDS
 from .run import run_schedule, save_failure
 
 RESULTS = Path(__file__).parent / "results"
@@ -25,11 +26,16 @@ def main() -> int:
     parser.add_argument("--schedules", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--length", type=float, default=20.0, help="seconds of load per schedule")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="the faults to draw from, comma-separated")
     args = parser.parse_args()
     failed = 0
     for seed in range(args.seed, args.seed + args.schedules):
         with tempfile.TemporaryDirectory(prefix=f"iop-system-{seed}-") as folder:
-            result = trio.run(functools.partial(run_schedule, seed, Path(folder), length=args.length))
+            result = trio.run(
+                functools.partial(
+                    run_schedule, seed, Path(folder), length=args.length, kinds=tuple(args.kinds.split(","))
+                )
+            )
         status = "ok" if not result.violations else f"FAILED ({len(result.violations)} violations)"
         print(
             f"seed {seed}: {status}; {len(result.faults)} faults, {len(result.attempts)} attempts, "

@@ -19,6 +19,8 @@ import trio
 from tests.e2e.harness import EDGE_READY, NODE_REGISTERED, Daemon, Stack, drained, write_config
 from tests.ha.etcd_server import EtcdServer
 
+from .proxy import LinkProxy
+
 CAPACITY = 2
 """Each provider's capacity, at the Edge and at its Node."""
 TTL_S = 2
@@ -54,12 +56,15 @@ class Cluster:
     backend_ports: dict[str, int] = attrs.field(factory=dict)
     edges: list[EdgeProcess] = attrs.field(factory=list)
     nodes: dict[str, Daemon] = attrs.field(factory=dict)
+    proxies: list[LinkProxy] = attrs.field(factory=list)
+    """One per Edge, in the Edges' order: what the Nodes dial (:mod:`.proxy`)."""
 
     @property
     def capacity(self) -> dict[str, int]:
         return {provider_label(node): CAPACITY for node in NODES}
 
-    async def start(self, edges: int, latency_ms: float) -> None:
+    async def start(self, edges: int, latency_ms: float, services: trio.Nursery) -> None:
+        """Start everything; the link proxies run in ``services`` until it is cancelled."""
         await trio.to_thread.run_sync(self.etcd.start)
         for node in NODES:
             log = self.stack.directory / f"executions-{node}.jsonl"
@@ -79,7 +84,11 @@ class Cluster:
             )
             self.backend_ports[node] = int((await daemon.wait_for_line(BACKEND_READY))[1])
         for i in range(edges):
-            self.edges.append(await self.start_edge(f"edge-{i}"))
+            edge = await self.start_edge(f"edge-{i}")
+            self.edges.append(edge)
+            proxy = LinkProxy(edge.node_port)
+            await services.start(proxy.serve)
+            self.proxies.append(proxy)
         for node in NODES:
             self.nodes[node] = await self.start_node(node)
 
@@ -109,7 +118,7 @@ class Cluster:
             "node_id": node,
             "token": f"{node}-token",
             "heartbeat_interval_ms": 500,
-            "edge_urls": [f"ws://127.0.0.1:{edge.node_port}" for edge in self.edges],
+            "edge_urls": [f"ws://127.0.0.1:{proxy.port}" for proxy in self.proxies],
             "runtime": {"concurrency": 8},
             "reconnect": {"initial_ms": 50, "max_ms": 500},
             "providers": [
@@ -160,7 +169,9 @@ class Cluster:
         return left
 
     def resume_everything(self) -> None:
-        """SIGCONT to every process a fault may have stopped (a no-op on the running ones)."""
+        """SIGCONT to every process a fault may have stopped (a no-op on the running ones); every link passes."""
+        for proxy in self.proxies:
+            proxy.set("pass")
         for edge in self.edges:
             edge.daemon.sigcont()
         for daemon in self.nodes.values():

@@ -9,7 +9,10 @@ one is replayed exactly by its seed. Kinds (each one at a time, with a quiet gap
 - ``kill_node`` / ``pause_node``: SIGKILL a Node and restart it / SIGSTOP it past the Edges'
   heartbeat timeout, then SIGCONT;
 - ``kill_etcd`` / ``pause_etcd``: SIGKILL etcd and restart it on its data / SIGSTOP it, then SIGCONT;
-- ``reload``: SIGHUP every Edge (a reload of the same file under load).
+- ``reload``: SIGHUP every Edge (a reload of the same file under load);
+- ``partition_link`` / ``half_open_link`` / ``delay_link`` / ``drop_link``: the links between the
+  Nodes and one Edge blackholed both ways past the heartbeat timeout / blackholed from the Edge to
+  the Nodes / slowed by 50-300 ms a chunk / reset (:mod:`.proxy`), then healed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,21 @@ import trio
 from .checker import Loss
 from .cluster import NODES, TTL_S, Cluster, provider_label
 
-KINDS = ("pause_leader", "pause_edge", "kill_edge", "kill_node", "pause_node", "kill_etcd", "pause_etcd", "reload")
+KINDS = (
+    "pause_leader",
+    "pause_edge",
+    "kill_edge",
+    "kill_node",
+    "pause_node",
+    "kill_etcd",
+    "pause_etcd",
+    "reload",
+    "partition_link",
+    "half_open_link",
+    "delay_link",
+    "drop_link",
+)
+LINK_MODES = {"partition_link": "blackhole", "half_open_link": "half_open", "delay_link": "delay", "drop_link": "drop"}
 
 
 @attrs.frozen
@@ -39,13 +56,14 @@ class Fault:
     """How long the process stays stopped or down."""
 
 
-def schedule(seed: int, length: float) -> list[Fault]:
-    """The faults of ``seed`` over ``length`` seconds of load: one at a time, a quiet gap between."""
+def schedule(seed: int, length: float, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+    """The faults of ``seed`` over ``length`` seconds of load: one at a time, a quiet gap between,
+    each of one of ``kinds``."""
     rng = random.Random(seed)
     faults = []
     at = rng.uniform(1.0, 2.5)
     while at < length - 2.0:
-        kind = rng.choice(KINDS)
+        kind = rng.choice(kinds)
         if kind == "pause_leader":
             duration = rng.uniform(TTL_S + 0.5, TTL_S + 2.0)
         elif kind == "pause_edge":
@@ -104,7 +122,25 @@ async def apply(fault: Fault, cluster: Cluster, http: httpx.AsyncClient, losses:
         await trio.sleep(fault.duration)
         cluster.etcd.resume()
         return f"paused etcd {fault.duration} s"
+    if fault.kind in LINK_MODES:
+        return await _link_fault(fault, cluster, losses)
     assert fault.kind == "reload"
     for each in cluster.edges:
         each.daemon.send_signal(signal.SIGHUP)
     return "reloaded every Edge"
+
+
+async def _link_fault(fault: Fault, cluster: Cluster, losses: list[Loss]) -> str:
+    """Set one Edge's link proxy to the fault's mode, then back to ``pass``. A partition past the
+    heartbeat timeout loses both Nodes for that Edge: the runs it cut may be failed over."""
+    index = fault.target % len(cluster.proxies)
+    proxy, name = cluster.proxies[index], cluster.edges[index].name
+    mode = LINK_MODES[fault.kind]
+    start = time.monotonic()
+    proxy.set(mode, delay=min(0.3, fault.duration / 5))  # type: ignore[arg-type]
+    hold = fault.duration + (1.5 if mode in ("blackhole", "half_open") else 0.0)  # past the heartbeat timeout
+    await trio.sleep(hold)
+    proxy.set("pass")
+    if mode != "delay":
+        losses.extend(Loss(provider_label(node), start, time.monotonic() + 1.0) for node in NODES)
+    return f"{fault.kind} to {name} {hold:.3f} s"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -23,7 +24,7 @@ from tests.ha.etcd_server import EtcdServer
 
 from .checker import Attempt, Loss, read_executions, violations
 from .cluster import MODEL, Cluster
-from .nemesis import apply, schedule
+from .nemesis import KINDS, apply, schedule
 
 SETTLE_S = 20.0
 """Seconds the cluster has, after the load, to drain every Edge."""
@@ -43,58 +44,76 @@ class Result:
         return sum(1 for a in self.attempts if a.status == 200)
 
 
+@attrs.define(eq=False)
+class _Load:
+    """The clients and the nemesis of one schedule, and what they recorded."""
+
+    cluster: Cluster
+    http: httpx.AsyncClient
+    seed: int
+    attempts: list[Attempt] = attrs.field(factory=list)
+    losses: list[Loss] = attrs.field(factory=list)
+    faults: list[str] = attrs.field(factory=list)
+    markers: Iterator[int] = attrs.field(factory=itertools.count)
+    preferred: int = 0
+    """The Edge that last answered 200: where a client goes first (a load balancer's choice)."""
+
+    async def client(self, stop_at: float) -> None:
+        turn = self.preferred
+        while trio.current_time() < stop_at:
+            edge = self.cluster.edges[turn % len(self.cluster.edges)]
+            attempt = await _attempt(self.http, edge.name, edge.url, f"s{self.seed}-{next(self.markers)}")
+            self.attempts.append(attempt)
+            if attempt.status == 200:
+                self.preferred = turn
+            else:
+                turn += 1
+                await trio.sleep(0.05)
+
+    async def nemesis(self, length: float, kinds: tuple[str, ...]) -> None:
+        started = trio.current_time()
+        for fault in schedule(self.seed, length, kinds):
+            await trio.sleep_until(started + fault.at)
+            self.faults.append(f"{fault.at:6.2f} s {await apply(fault, self.cluster, self.http, self.losses)}")
+
+
 async def run_schedule(
-    seed: int, directory: Path, *, length: float = 12.0, edges: int = 2, workers: int = 10, latency_ms: float = 400
+    seed: int,
+    directory: Path,
+    *,
+    length: float = 12.0,
+    edges: int = 2,
+    workers: int = 10,
+    latency_ms: float = 400,
+    kinds: tuple[str, ...] = KINDS,
 ) -> Result:
     """Run schedule ``seed`` in ``directory`` (its processes' logs and the executions stay there).
 
     Checkpoints. Every process is reaped on the way out, whatever happens.
     """
-    faults_done: list[str] = []
-    attempts: list[Attempt] = []
-    losses: list[Loss] = []
-    markers = itertools.count()
     etcd = EtcdServer(directory / "etcd-data")
-    async with open_stack(directory) as stack:
+    http = httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_S, limits=httpx.Limits(max_connections=64))
+    async with open_stack(directory) as stack, http, trio.open_nursery() as services:
         cluster = Cluster(stack, etcd)
+        load = _Load(cluster, http, seed)
         try:
-            await cluster.start(edges, latency_ms=latency_ms)
-            http = httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_S, limits=httpx.Limits(max_connections=64))
-            async with http:
-                await _wait_for_a_leader(cluster, http)
-                preferred = [0]
-                stop_at = trio.current_time() + length
-
-                async def client() -> None:
-                    turn = preferred[0]
-                    while trio.current_time() < stop_at:
-                        edge = cluster.edges[turn % len(cluster.edges)]
-                        attempt = await _attempt(http, edge.name, edge.url, f"s{seed}-{next(markers)}")
-                        attempts.append(attempt)
-                        if attempt.status == 200:
-                            preferred[0] = turn
-                        else:
-                            turn += 1
-                            await trio.sleep(0.05)
-
-                async def nemesis() -> None:
-                    started = trio.current_time()
-                    for fault in schedule(seed, length):
-                        await trio.sleep_until(started + fault.at)
-                        faults_done.append(f"{fault.at:6.2f} s {await apply(fault, cluster, http, losses)}")
-
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(nemesis)
-                    for _ in range(workers):
-                        nursery.start_soon(client)
-                cluster.resume_everything()
-                left = await _settle(cluster, http)
+            await cluster.start(edges, latency_ms, services)
+            await _wait_for_a_leader(cluster, http)
+            stop_at = trio.current_time() + length
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(load.nemesis, length, kinds)
+                for _ in range(workers):
+                    nursery.start_soon(load.client, stop_at)
+            cluster.resume_everything()
+            left = await _settle(cluster, http)
         finally:
             cluster.resume_everything()
-            await trio.to_thread.run_sync(etcd.stop)
+            with trio.CancelScope(shield=True):  # etcd is no child of the stack: stopped here, whatever happened
+                await trio.to_thread.run_sync(etcd.stop)
+            services.cancel_scope.cancel()
     executions = read_executions(cluster.backend_logs)
-    found = violations(attempts, executions, cluster.capacity, losses) + left
-    return Result(seed, faults_done, attempts, len(executions), found)
+    found = violations(load.attempts, executions, cluster.capacity, load.losses) + left
+    return Result(seed, load.faults, load.attempts, len(executions), found)
 
 
 async def _attempt(http: httpx.AsyncClient, edge: str, url: str, marker: str) -> Attempt:

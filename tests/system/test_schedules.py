@@ -3,7 +3,8 @@ Edges with ``ha:``, two Nodes listing both, a counting backend per provider, cli
 on the other Edge, and a seeded nemesis; the checker judges the history.
 
 The seeds are chosen so the schedules hold the faults that matter most here (a leader paused past
-its TTL with requests in flight and queued, a Node killed under load); a failing seed is replayed
+its TTL with requests in flight and queued, a Node killed under load, a partition between the Nodes
+and an Edge); a failing seed is replayed
 with ``python -m tests.system --seed SEED --schedules 1``.
 """
 
@@ -20,12 +21,12 @@ from .run import run_schedule
 pytestmark = pytest.mark.req("epoch-fencing", "warm-standby")
 
 LENGTH_S = 10.0
-SEEDS = (2, 8)
+SEEDS = (3, 8)
 
 
 def test_the_profile_holds_the_faults_that_matter() -> None:
     kinds = {fault.kind for seed in SEEDS for fault in schedule(seed, LENGTH_S)}
-    assert {"pause_leader", "kill_node"} <= kinds, kinds
+    assert {"pause_leader", "kill_node", "partition_link"} <= kinds, kinds
 
 
 @pytest.mark.parametrize("seed", SEEDS)

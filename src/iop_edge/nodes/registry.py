@@ -70,12 +70,25 @@ class _Peer(NamedTuple):
 _BACKOFF_CODES = frozenset(("bad_token", "unknown_node"))
 """Rejections that answer a wrong credential: answered after the source's backoff."""
 
+MAX_NODE_ID_CHARS = 128
+"""The longest ``register.node_id`` the Edge looks up (docs/wire.md); a longer one, or one with a
+character that is not printable, is ``unknown_node`` at once."""
+
+
+def _loggable(text: str) -> str:
+    """A peer's identifier as a log line may carry it: as sent when printable and short, else escaped and cut."""
+    if text.isprintable() and len(text) <= MAX_NODE_ID_CHARS:
+        return text
+    return repr(text[:MAX_NODE_ID_CHARS]) + ("..." if len(text) > MAX_NODE_ID_CHARS else "")
+
 
 def _problem(
     message: Register, peer: _Peer, token_for: Callable[[str], str | None], links: dict[str, NodeLink]
 ) -> _Rejection | None:
     """Why ``message`` from ``peer`` cannot register now (None: it can)."""
     node_id = message.node_id
+    if len(node_id) > MAX_NODE_ID_CHARS or not node_id.isprintable():
+        return _Rejection("unknown_node", "the node id is too long or not printable", node_id)
     if message.protocol not in PROTOCOL_VERSIONS:
         spoken = ", ".join(map(str, PROTOCOL_VERSIONS))
         reason = f"protocol {message.protocol} is not supported (edge speaks {spoken})"
@@ -296,7 +309,7 @@ class NodeRegistry:
             node_id,
             generation,
             link.protocol,
-            ", ".join(link.providers) or "none",
+            ", ".join(map(_loggable, link.providers)) or "none",
         )
         if self._on_connect is not None:
             self._on_connect(node_id, generation)
@@ -312,7 +325,7 @@ class NodeRegistry:
         delay = self.limits.failed(source, trio.current_time()) if code in _BACKOFF_CODES else 0.0
         logger.warning(
             "rejected node registration %s from %s: %s (%s)%s",
-            rejection.node_id or "?",
+            "?" if rejection.node_id is None else _loggable(rejection.node_id),
             source.key,
             rejection.reason,
             code,
