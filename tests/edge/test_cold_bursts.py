@@ -81,6 +81,8 @@ async def bursts(edge: Edge, clients: dict[str, int]) -> collections.Counter[tup
         assert len(answers) == sum(clients.values())
         seen.update(answers)
         await edge.assert_drained()
+        door = edge.service.front_door
+        assert (door.passing, door.passing_of) == (0, {})  # every request in transit arrived, by its tenant
     return seen
 
 
@@ -122,3 +124,17 @@ async def test_cold_bursts_of_a_tenant_at_its_quota_refuse_no_light_tenant_reque
     assert seen["l-key", 200, ""] == 8 * BURSTS
     assert refused(seen, "f-key")  # the bursts did overflow the tenant's quota
     assert set(refused(seen, "f-key")) <= {(429, "tenant_max_queue"), (429, "queue_full")}
+
+
+@pytest.mark.req("overload-cheap-reject")
+async def test_a_request_that_never_asks_leaves_its_tenant_count(tmp_path: Path) -> None:
+    """[overload-cheap-reject] A request let through on its head that ends before asking for a lease
+    (a malformed body, a missing model) stops counting as in transit for its own tenant."""
+    with trio.fail_after(HANG):
+        async with running_edge(tmp_path, layout(SHEDDABLE_FLOOD)) as edge:
+            headers = {"authorization": "Bearer n-key", "content-type": "application/json"}
+            bad = await edge.http.post("/v1/chat/completions", content=b"{", headers=headers)
+            no_model = await edge.http.post("/v1/chat/completions", json={}, headers=headers)
+            door = edge.service.front_door
+            assert (bad.status_code, no_model.status_code) == (400, 400)
+            assert (door.passing, door.passing_of) == (0, {})
