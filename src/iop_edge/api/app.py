@@ -181,7 +181,7 @@ class EdgeAPI:
         service = self.service
         if service.ha is not None and not service.ha.admits():
             if self.head_refusal.let_through_by_listener(scope, _hooks(scope)):
-                service.front_door.gave_up()  # it will not ask for a lease
+                self.head_refusal.gave_up(scope)  # it will not ask for a lease
             raise standby_refusal(service.ha)
         refused = self.head_refusal.refuse_request(scope, _hooks(scope))
         if refused is not None:
@@ -198,7 +198,7 @@ class EdgeAPI:
             long = threshold is not None and estimate_tokens(endpoint, body) > threshold
             charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, body))
         except BaseException:
-            service.front_door.gave_up()  # let through on its head, it will not ask for a lease
+            self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise
 
         term = trio.CancelScope()  # [ha-step-down] cancelled when this Edge stops leading
@@ -243,7 +243,7 @@ class EdgeAPI:
         metrics = service.metrics
         started_at = trio.current_time()
         outcome = "error"
-        visit = service.front_door.enter()
+        visit = service.front_door.enter(charge.tenant)
         served: Lease | None = None  # the lease of the latest attempt
 
         async def attempt(lease: Lease) -> str:
