@@ -17,12 +17,14 @@ from iop_edge.config import UiConfig
 from iop_edge.ui.parts import PageAlone
 
 
-async def serve_page(nursery: trio.Nursery, admission: Admission, ui: UiConfig) -> tuple[str, QueuePage]:
-    """Serve the page for ``admission`` on 127.0.0.1 (a free port) until ``nursery`` ends; its base URL."""
-    page = QueuePage(PageAlone(admission, ui))
+async def serve_page(nursery: trio.Nursery, admission: Admission, ui: UiConfig) -> tuple[str, PageAlone]:
+    """Serve the page for ``admission`` on 127.0.0.1 (a free port) until ``nursery`` ends: its base
+    URL, and its parts (replace their ``ui`` to change the settings, e.g. rotate the token)."""
+    parts = PageAlone(admission, ui)
+    page = QueuePage(parts)
     config = HypercornConfig()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = config.errorlog = None
     nursery.start_soon(page.run)
     binds = await nursery.start(functools.partial(serve, page, config))
-    return binds[0], page
+    return binds[0], parts
