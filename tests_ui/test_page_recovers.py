@@ -3,7 +3,8 @@ Chromium against real Edge, Node and mock backend processes (and, for a token ro
 reload, the Edge's page app over an admission core, :mod:`page_server`).
 
 [queue-page]: with ``ui.max_viewers: 1`` and the one slot held by another stream, the page is
-refused (429): it says so, and when it tries again; within 5 s of the slot freeing it is live.
+refused (429): it says so, and when it tries again, and dims what it shows; within 5 s of the
+slot freeing it is live.
 Its charts then hold the seconds before it opened (kept by the Edge and sent on open), drawn.
 Loading it logs no console error but the refusals themselves (no favicon 404). When the Edge
 goes, the page says so at once. A page whose stream is refused 401 (its token no longer
@@ -62,6 +63,8 @@ def why(browser: webdriver.Chrome) -> str:
     return text
 
 
+STALE = "return document.body.classList.contains('stale')"
+
 CHART = """
 const c = document.getElementById("chart"), g = c.getContext("2d");
 const pixels = g.getImageData(0, 0, c.width, c.height).data;
@@ -88,6 +91,7 @@ async def test_a_refused_page_comes_back_with_history(tmp_path: Path, browser: w
             await shows(browser, lambda b: link(b) == "reconnecting" and "429" in why(b), 10)
             told = await run(why, browser)
             assert "at most 1 viewers at once" in told and "next try in" in told
+            assert await run(browser.execute_script, STALE)  # nothing shown is current: dimmed
             logged = await run(browser.get_log, "browser")
             assert all("429" in entry["message"] for entry in logged if entry["level"] == "SEVERE"), logged
             assert not any("favicon" in entry["message"] for entry in logged)
@@ -95,6 +99,7 @@ async def test_a_refused_page_comes_back_with_history(tmp_path: Path, browser: w
             await held.aclose()  # the slot frees
             await shows(browser, lambda b: link(b) == "live", RECOVERS_WITHIN)
             assert await run(why, browser) == ""
+            assert not await run(browser.execute_script, STALE)
 
             samples, drawn = await run(browser.execute_script, CHART)
             assert samples >= HISTORY  # each from the Edge: the page was refused until now

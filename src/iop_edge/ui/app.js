@@ -10,7 +10,6 @@
   const RETRY_S = [0.5, 1, 2, 3]; // then every 3 s: back within 5 s of the Edge taking the page again
   const SILENT_S = 12; // the Edge writes at least every 5 s: silence this long means the stream is dead
   let history = []; // [seq, in flight, waiting, grants, refusals], oldest first
-  let last = null;
 
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -165,6 +164,7 @@
   let failures = 0, retryAt = 0, retryTimer = null, reason = "";
   function label(text, ok, detail) {
     link.textContent = text; link.className = ok ? "ok" : "bad"; why.textContent = detail || "";
+    document.body.classList.toggle("stale", !ok); // what is shown is no longer current: dimmed
   }
   function stream() {
     const query = new URLSearchParams(params);
@@ -219,10 +219,9 @@
     if (!data) return; // a keep-alive comment
     const body = JSON.parse(data);
     if (name === "history") { history = body.samples.slice(-HISTORY); charts(); return; }
-    last = body;
-    addSamples(last.recent || []);
-    render(last);
-    activity(last);
+    addSamples(body.recent || []);
+    render(body);
+    activity(body);
     charts();
     if (link.textContent !== "live") { failures = 0; reason = ""; label("live", true); }
   }
