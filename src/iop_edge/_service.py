@@ -215,6 +215,7 @@ class EdgeService:
             if self.ha is not None:  # campaigns from the start; nodes register with a standby too
                 await nursery.start(self.ha.run)
             nursery.start_soon(self.admission.watch_ejections)  # ejections end on time [outlier-ejection]
+            nursery.start_soon(self.api.queue_page.run)  # the page's memory, from the start [queue-page]
             self.node_port = await nursery.start(
                 _serve_nodes,
                 self.registry,

@@ -135,7 +135,7 @@ class EdgeAPI:
         }
         self._paths = {path for _, path in self._routes}
         self.head_refusal = HeadRefusal(service)
-        self._queue_page = QueuePage(service)
+        self.queue_page = QueuePage(service)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -152,7 +152,7 @@ class EdgeAPI:
             hooks.respond_nowait if hooks is not None else None,
         )
         if scope["path"] in QUEUE_PAGE_PATHS:  # the live queue page, an app of its own ([queue-page])
-            await self._queue_page(scope, receive, send)
+            await self.queue_page(scope, receive, send)
             return
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
