@@ -22,9 +22,9 @@ from iop_admission import Admission, ConfigError, PreparedRefresh, ProviderKey
 from iop_config import ConfigFileError, TlsFileError
 from iop_edge._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
 from iop_edge.api.app import EdgeAPI
-from iop_edge.api.overload import FrontDoor, watch_loop_lag
 from iop_edge.config import EdgeConfig, load_edge_config
 from iop_edge.config.reader import error_lines, rebuild, run_reader
+from iop_edge.front_door.overload import FrontDoor, watch_loop_lag
 from iop_edge.ha import EdgeHa, Leadership
 from iop_edge.listener.server import HttpLimits, serve_http
 from iop_edge.metrics import EdgeMetrics

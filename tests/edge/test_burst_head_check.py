@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from iop_admission import TenantSnapshot
-from iop_edge.api.overload import FrontDoor, OverloadPolicy
-from iop_edge.api.queue_room import refuses_queue_full
+from iop_edge.front_door.overload import FrontDoor, OverloadPolicy
+from iop_edge.front_door.queue_room import refuses_queue_full
 
 MAX_QUEUE, CAPACITY = 16, 4
 NOW = 50.0

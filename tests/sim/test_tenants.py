@@ -14,8 +14,8 @@ import pytest
 
 from iop_admission import TenantLimitExceeded
 from iop_admission.core import FairShare
-from iop_edge.api import head_refusal as _head_refusal
 from iop_edge.api import tenant_charge as _tenant_charge
+from iop_edge.front_door import head_refusal as _head_refusal
 
 from ._report import run_and_summarize
 from ._tenants import TENANT_SITES, run_tenant_seed, tenant_summary

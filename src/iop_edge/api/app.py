@@ -36,9 +36,7 @@ from iop_admission import (
 )
 from iop_edge._off_loop import run_off_loop
 from iop_edge.api.failover import AttemptFailed, serve_with_failover
-from iop_edge.api.head_refusal import HeadRefusal
 from iop_edge.api.not_leader import not_leader_on_head, standby_refusal
-from iop_edge.api.overload import FrontDoor
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
@@ -48,6 +46,8 @@ from iop_edge.api.request_body import BODY_DECODER, checked_stream, estimate_tok
 from iop_edge.api.responder import Responder, header_pairs
 from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
 from iop_edge.config import EdgeConfig
+from iop_edge.front_door.head_refusal import HeadRefusal
+from iop_edge.front_door.overload import FrontDoor
 from iop_edge.ha import EdgeHa
 from iop_edge.ha.fencing import NotLeading
 from iop_edge.listener.asgi import last_value as _last

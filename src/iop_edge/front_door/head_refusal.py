@@ -1,7 +1,7 @@
 """The head refusal: which completion requests the Edge refuses before their body is read.
 
 One owner decides ([overload-shed], a full queue, the API key): :class:`HeadRefusal`
-asks the front door (:class:`~iop_edge.api.overload.FrontDoor`) whether to shed or
+asks the front door (:class:`~iop_edge.front_door.overload.FrontDoor`) whether to shed or
 whether the queue is full, checks the API key, counts the refusal and books the
 client's return. The listener asks it on each request head (``refuse_head``);
 the app asks it when the listener did not (another server, a query string), and
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 
 from iop_admission import AdmissionError
-from iop_edge.api.queue_room import refuses_queue_full
 from iop_edge.api.rejections import CANNED_MAX, RequestRejected, admission_rejection, bearer, canned
 from iop_edge.api.tenant_charge import charge_of
+from iop_edge.front_door.queue_room import refuses_queue_full
 from iop_edge.listener.cycle import ConnectionHooks
 from iop_edge.listener.pacing import Headers
 from iop_edge.listener.server import CannedResponse

@@ -1,6 +1,6 @@
 """Whether admission would refuse a request ``queue_full``, with tenants: the head check's second look.
 
-The front door's count (:meth:`~iop_edge.api.overload.FrontDoor.queue_full`) is
+The front door's count (:meth:`~iop_edge.front_door.overload.FrontDoor.queue_full`) is
 blind to tenants: it counts every request let through on its head and not yet
 asking as if it were queued already. With tenants ([tenant-quotas]) admission
 refuses a request ``queue_full`` only when the queue holds ``max_queue`` waiters,
