@@ -187,7 +187,7 @@ async def test_counters_gauges_and_histograms_after_cross_model_traffic(
         assert series(samples, "iop_rejected_total") == {
             frozenset({("model", BIG), ("reason", "queue_full")}): 1.0,
             frozenset({("model", BIG), ("reason", "queue_timeout")}): 1.0,
-            frozenset({("model", "ornith:nope"), ("reason", "model_not_found")}): 1.0,
+            frozenset({("model", "unknown_model"), ("reason", "model_not_found")}): 1.0,
             frozenset({("model", FAST), ("reason", "unavailable")}): 1.0,
             frozenset({("model", FAST), ("reason", "provider_busy")}): 1.0,
         }
@@ -308,3 +308,22 @@ def test_hooks_on_every_request_count_into_the_same_series_each_time() -> None:
     assert value(samples, "iop_request_duration_seconds_sum", model=BIG) == 4.0
     assert value(samples, "iop_request_duration_seconds_count", model=FAST) == 1
     assert value(scrape(other), "iop_lease_endings_total", outcome="ok") == 1
+
+
+async def test_model_names_clients_invent_share_one_series(autojump_clock: trio.testing.MockClock) -> None:
+    """[snapshot-source] 500 requests for made-up model names count as refusals of ``unknown_model``:
+    the series of ``/metrics`` stay as many as the config's model keys (issue 37: what clients send
+    never grows what the operators read)."""
+    admission = Admission(shared_pool())
+    metrics = EdgeMetrics(admission)
+    admission.connect("node-a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(metrics.run)
+        for i in range(500):
+            with pytest.raises(ModelNotFound):
+                async with admission.lease(f"made-up-{i}\n<b>"):
+                    pass
+        await trio.testing.wait_all_tasks_blocked()
+        rejected = series(scrape(metrics), "iop_rejected_total")
+        assert rejected == {frozenset({("model", "unknown_model"), ("reason", "model_not_found")}): 500.0}
+        nursery.cancel_scope.cancel()

@@ -34,6 +34,10 @@ _REQUEST_DURATION_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 6
 _Metric = TypeVar("_Metric", Counter, Histogram)
 
 
+UNKNOWN_MODEL = "unknown_model"
+"""The ``model`` label of a refusal for a name that is no configured model key."""
+
+
 @final
 class _Series(Generic[_Metric]):
     """The children of one labelled metric, each looked up through ``labels()`` once.
@@ -210,9 +214,16 @@ class EdgeMetrics:
             self._queue_wait_by(event.model).observe(event.waited or 0.0)
         elif kind == "rejected":
             reason = event.reason or "unknown"
-            self._rejected.labels(event.model or "", REASON_CODES.get(reason, reason)).inc()
+            self._rejected.labels(self._model_label(event.model), REASON_CODES.get(reason, reason)).inc()
         elif kind == "timed_out":
-            self._rejected.labels(event.model or "", "queue_timeout").inc()
+            self._rejected.labels(self._model_label(event.model), "queue_timeout").inc()
+
+    def _model_label(self, model: str | None) -> str:
+        """A configured model key as itself; any other name a client sent as ``unknown_model``, so
+        the series stay as many as the config's keys whatever clients invent [metrics]."""
+        if not model:
+            return ""
+        return model if model in self._admission.config.models else UNKNOWN_MODEL
 
     def _node_label(self, node_id: str) -> str:
         """``node_id``, or ``""`` where series are Edge-wide (``per_node`` False)."""
