@@ -129,9 +129,10 @@ class Handoff:
             lease, scope = await self._wait(result)
         if lease.revoked:
             # Fenced between the grant and now (same tick): the body never runs
-            # on an offline generation. Fencing already released the lease.
+            # on an offline generation, so its capacity comes back at once.
             if scope is not None:
                 scope.__exit__(None, None, None)
+            self.apply(core.release(lease))
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
         # From here to the return nothing awaits; if anything raises, the grant
         # goes back before the error propagates.

@@ -296,7 +296,8 @@ class AsyncAdmission:
                     self._emit(rejected_event(_now(), model, long, exc))
                 raise
             lease.queue_wait = asyncio.get_running_loop().time() - now
-        if lease.revoked:  # fenced between the grant and now: the body never runs
+        if lease.revoked:  # fenced between the grant and now: the body never runs, its capacity comes back
+            self._apply(core.release(lease))
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
         task = asyncio.current_task()
         if task is None:

@@ -31,7 +31,8 @@ __all__ = ["AsyncioLayer", "Handle", "Layer", "TrioLayer", "VirtualTimeLoop", "b
 def books_closed(admission: Any) -> None:
     """Nothing queued or leased, and nothing left in the layer's own tables (a leak would show here)."""
     assert admission.queue_depth == 0
-    assert all(p.in_flight == 0 for p in admission.snapshot().providers)
+    providers = admission.snapshot().providers
+    assert all(p.in_flight == p.revoked_in_flight == 0 and p.status != "removed" for p in providers)
     if isinstance(admission, Admission):
         assert not admission._handoff._parked and not admission._handoff._bodies
     else:
