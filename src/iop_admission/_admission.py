@@ -18,13 +18,16 @@ Rules this module implements (and why):
   return raise, the grant is released before the exception propagates.
 
 * **Release is synchronous and happens once.** ``__aexit__`` never awaits; it
-  releases through the core, which ignores a lease that fencing already
-  released. Release is by scope exit only -- never by a callback that an event
+  releases through the core, once (a revoked lease too: fencing only revokes
+  it). Release is by scope exit only -- never by a callback that an event
   fan-out could drop.
 
 * **Fencing cancels the body.** Each lease body runs inside its own cancel
   scope. When the core revokes a lease (its node generation was fenced) the
   scope is cancelled, and the ``async with`` raises :class:`LeaseRevoked`.
+  The lease's capacity comes back at that scope's exit, not before
+  ([revoked-in-flight]): a body runs to its next checkpoint, or longer if it
+  shields itself, and holds its provider's capacity all that time.
 
 * **Deadlines live in the core.** The waiter's cancel scope only mirrors
   ``waiter.deadline``; a refresh that changes the queue timeout moves every
@@ -217,9 +220,11 @@ class Admission:
     def disconnect(self, node_id: str, generation: int) -> bool:
         """Take ``node_id`` offline if ``generation`` is its current generation.
 
-        Fences the generation: every lease on the node's providers is released
-        at once (counters read 0 immediately) and its body is cancelled. Waiters
-        fall back to remaining providers or fail with :class:`Unavailable` at once.
+        Fences the generation: every lease on the node's providers is revoked
+        at once (``in_flight`` reads 0 immediately) and its body is cancelled;
+        its capacity stays counted as ``revoked_in_flight`` until the body has
+        left its ``async with``. Waiters fall back to remaining providers or
+        fail with :class:`Unavailable` at once.
 
         Returns:
             False, with no effect, for a stale generation or a node not connected.
@@ -292,6 +297,11 @@ class Admission:
     def queue_depth(self) -> int:
         """The true number of queued waiters now (``snapshot().queue_depth`` without the snapshot)."""
         return self._core.queue_depth
+
+    @property
+    def events_dropped(self) -> int:
+        """Events a full subscriber channel did not take (``snapshot().events_dropped``)."""
+        return self._events.dropped
 
     def snapshot(self, *, first: int = 0, count: int | None = None) -> Snapshot:
         """Read the state admission uses: counters, candidate pressure, queue depth.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from types import TracebackType
-from typing import final
+from typing import NoReturn, final
 
 import attrs
 import outcome
@@ -127,13 +127,8 @@ class Handoff:
         else:
             assert type(result) is Waiter
             lease, scope = await self._wait(result)
-        if lease.revoked:
-            # Fenced between the grant and now (same tick): the body never runs
-            # on an offline generation, so its capacity comes back at once.
-            if scope is not None:
-                scope.__exit__(None, None, None)
-            self.apply(core.release(lease))
-            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
+        if lease.revoked or trio.current_effective_deadline() == -math.inf:
+            await self._hand_back(lease, scope)
         # From here to the return nothing awaits; if anything raises, the grant
         # goes back before the error propagates.
         if scope is None:
@@ -147,6 +142,23 @@ class Handoff:
         if events.subscribers:
             events.lease("granted", lease, waited=lease.queue_wait)
         return lease
+
+    async def _hand_back(self, lease: Lease, scope: trio.CancelScope | None) -> NoReturn:
+        """Give back a grant whose body must not start, and raise why.
+
+        Fenced between the grant and now (same tick): the body never runs on an
+        offline generation (:class:`LeaseRevoked`). Cancelled after the grant,
+        before the body: the body never starts, as under asyncio, which never
+        resumes such a task (``trio.Cancelled``). Either way the lease's
+        capacity comes back at once.
+        """
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        self.apply(self.core.release(lease))
+        if lease.revoked:
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
+        await trio.lowlevel.checkpoint()  # raises the Cancelled
+        raise AssertionError("cancelled, yet the checkpoint did not raise")  # pragma: no cover
 
     async def _wait(self, waiter: Waiter) -> tuple[Lease, trio.CancelScope | None]:
         """Park until granted, failed, cancelled or past the deadline.

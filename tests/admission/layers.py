@@ -36,8 +36,8 @@ def books_closed(admission: Any) -> None:
     if isinstance(admission, Admission):
         assert not admission._handoff._parked and not admission._handoff._bodies
     else:
-        assert not admission._futures and not admission._timers and not admission._bodies
-        assert not admission._revoking
+        handoff = admission._handoff
+        assert not handoff.futures and not handoff.timers and not handoff.bodies and not handoff.revoking
 
 
 class Handle(Protocol):
@@ -54,6 +54,10 @@ class Layer(Protocol):
     async def settle(self) -> None: ...
 
     async def sleep(self, seconds: float) -> None: ...
+
+    def now(self) -> float:
+        """The layer's clock: ``trio.current_time()`` or the running loop's ``time()``."""
+        ...
 
     def tasks(self) -> contextlib.AbstractAsyncContextManager[Callable[[Callable[[], Awaitable[object]]], Handle]]: ...
 
@@ -91,6 +95,9 @@ class TrioLayer:
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
+
+    def now(self) -> float:
+        return trio.current_time()
 
     @contextlib.asynccontextmanager
     async def tasks(self) -> AsyncIterator[Callable[[Callable[[], Awaitable[object]]], Handle]]:
@@ -166,6 +173,9 @@ class AsyncioLayer:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
 
     @contextlib.asynccontextmanager
     async def tasks(self) -> AsyncIterator[Callable[[Callable[[], Awaitable[object]]], Handle]]:

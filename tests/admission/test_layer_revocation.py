@@ -67,7 +67,7 @@ def test_a_revoked_body_keeps_its_capacity_until_it_leaves(layer: Layer, pool: A
             nonlocal bodies
             async with admission.lease(pool.fast):
                 assert bodies == 0, "a grant while the revoked body still runs"
-                granted_at.append(_now(layer))
+                granted_at.append(layer.now())
 
         releases = _count_releases(admission)
         async with layer.tasks() as spawn:
@@ -78,7 +78,7 @@ def test_a_revoked_body_keeps_its_capacity_until_it_leaves(layer: Layer, pool: A
             else:
                 assert admission.disconnect("node-a", generation)
                 admission.connect("node-a")
-            start = _now(layer)
+            start = layer.now()
             row = _row(admission, "gpu0")
             assert (row.in_flight, row.long_in_flight) == (0, 0)
             assert (row.revoked_in_flight, row.revoked_long_in_flight) == (1, 1)
@@ -155,10 +155,6 @@ def test_a_removed_provider_revoked_while_its_body_runs_on_stays_listed(layer: L
         books_closed(admission)
 
     layer.run(scenario)
-
-
-def _now(layer: Layer) -> float:
-    return trio.current_time() if layer.name == "trio" else asyncio.get_running_loop().time()
 
 
 def _count_releases(admission: Any) -> Counter[int]:
