@@ -833,6 +833,23 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.fired("reconnects during an ejection")
         self.connect(data.draw(st.sampled_from(self.unhealthy_nodes())))
 
+    def running_live(self) -> list[Lease]:
+        """Live leases on a connected node: a reconnect would revoke them with their bodies running."""
+        return [lease for lease in self.held if not lease.revoked and self.connected[lease.provider.node_id]]
+
+    @precondition(lambda self: self.running_live())
+    @rule(data=st.data(), long=st.booleans())
+    @counted
+    def reconnect_then_ask(self, data: st.DataObject, long: bool) -> None:
+        """[revoked-in-flight] a node reconnects while leases of it run (revoked, their bodies still
+        running) and requests for its models come at once: the bodies still count against capacity."""
+        self.fired("reconnects with bodies running")
+        lease = data.draw(st.sampled_from(self.running_live()))
+        self.connect(lease.provider.node_id)
+        for model, group in self.config.models.items():
+            if lease.provider in group.candidates:
+                self.request_one(model, long)
+
     # ------------------------------------------------------------ invariants
 
     @invariant()
