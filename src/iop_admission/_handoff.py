@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from types import TracebackType
-from typing import NoReturn, final
+from typing import final
 
 import attrs
 import outcome
@@ -127,8 +127,14 @@ class Handoff:
         else:
             assert type(result) is Waiter
             lease, scope = await self._wait(result)
-        if lease.revoked or trio.current_effective_deadline() == -math.inf:
-            await self._hand_back(lease, scope)
+        if lease.revoked:  # fenced since the grant: the body never runs on an offline generation
+            self._give_back(lease, scope)
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:  # cancelled since the grant: the body never starts, as under asyncio
+            self._give_back(lease, scope)
+            raise
         # From here to the return nothing awaits; if anything raises, the grant
         # goes back before the error propagates.
         if scope is None:
@@ -143,22 +149,12 @@ class Handoff:
             events.lease("granted", lease, waited=lease.queue_wait)
         return lease
 
-    async def _hand_back(self, lease: Lease, scope: trio.CancelScope | None) -> NoReturn:
-        """Give back a grant whose body must not start, and raise why.
-
-        Fenced between the grant and now (same tick): the body never runs on an
-        offline generation (:class:`LeaseRevoked`). Cancelled after the grant,
-        before the body: the body never starts, as under asyncio, which never
-        resumes such a task (``trio.Cancelled``). Either way the lease's
-        capacity comes back at once.
-        """
+    def _give_back(self, lease: Lease, scope: trio.CancelScope | None) -> None:
+        """Close the scope of a grant whose body will not start and release the lease: its
+        capacity comes back at once (fenced, or cancelled, between the grant and the body)."""
         if scope is not None:
             scope.__exit__(None, None, None)
         self.apply(self.core.release(lease))
-        if lease.revoked:
-            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
-        await trio.lowlevel.checkpoint()  # raises the Cancelled
-        raise AssertionError("cancelled, yet the checkpoint did not raise")  # pragma: no cover
 
     async def _wait(self, waiter: Waiter) -> tuple[Lease, trio.CancelScope | None]:
         """Park until granted, failed, cancelled or past the deadline.
