@@ -182,7 +182,11 @@ class Admission:
         Runs until cancelled; start it in a nursery beside the users of this
         admission. Checkpoints (it sleeps). Without it an ejection ends at the
         next lease request or report after its time.
+
+        Raises:
+            RuntimeError: not inside ``trio.run`` (under asyncio: ``AsyncAdmission``).
         """
+        _need_trio("watch_ejections")
         while True:
             self._handoff.ejection_wakeup = wakeup = trio.Event()
             self._handoff.advance(trio.current_time())
@@ -348,9 +352,21 @@ class Admission:
         :attr:`Snapshot.events_dropped`; admission never waits for a subscriber.
 
         Entering and leaving do not block (leaving closes the channel).
+
+        Raises:
+            RuntimeError: not inside ``trio.run`` (under asyncio: ``AsyncAdmission``).
         """
+        _need_trio("subscribe")
         async with self._events.subscribe(buffer) as receive:
             yield receive
 
     def __repr__(self) -> str:
         return f"<Admission {self._core!r}>"
+
+
+def _need_trio(call: str) -> None:
+    """Raise a RuntimeError naming the asyncio layer when ``Admission.<call>()`` runs outside trio."""
+    if not trio.lowlevel.in_trio_run():
+        raise RuntimeError(
+            f"Admission.{call}() runs under trio only; under asyncio use iop_admission.aio.AsyncAdmission"
+        )

@@ -81,6 +81,8 @@ def test_the_asyncio_layer_under_trio_names_the_trio_layer() -> None:
         with pytest.raises(RuntimeError, match=r"AsyncAdmission\.subscribe\(\) runs under asyncio only"):
             async with admission.subscribe():
                 pass
+        with pytest.raises(RuntimeError, match=r"AsyncAdmission\.watch_ejections\(\) runs under asyncio only"):
+            await admission.watch_ejections()
         assert admission.queue_depth == 0 and admission.snapshot().providers[0].in_flight == 0
 
     trio.run(main)
@@ -108,6 +110,11 @@ def test_the_trio_layer_under_asyncio_names_the_asyncio_layer() -> None:
         with pytest.raises(RuntimeError, match=r"under asyncio use iop_admission\.aio\.AsyncAdmission"):
             async with admission.lease("m"):
                 pass
+        with pytest.raises(RuntimeError, match=r"^Admission\.subscribe\(\) runs under trio only; under asyncio use"):
+            async with admission.subscribe():
+                pass
+        with pytest.raises(RuntimeError, match=r"^Admission\.watch_ejections\(\) runs under trio only"):
+            await admission.watch_ejections()
         assert admission.snapshot().providers[0].in_flight == 0
 
     asyncio.run(main())
