@@ -53,6 +53,7 @@ class AsyncHandoff:
         self.bodies: dict[Lease, asyncio.Task[object]] = {}  # live leases' tasks (fencing cancels them)
         self.revoking: set[Lease] = set()  # leases whose task this layer cancelled
         self.ejection_timer: asyncio.TimerHandle | None = None
+        self.ejection_unarmed = False  # an ejection started outside a running loop: no timer ends it
         self.subscribers: list[asyncio.Queue[AdmissionEvent]] = []
         self.events_dropped = 0  # events a full subscriber buffer did not take
 
@@ -126,7 +127,9 @@ class AsyncHandoff:
         if self.ejection_timer is not None:
             self.ejection_timer.cancel()
             self.ejection_timer = None
-        if end is not None and now_or_none() is not None:
+        running = now_or_none() is not None
+        self.ejection_unarmed = end is not None and not running
+        if end is not None and running:
             self.ejection_timer = asyncio.get_running_loop().call_at(end, self.advance)
 
     def advance(self) -> None:
@@ -149,8 +152,7 @@ class AsyncHandoff:
         """Grant a lease (a retry of ``retry_of`` if given), waiting in the queue if need be."""
         core = self.core
         now = running_loop("retry" if retry_of is not None else "lease").time()
-        end = core.next_ejection_end()
-        if end is not None and end <= now:  # an ejection its timer did not end (armed outside a loop)
+        if self.ejection_unarmed:  # an ejection started outside a loop: end it now if due, arm its timer
             self.apply(core.advance(now))
             self.arm_ejection()
         try:

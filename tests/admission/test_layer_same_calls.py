@@ -9,6 +9,7 @@ both layers, on virtual time.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -112,3 +113,30 @@ def test_watch_ejections_beside_the_users_gives_the_probe_at_the_ejection_end(la
         books_closed(admission)
 
     layer.run(scenario)
+
+
+@pytest.mark.req("layer-parity", "outlier-ejection")
+def test_a_report_made_outside_any_loop_ejects_and_the_next_lease_ends_the_ejection(layer: Layer, pool: Any) -> None:
+    """The synchronous calls work with no loop running, on both layers: a failure reported
+    between two runs ejects the provider at the latest time seen, and the first lease after
+    the ejection's end (no timer could be armed for it) is the provider's probe."""
+    config = attrs.evolve(pool.shared(), outlier=OutlierPolicy(1, 1.0, 1.0))
+    admission = layer.admission(config)
+    admission.connect("node-a")
+    leases: list[Any] = []
+
+    def take(at: float) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            await layer.sleep(at)  # each run's clock starts at 0
+            async with admission.lease(pool.big) as lease:
+                leases.append(lease)
+
+        return run
+
+    layer.run(take(2.0))
+    admission.report_failure(leases[0])  # no loop runs: the time is the latest one seen (2.0)
+    (row,) = admission.snapshot().providers
+    assert (row.health, row.ejections) == ("ejected", 1)
+    layer.run(take(4.0))  # past the ejection's end (3.0): the lease ends it and is the probe
+    assert [lease.probe for lease in leases] == [False, True]
+    books_closed(admission)
