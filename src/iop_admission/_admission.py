@@ -13,7 +13,9 @@ Rules this module implements (and why):
 
 * **Cancellation-atomic.** ``__aenter__`` either returns a lease or leaves no
   change behind. Cancellation (or the queue deadline) while parked withdraws
-  the waiter in the abort function. After the grant there is no await before
+  the waiter in the abort function. A cancellation that arrives after the
+  grant but before the task resumes gives the grant back and raises: the body
+  never starts, as under asyncio. After that check there is no await before
   the lease is handed to the caller; should anything between the grant and the
   return raise, the grant is released before the exception propagates.
 
