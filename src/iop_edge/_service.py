@@ -28,7 +28,7 @@ from iop_edge.config.reader import error_lines, rebuild, run_reader
 from iop_edge.ha import EdgeHa, Leadership
 from iop_edge.listener.server import HttpLimits, serve_http
 from iop_edge.metrics import EdgeMetrics
-from iop_edge.nodes.links import NodeRegistry
+from iop_edge.nodes.registry import NodeRegistry
 from iop_edge.status import EdgeStatus, NodeRow, StatusRows, status_document
 
 logger = logging.getLogger("iop_edge")

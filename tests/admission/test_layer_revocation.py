@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import trio
-from tests.admission.layers import Layer, books_closed
+from tests.admission.layers import Layer, books_closed, now
 
 
 async def _ignore_cancellation(layer: Layer, seconds: float) -> None:
@@ -67,7 +67,7 @@ def test_a_revoked_body_keeps_its_capacity_until_it_leaves(layer: Layer, pool: A
             nonlocal bodies
             async with admission.lease(pool.fast):
                 assert bodies == 0, "a grant while the revoked body still runs"
-                granted_at.append(layer.now())
+                granted_at.append(now(layer))
 
         releases = _count_releases(admission)
         async with layer.tasks() as spawn:
@@ -78,7 +78,7 @@ def test_a_revoked_body_keeps_its_capacity_until_it_leaves(layer: Layer, pool: A
             else:
                 assert admission.disconnect("node-a", generation)
                 admission.connect("node-a")
-            start = layer.now()
+            start = now(layer)
             row = _row(admission, "gpu0")
             assert (row.in_flight, row.long_in_flight) == (0, 0)
             assert (row.revoked_in_flight, row.revoked_long_in_flight) == (1, 1)

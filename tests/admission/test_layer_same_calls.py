@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 import pytest
-from tests.admission.layers import Layer, books_closed
+from tests.admission.layers import Layer, books_closed, now
 
 from iop_admission import OutlierPolicy
 
@@ -95,7 +95,7 @@ def test_watch_ejections_beside_the_users_gives_the_probe_at_the_ejection_end(la
 
         async def wait_for_probe() -> None:
             async with admission.lease(pool.big) as lease:
-                probes.append((layer.now(), lease.probe))
+                probes.append((now(layer), lease.probe))
 
         async with layer.tasks() as spawn:
             watcher = spawn(admission.watch_ejections)

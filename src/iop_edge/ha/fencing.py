@@ -26,7 +26,7 @@ FENCED_PROTOCOL = 3
 
 
 class Announced(Protocol):
-    """What the fence needs of a node connection (:class:`~iop_edge.nodes.links.NodeLink`)."""
+    """What the fence needs of a node connection (:class:`~iop_edge.nodes.link.NodeLink`)."""
 
     node_id: str
     protocol: int
