@@ -65,27 +65,33 @@ def test_the_allowed_differences_are_the_documented_ones() -> None:
         assert f"`{name}`" in table, name
 
 
+async def _misused(admission: Any, calls: str) -> None:
+    """``lease``, ``subscribe`` and ``watch_ejections`` of ``admission`` under the other runtime:
+    each raises a RuntimeError whose message matches ``calls`` (with the call's name in it),
+    and nothing changes; the synchronous calls work under any runtime."""
+    admission.connect("local")
+    assert admission.snapshot().providers[0].connected
+    with pytest.raises(RuntimeError, match=calls.format(call="lease")):
+        async with admission.lease("m"):
+            pass
+    with pytest.raises(RuntimeError, match=calls.format(call="subscribe")):
+        async with admission.subscribe():
+            pass
+    with pytest.raises(RuntimeError, match=calls.format(call="watch_ejections")):
+        await admission.watch_ejections()
+    assert admission.queue_depth == 0 and admission.snapshot().providers[0].in_flight == 0
+
+
 @pytest.mark.req("layer-parity")
 def test_the_asyncio_layer_under_trio_names_the_trio_layer() -> None:
-    admission = AsyncAdmission(CONFIG)
+    calls = r"^AsyncAdmission\.{call}\(\) runs under asyncio only; under trio use iop_admission\.Admission$"
+    trio.run(_misused, AsyncAdmission(CONFIG), calls)
 
-    async def main() -> None:
-        admission.connect("local")  # synchronous calls work under any runtime
-        assert admission.snapshot().providers[0].connected
-        with pytest.raises(
-            RuntimeError,
-            match=r"^AsyncAdmission\.lease\(\) runs under asyncio only; under trio use iop_admission\.Admission$",
-        ):
-            async with admission.lease("m"):
-                pass
-        with pytest.raises(RuntimeError, match=r"AsyncAdmission\.subscribe\(\) runs under asyncio only"):
-            async with admission.subscribe():
-                pass
-        with pytest.raises(RuntimeError, match=r"AsyncAdmission\.watch_ejections\(\) runs under asyncio only"):
-            await admission.watch_ejections()
-        assert admission.queue_depth == 0 and admission.snapshot().providers[0].in_flight == 0
 
-    trio.run(main)
+@pytest.mark.req("layer-parity")
+def test_the_trio_layer_under_asyncio_names_the_asyncio_layer() -> None:
+    calls = r"^Admission\.{call}\(\) runs under trio only; under asyncio use iop_admission\.aio\.AsyncAdmission$"
+    asyncio.run(_misused(Admission(CONFIG), calls))
 
 
 @pytest.mark.req("layer-parity")
@@ -98,23 +104,3 @@ def test_the_asyncio_layer_outside_any_loop_says_it_needs_one() -> None:
     ):
         scope.__aenter__().send(None)
     assert admission.provider_rows()[0]["in_flight"] == 0 and admission.waiters() == ()
-
-
-@pytest.mark.req("layer-parity")
-def test_the_trio_layer_under_asyncio_names_the_asyncio_layer() -> None:
-    admission = Admission(CONFIG)
-
-    async def main() -> None:
-        admission.connect("local")
-        assert admission.snapshot().providers[0].connected
-        with pytest.raises(RuntimeError, match=r"under asyncio use iop_admission\.aio\.AsyncAdmission"):
-            async with admission.lease("m"):
-                pass
-        with pytest.raises(RuntimeError, match=r"^Admission\.subscribe\(\) runs under trio only; under asyncio use"):
-            async with admission.subscribe():
-                pass
-        with pytest.raises(RuntimeError, match=r"^Admission\.watch_ejections\(\) runs under trio only"):
-            await admission.watch_ejections()
-        assert admission.snapshot().providers[0].in_flight == 0
-
-    asyncio.run(main())
