@@ -23,6 +23,7 @@ run: $(STAMP)
 
 # The two wheels: dist/iop_admission-*.whl (the library alone) and dist/iop_daemons-*.whl.
 dist: $(STAMP)
+	rm -rf build daemons/build  # setuptools builds there: an older layout's files would come along
 	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w dist . ./daemons
 
 # ruff (rules and format in pyproject.toml) and mypy --strict on src/; make test runs them first.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -50,7 +51,20 @@ def _base_requirements(requires: list[str]) -> list[str]:
     return names
 
 
-def _wheel(tmp: Path, project: Path = ROOT, name: str = "iop_admission") -> Path:
+def _clean_copy(tmp: Path) -> Path:
+    """The two projects' files alone, copied into ``tmp``: setuptools builds in the project's own
+    ``build/``, which a checkout may hold from an older layout (a wheel must come from the tree)."""
+    copy = tmp / "repository"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    shutil.copytree(ROOT / "src", copy / "src", ignore=ignore)
+    (copy / "daemons").mkdir()
+    for name in ("pyproject.toml", "README.md", "daemons/pyproject.toml"):
+        shutil.copy(ROOT / name, copy / name)
+    return copy
+
+
+def _wheel(tmp: Path, project: str = ".", name: str = "iop_admission") -> Path:
+    """Build the wheel of ``project`` (``.``, the library, or ``daemons``) from a clean copy."""
     out = tmp / "dist"
     subprocess.run(
         [
@@ -63,7 +77,7 @@ def _wheel(tmp: Path, project: Path = ROOT, name: str = "iop_admission") -> Path
             "--no-build-isolation",
             "-w",
             str(out),
-            str(project),
+            str(_clean_copy(tmp) / project),
         ],
         check=True,
         cwd=tmp,
@@ -79,7 +93,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def daemons_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _wheel(tmp_path_factory.mktemp("build-daemons"), ROOT / "daemons", "iop_daemons")
+    return _wheel(tmp_path_factory.mktemp("build-daemons"), "daemons", "iop_daemons")
 
 
 def _wheel_metadata(wheel: Path) -> metadata.PackageMetadata:

@@ -36,8 +36,7 @@ from iop_admission import (
 )
 from iop_edge._off_loop import run_off_loop
 from iop_edge.api.failover import AttemptFailed, serve_with_failover
-from iop_edge.api.head_refusal import HeadRefusal
-from iop_edge.api.overload import FrontDoor
+from iop_edge.api.not_leader import not_leader_on_head, standby_refusal
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
@@ -47,7 +46,10 @@ from iop_edge.api.request_body import BODY_DECODER, checked_stream, estimate_tok
 from iop_edge.api.responder import Responder, header_pairs
 from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
 from iop_edge.config import EdgeConfig
+from iop_edge.front_door.head_refusal import HeadRefusal
+from iop_edge.front_door.overload import FrontDoor
 from iop_edge.ha import EdgeHa
+from iop_edge.ha.fencing import NotLeading
 from iop_edge.listener.asgi import last_value as _last
 from iop_edge.listener.asgi import watch_disconnect as _watch_disconnect
 from iop_edge.listener.cycle import CONNECTION, PAUSE_READING, ConnectionHooks
@@ -133,7 +135,7 @@ class EdgeAPI:
         }
         self._paths = {path for _, path in self._routes}
         self.head_refusal = HeadRefusal(service)
-        self._queue_page = QueuePage(service)
+        self.queue_page = QueuePage(service)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -150,7 +152,7 @@ class EdgeAPI:
             hooks.respond_nowait if hooks is not None else None,
         )
         if scope["path"] in QUEUE_PAGE_PATHS:  # the live queue page, an app of its own ([queue-page])
-            await self._queue_page(scope, receive, send)
+            await self.queue_page(scope, receive, send)
             return
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
@@ -179,8 +181,8 @@ class EdgeAPI:
         service = self.service
         if service.ha is not None and not service.ha.admits():
             if self.head_refusal.let_through_by_listener(scope, _hooks(scope)):
-                service.front_door.gave_up()  # it will not ask for a lease
-            raise _standby_refusal(service.ha)
+                self.head_refusal.gave_up(scope)  # it will not ask for a lease
+            raise standby_refusal(service.ha)
         refused = self.head_refusal.refuse_request(scope, _hooks(scope))
         if refused is not None:
             response, scope[PAUSE_READING] = refused
@@ -196,7 +198,7 @@ class EdgeAPI:
             long = threshold is not None and estimate_tokens(endpoint, body) > threshold
             charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, body))
         except BaseException:
-            service.front_door.gave_up()  # let through on its head, it will not ask for a lease
+            self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise
 
         term = trio.CancelScope()  # [ha-step-down] cancelled when this Edge stops leading
@@ -208,7 +210,7 @@ class EdgeAPI:
         if term.cancelled_caught and service.ha is not None:
             # queued: a 503 now; streaming: a final error event. A request whose run was sent may have
             # run: its code says so, and not_leader always means it did not [ha-step-down].
-            raise _standby_refusal(service.ha, ran=responder.run_sent)
+            raise standby_refusal(service.ha, ran=responder.run_sent)
 
     async def _watched(self, scope: Scope, receive: Receive, responder: Responder, request: _Request) -> None:
         """Admit and run ``request``, cancelled if the client goes away."""
@@ -224,8 +226,8 @@ class EdgeAPI:
             nursery.cancel_scope.cancel()
 
     def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
-        """The listener's ``refuse_head``: :meth:`HeadRefusal.refuse`."""
-        return self.head_refusal.refuse(method, target, headers)
+        """The listener's ``refuse_head``: ``not_leader_on_head`` [ha-step-down], then :meth:`HeadRefusal.refuse`."""
+        return not_leader_on_head(self.service.ha, method, target) or self.head_refusal.refuse(method, target, headers)
 
     async def _admit_and_run(
         self,
@@ -241,7 +243,7 @@ class EdgeAPI:
         metrics = service.metrics
         started_at = trio.current_time()
         outcome = "error"
-        visit = service.front_door.enter()
+        visit = service.front_door.enter(charge.tenant)
         served: Lease | None = None  # the lease of the latest attempt
 
         async def attempt(lease: Lease) -> str:
@@ -255,7 +257,7 @@ class EdgeAPI:
             finally:
                 charge.settle(service.admission, lease, answered=responder.started)
 
-        on_retry = _retried(metrics, model)
+        on_retry = _retried(service, model, responder)
         try:
             outcome = await serve_with_failover(
                 service.admission,
@@ -420,7 +422,11 @@ class EdgeAPI:
 def _open_run(
     service: EdgeParts, lease: Any, model: str, endpoint: str, body: dict[str, Any], stream: bool
 ) -> RunChannel:
-    """Send ``run`` to the node holding the lease (never waits)."""
+    """Send ``run`` to the node holding the lease (never waits).
+
+    Raises:
+        NotLeading: this Edge has ``ha:`` and cannot prove it leads (the link's ``epoch``): nothing is sent.
+    """
     key = lease.provider
     try:
         link = service.registry.link(key.node_id, lease.generation)
@@ -433,12 +439,21 @@ def _open_run(
         return link.open_run(run)
     except (NodeGone, KeyError) as exc:
         raise node_disconnected(str(exc)) from None
+    except NotLeading:  # [ha-step-down] granted, or retried, by an Edge that cannot prove it leads: not sent
+        assert service.ha is not None  # only an Edge with ha: refuses to stamp
+        raise standby_refusal(service.ha) from None
 
 
-def _retried(metrics: EdgeMetrics, model: str) -> Callable[[str, Lease], None]:
-    """What to do before a retry ([failover-before-first-byte]): count it and say so."""
+def _retried(service: EdgeParts, model: str, responder: Responder) -> Callable[[str, Lease], None]:
+    """What to do before a retry ([failover-before-first-byte]): count it and say so -- unless this Edge
+    has ``ha:`` and can no longer prove it leads [ha-step-down]: then the retry is not asked for, and
+    the request is answered 503 (a woken leader whose runs' node dropped them): ``leader_stepped_down``
+    when an attempt's run was sent (it may have run), else ``not_leader``."""
+    metrics, ha = service.metrics, service.ha
 
     def on_retry(reason: str, failed: Lease) -> None:
+        if ha is not None and not ha.admits():
+            raise standby_refusal(ha, ran=responder.run_sent)
         metrics.retried(model, reason)
         logger.info("retrying %s after %s on %s (attempt %d)", model, reason, failed.provider, failed.attempt)
 
@@ -462,26 +477,6 @@ class _ClientGone(RequestRejected):
 
     def __init__(self) -> None:
         super().__init__(499, "client_closed", "client closed the connection")
-
-
-def _standby_refusal(ha: EdgeHa, *, ran: bool = False) -> RequestRejected:
-    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader.
-
-    ``ran``: the request's run had been sent when this Edge stepped down, so it may have run:
-    ``leader_stepped_down``; otherwise ``not_leader``, which always means it did not run."""
-    leader = ha.leadership.leader
-    where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
-    code, what = ("leader_stepped_down", "this Edge stopped leading while the request ran (it may have run)")
-    if not ran:
-        code, what = "not_leader", "this Edge does not lead"
-    return RequestRejected(
-        503,
-        code,
-        what + where,
-        type="service_unavailable",
-        retry_after=ha.retry_after(),
-        leader=leader,
-    )
 
 
 def _too_large(limit: int) -> RequestRejected:

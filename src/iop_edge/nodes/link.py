@@ -85,13 +85,19 @@ class NodeLink:
         self._writer_busy = False  # frames queued for the writer, or taken and not written yet
         self._ending = False
         self._runs: dict[str, RunChannel] = {}
+        self._unsent_runs: dict[int, str] = {}  # with ha: id of a run's frame waiting in the outbox -> run id
         self._cancel_scope: trio.CancelScope | None = None
 
     # ----------------------------------------------------------------- runs
 
     @property
     def epoch(self) -> int | None:
-        """The epoch to put on this connection's runs [epoch-fencing]: the leader's, on v3 only."""
+        """The epoch to put on a run about to be sent on this connection [epoch-fencing]: the
+        leader's, on v3 only (:meth:`~iop_edge.ha.fencing.LeaderFence.stamp`).
+
+        Raises:
+            NotLeading: this Edge has ``ha:`` and cannot prove it leads: send nothing.
+        """
         return self.registry.fence.stamp(self.protocol)
 
     def send_frame(self, frame: str) -> None:
@@ -109,11 +115,14 @@ class NodeLink:
         """
         run_id = message.run_id
         channel = self._runs[run_id] = RunChannel(run_id, self)
+        frame = encode(message)
         try:
-            self._queue(encode(message))
+            sent = self._queue(frame)
         except NodeGone:
             self.forget_run(run_id)
             raise
+        if not sent and self.registry.fence.leads is not None:
+            self._unsent_runs[id(frame)] = run_id  # checked again when the writer takes it (_withhold_runs)
         return channel
 
     def cancel_run(self, run_id: str) -> bool:
@@ -137,8 +146,9 @@ class NodeLink:
         if channel is not None:
             channel.close()
 
-    def _queue(self, frame: str) -> None:
-        """Send ``frame`` now if the writer is idle with nothing queued, else queue it for the writer.
+    def _queue(self, frame: str) -> bool:
+        """Send ``frame`` now if the writer is idle with nothing queued, else queue it for the writer;
+        whether it was sent now.
 
         A request handler then writes its run's frame itself: at concurrency 1 the
         frame leaves without waiting for the writer task's turn (a scheduling round
@@ -166,6 +176,7 @@ class NodeLink:
         self._outbox.append(frame)
         self._writer_busy = True  # what follows queues behind it: the order of frames is kept
         self._writer.wake()
+        return frame is FLUSH
 
     @property
     def queued_frames(self) -> int:
@@ -281,6 +292,8 @@ class NodeLink:
         while outbox and size < WRITE_BATCH_BYTES:  # large frames go one by one, the rest wait
             frames.append(outbox.popleft())
             size += len(frames[-1])
+        if self._unsent_runs:
+            frames = _withhold_runs(frames, self._unsent_runs, self._runs, self.registry.fence.may_send())
         messages = [frame for frame in frames if frame]  # without FLUSH
         if messages or ws.backlogged:
             await ws.send_messages(messages)  # none: the rest of a frame sent without waiting
@@ -331,3 +344,24 @@ class NodeLink:
 
     def __repr__(self) -> str:
         return f"<NodeLink {self.node_id} gen {self.generation} runs {len(self._runs)}>"
+
+
+def _withhold_runs(frames: list[str], unsent: dict[int, str], runs: dict[str, RunChannel], may_send: bool) -> list[str]:
+    """``frames`` less the runs' (``unsent``: frame id -> run id) when this Edge cannot prove it leads now
+    (``may_send`` false) [ha-step-down].
+
+    A run's frame is stamped when its run opens; one that waited in the outbox (the writer busy) is
+    checked again as it leaves: a leader paused between the two sends nothing when it wakes. Such a
+    run ends at once, refused ``stale_epoch`` by this Edge itself (its client's answer is ``503
+    not_leader``; no node refused anything, so ``iop_ha_stale_epoch_refused_total`` does not count it).
+    """
+    kept = []
+    for frame in frames:
+        run_id = unsent.pop(id(frame), None)
+        if run_id is None or may_send:
+            kept.append(frame)
+            continue
+        channel = runs.pop(run_id, None)
+        if channel is not None:
+            channel.deliver(RunEnd(run_id, "error", "stale_epoch", "not sent: this Edge cannot prove it leads"))
+    return kept
