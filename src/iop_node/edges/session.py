@@ -294,6 +294,7 @@ class EdgeSession:
         if admitted is None:
             return None
         permit, adapter = admitted
+        run = run.for_upstream()  # v5: the client's body as sent, the upstream model put in here
         relay = functools.partial(relay_run, run, adapter, self.protocol, self._outbox, self._poller)
         return self._serving(run.run_id, permit, relay, end, run.long)
 
