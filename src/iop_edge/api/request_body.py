@@ -1,16 +1,34 @@
-"""What the Edge reads of a request body: JSON decoding, the fields it checks, the token estimate.
+"""What the Edge reads of a request body: the JSON rules, the fields it checks, the token estimate.
 
 The Edge reads only what it decides on (the model, ``stream``, the token estimate for the
-long-request classification and tenant cost); the rest of the body is the backend's.
+long-request classification and tenant cost); the rest of the body is the backend's, and a v5
+node gets the client's own text (:class:`ClientBody`), never a re-encoding of it.
+
+This is the one place where a client's JSON is read, strictly (:func:`read_body`): UTF-8 only
+(an optional byte-order mark is ignored), no lone surrogate (as bytes or as a ``\\uD800``
+escape), no duplicate key, no ``NaN``/``Infinity``, no number out of a float's range, nesting at
+most :data:`MAX_DEPTH` deep, an object at the top. Each refusal is a 400 ``bad_request`` naming
+the rule: a body the Edge accepts can always be carried to a node and to a backend.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
-from typing import Any
+import re
+from typing import Any, final
+
+import attrs
 
 from iop_edge.api.rejections import RequestRejected
+
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects accepted in a request body (the top object is 1).
+
+Well under the interpreter's recursion limit (1000), which the stdlib decoder and any
+recursive reader of the body would otherwise hit; serde_json's default is 128, protobuf's 100.
+"""
 
 CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
@@ -106,7 +124,7 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
 
 
 def _reject_constant(name: str) -> None:
-    # The stdlib reads NaN/Infinity; the node link (strict JSON) could not carry them.
+    # The stdlib reads NaN/Infinity; they are not JSON, and no node or backend could carry them.
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -117,5 +135,96 @@ def _finite_float(text: str) -> float:
     return value
 
 
-BODY_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a key given twice is refused (readers disagree on which one counts)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key[:40]!r}")
+            seen.add(key)
+    return obj
+
+
+BODY_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_object)
 """The request body's decoder, built once (``json.loads`` with hooks builds one per call)."""
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A ``\\uD800``-``\\uDFFF`` escape in the body's text: only then can a decoded string hold a lone
+surrogate (a valid pair is checked too, and passes)."""
+
+
+@final
+@attrs.frozen
+class ClientBody:
+    """A request body as the client sent it (``text``) and as the Edge reads it (``fields``)."""
+
+    text: str
+    """The body's JSON text, exactly the client's (without a byte-order mark): what a v5 node gets."""
+    fields: dict[str, Any] = attrs.field(repr=False)
+    """The decoded object; the Edge reads it and never changes it."""
+
+
+def read_body(raw: bytes) -> ClientBody:
+    """Read a request body by the rules above (pure, so it can run off the event loop).
+
+    Raises:
+        RequestRejected: 400 ``bad_request`` with the rule the body breaks.
+    """
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    try:
+        text = raw.decode("utf-8")  # strict: refuses invalid UTF-8 and encoded surrogates
+    except UnicodeDecodeError as exc:
+        raise _bad(f"request body is not valid UTF-8 (at byte {exc.start})") from None
+    try:
+        fields = BODY_DECODER.decode(text)
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as exc:
+        raise _bad(f"request body is not valid JSON: {exc}") from None
+    if type(fields) is not dict:
+        raise _bad("request body must be a JSON object")
+    strings = _SURROGATE_ESCAPE.search(text) is not None
+    if strings or text.count("[") + text.count("{") > MAX_DEPTH:
+        _check_values(fields, strings=strings)
+    return ClientBody(text, fields)
+
+
+def _check_values(top: dict[str, Any], *, strings: bool) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and, with ``strings``, a key or string holding a
+    lone surrogate. Iterative: the body's depth never becomes the interpreter's."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(top, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        if type(item) is dict:
+            if strings:
+                for key in item:
+                    _check_text(key)
+            children: Any = item.values()
+        else:
+            children = item
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif strings and kind is str:
+                _check_text(child)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _bad(f"request body holds a lone surrogate (\\u{ord(text[exc.start]):04x}), which is not text") from None
+
+
+def _too_deep() -> RequestRejected:
+    return _bad(f"request body nests deeper than {MAX_DEPTH} levels")
+
+
+def _bad(message: str) -> RequestRejected:
+    return RequestRejected(400, "bad_request", message)
