@@ -20,6 +20,7 @@ from ._errors import (
 )
 from ._messages import (
     CLIENT_BODY_PROTOCOL,
+    END_MESSAGE_LIMIT,
     END_STATUSES,
     ENDPOINTS,
     ERROR_CODES,
@@ -66,6 +67,7 @@ __all__ = [
     "CLOSE_PROTOCOL_ERROR",
     "CLOSE_TOO_BIG",
     "ENDPOINTS",
+    "END_MESSAGE_LIMIT",
     "END_STATUSES",
     "ERROR_CODES",
     "FAILURE_KINDS",

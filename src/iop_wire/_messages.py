@@ -100,6 +100,11 @@ PROVIDER_STATUSES_4XX: Final = frozenset({401, 403, 407, 408})
 UPSTREAM_BODY_LIMIT: Final = 64 * 1024
 """The most characters of a backend's error body a node puts into ``run_end.upstream_body``."""
 
+END_MESSAGE_LIMIT: Final = 1024
+"""Characters of a ``run_end`` / ``tunnel_end`` ``message`` a node sends at most (it cuts a longer
+one): an error message may quote what a client sent (a 4 MB array), and an end frame over the
+Edge's message limit would cut every run on the connection."""
+
 
 def failure_kind(code: str | None, upstream_status: int | None) -> FailureKind:
     """Classify a failed run from its wire ``code`` and the backend's HTTP status.
