@@ -34,8 +34,9 @@ from edge.harness import (
     real_node,
     running_edge,
 )
-from iop_edge.api.request_body import MAX_DEPTH
-from iop_edge.nodes import link as link_module
+from iop_edge.api.rejections import RequestRejected
+from iop_edge.api.request_body import MAX_DEPTH, read_body
+from iop_edge.nodes import run_frame as run_frame_module
 from iop_edge.nodes.connection import NodeSocket
 from iop_edge.nodes.link import NodeLink
 from iop_edge.nodes.runs import RunNotSent
@@ -132,6 +133,18 @@ BAD_BODIES = {
     ),
     "nested 100,000 deep": (b'{"model":"ornith-fast","messages":[' + b"[" * 100_000 + b"]" * 100_000 + b"]}", ""),
     "duplicate key": (b'{"model":"ornith-fast","model":"ornith:35b","messages":[1]}', "duplicate key"),
+    "lone surrogate in a body read off the loop": (
+        b'{"model":"ornith-fast","messages":[' + b"1," * 100_000 + b'"\\udbff"]}',
+        "lone surrogate",
+    ),
+    "duplicate key in a body read off the loop": (
+        b'{"model":"ornith-fast","messages":[' + b'{"a":1},' * 20_000 + b'{"a":1,"a":2}]}',
+        "duplicate key",
+    ),
+    "nesting in a body read off the loop": (
+        b'{"model":"ornith-fast","messages":[' + b"[1]," * 30_000 + b"[" * 70 + b"]" * 70 + b"]}",
+        "nests",
+    ),
     "NaN": (b'{"model":"ornith-fast","messages":[NaN]}', "NaN"),
     "number out of range": (b'{"model":"ornith-fast","messages":[1e999]}', "out of range"),
     "integer of 5000 digits": (b'{"model":"ornith-fast","messages":[' + b"9" * 5000 + b"]}", "not valid JSON"),
@@ -152,6 +165,16 @@ async def test_body_breaking_a_json_rule_is_400(tmp_path: Path, caplog: pytest.L
                 assert_bad_request(await post(edge, raw, path), words)
                 await finish(node, held, results)
             await assert_settled(edge, caplog)
+
+
+@pytest.mark.parametrize("case", BAD_BODIES, ids=list(BAD_BODIES))
+def test_reading_off_the_loop_refuses_the_same(case: str) -> None:
+    """The decoder used off the loop (hooks that give the loop its turns) keeps every rule."""
+    raw, words = BAD_BODIES[case]
+    with pytest.raises(RequestRejected, match=words or None):
+        read_body(raw, off_loop=True)
+    with pytest.raises(RequestRejected, match=words or None):
+        read_body(raw)
 
 
 async def test_nesting_at_the_limit_and_valid_pairs_pass(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -324,14 +347,14 @@ def _poisoned(frame: object) -> bool:
 def _inject(monkeypatch: pytest.MonkeyPatch, step: str) -> None:
     """Make the Edge → node writer fail at ``step`` for the poisoned request's frame only."""
     if step == "encode":
-        real_encode_run = link_module.encode_run
+        real_encode_run = run_frame_module.encode_run
 
         def encode_run(run: Run, body_json: str) -> str:
             if POISON in body_json:
                 raise ValueError("injected: cannot encode")
             return real_encode_run(run, body_json)
 
-        monkeypatch.setattr(link_module, "encode_run", encode_run)
+        monkeypatch.setattr(run_frame_module, "encode_run", encode_run)
         return
     real_send_nowait = NodeSocket.send_nowait
     real_send_messages = NodeSocket.send_messages

@@ -132,6 +132,7 @@ class EdgeAPI:
         self._paths = {path for _, path in self._routes}
         self.head_refusal = HeadRefusal(service)
         self._queue_page = QueuePage(service)
+        self._body_readers = trio.CapacityLimiter(1)  # large bodies read one at a time, off the loop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -404,8 +405,9 @@ class EdgeAPI:
             if not message.get("more_body", False):
                 break
         raw = b"".join(chunks)
-        if len(raw) > OFF_LOOP_BODY_BYTES:
-            return await run_off_loop(lambda: read_body(raw))
+        if len(raw) > OFF_LOOP_BODY_BYTES:  # one worker at a time: the loop competes with one thread
+            async with self._body_readers:
+                return await run_off_loop(lambda: read_body(raw, off_loop=True))
         return read_body(raw)
 
 

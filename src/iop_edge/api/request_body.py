@@ -17,10 +17,12 @@ import codecs
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any, final
 
 import attrs
 
+from iop_edge._off_loop import yield_to_loop
 from iop_edge.api.rejections import RequestRejected
 
 MAX_DEPTH = 64
@@ -166,8 +168,49 @@ class ClientBody:
     """The decoded object; the Edge reads it and never changes it."""
 
 
-def read_body(raw: bytes) -> ClientBody:
+YIELD_EVERY = 4096
+"""Numbers and objects a body read off the loop decodes between two :func:`yield_to_loop` calls."""
+
+
+def _yielding_decoder() -> json.JSONDecoder:
+    """A decoder for :func:`read_body` off the loop: the rules of :data:`BODY_DECODER`, and every
+    :data:`YIELD_EVERY` numbers or objects it lets the event loop run first (:func:`yield_to_loop`).
+
+    The stdlib's C scanner holds the GIL from the first byte to the last: a 4 MB array of
+    small integers is tens of milliseconds in which the loop could not run, thread or not.
+    Its hooks are the only places it runs Python, so they are where it waits for the loop.
+    """
+    count = 0
+
+    def tick() -> None:
+        nonlocal count
+        count += 1
+        if count >= YIELD_EVERY:
+            count = 0
+            yield_to_loop()
+
+    def parse_int(text: str) -> int:
+        tick()
+        return int(text)
+
+    def parse_float(text: str) -> float:
+        tick()
+        return _finite_float(text)
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        tick()
+        return _object(items)
+
+    return json.JSONDecoder(
+        parse_constant=_reject_constant, parse_float=parse_float, parse_int=parse_int, object_pairs_hook=pairs
+    )
+
+
+def read_body(raw: bytes, *, off_loop: bool = False) -> ClientBody:
     """Read a request body by the rules above (pure, so it can run off the event loop).
+
+    ``off_loop``: run by :func:`iop_edge._off_loop.run_off_loop`, with a decoder that lets the
+    loop take its turns (:func:`_yielding_decoder`); slower, so only for large bodies.
 
     Raises:
         RequestRejected: 400 ``bad_request`` with the rule the body breaks.
@@ -179,25 +222,45 @@ def read_body(raw: bytes) -> ClientBody:
     except UnicodeDecodeError as exc:
         raise _bad(f"request body is not valid UTF-8 (at byte {exc.start})") from None
     try:
-        fields = BODY_DECODER.decode(text)
+        fields = (_yielding_decoder() if off_loop else BODY_DECODER).decode(text)
     except RecursionError:
         raise _too_deep() from None
     except ValueError as exc:
         raise _bad(f"request body is not valid JSON: {exc}") from None
     if type(fields) is not dict:
         raise _bad("request body must be a JSON object")
-    strings = _SURROGATE_ESCAPE.search(text) is not None
+    strings = _has_surrogate_escape(text, off_loop=off_loop)
     if strings or text.count("[") + text.count("{") > MAX_DEPTH:
-        _check_values(fields, strings=strings)
+        _check_values(fields, strings=strings, pace=yield_to_loop if off_loop else None)
     return ClientBody(text, fields)
 
 
-def _check_values(top: dict[str, Any], *, strings: bool) -> None:
+_SEARCH_SLICE = 256 * 1024
+"""Characters searched between two :func:`yield_to_loop` calls off the loop."""
+
+
+def _has_surrogate_escape(text: str, *, off_loop: bool) -> bool:
+    """Whether ``text`` holds a surrogate escape; off the loop a slice at a time, the loop's turn between."""
+    if not off_loop:
+        return _SURROGATE_ESCAPE.search(text) is not None
+    for start in range(0, len(text), _SEARCH_SLICE):
+        if _SURROGATE_ESCAPE.search(text, start, start + _SEARCH_SLICE + 5) is not None:  # an escape is 6 long
+            return True
+        yield_to_loop()
+    return False
+
+
+def _check_values(top: dict[str, Any], *, strings: bool, pace: Callable[[], None] | None) -> None:
     """Refuse nesting deeper than :data:`MAX_DEPTH` and, with ``strings``, a key or string holding a
-    lone surrogate. Iterative: the body's depth never becomes the interpreter's."""
+    lone surrogate. Iterative: the body's depth never becomes the interpreter's. ``pace`` is
+    called every :data:`YIELD_EVERY` containers (off the loop: :func:`yield_to_loop`)."""
     stack: list[tuple[dict[str, Any] | list[Any], int]] = [(top, 1)]
+    seen = 0
     while stack:
         item, depth = stack.pop()
+        seen += 1
+        if pace is not None and seen % YIELD_EVERY == 0:
+            pace()
         if depth > MAX_DEPTH:
             raise _too_deep()
         if type(item) is dict:
