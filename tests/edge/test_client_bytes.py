@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from edge.harness import (
     BIG,
@@ -40,7 +41,7 @@ from iop_edge.nodes import run_frame as run_frame_module
 from iop_edge.nodes.connection import NodeSocket
 from iop_edge.nodes.link import NodeLink
 from iop_edge.nodes.runs import RunNotSent
-from iop_wire import MAX_MESSAGE_BYTES, RUN_ENVELOPE_BYTES, Rejected, Run, RunEnd, decode
+from iop_wire import MAX_MESSAGE_BYTES, RUN_ENVELOPE_BYTES, Rejected, Run, RunEnd, RunEvent, decode
 
 pytestmark = pytest.mark.req("lease-lifecycle", "contract-spec-sync")
 
@@ -308,13 +309,14 @@ async def test_run_is_registered_only_once_encoded(tmp_path: Path) -> None:
             assert link.active_runs == 0
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("when", ["whole answer", "first event", "mid-stream"])
 async def test_node_answer_with_a_lone_surrogate_is_502(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, stream: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, when: str
 ) -> None:
     """A node's ``run_event`` holding a lone surrogate (valid JSON on the wire): the client gets 502
-    ``upstream_error`` (streaming too: nothing was written yet), not a 500 with a traceback;
-    counters back to 0."""
+    ``upstream_error`` (streaming too, when nothing was written yet), or, mid-stream, the events
+    before it then the Edge's own error event; never a 500 with a traceback; counters back to 0."""
+    stream = when != "whole answer"
     with trio.fail_after(TIMEOUT):
         async with running_edge(tmp_path) as edge, fake_node(edge, protocol=1) as node:
             results: dict[str, Any] = {}
@@ -325,14 +327,21 @@ async def test_node_answer_with_a_lone_surrogate_is_502(
 
                 nursery.start_soon(chat)
                 run = await node.next_run()
+                if when == "mid-stream":
+                    await node.send(RunEvent(run.run_id, chat_chunk("fine")))
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.01)  # the first event is out, the head with it
                 data = chat_chunk("x") if stream else {"object": "chat.completion"}
                 frame = json.dumps({"type": "run_event", "run_id": run.run_id, "data": {**data, "bad": "\ud800"}})
                 await node.ws.send_message(frame)  # ensure_ascii: the escape travels as is
                 await node.send(RunEnd(run.run_id, "ok"))
             response = results["r"]
-            assert response.status_code == 502, response.text
-            assert response.json()["error"]["code"] == "upstream_error"
-            assert "lone surrogate" in response.json()["error"]["message"]
+            assert "lone surrogate" in response.text
+            if when == "mid-stream":
+                assert response.status_code == 200
+                assert '"content":"fine"' in response.text and '"error"' in response.text
+            else:
+                assert response.status_code == 502, response.text
+                assert response.json()["error"]["code"] == "upstream_error"
             await assert_settled(edge, caplog)
 
 
@@ -455,4 +464,22 @@ async def test_register_token_with_a_lone_surrogate_is_a_bad_token(
                 assert isinstance(answer, Rejected) and answer.code == "bad_token", answer
             async with fake_node(edge) as node:  # the right token still registers
                 assert node.registered is not None
+            assert_no_traceback(caplog)
+
+
+async def test_unknown_node_id_is_logged_escaped_and_cut(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An unauthenticated ``register``'s node id is logged escaped and cut to 128 characters: a newline
+    in it cannot forge a log line, a megabyte of it is not a megabyte of log."""
+    forged = "evil\nINFO iop_edge: forged line " + "x" * 1_000_000
+    register = {"type": "register", "node_id": forged, "token": "t", "protocol": 5, "providers": []}
+    with trio.fail_after(TIMEOUT):
+        async with running_edge(tmp_path, EdgeLayout(max_ws_message_bytes=2 * 1024 * 1024)) as edge:
+            async with fake_node(edge, register=False) as node:
+                await node.ws.send_message(json.dumps(register))
+                answer = await node.receive()
+                assert isinstance(answer, Rejected) and answer.code == "unknown_node", answer
+                assert len(answer.reason) < 300
+            assert "\nINFO iop_edge: forged line" not in caplog.text
+            assert "evil\\nINFO iop_edge: forged line" in caplog.text
+            assert max(len(line) for line in caplog.text.splitlines()) < 1000
             assert_no_traceback(caplog)

@@ -67,6 +67,19 @@ class _Peer(NamedTuple):
     """DNS names of the client certificate with mutual TLS; None without it."""
 
 
+SHOWN_ID_CHARS = 128
+"""Characters of an unauthenticated node id a log line or a reason shows."""
+
+
+def shown(node_id: str) -> str:
+    """``node_id`` as a log line may show it: at most :data:`SHOWN_ID_CHARS` characters, anything but
+    printable ASCII escaped (a newline in an unauthenticated ``register`` cannot forge a log line)."""
+    cut = node_id[:SHOWN_ID_CHARS]
+    if not (cut.isascii() and cut.isprintable()):
+        cut = cut.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return cut + ("..." if len(node_id) > SHOWN_ID_CHARS else "")
+
+
 _BACKOFF_CODES = frozenset(("bad_token", "unknown_node"))
 """Rejections that answer a wrong credential: answered after the source's backoff."""
 
@@ -82,7 +95,7 @@ def _problem(
         return _Rejection("protocol_mismatch", reason, node_id)
     expected = token_for(node_id)
     if expected is None:
-        return _Rejection("unknown_node", f"node {node_id!r} is not configured", node_id)
+        return _Rejection("unknown_node", f"node {shown(node_id)!r} is not configured", node_id)
     if peer.cert_names is not None and node_id not in peer.cert_names:
         reason = f"the client certificate is not issued to node {node_id!r}"
         return _Rejection("bad_token", reason, node_id, "cert_mismatch")
@@ -313,7 +326,7 @@ class NodeRegistry:
         delay = self.limits.failed(source, trio.current_time()) if code in _BACKOFF_CODES else 0.0
         logger.warning(
             "rejected node registration %s from %s: %s (%s)%s",
-            rejection.node_id or "?",
+            shown(rejection.node_id) if rejection.node_id else "?",
             source.key,
             rejection.reason,
             code,
