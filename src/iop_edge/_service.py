@@ -71,6 +71,7 @@ class EdgeService:
         self.ha = EdgeHa.of(config.ha, self._leadership_changed) if config.ha is not None else None
         if self.ha is not None:
             self.metrics.registry.register(self.ha.collector(self.registry.fence))
+            self.registry.fence.leads = self.ha.admits  # [ha-step-down] asked before every run is sent
         self.api = EdgeAPI(self)
         self._reload_lock = trio.Lock()
         self.http_port: int | None = None

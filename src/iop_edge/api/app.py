@@ -36,6 +36,7 @@ from iop_admission import (
 from iop_edge._off_loop import run_off_loop
 from iop_edge.api.failover import AttemptFailed, serve_with_failover
 from iop_edge.api.head_refusal import HeadRefusal
+from iop_edge.api.not_leader import not_leader_on_head, standby_refusal
 from iop_edge.api.overload import FrontDoor
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
@@ -47,6 +48,7 @@ from iop_edge.api.responder import Responder, header_pairs
 from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
 from iop_edge.config import EdgeConfig
 from iop_edge.ha import EdgeHa
+from iop_edge.ha.fencing import NotLeading
 from iop_edge.listener.asgi import last_value as _last
 from iop_edge.listener.asgi import watch_disconnect as _watch_disconnect
 from iop_edge.listener.cycle import CONNECTION, PAUSE_READING, ConnectionHooks
@@ -58,6 +60,7 @@ from iop_edge.nodes.runs import NodeGone, RunChannel, RunNotSent
 from iop_edge.status import StatusRows, status_json_rows
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
+from iop_io import answer_lifespan
 from iop_wire import CLIENT_BODY_PROTOCOL, LONG_PROTOCOL, Run, RunData, RunEvent
 
 logger = logging.getLogger("iop_edge.http")
@@ -137,7 +140,7 @@ class EdgeAPI:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await _lifespan(receive, send)
+            await answer_lifespan(receive, send)
             return
         if kind != "http":
             return
@@ -179,7 +182,7 @@ class EdgeAPI:
         if service.ha is not None and not service.ha.admits():
             if self.head_refusal.let_through_by_listener(scope, _hooks(scope)):
                 service.front_door.gave_up()  # it will not ask for a lease
-            raise _standby_refusal(service.ha)
+            raise standby_refusal(service.ha)
         refused = self.head_refusal.refuse_request(scope, _hooks(scope))
         if refused is not None:
             response, scope[PAUSE_READING] = refused
@@ -206,7 +209,9 @@ class EdgeAPI:
             with term:
                 await self._watched(scope, receive, responder, (model, long, endpoint, body, stream, charge))
         if term.cancelled_caught and service.ha is not None:
-            raise _standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
+            # queued: a 503 now; streaming: a final error event. A request whose run was sent may have
+            # run: its code says so, and not_leader always means it did not [ha-step-down].
+            raise standby_refusal(service.ha, ran=responder.run_sent)
 
     async def _watched(self, scope: Scope, receive: Receive, responder: Responder, request: _Request) -> None:
         """Admit and run ``request``, cancelled if the client goes away."""
@@ -222,8 +227,8 @@ class EdgeAPI:
             nursery.cancel_scope.cancel()
 
     def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
-        """The listener's ``refuse_head``: :meth:`HeadRefusal.refuse`."""
-        return self.head_refusal.refuse(method, target, headers)
+        """The listener's ``refuse_head``: ``not_leader_on_head`` [ha-step-down], then :meth:`HeadRefusal.refuse`."""
+        return not_leader_on_head(self.service.ha, method, target) or self.head_refusal.refuse(method, target, headers)
 
     async def _admit_and_run(
         self,
@@ -253,7 +258,7 @@ class EdgeAPI:
             finally:
                 charge.settle(service.admission, lease, answered=responder.started)
 
-        on_retry = _retried(metrics, model)
+        on_retry = _retried(service, model, responder)
         try:
             outcome = await serve_with_failover(
                 service.admission,
@@ -307,6 +312,7 @@ class EdgeAPI:
         stream, charge = how
         charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
         run = _open_run(self.service, lease, model, endpoint, body, stream)
+        responder.run_sent = True
         scan = charge.scan if charge.tokens else None
         head = [
             (b"x-iop-provider", str(lease.provider).encode()),
@@ -423,6 +429,9 @@ def _open_run(service: EdgeParts, lease: Any, model: str, endpoint: str, body: C
     the frame is the body plus a few fields. An older node gets the body re-encoded with the
     upstream model and ``stream`` put in; if that frame is over the node's limit (numbers spelt
     longer, escapes turned to characters) only this run fails, with 413.
+
+    Raises:
+        NotLeading: this Edge has ``ha:`` and cannot prove it leads (the link's ``epoch``): nothing is sent.
     """
     key = lease.provider
     try:
@@ -444,12 +453,21 @@ def _open_run(service: EdgeParts, lease: Any, model: str, endpoint: str, body: C
     except RunNotSent as exc:  # nothing was registered: the lease is released on the way out
         kind = "upstream_error" if exc.status >= 500 else "invalid_request_error"
         raise RequestRejected(exc.status, exc.code, str(exc), type=kind) from None
+    except NotLeading:  # [ha-step-down] granted, or retried, by an Edge that cannot prove it leads: not sent
+        assert service.ha is not None  # only an Edge with ha: refuses to stamp
+        raise standby_refusal(service.ha) from None
 
 
-def _retried(metrics: EdgeMetrics, model: str) -> Callable[[str, Lease], None]:
-    """What to do before a retry ([failover-before-first-byte]): count it and say so."""
+def _retried(service: EdgeParts, model: str, responder: Responder) -> Callable[[str, Lease], None]:
+    """What to do before a retry ([failover-before-first-byte]): count it and say so -- unless this Edge
+    has ``ha:`` and can no longer prove it leads [ha-step-down]: then the retry is not asked for, and
+    the request is answered 503 (a woken leader whose runs' node dropped them): ``leader_stepped_down``
+    when an attempt's run was sent (it may have run), else ``not_leader``."""
+    metrics, ha = service.metrics, service.ha
 
     def on_retry(reason: str, failed: Lease) -> None:
+        if ha is not None and not ha.admits():
+            raise standby_refusal(ha, ran=responder.run_sent)
         metrics.retried(model, reason)
         logger.info("retrying %s after %s on %s (attempt %d)", model, reason, failed.provider, failed.attempt)
 
@@ -475,29 +493,5 @@ class _ClientGone(RequestRejected):
         super().__init__(499, "client_closed", "client closed the connection")
 
 
-def _standby_refusal(ha: EdgeHa) -> RequestRejected:
-    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader."""
-    leader = ha.leadership.leader
-    where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
-    return RequestRejected(
-        503,
-        "not_leader",
-        "this Edge does not lead" + where,
-        type="service_unavailable",
-        retry_after=ha.retry_after(),
-        leader=leader,
-    )
-
-
 def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -22,9 +22,10 @@ SSE = (b"content-type", b"text/event-stream")
 
 @final
 class Responder:
-    """Sends one HTTP response; knows whether the head is out already."""
+    """Sends one HTTP response; knows whether the head is out already, and whether a run was sent
+    for it (``run_sent``: the request may have run at a backend, whatever its answer says)."""
 
-    __slots__ = ("_send", "_scope", "started", "finished", "write_nowait", "respond_nowait")
+    __slots__ = ("_send", "_scope", "started", "finished", "run_sent", "write_nowait", "respond_nowait")
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class Responder:
         self._scope = scope
         self.started = False
         self.finished = False
+        self.run_sent = False
         self.write_nowait = write_nowait
         """The listener's ``write_body_nowait``: a body chunk written from any task, never waiting."""
         self.respond_nowait = respond_nowait

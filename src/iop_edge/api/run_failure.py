@@ -66,7 +66,7 @@ def run_failure(end: RunEnd) -> RequestRejected:
         detail = f"upstream answered {status}: {detail}"
     return RequestRejected(
         502,
-        "upstream_error",
+        "upstream_too_large" if end.code == "upstream_too_large" else "upstream_error",
         detail,
         type="upstream_error",
         reason=end.code or "upstream_error",

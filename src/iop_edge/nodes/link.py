@@ -89,13 +89,19 @@ class NodeLink:
         self._writer_busy = False  # frames queued for the writer, or taken and not written yet
         self._ending = False
         self._runs: dict[str, RunChannel] = {}
+        self._unsent_runs: dict[int, str] = {}  # with ha: id of a run's frame waiting in the outbox -> run id
         self._cancel_scope: trio.CancelScope | None = None
 
     # ----------------------------------------------------------------- runs
 
     @property
     def epoch(self) -> int | None:
-        """The epoch to put on this connection's runs [epoch-fencing]: the leader's, on v3 only."""
+        """The epoch to put on a run about to be sent on this connection [epoch-fencing]: the
+        leader's, on v3 only (:meth:`~iop_edge.ha.fencing.LeaderFence.stamp`).
+
+        Raises:
+            NotLeading: this Edge has ``ha:`` and cannot prove it leads: send nothing.
+        """
         return self.registry.fence.stamp(self.protocol)
 
     def send_frame(self, frame: str) -> None:
@@ -118,10 +124,12 @@ class NodeLink:
         run_id = message.run_id
         channel = self._runs[run_id] = RunChannel(run_id, self)
         try:
-            self._queue(frame, run_id)
+            sent = self._queue(frame, run_id)
         except (NodeGone, RunNotSent):
             self.forget_run(run_id)
             raise
+        if not sent and self.registry.fence.leads is not None:
+            self._unsent_runs[id(frame)] = run_id  # checked again when the writer takes it (_withhold_runs)
         return channel
 
     def cancel_run(self, run_id: str) -> bool:
@@ -145,19 +153,17 @@ class NodeLink:
         if channel is not None:
             channel.close()
 
-    def _queue(self, frame: str, run_id: str = "") -> None:
-        """Send ``frame`` now if the writer is idle with nothing queued, else queue it for the writer.
+    def _queue(self, frame: str, run_id: str = "") -> bool:
+        """Send ``frame`` now if the writer is idle with nothing queued, else queue it for the writer;
+        whether it was sent now.
 
         A request handler then writes its run's frame itself: at concurrency 1 the
         frame leaves without waiting for the writer task's turn (a scheduling round
         or two on the request's path). The write cannot be cancelled half-way (it
         does not wait). The writer is still woken (with :data:`FLUSH`): it sends
         what the socket did not take, and frames queued in the same scheduling
-        round wait behind it and leave together in its one write, as before.
-
-        Raises:
-            NodeGone: the connection is closing, or its outbox is full.
-            RunNotSent: the socket could not frame ``frame`` (nothing was written).
+        round wait behind it and leave together in its one write, as before. Raises
+        :class:`NodeGone` (closing, or the outbox full) or :class:`RunNotSent` (not framed, not written).
         """
         if self._outbox_closed:
             raise NodeGone(f"node {self.node_id} is disconnecting")
@@ -169,8 +175,7 @@ class NodeLink:
                 self.abort()
                 raise NodeGone(f"node {self.node_id} is disconnecting") from None
             except (ValueError, TypeError) as exc:  # framing failed: nothing was written
-                reason = f"the request could not be sent to node {self.node_id}: {exc}"
-                raise RunNotSent(reason, status=502, code="upstream_error") from None
+                raise RunNotSent(f"not sent to node {self.node_id}: {exc}", status=502, code="upstream_error") from None
             if sent:
                 frame = FLUSH
         if len(self._outbox) >= OUTBOX_SIZE:
@@ -181,6 +186,7 @@ class NodeLink:
         self._outbox.append((frame, run_id))
         self._writer_busy = True  # what follows queues behind it: the order of frames is kept
         self._writer.wake()
+        return frame is FLUSH
 
     @property
     def queued_frames(self) -> int:
@@ -296,24 +302,14 @@ class NodeLink:
         while outbox and size < WRITE_BATCH_BYTES:  # large frames go one by one, the rest wait
             frames.append(outbox.popleft())
             size += len(frames[-1][0])
+        if self._unsent_runs:
+            frames = _withhold_queued(self, frames)
         if not (queued := [item for item in frames if item[0]]) and not ws.backlogged:  # without FLUSH
             return
         try:
             await ws.send_messages([frame for frame, _ in queued])  # none: the rest of a frame sent without waiting
         except (ValueError, TypeError):  # a frame the socket cannot frame (nothing was written)
-            await self._send_one_by_one(queued)
-
-    async def _send_one_by_one(self, queued: list[_Queued]) -> None:
-        """Send ``queued`` a frame at a time; one that cannot be framed ends its run alone (a
-        ``bad_request`` end: the client's 502). Checkpoints."""
-        for frame, run_id in queued:
-            try:
-                await self.ws.send_messages([frame])
-            except (ValueError, TypeError) as exc:
-                logger.warning("node %s: a frame could not be sent: %s", self.node_id, exc)
-                if run_id in self._runs:
-                    reason = f"the request could not be sent to node {self.node_id}: {exc}"
-                    self._deliver(run_id, RunEnd(run_id, "error", "bad_request", reason))
+            await _send_one_by_one(self, queued)
 
     async def _read(self) -> None:
         ws = self.ws
@@ -361,3 +357,44 @@ class NodeLink:
 
     def __repr__(self) -> str:
         return f"<NodeLink {self.node_id} gen {self.generation} runs {len(self._runs)}>"
+
+
+def _withhold_runs(frames: list[str], unsent: dict[int, str], runs: dict[str, RunChannel], may_send: bool) -> list[str]:
+    """``frames`` less the runs' (``unsent``: frame id -> run id) when this Edge cannot prove it leads now
+    (``may_send`` false) [ha-step-down].
+
+    A run's frame is stamped when its run opens; one that waited in the outbox (the writer busy) is
+    checked again as it leaves: a leader paused between the two sends nothing when it wakes. Such a
+    run ends at once, refused ``stale_epoch`` by this Edge itself (its client's answer is ``503
+    not_leader``; no node refused anything, so ``iop_ha_stale_epoch_refused_total`` does not count it).
+    """
+    kept = []
+    for frame in frames:
+        run_id = unsent.pop(id(frame), None)
+        if run_id is None or may_send:
+            kept.append(frame)
+            continue
+        channel = runs.pop(run_id, None)
+        if channel is not None:
+            channel.deliver(RunEnd(run_id, "error", "stale_epoch", "not sent: this Edge cannot prove it leads"))
+    return kept
+
+
+def _withhold_queued(link: NodeLink, frames: list[_Queued]) -> list[_Queued]:
+    """:func:`_withhold_runs` over the outbox's items (a frame and its run)."""
+    may_send = link.registry.fence.may_send()
+    kept = {id(frame) for frame in _withhold_runs([f for f, _ in frames], link._unsent_runs, link._runs, may_send)}
+    return [item for item in frames if id(item[0]) in kept]
+
+
+async def _send_one_by_one(link: NodeLink, queued: list[_Queued]) -> None:
+    """Send ``queued`` a frame at a time; one that cannot be framed ends its run alone (a
+    ``bad_request`` end: the client's 502), the others go out. Checkpoints."""
+    for frame, run_id in queued:
+        try:
+            await link.ws.send_messages([frame])
+        except (ValueError, TypeError) as exc:
+            logger.warning("node %s: a frame could not be sent: %s", link.node_id, exc)
+            if run_id in link._runs:
+                reason = f"the request could not be sent to node {link.node_id}: {exc}"
+                link._deliver(run_id, RunEnd(run_id, "error", "bad_request", reason))

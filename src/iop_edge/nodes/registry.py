@@ -67,21 +67,19 @@ class _Peer(NamedTuple):
     """DNS names of the client certificate with mutual TLS; None without it."""
 
 
-SHOWN_ID_CHARS = 128
-"""Characters of an unauthenticated node id a log line or a reason shows."""
-
-
-def shown(node_id: str) -> str:
-    """``node_id`` as a log line may show it: at most :data:`SHOWN_ID_CHARS` characters, anything but
-    printable ASCII escaped (a newline in an unauthenticated ``register`` cannot forge a log line)."""
-    cut = node_id[:SHOWN_ID_CHARS]
-    if not (cut.isascii() and cut.isprintable()):
-        cut = cut.encode("unicode_escape", "backslashreplace").decode("ascii")
-    return cut + ("..." if len(node_id) > SHOWN_ID_CHARS else "")
-
-
 _BACKOFF_CODES = frozenset(("bad_token", "unknown_node"))
 """Rejections that answer a wrong credential: answered after the source's backoff."""
+
+MAX_NODE_ID_CHARS = 128
+"""The longest ``register.node_id`` the Edge looks up (docs/wire.md); a longer one, or one with a
+character that is not printable, is ``unknown_node`` at once."""
+
+
+def _loggable(text: str) -> str:
+    """A peer's identifier as a log line may carry it: as sent when printable and short, else escaped and cut."""
+    if text.isprintable() and len(text) <= MAX_NODE_ID_CHARS:
+        return text
+    return repr(text[:MAX_NODE_ID_CHARS]) + ("..." if len(text) > MAX_NODE_ID_CHARS else "")
 
 
 def _problem(
@@ -89,13 +87,15 @@ def _problem(
 ) -> _Rejection | None:
     """Why ``message`` from ``peer`` cannot register now (None: it can)."""
     node_id = message.node_id
+    if len(node_id) > MAX_NODE_ID_CHARS or not node_id.isprintable():
+        return _Rejection("unknown_node", "the node id is too long or not printable", node_id)
     if message.protocol not in PROTOCOL_VERSIONS:
         spoken = ", ".join(map(str, PROTOCOL_VERSIONS))
         reason = f"protocol {message.protocol} is not supported (edge speaks {spoken})"
         return _Rejection("protocol_mismatch", reason, node_id)
     expected = token_for(node_id)
     if expected is None:
-        return _Rejection("unknown_node", f"node {shown(node_id)!r} is not configured", node_id)
+        return _Rejection("unknown_node", f"node {node_id!r} is not configured", node_id)
     if peer.cert_names is not None and node_id not in peer.cert_names:
         reason = f"the client certificate is not issued to node {node_id!r}"
         return _Rejection("bad_token", reason, node_id, "cert_mismatch")
@@ -310,7 +310,7 @@ class NodeRegistry:
             node_id,
             generation,
             link.protocol,
-            ", ".join(link.providers) or "none",
+            ", ".join(map(_loggable, link.providers)) or "none",
         )
         if self._on_connect is not None:
             self._on_connect(node_id, generation)
@@ -326,7 +326,7 @@ class NodeRegistry:
         delay = self.limits.failed(source, trio.current_time()) if code in _BACKOFF_CODES else 0.0
         logger.warning(
             "rejected node registration %s from %s: %s (%s)%s",
-            shown(rejection.node_id) if rejection.node_id else "?",
+            "?" if rejection.node_id is None else _loggable(rejection.node_id),
             source.key,
             rejection.reason,
             code,
