@@ -1,4 +1,4 @@
-"""The JSON messages of the Edge–Node wire protocol, v1 to v4 (contract: ``docs/wire.md``).
+"""The JSON messages of the Edge–Node wire protocol, v1 to v5 (contract: ``docs/wire.md``).
 
 Every message is a frozen attrs value. Field types are checked by the codec when
 a frame is decoded; the rules that involve values (allowed statuses, endpoints and
