@@ -261,7 +261,7 @@ async def _stream_gaps(port: int, at_mark: Callable[[], object] | None = None) -
 
 
 class _Spinner:
-    """:data:`SPINNER` started at idle priority in a session of its own, as the reload's reader is
+    """:data:`SPINNER` started at the reader's priority in a session of its own, as the reload's reader is
     (:func:`iop_edge.config.reader.lower_priority`); :meth:`stop` kills it (it ends by itself
     once this process is gone)."""
 

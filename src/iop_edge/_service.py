@@ -22,9 +22,9 @@ from iop_admission import Admission, ConfigError, PreparedRefresh, ProviderKey
 from iop_config import ConfigFileError, TlsFileError
 from iop_edge._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
 from iop_edge.api.app import EdgeAPI
-from iop_edge.api.overload import FrontDoor, watch_loop_lag
 from iop_edge.config import EdgeConfig, load_edge_config
 from iop_edge.config.reader import error_lines, rebuild, run_reader
+from iop_edge.front_door.overload import FrontDoor, watch_loop_lag
 from iop_edge.ha import EdgeHa, Leadership
 from iop_edge.listener.server import HttpLimits, serve_http
 from iop_edge.metrics import EdgeMetrics
@@ -215,6 +215,7 @@ class EdgeService:
             if self.ha is not None:  # campaigns from the start; nodes register with a standby too
                 await nursery.start(self.ha.run)
             nursery.start_soon(self.admission.watch_ejections)  # ejections end on time [outlier-ejection]
+            nursery.start_soon(self.api.queue_page.run)  # the page's memory, from the start [queue-page]
             self.node_port = await nursery.start(
                 _serve_nodes,
                 self.registry,

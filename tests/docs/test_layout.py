@@ -252,7 +252,7 @@ FIGURES = re.compile(
 )
 """What a measurement in a docstring or comment looks like: timings, profilers, percentages of CPU."""
 FIGURES_FOR_NOW: dict[str, str] = {
-    "iop_edge/api/overload.py": "being changed by this round's burst work; its figures move after it lands",
+    "iop_edge/front_door/overload.py": "being changed by this round's burst work; its figures move after it lands",
     "iop_edge/config/reader.py": "idem (the reader's priority)",
     "iop_edge/nodes/runs.py": "idem (the run channel's encoding)",
     "iop_node/upstream/http_upstream.py": "idem (the Node's bounds on backend answers)",

@@ -31,9 +31,9 @@ from edge.harness import (
     sse_events,
     start_chat,
 )
-from iop_edge.api import overload as _overload
 from iop_edge.api import responder as _responder
 from iop_edge.api.rejections import RequestRejected
+from iop_edge.front_door import overload as _overload
 from iop_wire import RunEnd, RunEvent
 
 

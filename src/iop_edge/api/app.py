@@ -35,9 +35,7 @@ from iop_admission import (
 )
 from iop_edge._off_loop import run_off_loop
 from iop_edge.api.failover import AttemptFailed, serve_with_failover
-from iop_edge.api.head_refusal import HeadRefusal
 from iop_edge.api.not_leader import not_leader_on_head, standby_refusal
-from iop_edge.api.overload import FrontDoor
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
@@ -47,6 +45,8 @@ from iop_edge.api.request_body import ClientBody, checked_stream, estimate_token
 from iop_edge.api.responder import Responder, header_pairs
 from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
 from iop_edge.config import EdgeConfig
+from iop_edge.front_door.head_refusal import HeadRefusal
+from iop_edge.front_door.overload import FrontDoor
 from iop_edge.ha import EdgeHa
 from iop_edge.ha.fencing import NotLeading
 from iop_edge.listener.asgi import last_value as _last
@@ -134,7 +134,7 @@ class EdgeAPI:
         }
         self._paths = {path for _, path in self._routes}
         self.head_refusal = HeadRefusal(service)
-        self._queue_page = QueuePage(service)
+        self.queue_page = QueuePage(service)
         self._body_readers = trio.CapacityLimiter(1)  # large bodies read one at a time, off the loop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -152,7 +152,7 @@ class EdgeAPI:
             hooks.respond_nowait if hooks is not None else None,
         )
         if scope["path"] in QUEUE_PAGE_PATHS:  # the live queue page, an app of its own ([queue-page])
-            await self._queue_page(scope, receive, send)
+            await self.queue_page(scope, receive, send)
             return
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
@@ -181,7 +181,7 @@ class EdgeAPI:
         service = self.service
         if service.ha is not None and not service.ha.admits():
             if self.head_refusal.let_through_by_listener(scope, _hooks(scope)):
-                service.front_door.gave_up()  # it will not ask for a lease
+                self.head_refusal.gave_up(scope)  # it will not ask for a lease
             raise standby_refusal(service.ha)
         refused = self.head_refusal.refuse_request(scope, _hooks(scope))
         if refused is not None:
@@ -199,7 +199,7 @@ class EdgeAPI:
             long = threshold is not None and estimate_tokens(endpoint, fields) > threshold
             charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, fields))
         except BaseException:
-            service.front_door.gave_up()  # let through on its head, it will not ask for a lease
+            self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise
 
         term = trio.CancelScope()  # [ha-step-down] cancelled when this Edge stops leading
@@ -244,7 +244,7 @@ class EdgeAPI:
         metrics = service.metrics
         started_at = trio.current_time()
         outcome = "error"
-        visit = service.front_door.enter()
+        visit = service.front_door.enter(charge.tenant)
         served: Lease | None = None  # the lease of the latest attempt
 
         async def attempt(lease: Lease) -> str:

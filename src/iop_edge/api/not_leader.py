@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from iop_edge.api.head_refusal import COMPLETION_TARGETS
 from iop_edge.api.rejections import RequestRejected, canned
+from iop_edge.front_door.head_refusal import COMPLETION_TARGETS
 from iop_edge.ha import EdgeHa
 from iop_edge.listener.server import CannedResponse
 

@@ -29,7 +29,7 @@ from iop_admission import (
     TenantSpec,
 )
 from iop_config import server_ssl_context
-from iop_edge.api.overload import OverloadPolicy
+from iop_edge.front_door.overload import OverloadPolicy
 
 T = TypeVar("T")
 
