@@ -99,7 +99,8 @@ def _problem(
     if peer.cert_names is not None and node_id not in peer.cert_names:
         reason = f"the client certificate is not issued to node {node_id!r}"
         return _Rejection("bad_token", reason, node_id, "cert_mismatch")
-    if not hmac.compare_digest(expected.encode(), message.token.encode()):
+    # The bytes, exactly: a token holding a lone surrogate (valid JSON) is bytes that match nothing.
+    if not hmac.compare_digest(expected.encode(), message.token.encode("utf-8", "surrogatepass")):
         return _Rejection("bad_token", "invalid token", node_id)
     if node_id in links:
         return _Rejection("duplicate", f"node {node_id!r} already has a live connection", node_id)
