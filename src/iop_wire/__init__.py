@@ -27,6 +27,7 @@ from ._messages import (
     FAILURE_KINDS,
     LONG_PROTOCOL,
     MAX_MESSAGE_BYTES,
+    MAX_NODE_ID_CHARS,
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
     PROVIDER_FAILURES,
@@ -55,6 +56,7 @@ from ._messages import (
     TunnelStart,
     failure_kind,
     max_body_bytes_for,
+    valid_node_id,
 )
 from ._websocket import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
@@ -73,6 +75,7 @@ __all__ = [
     "FAILURE_KINDS",
     "LONG_PROTOCOL",
     "MAX_MESSAGE_BYTES",
+    "MAX_NODE_ID_CHARS",
     "MAX_RUN_ID_BYTES",
     "PROTOCOL_VERSION",
     "PROTOCOL_VERSIONS",
@@ -114,4 +117,5 @@ __all__ = [
     "max_body_bytes_for",
     "record_header",
     "split_data",
+    "valid_node_id",
 ]

@@ -37,6 +37,15 @@ CLIENT_BODY_PROTOCOL: Final = 5
 MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
 """Default limit for one text frame, in UTF-8 bytes."""
 
+MAX_NODE_ID_CHARS: Final = 128
+"""The longest ``register.node_id`` (docs/wire.md); the Edge's config refuses a longer node id too."""
+
+
+def valid_node_id(node_id: str) -> bool:
+    """Whether ``node_id`` may name a node: at most :data:`MAX_NODE_ID_CHARS` characters, each printable."""
+    return len(node_id) <= MAX_NODE_ID_CHARS and node_id.isprintable()
+
+
 RUN_ENVELOPE_BYTES: Final = 64 * 1024
 """Room a ``run`` frame keeps for its fields other than the client's body (ids, the upstream
 model, the epoch): a body of at most ``MAX_MESSAGE_BYTES - RUN_ENVELOPE_BYTES`` bytes always fits
