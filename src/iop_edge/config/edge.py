@@ -53,7 +53,7 @@ from iop_edge.config.schema import (
     split_keys,
 )
 from iop_edge.nodes.limits import PendingLimits
-from iop_wire import MAX_MESSAGE_BYTES, MAX_NODE_ID_CHARS, max_body_bytes_for, valid_node_id
+from iop_wire import MAX_MESSAGE_BYTES, max_body_bytes_for
 
 T = TypeVar("T")
 
@@ -389,14 +389,7 @@ class EdgeConfig:
         yield from _duplicates("nodes", "node id", [node.id for node in self.nodes])
         for i, node in enumerate(paced(self.nodes)):
             where = f"nodes[{i}]"
-            if not valid_node_id(node.id):
-                yield (
-                    f"{where}.id",
-                    f"must be at most {MAX_NODE_ID_CHARS} printable characters (a node could not register)",
-                )
-            yield from secret_problems(
-                f"{where}.token", node.token, f"{where}.token_env", node.token_env, required=True
-            )
+            yield from node.problems(where)
             yield from _duplicates(f"{where}.providers", "provider id", [provider.id for provider in node.providers])
             for j, provider in enumerate(node.providers):
                 try:
