@@ -10,7 +10,7 @@ REAL_STAMP := $(VENV)/.installed-real
 # (AVX-512/AMX probing), so build a portable one. Takes several minutes.
 REAL_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_OPENMP=OFF
 
-.PHONY: run dist chaos lint test test-real test-ui soak bench bench-peers clean
+.PHONY: run dist chaos lint test test-real test-ui soak fuzz bench bench-peers clean
 
 $(STAMP): pyproject.toml daemons/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,13 @@ test-ui: $(UI_STAMP)
 		{ apt-get update && apt-get install -y chromium chromium-driver; } || \
 		{ echo "install Chromium and its chromedriver, then set IOP_CHROMIUM and IOP_CHROMEDRIVER" >&2; exit 1; }
 	$(BIN)/python -m pytest tests_ui
+
+# The seams' fuzz tier run long (docs/security.md): structure-aware request bodies against one
+# running Edge and its node, IOP_FUZZ_EXAMPLES examples (make test runs a few dozen). Not in `make test`.
+IOP_FUZZ_EXAMPLES ?= 5000
+fuzz: $(STAMP)
+	IOP_FUZZ_EXAMPLES=$(IOP_FUZZ_EXAMPLES) $(BIN)/python -m pytest -o faulthandler_timeout=0 -o timeout=0 \
+		tests/fuzz/test_fuzz_request_bodies.py --hypothesis-show-statistics
 
 # The long runs: Hypothesis soak profile (state machine 5,000 x 150) and 10,000 simulation seeds.
 soak: $(STAMP)

@@ -13,18 +13,23 @@ Rules this module implements (and why):
 
 * **Cancellation-atomic.** ``__aenter__`` either returns a lease or leaves no
   change behind. Cancellation (or the queue deadline) while parked withdraws
-  the waiter in the abort function. After the grant there is no await before
+  the waiter in the abort function. A cancellation that arrives after the
+  grant but before the task resumes gives the grant back and raises: the body
+  never starts, as under asyncio. After that check there is no await before
   the lease is handed to the caller; should anything between the grant and the
   return raise, the grant is released before the exception propagates.
 
 * **Release is synchronous and happens once.** ``__aexit__`` never awaits; it
-  releases through the core, which ignores a lease that fencing already
-  released. Release is by scope exit only -- never by a callback that an event
+  releases through the core, once (a revoked lease too: fencing only revokes
+  it). Release is by scope exit only -- never by a callback that an event
   fan-out could drop.
 
 * **Fencing cancels the body.** Each lease body runs inside its own cancel
   scope. When the core revokes a lease (its node generation was fenced) the
   scope is cancelled, and the ``async with`` raises :class:`LeaseRevoked`.
+  The lease's capacity comes back at that scope's exit, not before
+  ([revoked-in-flight]): a body runs to its next checkpoint, or longer if it
+  shields itself, and holds its provider's capacity all that time.
 
 * **Deadlines live in the core.** The waiter's cancel scope only mirrors
   ``waiter.deadline``; a refresh that changes the queue timeout moves every
@@ -179,7 +184,11 @@ class Admission:
         Runs until cancelled; start it in a nursery beside the users of this
         admission. Checkpoints (it sleeps). Without it an ejection ends at the
         next lease request or report after its time.
+
+        Raises:
+            RuntimeError: not inside ``trio.run`` (under asyncio: ``AsyncAdmission``).
         """
+        _need_trio("watch_ejections")
         while True:
             self._handoff.ejection_wakeup = wakeup = trio.Event()
             self._handoff.advance(trio.current_time())
@@ -217,9 +226,11 @@ class Admission:
     def disconnect(self, node_id: str, generation: int) -> bool:
         """Take ``node_id`` offline if ``generation`` is its current generation.
 
-        Fences the generation: every lease on the node's providers is released
-        at once (counters read 0 immediately) and its body is cancelled. Waiters
-        fall back to remaining providers or fail with :class:`Unavailable` at once.
+        Fences the generation: every lease on the node's providers is revoked
+        at once (``in_flight`` reads 0 immediately) and its body is cancelled;
+        its capacity stays counted as ``revoked_in_flight`` until the body has
+        left its ``async with``. Waiters fall back to remaining providers or
+        fail with :class:`Unavailable` at once.
 
         Returns:
             False, with no effect, for a stale generation or a node not connected.
@@ -293,6 +304,11 @@ class Admission:
         """The true number of queued waiters now (``snapshot().queue_depth`` without the snapshot)."""
         return self._core.queue_depth
 
+    @property
+    def events_dropped(self) -> int:
+        """Events a full subscriber channel did not take (``snapshot().events_dropped``)."""
+        return self._events.dropped
+
     def snapshot(self, *, first: int = 0, count: int | None = None) -> Snapshot:
         """Read the state admission uses: counters, candidate pressure, queue depth.
 
@@ -338,9 +354,21 @@ class Admission:
         :attr:`Snapshot.events_dropped`; admission never waits for a subscriber.
 
         Entering and leaving do not block (leaving closes the channel).
+
+        Raises:
+            RuntimeError: not inside ``trio.run`` (under asyncio: ``AsyncAdmission``).
         """
+        _need_trio("subscribe")
         async with self._events.subscribe(buffer) as receive:
             yield receive
 
     def __repr__(self) -> str:
         return f"<Admission {self._core!r}>"
+
+
+def _need_trio(call: str) -> None:
+    """Raise a RuntimeError naming the asyncio layer when ``Admission.<call>()`` runs outside trio."""
+    if not trio.lowlevel.in_trio_run():
+        raise RuntimeError(
+            f"Admission.{call}() runs under trio only; under asyncio use iop_admission.aio.AsyncAdmission"
+        )

@@ -12,7 +12,10 @@ are dispatchable, and reports the end of each grant. The rule:
   backlogged again starts at ``max(F, V)``: idle time banks no credit;
 * within a tenant, FIFO; a waiter the predicate refuses (a long request
   blocked on long slots) is passed over, never blocking the one behind it nor
-  any other tenant's (no head-of-line);
+  any other tenant's (no head-of-line); the tenant keeps its tag meanwhile,
+  so that waiter is served from its place when it can run, but should it
+  leave unserved (a timeout, a cancel) the tag is lifted to ``V``: its other
+  waiters bank no credit from that wait;
 * a tenant at ``max_in_flight`` is not served; ``max_queue`` refuses its
   newcomers with :class:`TenantLimitExceeded`;
 * cost is 1 per request, or an estimate in tokens reserved at the grant and
@@ -237,6 +240,12 @@ class FairShare:
         _left(state, ticket)
         head = state.queue[0] is ticket
         state.queue.remove(ticket)
+        now = self._vtime.get(state.spec.priority, 0.0)
+        if state.finish < now:
+            # Its tag stayed behind the band's time while its waiters were passed over; that place was
+            # the passed-over waiter's, which leaves: the tenant's others bank no credit from it.
+            state.finish = now
+            head = True
         if head:
             self._touch(state)
 

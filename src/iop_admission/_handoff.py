@@ -127,12 +127,14 @@ class Handoff:
         else:
             assert type(result) is Waiter
             lease, scope = await self._wait(result)
-        if lease.revoked:
-            # Fenced between the grant and now (same tick): the body never runs
-            # on an offline generation. Fencing already released the lease.
-            if scope is not None:
-                scope.__exit__(None, None, None)
+        if lease.revoked:  # fenced since the grant: the body never runs on an offline generation
+            self._give_back(lease, scope)
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:  # cancelled since the grant: the body never starts, as under asyncio
+            self._give_back(lease, scope)
+            raise
         # From here to the return nothing awaits; if anything raises, the grant
         # goes back before the error propagates.
         if scope is None:
@@ -146,6 +148,13 @@ class Handoff:
         if events.subscribers:
             events.lease("granted", lease, waited=lease.queue_wait)
         return lease
+
+    def _give_back(self, lease: Lease, scope: trio.CancelScope | None) -> None:
+        """Close the scope of a grant whose body will not start and release the lease: its
+        capacity comes back at once (fenced, or cancelled, between the grant and the body)."""
+        if scope is not None:
+            scope.__exit__(None, None, None)
+        self.apply(self.core.release(lease))
 
     async def _wait(self, waiter: Waiter) -> tuple[Lease, trio.CancelScope | None]:
         """Park until granted, failed, cancelled or past the deadline.

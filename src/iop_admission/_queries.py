@@ -8,7 +8,7 @@ from typing import Any
 from ._config import PoolConfig, ProviderKey
 from ._core import StateCore
 from ._records import Lease, Waiter
-from ._slots import EJECTED, HEALTHY
+from ._slots import EJECTED, HEALTHY, ProviderSlot
 from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot
 
 
@@ -30,9 +30,15 @@ class StateQueries(StateCore):
         return iter(tuple(self._waiters.values()))
 
     def live_leases(self) -> Iterator[Lease]:
-        """Every unreleased lease, including those on providers removed by refresh."""
+        """Every live lease (granted, not revoked nor released), including those on providers removed by refresh."""
         for p in self._providers.values():
             yield from tuple(p.leases.values())
+
+    def revoked_running(self) -> Iterator[Lease]:
+        """Every revoked lease not released yet: its body has not exited, its capacity still counts
+        ([revoked-in-flight])."""
+        for p in self._providers.values():
+            yield from tuple(p.revoked.values())
 
     def generation(self, node_id: str) -> int:
         """Current generation of a node (0 if it never connected)."""
@@ -60,10 +66,12 @@ class StateQueries(StateCore):
     def provider_snapshots(
         self, now: float | None = None, first: int = 0, count: int | None = None
     ) -> tuple[ProviderSnapshot, ...]:
-        """Per configured provider, in configuration order (see ProviderSnapshot).
+        """Per configured provider, in configuration order, then each provider a refresh removed
+        that still has leases, marked ``"removed"`` (see ProviderSnapshot).
 
         ``ejection_left`` counts from ``now``, by default the latest time passed in.
-        ``first``/``count``: only the providers at those positions of the order.
+        ``first``/``count``: only the providers at those positions of the order; the removed
+        ones come with the slice that reaches the end of it.
         """
         return tuple(ProviderSnapshot(*values) for values in self._provider_values(now, first, count))
 
@@ -75,14 +83,16 @@ class StateQueries(StateCore):
         """Each provider's :class:`ProviderSnapshot` field values, in field order."""
         now = self._now if now is None else now
         retried = self._retry_pressure()
-        for p in self._configured[first : None if count is None else first + count]:
+        for p in self._listed(first, count):
             spec = p.spec
             queued, long_queued = p.queued() if p.eligible else (0, 0)
             if p.key in retried:
                 queued, long_queued = queued + retried[p.key][0], long_queued + retried[p.key][1]
             connected = p.node.connected
             eligible = p.eligible
-            if not spec.enabled:
+            if not p.configured:
+                status = "removed"
+            elif not spec.enabled:
                 status = "disabled"
             else:
                 status = "available" if connected else "unavailable"
@@ -101,8 +111,8 @@ class StateQueries(StateCore):
                 spec.long_context_capacity,
                 spec.capacity if eligible else 0,
                 spec.long_context_capacity if eligible else 0,
-                p.in_flight,
-                p.long_in_flight,
+                p.in_flight - len(p.revoked),
+                p.long_in_flight - p.revoked_long,
                 queued,
                 long_queued,
                 spec.priority,
@@ -110,7 +120,18 @@ class StateQueries(StateCore):
                 max(0.0, p.ejected_until - now) if p.health is EJECTED else 0.0,
                 p.ejections,
                 p.probes,
+                len(p.revoked),
+                p.revoked_long,
             )
+
+    def _listed(self, first: int, count: int | None) -> Iterator[ProviderSlot]:
+        """The configured providers at ``first``/``count`` of the order; with the slice that
+        reaches its end, the providers a refresh removed that still have leases."""
+        configured = self._configured
+        end = len(configured) if count is None else first + count
+        yield from configured[first:end]
+        if end >= len(configured) and len(self._providers) > len(configured):
+            yield from (p for p in self._providers.values() if not p.configured)
 
     def _retry_pressure(self) -> dict[ProviderKey, tuple[int, int]]:
         """Candidate pressure of queued retries: (waiters, of which long) per provider."""

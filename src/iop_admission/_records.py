@@ -40,9 +40,10 @@ TIMED_OUT = WaiterState.TIMED_OUT
 class Lease:
     """The right to run one request on one provider.
 
-    A lease is created by a grant and released exactly once: by the holder's
-    scope exit, or earlier by fencing (then ``revoked`` is true and the holder's
-    release is a no-op).
+    A lease is created by a grant and released exactly once, by the holder's
+    scope exit. Fencing its generation revokes it first (``revoked`` is true):
+    it is no longer live, but its capacity stays counted until the release
+    ([revoked-in-flight]).
 
     Attributes:
         id: unique (per :class:`AdmissionState`) lease number.
@@ -117,12 +118,12 @@ class Lease:
 
     @property
     def released(self) -> bool:
-        """True once the lease no longer counts against its provider."""
+        """True once the lease no longer counts against its provider (its holder released it)."""
         return self._released
 
     @property
     def revoked(self) -> bool:
-        """True if the lease was released by fencing its generation."""
+        """True if fencing its generation revoked the lease (its body is told to stop)."""
         return self._revoked
 
     def __repr__(self) -> str:

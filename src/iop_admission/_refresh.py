@@ -60,7 +60,7 @@ class RefreshRules(HealthRules):
             if not p.configured:
                 self._forget_health(p)
                 p.forget_held()  # [held-elsewhere] a provider that leaves the config forgets them
-                if not p.leases:
+                if not p.busy:
                     self._drop_retired(p)
         decisions = self._requeue()
         decisions.extend(self._dispatch(self._groups.values()))
@@ -101,7 +101,7 @@ class RefreshRules(HealthRules):
             p = providers[key]
             self._forget_health(p)
             p.forget_held()
-            if not p.leases:
+            if not p.busy:
                 self._drop_retired(p)
         decisions = self._requeue()
         # New tenant caps or bands can make any group's waiter dispatchable.

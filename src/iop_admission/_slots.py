@@ -245,6 +245,8 @@ class ProviderSlot:
         "held",
         "held_long",
         "leases",
+        "revoked",
+        "revoked_long",
         "groups",
         "stamp",
         "counted",
@@ -265,11 +267,15 @@ class ProviderSlot:
     def __init__(self, key: ProviderKey, node: NodeState, spec: ProviderSpec) -> None:
         self.key = key
         self.node = node
-        self.in_flight = 0  # live leases + held
+        self.in_flight = 0  # live leases + held + revoked leases still running
         self.long_in_flight = 0
         self.held = 0  # runs held elsewhere (AdmissionState.hold), counted in in_flight
         self.held_long = 0  # the long ones among them, counted in long_in_flight
-        self.leases: dict[int, Lease] = {}
+        self.leases: dict[int, Lease] = {}  # live leases
+        # Revoked leases whose body has not left yet ([revoked-in-flight]): counted in in_flight
+        # (and the long ones in long_in_flight) until released.
+        self.revoked: dict[int, Lease] = {}
+        self.revoked_long = 0
         self.groups: list[tuple[ModelGroup, int]] = []  # (model group, position among its candidates)
         self.stamp = 0
         self.counted = False  # counted in its groups' ``eligible``
@@ -300,6 +306,11 @@ class ProviderSlot:
         self.in_flight -= self.held
         self.long_in_flight -= self.held_long
         self.held = self.held_long = 0
+
+    @property
+    def busy(self) -> bool:
+        """Whether a lease on it is not released yet (live, or revoked with its body still running)."""
+        return bool(self.leases or self.revoked)
 
     def update_eligibility(self) -> None:
         self.eligible = self.configured and self.spec.enabled and self.node.connected

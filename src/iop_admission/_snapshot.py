@@ -23,6 +23,17 @@ class ProviderSnapshot:
     pressure; ``in_flight`` always equals its live leases plus the runs held
     elsewhere (``AdmissionState.hold``, ``Admission.hold``).
 
+    Revoked, still running ([revoked-in-flight]): ``revoked_in_flight`` counts
+    the leases fencing revoked (a ``disconnect`` or reconnect) whose body has
+    not exited yet, ``revoked_long_in_flight`` the long ones among them. They
+    are not in ``in_flight`` (a fenced generation reads 0 at once) but hold
+    capacity: admission counts ``in_flight + revoked_in_flight`` against
+    ``capacity`` (and the long ones against ``long_context_capacity``).
+
+    A provider a refresh removed while it still had leases (live, or revoked
+    and still running) stays listed, after the configured ones, with
+    ``status`` ``"removed"`` until its last lease is released.
+
     Health ([outlier-ejection]): ``health`` is ``offline`` while the node is not
     connected, else ``ejected`` from an ejection until the provider is restored
     (its ejection time, then its probe), else ``online``. ``failures`` counts
@@ -34,7 +45,7 @@ class ProviderSnapshot:
     node_id: str
     provider_id: str
     connected: bool
-    status: str  # "available" | "unavailable" | "disabled"
+    status: str  # "available" | "unavailable" | "disabled" | "removed"
     health: str  # "online" | "offline" | "ejected"
     generation: int
     capacity: int
@@ -50,6 +61,8 @@ class ProviderSnapshot:
     ejection_left: float = 0.0
     ejections: int = 0
     probes: int = 0
+    revoked_in_flight: int = 0
+    revoked_long_in_flight: int = 0
 
 
 PROVIDER_FIELDS: tuple[str, ...] = tuple(a.name for a in attrs.fields(ProviderSnapshot))
@@ -85,7 +98,9 @@ class TenantSnapshot:
 class Snapshot:
     """The whole pool: the true global queue depth, the policy, and every configured provider.
 
-    Providers appear in configuration order, including disconnected and disabled ones.
+    Providers appear in configuration order, including disconnected and disabled ones, then
+    those a refresh removed that still have leases (``status`` ``"removed"``) until their last
+    lease is released: while a lease runs, some row counts it.
     ``panic`` lists the model keys in panic mode: every eligible candidate is
     ejected, and requests are admitted to them anyway. ``tenants``: one row per
     tenant when tenants are configured (empty otherwise).
@@ -103,7 +118,7 @@ class Snapshot:
         """Return the snapshot of one provider.
 
         Raises:
-            KeyError: the provider is not configured.
+            KeyError: the provider is not listed (not configured, nor removed with leases left).
         """
         for p in self.providers:
             if p.node_id == node_id and p.provider_id == provider_id:

@@ -78,8 +78,19 @@ Why it is built this way:
 
 * **Generations fence.** ``connect`` starts a new generation of a node;
   ``disconnect`` with the current generation takes the node offline and
-  revokes every live lease on its providers (counters drop at once; each lease
-  is released exactly once -- the holder's later release finds it done).
+  revokes every live lease on its providers: the lease is no longer live
+  (``in_flight`` of the fenced generation reads 0 at once, its tenant's slot
+  is free), its body is told to stop (:class:`Revoked`), and each lease is
+  still released exactly once, by its holder.
+
+* **Capacity held until the body has left** [revoked-in-flight]. A revoked
+  lease's body may still be running (trio runs it to its next checkpoint; an
+  asyncio body may catch the cancellation), so its provider capacity (and
+  long slot) comes back only when the holder releases it, at the body's exit.
+  Until then it is *revoked, still running*: counted apart from ``in_flight``
+  (``revoked_in_flight``, ``revoked_long_in_flight`` of the snapshot) and,
+  with it, against capacity in every check and in the choice rule. So running
+  bodies never exceed a provider's capacity, whatever a fenced body does.
 """
 
 from __future__ import annotations
@@ -274,6 +285,9 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
     def release(self, lease: Lease) -> list[Decision]:
         """Release a lease (idempotent) and hand freed capacity to waiters.
 
+        Call it when the lease's body has exited, revoked or not: a revoked
+        lease's capacity stays counted (``revoked_in_flight``) until then.
+
         Returns:
             The grants this release caused; empty if the lease was already
             released (for example by fencing).
@@ -285,12 +299,17 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         slot.in_flight -= 1
         if lease.long:
             slot.long_in_flight -= 1
-        del slot.leases[lease.id]
-        if lease.probe and slot.probe_lease == lease.id:
-            self._reopen_probe(slot)
-        # A tenant back under its max_in_flight may have waiters in any group.
-        wake_all = lease._ticket is not None and self._release_ticket(lease)
-        if not slot.configured and not slot.leases:
+        if lease._revoked:  # its body has left: the capacity fencing kept counted comes back
+            del slot.revoked[lease.id]
+            slot.revoked_long -= lease.long
+            wake_all = False  # fencing freed its tenant's slot already
+        else:
+            del slot.leases[lease.id]
+            if lease.probe and slot.probe_lease == lease.id:
+                self._reopen_probe(slot)
+            # A tenant back under its max_in_flight may have waiters in any group.
+            wake_all = lease._ticket is not None and self._release_ticket(lease)
+        if not slot.configured and not slot.busy:
             self._drop_retired(slot)
             return self._dispatch(self._groups.values()) if wake_all else []
         slot.reindex()
@@ -363,8 +382,9 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         """Take a node offline if ``generation`` is its current, connected one.
 
         Fences the generation (every live lease on the node's providers is
-        revoked and released), then fails each waiter left with no eligible
-        candidate with :class:`Unavailable`.
+        revoked: no longer live, its capacity counted as revoked and still
+        running until its holder releases it), then fails each waiter left with
+        no eligible candidate with :class:`Unavailable`.
 
         Returns:
             ``(False, [])`` for a stale generation or a node not connected;
@@ -386,26 +406,32 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         return True, decisions
 
     def _fence(self, node: NodeState) -> Iterator[Revoked]:
+        """Revoke every live lease of ``node``'s providers and drop their runs held elsewhere.
+
+        A revoked lease keeps counting in ``in_flight`` (as revoked, still
+        running) until its holder releases it [revoked-in-flight].
+        """
         for p in tuple(node.providers):
             if not p.leases and not p.held:
                 continue
             for lease in tuple(p.leases.values()):
-                lease._released = True
                 lease._revoked = True
                 self._release_ticket(lease)
                 if lease.probe and p.probe_lease == lease.id:
                     self._reopen_probe(p)
+                p.revoked[lease.id] = lease
+                p.revoked_long += lease.long
                 yield Revoked(lease)
             p.leases.clear()
-            p.in_flight = 0
-            p.long_in_flight = 0
-            p.held = p.held_long = 0
-            if not p.configured:
+            p.forget_held()
+            if not p.configured and not p.revoked:
                 self._drop_retired(p)
             else:
                 p.reindex()
 
     def __repr__(self) -> str:
-        busy = sum(p.in_flight for p in self._configured)
+        revoked = sum(len(p.revoked) for p in self._providers.values())
+        busy = sum(p.in_flight - len(p.revoked) for p in self._configured)
         cap = sum(p.capacity for p in self._configured if p.eligible)
-        return f"<AdmissionState {busy}/{cap} in flight with {len(self._waiters)} waiting>"
+        running = f" ({revoked} revoked still running)" if revoked else ""
+        return f"<AdmissionState {busy}/{cap} in flight{running} with {len(self._waiters)} waiting>"

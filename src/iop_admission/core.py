@@ -20,8 +20,9 @@ The contract a layer must keep:
   carry out *in order*, before it calls the core again from another task:
   :class:`Granted` (wake ``waiter``'s task with ``lease``: from this instant the
   task owns the lease, even if it has not run yet), :class:`Failed` (wake it
-  with ``error``), :class:`Revoked` (cancel the lease's body: fencing already
-  released it), :class:`Ejected` and :class:`Restored` (health news; call
+  with ``error``), :class:`Revoked` (cancel the lease's body; its capacity
+  stays counted, as ``revoked_in_flight``, until the layer releases the lease
+  when the body has exited), :class:`Ejected` and :class:`Restored` (health news; call
   ``advance(now)`` at ``next_ejection_end()`` to end an ejection on time).
 * **Waiting.** A queued waiter leaves the queue exactly once: granted, failed,
   ``withdraw(waiter)`` (its task was cancelled; False when a grant or failure
@@ -30,9 +31,10 @@ The contract a layer must keep:
   ``<= now`` (the layer fails them with ``QueueTimeout``). ``deadline`` may
   move on ``refresh`` (it is ``enqueue_time + queue_timeout``): re-arm timers
   after each refresh.
-* **Release.** ``release(lease)`` exactly once per grant on every path
-  (idempotent: a lease fenced by ``disconnect`` is already released, and
-  ``lease.revoked`` says so).
+* **Release.** ``release(lease)`` exactly once per grant on every path, when
+  the lease's body has exited -- a revoked one too (``lease.revoked``): its
+  capacity comes back only then. A lease revoked before its body started is
+  released at once. ``release`` is idempotent (a second call changes nothing).
 * **Reading.** :func:`read_snapshot` is the :class:`~iop_admission.Snapshot` a
   layer serves, read in one synchronous step.
 

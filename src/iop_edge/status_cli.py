@@ -82,7 +82,7 @@ _LEGEND = Text(
     "queued: candidate pressure (a waiter counts at each of its candidates), long ones in ()",
     style="dim",
 )
-_STATUS_STYLES = {"available": "green", "unavailable": "red", "disabled": "yellow"}
+_STATUS_STYLES = {"available": "green", "unavailable": "red", "disabled": "yellow", "removed": "dim"}
 
 
 ROWS = 50
@@ -94,11 +94,14 @@ def _summary(status: EdgeStatus) -> Text:
     providers = status.snapshot.providers
     by_status = {name: sum(1 for p in providers if p.status == name) for name in _STATUS_STYLES}
     in_flight = sum(p.in_flight for p in providers)
+    revoked = sum(p.revoked_in_flight for p in providers)
     capacity = sum(p.effective_capacity for p in providers)
     connected = sum(1 for n in status.nodes if n.connected)
-    counts = ", ".join(f"{count} {name}" for name, count in by_status.items())
+    # A removed provider is listed only while a lease of it runs: counted only then.
+    counts = ", ".join(f"{count} {name}" for name, count in by_status.items() if count or name != "removed")
+    running = f" (+{revoked} revoked, still running)" if revoked else ""
     return Text(
-        f"providers {len(providers)} ({counts}), in flight {in_flight}/{capacity}; "
+        f"providers {len(providers)} ({counts}), in flight {in_flight}/{capacity}{running}; "
         f"nodes {connected}/{len(status.nodes)} connected" + _ha_summary(status)
     )
 

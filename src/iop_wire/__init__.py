@@ -1,4 +1,4 @@
-"""The Edge–Node wire protocol (v1 to v3): message classes, their JSON codec, v2 data frames.
+"""The Edge–Node wire protocol (v1 to v5): message classes, their JSON codec, v2 data frames.
 
 The contract is ``docs/wire.md``. Messages are JSON text frames, one message each,
 tagged by ``"type"``; v2 adds binary data frames (:func:`encode_data`,
@@ -8,7 +8,7 @@ message layer both daemons' WebSocket ends share (wsproto; each adds its role's
 handshake and its transport).
 """
 
-from ._codec import decode, encode, make_converter
+from ._codec import decode, encode, encode_run, make_converter
 from ._data import MAX_RUN_ID_BYTES, RunData, decode_data, encode_data, record_header, split_data
 from ._errors import (
     CLOSE_GOING_AWAY,
@@ -19,17 +19,21 @@ from ._errors import (
     ProtocolError,
 )
 from ._messages import (
+    CLIENT_BODY_PROTOCOL,
+    END_MESSAGE_LIMIT,
     END_STATUSES,
     ENDPOINTS,
     ERROR_CODES,
     FAILURE_KINDS,
     LONG_PROTOCOL,
     MAX_MESSAGE_BYTES,
+    MAX_NODE_ID_CHARS,
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
     PROVIDER_FAILURES,
     PROVIDER_STATUSES_4XX,
     REJECT_CODES,
+    RUN_ENVELOPE_BYTES,
     UPSTREAM_BODY_LIMIT,
     Cancel,
     EdgeMessage,
@@ -51,22 +55,27 @@ from ._messages import (
     TunnelRequest,
     TunnelStart,
     failure_kind,
+    max_body_bytes_for,
+    valid_node_id,
 )
 from ._websocket import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
 __all__ = [
     "ABNORMAL_CLOSURE",
+    "CLIENT_BODY_PROTOCOL",
     "CLOSE_GOING_AWAY",
     "CLOSE_NORMAL",
     "CLOSE_POLICY",
     "CLOSE_PROTOCOL_ERROR",
     "CLOSE_TOO_BIG",
     "ENDPOINTS",
+    "END_MESSAGE_LIMIT",
     "END_STATUSES",
     "ERROR_CODES",
     "FAILURE_KINDS",
     "LONG_PROTOCOL",
     "MAX_MESSAGE_BYTES",
+    "MAX_NODE_ID_CHARS",
     "MAX_RUN_ID_BYTES",
     "PROTOCOL_VERSION",
     "PROTOCOL_VERSIONS",
@@ -74,6 +83,7 @@ __all__ = [
     "PROVIDER_STATUSES_4XX",
     "RECEIVE_BYTES",
     "REJECT_CODES",
+    "RUN_ENVELOPE_BYTES",
     "UPSTREAM_BODY_LIMIT",
     "Cancel",
     "EdgeMessage",
@@ -101,8 +111,11 @@ __all__ = [
     "decode_data",
     "encode",
     "encode_data",
+    "encode_run",
     "failure_kind",
     "make_converter",
+    "max_body_bytes_for",
     "record_header",
     "split_data",
+    "valid_node_id",
 ]

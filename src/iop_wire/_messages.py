@@ -1,4 +1,4 @@
-"""The JSON messages of the Edge–Node wire protocol, v1 to v4 (contract: ``docs/wire.md``).
+"""The JSON messages of the Edge–Node wire protocol, v1 to v5 (contract: ``docs/wire.md``).
 
 Every message is a frozen attrs value. Field types are checked by the codec when
 a frame is decoded; the rules that involve values (allowed statuses, endpoints and
@@ -21,17 +21,41 @@ import attrs
 
 from ._errors import ProtocolError
 
-PROTOCOL_VERSION: Final = 4
+PROTOCOL_VERSION: Final = 5
 """The newest protocol version: the one a node offers first in :class:`Register`."""
 
-PROTOCOL_VERSIONS: Final = (1, 2, 3, 4)
+PROTOCOL_VERSIONS: Final = (1, 2, 3, 4, 5)
 """Every version this package speaks (an Edge accepts nodes of any of them)."""
 
 LONG_PROTOCOL: Final = 4
 """The first version whose ``run`` says whether it is long and whose ``in_flight`` counts the long runs."""
 
+CLIENT_BODY_PROTOCOL: Final = 5
+"""The first version whose ``run`` carries the client's body as sent, with the upstream model in
+``run.model`` for the node to put in (:meth:`Run.upstream_body`): the Edge never re-encodes it."""
+
 MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
 """Default limit for one text frame, in UTF-8 bytes."""
+
+MAX_NODE_ID_CHARS: Final = 128
+"""The longest ``register.node_id`` (docs/wire.md); the Edge's config refuses a longer node id too."""
+
+
+def valid_node_id(node_id: str) -> bool:
+    """Whether ``node_id`` may name a node: at most :data:`MAX_NODE_ID_CHARS` characters, each printable."""
+    return len(node_id) <= MAX_NODE_ID_CHARS and node_id.isprintable()
+
+
+RUN_ENVELOPE_BYTES: Final = 64 * 1024
+"""Room a ``run`` frame keeps for its fields other than the client's body (ids, the upstream
+model, the epoch): a body of at most ``MAX_MESSAGE_BYTES - RUN_ENVELOPE_BYTES`` bytes always fits
+in a v5 frame (:func:`max_body_bytes_for`)."""
+
+
+def max_body_bytes_for(max_message_bytes: int = MAX_MESSAGE_BYTES) -> int:
+    """The largest client body a v5 ``run`` frame of at most ``max_message_bytes`` carries."""
+    return max_message_bytes - RUN_ENVELOPE_BYTES
+
 
 ERROR_CODES: Final = (
     "concurrency_limit",
@@ -86,6 +110,11 @@ PROVIDER_STATUSES_4XX: Final = frozenset({401, 403, 407, 408})
 
 UPSTREAM_BODY_LIMIT: Final = 64 * 1024
 """The most characters of a backend's error body a node puts into ``run_end.upstream_body``."""
+
+END_MESSAGE_LIMIT: Final = 1024
+"""Characters of a ``run_end`` / ``tunnel_end`` ``message`` a node sends at most (it cuts a longer
+one): an error message may quote what a client sent (a 4 MB array), and an end frame over the
+Edge's message limit would cut every run on the connection."""
 
 
 def failure_kind(code: str | None, upstream_status: int | None) -> FailureKind:
@@ -347,6 +376,9 @@ class Run:
     refuses the run with ``stale_epoch``. Left out of the frame when None.
     ``long`` (v4): the Edge admitted it as a long-context request (it holds one of
     the provider's long slots there); left out of the frame when false.
+    ``model`` (v5): the upstream model name; ``body`` is then the client's body as it sent
+    it (its own ``model``, ``stream`` or none), and the node runs :meth:`upstream_body`.
+    Left out of the frame when None.
     """
 
     run_id: str
@@ -356,6 +388,23 @@ class Run:
     stream: bool
     epoch: int | None = None
     long: bool = False
+    model: str | None = None
+
+    def for_upstream(self) -> Run:
+        """This run as its node serves it: from v5 (``model`` set) with :meth:`upstream_body` as its
+        body and no ``model``; before v5 the run itself."""
+        return self if self.model is None else attrs.evolve(self, body=self.upstream_body(), model=None)
+
+    def upstream_body(self) -> dict[str, Any]:
+        """The body to send upstream: ``body`` itself before v5; from v5 (``model`` set) a copy with
+        ``model`` put in, and for the completion endpoints ``stream`` set to :attr:`stream`."""
+        if self.model is None:
+            return self.body
+        body = dict(self.body)
+        body["model"] = self.model
+        if self.endpoint != "embeddings":
+            body["stream"] = self.stream
+        return body
 
 
 @final

@@ -122,10 +122,10 @@ def _drain_check(admission: Admission) -> None:
     snap = admission.snapshot()
     assert snap.queue_depth == 0
     for p in snap.providers:
-        counters = (p.in_flight, p.long_in_flight, p.queued, p.long_queued)
-        assert counters == (0, 0, 0, 0), f"{p.node_id}/{p.provider_id}: {counters}"
-    # Leases on providers a refresh removed are not in the snapshot; look at the core.
-    assert list(admission._core.live_leases()) == []
+        counters = (p.in_flight, p.long_in_flight, p.queued, p.long_queued, p.revoked_in_flight)
+        assert counters == (0, 0, 0, 0, 0), f"{p.node_id}/{p.provider_id}: {counters}"
+        assert p.status != "removed", f"{p.node_id}/{p.provider_id} is listed as removed with nothing running"
+    assert list(admission._core.live_leases()) == [] and list(admission._core.revoked_running()) == []
 
 
 @pytest.fixture

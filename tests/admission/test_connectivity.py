@@ -145,10 +145,11 @@ async def test_long_request_unavailable_without_long_slots(autojump_clock, pool,
     drain_check(adm)
 
 
-@pytest.mark.req("disconnect-exclusion")
+@pytest.mark.req("disconnect-exclusion", "revoked-in-flight")
 async def test_connect_while_connected_fences_old_generation(autojump_clock, pool, spawn, drain_check):
     """[disconnect-exclusion] a duplicate registration starts a new generation and fences the
-    old one: its holder gets LeaseRevoked; the waiter is granted at once on the new generation."""
+    old one: its holder gets LeaseRevoked; the waiter is granted on the new generation in the
+    same tick, once the revoked body has left [revoked-in-flight]."""
     adm = Admission(pool.shared())
     old = adm.connect("node-a")
     async with trio.open_nursery() as nursery:
@@ -158,8 +159,11 @@ async def test_connect_while_connected_fences_old_generation(autojump_clock, poo
         new = adm.connect("node-a")
         assert new > old
         p = adm.snapshot().provider("node-a", "gpu0")
-        assert (p.in_flight, p.generation, p.connected) == (1, new, True)  # the waiter's grant
+        assert (p.in_flight, p.generation, p.connected) == (0, new, True)
+        assert p.revoked_in_flight == 1  # the old body holds the capacity until it leaves
         await trio.testing.wait_all_tasks_blocked()
+        p = adm.snapshot().provider("node-a", "gpu0")
+        assert (p.in_flight, p.revoked_in_flight) == (1, 0)  # the waiter's grant
         assert isinstance(holder.error, LeaseRevoked) and holder.error.generation == old
         assert waiter.lease.generation == new and waiter.granted_at == t0
         assert not adm.disconnect("node-a", old)

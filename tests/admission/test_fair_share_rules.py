@@ -103,3 +103,22 @@ def test_refund_in_a_fresh_band_brings_the_tag_back_to_its_start() -> None:
     core.enqueue("a", "a1")
     core.enqueue("a", "a2")
     assert _order(core, 4) == ["c0", "a1", "c1", "a2"]
+
+
+@pytest.mark.req("tenant-fair-share")
+def test_a_passed_over_waiter_that_leaves_takes_its_tenants_credit_with_it() -> None:
+    """a's only waiter cannot run while b is served three times (the band's time reaches 2, a's
+    tag stays 0). a queues two more, then its passed-over waiter leaves unserved (a timeout):
+    a's tag is lifted to the band's time, so d, queued at that time before a's newcomers, is
+    served first -- a's newcomers do not spend the place of a waiter that never ran."""
+    core = FairShare([TenantSpec("a"), TenantSpec("b"), TenantSpec("d")])
+    blocked, _ = core.enqueue("a", "a-blocked")
+    for n in range(3):
+        core.enqueue("b", f"b{n}")
+    served = [core.grant(lambda item: item != "a-blocked") for _ in range(3)]
+    assert [t.item for t in served if t is not None] == ["b0", "b1", "b2"]
+    core.enqueue("d", "d0")
+    core.enqueue("a", "a1")
+    core.enqueue("a", "a2")
+    core.cancel(blocked)
+    assert _order(core, 3) == ["d0", "a1", "a2"]

@@ -85,6 +85,7 @@ class FairnessMachine(RuleBasedStateMachine):
         self.max_cost = 8.0 if tokens else 1.0
         self.windows: dict[tuple[str, str], Window] = {}
         self.waited: dict[str, int] = {}  # grants of its band since the tenant became backlogged
+        self.passed: set[int] = set()  # waiters passed over (not dispatchable) while their band was served
 
     # -- model helpers --------------------------------------------------------
 
@@ -180,7 +181,14 @@ class FairnessMachine(RuleBasedStateMachine):
             assert not higher, f"dispatchable higher-band waiter of {higher} passed over"
             self.queued[name].remove(ticket)
             self.held.append(ticket)
-            self.account(name, band, ticket.cost)
+            self.account(name, band, ticket.cost, ticket.seq in self.passed)
+            self.passed.update(
+                t.seq
+                for n in NAMES
+                if self.core.spec(n).priority == band
+                for t in self.queued[n]
+                if not self.dispatchable(t.item)
+            )
         for n in NAMES:
             assert not self.eligible(n), f"{n} has a dispatchable waiter left queued (head-of-line)"
 
@@ -199,7 +207,10 @@ class FairnessMachine(RuleBasedStateMachine):
                 if i < j and same_band and (i, j) not in self.windows:
                     self.windows[(i, j)] = Window({i: 0.0, j: 0.0})
 
-    def account(self, name: str, band: int, cost: float) -> None:
+    def account(self, name: str, band: int, cost: float, passed_over: bool = False) -> None:
+        """Count a grant in the windows and the waits. A waiter passed over earlier is served from
+        its place (its tenant's tag), not as a newcomer: its grant makes nobody wait longer than
+        its place said, so it is not counted in the others' waits."""
         for (i, j), window in self.windows.items():
             if name in (i, j):
                 window.served[name] += cost
@@ -210,6 +221,8 @@ class FairnessMachine(RuleBasedStateMachine):
         if self.tokens:
             return
         for other in list(self.waited):
+            if passed_over and other != name:
+                continue
             if other == name:
                 del self.waited[other]
             elif self.core.spec(other).priority == band:

@@ -151,10 +151,11 @@ async def test_cancel_before_entry_changes_nothing(autojump_clock, pool, drain_c
     drain_check(adm)
 
 
-@pytest.mark.req("lease-lifecycle", "disconnect-exclusion")
+@pytest.mark.req("lease-lifecycle", "disconnect-exclusion", "revoked-in-flight")
 async def test_fencing_revokes_holder_counters_zero_at_once(autojump_clock, pool, spawn, drain_check):
     """[lease-lifecycle] [disconnect-exclusion] disconnect fences: counters 0 before the holder runs,
-    the body is cancelled and the ``async with`` raises LeaseRevoked; released exactly once."""
+    the body is cancelled and the ``async with`` raises LeaseRevoked; released exactly once, at the
+    body's exit [revoked-in-flight]: until then the bodies count as revoked, still running."""
     adm = Admission(pool.shared(capacity=2, long_cap=1))
     gen = adm.connect("node-a")
     async with trio.open_nursery() as nursery:
@@ -164,9 +165,13 @@ async def test_fencing_revokes_holder_counters_zero_at_once(autojump_clock, pool
         assert adm.disconnect("node-a", gen)
         snap = adm.snapshot().provider("node-a", "gpu0")
         assert (snap.in_flight, snap.long_in_flight) == (0, 0)
-        assert a.lease.released and a.lease.revoked
+        assert (snap.revoked_in_flight, snap.revoked_long_in_flight) == (2, 1)
+        assert not a.lease.released and a.lease.revoked
         await trio.testing.wait_all_tasks_blocked()
+        snap = adm.snapshot().provider("node-a", "gpu0")
+        assert (snap.revoked_in_flight, snap.revoked_long_in_flight) == (0, 0)
         for r in (a, b):
+            assert r.lease.released
             assert isinstance(r.error, LeaseRevoked)
             assert r.error.lease_id == r.lease.id and r.error.generation == gen
             assert r.ended_at == t0 and not r.body_finished
@@ -176,7 +181,8 @@ async def test_fencing_revokes_holder_counters_zero_at_once(autojump_clock, pool
 @pytest.mark.req("lease-lifecycle")
 async def test_cancel_in_same_tick_as_grant_holds_then_releases(autojump_clock, pool, handoff, drain_check):
     """[lease-lifecycle] a waiter granted by a release and cancelled in the same tick (before its
-    task runs) owns the lease, and releases it at its first checkpoint: no leak."""
+    task runs) owns the lease, and releases it when the task runs, without entering the body
+    (as under asyncio): no leak."""
     adm = Admission(pool.shared())
     adm.connect("node-a")
     async with trio.open_nursery() as nursery:
@@ -186,7 +192,7 @@ async def test_cancel_in_same_tick_as_grant_holds_then_releases(autojump_clock, 
         assert adm.snapshot().provider("node-a", "gpu0").in_flight == 1
         await trio.testing.wait_all_tasks_blocked()
         assert w.cancelled
-        assert w.lease is not None and w.lease.released and not w.body_finished
+        assert w.lease is None and not w.body_finished  # the body never started
     drain_check(adm)
 
 

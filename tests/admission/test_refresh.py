@@ -180,10 +180,11 @@ async def test_invalid_refresh_changes_nothing(autojump_clock, pool, spawn, drai
     drain_check(adm)
 
 
-@pytest.mark.req("refresh-consistency")
+@pytest.mark.req("refresh-consistency", "removed-provider-visible")
 async def test_provider_removed_while_leased(autojump_clock, pool, spawn, drain_check):
     """[refresh-consistency] a provider dropped from config keeps its running lease (released
-    once, at the holder's exit), takes no new work and leaves the snapshot at once."""
+    once, at the holder's exit) and takes no new work; [removed-provider-visible] it stays in
+    the snapshot, marked removed, until that lease ends."""
     adm = Admission(pool.two_nodes())
     adm.connect("node-a")
     adm.connect("node-b")
@@ -191,13 +192,18 @@ async def test_provider_removed_while_leased(autojump_clock, pool, spawn, drain_
         on_a = await spawn(nursery, adm, FAST)
         adm.refresh(pool.single())
         snap = adm.snapshot()
-        assert [(p.node_id, p.provider_id) for p in snap.providers] == [("node-b", "gpu1")]
+        assert [(p.node_id, p.provider_id, p.status) for p in snap.providers] == [
+            ("node-b", "gpu1", "available"),
+            ("node-a", "gpu0", "removed"),
+        ]
+        assert snap.provider("node-a", "gpu0").in_flight == 1
         assert not on_a.lease.released
         async with adm.lease(BIG) as lease:
             assert lease.provider == pool.gpu1
         on_a.release.set()
         await trio.testing.wait_all_tasks_blocked()
         assert on_a.lease.released and not on_a.lease.revoked and on_a.error is None
+        assert [p.provider_id for p in adm.snapshot().providers] == ["gpu1"]
         # Bringing it back later starts from a clean state.
         adm.refresh(pool.two_nodes())
         assert adm.snapshot().provider("node-a", "gpu0").in_flight == 0

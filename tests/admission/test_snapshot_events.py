@@ -74,6 +74,8 @@ async def test_snapshot_unstructures_to_json(autojump_clock, pool, spawn, drain_
             "ejection_left": 0.0,
             "ejections": 0,
             "probes": 0,
+            "revoked_in_flight": 0,
+            "revoked_long_in_flight": 0,
         }
         assert doc["panic"] == []
         assert (gpu1["status"], gpu1["health"], gpu1["connected"]) == ("disabled", "offline", False)

@@ -62,6 +62,8 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "ejection_left": 0.0,
             "ejections": 0,
             "probes": 0,
+            "revoked_in_flight": 0,
+            "revoked_long_in_flight": 0,
         },
         {
             "node_id": "node-b",
@@ -83,6 +85,8 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "ejection_left": 0.0,
             "ejections": 0,
             "probes": 0,
+            "revoked_in_flight": 0,
+            "revoked_long_in_flight": 0,
         },
         {
             "node_id": "node-c",
@@ -104,6 +108,8 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "ejection_left": 0.0,
             "ejections": 0,
             "probes": 0,
+            "revoked_in_flight": 0,
+            "revoked_long_in_flight": 0,
         },
     ]
     assert list(rows[0]) == list(PROVIDER_FIELDS)

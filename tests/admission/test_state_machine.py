@@ -181,15 +181,20 @@ class AdmissionMachine(RuleBasedStateMachine):
         spec = self.config.providers.get(key)
         return bool(spec and spec.enabled and self.connected[key.node_id])
 
-    def live(self, key: ProviderKey, long: bool | None = None) -> int:
-        """Live leases on ``key`` (of one kind), plus its runs held elsewhere when counting all or long ones."""
+    def live(self, key: ProviderKey, long: bool | None = None, revoked: bool = False) -> int:
+        """Live leases on ``key`` (of one kind), plus its runs held elsewhere when counting all or long ones;
+        ``revoked``: the revoked leases whose holder has not released yet (their bodies still run) too."""
         runs, long_runs = self.elsewhere.get(key, (0, 0))
         elsewhere = runs if long is None else long_runs if long else 0
         return elsewhere + sum(
             1
             for lease in self.held
-            if lease.provider == key and not lease.revoked and (long is None or lease.long == long)
+            if lease.provider == key and (revoked or not lease.revoked) and (long is None or lease.long == long)
         )
+
+    def running(self, key: ProviderKey, long: bool | None = None) -> int:
+        """[revoked-in-flight] bodies running on ``key``: live leases, revoked ones not released, runs held elsewhere."""
+        return self.live(key, long, revoked=True)
 
     def admitting(self, key: ProviderKey) -> bool:
         return self.health[key].state in (HEALTHY, PROBE)
@@ -203,9 +208,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         if not self.eligible(key):
             return False
         spec = self.config.providers[key]
-        if self.live(key) >= spec.capacity:
+        if self.running(key) >= spec.capacity:
             return False
-        if long and self.live(key, True) >= spec.long_context_capacity:
+        if long and self.running(key, True) >= spec.long_context_capacity:
             return False
         return self.admitting(key) or (candidates is not None and self.panic(candidates, long))
 
@@ -214,7 +219,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     def ref_best(self, candidates: tuple[ProviderKey, ...], long: bool) -> ProviderKey | None:
         ranked = [
-            (-self.config.providers[k].priority, self.live(k) / self.config.providers[k].capacity, i, k)
+            (-self.config.providers[k].priority, self.running(k) / self.config.providers[k].capacity, i, k)
             for i, k in enumerate(candidates)
             if self.dispatchable(k, long, candidates)
         ]
@@ -251,8 +256,8 @@ class AdmissionMachine(RuleBasedStateMachine):
                     assert d.waiter.model not in self.config.models
             elif isinstance(d, Revoked):
                 lease = d.lease
-                assert lease in self.held and lease.revoked
-                self.release_count[lease.id] += 1
+                # [revoked-in-flight] revoked, not released: its holder's exit is its one release.
+                assert lease in self.held and lease.revoked and not lease.released
                 self.fenced.add(lease.id)
                 self.lease_ended(lease)
             else:
@@ -278,6 +283,8 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.panic_grants.add(lease.id)
         if any(self.health[k].state == PROBING for k in candidates):
             self.fired("grants while a candidate probes")
+        if any(held.revoked and held.provider == key for held in self.held):
+            self.fired("grants beside a revoked body still running")
         self.lease_epoch[lease.id] = h.epoch
         self.figures["grants"] += 1
         self.held.append(lease)
@@ -826,6 +833,23 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.fired("reconnects during an ejection")
         self.connect(data.draw(st.sampled_from(self.unhealthy_nodes())))
 
+    def running_live(self) -> list[Lease]:
+        """Live leases on a connected node: a reconnect would revoke them with their bodies running."""
+        return [lease for lease in self.held if not lease.revoked and self.connected[lease.provider.node_id]]
+
+    @precondition(lambda self: self.running_live())
+    @rule(data=st.data(), long=st.booleans())
+    @counted
+    def reconnect_then_ask(self, data: st.DataObject, long: bool) -> None:
+        """[revoked-in-flight] a node reconnects while leases of it run (revoked, their bodies still
+        running) and requests for its models come at once: the bodies still count against capacity."""
+        self.fired("reconnects with bodies running")
+        lease = data.draw(st.sampled_from(self.running_live()))
+        self.connect(lease.provider.node_id)
+        for model, group in self.config.models.items():
+            if lease.provider in group.candidates:
+                self.request_one(model, long)
+
     # ------------------------------------------------------------ invariants
 
     @invariant()
@@ -865,6 +889,14 @@ class AdmissionMachine(RuleBasedStateMachine):
             key = ProviderKey(snap.node_id, snap.provider_id)
             assert snap.in_flight == self.live(key) >= 0
             assert snap.long_in_flight == self.live(key, True) >= 0
+            # [revoked-in-flight] revoked bodies not released yet are counted apart
+            assert snap.in_flight + snap.revoked_in_flight == self.running(key)
+            assert snap.long_in_flight + snap.revoked_long_in_flight == self.running(key, True)
+            if key not in self.config.providers:
+                # [removed-provider-visible] a removed provider is listed while a lease of it runs
+                assert snap.status == "removed" and self.running(key) > 0
+                self.fired("removed providers listed while a lease runs")
+                continue
             spec = self.config.providers[key]
             assert snap.capacity == spec.capacity
             if self.eligible(key):
@@ -927,12 +959,13 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @invariant()
     def grants_within_capacity(self) -> None:
-        """[long-state] a grant never takes a provider past capacity or long capacity."""
+        """[long-state] a grant never takes a provider past capacity or long capacity;
+        [revoked-in-flight] counting every running body, revoked ones whose holder has not left too."""
         for _, lease, _ in self.step_grants:
             spec = self.config.providers[lease.provider]
-            assert self.live(lease.provider) <= spec.capacity
+            assert self.running(lease.provider) <= spec.capacity
             if lease.long:
-                assert self.live(lease.provider, True) <= spec.long_context_capacity
+                assert self.running(lease.provider, True) <= spec.long_context_capacity
 
     @invariant()
     def queue_bound(self) -> None:
@@ -969,7 +1002,7 @@ class AdmissionMachine(RuleBasedStateMachine):
                     continue  # a panic grant on an ejected provider: only panic waiters could use it
                 if not earlier.long:
                     raise AssertionError(f"{lease} granted while earlier {earlier} waits")
-                if lease.long or self.live(key, True) < spec.long_context_capacity:
+                if lease.long or self.running(key, True) < spec.long_context_capacity:
                     raise AssertionError(f"{lease} granted while earlier long {earlier} waits")
 
     @invariant()
@@ -977,7 +1010,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         """[lease-lifecycle] the ledger: every ended lease released exactly once."""
         held_ids = {lease.id for lease in self.held}
         for lease_id, count in self.release_count.items():
-            if lease_id in held_ids and lease_id not in self.fenced:
+            if lease_id in held_ids:  # [revoked-in-flight] a fenced lease too, until its holder leaves
                 assert count == 0
             else:
                 assert count == 1, f"lease {lease_id} released {count} times"
@@ -994,9 +1027,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         for key in list(self.elsewhere):
             assert self.core.hold(key, 0) == []
         for snap in self.core.provider_snapshots():
-            assert snap.in_flight == snap.long_in_flight == snap.queued == 0
+            assert snap.in_flight == snap.long_in_flight == snap.queued == snap.revoked_in_flight == 0
+            assert snap.status != "removed"
         assert self.core.queue_depth == 0
-        assert list(self.core.live_leases()) == []
+        assert list(self.core.live_leases()) == [] == list(self.core.revoked_running())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -1024,4 +1058,6 @@ TestAdmissionStateMachine = pytest.mark.req(
     "outlier-ejection",
     "failover-before-first-byte",
     "held-elsewhere",
+    "revoked-in-flight",
+    "removed-provider-visible",
 )(AdmissionMachine.TestCase)

@@ -245,6 +245,7 @@ class TenantMachine(RuleBasedStateMachine):
         ok, decisions = self.state.disconnect(node, self.state.generation(node))
         assert ok
         self.offline.add(node)
+        revoked = [d.lease for d in decisions if isinstance(d, Revoked)]
         for d in decisions:
             if isinstance(d, Revoked):
                 del self.held[d.lease]
@@ -253,6 +254,8 @@ class TenantMachine(RuleBasedStateMachine):
                 del self.waiting[d.waiter]
             else:
                 self.apply([d])
+        for lease in revoked:  # [revoked-in-flight] the bodies leave: each holder's one release
+            self.apply(self.state.release(lease))
         self.open_windows()
         self.offline.discard(node)
         _, decisions = self.state.connect(node)

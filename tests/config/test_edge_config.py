@@ -637,3 +637,18 @@ def test_a_value_equal_in_python_is_not_the_remembered_one(value: str, message: 
     line = bad.splitlines().index(f"      - {{id: gpu1, capacity: {value}}}") + 1
     assert errors_of(bad) == (f"edge.yaml:{line}: nodes[1].providers[0].capacity: {message}",)
     assert load(one) == good
+
+
+def test_a_node_id_no_node_could_register_with_is_refused() -> None:
+    """The config refuses what ``register`` refuses (docs/wire.md): a node id
+    over 128 characters or with a character that is not printable."""
+    long_id = "n" * 129
+    text = edit("- id: node-a\n", f"- id: {long_id}\n").replace("node: node-a", f"node: {long_id}")
+    (error,) = errors_of(text)
+    assert error.endswith("nodes[0].id: must be at most 128 printable characters (a node could not register)")
+    assert (
+        "nodes[0].id"
+        in errors_of(edit("- id: node-a\n", '- id: "node\\u0085a"\n').replace("node: node-a", 'node: "node\\u0085a"'))[
+            0
+        ]
+    )

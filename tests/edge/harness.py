@@ -254,6 +254,7 @@ class FakeNode:
     registered: Registered | None = None
     rejected: Rejected | None = None
     leaders: list[Leader] = attrs.field(factory=list)
+    runs_received: list[Run] = attrs.field(factory=list)
 
     async def send(self, message: Message) -> None:
         await self.ws.send_message(encode(message))
@@ -278,9 +279,12 @@ class FakeNode:
         return answer
 
     async def next_run(self) -> Run:
+        """The next run, as a real node serves it (``Run.for_upstream()``: from v5 the upstream model
+        put into the client's body); the run as received is in :attr:`runs_received`."""
         message = await self._next_after_leaders()
         assert isinstance(message, Run), message
-        return message
+        self.runs_received.append(message)
+        return message.for_upstream()
 
     async def next_cancel(self) -> Cancel:
         message = await self._next_after_leaders()

@@ -137,10 +137,10 @@ async def test_v2_record_out_of_order_is_a_protocol_error(tmp_path: Path) -> Non
 
 @pytest.mark.req("wire-versioning")
 async def test_unknown_protocol_version_is_rejected_naming_the_versions_spoken(tmp_path: Path) -> None:
-    """[wire-versioning] register.protocol 5: rejected protocol_mismatch (not retryable), reason lists 1 to 4."""
+    """[wire-versioning] register.protocol 6: rejected protocol_mismatch (not retryable), reason lists 1 to 5."""
     with trio.fail_after(10):
-        async with running_edge(tmp_path) as edge, fake_node(edge, register=False, protocol=5) as node:
+        async with running_edge(tmp_path) as edge, fake_node(edge, register=False, protocol=6) as node:
             answer = await node.register(TOKEN_A, ["gpu0"])
             assert isinstance(answer, Rejected)
             assert (answer.code, answer.retryable) == ("protocol_mismatch", False)
-            assert "1, 2, 3, 4" in answer.reason
+            assert "1, 2, 3, 4, 5" in answer.reason

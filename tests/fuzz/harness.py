@@ -105,6 +105,11 @@ class EdgeThread:
             raise outcome
         self.http_port, self.node_port = outcome
 
+    @property
+    def alive(self) -> bool:
+        """Whether the Edge's thread still runs (an exception escaping the Edge would end it)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         """Cancel the thread's run and join it."""
         if self._token is not None and self._scope is not None:

@@ -74,8 +74,8 @@ def test_the_checker_sees_plain_fifo(monkeypatch: pytest.MonkeyPatch, seed: int,
 
 def test_the_checker_sees_an_idle_tenant_bank_credit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sensitivity: a tenant turning backlogged again starts from virtual time 0 instead of
-    max(F, V) -- its idle time banked as credit: the returning tenant outruns the bound (seed 1,
-    the idle_return scenario)."""
+    max(F, V), and keeps that credit when a waiter of it leaves -- its idle time banked: the
+    returning tenant outruns the bound (seed 1, the idle_return scenario)."""
     enqueue = FairShare.enqueue
 
     def banking(self: FairShare, tenant: str, item: Hashable, *args: Any, **kwargs: Any) -> Any:
@@ -89,7 +89,20 @@ def test_the_checker_sees_an_idle_tenant_bank_credit(monkeypatch: pytest.MonkeyP
         finally:
             self._vtime[band] = max(saved, self._vtime.get(band, 0.0))
 
+    cancel = FairShare.cancel
+
+    def keeping(self: FairShare, ticket: Any) -> None:  # and keeps the credit when a waiter leaves
+        state = self._tenants[ticket.tenant]
+        band = state.spec.priority
+        saved = self._vtime.get(band, 0.0)
+        self._vtime[band] = min(saved, state.finish)
+        try:
+            cancel(self, ticket)
+        finally:
+            self._vtime[band] = saved
+
     monkeypatch.setattr(FairShare, "enqueue", banking)
+    monkeypatch.setattr(FairShare, "cancel", keeping)
     result = run_tenant_seed(1)
     assert any("fairness bound" in v for v in result.violations), result.violations[:5]
 

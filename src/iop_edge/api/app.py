@@ -20,7 +20,6 @@ library's outcomes to HTTP.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -42,7 +41,7 @@ from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
 from iop_edge.api.rejections import dumps as _dumps
 from iop_edge.api.relay import first_message, relay_stream, relay_whole
-from iop_edge.api.request_body import BODY_DECODER, checked_stream, estimate_tokens
+from iop_edge.api.request_body import ClientBody, checked_stream, estimate_tokens, read_body
 from iop_edge.api.responder import Responder, header_pairs
 from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
 from iop_edge.config import EdgeConfig
@@ -57,12 +56,12 @@ from iop_edge.listener.pacing import Headers
 from iop_edge.listener.server import CannedResponse
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.nodes.registry import NodeRegistry
-from iop_edge.nodes.runs import NodeGone, RunChannel
+from iop_edge.nodes.runs import NodeGone, RunChannel, RunNotSent
 from iop_edge.status import StatusRows, status_json_rows
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
 from iop_io import answer_lifespan
-from iop_wire import LONG_PROTOCOL, Run, RunData, RunEvent
+from iop_wire import CLIENT_BODY_PROTOCOL, LONG_PROTOCOL, Run, RunData, RunEvent
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -70,7 +69,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-_Request = tuple[str, bool, str, dict[str, Any], bool, Charge]
+_Request = tuple[str, bool, str, ClientBody, bool, Charge]
 """A completion request as :meth:`EdgeAPI._admit_and_run` takes it (model, long, endpoint, body, stream, charge)."""
 
 
@@ -136,6 +135,7 @@ class EdgeAPI:
         self._paths = {path for _, path in self._routes}
         self.head_refusal = HeadRefusal(service)
         self.queue_page = QueuePage(service)
+        self._body_readers = trio.CapacityLimiter(1)  # large bodies read one at a time, off the loop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -190,13 +190,14 @@ class EdgeAPI:
             return
         try:
             body = await self._read_json(scope, receive)
-            model = body.get("model")
+            fields = body.fields
+            model = fields.get("model")
             if not isinstance(model, str) or not model:
                 raise RequestRejected(400, "bad_request", "'model' is required and must be a string")
-            stream = checked_stream(endpoint, body)
+            stream = checked_stream(endpoint, fields)
             threshold = service.config.long_threshold(model)
-            long = threshold is not None and estimate_tokens(endpoint, body) > threshold
-            charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, body))
+            long = threshold is not None and estimate_tokens(endpoint, fields) > threshold
+            charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, fields))
         except BaseException:
             self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise
@@ -234,7 +235,7 @@ class EdgeAPI:
         model: str,
         long: bool,
         endpoint: str,
-        body: dict[str, Any],
+        body: ClientBody,
         stream: bool,
         charge: Charge,
         responder: Responder,
@@ -295,7 +296,7 @@ class EdgeAPI:
         lease: Any,
         model: str,
         endpoint: str,
-        body: dict[str, Any],
+        body: ClientBody,
         how: tuple[bool, Charge],
         responder: Responder,
     ) -> str:
@@ -384,7 +385,9 @@ class EdgeAPI:
 
     # ------------------------------------------------------------------ input
 
-    async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+    async def _read_json(self, scope: Scope, receive: Receive) -> ClientBody:
+        """The request body, read by :func:`read_body` (off the event loop past
+        :data:`OFF_LOOP_BODY_BYTES`). Checkpoints."""
         limit = self.service.config.max_body_bytes
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -407,22 +410,25 @@ class EdgeAPI:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        try:
-            raw = b"".join(chunks)
-            body = BODY_DECODER.decode(
-                raw.decode(json.detect_encoding(raw), "surrogatepass")
-            )  # as json.loads reads bytes
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            raise RequestRejected(400, "bad_request", f"request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise RequestRejected(400, "bad_request", "request body must be a JSON object")
-        return body
+        raw = b"".join(chunks)
+        if len(raw) > OFF_LOOP_BODY_BYTES:  # one worker at a time: the loop competes with one thread
+            async with self._body_readers:
+                return await run_off_loop(lambda: read_body(raw, off_loop=True))
+        return read_body(raw)
 
 
-def _open_run(
-    service: EdgeParts, lease: Any, model: str, endpoint: str, body: dict[str, Any], stream: bool
-) -> RunChannel:
+OFF_LOOP_BODY_BYTES = 64 * 1024
+"""Request bodies larger than this are read in a worker thread (:func:`run_off_loop`), so a
+flood of large bodies leaves the loop free for everything else."""
+
+
+def _open_run(service: EdgeParts, lease: Any, model: str, endpoint: str, body: ClientBody, stream: bool) -> RunChannel:
     """Send ``run`` to the node holding the lease (never waits).
+
+    A v5 node gets the client's body as sent, with the upstream model beside it (``run.model``):
+    the frame is the body plus a few fields. An older node gets the body re-encoded with the
+    upstream model and ``stream`` put in; if that frame is over the node's limit (numbers spelt
+    longer, escapes turned to characters) only this run fails, with 413.
 
     Raises:
         NotLeading: this Edge has ``ha:`` and cannot prove it leads (the link's ``epoch``): nothing is sent.
@@ -430,15 +436,23 @@ def _open_run(
     key = lease.provider
     try:
         link = service.registry.link(key.node_id, lease.generation)
-        upstream = dict(body)
-        upstream["model"] = service.config.upstream_model(model, key)
+        upstream_model = service.config.upstream_model(model, key)
+        long = lease.long and link.protocol >= LONG_PROTOCOL  # [held-elsewhere] a v4 node counts its long runs
+        run_id = service.registry.new_run_id()
+        if link.protocol >= CLIENT_BODY_PROTOCOL:
+            run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, long, upstream_model)
+            return link.open_run(run, body.text)
+        upstream = dict(body.fields)
+        upstream["model"] = upstream_model
         if endpoint != "embeddings":  # an embeddings body goes as the client sent it
             upstream["stream"] = stream
-        long = lease.long and link.protocol >= LONG_PROTOCOL  # [held-elsewhere] a v4 node counts its long runs
-        run = Run(service.registry.new_run_id(), key.provider_id, endpoint, upstream, stream, link.epoch, long)
+        run = Run(run_id, key.provider_id, endpoint, upstream, stream, link.epoch, long)
         return link.open_run(run)
     except (NodeGone, KeyError) as exc:
         raise node_disconnected(str(exc)) from None
+    except RunNotSent as exc:  # nothing was registered: the lease is released on the way out
+        kind = "upstream_error" if exc.status >= 500 else "invalid_request_error"
+        raise RequestRejected(exc.status, exc.code, str(exc), type=kind) from None
     except NotLeading:  # [ha-step-down] granted, or retried, by an Edge that cannot prove it leads: not sent
         assert service.ha is not None  # only an Edge with ha: refuses to stamp
         raise standby_refusal(service.ha) from None

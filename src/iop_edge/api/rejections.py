@@ -107,18 +107,33 @@ def canned(rejection: RequestRejected) -> tuple[list[tuple[bytes, bytes]], bytes
     return canned
 
 
+def dumps(value: object) -> bytes:
+    """``value`` as compact JSON in UTF-8; a string that is not text (a lone surrogate a peer sent)
+    is written as its ``\\u`` escape, so an answer is always writable."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
 def bearer(headers: Headers) -> str | None:
+    """The token of the ``Authorization: Bearer`` header, or None.
+
+    Only SP and HTAB around it are removed (RFC 9110 §5.5, optional whitespace): any other
+    character, ``\\xa0`` or ``\\x85`` included, is part of the token and must match.
+    """
     for name, value in headers:
         if name == b"authorization":
             text: str = value.decode("latin-1")
             if text[:7].lower() == "bearer ":
-                return text[7:].strip()
+                return text[7:].strip(OWS)
             return None
     return None
 
 
-def dumps(value: object) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+OWS = " \t"
+"""Optional whitespace of an HTTP field value (RFC 9110 §5.6.3): SP and HTAB, nothing else."""
 
 
 def admission_rejection(exc: AdmissionError) -> RequestRejected:

@@ -6,17 +6,38 @@ for its run's buffer ``client_too_slow``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
-from iop_edge.api.rejections import dumps as _dumps
 from iop_edge.api.responder import SSE, Responder
 from iop_edge.api.run_failure import run_failure
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage
 from iop_wire import RunData, RunEnd, RunEvent
+
+
+def answer_json(data: dict[str, Any]) -> bytes:
+    """A node's ``run_event`` object as the client's JSON bytes.
+
+    Raises:
+        RequestRejected: 502 ``upstream_error`` when it holds a string that is not text (a lone
+            surrogate: valid JSON on the wire, not writable as UTF-8): the provider's failure.
+    """
+    try:
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise RequestRejected(
+            502,
+            "upstream_error",
+            "the node sent an answer holding a lone surrogate, which is not text",
+            type="upstream_error",
+            retry="upstream_error",
+            provider_failure=True,
+        ) from None
 
 
 async def next_message(run: RunChannel) -> RunMessage:
@@ -108,7 +129,7 @@ async def relay_bursts(
                 parts.append(item.data)
             elif isinstance(item, RunEvent):
                 framed_here = True
-                parts.append(b"data: " + _dumps(item.data) + b"\n\n")
+                parts.append(b"data: " + answer_json(item.data) + b"\n\n")
             else:
                 end = item
                 break
@@ -152,7 +173,7 @@ async def relay_whole(
             if isinstance(message, RunData):
                 parts.append(message.data)
             elif isinstance(message, RunEvent):
-                parts.append(_dumps(message.data))
+                parts.append(answer_json(message.data))
             else:
                 end_of(message)
                 if not parts:

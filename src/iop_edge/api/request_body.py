@@ -1,16 +1,36 @@
-"""What the Edge reads of a request body: JSON decoding, the fields it checks, the token estimate.
+"""What the Edge reads of a request body: the JSON rules, the fields it checks, the token estimate.
 
 The Edge reads only what it decides on (the model, ``stream``, the token estimate for the
-long-request classification and tenant cost); the rest of the body is the backend's.
+long-request classification and tenant cost); the rest of the body is the backend's, and a v5
+node gets the client's own text (:class:`ClientBody`), never a re-encoding of it.
+
+This is the one place where a client's JSON is read, strictly (:func:`read_body`): UTF-8 only
+(an optional byte-order mark is ignored), no lone surrogate (as bytes or as a ``\\uD800``
+escape), no duplicate key, no ``NaN``/``Infinity``, no number out of a float's range, nesting at
+most :data:`MAX_DEPTH` deep, an object at the top. Each refusal is a 400 ``bad_request`` naming
+the rule: a body the Edge accepts can always be carried to a node and to a backend.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
-from typing import Any
+import re
+from collections.abc import Callable
+from typing import Any, final
 
+import attrs
+
+from iop_edge._off_loop import yield_to_loop
 from iop_edge.api.rejections import RequestRejected
+
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects accepted in a request body (the top object is 1).
+
+Well under the interpreter's recursion limit (1000), which the stdlib decoder and any
+recursive reader of the body would otherwise hit; serde_json's default is 128, protobuf's 100.
+"""
 
 CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
@@ -106,7 +126,7 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
 
 
 def _reject_constant(name: str) -> None:
-    # The stdlib reads NaN/Infinity; the node link (strict JSON) could not carry them.
+    # The stdlib reads NaN/Infinity; they are not JSON, and no node or backend could carry them.
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -117,5 +137,157 @@ def _finite_float(text: str) -> float:
     return value
 
 
-BODY_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a key given twice is refused (readers disagree on which one counts)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key[:40]!r}")
+            seen.add(key)
+    return obj
+
+
+BODY_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_object)
 """The request body's decoder, built once (``json.loads`` with hooks builds one per call)."""
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A ``\\uD800``-``\\uDFFF`` escape in the body's text: only then can a decoded string hold a lone
+surrogate (a valid pair is checked too, and passes)."""
+
+
+@final
+@attrs.frozen
+class ClientBody:
+    """A request body as the client sent it (``text``) and as the Edge reads it (``fields``)."""
+
+    text: str
+    """The body's JSON text, exactly the client's (without a byte-order mark): what a v5 node gets."""
+    fields: dict[str, Any] = attrs.field(repr=False)
+    """The decoded object; the Edge reads it and never changes it."""
+
+
+YIELD_EVERY = 4096
+"""Numbers and objects a body read off the loop decodes between two :func:`yield_to_loop` calls."""
+
+
+def _yielding_decoder() -> json.JSONDecoder:
+    """A decoder for :func:`read_body` off the loop: the rules of :data:`BODY_DECODER`, and every
+    :data:`YIELD_EVERY` numbers or objects it lets the event loop run first (:func:`yield_to_loop`).
+
+    The stdlib's C scanner holds the GIL from the first byte to the last: a 4 MB array of
+    small integers is tens of milliseconds in which the loop could not run, thread or not.
+    Its hooks are the only places it runs Python, so they are where it waits for the loop.
+    """
+    count = 0
+
+    def tick() -> None:
+        nonlocal count
+        count += 1
+        if count >= YIELD_EVERY:
+            count = 0
+            yield_to_loop()
+
+    def parse_int(text: str) -> int:
+        tick()
+        return int(text)
+
+    def parse_float(text: str) -> float:
+        tick()
+        return _finite_float(text)
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        tick()
+        return _object(items)
+
+    return json.JSONDecoder(
+        parse_constant=_reject_constant, parse_float=parse_float, parse_int=parse_int, object_pairs_hook=pairs
+    )
+
+
+def read_body(raw: bytes, *, off_loop: bool = False) -> ClientBody:
+    """Read a request body by the rules above (pure, so it can run off the event loop).
+
+    ``off_loop``: run by :func:`iop_edge._off_loop.run_off_loop`, with a decoder that lets the
+    loop take its turns (:func:`_yielding_decoder`); slower, so only for large bodies.
+
+    Raises:
+        RequestRejected: 400 ``bad_request`` with the rule the body breaks.
+    """
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    try:
+        text = raw.decode("utf-8")  # strict: refuses invalid UTF-8 and encoded surrogates
+    except UnicodeDecodeError as exc:
+        raise _bad(f"request body is not valid UTF-8 (at byte {exc.start})") from None
+    try:
+        fields = (_yielding_decoder() if off_loop else BODY_DECODER).decode(text)
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as exc:
+        raise _bad(f"request body is not valid JSON: {exc}") from None
+    if type(fields) is not dict:
+        raise _bad("request body must be a JSON object")
+    strings = _has_surrogate_escape(text, off_loop=off_loop)
+    if strings or text.count("[") + text.count("{") > MAX_DEPTH:
+        _check_values(fields, strings=strings, pace=yield_to_loop if off_loop else None)
+    return ClientBody(text, fields)
+
+
+_SEARCH_SLICE = 256 * 1024
+"""Characters searched between two :func:`yield_to_loop` calls off the loop."""
+
+
+def _has_surrogate_escape(text: str, *, off_loop: bool) -> bool:
+    """Whether ``text`` holds a surrogate escape; off the loop a slice at a time, the loop's turn between."""
+    if not off_loop:
+        return _SURROGATE_ESCAPE.search(text) is not None
+    for start in range(0, len(text), _SEARCH_SLICE):
+        if _SURROGATE_ESCAPE.search(text, start, start + _SEARCH_SLICE + 5) is not None:  # an escape is 6 long
+            return True
+        yield_to_loop()
+    return False
+
+
+def _check_values(top: dict[str, Any], *, strings: bool, pace: Callable[[], None] | None) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and, with ``strings``, a key or string holding a
+    lone surrogate. Iterative: the body's depth never becomes the interpreter's. ``pace`` is
+    called every :data:`YIELD_EVERY` containers (off the loop: :func:`yield_to_loop`)."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(top, 1)]
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        seen += 1
+        if pace is not None and seen % YIELD_EVERY == 0:
+            pace()
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        if type(item) is dict:
+            if strings:
+                for key in item:
+                    _check_text(key)
+            children: Any = item.values()
+        else:
+            children = item
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif strings and kind is str:
+                _check_text(child)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _bad(f"request body holds a lone surrogate (\\u{ord(text[exc.start]):04x}), which is not text") from None
+
+
+def _too_deep() -> RequestRejected:
+    return _bad(f"request body nests deeper than {MAX_DEPTH} levels")
+
+
+def _bad(message: str) -> RequestRejected:
+    return RequestRejected(400, "bad_request", message)

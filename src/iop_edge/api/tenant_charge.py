@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, final
 
 from iop_admission import Admission, AdmissionError, Lease, TenantLimitExceeded
-from iop_edge.api.rejections import RequestRejected, bearer
+from iop_edge.api.rejections import OWS, RequestRejected, bearer
 from iop_edge.listener.pacing import Headers
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def charge_of(config: EdgeConfig, headers: Headers, estimate: Callable[[], int])
         wanted = config.tenant_header.lower().encode("latin-1")
         for name, value in headers:
             if name == wanted:
-                named = value.decode("latin-1").strip()
+                named = value.decode("latin-1").strip(OWS)
                 break
     tenant = config.tenant_of(bearer(headers), named) if config.tenants else None
     return Charge(tenant, float(max(1, estimate())) if tokens else 1.0, tokens=tokens)

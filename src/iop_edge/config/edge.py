@@ -53,6 +53,7 @@ from iop_edge.config.schema import (
     split_keys,
 )
 from iop_edge.nodes.limits import PendingLimits
+from iop_wire import MAX_MESSAGE_BYTES, max_body_bytes_for
 
 T = TypeVar("T")
 
@@ -330,6 +331,7 @@ class EdgeConfig:
             *at_least("provider_pool.retry.max_attempts", self.provider_pool.retry.max_attempts, 1),
             *self.provider_pool.outlier.problems(),
             *at_least("max_body_bytes", self.max_body_bytes, 1),
+            *_fits_a_run_frame(self.max_body_bytes),
             *at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
             *at_least("node_listen_backlog", self.node_listen_backlog, 1),
             *at_least("header_timeout_ms", self.header_timeout_ms, 1),
@@ -387,9 +389,7 @@ class EdgeConfig:
         yield from _duplicates("nodes", "node id", [node.id for node in self.nodes])
         for i, node in enumerate(paced(self.nodes)):
             where = f"nodes[{i}]"
-            yield from secret_problems(
-                f"{where}.token", node.token, f"{where}.token_env", node.token_env, required=True
-            )
+            yield from node.problems(where)
             yield from _duplicates(f"{where}.providers", "provider id", [provider.id for provider in node.providers])
             for j, provider in enumerate(node.providers):
                 try:
@@ -445,3 +445,13 @@ def _spec_problems(where: str, error: ConfigError) -> Iterator[tuple[str, str]]:
             yield f"{where}.{field}", message
         else:
             yield where, problem
+
+
+def _fits_a_run_frame(max_body_bytes: int) -> Iterator[tuple[str, str]]:
+    """A body of ``max_body_bytes`` must fit in one ``run`` frame a node accepts (docs/wire.md, Size limit)."""
+    largest = max_body_bytes_for(MAX_MESSAGE_BYTES)
+    if max_body_bytes > largest:
+        yield (
+            "max_body_bytes",
+            f"must be <= {largest} (a node's message limit less a run's other fields), got {max_body_bytes}",
+        )

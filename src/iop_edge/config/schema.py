@@ -30,6 +30,7 @@ from iop_admission import (
 )
 from iop_config import server_ssl_context
 from iop_edge.front_door.overload import OverloadPolicy
+from iop_wire import MAX_NODE_ID_CHARS, valid_node_id
 
 T = TypeVar("T")
 
@@ -194,6 +195,12 @@ class EdgeNode:
     token_env: str | None = None
 
     config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a node")
+
+    def problems(self, where: str) -> Iterator[tuple[str, str]]:
+        """The node's own problems: an id no node could register with, its token."""
+        if not valid_node_id(self.id):
+            yield f"{where}.id", f"must be at most {MAX_NODE_ID_CHARS} printable characters (a node could not register)"
+        yield from secret_problems(f"{where}.token", self.token, f"{where}.token_env", self.token_env, required=True)
 
 
 @final

@@ -24,7 +24,8 @@ from trio_websocket import ConnectionClosed
 
 from iop_edge.metrics import DisconnectCause
 from iop_edge.nodes.connection import NodeSocket, close_quietly
-from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage
+from iop_edge.nodes.run_frame import run_frame
+from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage, RunNotSent
 from iop_io import ParkedTask
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ WRITE_BATCH_BYTES = 64 * 1024
 FLUSH = ""
 """Queued (never sent) behind a frame sent without waiting: the node link's writer sends what the
 socket did not take of it, and what was queued behind it in the same scheduling round."""
+_Queued = tuple[str, str]
+"""A frame in the outbox and the run it opens ("" for any other frame): a frame the writer cannot
+send fails that run alone (:meth:`NodeLink._send_queued`)."""
 
 
 @final
@@ -79,7 +83,7 @@ class NodeLink:
         self.cause: DisconnectCause = "error"
         # The frames for the writer (a deque and the writer parked on it, not a memory channel:
         # one reader, and a frame per request pays neither the channel's calls nor its WouldBlock).
-        self._outbox: collections.deque[str] = collections.deque()
+        self._outbox: collections.deque[_Queued] = collections.deque()
         self._outbox_closed = False
         self._writer = ParkedTask()  # the writer task, when it waits for frames
         self._writer_busy = False  # frames queued for the writer, or taken and not written yet
@@ -104,21 +108,24 @@ class NodeLink:
         """Queue one frame that is not a run's (``leader``); dropped if the connection is ending."""
         try:
             self._queue(frame)
-        except NodeGone:
+        except (NodeGone, RunNotSent):
             pass
 
-    def open_run(self, message: Run | TunnelRequest) -> RunChannel:
-        """Register a run and queue its request frame for the node (never waits).
+    def open_run(self, message: Run | TunnelRequest, body_json: str | None = None) -> RunChannel:
+        """Encode a run (``body_json``: see :func:`run_frame`), then register it and queue its frame
+        for the node (never waits). Registered only once its frame is one the node can take: a run
+        that cannot be sent fails alone, before anything is counted.
 
         Raises:
+            RunNotSent: the frame cannot be sent (nothing was registered or queued).
             NodeGone: the connection is closing or its outbox is full.
         """
+        frame = run_frame(message, body_json, self.node_id, self.protocol)
         run_id = message.run_id
         channel = self._runs[run_id] = RunChannel(run_id, self)
-        frame = encode(message)
         try:
-            sent = self._queue(frame)
-        except NodeGone:
+            sent = self._queue(frame, run_id)
+        except (NodeGone, RunNotSent):
             self.forget_run(run_id)
             raise
         if not sent and self.registry.fence.leads is not None:
@@ -136,8 +143,8 @@ class NodeLink:
             return False
         try:
             self._queue(encode(Cancel(run_id)))
-        except NodeGone:
-            return False  # the connection is ending; the node cancels every run itself
+        except (NodeGone, RunNotSent):  # ending (the node cancels every run itself), or not framed
+            return False
         return True
 
     def forget_run(self, run_id: str) -> None:
@@ -146,7 +153,7 @@ class NodeLink:
         if channel is not None:
             channel.close()
 
-    def _queue(self, frame: str) -> bool:
+    def _queue(self, frame: str, run_id: str = "") -> bool:
         """Send ``frame`` now if the writer is idle with nothing queued, else queue it for the writer;
         whether it was sent now.
 
@@ -155,7 +162,8 @@ class NodeLink:
         or two on the request's path). The write cannot be cancelled half-way (it
         does not wait). The writer is still woken (with :data:`FLUSH`): it sends
         what the socket did not take, and frames queued in the same scheduling
-        round wait behind it and leave together in its one write, as before.
+        round wait behind it and leave together in its one write, as before. Raises
+        :class:`NodeGone` (closing, or the outbox full) or :class:`RunNotSent` (not framed, not written).
         """
         if self._outbox_closed:
             raise NodeGone(f"node {self.node_id} is disconnecting")
@@ -166,6 +174,8 @@ class NodeLink:
             except ConnectionClosed:
                 self.abort()
                 raise NodeGone(f"node {self.node_id} is disconnecting") from None
+            except (ValueError, TypeError) as exc:  # framing failed: nothing was written
+                raise RunNotSent(f"not sent to node {self.node_id}: {exc}", status=502, code="upstream_error") from None
             if sent:
                 frame = FLUSH
         if len(self._outbox) >= OUTBOX_SIZE:
@@ -173,7 +183,7 @@ class NodeLink:
             self.cause = "error"
             self.abort()
             raise NodeGone(f"node {self.node_id} is stalled")
-        self._outbox.append(frame)
+        self._outbox.append((frame, run_id))
         self._writer_busy = True  # what follows queues behind it: the order of frames is kept
         self._writer.wake()
         return frame is FLUSH
@@ -288,15 +298,18 @@ class NodeLink:
             # round lets the handlers runnable now queue theirs (never at concurrency 1).
             await trio.lowlevel.cancel_shielded_checkpoint()
         frames = [outbox.popleft()]
-        size = len(frames[0])
+        size = len(frames[0][0])
         while outbox and size < WRITE_BATCH_BYTES:  # large frames go one by one, the rest wait
             frames.append(outbox.popleft())
-            size += len(frames[-1])
+            size += len(frames[-1][0])
         if self._unsent_runs:
-            frames = _withhold_runs(frames, self._unsent_runs, self._runs, self.registry.fence.may_send())
-        messages = [frame for frame in frames if frame]  # without FLUSH
-        if messages or ws.backlogged:
-            await ws.send_messages(messages)  # none: the rest of a frame sent without waiting
+            frames = _withhold_queued(self, frames)
+        if not (queued := [item for item in frames if item[0]]) and not ws.backlogged:  # without FLUSH
+            return
+        try:
+            await ws.send_messages([frame for frame, _ in queued])  # none: the rest of a frame sent without waiting
+        except (ValueError, TypeError):  # a frame the socket cannot frame (nothing was written)
+            await _send_one_by_one(self, queued)
 
     async def _read(self) -> None:
         ws = self.ws
@@ -365,3 +378,23 @@ def _withhold_runs(frames: list[str], unsent: dict[int, str], runs: dict[str, Ru
         if channel is not None:
             channel.deliver(RunEnd(run_id, "error", "stale_epoch", "not sent: this Edge cannot prove it leads"))
     return kept
+
+
+def _withhold_queued(link: NodeLink, frames: list[_Queued]) -> list[_Queued]:
+    """:func:`_withhold_runs` over the outbox's items (a frame and its run)."""
+    may_send = link.registry.fence.may_send()
+    kept = {id(frame) for frame in _withhold_runs([f for f, _ in frames], link._unsent_runs, link._runs, may_send)}
+    return [item for item in frames if id(item[0]) in kept]
+
+
+async def _send_one_by_one(link: NodeLink, queued: list[_Queued]) -> None:
+    """Send ``queued`` a frame at a time; one that cannot be framed ends its run alone (a
+    ``bad_request`` end: the client's 502), the others go out. Checkpoints."""
+    for frame, run_id in queued:
+        try:
+            await link.ws.send_messages([frame])
+        except (ValueError, TypeError) as exc:
+            logger.warning("node %s: a frame could not be sent: %s", link.node_id, exc)
+            if run_id in link._runs:
+                reason = f"the request could not be sent to node {link.node_id}: {exc}"
+                link._deliver(run_id, RunEnd(run_id, "error", "bad_request", reason))

@@ -35,6 +35,7 @@ from iop_edge.status import NodeRow, NodeStatus
 from iop_wire import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY,
+    MAX_NODE_ID_CHARS,
     PROTOCOL_VERSIONS,
     ProtocolError,
     Register,
@@ -42,6 +43,7 @@ from iop_wire import (
     Rejected,
     decode,
     encode,
+    valid_node_id,
 )
 
 logger = logging.getLogger("iop_edge.nodes")
@@ -70,14 +72,10 @@ class _Peer(NamedTuple):
 _BACKOFF_CODES = frozenset(("bad_token", "unknown_node"))
 """Rejections that answer a wrong credential: answered after the source's backoff."""
 
-MAX_NODE_ID_CHARS = 128
-"""The longest ``register.node_id`` the Edge looks up (docs/wire.md); a longer one, or one with a
-character that is not printable, is ``unknown_node`` at once."""
-
 
 def _loggable(text: str) -> str:
     """A peer's identifier as a log line may carry it: as sent when printable and short, else escaped and cut."""
-    if text.isprintable() and len(text) <= MAX_NODE_ID_CHARS:
+    if valid_node_id(text):
         return text
     return repr(text[:MAX_NODE_ID_CHARS]) + ("..." if len(text) > MAX_NODE_ID_CHARS else "")
 
@@ -87,7 +85,7 @@ def _problem(
 ) -> _Rejection | None:
     """Why ``message`` from ``peer`` cannot register now (None: it can)."""
     node_id = message.node_id
-    if len(node_id) > MAX_NODE_ID_CHARS or not node_id.isprintable():
+    if not valid_node_id(node_id):  # too long or not printable: ``unknown_node`` at once
         return _Rejection("unknown_node", "the node id is too long or not printable", node_id)
     if message.protocol not in PROTOCOL_VERSIONS:
         spoken = ", ".join(map(str, PROTOCOL_VERSIONS))
@@ -99,7 +97,8 @@ def _problem(
     if peer.cert_names is not None and node_id not in peer.cert_names:
         reason = f"the client certificate is not issued to node {node_id!r}"
         return _Rejection("bad_token", reason, node_id, "cert_mismatch")
-    if not hmac.compare_digest(expected.encode(), message.token.encode()):
+    # The bytes, exactly: a token holding a lone surrogate (valid JSON) is bytes that match nothing.
+    if not hmac.compare_digest(expected.encode(), message.token.encode("utf-8", "surrogatepass")):
         return _Rejection("bad_token", "invalid token", node_id)
     if node_id in links:
         return _Rejection("duplicate", f"node {node_id!r} already has a live connection", node_id)

@@ -48,6 +48,19 @@ class NodeGone(Exception):
     """The node connection that should carry a run is gone (or not there)."""
 
 
+class RunNotSent(Exception):
+    """A run's frame cannot go to its node (it is not text, or it is over the node's message limit).
+
+    Raised before the run is registered: nothing to release, the connection untouched.
+    ``status`` and ``code`` are the client's answer (400 ``bad_request``, 413 ``request_too_large``).
+    """
+
+    def __init__(self, message: str, *, status: int = 400, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
 @final
 class RunChannel:
     """One run's messages from its node, and its cancellation.

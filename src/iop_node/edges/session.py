@@ -57,6 +57,7 @@ from iop_node.upstream.poller import BodyPoller, new_poller
 from iop_wire import (
     CLOSE_GOING_AWAY,
     CLOSE_PROTOCOL_ERROR,
+    END_MESSAGE_LIMIT,
     LONG_PROTOCOL,
     PROTOCOL_VERSION,
     Cancel,
@@ -92,6 +93,7 @@ _Serve = Callable[[], Awaitable[None]]  # a run or tunnel request, ready to be s
 def _run_end(
     status: str, code: str | None, message: str | None, upstream: UpstreamFailed | None, *, run_id: str
 ) -> RunEnd:
+    message = message and message[:END_MESSAGE_LIMIT]  # it may quote the client's body
     if upstream is None:
         return RunEnd(run_id, status, code, message)
     return RunEnd(run_id, status, code, message, upstream.status, upstream.body)
@@ -100,7 +102,7 @@ def _run_end(
 def _tunnel_end(
     status: str, code: str | None, message: str | None, upstream: UpstreamFailed | None, *, run_id: str
 ) -> TunnelEnd:
-    return TunnelEnd(run_id, status, code, message)
+    return TunnelEnd(run_id, status, code, message and message[:END_MESSAGE_LIMIT])
 
 
 def _elsewhere_of(session: EdgeSession) -> RunsElsewhere:
@@ -294,6 +296,7 @@ class EdgeSession:
         if admitted is None:
             return None
         permit, adapter = admitted
+        run = run.for_upstream()  # v5: the client's body as sent, the upstream model put in here
         relay = functools.partial(relay_run, run, adapter, self.protocol, self._outbox, self._poller)
         return self._serving(run.run_id, permit, relay, end, run.long)
 
