@@ -221,7 +221,7 @@ def encode_run(run: Run, body_json: str) -> str:
 
 def _plain_ok_end(end: RunEnd) -> bool:
     """Whether ``end`` is a run's plain ``ok`` end (every answered run has one): :func:`encode`
-    writes it from a template around its run id, without the converter (about 4 µs less)."""
+    writes it from a template around its run id, without the converter (cheaper per run)."""
     return (
         end.status == "ok"
         and end.code is None

@@ -251,16 +251,7 @@ FIGURES = re.compile(
     r"µs|py-spy|[Mm]easured (with|on|at)|benchmark(?:'s)? box|\d+(\.\d+)? ?(µs|ms of CPU)|% of (the|its) [\w']+ CPU"
 )
 """What a measurement in a docstring or comment looks like: timings, profilers, percentages of CPU."""
-FIGURES_FOR_NOW: dict[str, str] = {
-    "iop_edge/front_door/overload.py": "being changed by this round's burst work; its figures move after it lands",
-    "iop_edge/config/reader.py": "idem (the reader's priority)",
-    "iop_edge/nodes/runs.py": "idem (the run channel's encoding)",
-    "iop_node/upstream/http_upstream.py": "idem (the Node's bounds on backend answers)",
-    "iop_node/upstream/poller.py": "idem",
-    "iop_node/upstream/response.py": "idem",
-    "iop_node/upstream/transport.py": "idem",
-    "iop_wire/_codec.py": "idem (the run's encoding)",
-}
+FIGURES_FOR_NOW: dict[str, str] = {}
 """Modules whose measurement history still waits to move to docs/benchmarks.md; an entry that holds none must go."""
 
 

@@ -311,7 +311,7 @@ def test_hooks_on_every_request_count_into_the_same_series_each_time() -> None:
 
 
 async def test_model_names_clients_invent_share_one_series(autojump_clock: trio.testing.MockClock) -> None:
-    """[snapshot-source] 500 requests for made-up model names count as refusals of ``unknown_model``:
+    """500 requests for made-up model names count as refusals of ``unknown_model``:
     the series of ``/metrics`` stay as many as the config's model keys (issue 37: what clients send
     never grows what the operators read)."""
     admission = Admission(shared_pool())

@@ -4,8 +4,7 @@
 about a second of CPU. Done in a worker thread of the Edge, that thread
 shares the GIL with the event loop: on a busy machine it is preempted while
 it holds the GIL, and the loop, back from waiting for I/O, waits for it --
-a running stream's events wait with it (up to 20-45 ms measured on a 2-core
-box). A child process shares no lock with the Edge, and it runs at a lower
+a running stream's events wait with it. A child process shares no lock with the Edge, and it runs at a lower
 OS priority (:data:`NICENESS`), so the Edge, its nodes and the backends
 keep most of the CPU they need while a reload still gets its share.
 
@@ -50,7 +49,7 @@ on a saturated Edge takes a bounded multiple of the reader's CPU (docs/edge-conf
 refresh; the measurement: ``python -m benchmarks reload_load``)."""
 
 PIECE_WEIGHT: Final = 1000
-"""Objects and references per pickle (about a millisecond to rebuild on the benchmark box);
+"""Objects and references per pickle (one pickle rebuilds in a short loop turn);
 a single object with more references (a table of every node) is a pickle of its own."""
 
 READ_TIMEOUT: Final = 120.0

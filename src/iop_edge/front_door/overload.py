@@ -170,8 +170,8 @@ RETURN_GRID = 0.02
 """Seconds: a refused connection is read again at a multiple of this on the loop's clock (the
 first after its booked delay in whole seconds plus :data:`RETURN_GRACE`), so the returns of a
 flood come in one wake-up of the event loop every ``RETURN_GRID`` at most. A wake-up from idle
-costs the Edge far more than the work of one refusal (150-250 us of CPU on the benchmark's box,
-most of it the loop's own pass and the kernel's sleep and wake-up), so at 1,000 refusals a
+costs the Edge far more than the work of one refusal (most of it the loop's own pass and the
+kernel's sleep and wake-up), so at 1,000 refusals a
 second one wake-up per refusal would cost more than the refusals themselves."""
 
 

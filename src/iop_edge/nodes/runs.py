@@ -75,7 +75,7 @@ class RunChannel:
     Why a deque and one parked task, not a trio memory channel: a run has
     exactly one reader (its relay) and one writer (the link's reader task),
     and a memory channel per run (two channel objects, a state, a task set)
-    was about a fiftieth of the Edge's CPU per request (py-spy, concurrency 64).
+    cost a visible share of the Edge's CPU per request.
     """
 
     __slots__ = (

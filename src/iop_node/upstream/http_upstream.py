@@ -167,8 +167,8 @@ class HttpUpstream:
             return
         content = _encode_json(body).encode()
         # Plain calls and try blocks, no context managers: the generator-based ones (the
-        # block of a request, the error mapping) cost about 8 µs per run (see post_json
-        # for the client's layers).
+        # block of a request, the error mapping) cost a measurable share of each run (see
+        # post_json for the client's layers).
         try:
             answer = await self.direct.post(self._post(url), content, self.timeouts, whole=whole)
             try:

@@ -1,9 +1,9 @@
 """One task reads the answer bodies of every run of a session: :class:`BodyPoller`.
 
-Why (measured with ``benchmarks fleet``, 512 streams at 20 tokens/s): a run task
-that waits for its own upstream socket costs, per token, a trio wakeup of that
-task and the re-arm of the socket in trio's epoll (``wait_readable`` registers
-it one-shot each time), about two fifths of the Node's CPU. Here every upstream
+Why: a run task that waits for its own upstream socket costs, per token, a trio
+wakeup of that task and the re-arm of the socket in trio's epoll
+(``wait_readable`` registers it one-shot each time): under a fleet of streams,
+much of the Node's CPU. Here every upstream
 socket whose body is being relayed stays registered in ONE epoll object of our
 own (level-triggered), from the first body byte the run task did not read
 itself to the end of the body; trio waits on that epoll object's descriptor

@@ -2,8 +2,7 @@
 
 :class:`H11Transport` replaces httpcore under the Node's ``httpx.AsyncClient``
 for plain ``http://`` upstreams (the backends are on loopback or the LAN).
-Why (measured with benchmarks/e2e.py at concurrency 64, and written here only):
-under load httpcore was a third of the Node's CPU -- it scans every pooled
+Why: under load httpcore took much of the Node's CPU -- it scans every pooled
 connection on each request (``is_idle``, ``has_expired``, a readability poll
 per idle socket) and writes the request head and body as two socket sends.
 Here one request costs one ``send`` (head and body together), one poll of
@@ -156,8 +155,8 @@ class PostRequests:
     ``content-length`` header and the body follows it as is (h11's framing of a
     body of known length), the later requests take that head with only the
     length changed, and no h11 connection, event and header validation each
-    (about 20 µs, 7 % of the Node's CPU per run at concurrency 64; the Edge
-    frames the chunks of a response after h11's first one the same way). Any
+    (a visible share of the Node's CPU per run; the Edge frames the chunks of
+    a response after h11's first one the same way). Any
     other shape: h11 writes every request.
     """
 
@@ -187,8 +186,7 @@ class _Connection:
     The socket is read and written with plain non-blocking calls, waiting through
     trio's public low-level API (``wait_readable`` / ``wait_writable``) only when a
     call would block. A ``trio.SocketStream`` reschedules the task even when the
-    syscall succeeds at once (a send: ~16 µs against ~1.7 µs for the bare call,
-    measured on the benchmark box); here a read is one wait plus one ``recv``,
+    syscall succeeds at once (several times the bare call's cost); here a read is one wait plus one ``recv``,
     and a write that fits in the send buffer does not reschedule at all.
     """
 
@@ -228,8 +226,8 @@ class _Connection:
             httpx.ReadTimeout: nothing arrived for ``timeout`` seconds.
             httpx.ReadError: the socket failed.
         """
-        # A bare cancel scope: trio.fail_after's context-manager machinery was ~10 % of the
-        # Node's CPU with one read per token per stream (fleet benchmark, py-spy).
+        # A bare cancel scope: trio.fail_after's context-manager machinery, paid on every
+        # read (one per token per stream), was a visible share of the Node's CPU.
         with trio.CancelScope(deadline=trio.current_time() + timeout):
             return await self.receive_now()
         raise httpx.ReadTimeout(f"no data from the upstream for {timeout:g} s")
