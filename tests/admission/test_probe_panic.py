@@ -16,11 +16,11 @@ A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu0")
 
 
-def _state() -> AdmissionState:
+def _state(capacity: int = 2) -> AdmissionState:
     state = AdmissionState(
         PoolConfig(
             policy=QueuePolicy(max_queue=10, queue_timeout=60.0),
-            providers={k: ProviderSpec(capacity=2, long_context_capacity=1) for k in (A, B)},
+            providers={k: ProviderSpec(capacity=capacity, long_context_capacity=1) for k in (A, B)},
             models={"m": ModelGroup((A, B)), "a": ModelGroup((A,)), "b": ModelGroup((B,))},
             outlier=OutlierPolicy(consecutive_failures=1, base_ejection=1.0, max_ejection=1.0),
         )
@@ -87,5 +87,32 @@ def test_a_probe_granted_to_a_waiter_grants_the_waiters_it_puts_in_panic_mode() 
     assert second.waiter is long_waiter and second.lease.provider == A and second.lease.long
     assert state.queue_depth == 0
     for lease in (a_probe, b_long, first.lease, second.lease):
+        state.release(lease)
+    assert not list(state.live_leases())
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_a_probe_granted_to_a_retry_grants_the_waiters_it_puts_in_panic_mode() -> None:
+    """A retry whose grant starts the last admitting candidate's probe leaves the waiter it puts in
+    panic mode granted in ``drain_decisions()`` (the path of a new request, through ``retry``)."""
+    state = _state(capacity=3)
+    first = _lease(state.request("m", False, 0.0))  # the attempt that will fail over, on A
+    assert first.provider == A
+    b_long = _lease(state.request("b", True, 0.0))  # B's long slot is taken throughout
+    _eject(state, "a")
+    _eject(state, "b")
+    assert state.advance(1.0) == []
+    a_probe = _lease(state.request("a", False, 1.0))
+    assert a_probe.probe
+    waiter = state.request("m", True, 1.0)  # A probes, B admits but has no long slot: waits
+    assert type(waiter) is Waiter
+    assert state.release(first) == []  # A still probes: nothing for the long waiter
+    again = _lease(state.retry(first, 1.0))  # B untried: its probe goes to the retry
+    assert again.probe and again.provider == B and again.attempt == 2
+    (granted,) = state.drain_decisions()
+    assert isinstance(granted, Granted)
+    assert granted.waiter is waiter and granted.lease.provider == A and granted.lease.long
+    assert state.queue_depth == 0
+    for lease in (a_probe, b_long, again, granted.lease):
         state.release(lease)
     assert not list(state.live_leases())
