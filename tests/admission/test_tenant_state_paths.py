@@ -107,14 +107,20 @@ def test_settle_after_the_lease_ended_charges_the_usage_not_the_reserve(end: str
 
 @pytest.mark.req("tenant-fair-share")
 def test_a_band_move_starts_the_tenant_at_its_new_bands_virtual_time() -> None:
-    """``c`` moves from band 1 (idle, virtual time 0) into band 0, where ``a`` has run ten grants: it
-    starts at band 0's virtual time, so the two alternate (not three of ``c`` first: ``cccaaa``)."""
-    state = _state(_config((TenantSpec("a"), TenantSpec("c", priority=1))))
+    """``c`` waits in band -1 while ``a`` is served ten grants in band 0; then ``c`` moves into band 0
+    with its waiters: its tag starts at band 0's virtual time (its lead over band -1's, none, kept),
+    so the two interleave (ties go to ``c``'s earlier arrivals), not three of ``c`` first (``cccaaa``:
+    the tag left at band -1's time)."""
+    state = _state(_config((TenantSpec("a"), TenantSpec("c", priority=-1))))
+    lease = _lease(state.request(M, False, 0.0, "a"))
+    for name in "aaaaaaaaaaccc":
+        _waiter(state.request(M, False, 0.0, name))
     for _ in range(10):
-        assert state.release(_lease(state.request(M, False, 0.0, "a"))) == []
+        [grant] = state.release(lease)
+        assert isinstance(grant, Granted) and grant.lease.tenant == "a"
+        lease = grant.lease
     assert state.refresh(_config((TenantSpec("a"), TenantSpec("c")))) == []
-    holder = _lease(state.request(M, False, 0.0, "a"))
-    assert _grant_order(state, holder, "aaaccc") == "cacaca"
+    assert _grant_order(state, lease, "aaa") == "ccacaa"
 
 
 @pytest.mark.req("tenant-fair-share")
