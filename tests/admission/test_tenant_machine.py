@@ -2,19 +2,26 @@
 
 Two providers and two model keys on both (in opposite preference order), four
 tenants with random weights, bands, ``max_in_flight`` and ``max_queue``,
-request or token cost. Rules: requests (normal and long) of any tenant and
-model, releases with settlement, withdrawals, a node dropping and coming back,
-and live refreshes of a tenant's weight and cap. After every step, and at every grant, the machine checks
+request or token cost, a pool queue of 10,000 or 6. Rules: requests (normal and long) of any tenant and
+model, releases with settlement (before or after the release, and after fencing), withdrawals, a node
+dropping and coming back, health reports (one failure ejects) and time passing to the probes, live
+refreshes of a tenant's weight, cap and band, and rules that build the rare moments (a tenant brought to
+its cap by an at-once grant with a waiter blocked, a flooded queue, a probe and a restore); each example
+starts with a tour of those. The named interactions are counted against floors (``COVERAGE``,
+``tests/admission/state_coverage.py``). After every step, and at every grant, the machine checks
 against its own model of who waits and who holds what:
 
-* counters exact (the core's tenant rows against the model);
+* counters exact (the core's tenant rows against the model, each tenant's charged cost included);
 * per-tenant in flight <= ``max_in_flight``, queued <= ``max_queue``;
 * a provider's capacity and long slots never exceeded;
 * no dispatchable waiter of a higher band passed over by a grant, nor an
-  earlier dispatchable waiter of the same tenant (FIFO within a tenant);
+  earlier dispatchable waiter of the same tenant (FIFO within a tenant), while
+  every provider is healthy (a probe's start changes who can run in the middle
+  of a dispatch; ``no_head_of_line`` checks after it);
 * no head-of-line: after every step no waiter of a tenant under its cap has a
   dispatchable candidate (node drops included: a revoked lease frees its
   tenant's slot and the waiters it held back run);
+* (a probe and a grant in panic mode are health's, not the share's: the bounds restart at each)
 * the fairness bound of ``docs/admission.md``: two tenants of a band that stay
   backlogged differ in cost charged / weight by at most
   ``c / w_i + c / w_j`` (``c`` the largest cost of one request); under token
@@ -536,6 +543,11 @@ class TenantMachine(RuleBasedStateMachine):
 
     def account(self, name: str, lease: Lease) -> None:
         self.charged[name] += lease.cost
+        if not self.admitting(lease.provider):  # a probe or a grant in panic mode: health's, not the share's
+            self.windows.clear()  # the bounds restart (docs/admission.md)
+            self.waited.clear()
+            self.caught_up.clear()
+            self.open_windows()
         for (i, j), window in self.windows.items():
             if name in (i, j):
                 window.served[name] += lease.cost
