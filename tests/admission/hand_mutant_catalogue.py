@@ -5,7 +5,7 @@ skipped on one path, two statements swapped, a guard copied from a sibling metho
 armed again, an event for one of many, a stale reference. Each is one exact text replacement in
 one file (the text must occur exactly once: ``test_hand_mutant_catalogue.py`` checks it in
 ``make test``, so the catalogue cannot rot silently). Issue 32 started it with nine; issue 44
-added the kinds its reviewers found surviving. Grow it with every bug found: write the bug here
+added the kinds its reviewers found surviving, and more of the same kinds. Grow it with every bug found: write the bug here
 as it would have been written, then the test that kills it.
 """
 
@@ -197,6 +197,27 @@ QUEUE = (
         CORE + "_state.py",
         "        return out\n",
         "        return out[:1]\n",
+    ),
+    HandMutant(
+        "advance ends only the first of the ejections due",
+        ONE_OF_MANY,
+        CORE + "_health.py",
+        "        for p in due:\n",
+        "        for p in due[:1]:\n",
+    ),
+    HandMutant(
+        "a disconnect fails only the first of the waiters it strands",
+        ONE_OF_MANY,
+        CORE + "_core.py",
+        "        for w in stranded:\n",
+        "        for w in stranded[:1]:\n",
+    ),
+    HandMutant(
+        "fencing revokes only the first lease of a provider",
+        ONE_OF_MANY,
+        CORE + "_state.py",
+        "            for lease in tuple(p.leases.values()):\n",
+        "            for lease in tuple(p.leases.values())[:1]:\n",
     ),
     HandMutant(
         "a provider leaving the config keeps its held long runs in its long count",

@@ -4,9 +4,10 @@ Each machine names the interactions the docs promise (the states where its invar
 fire: a probe's start putting waiters in panic mode, restores, repeated ejections, band moves
 with non-zero virtual time, ...), counts them with Hypothesis ``event()`` in every step that
 reaches one, and steers its generation towards them with ``target()`` (the interactions an
-example reached). At the end of its module the machine prints a table of the counts beside
-their floors; under the ``ci`` and ``soak`` profiles a count below its floor fails the run (the
-``mutate`` and ``dev`` profiles run too few examples for the floors and only print).
+example reached). At the end of its module the machine checks the counts against their floors:
+under the ``ci`` and ``soak`` profiles a count below its floor fails the run (the ``mutate`` and
+``dev`` profiles run too few examples for the floors). The tables of every machine that ran are
+printed in the test output's summary (``tests/admission/conftest.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis.errors import InvalidArgument
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 ENFORCED = PROFILE in ("ci", "soak")
+MACHINES: list[Coverage] = []  # every machine's coverage, in import order
 
 
 class Coverage:
@@ -29,6 +31,7 @@ class Coverage:
         self.floors = floors
         self.counts: collections.Counter[str] = collections.Counter()
         self.examples = 0
+        MACHINES.append(self)
 
     def hit(self, name: str) -> None:
         """One occurrence of the interaction ``name`` (a Hypothesis event and a count)."""
@@ -52,12 +55,14 @@ class Coverage:
         return [name for name, floor in self.floors.items() if self.counts[name] < floor]
 
     def check(self) -> None:
-        """Print the table; under ``ci`` and ``soak`` fail if an interaction is below its floor.
+        """Under ``ci`` and ``soak``, fail if an interaction is below its floor (the table in the message).
 
         Does nothing when the machine did not run in this process (a selection left it out)."""
-        if not self.examples:
-            return
-        print("\n" + self.table())
-        if ENFORCED:
+        if self.examples and ENFORCED:
             below = self.below()
-            assert not below, f"{self.machine} machine: below the floor: {', '.join(below)}"
+            assert not below, f"below the floor: {', '.join(below)}\n{self.table()}"
+
+
+def tables() -> list[str]:
+    """The table of every machine that ran in this process."""
+    return [coverage.table() for coverage in MACHINES if coverage.examples]
