@@ -296,4 +296,56 @@ TENANTS = (
     ),
 )
 
-MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS
+MORE = (
+    HandMutant(
+        "the trio layer ends no ejection before a retry",
+        SIBLING_GUARD,
+        CORE + "_handoff.py",
+        "        self.advance(now)\n",
+        "        if retry_of is None:\n            self.advance(now)\n",
+    ),
+    HandMutant(
+        "a tenant's request whose grant starts a probe leaves the panic grants undispatched",
+        SKIPPED_CALL,
+        CORE + "_tenant_rules.py",
+        "            self._charge(lease, name, cost)\n            self._probe_started(lease)\n",
+        "            self._charge(lease, name, cost)\n",
+    ),
+    HandMutant(
+        "a release asks whether its tenant was capped after freeing the slot",
+        SWAPPED_ORDER,
+        CORE + "_tenant_rules.py",
+        "        capped = not fair.can_run(ticket.tenant)\n        fair.release(ticket)\n",
+        "        fair.release(ticket)\n        capped = not fair.can_run(ticket.tenant)\n",
+    ),
+    HandMutant(
+        "a refund moves the tag behind its band's virtual time",
+        SKIPPED_CALL,
+        CORE + "_fairness.py",
+        "        state.finish = max(state.finish + delta / state.spec.weight, self._vtime.get(state.spec.priority, 0.0))",
+        "        state.finish = state.finish + delta / state.spec.weight",
+    ),
+    HandMutant(
+        "a weight change rescales the lead the wrong way",
+        OPERATOR,
+        CORE + "_fairness.py",
+        "lead * old.weight / spec.weight",
+        "lead * spec.weight / old.weight",
+    ),
+    HandMutant(
+        "fencing forgets the runs held elsewhere but not the long ones",
+        SIBLING_GUARD,
+        CORE + "_state.py",
+        "            p.held = p.held_long = 0\n",
+        "            p.held = 0\n",
+    ),
+    HandMutant(
+        "a tenant back under its cap is not re-keyed",
+        SKIPPED_CALL,
+        CORE + "_fairness.py",
+        "        if cap is not None and state.in_flight < cap <= state.in_flight + 1:\n            self._touch(state)",
+        "        if cap is not None and state.in_flight < cap <= state.in_flight + 1:\n            pass",
+    ),
+)
+
+MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE

@@ -81,6 +81,22 @@ class Log:
 
         return body
 
+    def fail_over(
+        self, model: str, on: ProviderKey, *, ends: float, hold: float = 0.0
+    ) -> Callable[[], Awaitable[None]]:
+        """A task body: a lease of ``model`` (on ``on``) whose run ends at ``ends`` without a report,
+        then its retry, recorded as ``"retry"`` and held ``hold``."""
+
+        async def body() -> None:
+            async with self.admission.lease(model) as first:
+                assert first.provider == on
+                await self.layer.sleep(ends)
+            async with self.admission.retry(first, reason="connect_error") as again:
+                self.got["retry"] = (self.now(), again.provider, again.long, again.probe)
+                await self.layer.sleep(hold)
+
+        return body
+
     async def eject(self, model: str) -> None:
         """A lease of ``model`` whose run fails: its provider is ejected now."""
         async with self.admission.lease(model) as lease:
@@ -97,17 +113,9 @@ def test_a_retry_that_starts_a_probe_wakes_the_waiter_it_puts_in_panic_mode(laye
     admission = _connected(layer, _config({"m": (A, B), "a": (A,), "b": (B,)}, capacity=3))
     log = Log(layer, admission)
 
-    async def fail_over() -> None:
-        async with admission.lease("m") as first:
-            assert first.provider == A
-            await layer.sleep(2.0)
-        async with admission.retry(first, reason="connect_error") as again:
-            log.got["retry"] = (log.now(), again.provider, again.long, again.probe)
-            await layer.sleep(100.0)
-
     async def scenario() -> None:
         async with layer.tasks() as spawn:
-            spawn(fail_over)
+            spawn(log.fail_over("m", A, ends=2.0, hold=100.0))
             await layer.settle()
             spawn(log.request("b long", "b", long=True))
             await layer.settle()
@@ -205,5 +213,24 @@ def test_trio_a_report_after_an_ejections_time_ends_it_without_the_watcher(ok: b
             spawn(log.request("waiter", "m", at=0.5))
             await layer.sleep(20.0)
             assert log.got["waiter"] == (3.0, A, False, True)
+
+    layer.run(scenario)
+
+
+@pytest.mark.req("outlier-ejection", "failover-before-first-byte")
+def test_a_retry_after_an_ejections_time_gets_the_probe_without_the_watcher(layer: Layer) -> None:
+    """No ``watch_ejections``: gpu0 is ejected at t=0 until t=1; a lease of m on gpu1 ends at t=2
+    without a report and retries, with nothing asked or reported since t=0. The retry ends the
+    ejection first (trio: every request, retry and report advances; asyncio: its timer did at t=1),
+    so it gets gpu0's probe, not a grant in panic mode."""
+    admission = _connected(layer, _config({"m": (B, A), "a": (A,)}))
+    log = Log(layer, admission)
+
+    async def scenario() -> None:
+        async with layer.tasks() as spawn:
+            await log.eject("a")
+            spawn(log.fail_over("m", B, ends=2.0))
+            await layer.sleep(5.0)
+            assert log.got["retry"] == (2.0, A, False, True)
 
     layer.run(scenario)

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import pytest
 
-from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
 from iop_admission.core import AdmissionState, Granted, Lease, Waiter
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu0")
 
 
-def _state(capacity: int = 2) -> AdmissionState:
+def _state(capacity: int = 2, tenants: tuple[TenantSpec, ...] = ()) -> AdmissionState:
     state = AdmissionState(
         PoolConfig(
             policy=QueuePolicy(max_queue=10, queue_timeout=60.0),
             providers={k: ProviderSpec(capacity=capacity, long_context_capacity=1) for k in (A, B)},
             models={"m": ModelGroup((A, B)), "a": ModelGroup((A,)), "b": ModelGroup((B,))},
             outlier=OutlierPolicy(consecutive_failures=1, base_ejection=1.0, max_ejection=1.0),
+            tenants=tenants,
         )
     )
     state.connect("node-a")
@@ -41,9 +42,13 @@ def _eject(state: AdmissionState, model: str) -> None:
     assert state.release(lease) == []
 
 
-@pytest.mark.req("outlier-ejection")
-def test_a_probe_granted_to_a_new_request_grants_the_waiters_it_puts_in_panic_mode() -> None:
-    state = _state()
+@pytest.mark.req("outlier-ejection", "tenant-fair-share")
+@pytest.mark.parametrize("tenants", [(), (TenantSpec("t"), TenantSpec("u", weight=2.0))], ids=["untenanted", "tenants"])
+def test_a_probe_granted_to_a_new_request_grants_the_waiters_it_puts_in_panic_mode(
+    tenants: tuple[TenantSpec, ...],
+) -> None:
+    """With tenants too: a tenant's request that takes the last probe goes through the fair path."""
+    state = _state(tenants=tenants)
     b_long = _lease(state.request("b", True, 0.0))  # B's long slot is taken throughout
     _eject(state, "a")
     _eject(state, "b")
@@ -56,7 +61,7 @@ def test_a_probe_granted_to_a_new_request_grants_the_waiters_it_puts_in_panic_mo
     assert state.drain_decisions() == []
     # B's probe goes to a new request: now neither candidate admits, and the waiter is in
     # panic mode, where A has room for it.
-    b_probe = _lease(state.request("m", False, 1.0))
+    b_probe = _lease(state.request("m", False, 1.0, "u"))
     assert b_probe.probe and b_probe.provider == B
     (granted,) = state.drain_decisions()
     assert isinstance(granted, Granted)
