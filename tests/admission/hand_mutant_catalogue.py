@@ -348,4 +348,28 @@ MORE = (
     ),
 )
 
-MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE
+WAKE_UPS = (
+    HandMutant(
+        "a lower count of long runs held elsewhere wakes nobody",
+        SIBLING_GUARD,
+        CORE + "_state.py",
+        "if step < 0 or long_step < 0 else []",
+        "if step < 0 else []",
+    ),
+    HandMutant(
+        "a disconnect puts no group in panic mode",
+        SKIPPED_CALL,
+        CORE + "_state.py",
+        "        elif self._unhealthy:  # groups left with only ejected candidates enter panic mode\n",
+        "        elif False:\n",
+    ),
+    HandMutant(
+        "a release looks at queued retries only when its groups have waiters",
+        SKIPPED_CALL,
+        CORE + "_state.py",
+        "        if self._retries:\n            return self._dispatch(g for g, _ in slot.groups)\n",
+        "",
+    ),
+)
+
+MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS

@@ -1,6 +1,7 @@
 """[outlier-ejection] A change of health re-examines the queue at once: an ejection grants the waiters
-it puts in panic mode, a restore the waiters it lets in. Sans-I/O, exact steps: without the dispatch
-each waiter would wait for the next release (hand mutants of issue 44 that passed every other test).
+it puts in panic mode, a restore the waiters it lets in, and a disconnect that leaves a model only
+ejected candidates puts it in panic mode. Sans-I/O, exact steps: without the dispatch each waiter
+would wait for the next release (hand mutants of issue 44 that passed every other test).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission.core import AdmissionState, Ejected, Granted, Restored
+from iop_admission.core import AdmissionState, Ejected, Granted, Restored, Revoked
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")
@@ -68,3 +69,20 @@ def test_a_restore_grants_the_waiter_it_lets_in() -> None:
     assert isinstance(granted, Granted) and granted.waiter is waiter and granted.lease.provider == B
     for lease in (on_a, panic, granted.lease):
         state.release(lease)
+
+
+@pytest.mark.req("outlier-ejection", "disconnect-queue-resolution")
+def test_a_disconnect_that_leaves_only_ejected_candidates_grants_the_waiter_in_panic_mode() -> None:
+    """gpu1 is ejected; m's waiter waits for gpu0 (full, admitting). node-a drops: gpu0 is gone,
+    m's only eligible candidate is ejected, and the disconnect grants the waiter gpu1 in panic mode."""
+    state = _state({A: 1, B: 1}, {"m": (A, B), "a": (A,), "b": (B,)})
+    _eject(state, "b")
+    on_a = _lease(state.request("a", False, 0.5))
+    waiter = _waiter(state.request("m", False, 0.5))
+    ok, decisions = state.disconnect("node-a", state.generation("node-a"))
+    assert ok
+    revoked, granted = decisions
+    assert isinstance(revoked, Revoked) and revoked.lease is on_a
+    assert isinstance(granted, Granted) and granted.waiter is waiter and granted.lease.provider == B
+    assert not granted.lease.probe and state.panic_models() == ("m", "b")
+    state.release(granted.lease)
