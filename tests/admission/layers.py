@@ -54,10 +54,6 @@ class Layer(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
-    def now(self) -> float:
-        """The layer's (virtual) time, inside its run."""
-        ...
-
     def tasks(self) -> contextlib.AbstractAsyncContextManager[Callable[[Callable[[], Awaitable[object]]], Handle]]: ...
 
     def run(self, scenario: Callable[[], Awaitable[None]]) -> None: ...
@@ -94,9 +90,6 @@ class TrioLayer:
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
-
-    def now(self) -> float:
-        return trio.current_time()
 
     @contextlib.asynccontextmanager
     async def tasks(self) -> AsyncIterator[Callable[[Callable[[], Awaitable[object]]], Handle]]:
@@ -172,9 +165,6 @@ class AsyncioLayer:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
-
-    def now(self) -> float:
-        return asyncio.get_running_loop().time()
 
     @contextlib.asynccontextmanager
     async def tasks(self) -> AsyncIterator[Callable[[Callable[[], Awaitable[object]]], Handle]]:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from tests.admission.layer_clock import now
 from tests.admission.layers import Layer, TrioLayer
 
 from iop_admission import (
@@ -103,7 +104,7 @@ class Log:
             self.admission.report_failure(lease)
 
     def now(self) -> float:
-        return self.layer.now()
+        return now(self.layer)
 
 
 @pytest.mark.req("outlier-ejection", "failover-before-first-byte")

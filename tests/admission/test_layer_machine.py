@@ -21,6 +21,7 @@ import attrs
 import pytest
 from hypothesis import given, settings, target
 from hypothesis import strategies as st
+from tests.admission.layer_clock import now
 from tests.admission.layers import AsyncioLayer, Handle, Layer, TrioLayer, books_closed
 from tests.admission.state_coverage import PROFILE, Coverage
 
@@ -145,7 +146,7 @@ class Run:
         self.holding[index] = (lease.provider, lease.long)
         health = {(p.node_id, p.provider_id): p.health for p in self.admission.snapshot().providers}
         panic = not lease.probe and health[(lease.provider.node_id, lease.provider.provider_id)] == "ejected"
-        self.grants.append((self.layer.now(), lease.provider, lease.probe, lease.attempt, panic))
+        self.grants.append((now(self.layer), lease.provider, lease.probe, lease.attempt, panic))
 
     async def attempt(self, index: int, scope: Any, client: Client) -> Any:
         """One attempt through ``scope`` (a lease or a retry): the lease, if it failed and may retry."""
