@@ -1,4 +1,6 @@
-# Every target creates .venv from pyproject.toml on first use.
+# Every target creates .venv from the two projects on first use: the library (pyproject.toml, iop-admission)
+# and the daemons (daemons/pyproject.toml, iop-daemons, which depends on it), both editable from src/.
+# `make dist` builds both wheels into dist/.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,16 +10,21 @@ REAL_STAMP := $(VENV)/.installed-real
 # (AVX-512/AMX probing), so build a portable one. Takes several minutes.
 REAL_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_OPENMP=OFF
 
-.PHONY: run lint test test-real test-ui soak bench bench-peers clean
+.PHONY: run dist chaos lint test test-real test-ui soak bench bench-peers clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml daemons/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[daemons,test,bench]'
+	$(BIN)/python -m pip install --quiet -e . -e './daemons[test,bench]'
 	touch $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/iop-stack
+
+# The two wheels: dist/iop_admission-*.whl (the library alone) and dist/iop_daemons-*.whl.
+dist: $(STAMP)
+	rm -rf build daemons/build  # setuptools builds there: an older layout's files would come along
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w dist . ./daemons
 
 # ruff (rules and format in pyproject.toml) and mypy --strict on src/; make test runs them first.
 lint: $(STAMP)
@@ -30,7 +37,7 @@ test: lint
 	$(BIN)/python -u -m pytest
 
 $(REAL_STAMP): $(STAMP)
-	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[daemons,test,bench,real]'
+	CMAKE_ARGS="$(REAL_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e . -e './daemons[test,bench,real]'
 	touch $(REAL_STAMP)
 
 # Real backend tier: llama.cpp (Gemma 3 270M) behind real Edge and Node processes. Not part of `make test`.
@@ -40,7 +47,7 @@ test-real: $(REAL_STAMP)
 UI_STAMP := $(VENV)/.installed-ui
 
 $(UI_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[daemons,test,bench,ui]'
+	$(BIN)/python -m pip install --quiet -e . -e './daemons[test,bench,ui]'
 	touch $(UI_STAMP)
 
 # Browser tier: the live queue page in a headless Chromium (Selenium) against real Edge and Node
@@ -65,6 +72,11 @@ bench: $(STAMP)
 # Also measures a LiteLLM proxy, installed on first use into benchmarks/.peers.
 bench-peers: $(STAMP)
 	$(BIN)/python -m benchmarks e2e fleet --runs 3 --peers
+
+# The whole system under a nemesis (docs/reliability.md): 200 seeded schedules of real etcd, Edges,
+# Nodes and counting backends; a failing seed is saved under tests/system/results/. Not part of `make test`.
+chaos: $(STAMP)
+	$(BIN)/python -m tests.system --schedules 200
 
 # Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
 # `make test`. Results are kept in mutants/. HYPOTHESIS_PROFILE=mutate (tests/conftest.py): fixed

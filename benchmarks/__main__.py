@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [ui] [--runs N] [--peers] [--quick]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [reload_load] [ui] [--runs N] [--peers] [--quick]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,7 +12,7 @@ import platform
 import sys
 import time
 
-from . import admission, config_scale, e2e, fleet, overload, scale, ui
+from . import admission, config_scale, e2e, fleet, overload, reload_load, scale, ui
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 SUITES = {
@@ -22,6 +22,7 @@ SUITES = {
     "fleet": fleet,
     "scale": scale,
     "config_scale": config_scale,
+    "reload_load": reload_load,
     "ui": ui,
 }
 
@@ -57,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             result = fleet.run(quick=args.quick, with_peers=args.peers)
         elif suite is scale:
             result = scale.run(sizes=(1_000,) if args.quick else scale.SIZES)
-        elif suite is config_scale:
-            result = config_scale.run(nodes=1_000 if args.quick else config_scale.NODES)
+        elif suite in (config_scale, reload_load):
+            result = suite.run(nodes=1_000 if args.quick else config_scale.NODES)
         else:
             result = suite.run(runs=args.runs)
         result["python"] = platform.python_version()

@@ -1,9 +1,11 @@
 """Admission micro-benchmarks, each against a reference measured in the same run.
 
-1. Uncontended ``async with admission.lease(...)`` cycle vs ``async with
-   trio.CapacityLimiter(...)``.
-2. Contended hand-off: capacity 1, 100 tasks cycling, vs the limiter under the
-   same load.
+1. The lease's cost (:mod:`benchmarks.lease_cost`): interleaved, shuffled rounds of CPU time,
+   the trio lease against the bare ``trio.CapacityLimiter`` and the hand-written equivalent
+   (limiter + ``fail_after`` + body ``CancelScope``), the contended hand-off (capacity 1, 100
+   tasks) against the limiter, the asyncio lease against ``asyncio.Semaphore`` (and the
+   semaphore under ``asyncio.timeout``).
+2. The floor: each part a trio lease cannot do without, measured alone.
 3. Scaling: one release + re-evaluation (and the request that refills the
    queue) with 10, 1,000 and 10,000 waiters spread over 50 model groups and 20
    providers, on the sans-I/O core.
@@ -12,11 +14,7 @@
    vs a model key with 1 candidate: ``async with admission.lease(...)`` and the
    core's ``request`` + ``release`` alone.
 
-5. The asyncio layer: the uncontended cycle of ``AsyncAdmission.lease`` vs
-   ``asyncio.Semaphore``, and the contended hand-off (capacity 1, 100 tasks)
-   vs the semaphore under the same load.
-
-Each figure is the median of ``--runs`` runs (default 5). Run with
+Each figure of 2-4 is the median of ``--runs`` runs (default 5); 1 runs ``3 * runs`` rounds. Run with
 ``python -m benchmarks admission``.
 """
 
@@ -38,8 +36,9 @@ from iop_admission import (
     ProviderSpec,
     QueuePolicy,
 )
-from iop_admission.aio import AsyncAdmission
 from iop_admission.core import AdmissionState, Granted, Lease
+
+from . import lease_cost
 
 GPU0 = ProviderKey("node-a", "gpu0")
 
@@ -59,17 +58,16 @@ def _median(fn: Callable[[], float], runs: int) -> float:
 # ------------------------------------------------------------------ uncontended
 
 
-def _uncontended_lease(n: int) -> float:
+def _uncontended_semaphore(n: int) -> float:
     async def main() -> float:
-        admission = Admission(_single(4))
-        admission.connect("node-a")
+        semaphore = asyncio.Semaphore(4)
         t0 = time.perf_counter()
         for _ in range(n):
-            async with admission.lease("ornith:35b"):
+            async with semaphore:
                 pass
         return (time.perf_counter() - t0) / n
 
-    return trio.run(main)
+    return asyncio.run(main())
 
 
 def _uncontended_limiter(n: int) -> float:
@@ -123,83 +121,6 @@ def _floor_parts(n: int) -> dict[str, float]:
         core.release(lease)
     parts["core"] = (time.perf_counter() - t0) / n
     return parts
-
-
-# -------------------------------------------------------------------- contended
-
-
-def _contended(use_lease: bool, tasks: int, cycles: int) -> float:
-    async def main() -> float:
-        admission = Admission(_single(1))
-        admission.connect("node-a")
-        limiter = trio.CapacityLimiter(1)
-        models = ("ornith:35b", "ornith-fast")
-
-        async def worker(i: int) -> None:
-            model = models[i % 2]
-            for _ in range(cycles):
-                if use_lease:
-                    async with admission.lease(model):
-                        await trio.lowlevel.checkpoint()
-                else:
-                    async with limiter:
-                        await trio.lowlevel.checkpoint()
-
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for i in range(tasks):
-                nursery.start_soon(worker, i)
-        return (time.perf_counter() - t0) / (tasks * cycles)
-
-    return trio.run(main)
-
-
-# ---------------------------------------------------------------------- asyncio
-
-
-def _asyncio_uncontended(use_lease: bool, n: int) -> float:
-    async def main() -> float:
-        admission = AsyncAdmission(_single(4))
-        admission.connect("node-a")
-        semaphore = asyncio.Semaphore(4)
-        t0 = time.perf_counter()
-        if use_lease:
-            for _ in range(n):
-                async with admission.lease("ornith:35b"):
-                    pass
-        else:
-            for _ in range(n):
-                async with semaphore:
-                    pass
-        return (time.perf_counter() - t0) / n
-
-    return asyncio.run(main())
-
-
-def _asyncio_contended(use_lease: bool, tasks: int, cycles: int) -> float:
-    async def main() -> float:
-        admission = AsyncAdmission(_single(1))
-        admission.connect("node-a")
-        semaphore = asyncio.Semaphore(1)
-        models = ("ornith:35b", "ornith-fast")
-
-        async def worker(i: int) -> None:
-            model = models[i % 2]
-            for _ in range(cycles):
-                if use_lease:
-                    async with admission.lease(model):
-                        await asyncio.sleep(0)
-                else:
-                    async with semaphore:
-                        await asyncio.sleep(0)
-
-        t0 = time.perf_counter()
-        async with asyncio.TaskGroup() as group:
-            for i in range(tasks):
-                group.create_task(worker(i))
-        return (time.perf_counter() - t0) / (tasks * cycles)
-
-    return asyncio.run(main())
 
 
 # ------------------------------------------------------------- candidate choice
@@ -299,14 +220,9 @@ def _scaling(waiters: int, ops: int, seed: int = 7) -> float:
 def run(runs: int = 5) -> dict[str, object]:
     """Run the three admission benchmarks and return their figures."""
     n = 20_000
-    lease = _median(lambda: _uncontended_lease(n), runs)
+    cost = lease_cost.run(rounds=3 * runs, n=n)
     limiter = _median(lambda: _uncontended_limiter(n), runs)
-    c_lease = _median(lambda: _contended(True, 100, 100), runs)
-    c_limiter = _median(lambda: _contended(False, 100, 100), runs)
-    a_lease = _median(lambda: _asyncio_uncontended(True, n), runs)
-    a_semaphore = _median(lambda: _asyncio_uncontended(False, n), runs)
-    ac_lease = _median(lambda: _asyncio_contended(True, 100, 100), runs)
-    ac_semaphore = _median(lambda: _asyncio_contended(False, 100, 100), runs)
+    semaphore = _median(lambda: _uncontended_semaphore(n), runs)
     floor_runs = [_floor_parts(n) for _ in range(runs)]
     floor = {k: statistics.median(r[k] for r in floor_runs) for k in floor_runs[0]}
     scaling = {w: _median(lambda w=w: _scaling(w, 20_000), runs) for w in (10, 1_000, 10_000)}
@@ -316,37 +232,14 @@ def run(runs: int = 5) -> dict[str, object]:
         for core_only in (False, True)
     }
     return {
-        "uncontended": {
-            "lease_us": lease * 1e6,
-            "limiter_us": limiter * 1e6,
-            "ratio": lease / limiter,
-            "target": "<= 2x",
-        },
-        "contended": {
-            "tasks": 100,
-            "lease_us": c_lease * 1e6,
-            "limiter_us": c_limiter * 1e6,
-            "ratio": c_lease / c_limiter,
-            "target": "<= 2x",
-        },
-        "asyncio_uncontended": {
-            "lease_us": a_lease * 1e6,
-            "semaphore_us": a_semaphore * 1e6,
-            "ratio": a_lease / a_semaphore,
-            "target": "<= 2x",
-        },
-        "asyncio_contended": {
-            "tasks": 100,
-            "lease_us": ac_lease * 1e6,
-            "semaphore_us": ac_semaphore * 1e6,
-            "ratio": ac_lease / ac_semaphore,
-            "target": "<= 2x",
-        },
+        "cost": cost,
+        "limiter_us": limiter * 1e6,
+        "semaphore_us": semaphore * 1e6,
         "floor": {
             **{f"{k}_us": v * 1e6 for k, v in floor.items()},
             "trio_us": sum(floor.values()) * 1e6,
             "trio_ratio": sum(floor.values()) / limiter,
-            "asyncio_ratio": floor["core"] / a_semaphore,
+            "asyncio_ratio": floor["core"] / semaphore,
         },
         "scaling": {
             "release_us": {str(w): t * 1e6 for w, t in scaling.items()},
@@ -366,32 +259,23 @@ def run(runs: int = 5) -> dict[str, object]:
 
 def table(result: dict[str, object]) -> str:
     """Format :func:`run`'s result as a Markdown table."""
-    u = result["uncontended"]
-    c = result["contended"]
+    cost = result["cost"]
+    limiter, semaphore = result["limiter_us"], result["semaphore_us"]
     s = result["scaling"]
     ch = result["choice"]
-    assert isinstance(u, dict) and isinstance(c, dict) and isinstance(s, dict) and isinstance(ch, dict)
+    assert isinstance(cost, dict) and isinstance(s, dict) and isinstance(ch, dict)
+    assert isinstance(limiter, float) and isinstance(semaphore, float)
     rel = s["release_us"]
-    au = result["asyncio_uncontended"]
-    ac = result["asyncio_contended"]
     f = result["floor"]
-    assert isinstance(au, dict) and isinstance(ac, dict) and isinstance(f, dict)
+    assert isinstance(f, dict)
     lines = [
         "| benchmark | ours | reference | ratio | target |",
         "|---|---|---|---|---|",
-        f"| uncontended cycle | {u['lease_us']:.2f} µs | CapacityLimiter {u['limiter_us']:.2f} µs "
-        f"| {u['ratio']:.2f}x | <= 2x |",
-        f"| contended hand-off (cap 1, 100 tasks) | {c['lease_us']:.2f} µs/cycle | CapacityLimiter "
-        f"{c['limiter_us']:.2f} µs/cycle | {c['ratio']:.2f}x | <= 2x |",
-        f"| asyncio uncontended cycle (`AsyncAdmission`) | {au['lease_us']:.2f} µs | asyncio.Semaphore "
-        f"{au['semaphore_us']:.2f} µs | {au['ratio']:.2f}x | <= 2x |",
-        f"| asyncio contended hand-off (cap 1, 100 tasks) | {ac['lease_us']:.2f} µs/cycle | asyncio.Semaphore "
-        f"{ac['semaphore_us']:.2f} µs/cycle | {ac['ratio']:.2f}x | <= 2x |",
         f"| floor: checkpoint pair {f['checkpoints_us']:.2f} + body CancelScope {f['body_scope_us']:.2f} + core "
-        f"request/release {f['core_us']:.2f} µs | {f['trio_us']:.2f} µs | CapacityLimiter {u['limiter_us']:.2f} µs "
+        f"request/release {f['core_us']:.2f} µs | {f['trio_us']:.2f} µs | CapacityLimiter {limiter:.2f} µs "
         f"| {f['trio_ratio']:.2f}x | — (the least a trio lease with revocation costs) |",
         f"| asyncio floor: core request/release | {f['core_us']:.2f} µs | asyncio.Semaphore "
-        f"{au['semaphore_us']:.2f} µs | {f['asyncio_ratio']:.2f}x | — (the least an asyncio lease costs) |",
+        f"{semaphore:.2f} µs | {f['asyncio_ratio']:.2f}x | — (the least an asyncio lease costs) |",
         f"| release + re-evaluation, 10 / 1,000 / 10,000 waiters | {rel['10']:.2f} / {rel['1000']:.2f} "
         f"/ {rel['10000']:.2f} µs | 10 waiters | {s['ratio_10000_vs_10']:.2f}x | <= 3x |",
         f"| lease cycle, model key with 10,000 candidates | {ch['lease_us']['10000']:.2f} µs | 1 candidate "
@@ -399,4 +283,4 @@ def table(result: dict[str, object]) -> str:
         f"| core request + release, 10,000 candidates | {ch['core_us']['10000']:.2f} µs | 1 candidate "
         f"{ch['core_us']['1']:.2f} µs | {ch['core_ratio']:.2f}x | — (the core alone: the index's O(log n) depth) |",
     ]
-    return "\n".join(lines)
+    return lease_cost.table(cost) + "\n\n" + "\n".join(lines)

@@ -151,7 +151,7 @@ class Probe:
         return {"max_ms": gaps[-1], "p99_ms": gaps[int(0.99 * (len(gaps) - 1))], "answers": len(gaps)}
 
 
-async def _request(port: int, method: str, path: str, token: str | None = None) -> tuple[float, bytes]:
+async def timed_request(port: int, method: str, path: str, token: str | None = None) -> tuple[float, bytes]:
     """Milliseconds of one request on a fresh connection, and the body."""
     connection = HttpConnection("127.0.0.1", port)
     headers = None if token is None else {"authorization": f"Bearer {token}"}
@@ -168,7 +168,7 @@ async def _request(port: int, method: str, path: str, token: str | None = None) 
     return elapsed, body
 
 
-async def _start_edge(workdir: pathlib.Path) -> tuple[Daemon, float, int]:
+async def start_edge(workdir: pathlib.Path) -> tuple[Daemon, float, int]:
     start = time.perf_counter()
     edge = Daemon("edge", python_command("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
     pattern = re.compile(r"listening: http://[^:]+:(\d+) \(API\)")
@@ -184,7 +184,7 @@ async def _start_edge(workdir: pathlib.Path) -> tuple[Daemon, float, int]:
 
 
 async def _edge_figures(workdir: pathlib.Path) -> dict[str, Any]:
-    edge, start_s, port = await _start_edge(workdir)
+    edge, start_s, port = await start_edge(workdir)
     out: dict[str, Any] = {"edge_start_s": start_s}
     try:
         probe = Probe(port)
@@ -195,13 +195,13 @@ async def _edge_figures(workdir: pathlib.Path) -> dict[str, Any]:
             out["baseline"] = probe.gaps_since(since)
             idle_cpu = (edge.cpu_seconds() - cpu) / (time.perf_counter() - since)  # the probe's own cost
             since = time.perf_counter()
-            out["reload_ms"], _ = await _request(port, "POST", "/admin/reload", ADMIN_TOKEN)
+            out["reload_ms"], _ = await timed_request(port, "POST", "/admin/reload", ADMIN_TOKEN)
             await trio.sleep(AFTER_RELOAD)  # garbage collections the reload's allocations start come after it
             out["reload"] = probe.gaps_since(since)
             for name, path in (("status", "/status"), ("status_node", "/status?node=node-0"), ("metrics", "/metrics")):
                 since, times, cpu = time.perf_counter(), [], edge.cpu_seconds()
                 for _ in range(3):
-                    elapsed, body = await _request(port, "GET", path)
+                    elapsed, body = await timed_request(port, "GET", path)
                     times.append(elapsed)
                 cpu = edge.cpu_seconds() - cpu - idle_cpu * (time.perf_counter() - since)
                 out[name] = {"ms": statistics.median(times), "bytes": len(body), **probe.gaps_since(since)}

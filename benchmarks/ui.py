@@ -4,16 +4,22 @@
   then the view model + JSON (a worker thread in the Edge),
   at 1,000 providers with 1,000 waiters and with 10,000 waiters, against the reference
   ``Admission.snapshot()`` alone (what ``/status`` reads) measured in the same run.
-- ``viewers``: the loop's CPU while 50 streams run at one update a second (the view changes
-  every second: waiters age), minus the same loop idle for as long, as a share of one core.
-  The streams write to loopback sockets that a child process reads (the Edge's socket writes
-  are counted, the readers' CPU is not; no HTTP framing).
+- ``viewers``: the loop's CPU while the page's memory runs (``QueuePage.run``: one chart
+  sample a second and the event count, as in the Edge from its start) and 50 streams run at
+  one update a second (the view changes every second: waiters age), minus the same loop idle
+  for as long, as a share of one core; and the memory alone, without viewers. The history
+  is full (five minutes of samples) before the viewers open, so each is sent the whole of
+  it. The streams write to loopback sockets that a child process reads (the Edge's socket
+  writes are counted, the readers' CPU is not; no HTTP framing).
+- ``memory``: the page's memory alone (no viewer) at 1,000 and 10,000 idle providers.
 
 - ``flood``: the stream's update delay, and the page's open latency (``GET /ui``, then a new
   stream's first view), while the overload benchmark's 5,000-client flood runs against a
   real Edge (:func:`_under_flood`).
 
-``python -m benchmarks.ui flood [--quick]`` runs the flood figure alone (``--quick``: a 4 s window).
+``python -m benchmarks.ui flood [--quick]`` runs the flood figure alone (``--quick``: a 4 s window);
+``python -m benchmarks.ui viewers`` the viewers figure alone (about 35 s);
+``python -m benchmarks.ui memory`` the page's memory alone at 1,000 and 10,000 providers (about 40 s).
 
 Every provider is full (1,000 leases held), so every waiter waits.
 """
@@ -30,13 +36,14 @@ import tempfile
 import time
 from typing import Any
 
-import attrs
 import trio
 import trio.testing
 
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from iop_edge import QueuePage, build_view
 from iop_edge.config import UiConfig
+from iop_edge.ui.history import HISTORY_SECONDS
+from iop_edge.ui.parts import PageAlone
 
 from . import overload
 from .harness import ROOT, Daemon, HttpConnection, percentile, start_relay
@@ -45,18 +52,6 @@ NODES = 1_000
 MODELS = 10
 VIEWERS = 50
 WINDOW_S = 10.0
-
-
-@attrs.frozen
-class _Config:
-    ui: UiConfig
-    admin_token: str | None = None
-
-
-@attrs.frozen
-class _Parts:
-    config: _Config
-    admission: Admission
 
 
 def _pool(waiters: int) -> PoolConfig:
@@ -144,13 +139,20 @@ async def _viewers() -> dict[str, float]:
     """50 streams written to loopback sockets read by a child process (its CPU is not counted)."""
     done = trio.Event()
     sent = [0]
+    opened = [0]  # the first stream's history event, in bytes
 
     async with trio.open_nursery() as nursery:
         admission = await _filled(nursery, NODES, done)
-        page = QueuePage(_Parts(_Config(UiConfig(enabled=True, viewer_token="t", max_viewers=VIEWERS)), admission))
+        page = QueuePage(PageAlone(admission, UiConfig(enabled=True, viewer_token="t", max_viewers=VIEWERS)))
         idle_start, idle_cpu = time.perf_counter(), time.process_time()
         await trio.sleep(WINDOW_S)
         idle = (time.process_time() - idle_cpu) / (time.perf_counter() - idle_start)
+        for second in range(HISTORY_SECONDS):  # five minutes kept: each viewer opens on all of it
+            page.memory.history.add(NODES, NODES, second % 50, second % 7)
+        nursery.start_soon(page.run)
+        memory_start, memory_cpu = time.perf_counter(), time.process_time()
+        await trio.sleep(WINDOW_S)
+        memory = (time.process_time() - memory_cpu) / (time.perf_counter() - memory_start)
         (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
         port = listener.socket.getsockname()[1]
         drain = await trio.lowlevel.open_process([sys.executable, "-c", _DRAIN, str(port), str(VIEWERS)])
@@ -161,6 +163,8 @@ async def _viewers() -> dict[str, float]:
                 body = message.get("body", b"")
                 if body:
                     sent[0] += len(body)
+                    if not opened[0]:
+                        opened[0] = len(body)
                     await stream.send_all(body)
 
             async def receive() -> dict[str, Any]:
@@ -178,9 +182,45 @@ async def _viewers() -> dict[str, float]:
         busy = (time.process_time() - cpu) / (time.perf_counter() - start)
         rate = (sent[0] - bytes_before) / WINDOW_S
         done.set()
+        await trio.sleep(0.5)  # the streams see their viewers go
+        nursery.cancel_scope.cancel()  # and the page's memory stops
     await listener.aclose()
     await drain.wait()
-    return {"viewers": VIEWERS, "idle_core_pct": idle * 100, "core_pct": (busy - idle) * 100, "bytes_per_s": rate}
+    return {
+        "viewers": VIEWERS,
+        "idle_core_pct": idle * 100,
+        "memory_core_pct": (memory - idle) * 100,
+        "core_pct": (busy - idle) * 100,
+        "bytes_per_s": rate,
+        "history_bytes": opened[0],
+    }
+
+
+async def _memory(providers: int) -> dict[str, float]:
+    """The page's memory alone (``QueuePage.run``, no viewer) over ``providers`` connected
+    providers, idle: the loop's CPU over ``WINDOW_S`` minus the same loop without it."""
+    keys = [ProviderKey(f"node-{i:05d}", "gpu0") for i in range(providers)]
+    spec = ProviderSpec(capacity=4, long_context_capacity=1, context_window_tokens=8192, total_context_tokens=8192)
+    admission = Admission(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=100, queue_timeout=30.0),
+            providers=dict.fromkeys(keys, spec),
+            models={"m": ModelGroup(candidates=tuple(keys))},
+        )
+    )
+    for key in keys:
+        admission.connect(key.node_id)
+    page = QueuePage(PageAlone(admission, UiConfig(enabled=True, viewer_token="t")))
+    start, cpu = time.perf_counter(), time.process_time()
+    await trio.sleep(WINDOW_S / 2)
+    idle = (time.process_time() - cpu) / (time.perf_counter() - start)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(page.run)
+        start, cpu = time.perf_counter(), time.process_time()
+        await trio.sleep(WINDOW_S)
+        busy = (time.process_time() - cpu) / (time.perf_counter() - start)
+        nursery.cancel_scope.cancel()
+    return {"providers": providers, "core_pct": (busy - idle) * 100, "samples": len(page.memory.history)}
 
 
 FLOOD_CLIENTS = 5_000
@@ -224,7 +264,7 @@ async def _open_page(port: int, opens: list[tuple[float, float, float, float]]) 
             connection = HttpConnection("127.0.0.1", port)
 
             def on_event(data: bytes) -> None:
-                if b"data: " in data:
+                if b'data: {"totals"' in data:  # a view (the history event comes first)
                     scope.cancel()
 
             try:
@@ -270,7 +310,7 @@ async def _under_flood(quick: bool = False) -> dict[str, Any]:
         arrivals: list[float] = []
 
         def on_event(data: bytes) -> None:
-            arrivals.extend([time.perf_counter()] * data.count(b"data: "))
+            arrivals.extend([time.perf_counter()] * data.count(b'data: {"totals"'))
 
         async def view_stream() -> None:
             viewer = HttpConnection("127.0.0.1", relay.http_port)
@@ -339,6 +379,7 @@ def run(runs: int = 5) -> dict[str, Any]:
             "nodes": NODES,
             "build": [await _build(1_000, max(runs, 5)), await _build(10_000, max(runs, 5))],
             "viewers": await _viewers(),
+            "memory": await _memories(),
             "flood": await _under_flood(),
         }
 
@@ -353,11 +394,8 @@ def table(result: dict[str, Any]) -> str:
             f" loop {b['read_ms']:.1f} ms, view + JSON in a thread {b['made_ms']:.1f} ms;"
             f" snapshot alone {b['snapshot_ms']:.1f} ms; ratio {b['ratio']:.2f}"
         )
-    v = result["viewers"]
-    lines.append(
-        f"  {v['viewers']} viewers at 1 update/s, 1,000 waiters: {v['core_pct']:.2f} % of a core"
-        f" (idle loop {v['idle_core_pct']:.2f} %), {v['bytes_per_s'] / 1000:,.0f} kB/s written"
-    )
+    lines.extend(_viewer_lines(result["viewers"]))
+    lines.extend(_memory_lines(result["memory"]))
     lines.extend(_flood_lines(result["flood"]))
     return "\n".join(lines)
 
@@ -381,9 +419,38 @@ def _flood_lines(f: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _viewer_lines(v: dict[str, Any]) -> list[str]:
+    return [
+        f"  {v['viewers']} viewers at 1 update/s, 1,000 waiters, history on: {v['core_pct']:.2f} % of a core"
+        f" (idle loop {v['idle_core_pct']:.2f} %; the page's memory alone {v['memory_core_pct']:.2f} %),"
+        f" {v['bytes_per_s'] / 1000:,.0f} kB/s written; the history sent on open {v['history_bytes']:,} bytes"
+    ]
+
+
+def _memory_lines(memory: list[dict[str, Any]]) -> list[str]:
+    return [f"  the page's memory alone, {m['providers']:,} providers: {m['core_pct']:.2f} % of a core" for m in memory]
+
+
+async def _memories() -> list[dict[str, Any]]:
+    return [await _memory(NODES), await _memory(10 * NODES)]
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["flood"]:
-        raise SystemExit("usage: python -m benchmarks.ui flood [--quick]   (the whole suite: python -m benchmarks ui)")
+    part = sys.argv[1:2]
+    if part == ["memory"]:
+        memories = trio.run(_memories)
+        print(json.dumps(memories))
+        print("\n".join(_memory_lines(memories)))
+        raise SystemExit(0)
+    if part == ["viewers"]:
+        viewers = trio.run(_viewers)
+        print(json.dumps(viewers))
+        print("\n".join(_viewer_lines(viewers)))
+        raise SystemExit(0)
+    if part != ["flood"]:
+        raise SystemExit(
+            "usage: python -m benchmarks.ui flood [--quick] | viewers | memory   (the whole suite: python -m benchmarks ui)"
+        )
     quick = "--quick" in sys.argv[2:]
     figures = trio.run(_under_flood, quick)
     print(json.dumps(figures))

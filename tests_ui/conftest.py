@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from screen import FLAGS, HEIGHT, WIDTH, set_viewport
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
@@ -28,14 +29,21 @@ CHROMEDRIVER = os.environ.get("IOP_CHROMEDRIVER", "/usr/bin/chromedriver")
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[webdriver.Chrome]:
-    """One headless Chromium for the session (a wall screen's size)."""
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
+    """One headless Chromium for the session, with a fresh profile; each test starts at 1920x1080."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
+    for argument in (*FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     try:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(autouse=True)
+def wall_screen(browser: webdriver.Chrome) -> None:
+    """Each test starts at the wall screen's size."""
+    set_viewport(browser, WIDTH, HEIGHT)

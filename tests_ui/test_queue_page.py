@@ -6,30 +6,26 @@ and reason and leaves when granted; a node that goes away shows offline within 1
 prompt sent is nowhere in the DOM or in the raw stream; without the token the page is refused;
 without tenants nothing tenant shows. Screenshots go to ``docs/``.
 
-The Edge has no ``tenants:`` key yet, so the tenant test does not start Edge and Node
-processes: it serves the Edge's own page app (:class:`iop_edge.QueuePage`) from a tiny
-hypercorn (trio) server over a real admission core configured with ``PoolConfig.tenants``.
+The tenant test does not start Edge and Node processes: it serves the Edge's own page app
+(:class:`iop_edge.QueuePage`) from a tiny hypercorn (trio) server over a real admission core
+configured with ``PoolConfig.tenants`` (:mod:`page_server`), so that it holds waiters of
+every tenant reason at once.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
+from page_driver import run, shows
+from page_server import serve_page
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from e2e.harness import FAST, Requests, Stack, edge_config, node_config, open_stack, provider
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
-from iop_edge import QueuePage
 from iop_edge.config import UiConfig
 
 VIEWER = "viewer-ui-tier-sentinel"
@@ -44,10 +40,6 @@ async def start(stack: Stack) -> None:
     ui = {"enabled": True, "viewer_token": VIEWER, "update_interval_ms": 250}
     await stack.start_edge(edge_config(queue_timeout_ms=60_000, ui=ui))
     await stack.start_node(node_config(heartbeat_interval_ms=200))
-
-
-async def run(call: Callable[..., Any], *args: Any) -> Any:
-    return await trio.to_thread.run_sync(call, *args)
 
 
 def table(browser: webdriver.Chrome, table_id: str) -> list[list[str]]:
@@ -65,13 +57,6 @@ def gpu0_cells(browser: webdriver.Chrome) -> list[str]:
 
 def waiter_rows(browser: webdriver.Chrome) -> list[list[str]]:
     return table(browser, "waiters")
-
-
-async def shows(browser: webdriver.Chrome, holds: Callable[[webdriver.Chrome], bool], within: float) -> None:
-    """Wait until the page shows what ``holds`` looks for, at most ``within`` seconds."""
-    with trio.fail_after(within):
-        while not await run(holds, browser):  # noqa: ASYNC110 -- the DOM has no event to wait on
-            await trio.sleep(0.05)
 
 
 async def raw_stream(port: int, events: int) -> bytes:
@@ -110,7 +95,7 @@ async def test_the_queue_page_follows_the_edge(tmp_path: Path, browser: webdrive
             await shows(browser, lambda b: len(waiter_rows(b)) == 1, WITHIN)
             (row,) = await run(waiter_rows, browser)
             assert row[1:3] == ["1", FAST]
-            assert row[7] == "every live candidate is at capacity"
+            assert row[7] == "all candidates full"
             # No tenants configured: no tenant column, filter or table on the page.
             for hidden in (
                 "#waiters th.tenant-col",
@@ -119,7 +104,7 @@ async def test_the_queue_page_follows_the_edge(tmp_path: Path, browser: webdrive
                 "#tenants-section",
             ):
                 assert not await run(lambda h=hidden: browser.find_element(By.CSS_SELECTOR, h).is_displayed())
-            assert "tenant_quota" not in await run(lambda: browser.find_element(By.ID, "reasons").text)
+            assert "tenant quota" not in await run(lambda: browser.find_element(By.ID, "reasons").text)
             assert stack.http_port is not None
             raw = await raw_stream(stack.http_port, 2)
             dom = await run(lambda: browser.page_source)
@@ -146,18 +131,6 @@ async def test_the_queue_page_follows_the_edge(tmp_path: Path, browser: webdrive
 GPU0 = ProviderKey("node-a", "gpu0")
 
 
-@attrs.frozen
-class _Config:
-    ui: UiConfig
-    admin_token: str | None = None
-
-
-@attrs.frozen
-class _Parts:
-    config: _Config
-    admission: Admission
-
-
 def pool() -> PoolConfig:
     """One provider of capacity 2 for model key ``m``; ``gold`` in a higher band, ``team-a``
     capped at one request in flight, ``team-b`` of weight 2."""
@@ -181,10 +154,6 @@ def pool() -> PoolConfig:
 async def test_the_page_shows_tenants_when_the_core_has_them(browser: webdriver.Chrome) -> None:
     admission = Admission(pool())
     admission.connect(GPU0.node_id)
-    page = QueuePage(_Parts(_Config(UiConfig(enabled=True, viewer_token=VIEWER, update_interval_ms=250)), admission))
-    config = HypercornConfig()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = config.errorlog = None
 
     async def request(tenant: str) -> None:
         async with admission.lease("m", tenant=tenant):
@@ -195,13 +164,15 @@ async def test_the_page_shows_tenants_when_the_core_has_them(browser: webdriver.
             for tenant in ("team-a", "team-b", "team-a", "team-b", "gold"):  # two run, three wait
                 nursery.start_soon(request, tenant)
                 await trio.testing.wait_all_tasks_blocked()
-            binds = await nursery.start(functools.partial(serve, page, config))
-            await run(browser.get, f"{binds[0]}/ui?token={VIEWER}")
+            url, _ = await serve_page(
+                nursery, admission, UiConfig(enabled=True, viewer_token=VIEWER, update_interval_ms=250)
+            )
+            await run(browser.get, f"{url}/ui?token={VIEWER}")
             await shows(browser, lambda b: len(table(b, "waiters")) == 3, 10)
             assert [(row[6], row[7]) for row in await run(table, browser, "waiters")] == [
-                ("team-a", "its tenant is at its max_in_flight quota"),
-                ("team-b", "a higher band waits for the same providers, served first"),
-                ("gold", "every live candidate is at capacity"),
+                ("team-a", "tenant quota"),
+                ("team-b", "higher band ahead"),
+                ("gold", "all candidates full"),
             ]
             for shown in ("#waiters th.tenant-col", "#filters .tenant-col", "#tenants-section"):
                 assert await run(lambda s=shown: browser.find_element(By.CSS_SELECTOR, s).is_displayed())

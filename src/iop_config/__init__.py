@@ -8,14 +8,17 @@ Each error reads ``FILE:LINE: FIELD.PATH: message``, e.g.
 ``edge.yaml:14: nodes[0].providers[1].capacity: must be >= 1``.
 """
 
+from ._command import daemon_arguments
 from ._converter import make_converter
-from ._loader import ConfigFileError, format_path, load_config, load_config_text, parse_path
+from ._loader import load_config, load_config_text
+from ._positions import ConfigFileError, format_path, parse_path
 from ._tls import TlsFileError, client_ssl_context, server_ssl_context, tls_problems
 
 __all__ = [
     "ConfigFileError",
     "TlsFileError",
     "client_ssl_context",
+    "daemon_arguments",
     "format_path",
     "load_config",
     "load_config_text",

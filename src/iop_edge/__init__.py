@@ -10,12 +10,15 @@ through public names.
 """
 
 from iop_edge._service import EdgeService
-from iop_edge.api.app import EdgeAPI, estimate_tokens
+from iop_edge.api.app import EdgeAPI
+from iop_edge.api.request_body import estimate_tokens
 from iop_edge.config import EdgeConfig, load_edge_config
 from iop_edge.config.reader import lower_priority
 from iop_edge.config.reader import rebuild as rebuild_config
 from iop_edge.config.reader import run_reader as run_config_reader
-from iop_edge.nodes.links import NodeGone, NodeLink, NodeRegistry
+from iop_edge.nodes.link import NodeLink
+from iop_edge.nodes.registry import NodeRegistry
+from iop_edge.nodes.runs import NodeGone
 from iop_edge.ui.page import QueuePage
 from iop_edge.ui.view import build_view
 

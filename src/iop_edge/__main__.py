@@ -7,7 +7,6 @@ stop. Exit codes: 0 after a shutdown signal, 2 when the config cannot be loaded.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import sys
@@ -15,7 +14,7 @@ from collections.abc import Sequence
 
 import trio
 
-from iop_config import ConfigFileError
+from iop_config import ConfigFileError, daemon_arguments
 from iop_edge._collector import tune as tune_collector
 from iop_edge._service import EdgeService, load_config_off_loop
 
@@ -51,16 +50,8 @@ def main(argv: Sequence[str] | None = None, *, instruments: Sequence[trio.abc.In
 
     ``instruments``: trio instruments for the Edge's run (benchmarks time the loop with them).
     """
-    parser = argparse.ArgumentParser(
-        prog="iop-edge", description="IOP Edge: OpenAI-compatible gateway with provider-wide admission."
-    )
-    parser.add_argument("--config", required=True, help="path to edge.yaml")
-    parser.add_argument("--log-level", default="INFO", help="python logging level (default INFO)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    args = daemon_arguments(
+        "iop-edge", "IOP Edge: OpenAI-compatible gateway with provider-wide admission.", "path to edge.yaml", argv
     )
     tune_collector()
     raise SystemExit(trio.run(start_edge, args.config, instruments=instruments))

@@ -7,15 +7,13 @@ objects (the parsed config, the pool, each node's connection). CPython starts
 a full collection when the oldest generation has grown by a quarter since the
 last one, and it grows by every object still alive at a young collection
 (every 700 allocations by default): the objects of each pending connection
-and each queued request. With the default policy one benchmark pass at 10,000
-nodes ran 51 full collections, 86 s in all and up to 5.3 s each (box shared),
-which let connections miss their registration deadline and the
-single-candidate key fall to tens of requests/s.
+and each queued request. With the default policy, full collections of seconds
+each came again and again at fleet size, letting connections miss their
+registration deadline.
 
 With :data:`YOUNG_THRESHOLD` allocations between young collections, those
 short-lived objects are mostly gone before a collection looks at them, so far
-fewer are promoted (the same pass: one full collection, 70 ms). A young
-collection then scans up to that many objects (a few ms).
+fewer are promoted. A young collection then scans up to that many objects.
 
 Process-wide (the collector is); set by the ``iop-edge`` entry point, not by
 :class:`~iop_edge.EdgeService`, so an Edge embedded in another program or a

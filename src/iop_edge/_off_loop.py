@@ -2,10 +2,9 @@
 
 A worker thread alone is not enough: the thread and the loop share the GIL.
 Each time the loop thread makes a system call it lets the GIL go, the worker
-takes it, and the loop then waits up to the interpreter's switch interval
-(5 ms by default) to get it back -- several times per request it answers. A
-full garbage collection started by the worker's allocations holds the GIL for
-the whole heap (over a second with 10,000 nodes configured). So while any
+takes it, and the loop then waits up to the interpreter's switch interval to
+get it back -- several times per request it answers. A full garbage collection
+started by the worker's allocations holds the GIL for the whole heap. So while any
 such work runs (:func:`bulk_work`), the switch interval is short and
 automatic collection is off; both are restored when the last one ends.
 
@@ -13,8 +12,7 @@ A short switch interval still leaves the loop waiting for the GIL at each
 system call while the worker computes, and on a busy box the worker may be
 off the CPU, holding the GIL, when the loop wants it back. Two ways out:
 
-- :func:`run_off_loop`: the work calls :func:`yield_to_loop` every few
-  hundred microseconds of its own; while the loop has tasks to run, the
+- :func:`run_off_loop`: the work calls :func:`yield_to_loop` often; while the loop has tasks to run, the
   worker waits there without the GIL (a trio instrument tells it when the
   loop waits for I/O again), so it runs in the loop's idle time. The loop
   may still wait for the GIL when it wakes up. ``/metrics`` and ``/status``
@@ -25,18 +23,18 @@ off the CPU, holding the GIL, when the loop wants it back. Two ways out:
   long as it runs, as the same work on the loop would. A reload prepares its
   pool's changes this way ([reload-off-loop]).
 
-Collection back on, the objects a reload left (its new config: some
-300,000 of them at 10,000 nodes) would all be young: the next allocation on
-the loop would start a young-generation collection over all of them, then a
-middle one, then a full one (130, 60 and 260 ms measured on a loaded box).
+Collection back on, the objects a reload left (its new config) would all be
+young: the next allocation on the loop would start a young-generation
+collection over all of them, then a middle one, then a full one, each a long
+hold of the loop.
 So after work that keeps what it made (``keeps_objects``), everything tracked
 is moved to the oldest generation first
 (``gc.freeze()`` then ``gc.unfreeze()``, O(1) each): nothing is scanned now,
 garbage among those objects is still found by the next full collection, and
 the full collections come no sooner than they would have.
 
-The other direction has its cost too: the last reference to a 10,000-node
-config, dropped at once, frees its 300,000 objects in one go;
+The other direction has its cost too: the last reference to a large
+config, dropped at once, frees all its objects in one go;
 :func:`release_in_slices` frees it a slice per loop turn.
 
 Only objects the loop will not touch meanwhile may be handed to the work
@@ -67,7 +65,7 @@ SWITCH_INTERVAL = 0.0005
 system call, waits at most this long for the GIL."""
 
 SNAPSHOT_SLICE = 500
-"""Providers read per loop turn by :func:`snapshot_in_slices` (about 1.5 ms of CPU)."""
+"""Providers read per loop turn by :func:`snapshot_in_slices`."""
 
 ROW_SLICE = 1000
 """Providers read per loop turn by :func:`rows_in_slices` (a plain row costs about half
@@ -130,8 +128,7 @@ def yield_to_loop() -> None:
     The worker and the loop share the GIL: each time the loop makes a system
     call (a stream's read, its write) the worker takes the GIL, and the loop
     waits for it again -- up to the switch interval, longer if the worker is
-    off the CPU then. Long work calls this often (every few hundred
-    microseconds of its own): while the loop runs tasks, the worker then
+    off the CPU then. Long work calls this often: while the loop runs tasks, the worker then
     waits without the GIL, so the loop's system calls cost it nothing; it
     carries on while the loop waits for I/O. Anywhere else (the loop's own
     thread, a thread started otherwise) it returns at once.
@@ -213,8 +210,7 @@ async def run_in_turns(work: Callable[[], T], *, keeps_objects: bool = False) ->
     loop takes a turn (one checkpoint), then the next slice. The two threads
     never both want the GIL, so the loop never waits for a worker that holds
     it and is itself off the CPU; a slice holds the loop as long as it runs, so
-    ``work`` must call :func:`yield_to_loop` often (every few hundred
-    microseconds). Inside :func:`bulk_work` (``keeps_objects``: see there).
+    ``work`` must call :func:`yield_to_loop` often. Inside :func:`bulk_work` (``keeps_objects``: see there).
 
     Checkpoints (between slices). Cancelled, it stops ``work`` at its next
     :func:`yield_to_loop` and returns at once; nothing is left running. Raises
@@ -296,16 +292,15 @@ async def release_in_slices(holder: list[object], size: int = RELEASE_SLICE) -> 
     """Free the object ``holder`` holds (``holder`` must hold its only reference), about ``size``
     objects per loop turn.
 
-    Dropped at once, the last reference to a 10,000-node config frees its
-    300,000 objects in one go: 7-10 ms of the loop. Here the objects reachable
+    Dropped at once, the last reference to a large config frees all its
+    objects in one go, holding the loop meanwhile. Here the objects reachable
     from it are first walked, ``size`` per loop turn, each held in a list in
     the order met (a container before what it holds); a tuple, list or mapping
     of more than ``size`` items is not walked into, its items are held right
     after it instead (each frees only what hangs from it: a node's few
     objects). Then the list is cut ``size`` references per loop turn from its
     start: each object dropped frees only itself, since what it refers to is
-    still held further on. A config of 1,000 nodes, whose containers are all
-    small, walked and freed at once held the loop 10-25 ms.
+    still held further on.
     Checkpoints. Cancelled, the rest is freed at once.
     """
     root = holder.pop()
@@ -333,8 +328,8 @@ async def release_in_slices(holder: list[object], size: int = RELEASE_SLICE) -> 
 
 async def drop_in_slices(items: list[object], size: int = RELEASE_SLICE) -> None:
     """Empty ``items``, ``size`` references from its end per loop turn (the first slice at once,
-    a checkpoint before each later one): 300,000 references dropped at once hold the loop 3-5 ms,
-    even when nothing is freed."""
+    a checkpoint before each later one): many references dropped at once hold the loop even
+    when nothing is freed."""
     del items[-size:]
     while items:
         await trio.lowlevel.checkpoint()
@@ -363,8 +358,8 @@ def paced(items: Iterable[T]) -> Iterator[T]:
 async def snapshot_in_slices(admission: Admission, size: int = SNAPSHOT_SLICE) -> Snapshot:
     """``admission.snapshot()``, read ``size`` providers per loop turn ([status-at-size]).
 
-    At 10,000 providers a whole snapshot holds the loop about 30 ms (a stream's
-    events wait that long); a slice about 1.5 ms. The Edge-wide fields are read
+    A whole snapshot of a large pool holds the loop as long as it takes (a
+    stream's events wait that long); a slice far less. The Edge-wide fields are read
     with the first slice; each provider's row is read at once, rows of different
     slices a few loop turns apart. A config refresh between two slices starts
     the reading again, so the rows are always those of one config; after three

@@ -22,13 +22,13 @@ from iop_admission import Admission, ConfigError, PreparedRefresh, ProviderKey
 from iop_config import ConfigFileError, TlsFileError
 from iop_edge._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
 from iop_edge.api.app import EdgeAPI
-from iop_edge.api.overload import FrontDoor, watch_loop_lag
 from iop_edge.config import EdgeConfig, load_edge_config
 from iop_edge.config.reader import error_lines, rebuild, run_reader
+from iop_edge.front_door.overload import FrontDoor, watch_loop_lag
 from iop_edge.ha import EdgeHa, Leadership
 from iop_edge.listener.server import HttpLimits, serve_http
 from iop_edge.metrics import EdgeMetrics
-from iop_edge.nodes.links import NodeRegistry
+from iop_edge.nodes.registry import NodeRegistry
 from iop_edge.status import EdgeStatus, NodeRow, StatusRows, status_document
 
 logger = logging.getLogger("iop_edge")
@@ -71,6 +71,7 @@ class EdgeService:
         self.ha = EdgeHa.of(config.ha, self._leadership_changed) if config.ha is not None else None
         if self.ha is not None:
             self.metrics.registry.register(self.ha.collector(self.registry.fence))
+            self.registry.fence.leads = self.ha.admits  # [ha-step-down] asked before every run is sent
         self.api = EdgeAPI(self)
         self._reload_lock = trio.Lock()
         self.http_port: int | None = None
@@ -214,6 +215,7 @@ class EdgeService:
             if self.ha is not None:  # campaigns from the start; nodes register with a standby too
                 await nursery.start(self.ha.run)
             nursery.start_soon(self.admission.watch_ejections)  # ejections end on time [outlier-ejection]
+            nursery.start_soon(self.api.queue_page.run)  # the page's memory, from the start [queue-page]
             self.node_port = await nursery.start(
                 _serve_nodes,
                 self.registry,

@@ -139,8 +139,8 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 
 
 _ROWS_PER_CALL = 200
-"""List items written per call of the JSON encoder by :func:`status_json` (well under 1 ms of
-holding the GIL)."""
+"""List items written per call of the JSON encoder by :func:`status_json` (each call holds the GIL
+briefly)."""
 
 
 def status_document(status: EdgeStatus) -> dict[str, Any]:

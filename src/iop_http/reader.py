@@ -23,7 +23,10 @@ sign or past 2**64, data longer than its size). Ours, at headers-complete:
 - ``Transfer-Encoding`` other than a single ``chunked`` is 501, in HTTP/1.0 400;
 - a protocol upgrade (``Upgrade`` with ``connection: upgrade``) with a body is 400; without one
   it is answered as a plain request, and the connection closes after it;
-- a head longer than the limit is 431, whatever the reads it came in.
+- a head longer than the limit is 431, whatever the reads it came in;
+- a chunked body whose chunk extensions and trailer fields pass
+  ``max_chunk_extension_bytes`` in all is 400 (RFC 9112 §7.1.1; measured as in
+  :mod:`iop_http.chunks`, checked after each piece fed).
 
 Where a message ends is found without parsing ahead: a head ends at the first
 CRLF CRLF (a byte search; llhttp then reads exactly those bytes), a
@@ -44,6 +47,8 @@ from collections import deque
 from typing import Final, final
 
 import httptools
+
+from .chunks import MAX_CHUNK_EXTENSION_BYTES, extension_bytes
 
 MAX_HEAD_BYTES: Final = 64 * 1024
 """The default bound of a request head, its final empty line included."""
@@ -202,11 +207,17 @@ class RequestReader:
         "_keep_alive",
         "_fed",
         "_line",
+        "_max_extension",
+        "_chunked",
     )
 
-    def __init__(self, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
+    def __init__(
+        self, max_head_bytes: int = MAX_HEAD_BYTES, max_chunk_extension_bytes: int = MAX_CHUNK_EXTENSION_BYTES
+    ) -> None:
         self._parser = httptools.HttpRequestParser(self)
         self._max_head = max_head_bytes
+        self._max_extension = max_chunk_extension_bytes
+        self._chunked = [0, 0, 0]  # a chunked body's bytes fed, data bytes, chunks begun
         self._pending = bytearray()  # received, not fed to llhttp yet
         self._events: deque[Event] = deque()
         self._state = _HEAD
@@ -333,17 +344,25 @@ class RequestReader:
         while at >= 0:
             cut = at + 4 - len(tail)
             if cut > start:
-                self._execute(data[start:cut])
+                self._execute_chunks(data[start:cut])
                 start = cut
                 if self._complete or self._state != _CHUNKED:
                     del pending[:start]
                     return True
             at = joined.find(_HEAD_END, at + 1)
         if start < len(data):
-            self._execute(data[start:])
+            self._execute_chunks(data[start:])
         self._tail = joined[-3:]
         pending.clear()
         return True
+
+    def _execute_chunks(self, data: bytes) -> None:
+        """Feed a piece of a chunked body; refuse it once its extensions and trailers pass their bound."""
+        counts = self._chunked
+        counts[0] += len(data)
+        self._execute(data)
+        if self._state == _CHUNKED and not self._complete and extension_bytes(*counts) > self._max_extension:
+            self._refuse(CHUNK_EXTENSIONS_TOO_LONG)
 
     def _execute(self, data: bytes) -> None:
         """Feed ``data`` to llhttp; its callbacks queue the events."""
@@ -428,6 +447,7 @@ class RequestReader:
         if length == CHUNKED:
             self._state = _CHUNKED
             self._tail = b""
+            self._chunked = [0, 0, 0]
         elif length:
             self._state = _LENGTH
             self._left = length
@@ -449,6 +469,10 @@ class RequestReader:
 
     def on_body(self, body: bytes) -> None:
         self._events.append(body)
+        self._chunked[1] += len(body)
+
+    def on_chunk_header(self) -> None:
+        self._chunked[2] += 1
 
     def on_message_complete(self) -> None:
         self._complete = True
@@ -519,6 +543,8 @@ _UPGRADE_WITH_BODY: Final = Refusal(400, "protocol upgrade with a body")
 _MALFORMED_HEAD: Final = Refusal(400, "malformed request head")
 MALFORMED_CHUNKS: Final = Refusal(400, "malformed chunked body")
 """The refusal of a chunked body whose framing llhttp refuses."""
+CHUNK_EXTENSIONS_TOO_LONG: Final = Refusal(400, "chunk extensions too long")
+"""The refusal of a chunked body whose extensions and trailer fields pass their bound (RFC 9112 §7.1.1)."""
 
 _LLHTTP_ERRORS: Final = (
     ("can't be present with", _LENGTH_AND_CODING),

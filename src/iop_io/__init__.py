@@ -9,6 +9,7 @@ and under no daemon, so a server of any package uses them through public names.
   connection waiting accepted in one wake-up (up to :data:`ACCEPT_BATCH`).
 - :mod:`.due`: :class:`DueQueue`, tasks woken at their due times by one runner
   task (one timer for a paced stream's tokens or a flood's paused connections).
+- :mod:`.lifespan`: :func:`answer_lifespan`, the ASGI lifespan of an app with nothing to set up.
 - :mod:`.parking`: :class:`ParkedTask`, the one task a single-consumer queue wakes.
 - :mod:`.transport`: :class:`Transport` (writes that never wait on the client,
   a flusher for the rest), :class:`SocketTransport` (a plain TCP connection as a
@@ -17,6 +18,7 @@ and under no daemon, so a server of any package uses them through public names.
 
 from .accept import ACCEPT_BATCH, Handler, accept_loop, accept_waiting
 from .due import Answer, DueQueue
+from .lifespan import answer_lifespan
 from .parking import ParkedTask
 from .transport import (
     CLOSE_TIMEOUT,
@@ -43,4 +45,5 @@ __all__ = [
     "Transport",
     "accept_loop",
     "accept_waiting",
+    "answer_lifespan",
 ]

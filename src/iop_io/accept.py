@@ -33,10 +33,9 @@ def accept_waiting(listener: socket.socket, limit: int = ACCEPT_BATCH) -> list[s
     """Every connection waiting on the non-blocking ``listener`` now (at most ``limit``), without waiting.
 
     Why: ``trio.serve_listeners`` accepts ONE connection per scheduling round (its
-    ``accept`` yields after each success). Measured with ``benchmarks fleet`` on a
-    loaded box, 512 clients connecting within a second waited 0.8 s for their accept
-    at the median and 2.6 s at the 99th percentile, while the Edge's rounds were
-    busy relaying the streams already running. One wake-up here takes them all.
+    ``accept`` yields after each success): a burst of clients connecting at once waits
+    for its accepts round by round while the Edge's rounds are busy relaying the
+    streams already running. One wake-up here takes them all.
 
     Raises:
         OSError: ``accept`` failed otherwise than for one given-up connection (e.g.

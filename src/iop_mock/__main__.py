@@ -1,6 +1,6 @@
 """``python -m iop_mock``: the same as ``iop-mock-backend``."""
 
-from .backend import main
+from .cli import main
 
 if __name__ == "__main__":
     main()

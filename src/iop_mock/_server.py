@@ -1,9 +1,8 @@
 """A small HTTP/1.1 server for the mock backend's ASGI app: :mod:`iop_http` framing on :mod:`iop_io`'s transport.
 
 Why not hypercorn: the mock stands in for a GPU server, whose token production costs the host
-nothing, yet under hypercorn it spent ~150-180 µs of CPU per streamed token (ASGI wrappers,
-hypercorn's protocol layers, trio's ``send_all`` rescheduling its task on every call), most of
-two cores at 512 streams x 20 tokens/s. Here one task per connection reads requests and calls
+nothing, yet under hypercorn its CPU per streamed token (ASGI wrappers, hypercorn's protocol
+layers, trio's ``send_all`` rescheduling its task on every call) took most of the box at fleet load. Here one task per connection reads requests and calls
 the app with the ASGI ``scope``, ``receive`` and ``send`` the mock uses (``http`` only: no
 lifespan, websockets or HTTP/2). The bytes are framed by the project's one HTTP owner, as the
 Edge's are:

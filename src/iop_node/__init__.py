@@ -14,6 +14,7 @@ from iop_node._errors import (
     RegistrationTimeout,
     RunFailed,
     UpstreamFailed,
+    UpstreamTooLarge,
     UpstreamUnreachable,
 )
 from iop_node._runtime import NodeRuntime, build_adapter
@@ -21,7 +22,14 @@ from iop_node.adapters.interface import Adapter, TunnelHead, encoded_run, relay_
 from iop_node.adapters.mock import MockAdapter
 from iop_node.adapters.ollama import OllamaAdapter
 from iop_node.adapters.openai_compat import OpenAIAdapter
-from iop_node.config import NodeConfig, ProviderConfig, ReconnectConfig, RuntimeConfig, load_node_config
+from iop_node.config import (
+    NodeConfig,
+    ProviderConfig,
+    ReconnectConfig,
+    RuntimeConfig,
+    UpstreamLimits,
+    load_node_config,
+)
 from iop_node.edges.client import EdgeClient, backoff_delay, first_delay, websocket_connector
 from iop_node.edges.clients import EdgeClients
 from iop_node.edges.fence import EpochFence
@@ -49,6 +57,8 @@ __all__ = [
     "RuntimeConfig",
     "TunnelHead",
     "UpstreamFailed",
+    "UpstreamLimits",
+    "UpstreamTooLarge",
     "UpstreamUnreachable",
     "backoff_delay",
     "build_adapter",

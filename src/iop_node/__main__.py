@@ -14,7 +14,6 @@ new config, in the same process.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import signal
@@ -23,7 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import trio
 
-from iop_config import ConfigFileError
+from iop_config import ConfigFileError, daemon_arguments
 from iop_node._errors import RegistrationRejected
 from iop_node._runtime import NodeRuntime
 from iop_node.config import NodeConfig, load_node_config
@@ -118,15 +117,12 @@ def tune_collector() -> None:
     """The node process's garbage-collector policy (set by ``iop-node``, not by the library).
 
     A run allocates short-lived objects and frees them by reference counting, but with
-    CPython's default young threshold (700) a collection came every ten or so runs at
-    concurrency 64 and found the objects of the runs in flight alive: it scanned and
-    promoted them, so the middle and oldest generations were scanned ever more often,
-    and a full collection walked every object of the loaded modules (tens of ms). Measured
-    with the benchmark's non-stream load at concurrency 64 (gc callbacks, about 8,000 runs):
-    about 300 young, 30 middle and 3 full collections, over 0.3 s in all; with
-    :data:`YOUNG_THRESHOLD` and the startup objects frozen, 6 young collections and none
-    older, 15 ms in all. The threshold bounds the cyclic garbage kept between collections
-    (a few MB at most).
+    CPython's default young threshold (700) a collection came every few runs under load
+    and found the objects of the runs in flight alive: it scanned and promoted them, so
+    the middle and oldest generations were scanned ever more often, and a full
+    collection walked every object of the loaded modules. With :data:`YOUNG_THRESHOLD`
+    and the startup objects frozen, young collections are rare and older ones do not
+    come; the threshold bounds the cyclic garbage kept between collections.
     """
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
@@ -135,16 +131,10 @@ def tune_collector() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point of ``iop-node``."""
-    parser = argparse.ArgumentParser(prog="iop-node", description="IOP node daemon: serves local backends to the Edge.")
-    parser.add_argument("--config", required=True, help="path to node.yaml")
-    parser.add_argument("--log-level", default="INFO", help="python logging level (default INFO)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    args = daemon_arguments(
+        "iop-node", "IOP node daemon: serves local backends to the Edge.", "path to node.yaml", argv
     )
-    # httpx logs one INFO line per upstream request: 2.6 % of the node's CPU under load.
+    # httpx logs one INFO line per upstream request: a cost per run worth nothing to an operator.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
     try:

@@ -46,6 +46,16 @@ class UpstreamUnreachable(RunFailed):
 
 
 @final
+class UpstreamTooLarge(RunFailed):
+    """The upstream's answer head, a non-stream answer, or a line of a stream is larger than its bound.
+
+    The bounds are the provider's ``limits`` (:class:`iop_node.config.UpstreamLimits`).
+    """
+
+    code = "upstream_too_large"
+
+
+@final
 class UpstreamFailed(RunFailed):
     """The upstream answered with a non-2xx status or an unreadable body.
 

@@ -78,6 +78,40 @@ class ReconnectConfig:
 
 @final
 @attrs.frozen
+class UpstreamLimits:
+    """``providers[].limits``: bounds on what the provider's backend may send (docs/security.md).
+
+    Past any of them the run fails (the client gets 502) and the connection to
+    the backend is closed; nothing else is affected.
+
+    Attributes:
+        head_bytes: the most bytes of an answer's head, informational (1xx)
+            answers before it included (failure: ``upstream_too_large``).
+        answer_bytes: the most bytes of a non-stream answer's body, and of one
+            line of a streamed answer the Node parses (``upstream_too_large``).
+        chunk_extension_bytes: the most bytes of chunk extensions and trailer
+            fields in one chunked answer (RFC 9112 §7.1.1; ``upstream_error``).
+        informational_answers: the most 1xx answers before the final one
+            (``upstream_error``).
+    """
+
+    head_bytes: int = 64 * 1024
+    answer_bytes: int = 16 * 1024 * 1024
+    chunk_extension_bytes: int = 16 * 1024
+    informational_answers: int = 5
+
+    def field_problems(self, path: str) -> Iterator[tuple[str, str]]:
+        """Yield ``(path, message)`` for every invalid value below ``path``."""
+        for name in ("head_bytes", "answer_bytes"):
+            if getattr(self, name) < 1024:
+                yield f"{path}.{name}", f"must be >= 1024, got {getattr(self, name)}"
+        for name in ("chunk_extension_bytes", "informational_answers"):
+            if getattr(self, name) < 0:
+                yield f"{path}.{name}", f"must be >= 0, got {getattr(self, name)}"
+
+
+@final
+@attrs.frozen
 class ProviderConfig:
     """One backend exposed by this node.
 
@@ -96,6 +130,7 @@ class ProviderConfig:
         tokens_per_second: ``mock`` only: streaming rate; 0 means no delay.
         fail_after_chunks: ``mock`` only: fault knob; after this many chunks the
             run fails with ``upstream_error`` (None: never).
+        limits: bounds on what the backend sends.
     """
 
     id: str
@@ -107,6 +142,7 @@ class ProviderConfig:
     latency_ms: int = 0
     tokens_per_second: float = 0.0
     fail_after_chunks: int | None = None
+    limits: UpstreamLimits = UpstreamLimits()
 
     def field_problems(self, path: str) -> Iterator[tuple[str, str]]:
         """Yield ``(path, message)`` for every invalid value below ``path``."""
@@ -130,6 +166,7 @@ class ProviderConfig:
             yield f"{path}.tokens_per_second", f"must be >= 0, got {self.tokens_per_second}"
         if self.fail_after_chunks is not None and self.fail_after_chunks < 0:
             yield f"{path}.fail_after_chunks", f"must be >= 0, got {self.fail_after_chunks}"
+        yield from self.limits.field_problems(f"{path}.limits")
 
 
 @final

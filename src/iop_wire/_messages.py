@@ -40,6 +40,7 @@ ERROR_CODES: Final = (
     "bad_request",
     "cancelled",
     "stale_epoch",
+    "upstream_too_large",
 )
 """The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries (``stale_epoch``: v3 only)."""
 
@@ -63,7 +64,8 @@ FailureKind = Literal[
   answers 429 with ``Retry-After``.
 - ``provider_error``: the backend failed: a 5xx, a 401/403/407/408 (the node's
   credentials or the backend's own deadline, nothing the client can fix), an
-  unreadable answer, or an error in the middle of a stream.
+  unreadable answer, an answer past the node's bounds (``upstream_too_large``),
+  or an error in the middle of a stream.
 - ``unreachable``: the backend could not be reached, timed out, or dropped the connection.
 - ``node_busy``: the node's local gate was full; nothing was sent upstream.
 - ``node_refused``: the node cannot serve this run (unknown provider, endpoint the

@@ -36,7 +36,7 @@ from ruamel.yaml.events import (
     StreamStartEvent,
 )
 
-from iop_config import ConfigFileError, _loader, load_config_text
+from iop_config import ConfigFileError, _fast_yaml, _loader, _positions, load_config_text
 from iop_edge.config import load_edge_config
 
 # Scalars the YAML 1.2 rules read as every kind: ints in all bases, floats, special floats,
@@ -165,8 +165,8 @@ def outcome(load: Callable[[], Any]) -> Any:
 @given(documents(features=True))
 def test_fast_path_reads_every_document_as_the_safe_loader_does(text: str) -> None:
     """Anchors, aliases, tags, merge keys, duplicate and complex keys: the same data or the same error."""
-    fast = outcome(lambda: _loader._fast_load(text, release=False))
-    assert fast == outcome(lambda: _loader._safe_load(text, release=True)), text
+    fast = outcome(lambda: _fast_yaml.fast_load(text, release=False))
+    assert fast == outcome(lambda: _fast_yaml.safe_load(text, release=True)), text
 
 
 @pytest.mark.req("reload-off-loop")
@@ -176,15 +176,15 @@ def test_plain_document_is_built_from_events_alone(text: str) -> None:
     the safe loader and the line-keeping loader read it. Only a duplicate key (``1`` and ``1.0``
     are one key) or a timestamp (a type a config never uses) is left to the safe loader."""
     yaml = YAML(typ="safe")
-    yaml.Resolver = _loader._Yaml12Resolver
-    safe = outcome(lambda: _loader._safe_load(text, release=False))
+    yaml.Resolver = _fast_yaml.Yaml12Resolver
+    safe = outcome(lambda: _fast_yaml.safe_load(text, release=False))
     try:
-        fast = typed(_loader._plain_document(yaml.parse(text), _loader._Scalars(yaml)))
-    except _loader._NotPlain:
+        fast = typed(_fast_yaml.plain_document(yaml.parse(text), _fast_yaml.Scalars(yaml)))
+    except _fast_yaml.NotPlain:
         assert safe == ("error", "DuplicateKeyError") or "2001-12-14" in text, text
         return
     assert fast == safe, text
-    assert fast == typed(_loader._plain(_loader._parse(text, "doc.yaml"))), text
+    assert fast == typed(_positions.plain_of(_positions.parse_round_trip(text, "doc.yaml"))), text
 
 
 @pytest.mark.req("reload-off-loop")
@@ -259,9 +259,9 @@ def test_same_object_and_same_file_line_errors_whichever_loader_reads_the_data(t
     """The fast path, the safe loader (node tree) and the line-keeping loader's data give the
     same object or the same ``FILE:LINE: path: message`` errors."""
     fast = loaded(text)
-    with mock.patch.object(_loader, "_plain_document", side_effect=_loader._NotPlain):
+    with mock.patch.object(_fast_yaml, "plain_document", side_effect=_fast_yaml.NotPlain):
         assert loaded(text) == fast, text
-    with mock.patch.object(_loader, "_fast_load", side_effect=YAMLError("forced")):
+    with mock.patch.object(_loader, "fast_load", side_effect=YAMLError("forced")):
         assert loaded(text) == fast, text
 
 
@@ -311,7 +311,7 @@ def test_edge_file_with_anchors_merge_keys_and_tags_reads_as_before(tmp_path: pa
     fancy, plain = tmp_path / "fancy.yaml", tmp_path / "plain.yaml"
     fancy.write_text(EDGE)
     plain.write_text(PLAIN_EDGE)
-    with mock.patch.object(_loader, "_safe_load", wraps=_loader._safe_load) as safe:
+    with mock.patch.object(_fast_yaml, "safe_load", wraps=_fast_yaml.safe_load) as safe:
         assert load_edge_config(plain) == load_edge_config(fancy)
         assert safe.call_count == 1
     assert load_edge_config(fancy).nodes[1].token == "1234"

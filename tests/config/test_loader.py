@@ -11,6 +11,7 @@ import pytest
 
 from iop_config import (
     ConfigFileError,
+    _fast_yaml,
     _loader,
     format_path,
     load_config,
@@ -112,16 +113,15 @@ def test_valid_document_structures() -> None:
 def test_valid_document_never_takes_the_line_numbering_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     """[reload-off-loop] a valid file is read by the fast safe loader only; the round-trip
     parse (for line numbers) runs only when there is a problem to place."""
-    from iop_config import _loader
 
-    real = _loader._parse
+    real = _loader.parse_round_trip
     calls: list[str] = []
 
     def counting(text: str, filename: str) -> object:
         calls.append(filename)
         return real(text, filename)
 
-    monkeypatch.setattr(_loader, "_parse", counting)
+    monkeypatch.setattr(_loader, "parse_round_trip", counting)
     assert load(GOOD).pool == Pool(4)
     assert calls == []
     (error,) = errors_of(GOOD.replace("capacity: 1", "capacity: one"))
@@ -385,4 +385,4 @@ def test_pause_is_called_as_the_document_is_read_and_changes_nothing(anchors: bo
     paused = load_config_text(text, Doc, filename="doc.yaml", yields_gil=True, pause=lambda: calls.append(None))
     assert paused == load_config_text(text, Doc, filename="doc.yaml")
     items = 200 * 5 + 8  # each limit: a mapping's start, 2 keys, 2 values ... (at least)
-    assert len(calls) >= items // _loader.PAUSE_EVERY
+    assert len(calls) >= items // _fast_yaml.PAUSE_EVERY

@@ -28,7 +28,7 @@ def unit(name: str) -> configparser.ConfigParser:
 @pytest.mark.parametrize(("name", "no_restart_codes"), UNITS.items())
 def test_unit_starts_reloads_restarts_and_reads_secrets(name: str, no_restart_codes: str) -> None:
     service = unit(name)["Service"]
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    scripts = tomllib.loads((ROOT / "daemons" / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
     assert name in scripts
     executable, *args = service["ExecStart"].split()
     assert executable.endswith(f"/bin/{name}") and args[0] == "--config"

@@ -63,7 +63,7 @@ def test_no_private_import_across_packages() -> None:
 def test_the_scan_reports_cross_package_private_imports_only() -> None:
     source = (
         "from iop_admission._config import validate_pool\n"
-        "from iop_edge.nodes.links import NodeLink\n"
+        "from iop_edge.nodes.link import NodeLink\n"
         "import iop_wire._codec\n"
         "from iop_admission import _state\n"
         "from iop_admission import Admission\n"

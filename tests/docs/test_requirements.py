@@ -142,7 +142,7 @@ def test_contract_links_exist() -> None:
 
 
 def _repository_texts() -> Iterator[Path]:
-    yield from (ROOT / name for name in ("README.md", "Makefile", "pyproject.toml"))
+    yield from (ROOT / name for name in ("README.md", "Makefile", "pyproject.toml", "daemons/pyproject.toml"))
     for folder in ("src", "tests", "docs", "benchmarks", "deploy"):
         for path in sorted((ROOT / folder).rglob("*")):
             if (

@@ -31,8 +31,9 @@ from edge.harness import (
     sse_events,
     start_chat,
 )
-from iop_edge.api import app as _http_api
-from iop_edge.api import overload as _overload
+from iop_edge.api import responder as _responder
+from iop_edge.api.rejections import RequestRejected
+from iop_edge.front_door import overload as _overload
 from iop_wire import RunEnd, RunEvent
 
 
@@ -348,10 +349,10 @@ async def test_a_rejection_is_answered_even_when_the_request_is_cancelled_as_it_
         await trio.lowlevel.checkpoint()  # a server's send may checkpoint
         sent.append(message)
 
-    responder = _http_api.Responder(send, {"type": "http"}, None, None)
+    responder = _responder.Responder(send, {"type": "http"}, None, None)
     with trio.CancelScope() as term:
         term.cancel()  # the step-down, before the answer goes out
-        await responder.reject(_http_api.RequestRejected(503, "not_leader", "this Edge no longer leads"))
+        await responder.reject(RequestRejected(503, "not_leader", "this Edge no longer leads"))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 503 and b"not_leader" in sent[1]["body"]
     assert responder.finished

@@ -26,9 +26,10 @@ from edge.harness import (
     running_edge,
     start_chat,
 )
-from iop_edge.api.app import _first_message
+from iop_edge.api.relay import first_message as _first_message
 from iop_edge.nodes.connection import NodeSocket
-from iop_edge.nodes.links import RUN_BUFFER, NodeGone, RunChannel, _PeerWatch
+from iop_edge.nodes.peer_watch import PeerWatch
+from iop_edge.nodes.runs import RUN_BUFFER, NodeGone, RunChannel
 from iop_wire import Rejected, Run, RunData, RunEnd, RunEvent
 
 
@@ -400,7 +401,7 @@ async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             assert node.registered is not None
             link = edge.service.registry.link("node-a", node.registered.generation)
-            assert isinstance(link.ws, NodeSocket) and isinstance(link.ws.stream, _PeerWatch)
+            assert isinstance(link.ws, NodeSocket) and isinstance(link.ws.stream, PeerWatch)
             fd = link.ws.stream._fd()
             writes: list[int] = []
             real_write = os.write

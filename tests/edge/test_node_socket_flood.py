@@ -18,7 +18,7 @@ from trio_websocket import ConnectionClosed, HandshakeError, wrap_client_stream
 
 from edge.harness import Edge, EdgeLayout, eventually, mock_provider, node_config, real_node, running_edge
 from iop_edge.nodes.limits import source_of
-from iop_edge.nodes.links import _PeerWatch
+from iop_edge.nodes.peer_watch import PeerWatch
 from iop_wire import PROTOCOL_VERSION, ProviderInfo, Register, Rejected, decode, encode
 
 pytestmark = pytest.mark.req("node-socket-limits")
@@ -141,7 +141,7 @@ async def _bad_token_attempt(edge: Edge, source: str, answers: list[str]) -> Non
     has closed the socket, so the attempt also watches for the end of the stream.
     """
     stream = await trio.open_tcp_stream("127.0.0.1", edge.node_port, local_address=source)
-    watched = _PeerWatch(stream)
+    watched = PeerWatch(stream)
     register = Register("node-a", "wrong", PROTOCOL_VERSION, (ProviderInfo("gpu0", "mock", 1),))
 
     async def attempt() -> None:

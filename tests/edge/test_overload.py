@@ -17,7 +17,8 @@ import trio.testing
 
 from edge.harness import BIG, FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
 from iop_config import ConfigFileError
-from iop_edge.api.overload import (
+from iop_edge.config import load_edge_config
+from iop_edge.front_door.overload import (
     PASSING_WINDOW,
     RETURN_GRACE,
     RETURN_GRID,
@@ -29,7 +30,6 @@ from iop_edge.api.overload import (
     grid_step,
     watch_loop_lag,
 )
-from iop_edge.config import load_edge_config
 from iop_edge.status import OverloadStatus
 
 POLICY = OverloadPolicy(shed_loop_lag=0.1, shed_connections=100, max_connections=200, max_retry_after=30)

@@ -112,7 +112,7 @@ async def test_the_page_wants_a_token_and_ships_its_assets(tmp_path: Path) -> No
             assert page.headers["content-type"].startswith("text/html")
             assert "script-src 'sha256-" in page.headers["content-security-policy"]
             assert page.headers["cache-control"] == "no-store"
-            assert "new EventSource" in page.text and "/*SCRIPT*/" not in page.text
+            assert 'fetch("/ui/stream?"' in page.text and "/*SCRIPT*/" not in page.text
             assert "http://" not in page.text and "https://" not in page.text  # nothing from elsewhere
             assert VIEWER not in page.text and ADMIN_TOKEN not in page.text
             admin = await edge.http.get("/ui", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})

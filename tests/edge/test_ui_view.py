@@ -119,6 +119,8 @@ def test_view_of_a_small_fleet():
         "in_flight": 1,
         "capacity": 1,
         "health": {"online": 1, "offline": 0, "ejected": 1, "unavailable": 0, "disabled": 0},
+        "nodes": 2,
+        "offline_nodes": 0,
     }
     rows = view["providers"]["rows"]
     assert [(r["node"], r["health"], r["in_flight"], r["ejection_left"]) for r in rows] == [
@@ -162,6 +164,7 @@ def test_large_fleet_is_aggregated_within_the_limits():
     )
     assert len(pauses) >= 10  # a builder in a worker thread lets the loop in as it goes
     assert view["totals"]["health"]["offline"] == 1000
+    assert (view["totals"]["nodes"], view["totals"]["offline_nodes"]) == (10_000, 1000)
     assert view["totals"]["in_flight"] == 10_000
     assert (len(view["providers"]["rows"]), view["providers"]["matched"], view["providers"]["left_out"]) == (
         50,

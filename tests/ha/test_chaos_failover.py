@@ -103,7 +103,7 @@ async def until_ready(http: httpx.AsyncClient, edge: RunningEdge, status: int) -
 async def test_sigkill_of_the_leader_under_load_the_standby_serves_without_a_new_registration(
     etcd: EtcdServer, tmp_path: Path
 ) -> None:
-    with trio.fail_after(120):
+    with trio.fail_after(300):  # a bound for a hang, not a budget: a busy machine is slow
         async with open_stack(tmp_path) as stack:
             a, b, node = await leader_and_standby(stack, etcd, latency_ms=100)
 
@@ -113,7 +113,7 @@ async def test_sigkill_of_the_leader_under_load_the_standby_serves_without_a_new
                 a.daemon.kill()
                 killed.set()
 
-            tally = await load(stack, [a, b], kill_the_leader)
+            tally = await load(stack, [a, b], kill_the_leader, attempts=600)  # the failover may be slow
 
             assert killed.is_set()
             assert tally.ok == REQUESTS

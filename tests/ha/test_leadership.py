@@ -11,7 +11,7 @@ import trio.testing
 
 from iop_edge.ha import Leadership
 from iop_edge.ha.election import run_election
-from iop_edge.ha.etcd import EtcdGateway
+from iop_edge.ha.etcd import EtcdGateway, EtcdUnavailable, KeyHolder
 
 pytestmark = pytest.mark.req("ha-step-down")
 
@@ -72,3 +72,92 @@ async def test_the_same_etcd_error_is_logged_once_per_interval_not_per_retry(
     logged = [r for r in caplog.records if r.getMessage().startswith("etcd: ")]
     assert len(logged) == 4, [r.getMessage() for r in logged]  # at 0, 30, 60 and 90 s
     assert lead.role == "standby" and lead.elections_won == 0
+
+
+class Store:
+    """An in-memory election store whose leases never expire (the worst case: etcd restarted extends
+    them); ``down``: every call fails as if etcd did not answer."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.leases: set[int] = set()
+        self.holder: tuple[KeyHolder, int] | None = None
+        self.revision = 0
+        self.calls: list[tuple[str, int]] = []
+
+    async def _reach(self, call: str, lease: int = 0) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.down:
+            raise EtcdUnavailable("etcd is down")
+        self.calls.append((call, lease))
+
+    async def grant(self, ttl: int) -> int:
+        await self._reach("grant")
+        self.revision += 1
+        self.leases.add(self.revision)
+        return self.revision
+
+    async def keepalive(self, lease: int) -> int:
+        await self._reach("keepalive", lease)
+        return 2 if lease in self.leases else 0
+
+    async def revoke(self, lease: int) -> None:
+        await self._reach("revoke", lease)
+        self.leases.discard(lease)
+        if self.holder is not None and self.holder[1] == lease:
+            self.holder = None
+
+    async def create(self, key: str, value: str, lease: int) -> tuple[bool, KeyHolder | None]:
+        await self._reach("create", lease)
+        if self.holder is None:
+            self.revision += 1
+            self.holder = (KeyHolder(value, self.revision), lease)
+            return True, self.holder[0]
+        return False, self.holder[0]
+
+
+async def test_a_leader_cut_off_from_etcd_revokes_its_lease_first_when_etcd_answers_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """etcd down past the leader's deadline, then back with the old lease alive (a restarted etcd
+    extends every lease by its election timeout): the stepped-down leader revokes it before anything
+    else, so the key is free at once and the next poll wins, not the lease's TTL later."""
+    store = Store()
+    lead = Leadership("edge-a", ttl=2.0, margin=0.5)
+    with trio.fail_after(60):  # virtual seconds: without the revoke the key is never free
+        await _down_then_back(store, lead)
+    assert store.calls[0][0] == "revoke"
+    assert lead.elections_won == 2
+
+
+async def _down_then_back(store: Store, lead: Leadership) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: run_election(store, lead, "/iop/election/x", poll_interval=0.1))
+        while not lead.leading:
+            await trio.sleep(0.01)
+        first = store.holder
+        assert first is not None
+        store.down = True
+        while lead.leading:  # steps down by its own count, without waiting for etcd
+            await trio.sleep(0.01)
+        await trio.sleep(5.0)
+        store.calls.clear()
+        store.down = False
+        while not lead.leading:
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert store.calls[0] == ("revoke", first[1])  # the lease of the term that ended cut off
+    assert lead.epoch > first[0].create_revision
+
+
+async def test_revoking_a_lease_etcd_no_longer_has_is_no_error() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if b'"7"' in request.content:  # etcd's answer, as its gateway gives it
+            return httpx.Response(404, text='{"error":"etcdserver: requested lease not found","code":5}')
+        return httpx.Response(500, text="etcdserver: request timed out")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        gateway = EtcdGateway(client, ["http://etcd:2379"])
+        await gateway.revoke(7)
+        with pytest.raises(EtcdUnavailable):
+            await gateway.revoke(8)

@@ -1,6 +1,9 @@
-"""The base install is the library alone: trio, attrs and nothing of the daemons.
+"""The library's wheel is the library alone; the daemons come from a distribution of their own.
 
-How, and why this way: the test builds the wheel offline (``pip wheel --no-deps
+The repository holds two projects over one ``src/``: the library (``pyproject.toml``,
+``iop-admission``: ``iop_admission`` with ``py.typed``, needing trio and attrs) and the daemons
+(``daemons/pyproject.toml``, ``iop-daemons``: every other package and the five commands, needing
+the library). How the library is checked, and why this way: the test builds the wheel offline (``pip wheel --no-deps
 --no-build-isolation``, seconds, no network), checks its metadata, then makes a
 fresh venv, installs the wheel there with ``--no-deps --no-index`` and gives the
 venv exactly the distributions the base requirements resolve to -- the closure
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -47,7 +51,20 @@ def _base_requirements(requires: list[str]) -> list[str]:
     return names
 
 
-def _wheel(tmp: Path) -> Path:
+def _clean_copy(tmp: Path) -> Path:
+    """The two projects' files alone, copied into ``tmp``: setuptools builds in the project's own
+    ``build/``, which a checkout may hold from an older layout (a wheel must come from the tree)."""
+    copy = tmp / "repository"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    shutil.copytree(ROOT / "src", copy / "src", ignore=ignore)
+    (copy / "daemons").mkdir()
+    for name in ("pyproject.toml", "README.md", "daemons/pyproject.toml"):
+        shutil.copy(ROOT / name, copy / name)
+    return copy
+
+
+def _wheel(tmp: Path, project: str = ".", name: str = "iop_admission") -> Path:
+    """Build the wheel of ``project`` (``.``, the library, or ``daemons``) from a clean copy."""
     out = tmp / "dist"
     subprocess.run(
         [
@@ -60,18 +77,23 @@ def _wheel(tmp: Path) -> Path:
             "--no-build-isolation",
             "-w",
             str(out),
-            str(ROOT),
+            str(_clean_copy(tmp) / project),
         ],
         check=True,
         cwd=tmp,
     )
-    (wheel,) = out.glob("iop_admission-*.whl")
+    (wheel,) = out.glob(f"{name}-*.whl")
     return wheel
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _wheel(tmp_path_factory.mktemp("build"))
+
+
+@pytest.fixture(scope="module")
+def daemons_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _wheel(tmp_path_factory.mktemp("build-daemons"), "daemons", "iop_daemons")
 
 
 def _wheel_metadata(wheel: Path) -> metadata.PackageMetadata:
@@ -82,16 +104,34 @@ def _wheel_metadata(wheel: Path) -> metadata.PackageMetadata:
         return email.message_from_bytes(z.read(name))  # type: ignore[return-value]
 
 
-def test_wheel_requires_trio_and_attrs_only(wheel: Path) -> None:
+def test_wheel_requires_trio_and_attrs_only_and_holds_the_library_alone(wheel: Path) -> None:
     meta = _wheel_metadata(wheel)
     requires = meta.get_all("Requires-Dist") or []
     assert sorted(_canonical(n) for n in _base_requirements(requires)) == ["attrs", "trio"]
     daemons = {_canonical(NAME.match(r).group(0)) for r in requires if 'extra == "daemons"' in r}  # type: ignore[union-attr]
-    assert {_canonical(n) for n in DAEMON_EXTRA} <= daemons
+    assert daemons == {"iop-daemons"}  # pip install "iop-admission[daemons]" brings the daemons' distribution
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
     assert "iop_admission/py.typed" in names
-    assert "iop_launch.py" in names
+    assert {n.split("/")[0] for n in names if not n.startswith("iop_admission-")} == {"iop_admission"}
+    assert not any(n.endswith("entry_points.txt") for n in names)  # no commands: they are the daemons'
+
+
+def test_the_daemons_wheel_holds_every_other_package_and_the_commands(daemons_wheel: Path) -> None:
+    meta = _wheel_metadata(daemons_wheel)
+    requires = {_canonical(n) for n in _base_requirements(meta.get_all("Requires-Dist") or [])}
+    assert "iop-admission" in requires
+    assert {_canonical(n) for n in DAEMON_EXTRA} <= requires
+    with zipfile.ZipFile(daemons_wheel) as z:
+        names = z.namelist()
+        (entry_points,) = (n for n in names if n.endswith("entry_points.txt"))
+        commands = z.read(entry_points).decode()
+    tops = {n.split("/")[0] for n in names if not n.startswith("iop_daemons-")}
+    src = {p.name for p in (ROOT / "src").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert tops == src - {"iop_admission"}
+    assert {"iop_edge/ui/page.html", "iop_stack/examples/edge.yaml"} <= set(names)
+    for command in ("iop-edge", "iop-node", "iop-mock-backend", "iop", "iop-stack"):
+        assert f"\n{command} = " in commands
 
 
 def _closure(roots: list[str]) -> list[metadata.Distribution]:
@@ -161,16 +201,25 @@ def test_clean_venv_base_install_is_complete_and_lean(clean_venv: Path) -> None:
     assert found == "[]"
 
 
-def test_daemon_command_without_extra_says_what_to_install(clean_venv: Path) -> None:
-    done = subprocess.run([clean_venv.parent / "iop-edge", "--help"], capture_output=True, text=True, cwd="/")
-    assert done.returncode == 1
-    (line,) = done.stderr.splitlines()
-    assert line.startswith("iop-edge: the daemons extra is not installed")
-    assert line.endswith('pip install "iop-admission[daemons]"')
+def test_the_library_alone_installs_no_command(clean_venv: Path) -> None:
+    assert not (clean_venv.parent / "iop-edge").exists()
+    top = subprocess.run(
+        [
+            clean_venv,
+            "-c",
+            "import importlib.util as u; print([m for m in ('iop_edge', 'iop_node', 'iop_wire') if u.find_spec(m)])",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd="/",
+    ).stdout.strip()
+    assert top == "[]"
 
 
 def test_mypy_strict_on_the_examples_in_the_clean_venv(clean_venv: Path) -> None:
-    examples = sorted(str(p) for p in EXAMPLES.glob("*.py") if "fastapi" not in p.name)
+    # Not the examples that need an extra: fastapi_guard (FastAPI), testing_guard (the testing extra, Hypothesis).
+    examples = sorted(str(p) for p in EXAMPLES.glob("*.py") if p.stem not in ("fastapi_guard", "testing_guard"))
     assert examples
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", clean_venv, *examples],

@@ -8,11 +8,12 @@ connection is handed to the test as an :class:`EdgeConn` once the node registere
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
+import h11
 import trio
 import trio.testing
 from trio_websocket import (
@@ -237,3 +238,95 @@ class MemoryLink:
             ws = await request.accept()
             await self.edge.serve_connection(ws)
             nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------ a hostile backend
+
+HEALTHY_ANSWER = (
+    b'{"id":"c1","object":"chat.completion","created":1,"model":"m",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}'
+)
+"""The body of :func:`healthy`'s answer: a non-stream chat completion."""
+
+Script = Callable[[], Iterator[bytes]]
+"""What a :class:`HostileBackend` sends for one request, piece by piece (it stops when the peer closes)."""
+
+
+def healthy() -> Iterator[bytes]:
+    """A well-formed non-stream answer."""
+    yield b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(HEALTHY_ANSWER)
+    yield HEALTHY_ANSWER
+
+
+def endless(first: bytes, piece: bytes, most: int = 256 * 1024 * 1024) -> Script:
+    """``first``, then ``piece`` again and again (``most`` bytes in all, a guard for the test machine)."""
+
+    def script() -> Iterator[bytes]:
+        yield first
+        for _ in range(most // len(piece)):
+            yield piece
+
+    return script
+
+
+ENDLESS_HEAD = endless(b"HTTP/1.1 200 OK\r\nx-endless: ", b"a" * 65536)
+"""A head whose one field never ends."""
+HUGE_BODY = endless(
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 268435456\r\n\r\n", b" " * 65536
+)
+"""A non-stream answer of 256 MiB (blank JSON, sent until the Node stops reading)."""
+HUGE_EXTENSION = endless(
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n5;x=", b"a" * 65536
+)
+"""A chunked answer whose first chunk's extension never ends."""
+INFORMATIONAL_STORM = endless(b"", b"HTTP/1.1 100 Continue\r\n\r\n" * 1024)
+"""1xx answers without end, and never the final one."""
+
+
+@attrs.define(eq=False)
+class HostileBackend:
+    """A backend on 127.0.0.1 that reads each request (with h11), answers it with :attr:`script` and closes.
+
+    Attributes:
+        script: what the next requests get (the test sets it).
+        port: the port it listens on.
+        sent: bytes sent on each connection, in the order the connections ended.
+        cut: connections whose peer (the Node) closed before the script ended.
+    """
+
+    script: Script = healthy
+    port: int = 0
+    sent: list[int] = attrs.field(factory=list)
+    cut: int = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        sent = 0
+        try:
+            async with stream:  # one answer per connection, then close: a script need not frame its answer
+                if not await read_request(stream, h11.Connection(h11.SERVER)):
+                    return
+                for piece in self.script():
+                    await stream.send_all(piece)
+                    sent += len(piece)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
+            self.cut += 1
+        finally:
+            self.sent.append(sent)
+
+
+async def read_request(stream: trio.SocketStream, reader: h11.Connection) -> bool:
+    """Read one whole request with ``reader`` (a server's h11 connection); False if the peer closed first."""
+    while True:
+        event = reader.next_event()
+        if event is h11.NEED_DATA:
+            reader.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.EndOfMessage):
+            return True
+        elif isinstance(event, h11.ConnectionClosed):
+            return False

@@ -12,7 +12,7 @@ import attrs
 import pytest
 import trio
 
-from iop_node import EdgeClients, EpochFence, NodeRuntime, ProviderConfig
+from iop_node import EdgeClients, EpochFence, NodeRuntime, ProviderConfig, RunFailed
 from iop_wire import PROTOCOL_VERSION, Cancel, InFlight, Leader, Run, RunEnd, TunnelEnd, TunnelRequest
 from node.harness import EdgeConn, FakeEdge, node_config
 
@@ -27,15 +27,23 @@ def run(run_id: str, epoch: int | None, *, long: bool = False) -> Run:
     return Run(run_id, "gpu0", "chat/completions", body, False, epoch, long)
 
 
-def test_the_fence_only_goes_up_and_lets_unfenced_runs_through() -> None:
+def test_the_fence_only_goes_up_and_refuses_epoch_less_runs_once_it_has_seen_an_epoch() -> None:
     fence = EpochFence()
-    assert fence.admits(None) and fence.seen == 0
+    assert fence.admits(None) and fence.seen == 0  # an Edge without ha: sends no epoch, nor leader
     assert fence.admits(5) and fence.seen == 5
     assert fence.admits(5)
     assert not fence.admits(4) and fence.refused == 1
     fence.raise_to(3)
     assert fence.seen == 5
-    assert fence.admits(None)  # an Edge without ha: is never fenced
+    assert not fence.admits(None) and fence.refused == 2  # an HA group's node: no epoch, no run
+    with pytest.raises(RunFailed, match="run without an epoch; this node has seen epoch 5"):
+        fence.check(None)
+
+
+def test_a_leader_message_alone_makes_epoch_less_runs_refused() -> None:
+    fence = EpochFence()
+    fence.raise_to(7)
+    assert not fence.admits(None) and fence.seen == 7 and fence.refused == 1
 
 
 async def test_a_stale_leaders_run_is_refused_once_a_newer_leader_spoke(nursery: trio.Nursery) -> None:
@@ -74,9 +82,13 @@ async def test_a_stale_leaders_run_is_refused_once_a_newer_leader_spoke(nursery:
             assert (runtime.fence.seen, runtime.fence.refused) == (6, 2)
             assert runtime.in_flight() == (("gpu0", 1),)  # the refused runs took no permit
 
-            # The new leader's runs go through; a run without an epoch (no ha:) is never fenced.
+            # The new leader's runs go through; a run without an epoch is refused like a stale one:
+            # this node has seen an epoch, it serves an HA group (a woken leader's epoch-less run).
             await to_new.send(run("r3", 6))
-            await to_new.send(run("r4", None))
+            await to_old.send(run("r4", None))
+            end = await to_old.receive_for("r4")
+            assert isinstance(end, RunEnd) and (end.code, end.failure) == ("stale_epoch", "stale_leader")
+            await to_new.send(run("r5", 6))
             while runtime.in_flight() != (("gpu0", 3),):
                 await trio.sleep(0.01)
 

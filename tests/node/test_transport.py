@@ -23,7 +23,7 @@ from iop_node import OpenAIAdapter, UpstreamFailed, UpstreamUnreachable
 from iop_node.upstream.http_upstream import BodyStream, HttpUpstream
 from iop_node.upstream.poller import BodyPoller, RunOutput
 from iop_node.upstream.transport import H11Transport, PostRequests, written
-from node.harness import Backend, openai_provider
+from node.harness import Backend, openai_provider, read_request
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 STREAM = {**CHAT, "max_tokens": 50, "stream": True}
@@ -59,7 +59,7 @@ class ScriptedServer:
         conn = h11.Connection(h11.SERVER)
         try:
             for n in range(1_000):
-                if not await self._read_request(stream, conn):
+                if not await read_request(stream, conn):
                     return
                 self.requests += 1
                 action = self.script(index, n)
@@ -82,17 +82,6 @@ class ScriptedServer:
         finally:
             await stream.aclose()
             self.closed.set()
-
-    @staticmethod
-    async def _read_request(stream: trio.SocketStream, conn: h11.Connection) -> bool:
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-            elif isinstance(event, h11.EndOfMessage):
-                return True
-            elif isinstance(event, h11.ConnectionClosed):
-                return False
 
 
 async def scripted(nursery: trio.Nursery, script: Script) -> ScriptedServer:
@@ -422,7 +411,7 @@ async def test_pump_read_timeout_counts_only_upstream_silence(
 
     async def upstream() -> None:
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(server_sock))
-        await ScriptedServer._read_request(stream, conn := h11.Connection(h11.SERVER))
+        await read_request(stream, conn := h11.Connection(h11.SERVER))
         head = h11.Response(status_code=200, headers=[("transfer-encoding", "chunked")])
         await stream.send_all(conn.send(head) + conn.send(h11.Data(data=b"one")))
         await trio.sleep(10)

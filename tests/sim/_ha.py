@@ -206,7 +206,7 @@ class HaWorld(World):
     """One seed's HA group: :data:`World` with Edge replicas, an election and its faults."""
 
     sites = ALL_SITES
-    expected_errors = _world.EXPECTED_ERRORS | {"503:not_leader"}
+    expected_errors = _world.EXPECTED_ERRORS | {"503:not_leader", "503:leader_stepped_down"}
 
     def __init__(self, seed: int, clock: trio.testing.MockClock) -> None:
         self.edge_count = 2 + seed % 2

@@ -54,7 +54,7 @@ from iop_edge.config import (
     ProviderPool,
     RetrySettings,
 )
-from iop_edge.nodes.links import NodeLink
+from iop_edge.nodes.link import NodeLink
 from iop_node import (
     EdgeClient,
     MockAdapter,

@@ -19,7 +19,7 @@ import pytest
 
 from iop_admission import _state
 from iop_edge.ha import EdgeHa
-from iop_edge.nodes import links as _links
+from iop_edge.nodes import peer_watch
 from iop_node.edges.fence import EpochFence
 
 from ._ha import HA_SITES, ha_summary, run_ha_seed
@@ -133,7 +133,7 @@ def test_the_checker_sees_a_leaked_lease(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_the_checker_sees_a_pending_connection_never_released(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sensitivity: with the node socket's pending slot never released, the final check reports
     the connections still counted pending (in production they would end up refusing every node)."""
-    monkeypatch.setattr(_links._PendingSlot, "release", lambda self: None)
+    monkeypatch.setattr(peer_watch.PendingSlot, "release", lambda self: None)
     result = run_seed(8)
     assert any("still counted pending at the end" in v for v in result.violations), result.violations[:5]
 

@@ -14,8 +14,8 @@ import pytest
 
 from iop_admission import TenantLimitExceeded
 from iop_admission.core import FairShare
-from iop_edge.api import head_refusal as _head_refusal
 from iop_edge.api import tenant_charge as _tenant_charge
+from iop_edge.front_door import head_refusal as _head_refusal
 
 from ._report import run_and_summarize
 from ._tenants import TENANT_SITES, run_tenant_seed, tenant_summary
@@ -132,9 +132,10 @@ def test_a_sheddable_flood_turns_no_other_request_into_queue_full(monkeypatch: p
     """[tenant-quotas] The bug this world found: a tenant of band -1 (no max_queue) filled the queue and
     the Edge's head check, blind to tenants, refused the other tenants' requests 429 queue_full
     instead of letting admission shed a sheddable waiter for them (seed 11). With the head check's
-    exception for queued negative-band waiters taken out, the checker reports it again."""
+    look at the tenants taken out (the front door's tenant-blind count alone), the checker reports it
+    again."""
     assert run_tenant_seed(11).violations == []
-    monkeypatch.setattr(_head_refusal.HeadRefusal, "sheddable_waiting", lambda self: False)
+    monkeypatch.setattr(_head_refusal.HeadRefusal, "tenant_refuses", lambda self, tenant, now: True)
     result = run_tenant_seed(11)
     assert any("queue_full while the tenants' quotas fit" in v for v in result.violations), result.violations[:5]
 

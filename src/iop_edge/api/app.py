@@ -22,9 +22,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol, final
 
 import trio
@@ -37,28 +36,33 @@ from iop_admission import (
 )
 from iop_edge._off_loop import run_off_loop
 from iop_edge.api.failover import AttemptFailed, serve_with_failover
-from iop_edge.api.head_refusal import HeadRefusal
-from iop_edge.api.overload import FrontDoor
+from iop_edge.api.not_leader import not_leader_on_head, standby_refusal
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
-from iop_edge.api.rejections import canned as _canned
 from iop_edge.api.rejections import dumps as _dumps
+from iop_edge.api.relay import first_message, relay_stream, relay_whole
+from iop_edge.api.request_body import BODY_DECODER, checked_stream, estimate_tokens
+from iop_edge.api.responder import Responder, header_pairs
 from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
-from iop_edge.api.upstream_errors import upstream_error_object
 from iop_edge.config import EdgeConfig
+from iop_edge.front_door.head_refusal import HeadRefusal
+from iop_edge.front_door.overload import FrontDoor
 from iop_edge.ha import EdgeHa
+from iop_edge.ha.fencing import NotLeading
 from iop_edge.listener.asgi import last_value as _last
 from iop_edge.listener.asgi import watch_disconnect as _watch_disconnect
 from iop_edge.listener.cycle import CONNECTION, PAUSE_READING, ConnectionHooks
 from iop_edge.listener.pacing import Headers
 from iop_edge.listener.server import CannedResponse
 from iop_edge.metrics import EdgeMetrics
-from iop_edge.nodes.links import NodeGone, NodeRegistry, RunChannel, RunMessage
+from iop_edge.nodes.registry import NodeRegistry
+from iop_edge.nodes.runs import NodeGone, RunChannel
 from iop_edge.status import StatusRows, status_json_rows
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
-from iop_wire import LONG_PROTOCOL, Run, RunData, RunEnd, RunEvent
+from iop_io import answer_lifespan
+from iop_wire import LONG_PROTOCOL, Run, RunData, RunEvent
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -106,264 +110,10 @@ class EdgeParts(Protocol):
         ...
 
 
-CHARS_PER_TOKEN = 4
-"""Prompt characters per estimated token, for the long-request classification."""
-UPSTREAM_RETRY_AFTER = 1
-"""``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
-STALE_LEADER_RETRY_AFTER = 1
-"""``Retry-After`` seconds when a node refused the run as ``stale_epoch``: a newer leader exists already."""
-
-
 def _hooks(scope: Scope) -> ConnectionHooks | None:
     """The listener's hooks for this request (None under another server)."""
     hooks: ConnectionHooks | None = scope.get("extensions", {}).get(CONNECTION)
     return hooks
-
-
-_SSE = (b"content-type", b"text/event-stream")
-
-
-def run_failure(end: RunEnd) -> RequestRejected:
-    """Map a node's ``run_end`` error to its HTTP answer, by its failure kind, and say
-    whether it may be retried.
-
-    A backend's client error (``client_error``: a 4xx but 401, 403, 407, 408 and
-    429) keeps the backend's status and error object, is never retried and never
-    counts against the provider; a backend 429 (``rate_limited``) is retried on
-    another candidate and, if it ends the request, answered 429 with
-    ``Retry-After`` and the backend's error object; the provider's failures
-    (unreachable, 5xx, 401/403/407/408, an unreadable answer) are
-    retried and count against it, and end as ``502 upstream_error``; the node's
-    ``concurrency_limit`` is retried but does not count; a ``bad_request`` from
-    the node is never retried. ``x-iop-provider`` is set by the caller.
-    """
-    detail = end.message or end.code or "run failed"
-    kind = end.failure
-    if kind == "node_busy":
-        return RequestRejected(
-            503,
-            "provider_busy",
-            f"provider busy: {detail}",
-            type="service_unavailable",
-            reason="provider_busy",
-            retry="concurrency_limit",
-        )
-    if kind == "cancelled":
-        return node_disconnected(f"run cancelled by the node: {detail}")
-    if kind == "stale_leader":  # [epoch-fencing] a newer leader exists: never retried here
-        return RequestRejected(
-            503,
-            "not_leader",
-            f"this Edge no longer leads: {detail}",
-            type="service_unavailable",
-            retry_after=STALE_LEADER_RETRY_AFTER,
-        )
-    status = end.upstream_status
-    retry = _upstream_retry(end)
-    if status is not None and kind in ("client_error", "rate_limited"):
-        error = upstream_error_object(status, end.upstream_body, detail)
-        return RequestRejected(
-            status,
-            str(error["code"] or ""),
-            str(error["message"]),
-            type=str(error["type"]),
-            reason="upstream_rate_limited" if kind == "rate_limited" else "upstream_client_error",
-            retry_after=UPSTREAM_RETRY_AFTER if kind == "rate_limited" else None,
-            retry=retry,
-            provider_failure=retry is not None,
-            error=error,
-        )
-    if status is not None:
-        detail = f"upstream answered {status}: {detail}"
-    return RequestRejected(
-        502,
-        "upstream_error",
-        detail,
-        type="upstream_error",
-        reason=end.code or "upstream_error",
-        retry=retry,
-        provider_failure=retry is not None,
-    )
-
-
-def _upstream_retry(end: RunEnd) -> str | None:
-    """The retry reason of a failed run (``iop_wire.failure_kind``), or None when the failure is not the provider's."""
-    kind = end.failure
-    if kind == "unreachable":
-        return "upstream_unreachable"
-    if kind == "rate_limited":
-        return "upstream_429"
-    if kind == "provider_error":
-        status = end.upstream_status
-        return "upstream_5xx" if status is not None and status >= 500 else "upstream_error"
-    return None  # client_error, node_refused: the run cannot be served as asked
-
-
-def checked_stream(endpoint: str, body: dict[str, Any]) -> bool:
-    """Check the fields the Edge reads for ``endpoint``; return whether the answer streams.
-
-    Raises:
-        RequestRejected: 400 ``bad_request`` naming the field.
-    """
-    if endpoint == "embeddings":
-        if not is_embedding_input(body.get("input")):
-            raise RequestRejected(
-                400,
-                "bad_request",
-                "'input' is required: a non-empty string, a list of strings, a token list or a list of token lists",
-            )
-        return False  # never a stream
-    if endpoint == "chat/completions":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestRejected(400, "bad_request", "'messages' is required and must be a non-empty list")
-    else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str | list):
-            raise RequestRejected(400, "bad_request", "'prompt' is required and must be a string or a list")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestRejected(400, "bad_request", "'stream' must be true or false")
-    return stream
-
-
-def _is_token_list(value: object) -> bool:
-    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
-
-
-def is_embedding_input(value: object) -> bool:
-    """``input`` of an embeddings request: a non-empty string, or a non-empty list of non-empty
-    strings, a token list (integers), or a non-empty list of non-empty token lists."""
-    if isinstance(value, str):
-        return bool(value)
-    if not isinstance(value, list) or not value:
-        return False
-    return (
-        all(isinstance(item, str) and item for item in value)
-        or _is_token_list(value)
-        or all(_is_token_list(item) for item in value)
-    )
-
-
-def embedding_tokens(value: object) -> int:
-    """Estimated tokens of an embeddings ``input``: characters / 4, plus one per token id given."""
-    if isinstance(value, str):
-        return len(value) // CHARS_PER_TOKEN
-    if _is_token_list(value):
-        return len(value)  # type: ignore[arg-type]
-    if not isinstance(value, list):
-        return 0
-    chars = sum(len(item) for item in value if isinstance(item, str))
-    return chars // CHARS_PER_TOKEN + sum(len(item) for item in value if isinstance(item, list))
-
-
-def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
-    """Estimated context of a request: prompt characters / 4 plus the output budget.
-
-    For embeddings: the input's characters / 4 plus its token ids (:func:`embedding_tokens`).
-    """
-    if endpoint == "embeddings":
-        return embedding_tokens(body.get("input"))
-    chars = 0
-    if endpoint == "chat/completions":
-        for message in body.get("messages") or ():
-            if not isinstance(message, dict):
-                continue
-            content = message.get("content")
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        chars += len(part["text"])
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            chars += len(prompt)
-        elif isinstance(prompt, list):
-            chars += sum(len(p) for p in prompt if isinstance(p, str))
-    budget = body.get("max_tokens") or body.get("max_completion_tokens") or 0
-    if not isinstance(budget, int) or isinstance(budget, bool):
-        budget = 0
-    return chars // CHARS_PER_TOKEN + budget
-
-
-@final
-class Responder:
-    """Sends one HTTP response; knows whether the head is out already."""
-
-    __slots__ = ("_send", "_scope", "started", "finished", "write_nowait", "respond_nowait")
-
-    def __init__(
-        self,
-        send: Send,
-        scope: Scope,
-        write_nowait: Callable[[bytes], bool] | None = None,
-        respond_nowait: Callable[[int, list[tuple[bytes, bytes]], bytes], bool] | None = None,
-    ) -> None:
-        self._send = send
-        self._scope = scope
-        self.started = False
-        self.finished = False
-        self.write_nowait = write_nowait
-        """The listener's ``write_body_nowait``: a body chunk written from any task, never waiting."""
-        self.respond_nowait = respond_nowait
-        """The listener's ``respond_nowait``: a whole response written from any task, never waiting."""
-
-    async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        await self._send({"type": "http.response.start", "status": status, "headers": list(headers)})
-
-    async def chunk(self, data: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def finish(self, data: bytes = b"") -> None:
-        self.finished = True
-        await self._send({"type": "http.response.body", "body": data, "more_body": False})
-
-    async def whole(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
-        await self.start(status, _framing(headers, body))
-        await self.finish(body)
-
-    def whole_nowait(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
-        """Answer with a whole response now, from any task, never waiting (the listener's ``respond_nowait``).
-
-        Returns:
-            Whether it went out; if not (no such extension, the response started, the client
-            gone), answer with :meth:`whole` as usual.
-        """
-        respond = self.respond_nowait
-        if respond is None or self.started or not respond(status, _framing(headers, body), body):
-            return False
-        self.started = self.finished = True
-        return True
-
-    async def canned(self, response: CannedResponse) -> None:
-        """Answer with a response encoded once (a refusal on the request head)."""
-        self.started = self.finished = True
-        await self._send({"type": "http.response.start", "status": response.status, "headers": response.headers})
-        await self._send({"type": "http.response.body", "body": response.body, "more_body": False})
-
-    async def reject(self, rejection: RequestRejected) -> None:
-        """Answer with an error: a JSON response, or a final SSE error event mid-stream.
-
-        Shielded, for at most :data:`REJECT_BOUND_S`: the answer goes out even when the request's
-        scope is cancelled as it is written (a leader stepping down just as a node refuses its run
-        as ``stale_epoch``: found by the seeded simulation's Edge replicas). Without the shield the
-        response was marked finished and never sent, and the client got nothing.
-        """
-        if self.finished:
-            return
-        if rejection.read_after is not None:
-            self._scope[PAUSE_READING] = rejection.read_after
-        with trio.CancelScope(shield=True), trio.move_on_after(REJECT_BOUND_S):
-            if not self.started:
-                head, body = _canned(rejection)
-                self.started = self.finished = True
-                await self._send({"type": "http.response.start", "status": rejection.status, "headers": head})
-                await self._send({"type": "http.response.body", "body": body, "more_body": False})
-            else:
-                await self.finish(b"data: " + rejection.body() + b"\n\n")
 
 
 @final
@@ -385,12 +135,12 @@ class EdgeAPI:
         }
         self._paths = {path for _, path in self._routes}
         self.head_refusal = HeadRefusal(service)
-        self._queue_page = QueuePage(service)
+        self.queue_page = QueuePage(service)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await _lifespan(receive, send)
+            await answer_lifespan(receive, send)
             return
         if kind != "http":
             return
@@ -402,7 +152,7 @@ class EdgeAPI:
             hooks.respond_nowait if hooks is not None else None,
         )
         if scope["path"] in QUEUE_PAGE_PATHS:  # the live queue page, an app of its own ([queue-page])
-            await self._queue_page(scope, receive, send)
+            await self.queue_page(scope, receive, send)
             return
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
@@ -431,8 +181,8 @@ class EdgeAPI:
         service = self.service
         if service.ha is not None and not service.ha.admits():
             if self.head_refusal.let_through_by_listener(scope, _hooks(scope)):
-                service.front_door.gave_up()  # it will not ask for a lease
-            raise _standby_refusal(service.ha)
+                self.head_refusal.gave_up(scope)  # it will not ask for a lease
+            raise standby_refusal(service.ha)
         refused = self.head_refusal.refuse_request(scope, _hooks(scope))
         if refused is not None:
             response, scope[PAUSE_READING] = refused
@@ -448,7 +198,7 @@ class EdgeAPI:
             long = threshold is not None and estimate_tokens(endpoint, body) > threshold
             charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, body))
         except BaseException:
-            service.front_door.gave_up()  # let through on its head, it will not ask for a lease
+            self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise
 
         term = trio.CancelScope()  # [ha-step-down] cancelled when this Edge stops leading
@@ -458,7 +208,9 @@ class EdgeAPI:
             with term:
                 await self._watched(scope, receive, responder, (model, long, endpoint, body, stream, charge))
         if term.cancelled_caught and service.ha is not None:
-            raise _standby_refusal(service.ha)  # queued: a 503 now; streaming: a final error event
+            # queued: a 503 now; streaming: a final error event. A request whose run was sent may have
+            # run: its code says so, and not_leader always means it did not [ha-step-down].
+            raise standby_refusal(service.ha, ran=responder.run_sent)
 
     async def _watched(self, scope: Scope, receive: Receive, responder: Responder, request: _Request) -> None:
         """Admit and run ``request``, cancelled if the client goes away."""
@@ -474,8 +226,8 @@ class EdgeAPI:
             nursery.cancel_scope.cancel()
 
     def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
-        """The listener's ``refuse_head``: :meth:`HeadRefusal.refuse`."""
-        return self.head_refusal.refuse(method, target, headers)
+        """The listener's ``refuse_head``: ``not_leader_on_head`` [ha-step-down], then :meth:`HeadRefusal.refuse`."""
+        return not_leader_on_head(self.service.ha, method, target) or self.head_refusal.refuse(method, target, headers)
 
     async def _admit_and_run(
         self,
@@ -491,7 +243,7 @@ class EdgeAPI:
         metrics = service.metrics
         started_at = trio.current_time()
         outcome = "error"
-        visit = service.front_door.enter()
+        visit = service.front_door.enter(charge.tenant)
         served: Lease | None = None  # the lease of the latest attempt
 
         async def attempt(lease: Lease) -> str:
@@ -505,7 +257,7 @@ class EdgeAPI:
             finally:
                 charge.settle(service.admission, lease, answered=responder.started)
 
-        on_retry = _retried(metrics, model)
+        on_retry = _retried(service, model, responder)
         try:
             outcome = await serve_with_failover(
                 service.admission,
@@ -559,6 +311,7 @@ class EdgeAPI:
         stream, charge = how
         charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
         run = _open_run(self.service, lease, model, endpoint, body, stream)
+        responder.run_sent = True
         scan = charge.scan if charge.tokens else None
         head = [
             (b"x-iop-provider", str(lease.provider).encode()),
@@ -566,16 +319,16 @@ class EdgeAPI:
             (b"x-iop-attempts", str(lease.attempt).encode()),
         ]
         first_token = self.service.config.first_token_timeout(model)
-        if not stream:  # the node link's reader may write the whole answer itself (see _relay_whole)
+        if not stream:  # the node link's reader may write the whole answer itself (see relay_whole)
             run.answer_whole(lambda answer: responder.whole_nowait(200, [_JSON, *head], answer))
         async with run:
-            first = await _first_message(run, first_token)
+            first = await first_message(run, first_token)
             if isinstance(first, RunData | RunEvent):
                 self.service.admission.report_success(lease)
             if stream:
-                await _relay_stream(run, responder, head, first, scan)
+                await relay_stream(run, responder, head, first, scan)
             else:
-                await _relay_whole(run, responder, head, first, scan)
+                await relay_whole(run, responder, head, first, scan)
         return "ok"
 
     # ------------------------------------------------------------ other routes
@@ -603,7 +356,7 @@ class EdgeAPI:
             await responder.whole(200, [_JSON], b'{"status":"ready"}')
             return
         body = {"status": "not leader", "leader": ha.leadership.leader, "epoch": ha.leadership.epoch}
-        await responder.whole(503, [_JSON, *_header_pairs(ha.refusal_headers())], _dumps(body))
+        await responder.whole(503, [_JSON, *header_pairs(ha.refusal_headers())], _dumps(body))
 
     async def _metrics(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         body, content_type = await self.service.metrics.render_off_loop()
@@ -656,7 +409,9 @@ class EdgeAPI:
                 break
         try:
             raw = b"".join(chunks)
-            body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # as json.loads reads bytes
+            body = BODY_DECODER.decode(
+                raw.decode(json.detect_encoding(raw), "surrogatepass")
+            )  # as json.loads reads bytes
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise RequestRejected(400, "bad_request", f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
@@ -667,7 +422,11 @@ class EdgeAPI:
 def _open_run(
     service: EdgeParts, lease: Any, model: str, endpoint: str, body: dict[str, Any], stream: bool
 ) -> RunChannel:
-    """Send ``run`` to the node holding the lease (never waits)."""
+    """Send ``run`` to the node holding the lease (never waits).
+
+    Raises:
+        NotLeading: this Edge has ``ha:`` and cannot prove it leads (the link's ``epoch``): nothing is sent.
+    """
     key = lease.provider
     try:
         link = service.registry.link(key.node_id, lease.generation)
@@ -680,25 +439,25 @@ def _open_run(
         return link.open_run(run)
     except (NodeGone, KeyError) as exc:
         raise node_disconnected(str(exc)) from None
+    except NotLeading:  # [ha-step-down] granted, or retried, by an Edge that cannot prove it leads: not sent
+        assert service.ha is not None  # only an Edge with ha: refuses to stamp
+        raise standby_refusal(service.ha) from None
 
 
-def _retried(metrics: EdgeMetrics, model: str) -> Callable[[str, Lease], None]:
-    """What to do before a retry ([failover-before-first-byte]): count it and say so."""
+def _retried(service: EdgeParts, model: str, responder: Responder) -> Callable[[str, Lease], None]:
+    """What to do before a retry ([failover-before-first-byte]): count it and say so -- unless this Edge
+    has ``ha:`` and can no longer prove it leads [ha-step-down]: then the retry is not asked for, and
+    the request is answered 503 (a woken leader whose runs' node dropped them): ``leader_stepped_down``
+    when an attempt's run was sent (it may have run), else ``not_leader``."""
+    metrics, ha = service.metrics, service.ha
 
     def on_retry(reason: str, failed: Lease) -> None:
+        if ha is not None and not ha.admits():
+            raise standby_refusal(ha, ran=responder.run_sent)
         metrics.retried(model, reason)
         logger.info("retrying %s after %s on %s (attempt %d)", model, reason, failed.provider, failed.attempt)
 
     return on_retry
-
-
-async def _next(run: RunChannel) -> RunMessage:
-    try:
-        return await run.next()
-    except NodeGone as exc:
-        if run.overflowed:
-            raise RequestRejected(502, "client_too_slow", str(exc), type="upstream_error") from None
-        raise node_disconnected(str(exc)) from None
 
 
 def _attempt_failure(rejection: RequestRejected, lease: Lease, started: bool) -> Exception:
@@ -713,146 +472,6 @@ def _attempt_failure(rejection: RequestRejected, lease: Lease, started: bool) ->
     return AttemptFailed(rejection, rejection.retry, provider_failure=rejection.provider_failure)
 
 
-async def _first_message(run: RunChannel, first_token: float | None) -> RunMessage:
-    """The run's first message, within ``first_token`` seconds when set ([first-token-timeout]).
-
-    Checkpoints. Past the timeout it raises a retryable provider failure; the
-    caller leaving the run's ``async with`` then cancels the run on the node.
-    A message that arrived in the scheduling round the timeout ended the wait
-    came in time: the node link's reader may have written the whole answer to
-    the client already (:meth:`RunChannel.answer_whole`), which must then count
-    as answered, not as a failure of the provider.
-    """
-    if first_token is None:
-        return await _next(run)
-    with trio.move_on_after(first_token):
-        return await _next(run)
-    if run.ready():
-        return await _next(run)
-    raise RequestRejected(
-        502,
-        "first_token_timeout",
-        "no first byte from the upstream in time (first_token_timeout_ms)",
-        type="upstream_error",
-        retry="first_token_timeout",
-        provider_failure=True,
-    )
-
-
-def _end_of(message: RunMessage) -> RunEnd:
-    """The run's end; an error end or a message no run carries becomes the client's error."""
-    if type(message) is not RunEnd:
-        raise RequestRejected(502, "upstream_error", "unexpected tunnel message for a run", type="upstream_error")
-    if message.status != "ok":
-        raise run_failure(message)
-    return message
-
-
-async def _relay_stream(
-    run: RunChannel,
-    responder: Responder,
-    head: list[tuple[bytes, bytes]],
-    first: RunMessage | None = None,
-    scan: Callable[[bytes], None] | None = None,
-) -> None:
-    """Relay a streamed run: every burst of output that has arrived goes out in one send.
-
-    Output in data records (v2) is the SSE body already, written as is; output in
-    ``run_event`` messages (v1) is framed here, and the stream ends with our ``[DONE]``.
-    ``first`` is the run's first message when the caller received it already.
-    ``scan`` (token cost, [tenant-edge]) sees every burst written, to find the reported usage.
-
-    Once the head is out and everything received is written, data records go
-    from the node link's reader straight to the client's socket (the server's
-    ``write_body_nowait``, :meth:`RunChannel.attach`); this task then only
-    waits for the run's end.
-    """
-    try:
-        await _relay_bursts(run, responder, head, first, scan)
-    finally:
-        run.detach()
-
-
-async def _relay_bursts(
-    run: RunChannel,
-    responder: Responder,
-    head: list[tuple[bytes, bytes]],
-    first: RunMessage | None,
-    scan: Callable[[bytes], None] | None,
-) -> None:
-    framed_here = False
-    while True:
-        if not framed_here and scan is None and responder.started and responder.write_nowait is not None:
-            run.attach(responder.write_nowait)
-        message, first = (first, None) if first is not None else (await _next(run), None)
-        burst = [message, *run.buffered()]
-        parts: list[bytes] = []
-        end: RunMessage | None = None
-        for item in burst:
-            if isinstance(item, RunData):
-                parts.append(item.data)
-            elif isinstance(item, RunEvent):
-                framed_here = True
-                parts.append(b"data: " + _dumps(item.data) + b"\n\n")
-            else:
-                end = item
-                break
-        if parts:
-            if not responder.started:
-                await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
-            data = b"".join(parts)
-            if scan is not None:
-                scan(data)
-            await responder.chunk(data)
-        if end is not None:
-            _end_of(end)
-            if not responder.started:
-                await responder.start(200, [_SSE, (b"cache-control", b"no-cache"), *head])
-            await responder.finish(b"data: [DONE]\n\n" if framed_here else b"")
-            return
-
-
-async def _relay_whole(
-    run: RunChannel,
-    responder: Responder,
-    head: list[tuple[bytes, bytes]],
-    first: RunMessage | None = None,
-    scan: Callable[[bytes], None] | None = None,
-) -> None:
-    """Relay a non-stream run: the body bytes (v2 records) or the one response object (v1).
-
-    ``first`` is the run's first message when the caller received it already.
-    Messages that arrived with it are taken without waiting (the answer and its
-    end usually come in one read: no scheduling round between them). When the
-    whole answer came before this task took any of it, the node link's reader
-    has written it to the client already (:meth:`RunChannel.answer_whole`):
-    the client has its answer one scheduling round sooner, and this task only
-    goes through the run's messages.
-    """
-    parts: list[bytes] = []
-    while True:
-        if first is None:
-            first = await _next(run)
-        for message in (first, *run.buffered()):
-            if isinstance(message, RunData):
-                parts.append(message.data)
-            elif isinstance(message, RunEvent):
-                parts.append(_dumps(message.data))
-            else:
-                _end_of(message)
-                if not parts:
-                    raise RequestRejected(
-                        502, "upstream_error", "the node ended the run without a response", type="upstream_error"
-                    )
-                answer = b"".join(parts)
-                if scan is not None:
-                    scan(answer)
-                if not run.answered:
-                    await responder.whole(200, [_JSON, *head], answer)
-                return
-        first = None
-
-
 class _ClientGone(RequestRejected):
     """The client disconnected before its request body arrived; nothing to answer."""
 
@@ -860,61 +479,5 @@ class _ClientGone(RequestRejected):
         super().__init__(499, "client_closed", "client closed the connection")
 
 
-def _reject_constant(name: str) -> None:
-    # The stdlib reads NaN/Infinity; the node link (strict JSON) could not carry them.
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses as infinity
-        raise ValueError(f"number {text[:30]} is out of range")
-    return value
-
-
-REJECT_BOUND_S = 1.0
-"""How long an error answer may take to write, shielded from the request's cancellation (:meth:`Responder.reject`)."""
-
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-"""The request body's decoder, built once (``json.loads`` with hooks builds one per call)."""
-
-
-def _standby_refusal(ha: EdgeHa) -> RequestRejected:
-    """[ha-election] A standby's (or a stepped-down leader's) 503: retry after a TTL, at the leader."""
-    leader = ha.leadership.leader
-    where = f"; the leader is {leader}" if leader else "; no Edge leads at the moment"
-    return RequestRejected(
-        503,
-        "not_leader",
-        "this Edge does not lead" + where,
-        type="service_unavailable",
-        retry_after=ha.retry_after(),
-        leader=leader,
-    )
-
-
-def _header_pairs(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(name.encode(), value.encode()) for name, value in headers]
-
-
-def _framing(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> list[tuple[bytes, bytes]]:
-    """``headers`` and the ``content-length`` of ``body``.
-
-    With a content-length the server frames the body as is; without one it
-    chunk-encodes it and writes the terminating chunk as one more socket send.
-    """
-    return [*headers, (b"content-length", b"%d" % len(body))]
-
-
 def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

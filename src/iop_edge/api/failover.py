@@ -84,7 +84,8 @@ async def serve_with_failover(
     ``attempt`` raises :class:`AttemptFailed` only when nothing reached the
     client yet. ``answered()`` tells whether a byte went out (a lease fenced
     after that is not retried). ``on_retry(reason, failed_lease)`` is called
-    before each retry.
+    before each retry; an error it raises is the answer, and no retry is asked
+    for (the Edge's: this Edge no longer leads [ha-step-down]).
 
     Checkpoints (it waits for leases and runs attempts). Cancellation ends the
     current attempt and releases its lease; nothing is retried.

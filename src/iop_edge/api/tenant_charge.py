@@ -23,8 +23,8 @@ from iop_edge.listener.pacing import Headers
 
 if TYPE_CHECKING:
     from iop_edge.api.app import EdgeParts
-    from iop_edge.api.head_refusal import HeadRefusal
     from iop_edge.config import EdgeConfig
+    from iop_edge.front_door.head_refusal import HeadRefusal
 
 __all__ = ["TENANT_REFUSAL_CODES", "Charge", "charge_of", "refusal_of", "tenant_retry_after"]
 

@@ -1,16 +1,17 @@
 """The Edge config file (``edge.yaml``): its schema, checks and mapping to a PoolConfig.
 
-:mod:`.edge` holds the file's structure and checks; :mod:`.reader` reads a reload's file
-off the event loop.
+:mod:`.schema` holds the file's parts as values; :mod:`.edge` the whole file, its cross-field
+rules and its mapping to a PoolConfig; :mod:`.loading` the converter and :func:`load_edge_config`;
+:mod:`.reader` reads a reload's file in a child process, off the event loop.
 """
 
-from iop_edge.config.edge import (
-    MEMO_SIZE,
+from iop_edge.config.edge import EdgeConfig, tenant_problems
+from iop_edge.config.loading import MEMO_SIZE, load_edge_config
+from iop_edge.config.schema import (
     TENANT_COSTS,
     ApiKeyDigest,
     ApiTls,
     EdgeCandidate,
-    EdgeConfig,
     EdgeModel,
     EdgeNode,
     EdgeProvider,
@@ -23,9 +24,7 @@ from iop_edge.config.edge import (
     ProviderPool,
     RetrySettings,
     UiConfig,
-    load_edge_config,
     parse_host_port,
-    tenant_problems,
 )
 
 __all__ = [

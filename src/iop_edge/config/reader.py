@@ -7,7 +7,7 @@ it holds the GIL, and the loop, back from waiting for I/O, waits for it --
 a running stream's events wait with it (up to 20-45 ms measured on a 2-core
 box). A child process shares no lock with the Edge, and it runs at a lower
 OS priority (:data:`NICENESS`), so the Edge, its nodes and the backends
-keep the CPU they need.
+keep most of the CPU they need while a reload still gets its share.
 
 The child (:func:`reader_argv`: the Edge's own interpreter and import path
 calling :func:`main` with the file's path) loads and validates the file, builds the pool
@@ -43,9 +43,11 @@ from iop_config import ConfigFileError
 from iop_edge._off_loop import ATOMS, bulk_work, drop_in_slices, references
 from iop_edge.config import EdgeConfig, load_edge_config
 
-NICENESS: Final = 19
-"""The ``nice`` value of the reader's session (its autogroup, where Linux groups processes by
-session), and the reader's own where it cannot run at idle priority."""
+NICENESS: Final = 5
+"""The ``nice`` value of the reader and of its session (its autogroup, where Linux groups processes
+by session): about a quarter of a core's time against one busy process at ``nice`` 0, so a reload
+on a saturated Edge takes a bounded multiple of the reader's CPU (docs/edge-config.md, Runtime
+refresh; the measurement: ``python -m benchmarks reload_load``)."""
 
 PIECE_WEIGHT: Final = 1000
 """Objects and references per pickle (about a millisecond to rebuild on the benchmark box);
@@ -77,7 +79,7 @@ class ReadResult:
 async def run_reader(path: str | os.PathLike[str]) -> bytes:
     """Load and validate ``path`` in a child process; what it wrote, for :func:`rebuild`.
 
-    The child runs in a session of its own at idle priority
+    The child runs in a session of its own at a lower priority
     (:func:`lower_priority`, set as soon as it exists, before its imports).
     Checkpoints. Cancelled, it kills the child and returns at once.
 
@@ -117,17 +119,17 @@ async def run_reader(path: str | os.PathLike[str]) -> bytes:
 
 
 def lower_priority(pid: int) -> None:
-    """Let process ``pid`` take only CPU time nothing else wants (the Edge's loop, its nodes, the
-    backends on the same machine).
+    """Put process ``pid`` at ``nice`` :data:`NICENESS`: below the Edge's loop, its nodes and the
+    backends on the same machine, yet sure of its share of the CPU when they keep it busy.
 
-    An idle-priority process (Linux's ``SCHED_IDLE``) runs only when nothing
-    else would, and gives way at once; elsewhere it gets ``nice``
-    :data:`NICENESS`. Where Linux shares the CPU between sessions first
-    (autogroups), priorities only count inside a session, and a busy process
-    in the Edge's session would take the CPU from the Edge's share; so the
-    reader runs in a session of its own, niced as a whole (only a process
-    that leads its session: niced, a shared session would take the Edge's
-    priority with it). A process that has already ended is left alone.
+    Where Linux shares the CPU between sessions first (autogroups), priorities
+    only count inside a session, and a busy process in the Edge's session would
+    take the CPU from the Edge's share; so the reader runs in a session of its
+    own, niced as a whole (only a process that leads its session: niced, a
+    shared session would take the Edge's priority with it), and niced itself.
+    Not idle priority (Linux's ``SCHED_IDLE``): that runs only when nothing
+    else would, so on a saturated Edge -- when an operator needs a reload most
+    -- it starved. A process that has already ended is left alone.
     """
     try:
         if os.getsid(pid) == pid:  # never the autogroup of a session it shares (the Edge's)
@@ -136,10 +138,7 @@ def lower_priority(pid: int) -> None:
     except OSError:
         pass  # no autogroups here, or the process has ended
     try:
-        if hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-        else:
-            os.setpriority(os.PRIO_PROCESS, pid, NICENESS)
+        os.setpriority(os.PRIO_PROCESS, pid, NICENESS)
     except OSError:
         pass  # it has ended
 

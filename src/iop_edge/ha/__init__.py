@@ -66,9 +66,16 @@ class EdgeHa:
     def refusal_headers(self) -> list[tuple[str, str]]:
         """``Retry-After`` and, when a leader is known, the header naming it."""
         headers = [("retry-after", str(self.retry_after()))]
-        if self.leadership.leader is not None and not self.leadership.leading:
-            headers.append((LEADER_HEADER, self.leadership.leader))
+        leader = self.other_leader()
+        if leader is not None:
+            headers.append((LEADER_HEADER, leader))
         return headers
+
+    def other_leader(self) -> str | None:
+        """The Edge a refused client should go to: the leader this Edge knows, unless it is itself
+        (a leader that can no longer prove its lease does not know its successor yet)."""
+        lead = self.leadership
+        return None if lead.leading else lead.leader
 
     def info(self) -> LeaderInfo:
         """``/status``'s view: who leads, its epoch, since when."""

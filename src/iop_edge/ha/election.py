@@ -7,12 +7,15 @@ transaction: the campaign is "create the election key under my lease if it
 does not exist" (etcd's ``create_revision == 0`` compare), and the revision
 that creates the key is the term's epoch. A standby retries every
 ``poll_interval`` seconds; the key disappears when its leader's lease expires
-or is revoked, so a failover takes at most the TTL plus one poll.
+(etcd looks for expired leases every 500 ms) or is revoked, so a failover takes
+at most the TTL, plus half a second, plus one poll.
 
 Leading: renew every ``ttl / 3``; stop leading when :meth:`Leadership.must_step_down`
 says so (``margin`` before the lease can expire in etcd, counted from the last
 renewal *sent*), when etcd says the lease is gone, or on shutdown (then the
-lease is revoked, so a successor wins without waiting out the TTL).
+lease is revoked, so a successor wins without waiting out the TTL). A leader
+that stepped down cut off from etcd revokes its lease as soon as etcd answers
+again, before anything else (a restarted etcd extends its leases).
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ class ElectionStore(Protocol):
 
     async def keepalive(self, lease: int) -> int: ...
 
-    async def revoke(self, lease: int) -> None: ...
+    async def revoke(self, lease: int) -> None:
+        """Revoke ``lease``; one the store no longer has (expired, revoked) is no error."""
+        ...
 
     async def create(self, key: str, value: str, lease: int) -> tuple[bool, KeyHolder | None]: ...
 
@@ -84,7 +89,8 @@ async def run_election(
             elif leadership.leading:
                 log.info("leading at epoch %d", leadership.epoch)
                 on_change(leadership)
-                campaign.lease = await _lead(gateway, leadership, campaign.lease, leadership.ttl / 3)
+                campaign.abandoned = await _lead(gateway, leadership, campaign.lease, leadership.ttl / 3)
+                campaign.lease = None
                 leadership.stepped_down()
                 log.warning("stepped down (epoch %d)", leadership.epoch)
                 on_change(leadership)
@@ -105,6 +111,10 @@ class _Campaign:
     leadership: Leadership
     key: str
     lease: int | None = None
+    abandoned: int | None = None
+    """The lease of a term that ended cut off from etcd, not revoked yet: its key holds the election
+    until etcd expires it, and etcd restarted extends every lease (by its election timeout), so it is
+    revoked before anything else once etcd answers again, and a successor wins at the next poll."""
     last_sent: float = 0.0
     """When the last successful grant or keepalive of :attr:`lease` was sent."""
     last_error: str | None = None
@@ -117,6 +127,9 @@ class _Campaign:
         Checkpoints. On a win, :attr:`leadership` leads, its lease counted from :attr:`last_sent`.
         """
         try:
+            if self.abandoned is not None:
+                await self.gateway.revoke(self.abandoned)
+                self.abandoned = None
             if self.lease is None:
                 self.last_sent = trio.current_time()
                 self.lease = await self.gateway.grant(max(1, math.ceil(self.leadership.ttl)))
@@ -145,21 +158,23 @@ class _Campaign:
             self.last_error, self.logged_at = error, now
 
     async def revoke(self) -> None:
-        """Revoke the lease, if any, shielded and bounded (shutdown: a successor need not wait the TTL)."""
-        if self.lease is None:
-            return
+        """Revoke the leases, if any, shielded and bounded (shutdown: a successor need not wait the TTL)."""
         with trio.CancelScope(shield=True), trio.move_on_after(REVOKE_BOUND_S):
-            try:
-                await self.gateway.revoke(self.lease)
-            except EtcdUnavailable:
-                pass
+            for lease in (self.abandoned, self.lease):
+                if lease is not None:
+                    try:
+                        await self.gateway.revoke(lease)
+                    except EtcdUnavailable:
+                        pass
 
 
 async def _lead(gateway: ElectionStore, leadership: Leadership, lease: int | None, renew_every: float) -> int | None:
-    """Renew ``lease`` until this Edge must stop leading; returns the lease to keep, if any.
+    """Renew ``lease`` until this Edge must stop leading; returns the lease still to revoke, if any.
 
     Checkpoints; the renewals are cut at the leader's own deadline, so a call
-    hanging on a partitioned etcd never keeps it leading.
+    hanging on a partitioned etcd never keeps it leading. Past the deadline it
+    returns at once (the step-down does not wait for etcd): the caller revokes
+    the lease when etcd next answers.
     """
     assert lease is not None  # a leader won with a lease
     while not leadership.must_step_down(trio.current_time()):
@@ -176,10 +191,4 @@ async def _lead(gateway: ElectionStore, leadership: Leadership, lease: int | Non
                     return None  # the lease expired in etcd: the key is gone with it
                 leadership.renewed(sent, granted)
         await trio.sleep_until(min(next_renew, leadership.deadline()))
-    # Cut off from etcd for too long: revoke if etcd answers, so a successor need not wait.
-    with trio.move_on_after(REVOKE_BOUND_S):
-        try:
-            await gateway.revoke(lease)
-        except EtcdUnavailable:
-            return None
-    return None
+    return lease  # cut off from etcd for too long: revoked as soon as etcd answers, so a successor need not wait

@@ -21,6 +21,9 @@ from typing import Any, final
 import attrs
 import httpx
 
+LEASE_NOT_FOUND = "requested lease not found"
+"""etcd's error for a lease it does not have (``rpctypes.ErrLeaseNotFound``), in its gateway's answer."""
+
 
 class EtcdUnavailable(Exception):
     """No endpoint answered the call (connection refused, timeout, or a non-200 answer)."""
@@ -108,8 +111,12 @@ class EtcdGateway:
         return int(answer.get("result", {}).get("TTL", 0))
 
     async def revoke(self, lease: int) -> None:
-        """Revoke ``lease`` (its keys go with it)."""
-        await self._post("/v3/lease/revoke", {"ID": str(lease)})
+        """Revoke ``lease`` (its keys go with it); one etcd no longer has (expired, revoked) is no error."""
+        try:
+            await self._post("/v3/lease/revoke", {"ID": str(lease)})
+        except EtcdUnavailable as error:
+            if LEASE_NOT_FOUND not in str(error):
+                raise
 
     async def create(self, key: str, value: str, lease: int) -> tuple[bool, KeyHolder | None]:
         """Put ``key`` = ``value`` under ``lease`` only if ``key`` does not exist.

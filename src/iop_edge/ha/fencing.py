@@ -1,8 +1,9 @@
 """The Edge's side of epoch fencing [epoch-fencing] (wire v3, docs/ha.md).
 
-:class:`LeaderFence` holds the epoch this Edge stamps on its runs while it leads
-(None while it stands by, and always without ``ha:``), announces a won term to
-every v3 node connection with ``leader``, and keeps what the nodes answered
+:class:`LeaderFence` holds the epoch this Edge stamps on its runs while it leads,
+refuses to stamp (so to send) a run while this Edge cannot prove it leads
+[ha-step-down], announces a won term to every v3 node connection with
+``leader``, and keeps what the nodes answered
 (``in_flight``: the runs the previous leader left running on each node, which
 it counts against the providers' capacities until the nodes report them ended
 [held-elsewhere]) and how many of this Edge's runs nodes refused as ``stale_epoch``.
@@ -25,8 +26,12 @@ FENCED_PROTOCOL = 3
 """The first wire version that carries epochs."""
 
 
+class NotLeading(Exception):
+    """This Edge cannot prove it leads (it stands by, or its own count of its lease ran out): it sends no run."""
+
+
 class Announced(Protocol):
-    """What the fence needs of a node connection (:class:`~iop_edge.nodes.links.NodeLink`)."""
+    """What the fence needs of a node connection (:class:`~iop_edge.nodes.link.NodeLink`)."""
 
     node_id: str
     protocol: int
@@ -42,6 +47,10 @@ class LeaderFence:
     Attributes:
         epoch: stamped on every run and tunnel request of a v3 connection; None
             while this Edge does not lead.
+        leads: with ``ha:``, whether this Edge may send a run now
+            (:meth:`iop_edge.ha.EdgeHa.admits`: it leads and its count of its lease
+            has not run out); asked at every :meth:`stamp`. None: no ``ha:``, runs
+            go unstamped.
         inherited: per node, ``{provider: (runs, long runs)}`` it last reported in
             flight that this Edge did not send (the previous term's, on the node's one
             gate); the long ones only from a v4 node (0 from an older one).
@@ -54,6 +63,7 @@ class LeaderFence:
     inherited: dict[str, dict[str, tuple[int, int]]] = attrs.field(factory=dict)
     stale_refused: int = 0
     hold: Callable[[ProviderKey, int, int], None] | None = None
+    leads: Callable[[], bool] | None = None
 
     def lead(self, epoch: int, links: Iterable[Announced]) -> None:
         """This Edge won a term at ``epoch``: announce it to every v3 node connection."""
@@ -73,8 +83,26 @@ class LeaderFence:
             link.send_frame(encode(Leader(self.epoch)))
 
     def stamp(self, protocol: int) -> int | None:
-        """The epoch for a run on a connection of ``protocol`` (None below v3 or while not leading)."""
+        """The epoch for a run about to be sent on a connection of ``protocol``.
+
+        [epoch-fencing] [ha-step-down] The last check before a run leaves: with ``ha:``
+        every run carries this term's epoch (None only below v3, whose nodes cannot read
+        it), and none is sent unless this Edge can prove it leads now -- a leader woken
+        from a pause past its deadline, whose election task has not run yet, sends
+        nothing, with an epoch or without. Does not checkpoint.
+
+        Raises:
+            NotLeading: with ``ha:``, this Edge does not lead, or cannot prove it still does.
+        """
+        if self.leads is None:
+            return None
+        if not self.may_send():
+            raise NotLeading("this Edge does not lead: it sends no run")
         return self.epoch if protocol >= FENCED_PROTOCOL else None
+
+    def may_send(self) -> bool:
+        """Whether a run stamped earlier may leave now: no ``ha:``, or this Edge can prove it leads."""
+        return self.leads is None or (self.epoch is not None and self.leads())
 
     def answered(self, node_id: str, message: InFlight) -> None:
         """A node's ``in_flight``: the load the previous term left on it (a stale answer is dropped)."""

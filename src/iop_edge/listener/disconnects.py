@@ -112,8 +112,8 @@ class DisconnectPoller:
 
     Why: a watcher task per connection costs, per request, two task wake-ups
     (:meth:`DisconnectWatcher.watch` and ``stop``), a cancel scope cancelled and
-    two registrations in trio's epoll (about a twentieth of the Edge's CPU per
-    request at concurrency 1, py-spy). Here watching a connection is one
+    two registrations in trio's epoll: a visible share of the Edge's CPU per
+    request. Here watching a connection is one
     registration in an epoll set of our own (level-triggered) and stopping one
     unregistration, both synchronous; :meth:`run` wakes only when a watched
     client sent something or left, and handles it as the per-connection

@@ -5,9 +5,9 @@ fed every byte the client sends once: llhttp (``httptools``) parses the requests
 the reader adds the project's rules where llhttp is more permissive (``docs/security.md``).
 A refusal (400, 431, 501, 505) is a fixed text answered with ``connection:
 close``, and the connection ends. Every answer is written by :mod:`iop_http`'s
-encoders (:mod:`._http_cycle`): no second parser reads the same bytes.
+encoders (:mod:`.cycle`): no second parser reads the same bytes.
 
-Why not hypercorn: it was ~45 % of the Edge's CPU, and the only way to put a
+Why not hypercorn: its layers took most of the Edge's CPU, and the only way to put a
 request-head deadline on its connections was its internal ``TCPServer``. Here
 each accepted connection is one task that reads its requests and calls the app with an ASGI
 ``scope``, ``receive`` and ``send`` -- the subset the Edge uses (no lifespan,

@@ -132,3 +132,13 @@ class NodeSocket(WebSocketEnd):
 
     async def _close_transport(self) -> None:
         await self.stream.aclose()
+
+
+async def close_quietly(ws: NodeSocket, code: int, reason: str) -> None:
+    """Close ``ws`` with ``code`` and ``reason``, shielded and bounded (1 s); a closed socket is fine."""
+    with trio.move_on_after(1.0) as scope:
+        scope.shield = True
+        try:
+            await ws.aclose(code, reason)
+        except ConnectionClosed:
+            pass

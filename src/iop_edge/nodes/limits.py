@@ -19,7 +19,7 @@ core that decides, per new connection and per failed registration:
   a flood from many addresses cannot grow it without end.
 
 Like h11, it does no I/O and has no clock: time is passed in as ``now``. The
-trio layer (:class:`~iop_edge.nodes.links.NodeRegistry`) closes, sleeps and counts;
+trio layer (:class:`~iop_edge.nodes.registry.NodeRegistry`) closes, sleeps and counts;
 it never decides.
 """
 

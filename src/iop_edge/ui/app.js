@@ -1,10 +1,15 @@
 "use strict";
-// The queue page: one EventSource on /ui/stream, each event a whole view (see docs/ui.md).
+// The queue page: reads /ui/stream with fetch (a history event, then one whole view per event; see
+// docs/ui.md) and reconnects by itself. Not EventSource: it gives up for good on a non-200 answer
+// (a 429 at the viewer cap, a 401 after a token change) and hides why.
 (function () {
   const params = new URLSearchParams(location.search);
-  const HISTORY = 300; // samples kept for the chart: five minutes at one a second
-  const history = [];
-  let last = null;
+  const token = params.get("token") || "";
+  const wall = params.get("wall") === "1";
+  const HISTORY = 300; // samples the charts span: five minutes at one a second
+  const RETRY_S = [0.5, 1, 2, 3]; // then every 3 s: back within 5 s of the Edge taking the page again
+  const SILENT_S = 12; // the Edge writes at least every 5 s: silence this long means the stream is dead
+  let history = []; // [seq, in flight, waiting, grants, refusals], oldest first
 
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -12,12 +17,16 @@
     if (cls) e.className = cls;
     return e;
   }
+  // cells(row) gives [text, class, tooltip?]: a cell with a tooltip (true: its own text) may be cut short.
   function fill(id, rows, cells) {
     const body = document.querySelector("#" + id + " tbody");
     const out = document.createDocumentFragment();
     for (const row of rows) {
       const tr = el("tr");
-      for (const [text, cls] of cells(row)) tr.appendChild(el("td", text, cls));
+      for (const [text, cls, tip] of cells(row)) {
+        const td = tr.appendChild(el("td", text, cls));
+        if (tip) td.title = tip === true ? String(text) : tip;
+      }
       out.appendChild(tr);
     }
     body.replaceChildren(out);
@@ -27,81 +36,106 @@
       ? part.rows.length + " of " + part.matched + " " + noun + " shown (filter to see the rest)"
       : part.matched + " " + noun;
   }
+  function figure(id, value, sub, level) {
+    const f = document.getElementById(id);
+    f.querySelector(".value").textContent = value;
+    f.querySelector(".sub").textContent = sub;
+    f.className = "figure" + (level ? " " + level : "");
+  }
 
   function render(view) {
     const t = view.totals, h = t.health;
+    const latest = history.length ? history[history.length - 1] : null;
+    figure("fig-waiting", t.queue_depth, "of " + t.max_queue, t.queue_depth >= t.max_queue ? "alarm" : t.queue_depth ? "warn" : "");
+    figure("fig-flight", t.in_flight, "of " + t.capacity, t.capacity && t.in_flight >= t.capacity ? "warn" : "");
+    figure("fig-refusals", latest ? latest[4] : "–", "last second", latest && latest[4] ? "alarm" : "");
+    figure("fig-offline", t.offline_nodes, "of " + t.nodes + (t.nodes === 1 ? " node" : " nodes"), t.offline_nodes ? "alarm" : "");
     document.getElementById("totals").textContent =
-      "waiting " + t.queue_depth + "/" + t.max_queue + " · in flight " + t.in_flight + "/" + t.capacity +
-      " · providers " + t.providers + ": " + h.online + " online, " + h.offline + " offline, " +
+      "providers " + t.providers + ": " + h.online + " online, " + h.offline + " offline, " +
       h.ejected + " ejected, " + h.unavailable + " unavailable, " + h.disabled + " disabled" +
       (view.panic.length ? " · panic: " + view.panic.join(", ") : "");
     fill("waiters", view.waiters.rows, (w) => [
-      [w.order, "n"], [w.position, "n"], [w.model], [w.long ? "long" : "normal"], [w.age.toFixed(1), "n"],
-      [w.attempt, "n"], [w.tenant, "tenant-col"], [view.reasons[w.reason] || w.reason, "reason " + w.reason],
+      [w.order, "n minor"], [w.position, "n"], [w.model, "", true], [w.long ? "long" : "normal"], [w.age.toFixed(1), "n"],
+      [w.attempt, "n minor"], [w.tenant, "tenant-col", true], [w.reason.replace(/_/g, " "), "reason " + w.reason, view.reasons[w.reason] || w.reason],
     ]);
     note("waiters-note", view.waiters, "waiting");
     // Tenants only when the core has them: no tenant column, filter or table otherwise.
     document.body.classList.toggle("tenanted", view.tenants.length > 0);
     fill("tenants", view.tenants, (t) => [
-      [t.tenant], [t.band, "n"], [t.weight, "n"], [t.waiting, "n"],
-      [t.in_flight + " / " + (t.max_in_flight === null ? "∞" : t.max_in_flight), "n"],
-      [t.max_queue === null ? "∞" : t.max_queue, "n"], [(100 * t.share).toFixed(1) + " %", "n"],
+      [t.tenant, "", true], [t.band, "n"], [t.weight, "n minor", true], [t.waiting, "n", true],
+      [t.in_flight + " / " + (t.max_in_flight === null ? "∞" : t.max_in_flight), "n", true],
+      [t.max_queue === null ? "∞" : t.max_queue, "n minor", true], [(100 * t.share).toFixed(1) + " %", "n"],
     ]);
     fill("models", view.models, (m) => [
-      [m.model], [m.waiting, "n"], [m.long_waiting, "n"], [m.oldest_wait.toFixed(1), "n"], [m.in_flight, "n"],
-      [m.live_candidates + " / " + m.candidate_count, "n"],
-      [m.candidates.join(", ") + (m.candidate_count > m.candidates.length ? ", …" : "")],
+      [m.model, "", true], [m.waiting, "n", true], [m.long_waiting, "n minor", true], [m.oldest_wait.toFixed(1), "n", true],
+      [m.in_flight, "n", true], [m.live_candidates + " / " + m.candidate_count, "n", true],
+      [m.candidates.join(", ") + (m.candidate_count > m.candidates.length ? ", …" : ""), "minor", true],
     ]);
     fill("providers", view.providers.rows, (p) => [
-      [p.node], [p.provider],
-      [p.health === "ejected" ? "ejected, " + p.ejection_left.toFixed(1) + " s left" : p.health, p.health],
-      [p.in_flight + " / " + p.capacity, "n"], [p.long_in_flight + " / " + p.long_capacity, "n"],
-      [p.pressure, "n"], [p.long_pressure, "n"],
+      [p.node, "", true], [p.provider, "", true],
+      [p.health === "ejected" ? "ejected, " + p.ejection_left.toFixed(1) + " s left" : p.health, p.health, true],
+      [p.in_flight + " / " + p.capacity, "n", true], [p.long_in_flight + " / " + p.long_capacity, "n minor", true],
+      [p.pressure + " (" + p.long_pressure + ")", "n", true],
     ]);
     note("providers-note", view.providers, "providers");
     const dl = document.getElementById("reasons");
     const reasons = Object.entries(view.reasons);
     if (dl.childElementCount !== 2 * reasons.length) { // tenants configured or removed: other reasons
       dl.replaceChildren();
-      for (const [code, text] of reasons) { dl.appendChild(el("dt", code)); dl.appendChild(el("dd", text)); }
+      for (const [code, text] of reasons) { dl.appendChild(el("dt", code.replace(/_/g, " "))); dl.appendChild(el("dd", text)); }
     }
   }
 
-  let before = null; // the activity counts at the previous sample
-  function sample() {
-    if (last === null) return;
-    const counts = last.activity || {};
-    const rates = {};
-    let grants = 0, refusals = 0;
+  // ---------------------------------------------------------------- charts
+  function addSamples(samples) {
+    const seq = history.length ? history[history.length - 1][0] : -1;
+    for (const s of samples) if (s[0] > seq) history.push(s);
+    if (history.length > HISTORY) history = history.slice(-HISTORY);
+  }
+  let before = null; // the activity counts at the previous view
+  function activity(view) {
+    const counts = Object.assign({}, view.activity, { "": view.unknown_model });
+    const rows = [];
     for (const [model, c] of Object.entries(counts)) {
       const b = (before && before[model]) || c; // a model first seen: no rate yet
-      const r = [Math.max(0, c.grants - b.grants), Math.max(0, c.refusals - b.refusals)];
-      rates[model] = r; grants += r[0]; refusals += r[1];
+      rows.push([model, Math.max(0, c.grants - b.grants), Math.max(0, c.refusals - b.refusals)]);
     }
     before = counts;
-    history.push([last.totals.in_flight, last.totals.queue_depth, grants, refusals]);
-    if (history.length > HISTORY) history.shift();
-    draw("chart", [[0, "#1565c0"], [1, "#c62828"]]);
-    draw("rates", [[2, "#2e7d32"], [3, "#ef6c00"]]);
+    fill("activity", rows, ([model, g, r]) => [model ? [model, "", true] : ["unknown model", "unknown"], [g, "n"], [r, "n"]]);
+  }
+  function charts() {
+    draw("chart", [[1, "#1565c0"], [2, "#c62828"]]);
+    draw("rates", [[3, "#2e7d32"], [4, "#ef6c00"]]);
+    document.getElementById("chart").dataset.samples = String(history.length);
     const rows = history.slice(-10).reverse();
-    fill("history", rows.map((s, i) => [i, ...s]), (s) => s.map((v) => [v, "n"]));
-    fill("activity", Object.entries(rates), ([model, r]) => [[model], [r[0], "n"], [r[1], "n"]]);
+    fill("history", rows.map((s, i) => [i, ...s.slice(1)]), (s) => s.map((v) => [v, "n"]));
   }
   function draw(id, series) {
     const c = document.getElementById(id), g = c.getContext("2d");
-    g.clearRect(0, 0, c.width, c.height);
+    const ratio = window.devicePixelRatio || 1;
+    const w = Math.max(1, Math.round(c.clientWidth * ratio)), h = Math.max(1, Math.round(c.clientHeight * ratio));
+    if (c.width !== w || c.height !== h) { c.width = w; c.height = h; }
+    g.clearRect(0, 0, w, h);
+    const font = parseFloat(getComputedStyle(c).fontSize) * ratio * 0.8;
     const top = Math.max(1, ...history.map((s) => Math.max(...series.map(([k]) => s[k]))));
+    const pad = font * 1.2, step = (w - 2) / (HISTORY - 1), end = history.length ? history[history.length - 1][0] : 0;
+    g.font = font + "px system-ui, sans-serif"; g.fillStyle = "#777"; g.textBaseline = "top";
+    g.fillText(String(top), 4, 2);
+    g.textBaseline = "bottom";
+    g.fillText("5 min ago", 4, h - 2);
+    g.textAlign = "right"; g.fillText("now", w - 4, h - 2); g.textAlign = "left";
     for (const [k, color] of series) {
-      g.strokeStyle = color; g.lineWidth = 2; g.beginPath();
+      g.strokeStyle = color; g.lineWidth = 2 * ratio; g.beginPath();
       history.forEach((s, i) => {
-        const x = c.width - (history.length - 1 - i) * (c.width / HISTORY);
-        const y = c.height - 4 - (s[k] / top) * (c.height - 8);
+        const x = w - 1 - (end - s[0]) * step;
+        const y = h - pad - (s[k] / top) * (h - 2 * pad);
         if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
       });
       g.stroke();
     }
   }
 
+  // ---------------------------------------------------------------- filters
   const form = document.getElementById("filters");
   const FILTERS = ["node", "model", "health", "tenant"];
   for (const name of FILTERS) form.elements[name].value = params.get(name) || "";
@@ -111,21 +145,107 @@
       const v = form.elements[name].value.trim();
       if (v) params.set(name, v); else params.delete(name);
     }
-    history.length = 0;
     before = null;
     window.history.replaceState(null, "", "?" + params);
     connect();
   });
+  document.body.classList.toggle("wall", wall);
+  const toggle = document.getElementById("wall-toggle");
+  const other = new URLSearchParams(params);
+  if (wall) other.delete("wall"); else other.set("wall", "1");
+  toggle.addEventListener("click", () => { location.search = "?" + other; }); // the token stays out of the DOM
+  toggle.textContent = wall ? "normal view" : "wall mode";
 
-  let source = null;
-  const link = document.getElementById("link");
+  // ---------------------------------------------------------------- the stream
+  // The label tells the truth at every moment: "connecting" until the first view arrives, "live"
+  // while views or keep-alives keep coming, "reconnecting in N s" with the reason otherwise.
+  const link = document.getElementById("link"), why = document.getElementById("why");
+  let running = null; // the AbortController of the current attempt
+  let failures = 0, retryAt = 0, retryTimer = null, reason = "";
+  function label(text, ok, detail) {
+    link.textContent = text; link.className = ok ? "ok" : "bad"; why.textContent = detail || "";
+    document.body.classList.toggle("stale", !ok); // what is shown is no longer current: dimmed
+  }
+  function stream() {
+    const query = new URLSearchParams(params);
+    query.delete("token"); query.delete("wall");
+    const stop = new AbortController();
+    running = stop;
+    label("connecting", false, reason);
+    let heard = Date.now(), answered = false;
+    const watchdog = setInterval(() => {
+      if (Date.now() - heard > SILENT_S * 1000) stop.abort(new Error("nothing heard for " + SILENT_S + " s"));
+    }, 1000);
+    const headers = token ? { authorization: "Bearer " + token } : {};
+    fetch("/ui/stream?" + query, { headers, cache: "no-store", signal: stop.signal })
+      .then(async (response) => {
+        answered = true;
+        if (!response.ok) {
+          let message = response.statusText;
+          try { message = (await response.json()).error.message; } catch (e) { /* not JSON: keep the status text */ }
+          throw new Error("refused (" + response.status + "): " + message);
+        }
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let pending = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) throw new Error("the Edge ended the stream");
+          heard = Date.now();
+          pending += value;
+          let end;
+          while ((end = pending.indexOf("\n\n")) >= 0) {
+            event(pending.slice(0, end));
+            pending = pending.slice(end + 2);
+          }
+        }
+      })
+      .catch((error) => {
+        if (running !== stop) return; // replaced by a newer attempt (a filter change)
+        let cause = String(error.message || error);
+        if (stop.signal.aborted && stop.signal.reason) cause = stop.signal.reason.message; // the watchdog
+        else if (error instanceof TypeError && !answered) cause = "the Edge is unreachable";
+        else if (error instanceof TypeError && /network/i.test(error.message)) cause = "the connection to the Edge broke";
+        retry(cause);
+      })
+      .finally(() => clearInterval(watchdog));
+  }
+  // One server-sent event: "event: history" (the series on open) or a view (no event name).
+  function event(text) {
+    let name = "message", data = "";
+    for (const line of text.split("\n")) {
+      if (line.startsWith("event:")) name = line.slice(6).trim();
+      else if (line.startsWith("data:")) data += line.slice(line[5] === " " ? 6 : 5);
+    }
+    if (!data) return; // a keep-alive comment
+    const body = JSON.parse(data);
+    if (name === "history") { history = body.samples.slice(-HISTORY); charts(); return; }
+    addSamples(body.recent || []);
+    render(body);
+    activity(body);
+    charts();
+    if (link.textContent !== "live") { failures = 0; reason = ""; label("live", true); }
+  }
+  function retry(cause) {
+    const delay = RETRY_S[Math.min(failures, RETRY_S.length - 1)] * (0.75 + 0.25 * Math.random());
+    failures += 1;
+    reason = cause;
+    retryAt = Date.now() + delay * 1000;
+    clearTimeout(retryTimer);
+    retryTimer = setTimeout(connect, delay * 1000);
+    countdown();
+  }
+  function countdown() {
+    if (!retryAt) return;
+    const left = Math.max(0, Math.ceil((retryAt - Date.now()) / 1000));
+    label("reconnecting", false, reason + " — next try in " + left + " s");
+  }
   function connect() {
-    if (source) source.close();
-    source = new EventSource("/ui/stream?" + params);
-    source.onopen = () => { link.textContent = "live"; link.className = "ok"; };
-    source.onerror = () => { link.textContent = "reconnecting"; link.className = "bad"; };
-    source.onmessage = (e) => { last = JSON.parse(e.data); render(last); };
+    clearTimeout(retryTimer);
+    retryAt = 0;
+    if (running) { const old = running; running = null; old.abort(); }
+    stream();
   }
   connect();
-  setInterval(sample, 1000);
+  setInterval(countdown, 250);
+  window.addEventListener("resize", charts);
 })();

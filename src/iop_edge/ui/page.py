@@ -4,15 +4,17 @@ A small ASGI app of its own, mounted by :class:`~iop_edge.api.app.EdgeAPI` on
 those two paths. The page is one HTML document with its script and style inlined
 from the package (``iop_edge/ui/``): no CDN, no build step, nothing fetched but
 the stream. Off unless ``ui.enabled``; a viewer shows the admin token or the
-viewer token (``Authorization: Bearer`` or ``?token=``, since a browser's
-``EventSource`` sends no header); at most ``ui.max_viewers`` streams at once.
+viewer token (``Authorization: Bearer``, as the page sends it, or ``?token=``
+for tools that cannot send a header); at most ``ui.max_viewers`` streams at once.
 
-Every ``ui.update_interval_ms`` a stream reads the view for its filter and
-sends it when it changed (a comment line every 15 s keeps proxies from closing
-an idle stream). A view is built once per interval and filter, whatever the
-number of viewers: the state is read on the loop in one synchronous step
+A stream opens with the page's memory (:mod:`.memory`, kept by :meth:`QueuePage.run`
+from the Edge's start): one ``history`` event with the chart series of the last
+minutes. Then every ``ui.update_interval_ms`` it reads the view for its filter and
+sends it when it changed (a comment line after 5 s of silence keeps proxies from
+closing an idle stream and tells the page the stream is alive). A view is built
+once per interval and filter, whatever the number of viewers: the state is read on the loop in one synchronous step
 (``Admission.snapshot`` and ``Admission.waiters`` together), the view model
-(:mod:`._ui_view`, capped in rows) and its JSON are made in a worker thread.
+(:mod:`.view`, capped in rows) and its JSON are made in a worker thread.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ import json
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from importlib import resources
-from typing import Any, Protocol, final
+from typing import Any, final
 
 import trio
 
-from iop_admission import Admission
 from iop_edge._off_loop import run_off_loop, yield_to_loop
 from iop_edge.api.rejections import bearer
-from iop_edge.config import EdgeConfig
 from iop_edge.listener.asgi import last_value, watch_disconnect
+from iop_edge.ui.history import RECENT
+from iop_edge.ui.memory import SAMPLE_S, PageMemory
+from iop_edge.ui.parts import PageParts
 from iop_edge.ui.view import ViewFilter, ViewLimits, build_view
 
 Message = MutableMapping[str, Any]
@@ -43,17 +46,8 @@ STREAM_PATH = "/ui/stream"
 PATHS = frozenset((PAGE_PATH, STREAM_PATH))
 """The request paths the queue page answers."""
 
-_KEEPALIVE_S = 15.0
+_KEEPALIVE_S = 5.0
 _CACHE_MAX = 64  # views kept (one per filter); cleared when more filters are asked for
-
-
-class PageParts(Protocol):
-    """What the page needs of the Edge."""
-
-    @property
-    def config(self) -> EdgeConfig: ...
-    @property
-    def admission(self) -> Admission: ...
 
 
 def _page_and_policy() -> tuple[bytes, bytes]:
@@ -66,7 +60,7 @@ def _page_and_policy() -> tuple[bytes, bytes]:
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     policy = (
         f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
-        "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )
     return html.encode(), policy.encode()
 
@@ -80,8 +74,8 @@ class QueuePage:
         self._page: tuple[bytes, bytes] | None = None  # read from the package on first use
         self._views: dict[ViewFilter, tuple[float, bytes]] = {}
         self._building: dict[ViewFilter, trio.Event] = {}
-        self._activity: dict[str, list[int]] = {}  # model key -> [grants, refusals] since counting began
-        self._counting = False
+        self.memory = PageMemory(parts)
+        """The chart series and the activity counts, kept from the Edge's start."""
         self.viewers = 0
         """Streams running now."""
 
@@ -115,7 +109,7 @@ class QueuePage:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_disconnect, receive, nursery.cancel_scope)
-                await self._stream(send, wanted, nursery)
+                await self._stream(send, wanted)
         finally:
             self.viewers -= 1
 
@@ -132,19 +126,17 @@ class QueuePage:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _stream(self, send: Send, wanted: ViewFilter, nursery: trio.Nursery) -> None:
-        """Send the view whenever it changed, at most once an interval, until the client goes.
-
-        While some stream runs, one of them also counts grants and refusals (:meth:`_count`).
-        """
+    async def _stream(self, send: Send, wanted: ViewFilter) -> None:
+        """Send the history, then the view whenever it changed, at most once an interval, until the
+        client goes."""
         headers = [(b"content-type", b"text/event-stream"), *_PRIVATE]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        history = {"interval": SAMPLE_S, "samples": self.memory.history.samples()}
+        body = b"event: history\ndata: " + json.dumps(history, separators=(",", ":")).encode() + b"\n\n"
+        await send({"type": "http.response.body", "body": body, "more_body": True})
         sent = b""
         quiet_since = trio.current_time()
         while True:
-            if not self._counting:
-                self._counting = True
-                nursery.start_soon(self._count)
             interval = self._parts.config.ui.update_interval_ms / 1000
             view = await self.view(wanted)
             now = trio.current_time()
@@ -156,23 +148,10 @@ class QueuePage:
                 quiet_since = now
             await trio.sleep(interval)
 
-    async def _count(self) -> None:
-        """Count grants and refusals per model key from admission's events, until cancelled.
-
-        Best effort, like every subscriber: a full buffer drops events (the page's rates
-        then read low for that second). Counting begins with the first viewer; the
-        counts only grow, and the page turns them into rates per second.
-        """
-        try:
-            async with self._parts.admission.subscribe(buffer=1024) as events:
-                async for event in events:
-                    kind = event.kind
-                    if kind == "granted":
-                        self._activity.setdefault(event.model or "", [0, 0])[0] += 1
-                    elif kind in ("rejected", "timed_out"):
-                        self._activity.setdefault(event.model or "", [0, 0])[1] += 1
-        finally:
-            self._counting = False
+    async def run(self) -> None:
+        """Keep the page's memory (:meth:`PageMemory.run`) until cancelled: the Edge starts it with
+        its other tasks. Checkpoints."""
+        await self.memory.run()
 
     async def view(self, wanted: ViewFilter) -> bytes:
         """The view for ``wanted`` as JSON: built at most once per update interval, shared by its viewers.
@@ -196,15 +175,14 @@ class QueuePage:
             snapshot, waiters = admission.snapshot(), admission.waiters()  # one step: one instant
             models = admission.config.models
             limits = ViewLimits(providers=ui.max_provider_rows, waiters=ui.max_waiter_rows)
-            activity = {model: (grants, refusals) for model, (grants, refusals) in self._activity.items()}
+            activity, unknown = self.memory.activity.by_model(wanted.model), self.memory.activity.unknown()
+            recent = self.memory.history.samples(RECENT)
 
             def work() -> bytes:
                 document = build_view(snapshot, waiters, models, wanted=wanted, limits=limits, pause=yield_to_loop)
-                document["activity"] = {
-                    model: {"grants": grants, "refusals": refusals}
-                    for model, (grants, refusals) in activity.items()
-                    if not wanted.model or model == wanted.model
-                }
+                document["activity"] = activity
+                document["unknown_model"] = unknown
+                document["recent"] = recent
                 return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
             body = await run_off_loop(work)

@@ -203,10 +203,15 @@ def _tenant_row(t: TenantSnapshot) -> dict[str, Any]:
 def _totals(snapshot: Snapshot) -> dict[str, Any]:
     health: dict[str, int] = dict.fromkeys(("online", "offline", "ejected", "unavailable", "disabled"), 0)
     in_flight = capacity = 0
+    nodes: set[str] = set()
+    connected: set[str] = set()
     for p in snapshot.providers:
         health[health_of(p)] += 1
         in_flight += p.in_flight
         capacity += p.effective_capacity
+        nodes.add(p.node_id)
+        if p.connected:
+            connected.add(p.node_id)
     return {
         "queue_depth": snapshot.queue_depth,
         "max_queue": snapshot.max_queue,
@@ -215,6 +220,8 @@ def _totals(snapshot: Snapshot) -> dict[str, Any]:
         "in_flight": in_flight,
         "capacity": capacity,
         "health": health,
+        "nodes": len(nodes),
+        "offline_nodes": len(nodes) - len(connected),
     }
 
 

@@ -92,10 +92,11 @@ class OllamaAdapter(HttpAdapter):
         created = int(time.time())
         async with self.http.post_json(f"{self.http.root}/api/chat", request) as response:
             if not stream:
-                yield chat_completion_of(_checked(await read_object(response)), completion_id, created)
+                reply = await read_object(response, self.http.limits.answer_bytes)
+                yield chat_completion_of(_checked(reply), completion_id, created)
                 return
             first = True
-            async with aclosing(BodyStream(response)) as lines:
+            async with aclosing(BodyStream(response, max_line=self.http.limits.answer_bytes)) as lines:
                 while (line := await lines.next_line()) is not None:
                     if line.strip():
                         yield chat_chunk_of(_checked(parse_object(line)), completion_id, created, first=first)
@@ -105,7 +106,7 @@ class OllamaAdapter(HttpAdapter):
         """POST ``/api/embed``; return the answer in OpenAI's shape. Checkpoints."""
         request = ollama_embed_request(body)
         async with self.http.post_json(f"{self.http.root}/api/embed", request) as response:
-            reply = _checked(await read_object(response))
+            reply = _checked(await read_object(response, self.http.limits.answer_bytes))
         return embeddings_of(reply, body)
 
 

@@ -19,7 +19,7 @@ from typing import Any, final
 import attrs
 import httpx
 
-from iop_node._errors import UpstreamFailed
+from iop_node._errors import UpstreamFailed, UpstreamTooLarge
 from iop_node.adapters.interface import check_endpoint
 from iop_node.config import ProviderConfig
 from iop_node.upstream.http_upstream import (
@@ -69,9 +69,9 @@ class OpenAIAdapter(HttpAdapter):
         check_endpoint(endpoint)
         async with self.http.post_json(f"{self.base_url}/{endpoint}", request_body(endpoint, body, stream)) as response:
             if not stream:
-                yield await read_object(response)
+                yield await read_object(response, self.http.limits.answer_bytes)
                 return
-            async with aclosing(iter_sse_objects(response)) as chunks:
+            async with aclosing(iter_sse_objects(response, self.http.limits.answer_bytes)) as chunks:
                 async for chunk in chunks:
                     yield chunk
 
@@ -80,7 +80,8 @@ class OpenAIAdapter(HttpAdapter):
     ) -> None:
         """Hand the upstream's body bytes to ``send`` as they arrive, unparsed. See :meth:`iop_node.Adapter.relay`."""
         check_endpoint(endpoint)
-        await self.http.relay_post(f"{self.base_url}/{endpoint}", request_body(endpoint, body, stream), send)
+        url = f"{self.base_url}/{endpoint}"
+        await self.http.relay_post(url, request_body(endpoint, body, stream), send, whole=not stream)
 
 
 def request_body(endpoint: str, body: dict[str, Any], stream: bool) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def request_body(endpoint: str, body: dict[str, Any], stream: bool) -> dict[str,
     return body if endpoint == "embeddings" else {**body, "stream": stream}
 
 
-async def iter_sse_objects(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
+async def iter_sse_objects(response: httpx.Response, max_line: int) -> AsyncGenerator[dict[str, Any], None]:
     """Yield each SSE event's ``data`` as a JSON object, stopping at ``[DONE]``.
 
     Data lines of one event are joined with newlines (the SSE rule); comments
@@ -98,15 +99,21 @@ async def iter_sse_objects(response: httpx.Response) -> AsyncGenerator[dict[str,
 
     Raises:
         UpstreamFailed: an event is not a JSON object, or is an error object.
+        UpstreamTooLarge: an event (or a line) is larger than ``max_line`` bytes.
     """
     data: list[str] = []
-    async with aclosing(BodyStream(response)) as body:
+    size = 0
+    async with aclosing(BodyStream(response, max_line=max_line)) as body:
         while (line := await body.next_line()) is not None:
             if line.startswith("data:"):
                 data.append(line[5:].removeprefix(" "))
+                size += len(line)
+                if size > max_line:
+                    raise UpstreamTooLarge("an event of the upstream's stream is larger than limits.answer_bytes")
             elif not line and data:  # a blank line ends the event
                 payload = "\n".join(data)
                 data.clear()
+                size = 0
                 if payload.strip() == "[DONE]":
                     return
                 yield _chunk_of(payload)

@@ -4,7 +4,9 @@ Edges of an HA group (docs/ha.md) put their leader's epoch on each run (wire
 v3). The node keeps one fence for all its connections, in its
 :class:`~iop_node.NodeRuntime`: a run of an older epoch than one already seen
 comes from an Edge that no longer leads (paused, or cut off from etcd) and is
-refused with ``stale_epoch`` before it takes a permit.
+refused with ``stale_epoch`` before it takes a permit. So is a run without an
+epoch once one has been seen: the node serves an HA group, and an Edge of it
+sends no epoch only when it cannot vouch for its term.
 """
 
 from __future__ import annotations
@@ -60,19 +62,25 @@ class EpochFence:
         """Let a run of ``epoch`` through (raising the fence to it), or refuse it. Does not checkpoint.
 
         Raises:
-            StaleEpoch: ``epoch`` is older than the fence.
+            StaleEpoch: ``epoch`` is older than the fence, or None once the fence has seen one.
         """
         if not self.admits(epoch):
-            logger.warning("run of epoch %s refused: this node has seen epoch %d", epoch, self.seen)
-            raise StaleEpoch(f"run of epoch {epoch}; this node has seen epoch {self.seen}")
+            what = "run without an epoch" if epoch is None else f"run of epoch {epoch}"
+            logger.warning("%s refused: this node has seen epoch %d", what, self.seen)
+            raise StaleEpoch(f"{what}; this node has seen epoch {self.seen}")
 
     def admits(self, epoch: int | None) -> bool:
         """Whether a run of ``epoch`` may run; raises the fence to it when it may.
 
-        A run without an epoch (an Edge without ``ha:``, a v1/v2 connection) is
-        never fenced. Does not checkpoint.
+        A run without an epoch (an Edge without ``ha:``, a v1/v2 connection) runs
+        while the fence has seen none; once it has, the node serves an HA group and
+        an epoch-less run is refused like a stale one (an Edge of the group that
+        cannot vouch for its term, never a leader). Does not checkpoint.
         """
         if epoch is None:
+            if self.seen:
+                self.refused += 1
+                return False
             return True
         if epoch < self.seen:
             self.refused += 1

@@ -12,8 +12,8 @@ and end are queued together (a non-stream answer read whole) costs one
 ``send()``, not two (the Edge then finds both in one read). Why the records go
 first rather than in stretches between the text frames: with runs ending while
 others answer, every run's end split the records into a frame per run (two
-WebSocket frames per non-stream run at concurrency 64, where wsproto's framing
-and masking cost the Node about 9 µs a frame and the Edge's parsing more).
+WebSocket frames per non-stream run, each costing wsproto's framing and masking
+on the Node and parsing on the Edge).
 
 Queuing is synchronous once there is room, hence cancellation-atomic: a record or
 frame is queued whole or not at all. Room: while more than :data:`LIMIT` bytes

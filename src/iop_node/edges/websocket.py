@@ -4,11 +4,9 @@ It is :class:`iop_wire.WebSocketEnd` (wsproto: messages, pings, the closing
 handshake, shared with the Edge's end) with the client's opening handshake and
 a transport of its own.
 
-Why not trio-websocket here (measured with ``benchmarks fleet`` at 64 streams, trio
-instrumentation of the Node): a message sent through it cost the writer task
-three trips through the scheduler (its wakeup, the connection's send lock, the
-socket stream's send), about 185 µs of CPU per frame on the shared benchmark box,
-and every message received hopped from its reader task through a channel. Here
+Why not trio-websocket here: a message sent through it cost the writer task three
+trips through the scheduler (its wakeup, the connection's send lock, the socket
+stream's send), and every message received hopped from its reader task through a channel. Here
 wsproto does the WebSocket protocol (handshake, framing, masking, the closing
 handshake) and this module only moves bytes:
 

@@ -11,7 +11,10 @@ with a pool of ``capacity`` connections (why not httpcore for plain HTTP:
 Error mapping lives here, once: transport errors and timeouts become
 :class:`UpstreamUnreachable`; a non-2xx answer becomes :class:`UpstreamFailed`
 carrying the status, the upstream's own message and its body (the Edge passes a
-backend 4xx through to the client with them).
+backend 4xx through to the client with them). An answer past the provider's
+``limits`` (:class:`~iop_node.config.UpstreamLimits`) becomes
+:class:`UpstreamTooLarge` (its head, a non-stream answer, a line of a stream
+the Node parses) or :class:`UpstreamFailed` (its chunk extensions, its 1xx answers).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from typing import Any, Final, Protocol, final
 import attrs
 import httpx
 
-from iop_node._errors import BadRunRequest, UpstreamFailed, UpstreamUnreachable
+from iop_node._errors import BadRunRequest, RunFailed, UpstreamFailed, UpstreamTooLarge, UpstreamUnreachable
 from iop_node.adapters.interface import TunnelHead
-from iop_node.config import ProviderConfig
+from iop_node.config import ProviderConfig, UpstreamLimits
 from iop_node.upstream.poller import RunOutput
+from iop_node.upstream.response import AnswerOverBound, AnswerTooLarge
 from iop_node.upstream.transport import H11Transport, PostRequests
 from iop_wire import UPSTREAM_BODY_LIMIT
 
@@ -64,12 +68,14 @@ class HttpUpstream:
         direct: the client's transport when it is our :class:`H11Transport`: runs go to it
             directly (tunnel requests still go through the client).
         timeouts: the client's timeouts, as a request's ``timeout`` extension.
+        limits: the bounds on what the upstream sends.
     """
 
     root: str
     client: httpx.AsyncClient
     direct: H11Transport | None = None
     timeouts: dict[str, float | None] = attrs.field(factory=dict)
+    limits: UpstreamLimits = attrs.field(factory=UpstreamLimits)
     _posts: dict[str, PostRequests] = attrs.field(factory=dict, init=False)
 
     @classmethod
@@ -94,13 +100,15 @@ class HttpUpstream:
         )
         if transport is None:
             if root.startswith("http://"):
-                transport = H11Transport(provider.capacity)
+                transport = H11Transport(provider.capacity, provider.limits)
             else:
                 limits = httpx.Limits(max_connections=provider.capacity, max_keepalive_connections=provider.capacity)
                 transport = httpx.AsyncHTTPTransport(limits=limits)
         client = httpx.AsyncClient(timeout=timeout, transport=transport, cookies=_NoCookies())
         direct = transport if isinstance(transport, H11Transport) else None
-        return cls(root=root.rstrip("/"), client=client, direct=direct, timeouts=timeout.as_dict())
+        return cls(
+            root=root.rstrip("/"), client=client, direct=direct, timeouts=timeout.as_dict(), limits=provider.limits
+        )
 
     @asynccontextmanager
     async def post_json(self, url: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
@@ -133,8 +141,12 @@ class HttpUpstream:
             finally:
                 await response.aclose()
 
-    async def relay_post(self, url: str, body: dict[str, Any], send: Callable[[bytes], Awaitable[None]]) -> None:
+    async def relay_post(
+        self, url: str, body: dict[str, Any], send: Callable[[bytes], Awaitable[None]], *, whole: bool = False
+    ) -> None:
         """``POST url`` with a JSON body and hand the 2xx answer's body to ``send`` as it arrives.
+
+        ``whole``: the answer is one object (a non-stream run), bounded by ``limits.answer_bytes``.
 
         A run's relay. With our :class:`H11Transport` the request goes straight to it (no
         ``httpx`` request or response objects) and the body is every byte read so far at
@@ -146,9 +158,11 @@ class HttpUpstream:
         Raises:
             UpstreamUnreachable: connection error or timeout.
             UpstreamFailed: the upstream answered non-2xx.
+            UpstreamTooLarge: the answer's head (or, ``whole``, its body) is past its bound.
         """
         if self.direct is None:
-            async with self.post_json(url, body) as response, aclosing(BodyStream(response)) as chunks:
+            limit = self.limits.answer_bytes if whole else None
+            async with self.post_json(url, body) as response, aclosing(BodyStream(response, max_bytes=limit)) as chunks:
                 await chunks.pump(send)
             return
         content = _encode_json(body).encode()
@@ -156,7 +170,7 @@ class HttpUpstream:
         # block of a request, the error mapping) cost about 8 µs per run (see post_json
         # for the client's layers).
         try:
-            answer = await self.direct.post(self._post(url), content, self.timeouts)
+            answer = await self.direct.post(self._post(url), content, self.timeouts, whole=whole)
             try:
                 if not 200 <= answer.status < 300:
                     raise await _failure(answer.status, answer.reason.decode("ascii", "replace"), answer)
@@ -167,7 +181,7 @@ class HttpUpstream:
             finally:
                 answer.close()
         except httpx.TransportError as exc:
-            raise _unreachable(exc) from None
+            raise _run_error(exc) from None
 
     def _url(self, url: str) -> httpx.URL:
         return self._post(url).url
@@ -264,25 +278,37 @@ class BodyStream:
     Args:
         response: a response opened with ``stream=True``.
         raw: yield the bytes as received (no content decoding), for tunnels.
+        max_bytes: the most bytes of the (decoded) body; None: no bound.
+        max_line: the most bytes of one line (:meth:`next_line`); None: no bound.
     """
 
-    def __init__(self, response: httpx.Response, *, raw: bool = False) -> None:
+    def __init__(
+        self, response: httpx.Response, *, raw: bool = False, max_bytes: int | None = None, max_line: int | None = None
+    ) -> None:
         self._response = response
         self._chunks = response.aiter_raw() if raw else response.aiter_bytes()
         self._buffer = b""
         self._lines: deque[bytes] = deque()
         self._ended = False
+        self._left = max_bytes
+        self._max_line = max_line
 
     async def next_chunk(self) -> bytes | None:
         """Return the next body chunk, or None at the end. Checkpoints.
 
         Raises:
             httpx.TransportError: the upstream connection failed.
+            UpstreamTooLarge: the body is longer than ``max_bytes``.
         """
         try:
-            return await self._chunks.__anext__()
+            chunk = await self._chunks.__anext__()
         except StopAsyncIteration:
             return None
+        if self._left is not None:
+            self._left -= len(chunk)
+            if self._left < 0:
+                raise UpstreamTooLarge("the upstream's answer is larger than the provider's limits.answer_bytes")
+        return chunk
 
     async def pump(self, send: Callable[[bytes], Awaitable[None]]) -> None:
         """Hand every chunk to ``send`` until the end. Checkpoints.
@@ -298,6 +324,7 @@ class BodyStream:
 
         Raises:
             httpx.TransportError: the upstream connection failed.
+            UpstreamTooLarge: a line is still without its end past ``max_line`` bytes.
         """
         while not self._lines:
             if self._ended:
@@ -311,6 +338,10 @@ class BodyStream:
                 continue
             *lines, self._buffer = (self._buffer + chunk).split(b"\n")
             self._lines.extend(lines)
+            if self._max_line is not None and len(self._buffer) > self._max_line:  # a line without end
+                raise UpstreamTooLarge(
+                    "a line of the upstream's stream is larger than the provider's limits.answer_bytes"
+                )
         return self._lines.popleft().rstrip(b"\r").decode("utf-8", "replace")
 
     async def aclose(self) -> None:
@@ -345,16 +376,21 @@ class HttpAdapter:
         await self.http.aclose()
 
 
-async def read_object(response: httpx.Response) -> dict[str, Any]:
-    """Read the whole body and return it as a JSON object. Checkpoints.
+async def read_object(response: httpx.Response, max_bytes: int) -> dict[str, Any]:
+    """Read the whole body (at most ``max_bytes``) and return it as a JSON object. Checkpoints.
 
     Raises:
         UpstreamFailed: the body is not a JSON object.
+        UpstreamTooLarge: the body is longer than ``max_bytes``.
     """
-    return parse_object(await response.aread())
+    data = bytearray()
+    async with aclosing(BodyStream(response, max_bytes=max_bytes)) as body:
+        while (chunk := await body.next_chunk()) is not None:
+            data += chunk
+    return parse_object(data)
 
 
-def parse_object(data: str | bytes) -> dict[str, Any]:
+def parse_object(data: str | bytes | bytearray) -> dict[str, Any]:
     """Parse one upstream JSON object.
 
     Raises:
@@ -415,11 +451,15 @@ def _transport_errors_mapped() -> Iterator[None]:
     try:
         yield
     except httpx.TransportError as exc:
-        raise _unreachable(exc) from None
+        raise _run_error(exc) from None
 
 
-def _unreachable(exc: httpx.TransportError) -> UpstreamUnreachable:
-    """The run error for an ``httpx`` transport error or timeout."""
+def _run_error(exc: httpx.TransportError) -> RunFailed:
+    """The run error for an ``httpx`` transport error or timeout, or an answer past a bound."""
+    if isinstance(exc, AnswerTooLarge):
+        return UpstreamTooLarge(str(exc))
+    if isinstance(exc, AnswerOverBound):
+        return UpstreamFailed(f"bad answer from the upstream: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamUnreachable(f"upstream timed out ({type(exc).__name__})")
     return UpstreamUnreachable(f"upstream unreachable: {exc or type(exc).__name__}")

@@ -17,18 +17,45 @@ What this adds to llhttp's callbacks (httptools exposes no "end of input"):
 - An answer to HEAD has no body: it completes with its head (and the connection
   is closed rather than reused, which needs no body-length bookkeeping).
 - Bytes after the end of the answer (unasked data) make the connection unusable.
+- Bounds on what the backend sends (:class:`~iop_node.config.UpstreamLimits`,
+  docs/security.md): the head (informational answers before it included),
+  the number of informational answers, the chunk extensions and trailer fields
+  of a chunked body (:mod:`iop_http.chunks`; here each piece of data llhttp
+  hands on, at least one per chunk, counts as a chunk: no callback per chunk
+  on a stream's path), and, for an answer the Node
+  relays whole (a non-stream run), the body. Each is checked as the bytes
+  arrive, so a backend that sends without end is refused after one read past
+  the bound.
 
-Errors are httpx's (``httpx.RemoteProtocolError``), as the transport's others.
+Errors are httpx's (``httpx.RemoteProtocolError``), as the transport's others;
+a bound passed is :class:`AnswerOverBound` (:class:`AnswerTooLarge` for the
+head and the body), a subclass, so a caller that does not tell them apart
+still sees a protocol error.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import final
 
 import httptools
 import httpx
 
+from iop_http.chunks import CHUNK_FRAMING_BYTES
+from iop_node.config import UpstreamLimits
+
 _NO_BODY_STATUSES = frozenset({204, 304})
+_DEFAULT_LIMITS = UpstreamLimits()
+_LINE_BYTES = 4  # the CRLF and the ": " (or the status line's spaces) a head spends on each field beside its text
+
+
+class AnswerOverBound(httpx.RemoteProtocolError):
+    """The answer went past one of the Node's bounds on what a backend sends."""
+
+
+@final
+class AnswerTooLarge(AnswerOverBound):
+    """The answer's head, or the body of an answer relayed whole, is larger than its bound."""
 
 
 @final
@@ -52,6 +79,12 @@ class ResponseParser:
         "_keep_alive",
         "_unasked",
         "_parts",
+        "_limits",
+        "_body_left",
+        "_head_read",
+        "_head_size",
+        "_slack",
+        "_informational_count",
         "status",
         "reason",
         "headers",
@@ -59,9 +92,20 @@ class ResponseParser:
         "complete",
     )
 
-    def __init__(self, *, head_only: bool = False) -> None:
+    def __init__(
+        self, *, head_only: bool = False, limits: UpstreamLimits = _DEFAULT_LIMITS, whole: bool = False
+    ) -> None:
+        """``limits``: the bounds checked; ``whole``: the body is relayed whole (bounded by ``limits.answer_bytes``)."""
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._head_only = head_only
+        self._limits = limits
+        self._body_left = limits.answer_bytes if whole else sys.maxsize
+        self._head_read = 0  # bytes read while the head (1xx answers included) was not whole
+        self._head_size = 0  # bytes of the heads parsed (their text, and _LINE_BYTES per line)
+        self._slack = limits.chunk_extension_bytes
+        """Bytes of the body read so far that may still be framing beyond the plain framing of its chunks:
+        each read takes its length, each piece of data gives its length and CHUNK_FRAMING_BYTES back."""
+        self._informational_count = 0
         self._informational = False
         self._needs_eof = False
         self._keep_alive = False
@@ -81,6 +125,7 @@ class ResponseParser:
         """Parse ``data`` (not empty: use :meth:`feed_eof` at the end of input).
 
         Raises:
+            AnswerOverBound: the answer went past one of ``limits``.
             httpx.RemoteProtocolError: the answer is not valid HTTP/1.1.
         """
         if self.complete:  # unasked data after the answer
@@ -88,14 +133,36 @@ class ResponseParser:
             return
         parser = self._parser
         assert parser is not None  # dropped only at the end of the answer
+        in_head = not self.head_done
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             raise httpx.RemoteProtocolError("the upstream switched protocols") from None
         except httptools.HttpParserError as exc:
+            bound = exc.__context__
+            if isinstance(bound, AnswerOverBound):  # raised by a callback below
+                raise bound from None
             if not self.complete:
                 raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}") from None
             self._unasked = True  # whatever follows the answer is not ours to parse
+        if self.complete:
+            return
+        if in_head:
+            self._count_head(len(data))
+            return
+        self._slack -= len(data)
+        if self._slack < 0:
+            limit = self._limits.chunk_extension_bytes
+            raise AnswerOverBound(f"the upstream's chunk extensions and trailers exceed {limit} bytes")
+
+    def _count_head(self, size: int) -> None:
+        """Count a read of ``size`` bytes that began in the head."""
+        if self.head_done:  # the head ended in this read: the body's framing is counted from the next one
+            self._slack = self._limits.chunk_extension_bytes
+            return
+        self._head_read += size
+        if self._head_read > self._limits.head_bytes:
+            raise AnswerTooLarge(f"the upstream's answer head exceeds {self._limits.head_bytes} bytes")
 
     def feed_eof(self) -> None:
         """The connection closed: complete a body that runs to the close, else fail.
@@ -130,10 +197,17 @@ class ResponseParser:
     def on_status(self, reason: bytes) -> None:
         if not self.head_done:
             self.reason += reason
+            self._grow_head(len(reason) + 16)  # "HTTP/1.1 200 " and the CRLF
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.head_done:
             self.headers.append((name, value))
+            self._grow_head(len(name) + len(value) + _LINE_BYTES)
+
+    def _grow_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self._limits.head_bytes:
+            raise AnswerTooLarge(f"the upstream's answer head exceeds {self._limits.head_bytes} bytes")
 
     def on_headers_complete(self) -> None:
         if self.complete:
@@ -143,6 +217,11 @@ class ResponseParser:
         status = parser.get_status_code()
         if status < 200:  # informational: the real answer follows
             self._informational = True
+            self._informational_count += 1
+            if self._informational_count > self._limits.informational_answers:
+                raise AnswerOverBound(
+                    f"the upstream sent over {self._limits.informational_answers} informational (1xx) answers"
+                )
             self.reason = b""
             self.headers = []
             return
@@ -156,8 +235,13 @@ class ResponseParser:
     def on_body(self, body: bytes) -> None:
         if self.complete:
             self._unasked = True
-        else:
-            self._parts.append(body)
+            return
+        self._parts.append(body)
+        size = len(body)
+        self._slack += size + CHUNK_FRAMING_BYTES
+        self._body_left -= size
+        if self._body_left < 0:
+            raise AnswerTooLarge(f"the upstream's answer exceeds {self._limits.answer_bytes} bytes")
 
     def on_message_complete(self) -> None:
         if self._informational:

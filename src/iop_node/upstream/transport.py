@@ -62,6 +62,7 @@ import httpx
 import trio
 
 from iop_http import length_framed
+from iop_node.config import UpstreamLimits
 from iop_node.upstream.response import ResponseParser
 
 RECEIVE_SIZE = 64 * 1024
@@ -275,12 +276,14 @@ class H11Transport(httpx.AsyncBaseTransport):
 
     Args:
         capacity: the most requests (and connections) at once.
+        limits: the bounds on what the upstream sends (:class:`~iop_node.upstream.response.ResponseParser`).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, limits: UpstreamLimits | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
+        self.limits = UpstreamLimits() if limits is None else limits
         self._slots = trio.Semaphore(capacity)
         self._idle: dict[_Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()
@@ -354,16 +357,29 @@ class H11Transport(httpx.AsyncBaseTransport):
         """
         return await self.send_written(url, written(method, url, headers, body), timeouts, head_only=method == b"HEAD")
 
-    async def post(self, requests: PostRequests, body: bytes, timeouts: Mapping[str, float | None]) -> Answer:
-        """``POST`` ``body`` to ``requests.url`` (a run's request). See :meth:`request`."""
-        return await self.send_written(requests.url, requests.written(body), timeouts)
+    async def post(
+        self, requests: PostRequests, body: bytes, timeouts: Mapping[str, float | None], *, whole: bool = False
+    ) -> Answer:
+        """``POST`` ``body`` to ``requests.url`` (a run's request). See :meth:`request`.
+
+        ``whole``: the answer is relayed whole (a non-stream run): its body is bounded by
+        ``limits.answer_bytes`` (past it, reading fails with ``AnswerTooLarge``).
+        """
+        return await self.send_written(requests.url, requests.written(body), timeouts, whole=whole)
 
     async def send_written(
-        self, url: httpx.URL, request: bytes, timeouts: Mapping[str, float | None], *, head_only: bool = False
+        self,
+        url: httpx.URL,
+        request: bytes,
+        timeouts: Mapping[str, float | None],
+        *,
+        head_only: bool = False,
+        whole: bool = False,
     ) -> Answer:
         """Send ``request`` (the bytes h11 wrote for it: :func:`written`) to ``url``'s origin; read the answer's head.
 
-        ``head_only``: the request is a ``HEAD`` (its answer has no body). See :meth:`request`.
+        ``head_only``: the request is a ``HEAD`` (its answer has no body). ``whole``: see
+        :meth:`post`. See :meth:`request`.
         """
         if url.raw_scheme != b"http":
             raise httpx.UnsupportedProtocol(f"H11Transport serves http:// only, not {url.scheme}://")
@@ -373,7 +389,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         await self._acquire_slot(_seconds(timeouts.get("pool")))
         checkout = Checkout(self)
         try:
-            return await self._send(checkout, origin, request, head_only, timeouts)
+            return await self._send(checkout, origin, request, (head_only, whole), timeouts)
         except BaseException:
             checkout.give_back(reusable=False)
             raise
@@ -383,19 +399,22 @@ class H11Transport(httpx.AsyncBaseTransport):
         checkout: Checkout,
         origin: _Origin,
         request: bytes,
-        head_only: bool,
+        shape: tuple[bool, bool],
         timeouts: Mapping[str, float | None],
     ) -> Answer:
-        """Take a connection into ``checkout`` and exchange; a stale reused one is replaced once."""
+        """Take a connection into ``checkout`` and exchange; a stale reused one is replaced once.
+
+        ``shape``: ``(head_only, whole)`` (see :meth:`send_written`).
+        """
         connect_timeout = _seconds(timeouts.get("connect"))
         checkout.connection = await self._connection(origin, connect_timeout)
         try:
-            return await self._exchange(checkout, request, head_only, timeouts)
+            return await self._exchange(checkout, request, shape, timeouts)
         except _StaleConnection:
             self._discard(checkout.connection)
             checkout.connection = None
         checkout.connection = await self._connection(origin, connect_timeout, fresh=True)
-        return await self._exchange(checkout, request, head_only, timeouts)
+        return await self._exchange(checkout, request, shape, timeouts)
 
     async def _acquire_slot(self, timeout: float) -> None:
         """Take a pool slot. Checkpoints only when it has to wait (the request checkpoints
@@ -441,7 +460,7 @@ class H11Transport(httpx.AsyncBaseTransport):
                 return
 
     async def _exchange(
-        self, checkout: Checkout, data: bytes, head_only: bool, timeouts: Mapping[str, float | None]
+        self, checkout: Checkout, data: bytes, shape: tuple[bool, bool], timeouts: Mapping[str, float | None]
     ) -> Answer:
         """Send the request in one write, read the answer's head. Checkpoints.
 
@@ -452,7 +471,8 @@ class H11Transport(httpx.AsyncBaseTransport):
         assert connection is not None
         reused = connection.requests > 0
         connection.requests += 1
-        response = connection.response = ResponseParser(head_only=head_only)
+        head_only, whole = shape
+        response = connection.response = ResponseParser(head_only=head_only, limits=self.limits, whole=whole)
         timeout = _seconds(timeouts.get("write"))
         try:
             await connection.send_all(data, timeout)

@@ -42,7 +42,7 @@ from iop_wire import (
     encode_data,
 )
 
-from .scale_edge import GcClock
+from .edge import GcClock
 
 Connector = Callable[[trio.Nursery], AbstractAsyncContextManager[trio_websocket.WebSocketConnection]]
 

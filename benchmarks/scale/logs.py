@@ -8,7 +8,7 @@ import pathlib
 import re
 from typing import Any
 
-from .harness import Daemon
+from benchmarks.harness import Daemon
 
 _LOOP_LINE = re.compile(r"^bench-loop: ([0-9.]+) ([0-9.]+) (\d+) ([0-9.]+) (\S+) ([0-9.]+)", re.M)
 _LOOPSUM_LINE = re.compile(r"^bench-loopsum: ([0-9.]+) ([0-9.]+) ([0-9.]+) ([0-9.]+) (\d+) ([0-9.]+) ([0-9.]+)", re.M)

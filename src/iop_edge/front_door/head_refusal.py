@@ -1,7 +1,7 @@
 """The head refusal: which completion requests the Edge refuses before their body is read.
 
 One owner decides ([overload-shed], a full queue, the API key): :class:`HeadRefusal`
-asks the front door (:class:`~iop_edge.api.overload.FrontDoor`) whether to shed or
+asks the front door (:class:`~iop_edge.front_door.overload.FrontDoor`) whether to shed or
 whether the queue is full, checks the API key, counts the refusal and books the
 client's return. The listener asks it on each request head (``refuse_head``);
 the app asks it when the listener did not (another server, a query string), and
@@ -19,6 +19,8 @@ import trio
 
 from iop_admission import AdmissionError
 from iop_edge.api.rejections import CANNED_MAX, RequestRejected, admission_rejection, bearer, canned
+from iop_edge.api.tenant_charge import charge_of
+from iop_edge.front_door.queue_room import refuses_queue_full
 from iop_edge.listener.cycle import ConnectionHooks
 from iop_edge.listener.pacing import Headers
 from iop_edge.listener.server import CannedResponse
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
 
 COMPLETION_TARGETS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 """The request targets a flood can be refused on, before a scope is built (:meth:`HeadRefusal.refuse`)."""
+
+
+def _no_estimate() -> int:
+    return 1  # the head has no body: a tenant's name needs no token estimate
 
 
 @final
@@ -97,7 +103,8 @@ class HeadRefusal:
             For 503 ``overloaded`` ([overload-shed]) or 429 ``queue_full`` (the
             queue is full and the requests already asking for a lease fill it and
             every free slot, :meth:`FrontDoor.queue_full`: no request, whatever its
-            model, could run or queue now): the canned response, with the
+            model, could run or queue now; with tenants, only when admission too
+            would answer this request ``queue_full``, :meth:`tenant_refuses`): the canned response, with the
             client's return booked, and the time before which its connection is
             not read again. None when the request may go on.
 
@@ -113,8 +120,9 @@ class HeadRefusal:
             self.authorize(headers)
             max_queue = service.config.provider_pool.max_queue
             full = door.queue_full(max_queue, self.capacity(), service.admission.queue_depth, now)
-            if not full or self.sheddable_waiting():
-                door.let_through(now)
+            tenant = self.tenant_of(headers)
+            if not full or not self.tenant_refuses(tenant, now):
+                door.let_through(now, tenant)
                 return None
             code = "queue_full"
         count = self._refusal_counters.get(code)
@@ -124,14 +132,31 @@ class HeadRefusal:
         retry_after, delay = door.refusal(now, self.capacity())
         return self._refusal_on_head(code, retry_after), now + delay
 
-    def sheddable_waiting(self) -> bool:
-        """Whether a waiter of a negative band is queued ([tenant-quotas]): then a full queue is no
-        ``queue_full`` on the head -- admission sheds that waiter for a newcomer of a band above it,
-        or refuses a newcomer of a negative band ``tenant_shed`` itself."""
+    def tenant_of(self, headers: Headers) -> str | None:
+        """The tenant a request with ``headers`` is charged to ([tenant-edge]), as the app names it;
+        None without tenants."""
+        config = self._service.config
+        return charge_of(config, headers, _no_estimate).tenant if config.tenants else None
+
+    def gave_up(self, scope: MutableMapping[str, Any]) -> None:
+        """The request of ``scope``, let through on its head, ends without asking for a lease."""
+        self._service.front_door.gave_up(self.tenant_of(scope["headers"]))
+
+    def tenant_refuses(self, tenant: str | None, now: float) -> bool:
+        """Whether admission too would refuse ``tenant``'s request ``queue_full``, the front door's
+        tenant-blind count having found the queue full ([tenant-quotas]).
+
+        Without tenants it would. With tenants, :func:`refuses_queue_full` decides from the
+        tenants' rows and the requests in transit by tenant: a sheddable flood or a tenant at its
+        own ``max_queue`` never turns another tenant's request into ``queue_full`` on the head.
+        """
         service = self._service
-        if not any(tenant.priority < 0 for tenant in service.config.tenants):
-            return False  # no negative band configured: the flood path reads nothing more
-        return any(row.priority < 0 and row.waiting for row in service.admission.snapshot(count=0).tenants)
+        if not service.config.tenants:
+            return True  # one queue: the front door's count is the whole rule
+        snapshot = service.admission.snapshot(count=0)
+        max_queue = service.config.provider_pool.max_queue
+        transit = service.front_door.in_transit(now)
+        return refuses_queue_full(tenant, snapshot.tenants, snapshot.queue_depth, max_queue, transit)
 
     def _refusal_on_head(self, code: str, retry_after: int) -> CannedResponse:
         """The canned ``overloaded`` or ``queue_full`` answer with ``retry_after``, built once per kind."""

@@ -201,7 +201,16 @@ class FrontDoor:
     one; the API keeps both.
     """
 
-    __slots__ = ("shedder", "connections", "waiting", "running", "returns", "passing", "passing_until")
+    __slots__ = (
+        "shedder",
+        "connections",
+        "waiting",
+        "running",
+        "returns",
+        "passing",
+        "passing_of",
+        "passing_until",
+    )
 
     def __init__(self, policy: OverloadPolicy) -> None:
         self.shedder = LoadShedder(policy)
@@ -210,23 +219,25 @@ class FrontDoor:
         self.waiting = 0
         self.running = 0
         self.passing = 0  # let through on their heads and not asking yet (:meth:`let_through`)
-        self.passing_until = -math.inf  # when that count lapses
+        self.passing_of: dict[str | None, int] = {}  # the same, by tenant as the Edge names it
+        self.passing_until = -math.inf  # when those counts lapse
 
     def __repr__(self) -> str:
         return f"<FrontDoor {self.shedder!r}, {self.connections!r}, {self.waiting} waiting>"
 
-    def enter(self) -> Visit:
-        """Count a new request as asking for a lease; the :class:`Visit` moves and ends its count.
+    def enter(self, tenant: str | None = None) -> Visit:
+        """Count a new request (of ``tenant``) as asking for a lease; the :class:`Visit` moves and
+        ends its count.
 
         A request let through on its head (:meth:`let_through`) stops counting as passing here.
         """
         self.waiting += 1
-        if self.passing > 0:
-            self.passing -= 1
+        self._arrived(tenant)
         return Visit(self)
 
-    def let_through(self, now: float) -> None:
-        """Count a request let through on its head (not refused there): it will ask for a lease soon.
+    def let_through(self, now: float, tenant: str | None = None) -> None:
+        """Count a request (of ``tenant``) let through on its head (not refused there): it will ask
+        for a lease soon.
 
         Between the decision on a head and the request's :meth:`enter` there is at least a task
         switch: the pacer decides on every paused connection due at once in one pass, and a
@@ -238,18 +249,33 @@ class FrontDoor:
         """
         if now > self.passing_until:
             self.passing = 0
+            self.passing_of.clear()
             self.passing_until = now + PASSING_WINDOW
         self.passing += 1
+        self.passing_of[tenant] = self.passing_of.get(tenant, 0) + 1
 
-    def gave_up(self) -> None:
-        """A request let through on its head ends before it asks for a lease (a bad body, an
-        unknown field, the client gone): it stops counting as passing (:meth:`let_through`), so
-        a burst of such requests does not read as a full queue."""
+    def gave_up(self, tenant: str | None = None) -> None:
+        """A request (of ``tenant``) let through on its head ends before it asks for a lease (a bad
+        body, an unknown field, the client gone): it stops counting as passing (:meth:`let_through`),
+        so a burst of such requests does not read as a full queue."""
+        self._arrived(tenant)
+
+    def _arrived(self, tenant: str | None) -> None:
+        """A request of ``tenant`` let through on its head asks now, or never will: not passing."""
         if self.passing > 0:
             self.passing -= 1
+        count = self.passing_of.get(tenant, 0)
+        if count > 1:
+            self.passing_of[tenant] = count - 1
+        elif count:
+            del self.passing_of[tenant]
 
     def _passing(self, now: float) -> int:
         return self.passing if now <= self.passing_until else 0
+
+    def in_transit(self, now: float) -> dict[str | None, int]:
+        """The requests let through on their heads and not asking yet at ``now``, by tenant."""
+        return self.passing_of if now <= self.passing_until else {}
 
     def shed(self, queue_depth: int) -> bool:
         """Whether to refuse a new request now (``503 overloaded``), counting it if so.

@@ -46,14 +46,15 @@ from typing import Any
 import attrs
 import trio
 
+from benchmarks.awake import cpus_awake
+from benchmarks.harness import ROOT, BenchmarkFailed, Daemon, HttpConnection, LoadGenerator, cpu_seconds, rss_mb
 from iop_edge import lower_priority
 
-from . import scale_edge, scale_fleet
-from .awake import cpus_awake
-from .harness import ROOT, BenchmarkFailed, Daemon, HttpConnection, LoadGenerator, cpu_seconds, rss_mb
-from .scale_fleet import CAPACITY, FLEET_NICENESS, RECOVERY_MARKS, STORM_TIMEOUT, TOKEN, WIRES
-from .scale_logs import RELOAD_LINE, edge_gc, largest_gap, loop_holds, loop_time, reload_seconds, sent_times
-from .scale_report import table
+from . import edge as scale_edge
+from . import fleet as scale_fleet
+from .fleet import CAPACITY, FLEET_NICENESS, RECOVERY_MARKS, STORM_TIMEOUT, TOKEN, WIRES
+from .logs import RELOAD_LINE, edge_gc, largest_gap, loop_holds, loop_time, reload_seconds, sent_times
+from .report import table
 
 SPINNER = (sys.executable, "-c", "import os, sys\nwhile os.getppid() == int(sys.argv[1]): pass")
 """The control of the reload stall: a process that only uses the CPU, run as the reload's reader
@@ -260,7 +261,7 @@ async def _stream_gaps(port: int, at_mark: Callable[[], object] | None = None) -
 
 
 class _Spinner:
-    """:data:`SPINNER` started at idle priority in a session of its own, as the reload's reader is
+    """:data:`SPINNER` started at the reader's priority in a session of its own, as the reload's reader is
     (:func:`iop_edge.config.reader.lower_priority`); :meth:`stop` kills it (it ends by itself
     once this process is gone)."""
 
@@ -592,12 +593,13 @@ def main(argv: list[str]) -> None:
     )
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["fleet"]:
-        scale_fleet.main(sys.argv[2:])
-    elif sys.argv[1:2] == ["edge"]:
-        scale_edge.main(sys.argv[2:])
-    elif sys.argv[1:2] == ["config"]:
-        sys.stdout.write(edge_yaml(int(sys.argv[2])))
+def entry(argv: list[str]) -> None:
+    """``python -m benchmarks.scale``: the driver, or the fleet / Edge / config role its child processes play."""
+    if argv[:1] == ["fleet"]:
+        scale_fleet.main(argv[1:])
+    elif argv[:1] == ["edge"]:
+        scale_edge.main(argv[1:])
+    elif argv[:1] == ["config"]:
+        sys.stdout.write(edge_yaml(int(argv[1])))
     else:
-        main(sys.argv[1:])
+        main(argv)

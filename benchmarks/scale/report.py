@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .scale_fleet import FLEET_NICENESS, RECOVERY_MARKS, STORM_TIMEOUT
+from .fleet import FLEET_NICENESS, RECOVERY_MARKS, STORM_TIMEOUT
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:

@@ -1,0 +1,168 @@
+"""A run's answer relayed to its client: the first message, SSE streams, whole answers.
+
+Every function here checkpoints; a node gone mid-run becomes the client's 502, a client too slow
+for its run's buffer ``client_too_slow``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+
+from iop_edge.api.rejections import JSON as _JSON
+from iop_edge.api.rejections import RequestRejected, node_disconnected
+from iop_edge.api.rejections import dumps as _dumps
+from iop_edge.api.responder import SSE, Responder
+from iop_edge.api.run_failure import run_failure
+from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage
+from iop_wire import RunData, RunEnd, RunEvent
+
+
+async def next_message(run: RunChannel) -> RunMessage:
+    try:
+        return await run.next()
+    except NodeGone as exc:
+        if run.overflowed:
+            raise RequestRejected(502, "client_too_slow", str(exc), type="upstream_error") from None
+        raise node_disconnected(str(exc)) from None
+
+
+async def first_message(run: RunChannel, first_token: float | None) -> RunMessage:
+    """The run's first message, within ``first_token`` seconds when set ([first-token-timeout]).
+
+    Checkpoints. Past the timeout it raises a retryable provider failure; the
+    caller leaving the run's ``async with`` then cancels the run on the node.
+    A message that arrived in the scheduling round the timeout ended the wait
+    came in time: the node link's reader may have written the whole answer to
+    the client already (:meth:`RunChannel.answer_whole`), which must then count
+    as answered, not as a failure of the provider.
+    """
+    if first_token is None:
+        return await next_message(run)
+    with trio.move_on_after(first_token):
+        return await next_message(run)
+    if run.ready():
+        return await next_message(run)
+    raise RequestRejected(
+        502,
+        "first_token_timeout",
+        "no first byte from the upstream in time (first_token_timeout_ms)",
+        type="upstream_error",
+        retry="first_token_timeout",
+        provider_failure=True,
+    )
+
+
+def end_of(message: RunMessage) -> RunEnd:
+    """The run's end; an error end or a message no run carries becomes the client's error."""
+    if type(message) is not RunEnd:
+        raise RequestRejected(502, "upstream_error", "unexpected tunnel message for a run", type="upstream_error")
+    if message.status != "ok":
+        raise run_failure(message)
+    return message
+
+
+async def relay_stream(
+    run: RunChannel,
+    responder: Responder,
+    head: list[tuple[bytes, bytes]],
+    first: RunMessage | None = None,
+    scan: Callable[[bytes], None] | None = None,
+) -> None:
+    """Relay a streamed run: every burst of output that has arrived goes out in one send.
+
+    Output in data records (v2) is the SSE body already, written as is; output in
+    ``run_event`` messages (v1) is framed here, and the stream ends with our ``[DONE]``.
+    ``first`` is the run's first message when the caller received it already.
+    ``scan`` (token cost, [tenant-edge]) sees every burst written, to find the reported usage.
+
+    Once the head is out and everything received is written, data records go
+    from the node link's reader straight to the client's socket (the server's
+    ``write_body_nowait``, :meth:`RunChannel.attach`); this task then only
+    waits for the run's end.
+    """
+    try:
+        await relay_bursts(run, responder, head, first, scan)
+    finally:
+        run.detach()
+
+
+async def relay_bursts(
+    run: RunChannel,
+    responder: Responder,
+    head: list[tuple[bytes, bytes]],
+    first: RunMessage | None,
+    scan: Callable[[bytes], None] | None,
+) -> None:
+    framed_here = False
+    while True:
+        if not framed_here and scan is None and responder.started and responder.write_nowait is not None:
+            run.attach(responder.write_nowait)
+        message, first = (first, None) if first is not None else (await next_message(run), None)
+        burst = [message, *run.buffered()]
+        parts: list[bytes] = []
+        end: RunMessage | None = None
+        for item in burst:
+            if isinstance(item, RunData):
+                parts.append(item.data)
+            elif isinstance(item, RunEvent):
+                framed_here = True
+                parts.append(b"data: " + _dumps(item.data) + b"\n\n")
+            else:
+                end = item
+                break
+        if parts:
+            if not responder.started:
+                await responder.start(200, [SSE, (b"cache-control", b"no-cache"), *head])
+            data = b"".join(parts)
+            if scan is not None:
+                scan(data)
+            await responder.chunk(data)
+        if end is not None:
+            end_of(end)
+            if not responder.started:
+                await responder.start(200, [SSE, (b"cache-control", b"no-cache"), *head])
+            await responder.finish(b"data: [DONE]\n\n" if framed_here else b"")
+            return
+
+
+async def relay_whole(
+    run: RunChannel,
+    responder: Responder,
+    head: list[tuple[bytes, bytes]],
+    first: RunMessage | None = None,
+    scan: Callable[[bytes], None] | None = None,
+) -> None:
+    """Relay a non-stream run: the body bytes (v2 records) or the one response object (v1).
+
+    ``first`` is the run's first message when the caller received it already.
+    Messages that arrived with it are taken without waiting (the answer and its
+    end usually come in one read: no scheduling round between them). When the
+    whole answer came before this task took any of it, the node link's reader
+    has written it to the client already (:meth:`RunChannel.answer_whole`):
+    the client has its answer one scheduling round sooner, and this task only
+    goes through the run's messages.
+    """
+    parts: list[bytes] = []
+    while True:
+        if first is None:
+            first = await next_message(run)
+        for message in (first, *run.buffered()):
+            if isinstance(message, RunData):
+                parts.append(message.data)
+            elif isinstance(message, RunEvent):
+                parts.append(_dumps(message.data))
+            else:
+                end_of(message)
+                if not parts:
+                    raise RequestRejected(
+                        502, "upstream_error", "the node ended the run without a response", type="upstream_error"
+                    )
+                answer = b"".join(parts)
+                if scan is not None:
+                    scan(answer)
+                if not run.answered:
+                    await responder.whole(200, [_JSON, *head], answer)
+                return
+        first = None

@@ -1,0 +1,117 @@
+"""One HTTP response of the API: :class:`Responder` and the framing of its head."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any, final
+
+import trio
+
+from iop_edge.api.rejections import RequestRejected
+from iop_edge.api.rejections import canned as _canned
+from iop_edge.listener.cycle import PAUSE_READING
+from iop_edge.listener.server import CannedResponse
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+
+SSE = (b"content-type", b"text/event-stream")
+
+
+@final
+class Responder:
+    """Sends one HTTP response; knows whether the head is out already, and whether a run was sent
+    for it (``run_sent``: the request may have run at a backend, whatever its answer says)."""
+
+    __slots__ = ("_send", "_scope", "started", "finished", "run_sent", "write_nowait", "respond_nowait")
+
+    def __init__(
+        self,
+        send: Send,
+        scope: Scope,
+        write_nowait: Callable[[bytes], bool] | None = None,
+        respond_nowait: Callable[[int, list[tuple[bytes, bytes]], bytes], bool] | None = None,
+    ) -> None:
+        self._send = send
+        self._scope = scope
+        self.started = False
+        self.finished = False
+        self.run_sent = False
+        self.write_nowait = write_nowait
+        """The listener's ``write_body_nowait``: a body chunk written from any task, never waiting."""
+        self.respond_nowait = respond_nowait
+        """The listener's ``respond_nowait``: a whole response written from any task, never waiting."""
+
+    async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": list(headers)})
+
+    async def chunk(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def finish(self, data: bytes = b"") -> None:
+        self.finished = True
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def whole(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
+        await self.start(status, framed(headers, body))
+        await self.finish(body)
+
+    def whole_nowait(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Answer with a whole response now, from any task, never waiting (the listener's ``respond_nowait``).
+
+        Returns:
+            Whether it went out; if not (no such extension, the response started, the client
+            gone), answer with :meth:`whole` as usual.
+        """
+        respond = self.respond_nowait
+        if respond is None or self.started or not respond(status, framed(headers, body), body):
+            return False
+        self.started = self.finished = True
+        return True
+
+    async def canned(self, response: CannedResponse) -> None:
+        """Answer with a response encoded once (a refusal on the request head)."""
+        self.started = self.finished = True
+        await self._send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+        await self._send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+    async def reject(self, rejection: RequestRejected) -> None:
+        """Answer with an error: a JSON response, or a final SSE error event mid-stream.
+
+        Shielded, for at most :data:`REJECT_BOUND_S`: the answer goes out even when the request's
+        scope is cancelled as it is written (a leader stepping down just as a node refuses its run
+        as ``stale_epoch``: found by the seeded simulation's Edge replicas). Without the shield the
+        response was marked finished and never sent, and the client got nothing.
+        """
+        if self.finished:
+            return
+        if rejection.read_after is not None:
+            self._scope[PAUSE_READING] = rejection.read_after
+        with trio.CancelScope(shield=True), trio.move_on_after(REJECT_BOUND_S):
+            if not self.started:
+                head, body = _canned(rejection)
+                self.started = self.finished = True
+                await self._send({"type": "http.response.start", "status": rejection.status, "headers": head})
+                await self._send({"type": "http.response.body", "body": body, "more_body": False})
+            else:
+                await self.finish(b"data: " + rejection.body() + b"\n\n")
+
+
+REJECT_BOUND_S = 1.0
+"""How long an error answer may take to write, shielded from the request's cancellation (:meth:`Responder.reject`)."""
+
+
+def header_pairs(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode(), value.encode()) for name, value in headers]
+
+
+def framed(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> list[tuple[bytes, bytes]]:
+    """``headers`` and the ``content-length`` of ``body``.
+
+    With a content-length the server frames the body as is; without one it
+    chunk-encodes it and writes the terminating chunk as one more socket send.
+    """
+    return [*headers, (b"content-length", b"%d" % len(body))]

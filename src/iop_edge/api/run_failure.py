@@ -1,0 +1,88 @@
+"""What a failed run becomes for the client: its status, code and whether another candidate may serve it."""
+
+from __future__ import annotations
+
+from iop_edge.api.rejections import RequestRejected, node_disconnected
+from iop_edge.api.upstream_errors import upstream_error_object
+from iop_wire import RunEnd
+
+UPSTREAM_RETRY_AFTER = 1
+"""``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
+STALE_LEADER_RETRY_AFTER = 1
+"""``Retry-After`` seconds when a node refused the run as ``stale_epoch``: a newer leader exists already."""
+
+
+def run_failure(end: RunEnd) -> RequestRejected:
+    """Map a node's ``run_end`` error to its HTTP answer, by its failure kind, and say
+    whether it may be retried.
+
+    A backend's client error (``client_error``: a 4xx but 401, 403, 407, 408 and
+    429) keeps the backend's status and error object, is never retried and never
+    counts against the provider; a backend 429 (``rate_limited``) is retried on
+    another candidate and, if it ends the request, answered 429 with
+    ``Retry-After`` and the backend's error object; the provider's failures
+    (unreachable, 5xx, 401/403/407/408, an unreadable answer) are
+    retried and count against it, and end as ``502 upstream_error``; the node's
+    ``concurrency_limit`` is retried but does not count; a ``bad_request`` from
+    the node is never retried. ``x-iop-provider`` is set by the caller.
+    """
+    detail = end.message or end.code or "run failed"
+    kind = end.failure
+    if kind == "node_busy":
+        return RequestRejected(
+            503,
+            "provider_busy",
+            f"provider busy: {detail}",
+            type="service_unavailable",
+            reason="provider_busy",
+            retry="concurrency_limit",
+        )
+    if kind == "cancelled":
+        return node_disconnected(f"run cancelled by the node: {detail}")
+    if kind == "stale_leader":  # [epoch-fencing] a newer leader exists: never retried here
+        return RequestRejected(
+            503,
+            "not_leader",
+            f"this Edge no longer leads: {detail}",
+            type="service_unavailable",
+            retry_after=STALE_LEADER_RETRY_AFTER,
+        )
+    status = end.upstream_status
+    retry = upstream_retry(end)
+    if status is not None and kind in ("client_error", "rate_limited"):
+        error = upstream_error_object(status, end.upstream_body, detail)
+        return RequestRejected(
+            status,
+            str(error["code"] or ""),
+            str(error["message"]),
+            type=str(error["type"]),
+            reason="upstream_rate_limited" if kind == "rate_limited" else "upstream_client_error",
+            retry_after=UPSTREAM_RETRY_AFTER if kind == "rate_limited" else None,
+            retry=retry,
+            provider_failure=retry is not None,
+            error=error,
+        )
+    if status is not None:
+        detail = f"upstream answered {status}: {detail}"
+    return RequestRejected(
+        502,
+        "upstream_too_large" if end.code == "upstream_too_large" else "upstream_error",
+        detail,
+        type="upstream_error",
+        reason=end.code or "upstream_error",
+        retry=retry,
+        provider_failure=retry is not None,
+    )
+
+
+def upstream_retry(end: RunEnd) -> str | None:
+    """The retry reason of a failed run (``iop_wire.failure_kind``), or None when the failure is not the provider's."""
+    kind = end.failure
+    if kind == "unreachable":
+        return "upstream_unreachable"
+    if kind == "rate_limited":
+        return "upstream_429"
+    if kind == "provider_error":
+        status = end.upstream_status
+        return "upstream_5xx" if status is not None and status >= 500 else "upstream_error"
+    return None  # client_error, node_refused: the run cannot be served as asked

@@ -1,0 +1,367 @@
+"""One registered node connection: :class:`NodeLink` (its reader, its writer, its runs).
+
+One nursery per connection, with one reader and one writer task. Nothing waits to send: a frame
+(a run, a cancel) goes to the socket at once from the task that has it when the writer is idle
+with nothing queued (:meth:`NodeSocket.send_nowait`: one non-blocking write, so a request handler
+being cancelled can never leave half a frame on the socket; what the socket does not take is the
+writer's to send), and otherwise into the connection's *outbox* (a deque the writer is parked
+on), behind the frames already there, for the writer. A node that stops reading its socket stalls
+only its own writer. A full outbox (:data:`OUTBOX_SIZE` frames) means the node is not keeping up:
+the connection is dropped.
+
+Every message from the node counts as liveness. No message for ``heartbeat_timeout`` seconds and
+the Edge drops the connection itself: the fallback for a peer that vanished without a close.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import TYPE_CHECKING, final
+
+import trio
+from trio_websocket import ConnectionClosed
+
+from iop_edge.metrics import DisconnectCause
+from iop_edge.nodes.connection import NodeSocket, close_quietly
+from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage
+from iop_io import ParkedTask
+
+if TYPE_CHECKING:
+    from iop_edge.nodes.registry import NodeRegistry
+from iop_wire import (
+    CLOSE_PROTOCOL_ERROR,
+    PROTOCOL_VERSION,
+    Cancel,
+    Heartbeat,
+    InFlight,
+    ProtocolError,
+    Run,
+    RunEnd,
+    TunnelEnd,
+    TunnelRequest,
+    decode,
+    encode,
+    split_data,
+)
+
+logger = logging.getLogger("iop_edge.nodes")
+
+
+OUTBOX_SIZE = 1024
+"""Frames queued for one node before it counts as stalled and is dropped."""
+WRITE_BATCH_BYTES = 64 * 1024
+"""Characters of queued frames past which the node link's writer stops adding frames to one write."""
+FLUSH = ""
+"""Queued (never sent) behind a frame sent without waiting: the node link's writer sends what the
+socket did not take of it, and what was queued behind it in the same scheduling round."""
+
+
+@final
+class NodeLink:
+    """One registered node connection: one node, one generation, one protocol version."""
+
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        node_id: str,
+        generation: int,
+        ws: NodeSocket,
+        protocol: int = PROTOCOL_VERSION,
+    ) -> None:
+        self.registry = registry
+        self.node_id = node_id
+        self.generation = generation
+        self.ws = ws
+        self.protocol = protocol
+        self.providers: tuple[str, ...] = ()
+        self.last_seen = trio.current_time()
+        self.cause: DisconnectCause = "error"
+        # The frames for the writer (a deque and the writer parked on it, not a memory channel:
+        # one reader, and a frame per request pays neither the channel's calls nor its WouldBlock).
+        self._outbox: collections.deque[str] = collections.deque()
+        self._outbox_closed = False
+        self._writer = ParkedTask()  # the writer task, when it waits for frames
+        self._writer_busy = False  # frames queued for the writer, or taken and not written yet
+        self._ending = False
+        self._runs: dict[str, RunChannel] = {}
+        self._unsent_runs: dict[int, str] = {}  # with ha: id of a run's frame waiting in the outbox -> run id
+        self._cancel_scope: trio.CancelScope | None = None
+
+    # ----------------------------------------------------------------- runs
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch to put on a run about to be sent on this connection [epoch-fencing]: the
+        leader's, on v3 only (:meth:`~iop_edge.ha.fencing.LeaderFence.stamp`).
+
+        Raises:
+            NotLeading: this Edge has ``ha:`` and cannot prove it leads: send nothing.
+        """
+        return self.registry.fence.stamp(self.protocol)
+
+    def send_frame(self, frame: str) -> None:
+        """Queue one frame that is not a run's (``leader``); dropped if the connection is ending."""
+        try:
+            self._queue(frame)
+        except NodeGone:
+            pass
+
+    def open_run(self, message: Run | TunnelRequest) -> RunChannel:
+        """Register a run and queue its request frame for the node (never waits).
+
+        Raises:
+            NodeGone: the connection is closing or its outbox is full.
+        """
+        run_id = message.run_id
+        channel = self._runs[run_id] = RunChannel(run_id, self)
+        frame = encode(message)
+        try:
+            sent = self._queue(frame)
+        except NodeGone:
+            self.forget_run(run_id)
+            raise
+        if not sent and self.registry.fence.leads is not None:
+            self._unsent_runs[id(frame)] = run_id  # checked again when the writer takes it (_withhold_runs)
+        return channel
+
+    def cancel_run(self, run_id: str) -> bool:
+        """Ask the node to cancel ``run_id`` (never waits).
+
+        Returns:
+            True when ``cancel`` was queued: the run is still tracked and the
+            connection open, so its end (or the connection's) will follow.
+        """
+        if run_id not in self._runs:
+            return False
+        try:
+            self._queue(encode(Cancel(run_id)))
+        except NodeGone:
+            return False  # the connection is ending; the node cancels every run itself
+        return True
+
+    def forget_run(self, run_id: str) -> None:
+        """Stop tracking ``run_id``: later frames for it are dropped."""
+        channel = self._runs.pop(run_id, None)
+        if channel is not None:
+            channel.close()
+
+    def _queue(self, frame: str) -> bool:
+        """Send ``frame`` now if the writer is idle with nothing queued, else queue it for the writer;
+        whether it was sent now.
+
+        A request handler then writes its run's frame itself: at concurrency 1 the
+        frame leaves without waiting for the writer task's turn (a scheduling round
+        or two on the request's path). The write cannot be cancelled half-way (it
+        does not wait). The writer is still woken (with :data:`FLUSH`): it sends
+        what the socket did not take, and frames queued in the same scheduling
+        round wait behind it and leave together in its one write, as before.
+        """
+        if self._outbox_closed:
+            raise NodeGone(f"node {self.node_id} is disconnecting")
+        ws = self.ws
+        if not (self._writer_busy or self._ending):
+            try:
+                sent = ws.send_nowait(frame)
+            except ConnectionClosed:
+                self.abort()
+                raise NodeGone(f"node {self.node_id} is disconnecting") from None
+            if sent:
+                frame = FLUSH
+        if len(self._outbox) >= OUTBOX_SIZE:
+            logger.warning("node %s is not reading its socket; dropping it", self.node_id)
+            self.cause = "error"
+            self.abort()
+            raise NodeGone(f"node {self.node_id} is stalled")
+        self._outbox.append(frame)
+        self._writer_busy = True  # what follows queues behind it: the order of frames is kept
+        self._writer.wake()
+        return frame is FLUSH
+
+    @property
+    def queued_frames(self) -> int:
+        """Frames waiting for the writer (a node that does not read its socket makes them pile up)."""
+        return len(self._outbox)
+
+    def _deliver(self, run_id: str, message: RunMessage) -> None:
+        channel = self._runs.get(run_id)
+        if channel is None:
+            return  # a late message for a run we already gave up on
+        if not channel.deliver(message):
+            self.cancel_run(run_id)
+            self.forget_run(run_id)
+        elif type(message) is RunEnd or type(message) is TunnelEnd:
+            del self._runs[run_id]
+            if message.code == "stale_epoch":
+                self.registry.fence.refused(self.node_id)
+
+    def _deliver_data(self, frame: bytes) -> str | None:
+        """Hand the records of a v2 data frame to their runs; the protocol problem, if any.
+
+        A run with several records in the frame gets their bytes joined, in
+        order, as one delivery: one write to its client instead of one per record.
+        Every record's order is checked before any is delivered.
+        """
+        runs = self._runs
+        batch: dict[str, tuple[RunChannel, int, bytes]] = {}
+        for run_id, seq, data in split_data(frame, max_bytes=self.registry.max_message_bytes):
+            channel = runs.get(run_id)
+            if channel is None:
+                continue  # a late record for a run we already gave up on
+            if seq != channel.next_seq:
+                return f"run {run_id}: data record {seq} out of order"
+            channel.next_seq = seq + 1
+            joined = batch.get(run_id)
+            batch[run_id] = (channel, seq, data) if joined is None else (channel, joined[1], joined[2] + data)
+        for run_id, (channel, seq, data) in batch.items():
+            if not channel.deliver_data(seq, data):
+                self.cancel_run(run_id)
+                self.forget_run(run_id)
+        return None
+
+    @property
+    def active_runs(self) -> int:
+        """Runs this connection carries right now."""
+        return len(self._runs)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def abort(self) -> None:
+        """Drop the connection now (its serve loop ends and disconnects the node)."""
+        self._ending = True
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
+
+    async def _serve(self, heartbeat_timeout: float) -> None:
+        async with trio.open_nursery() as nursery:
+            self._cancel_scope = nursery.cancel_scope
+            nursery.start_soon(self._write)
+            with trio.CancelScope() as reading:
+                nursery.start_soon(self._watch_heartbeat, heartbeat_timeout, reading)
+                await self._read()
+            nursery.cancel_scope.cancel()
+
+    async def _watch_heartbeat(self, heartbeat_timeout: float, reading: trio.CancelScope) -> None:
+        """Stop ``reading`` once no message came for ``heartbeat_timeout`` seconds.
+
+        A task of its own, so the reader pays no timer per message (it only
+        stamps :attr:`last_seen`).
+        """
+        while True:
+            expires = self.last_seen + heartbeat_timeout
+            if trio.current_time() >= expires:
+                self.cause = "heartbeat_timeout"
+                logger.warning("node %s sent nothing for %.1fs: dropping it", self.node_id, heartbeat_timeout)
+                reading.cancel()
+                return
+            await trio.sleep_until(expires)
+
+    async def _write(self) -> None:
+        """Send the outbox's frames until it is closed and empty, or the connection fails. Checkpoints."""
+        outbox = self._outbox
+        try:
+            while outbox or not self._outbox_closed:
+                if not outbox:
+                    await self._writer.park()
+                    continue
+                await self._send_queued()
+                self._writer_busy = bool(outbox)
+        except ConnectionClosed:
+            self.abort()
+
+    async def _send_queued(self) -> None:
+        """Send the first frame queued and those behind it, in one write to the socket where possible.
+
+        A write to a loopback or LAN socket costs more CPU than framing a
+        message, so the frames that queued up while the writer waited (runs
+        opened by several request handlers in one scheduling round) go out
+        together (:meth:`NodeSocket.send_messages`); a batch stops growing past
+        :data:`WRITE_BATCH_BYTES`, so large frames go one by one and a node that
+        stops reading leaves the rest in its outbox. The writer waits one
+        scheduling round for more only when others were queued already (at
+        concurrency 1 that round would be latency for nothing).
+        """
+        ws = self.ws
+        outbox = self._outbox
+        if len(outbox) > 1:
+            # Others queued already, so requests are arriving together: one more scheduling
+            # round lets the handlers runnable now queue theirs (never at concurrency 1).
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        frames = [outbox.popleft()]
+        size = len(frames[0])
+        while outbox and size < WRITE_BATCH_BYTES:  # large frames go one by one, the rest wait
+            frames.append(outbox.popleft())
+            size += len(frames[-1])
+        if self._unsent_runs:
+            frames = _withhold_runs(frames, self._unsent_runs, self._runs, self.registry.fence.may_send())
+        messages = [frame for frame in frames if frame]  # without FLUSH
+        if messages or ws.backlogged:
+            await ws.send_messages(messages)  # none: the rest of a frame sent without waiting
+
+    async def _read(self) -> None:
+        ws = self.ws
+        while True:
+            try:
+                text = await ws.get_message()
+            except ConnectionClosed as exc:
+                code = exc.reason.code if exc.reason else None
+                self.cause = "graceful" if code in (1000, 1001) else "error"
+                return
+            self.last_seen = trio.current_time()
+            try:
+                if type(text) is bytes and self.protocol >= 2:
+                    problem = self._deliver_data(text)
+                    if problem is None:
+                        continue
+                    raise ProtocolError(problem)
+                message = decode(text, max_bytes=self.registry.max_message_bytes)
+            except ProtocolError as exc:
+                logger.warning("node %s: protocol error: %s", self.node_id, exc.reason)
+                self.cause = "error"
+                await close_quietly(ws, exc.close_code, exc.close_reason)
+                return
+            kind = type(message)
+            if kind is Heartbeat:
+                continue
+            if isinstance(message, RunMessage):
+                self._deliver(message.run_id, message)
+                continue
+            if isinstance(message, InFlight) and self.protocol >= 3:
+                self.registry.fence.answered(self.node_id, message)
+                continue
+            logger.warning("node %s sent an unexpected %s", self.node_id, kind.__name__)
+            self.cause = "error"
+            await close_quietly(ws, CLOSE_PROTOCOL_ERROR, f"unexpected {kind.__name__} message")
+            return
+
+    def _end_runs(self) -> None:
+        self._ending = True
+        self._outbox_closed = True
+        self._writer.wake()
+        for channel in self._runs.values():
+            channel.close()
+        self._runs.clear()
+
+    def __repr__(self) -> str:
+        return f"<NodeLink {self.node_id} gen {self.generation} runs {len(self._runs)}>"
+
+
+def _withhold_runs(frames: list[str], unsent: dict[int, str], runs: dict[str, RunChannel], may_send: bool) -> list[str]:
+    """``frames`` less the runs' (``unsent``: frame id -> run id) when this Edge cannot prove it leads now
+    (``may_send`` false) [ha-step-down].
+
+    A run's frame is stamped when its run opens; one that waited in the outbox (the writer busy) is
+    checked again as it leaves: a leader paused between the two sends nothing when it wakes. Such a
+    run ends at once, refused ``stale_epoch`` by this Edge itself (its client's answer is ``503
+    not_leader``; no node refused anything, so ``iop_ha_stale_epoch_refused_total`` does not count it).
+    """
+    kept = []
+    for frame in frames:
+        run_id = unsent.pop(id(frame), None)
+        if run_id is None or may_send:
+            kept.append(frame)
+            continue
+        channel = runs.pop(run_id, None)
+        if channel is not None:
+            channel.deliver(RunEnd(run_id, "error", "stale_epoch", "not sent: this Edge cannot prove it leads"))
+    return kept

@@ -1,0 +1,276 @@
+"""One run's messages from its node: :class:`RunChannel`, and :class:`NodeGone`.
+
+The link's reader never blocks on a consumer: events for a run go into that run's bounded
+channel with ``send_nowait``. A run whose client cannot keep up overflows its channel and is
+cancelled (the handler answers ``client_too_slow``); heartbeats and other runs keep flowing. Once
+a stream's relay has written everything it received, it attaches its client's writer
+(:meth:`RunChannel.attach`): data records then go from the reader to the client's socket without
+a task switch, and a client too far behind overflows the run the same way. A non-stream answer
+whose records and end arrive before its relay took any of them is written to the client by the
+reader too, whole (:meth:`RunChannel.answer_whole`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, final
+
+import trio
+
+from iop_io import ParkedTask
+
+if TYPE_CHECKING:
+    from iop_edge.nodes.link import NodeLink
+from iop_wire import (
+    RunData,
+    RunEnd,
+    RunEvent,
+    TunnelChunk,
+    TunnelEnd,
+    TunnelStart,
+)
+
+logger = logging.getLogger("iop_edge.nodes")
+
+CANCEL_SETTLE_TIMEOUT = 2.0
+"""Seconds a run left before its end waits for the node to confirm the cancel."""
+RUN_BUFFER = 1024
+"""Messages buffered for one run before its client counts as too slow."""
+
+RunMessage = RunEvent | RunData | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
+"""What a run's channel carries: JSON messages (v1 and v2) and v2 data records."""
+
+
+class NodeGone(Exception):
+    """The node connection that should carry a run is gone (or not there)."""
+
+
+@final
+class RunChannel:
+    """One run's messages from its node, and its cancellation.
+
+    The channel owns both ends of the run's buffer: its node link hands it
+    messages with :meth:`deliver` (never waits), the relay reads them with
+    :meth:`next` / :meth:`buffered`. Use as ``async with``: leaving it before
+    the end message arrived sends ``cancel`` to the node and waits, bounded,
+    for the node to confirm it, so a lease held around it is released only
+    once the node has freed the provider (see :meth:`__aexit__`).
+
+    Why a deque and one parked task, not a trio memory channel: a run has
+    exactly one reader (its relay) and one writer (the link's reader task),
+    and a memory channel per run (two channel objects, a state, a task set)
+    was about a fiftieth of the Edge's CPU per request (py-spy, concurrency 64).
+    """
+
+    __slots__ = (
+        "run_id",
+        "link",
+        "_queue",
+        "_waiter",
+        "_closed",
+        "ended",
+        "overflowed",
+        "next_seq",
+        "_sink",
+        "_whole",
+        "_taken",
+        "answered",
+    )
+
+    def __init__(self, run_id: str, link: NodeLink) -> None:
+        self.run_id = run_id
+        self.link = link
+        self._queue: collections.deque[RunMessage] = collections.deque()
+        self._waiter = ParkedTask()  # the relay, in :meth:`next`
+        self._closed = False  # nothing more comes: the end arrived, the run was dropped, or the relay left
+        self.ended = False
+        self.overflowed = False
+        self.next_seq = 0
+        """The number the run's next data record must carry (its node link checks and counts)."""
+        self._sink: Callable[[bytes], bool] | None = None
+        self._whole: Callable[[bytes], bool] | None = None
+        self._taken = False  # the relay took a message: the reader no longer holds the whole answer
+        self.answered = False
+        """Whether the node link's reader wrote the whole answer to the client (:meth:`answer_whole`)."""
+
+    async def __aenter__(self) -> RunChannel:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Leave the run; a run left before its end is cancelled and its end awaited.
+
+        The node frees a provider slot (its local permit, its upstream request)
+        only when a cancelled run has unwound. A lease released as soon as
+        ``cancel`` is queued lets the next waiter's run reach the node first,
+        where it is refused with ``concurrency_limit`` (503 provider_busy). So
+        this sends ``cancel`` and waits for the node's ``run_end`` or the end
+        of the connection, then forgets the run.
+
+        Checkpoints only for a run that had not ended. The wait is shielded
+        from the caller's cancellation (a client that went away is the usual
+        reason to be here) and bounded by :data:`CANCEL_SETTLE_TIMEOUT`.
+        """
+        self._sink = self._whole = None
+        if not self.ended and self.link.cancel_run(self.run_id):
+            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SETTLE_TIMEOUT):
+                while not self.ended:
+                    try:
+                        await self.next()
+                    except NodeGone:
+                        break
+        self._closed = True
+        self._queue.clear()
+        if not self.ended:
+            self.link.forget_run(self.run_id)
+
+    def deliver(self, message: RunMessage) -> bool:
+        """Buffer the next message from the node (never waits).
+
+        Returns:
+            False when the run cannot take it: its buffer is full (the client
+            is too slow; :attr:`overflowed` is set) or its reader left. The
+            link then forgets the run and cancels it on the node.
+        """
+        sink = self._sink
+        if sink is not None:
+            if type(message) is RunData:
+                if sink(message.data):
+                    return True
+                return self._overflow()
+            self._sink = None  # the relay writes what follows, in order, from the buffer
+        if self._closed:
+            return False
+        if len(self._queue) >= RUN_BUFFER:
+            return self._overflow()
+        self._queue.append(message)
+        if type(message) is RunEnd or type(message) is TunnelEnd:
+            self._closed = True
+            if self._whole is not None and not self._taken:
+                self._answer_whole(message)
+        self._waiter.wake()
+        return True
+
+    def answer_whole(self, writer: Callable[[bytes], bool]) -> None:
+        """Let the node link's reader answer a non-stream run itself: ``writer(body)`` writes it whole.
+
+        When the run's end arrives (``ok``) with every data record of the run
+        still buffered -- the relay took none of them, the usual case, since the
+        node sends an answer and its end in one write -- the reader joins the
+        records and calls ``writer`` (never waiting; it returns whether the
+        answer went out), then :attr:`answered` tells the relay, which still
+        gets every message, that there is nothing left to write. The client gets
+        its answer without waiting for the relay's task to be scheduled.
+        """
+        self._whole = writer
+
+    def _answer_whole(self, end: RunEnd | TunnelEnd) -> None:
+        if type(end) is not RunEnd or end.status != "ok" or len(self._queue) < 2:
+            return
+        parts: list[bytes] = []
+        for index, message in enumerate(self._queue):
+            if type(message) is RunData:
+                parts.append(message.data)
+            elif index < len(self._queue) - 1:  # only data records before the end (a v1 answer: the relay)
+                return
+        try:
+            self.answered = self._whole is not None and self._whole(b"".join(parts))
+        except Exception:  # the reader serves every run of its node: one answer must not stop it
+            logger.exception("run %s: writing its answer failed; its relay answers", self.run_id)
+
+    def deliver_data(self, seq: int, data: bytes) -> bool:
+        """Hand on the bytes of the run's data record ``seq`` (never waits).
+
+        With a sink attached they go to it at once (no :class:`RunData`);
+        otherwise as :meth:`deliver` of that record. Returns as :meth:`deliver`.
+        """
+        sink = self._sink
+        if sink is None:
+            return self.deliver(RunData(self.run_id, seq, data))
+        if sink(data):
+            return True
+        return self._overflow()
+
+    def _overflow(self) -> bool:
+        """The client is too far behind: the run takes nothing more (:meth:`next` raises after the buffer)."""
+        self.overflowed = True
+        self.close()
+        return False
+
+    def attach(self, sink: Callable[[bytes], bool]) -> bool:
+        """Hand the bytes of later data records to ``sink`` as they arrive, in the node link's reader.
+
+        A relay that has written everything received so far attaches its
+        client's writer, so a token goes from the node's frame to the client's
+        socket without a task switch; the run's end and errors still come
+        through :meth:`next`. ``sink`` returns False when the client is too far
+        behind: the run then counts as overflowed (as a full buffer would).
+        Attaches only when nothing is buffered (else the order would break);
+        any other message detaches it, so what follows keeps its order too.
+
+        Returns:
+            Whether ``sink`` is attached now.
+        """
+        if self._sink is None:
+            if self.ended or self._queue:
+                return False
+            self._sink = sink
+        return True
+
+    def detach(self) -> None:
+        """Buffer data records again (for :meth:`next`); call it when the relay stops writing."""
+        self._sink = None
+
+    def close(self) -> None:
+        """The connection ended: :meth:`next` raises :class:`NodeGone` after what is buffered."""
+        self._closed = True
+        self._waiter.wake()
+
+    async def next(self) -> RunMessage:
+        """The next message of this run.
+
+        Checkpoints; cancellation leaves the run open (leave the ``with`` block
+        to cancel it).
+
+        Raises:
+            NodeGone: the connection ended (or the run overflowed) before the end message.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._queue or self._closed:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            await self._waiter.park()
+        if not self._queue:
+            raise NodeGone("run dropped: client too slow" if self.overflowed else "node connection lost")
+        self._taken = True
+        message = self._queue.popleft()
+        if type(message) is RunEnd or type(message) is TunnelEnd:
+            self.ended = True
+        return message
+
+    def ready(self) -> bool:
+        """Whether :meth:`next` has a message to give without waiting (never waits)."""
+        return bool(self._queue)
+
+    def buffered(self) -> list[RunMessage]:
+        """The messages of this run that have arrived already, up to its end (never waits).
+
+        Lets a relay write a burst of output to its client in one send.
+        A lost connection is left for the next :meth:`next` to raise.
+        """
+        messages: list[RunMessage] = []
+        queue = self._queue
+        while queue and not self.ended:
+            self._taken = True
+            message = queue.popleft()
+            if type(message) is RunEnd or type(message) is TunnelEnd:
+                self.ended = True
+            messages.append(message)
+        return messages

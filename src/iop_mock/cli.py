@@ -1,0 +1,126 @@
+"""``iop-mock-backend``: the command line, and serving a :class:`~iop_mock.MockBackend` on a port."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import signal
+import sys
+
+import trio
+
+from ._server import serve_asgi
+from .backend import MockBackend
+
+
+async def serve_mock_backend(
+    backend: MockBackend,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``backend.app`` over HTTP/1.1 (:mod:`iop_http` framing on trio sockets) until cancelled.
+
+    Use with ``port = await nursery.start(serve_mock_backend, backend)``. Nothing is logged per
+    request; an exception in the app is logged by the ``iop_mock.server`` logger (the request
+    gets a 500 if its response had not started, and its connection closes).
+
+    Args:
+        backend: the backend whose app and counters are served.
+        host: address to bind; the default is loopback only.
+        port: TCP port; 0 picks a free one.
+        task_status: receives the actual bound port once the socket listens.
+
+    Raises:
+        OSError: the address cannot be bound.
+
+    Checkpoints. Runs until cancelled; cancellation closes the listener and every open
+    connection at once (responses in progress end, their in-flight counts are released).
+    """
+    async with trio.open_nursery() as nursery:
+        bound_port = await nursery.start(functools.partial(serve_asgi, backend.app, host, port))
+        task_status.started(bound_port)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="iop-mock-backend",
+        description="OpenAI/Ollama-compatible fake LLM backend that counts in-flight requests.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=9100, help="TCP port, 0 = any (default 9100)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="time to first token (default 0)")
+    parser.add_argument(
+        "--tokens-per-second",
+        type=float,
+        default=0.0,
+        help="generation speed, 0 = as fast as possible (default 0)",
+    )
+    parser.add_argument(
+        "--prompt-chars-per-token",
+        type=float,
+        default=4.0,
+        help="prompt characters per prompt token reported in usage (default 4, the Edge's estimate)",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        dest="models",
+        help="model id listed by /v1/models; repeatable (default: mock)",
+    )
+    parser.add_argument(
+        "--fail-status",
+        type=int,
+        default=None,
+        help="answer every generation request with this HTTP status (400-599); POST /fault changes it",
+    )
+    parser.add_argument(
+        "--track-repeats",
+        action="store_true",
+        help="count requests whose body repeats one served before (repeated in /stats; for tests)",
+    )
+    args = parser.parse_args(argv)
+    if args.fail_status is not None and not 400 <= args.fail_status <= 599:
+        parser.error("--fail-status must be an HTTP error status (400-599)")
+    if args.latency_ms < 0 or args.tokens_per_second < 0:
+        parser.error("--latency-ms and --tokens-per-second must be >= 0")
+    if args.prompt_chars_per_token <= 0:
+        parser.error("--prompt-chars-per-token must be > 0")
+    return args
+
+
+async def run_backend(backend: MockBackend, host: str, port: int) -> None:
+    """Serve until SIGINT or SIGTERM, then close every connection and return.
+
+    Checkpoints; runs until a signal or cancellation.
+    """
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(functools.partial(serve_mock_backend, backend, host=host, port=port))
+            url_host = f"[{host}]" if ":" in host else host
+            print(f"iop-mock-backend listening on http://{url_host}:{bound}", file=sys.stderr, flush=True)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                return
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point ``iop-mock-backend``; exits 0 on SIGINT or SIGTERM."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    models: list[str] = args.models or ["mock"]
+    backend = MockBackend(
+        latency=args.latency_ms / 1000.0,
+        tokens_per_second=args.tokens_per_second,
+        prompt_chars_per_token=args.prompt_chars_per_token,
+        models=models,
+        fail_status=args.fail_status,
+        track_repeats=args.track_repeats,
+    )
+    trio.run(run_backend, backend, args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The whole-system checker on histories built by hand: each promise holds on a good history and
+catches its own breach (the control)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .checker import (
+    Attempt,
+    Execution,
+    Loss,
+    answered_once,
+    at_most_once,
+    refused_never_ran,
+    violations,
+    within_capacity,
+)
+
+pytestmark = pytest.mark.req("epoch-fencing")
+
+CAPACITY = {"node-a/gpu0": 2, "node-b/gpu0": 2}
+
+
+def run(marker: str, start: float, end: float, provider: str = "node-a/gpu0", outcome: str = "answered") -> Execution:
+    return Execution(marker, provider, start, end, outcome)
+
+
+def ok(marker: str) -> Attempt:
+    return Attempt(marker, "edge-0", 0.0, 1.0, 200)
+
+
+def test_a_good_history_breaks_no_promise() -> None:
+    executions = [run("a", 0.0, 1.0), run("b", 0.5, 1.5), run("c", 1.0, 2.0), run("d", 0.0, 1.0, "node-b/gpu0")]
+    attempts = [ok("a"), ok("b"), ok("c"), ok("d"), Attempt("e", "edge-1", 0.0, 0.1, 503, "not_leader")]
+    assert violations(attempts, executions, CAPACITY) == []
+
+
+def test_a_marker_run_twice_is_caught_unless_its_node_was_lost_meanwhile() -> None:
+    twice = [run("a", 0.0, 1.0), run("a", 2.0, 3.0, "node-b/gpu0")]
+    assert at_most_once(twice) == ["marker 'a' executed 2 times"]
+    assert answered_once([ok("a")], twice) == ["marker 'a' answered 200 by edge-0 but executed 2 times"]
+    lost = [Loss("node-a/gpu0", 0.5, 1.5)]  # node-a died while it ran "a": the Edge failed it over
+    assert at_most_once(twice, lost) == []
+    assert answered_once([ok("a")], twice, lost) == []
+    other = [Loss("node-b/gpu0", 0.5, 1.5)]  # a loss elsewhere excuses nothing
+    assert at_most_once(twice, other) == ["marker 'a' executed 2 times"]
+
+
+def test_a_200_never_executed_is_caught() -> None:
+    assert answered_once([ok("a")], []) == ["marker 'a' answered 200 by edge-0 but executed 0 times"]
+
+
+def test_a_refusal_before_the_run_must_not_have_run() -> None:
+    refused = Attempt("a", "edge-1", 0.0, 0.1, 503, "not_leader")
+    assert refused_never_ran([refused], [run("a", 0.0, 1.0)]) == [
+        "marker 'a' refused 503 not_leader by edge-1 yet executed"
+    ]
+    assert refused_never_ran([refused], [run("b", 0.0, 1.0)]) == []
+    cut = Attempt("a", "edge-1", 0.0, 0.1, 502, "node_disconnected")  # may have run: no promise
+    assert refused_never_ran([cut], [run("a", 0.0, 1.0)]) == []
+
+
+def test_capacity_is_checked_at_every_instant_per_provider() -> None:
+    two = [run("a", 0.0, 2.0), run("b", 1.0, 3.0)]
+    assert within_capacity(two, CAPACITY) == []
+    three = [*two, run("c", 1.5, 1.6)]
+    (found,) = within_capacity(three, CAPACITY)
+    assert found.startswith("node-a/gpu0 ran 3 at once at 1.500")
+    back_to_back = [*two, run("c", 2.0, 2.5)]  # "a" ends as "c" arrives: the slot was free
+    assert within_capacity(back_to_back, CAPACITY) == []
+    elsewhere = [*two, run("c", 1.5, 1.6, "node-b/gpu0")]
+    assert within_capacity(elsewhere, CAPACITY) == []
