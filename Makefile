@@ -91,8 +91,11 @@ chaos: $(STAMP)
 # health, retry, probe and panic functions of the admission core, where they live since its split by
 # concern (_health, _state, _refresh, _core, _slots, _queries, _choice); MUTANTS='glob ...' picks
 # others (e.g. MUTANTS='iop_admission._gate.*'); `make mutate-all` starts from scratch over the whole
-# admission core, the Node's gate and the Edge's overload unit. `make mutate-hand` applies issue 32's
-# hand mutants one at a time against the example tests of tests/admission.
+# admission core, the Node's gate and the Edge's overload unit. `make mutate-hand` applies each
+# hand-written semantic mutant of tests/admission/hand_mutant_catalogue.py (skipped calls, swapped
+# order, guards copied from a sibling, timers not re-armed, events for one of many) alone and runs
+# the whole of tests/admission against it under HYPOTHESIS_PROFILE=mutate (a fixed seed); it fails
+# if one survives. HAND='-k TEXT' picks mutants; HAND='--profile ci --runs 3' runs each on random seeds.
 MUTATE_HEALTH = $(foreach f,report_failure report_success advance next_ejection_end panic_models _eject _restore \
 	_reopen_probe _reportable _forget_health,'iop_admission._health.xǁHealthRulesǁ$(f)__mutmut_*') \
 	$(foreach f,retry expire release disconnect _fence,'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
@@ -108,7 +111,7 @@ mutate: $(STAMP)
 	$(BIN)/mutmut results
 
 mutate-hand: $(STAMP)
-	$(BIN)/python -m tests.admission.hand_mutants
+	nice -n 10 $(BIN)/python -m tests.admission.hand_mutants $(HAND)
 
 mutate-all: $(STAMP)
 	rm -rf mutants

@@ -164,9 +164,11 @@ class Admission:
 
         Once per lease: a second report, or one for a lease granted before its
         provider's last ejection or restore or its node's reconnect, changes
-        nothing. Synchronous; uses ``trio.current_time()`` inside trio.
+        nothing. Synchronous; uses ``trio.current_time()`` inside trio. Ends the
+        ejections whose time has come first, as a lease request does.
         """
         now = self._clock()
+        self._handoff.advance(now)
         self._handoff.apply(self._core.report_failure(lease, now))
 
     @trio.lowlevel.enable_ki_protection
@@ -176,6 +178,7 @@ class Admission:
         Once per lease, like :meth:`report_failure`. Synchronous.
         """
         now = self._clock()
+        self._handoff.advance(now)
         self._handoff.apply(self._core.report_success(lease, now))
 
     async def watch_ejections(self) -> NoReturn:

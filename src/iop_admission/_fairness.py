@@ -101,6 +101,7 @@ class FairShare:
 
     def __init__(self, tenants: Iterable[TenantSpec] = (), queue_limit: int | None = None) -> None:
         self._tenants: dict[str, _Tenant] = {}
+        self._configured: frozenset[str] = frozenset()  # the tenants of the config (and default)
         self._vtime: dict[int, float] = {}
         # (-priority, finish, head seq, version, name); an entry is live while its version is the tenant's
         self._heap: list[tuple[int, float, int, int, str]] = []
@@ -114,10 +115,12 @@ class FairShare:
         """Apply a new tenant set live: queues, leases and tags are kept.
 
         A tenant dropped from the config keeps its waiters and leases until
-        they leave; it serves under the default tenant's spec meanwhile.
+        they leave (it serves them under the default tenant's spec meanwhile,
+        then goes away); new items naming it go to the default tenant at once.
         """
         specs = {t.name: t for t in tenants}
         specs.setdefault(DEFAULT_TENANT, TenantSpec(DEFAULT_TENANT))
+        self._configured = frozenset(specs)
         for name, spec in specs.items():
             state = self._tenants.get(name)
             if state is None:
@@ -146,8 +149,8 @@ class FairShare:
         state.spec = spec
 
     def tenant_of(self, name: str | None) -> str:
-        """The configured tenant called ``name``, else the default tenant."""
-        return name if name is not None and name in self._tenants else DEFAULT_TENANT
+        """The configured tenant called ``name``, else the default tenant (a dropped one too)."""
+        return name if name is not None and name in self._configured else DEFAULT_TENANT
 
     # -- waiters --------------------------------------------------------------
 
@@ -248,6 +251,7 @@ class FairShare:
             head = True
         if head:
             self._touch(state)
+        self._forget_drained(state)
 
     def shed_victim(self, priority: int) -> Ticket | None:
         """The newest waiter of the lowest negative band below ``priority``."""
@@ -316,9 +320,13 @@ class FairShare:
         """Replace a granted ticket's reserved cost with the cost it used.
 
         A refund moves the tenant's tag back, but not behind its band's virtual
-        time: like an idle tenant, it banks no credit over the others.
+        time: like an idle tenant, it banks no credit over the others. A
+        tenant dropped from the config and gone since has nothing to charge.
         """
-        state = self._tenants[ticket.tenant]
+        state = self._tenants.get(ticket.tenant)
+        if state is None:
+            ticket.charged = actual
+            return
         delta = actual - ticket.charged
         state.finish = max(state.finish + delta / state.spec.weight, self._vtime.get(state.spec.priority, 0.0))
         state.served += delta
@@ -335,6 +343,13 @@ class FairShare:
         cap = state.spec.max_in_flight
         if cap is not None and state.in_flight < cap <= state.in_flight + 1:
             self._touch(state)  # back under its cap: it may be served again (else its heap entry stands)
+        self._forget_drained(state)
+
+    def _forget_drained(self, state: _Tenant) -> None:
+        """A tenant dropped from the config goes away with its last waiter or lease."""
+        name = state.spec.name
+        if not state.queue and not state.in_flight and name not in self._configured:
+            del self._tenants[name]
 
     def _touch(self, state: _Tenant) -> None:
         """Re-key a tenant in the heap after its head, tag, cap or spec changed."""

@@ -18,6 +18,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from tests.admission import state_coverage
 from tests.admission.layers import AsyncioLayer, Layer, TrioLayer
 
 from iop_admission import (
@@ -99,6 +100,12 @@ class Pool:
             providers={key: self.spec()},
             models={m: ModelGroup(candidates=(key,)) for m in models},
         )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The state coverage of every admission machine that ran: counts beside floors (issue 44)."""
+    for table in state_coverage.tables():
+        terminalreporter.write_line(table)
 
 
 @pytest.fixture

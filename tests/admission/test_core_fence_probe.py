@@ -63,3 +63,31 @@ def test_disconnect_fences_every_provider_of_the_node_after_an_idle_one() -> Non
     assert ok and [(type(d), getattr(d, "lease", None)) for d in decisions] == [(Revoked, running)]
     assert running.revoked and list(state.live_leases()) == []
     assert [p.in_flight for p in state.provider_snapshots()] == [0, 0]
+
+
+@pytest.mark.req("held-elsewhere", "disconnect-exclusion")
+@pytest.mark.parametrize("how", ["disconnect", "reconnect"])
+def test_fencing_forgets_the_long_runs_held_elsewhere_too(how: str) -> None:
+    """Runs held elsewhere (one of them long) belong to the node's connection: fencing it, by a
+    disconnect or a reconnect, drops both counts, so a new count of one run (not long) leaves the
+    long slot free for a long request, and ending that count leaves nothing behind."""
+    state = AdmissionState(
+        PoolConfig(
+            policy=QueuePolicy(queue_timeout=60.0),
+            providers={A: ProviderSpec(capacity=3, long_context_capacity=1)},
+            models={M: ModelGroup(candidates=(A,))},
+        )
+    )
+    state.connect("node-a")
+    assert state.hold(A, 2, 1) == []
+    if how == "disconnect":
+        state.disconnect("node-a", state.generation("node-a"))
+    state.connect("node-a")
+    assert state.hold(A, 1) == []
+    (row,) = state.provider_snapshots()
+    assert (row.in_flight, row.long_in_flight) == (1, 0)
+    long = _lease(state.request(M, True, 1.0))
+    assert state.release(long) == []
+    assert state.hold(A, 0) == []
+    (row,) = state.provider_snapshots()
+    assert (row.in_flight, row.long_in_flight) == (0, 0)

@@ -185,7 +185,8 @@ def test_tenant_spec_lists_every_problem() -> None:
 @pytest.mark.parametrize("holds", ["queue", "lease", "both"])
 def test_tenant_dropped_from_the_config_keeps_its_waiters_and_leases(holds: str) -> None:
     """x leaves the config while it has a waiter, a lease or both: it stays, under the default
-    tenant's spec and its own name, until they leave; a tenant with neither is gone at once."""
+    tenant's spec and its own name, until they leave, then it is gone; a tenant with neither is gone at
+    once; new items naming it go to the default tenant meanwhile."""
     core = FairShare([TenantSpec("x", weight=5, max_in_flight=3), TenantSpec("idle")])
     held = core.admit("x", "x0") if holds in ("lease", "both") else None
     waiting = core.enqueue("x", "x1")[0] if holds in ("queue", "both") else None
@@ -194,9 +195,13 @@ def test_tenant_dropped_from_the_config_keeps_its_waiters_and_leases(holds: str)
     assert core.spec("x") == TenantSpec("x", weight=2)
     if waiting is not None:
         assert core.grant() is waiting
+    assert core.tenant_of("x") == "default"
     if held is not None:
         core.release(held)
-    assert core.in_flight("x") == (1 if waiting is not None else 0)
+    if waiting is not None:
+        assert core.in_flight("x") == 1
+        core.release(waiting)
+    assert core.tenants() == ["default"]
 
 
 @pytest.mark.req("tenant-fair-share")

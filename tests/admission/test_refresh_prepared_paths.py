@@ -3,7 +3,8 @@
 Sans-I/O tests with exact steps, each run through both kinds of refresh where both apply:
 a model group rebuilt with other candidates grants its waiter a candidate that was free
 already, and still grants its queued retry later; a provider removed while a lease runs on it
-takes no count held elsewhere and forgets the one it had; a refresh that only raises a
+takes no count held elsewhere and forgets the one it had (its long one too, when it comes back
+before the lease ends); a refresh that only raises a
 tenant's cap grants that tenant's waiter.
 """
 
@@ -35,8 +36,8 @@ def _config(
     )
 
 
-def _spec(capacity: int = 1, priority: int = 0) -> ProviderSpec:
-    return ProviderSpec(capacity=capacity, long_context_capacity=0, priority=priority)
+def _spec(capacity: int = 1, priority: int = 0, long_cap: int = 0) -> ProviderSpec:
+    return ProviderSpec(capacity=capacity, long_context_capacity=long_cap, priority=priority)
 
 
 def _state(config: PoolConfig) -> AdmissionState:
@@ -119,6 +120,27 @@ def test_provider_removed_forgets_its_held_runs_and_comes_back_with_its_leases_o
     assert _snapshot_of(state, A) == (2, True)
     state.release(running)
     assert _snapshot_of(state, A) == (1, True)
+
+
+@pytest.mark.req("held-elsewhere", "refresh-consistency")
+@pytest.mark.parametrize("prepared", [False, True])
+def test_provider_removed_and_re_added_keeps_no_phantom_held_long_run(prepared: bool) -> None:
+    """gpu0 holds a long run elsewhere and runs a lease; removed and re-added before the lease ends,
+    it forgets the held run and its long slot: once the lease ends a long request takes the slot."""
+    both = {A: _spec(capacity=3, long_cap=1), B: _spec()}
+    state = _state(_config(both, {M: (A, B)}))
+    running = _lease(state.request(M, False, 0.0))
+    assert state.hold(A, 1, 1) == []
+    _refresh(state, _config({B: _spec()}, {M: (B,)}), prepared)
+    _refresh(state, _config(both, {M: (A, B)}), prepared)
+    assert state.hold(A, 1) == []  # a new count, of no long run
+    assert state.release(running) == []
+    (row,) = (r for r in state.provider_snapshots() if r.provider_id == A.provider_id)
+    assert (row.in_flight, row.long_in_flight) == (1, 0)
+    long = _lease(state.request(M, True, 1.0))
+    assert long.provider == A
+    assert state.release(long) == []
+    assert state.hold(A, 0) == []
 
 
 @pytest.mark.req("tenant-quotas", "refresh-consistency")

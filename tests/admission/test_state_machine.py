@@ -21,9 +21,10 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import event, settings
+from hypothesis import event, settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from tests.admission.state_coverage import Coverage
 
 from iop_admission import (
     ConfigError,
@@ -61,6 +62,11 @@ MODELS = ("ornith:35b", "ornith-fast", "m2", "m3")
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 _FIGURES: collections.Counter[str] = collections.Counter()  # what the runs exercised, printed at the end
 _EXAMPLES, _STEPS = {"soak": (5_000, 150), "dev": (50, 30), "mutate": (100, 40)}.get(_PROFILE, (500, 50))
+
+# The interactions the docs promise ([held-elsewhere], [queue-ownership]) and the floor each must
+# reach in a ci run of this machine
+# (the health interactions: test_health_machine.py); docs/reliability.md states the counts.
+COVERAGE = Coverage("core", {"simultaneous timeouts": 20, "held runs across a remove and re-add": 20})
 
 
 def counted(step: Callable[..., None]) -> Callable[..., None]:
@@ -174,6 +180,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.panic_grants: set[int] = set()  # ids of leases granted on a non-admitting provider (panic mode)
         self.figures = _FIGURES
         self.in_step = False  # a rule is running (its calls to other rules are not steps)
+        self.via = "waiter"  # what the decisions being applied come from: a refresh, else a waiter's grant
+        self.reached = 0  # named interactions this example reached (Hypothesis targets more of them)
+        self.held_at_removal: set[ProviderKey] = set()  # left the config with runs held elsewhere and a lease
 
     # ------------------------------------------------------------- reference
 
@@ -231,6 +240,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------- decisions
 
     def apply(self, decisions: list) -> None:
+        probed = False  # a grant of these decisions started a probe: panic grants after it are its doing
         for d in decisions:
             if isinstance(d, Granted):
                 assert d.waiter in self.queued, "grant for a waiter that is not queued"
@@ -244,6 +254,10 @@ class AdmissionMachine(RuleBasedStateMachine):
                 assert d.lease.tried == (*d.waiter.tried, d.lease.provider)
                 assert d.lease.attempt == d.waiter.attempt and d.lease.arrival == d.waiter.seq
                 self.take(d.waiter.seq, d.lease, cands)
+                if d.lease.probe:
+                    probed = True
+                elif probed and d.lease.id in self.panic_grants:
+                    self.fired(f"panic grants a probe's start caused: {self.via}")
             elif isinstance(d, Failed):
                 assert d.waiter in self.queued
                 self.queued.remove(d.waiter)
@@ -308,16 +322,30 @@ class AdmissionMachine(RuleBasedStateMachine):
         h.epoch += 1
         self.probes[key] = 0
         self.figures["ejections"] += 1
+        if h.streak > 1:
+            self.fired("repeated ejections")
+        if any(other.state == EJECTED for k, other in self.health.items() if k != key and k in self.config.providers):
+            self.fired("two ejections pending")
 
     def restore(self, key: ProviderKey) -> None:
         h = self.health[key]
         h.state, h.probe, h.failures, h.streak = HEALTHY, None, 0, 0
         h.epoch += 1
-        self.figures["restores"] += 1
+        self.fired("restores")
+
+    coverage = COVERAGE
+    # Whether Hypothesis steers towards examples that reach more named interactions (``target``):
+    # not here, where the rules reach them often enough and steering doubles the run's time.
+    steer = False
 
     def fired(self, name: str) -> None:
-        """Count a path the run reached: Hypothesis statistics (``--hypothesis-show-statistics``) and the figures."""
-        event(name)
+        """Count a path the run reached: Hypothesis statistics (``--hypothesis-show-statistics``) and the
+        figures; a named interaction of the machine's ``coverage`` counts towards its floor too."""
+        if name in self.coverage.floors:
+            self.coverage.hit(name)
+            self.reached += 1
+        else:
+            event(name)
         self.figures[name] += 1
 
     def probing(self) -> list[ProviderKey]:
@@ -396,13 +424,13 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert result.deadline == self.now + self.config.policy.queue_timeout
             self.queued.append(result)
 
-    def probe_started(self, lease: Lease) -> None:
+    def probe_started(self, lease: Lease, via: str = "request") -> None:
         """[outlier-ejection] a grant that starts a probe stops its provider admitting: waiters of its
         groups that this puts in panic mode are granted with it (the core's ``drain_decisions``)."""
         drained = self.core.drain_decisions()
         assert lease.probe or drained == [], f"decisions beside {lease}, which started no probe"
-        if drained:
-            self.fired("panic grants a probe's start caused")
+        for _ in drained:
+            self.fired(f"panic grants a probe's start caused: {via}")
         self.apply(drained)
 
     @precondition(lambda self: self.held)
@@ -524,7 +552,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert (result.arrival, result.attempt) == (lease.arrival, lease.attempt + 1)
             assert result.tried == (*lease.tried, result.provider)
             self.take(result.arrival, result, self.candidates(model, lease.tried))
-            self.probe_started(result)
+            self.probe_started(result, "retry")
         else:
             assert expect == "queued", expect
             assert (result.seq, result.attempt, result.tried) == (lease.arrival, lease.attempt + 1, lease.tried)
@@ -552,6 +580,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         expired = self.core.expire(self.now)
         expected = [w for w in self.queued if w.enqueue_time + self.config.policy.queue_timeout <= self.now]
         assert expired == expected
+        if len({w.deadline for w in expired}) < len(expired):
+            self.fired("simultaneous timeouts")
         for w in expired:
             self.queued.remove(w)
         if any(w.attempt > 1 for w in expired):
@@ -607,8 +637,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         """A refresh, direct or prepared just before (then only what changed is touched)."""
         self.step_grants = []
         self.set_config(config)
-        self.apply(self.core.refresh(self.core.prepare_refresh(config) if prepared else config))
-        self.kept = len(self.queued)
+        self.apply_refresh(self.core.refresh(self.core.prepare_refresh(config) if prepared else config))
 
     @rule(data=st.data())
     @counted
@@ -631,8 +660,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert self.pending is not None
         prepared, self.pending = self.pending, None
         self.set_config(prepared.config)
-        self.apply(self.core.refresh(prepared))
-        self.kept = len(self.queued)
+        self.apply_refresh(self.core.refresh(prepared))
 
     def drop_elsewhere(self, node: str) -> None:
         for key in [k for k in self.elsewhere if k.node_id == node]:
@@ -649,6 +677,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         spec = self.config.providers.get(key)
         runs = data.draw(st.integers(0, (spec.capacity if spec else 1) + 1))
         long_runs = data.draw(st.integers(0, min(runs, (spec.long_context_capacity if spec else 1) + 1)))
+        self.hold_runs(key, runs, long_runs)
+
+    def hold_runs(self, key: ProviderKey, runs: int, long_runs: int) -> None:
+        spec = self.config.providers.get(key)
         before, long_before = self.elsewhere.get(key, (0, 0))
         decisions = self.core.hold(key, runs, long_runs)
         if spec is None or not self.connected[key.node_id]:
@@ -666,9 +698,26 @@ class AdmissionMachine(RuleBasedStateMachine):
                 self.fired("long runs held elsewhere lowered")
         self.apply(decisions)
 
+    def leased(self, key: ProviderKey) -> bool:
+        return any(lease.provider == key and not lease.revoked for lease in self.held)
+
+    def apply_refresh(self, decisions: list) -> None:
+        self.via = "refresh"
+        try:
+            self.apply(decisions)
+        finally:
+            self.via = "waiter"
+        self.kept = len(self.queued)
+
     def set_config(self, config: PoolConfig) -> None:
+        for key in self.held_at_removal & set(config.providers):
+            if self.leased(key):  # back while the lease that kept it runs: the same slot, its held runs gone
+                self.fired("held runs across a remove and re-add")
+        self.held_at_removal -= set(config.providers)
         for key in self.config.providers:
             if key not in config.providers:  # a provider that leaves the config forgets its health
+                if key in self.elsewhere and self.leased(key):
+                    self.held_at_removal.add(key)
                 self.elsewhere.pop(key, None)  # [held-elsewhere] and its runs held elsewhere
                 self.health[key] = RefHealth(epoch=self.health[key].epoch + 1)
                 self.probes[key] = 0
@@ -688,8 +737,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             providers[key] = data.draw(provider_specs())
         self.set_config(attrs.evolve(self.config, policy=policy, providers=providers))
         prepared = data.draw(st.booleans())
-        self.apply(self.core.refresh(self.core.prepare_refresh(self.config) if prepared else self.config))
-        self.kept = len(self.queued)
+        self.apply_refresh(self.core.refresh(self.core.prepare_refresh(self.config) if prepared else self.config))
 
     @rule()
     @counted
@@ -706,6 +754,42 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.core.refresh(bad)
         assert (self.core.provider_snapshots(), self.core.queue_depth) == before
         assert self.core.config == self.config
+
+    @rule(data=st.data())
+    @counted
+    def time_out_together(self, data: st.DataObject) -> None:
+        """[queue-ownership] requests queue in one instant, then time runs to their common deadline:
+        ``expire`` returns all of them, in arrival order."""
+        model = data.draw(st.sampled_from(sorted(self.config.models)))
+        for _ in range(4):
+            if sum(w.model == model and w.enqueue_time == self.now for w in self.queued) >= 2:
+                break
+            self.step_grants = []
+            self.request_one(model, data.draw(st.booleans()))
+        self.advance_time(float(self.config.policy.queue_timeout))
+
+    @precondition(lambda self: any(self.leased(k) for k in self.config.providers))
+    @rule(data=st.data(), prepared=st.booleans())
+    @counted
+    def remove_and_re_add(self, data: st.DataObject, prepared: bool) -> None:
+        """[held-elsewhere] [refresh-consistency] a provider running a lease holds runs elsewhere (long
+        ones too), leaves the config and comes back before the lease ends: the same slot, without them."""
+        self.step_grants = []
+        key = data.draw(st.sampled_from(sorted(k for k in self.config.providers if self.leased(k))))
+        spec = self.config.providers[key]
+        runs = data.draw(st.integers(1, spec.capacity + 1))
+        self.hold_runs(key, runs, data.draw(st.integers(0, min(runs, spec.long_context_capacity + 1))))
+        models = {}
+        for name, group in self.config.models.items():
+            rest = tuple(k for k in group.candidates if k != key)
+            if rest:
+                models[name] = ModelGroup(candidates=rest)
+        if not models:
+            return
+        before = self.config
+        providers = {k: v for k, v in before.providers.items() if k != key}
+        self.refresh(attrs.evolve(before, providers=providers, models=models), prepared)
+        self.refresh(before, prepared)
 
     # The rules below drive, every time their moment comes, the paths the others reach only now
     # and then: requests while a probe is out, refreshes while retries are queued, retries while
@@ -1019,6 +1103,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         """Drain: release everything; every counter must return to 0 and the queue empty."""
         if not hasattr(self, "core"):
             return
+        self.coverage.examples += 1
+        if self.steer:
+            target(float(self.reached), label="named interactions reached")
         for w in list(self.queued):
             self.core.withdraw(w)
         self.queued.clear()
@@ -1036,6 +1123,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 @pytest.fixture(scope="module", autouse=True)
 def _print_figures() -> object:
     yield
+    COVERAGE.check()
     if _FIGURES:
         print(f"\nstate machine figures ({_PROFILE} profile, {_EXAMPLES} examples x {_STEPS} steps at most):")
         for name, count in sorted(_FIGURES.items()):

@@ -1,0 +1,375 @@
+"""The catalogue of hand-written semantic mutants of ``src/iop_admission`` (``make mutate-hand``).
+
+mutmut flips one operator or constant at a time; these are the bugs a person writes: a call
+skipped on one path, two statements swapped, a guard copied from a sibling method, a timer not
+armed again, an event for one of many, a stale reference. Each is one exact text replacement in
+one file (the text must occur exactly once: ``test_hand_mutant_catalogue.py`` checks it in
+``make test``, so the catalogue cannot rot silently). Issue 32 started it with nine; issue 44
+added the kinds its reviewers found surviving, and more of the same kinds. Grow it with every bug found: write the bug here
+as it would have been written, then the test that kills it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+CORE = "src/iop_admission/"
+
+SKIPPED_CALL = "skipped call"
+SWAPPED_ORDER = "swapped order"
+SIBLING_GUARD = "guard copied from a sibling"
+TIMER = "timer not re-armed"
+ONE_OF_MANY = "event for one of many"
+STALE_REFERENCE = "stale reference"
+OPERATOR = "operator or constant"
+
+
+class HandMutant(NamedTuple):
+    name: str
+    kind: str
+    path: str
+    old: str
+    new: str
+    issue: int = 44
+
+
+ISSUE_32 = (
+    HandMutant(
+        "the ejection threshold off by one",
+        OPERATOR,
+        CORE + "_health.py",
+        "if limit and p.failures >= limit:",
+        "if limit and p.failures > limit:",
+        32,
+    ),
+    HandMutant(
+        "a success does not reset the failure count",
+        SKIPPED_CALL,
+        CORE + "_health.py",
+        "        p.failures = 0\n        if p.health is HEALTHY:\n",
+        "        if p.health is HEALTHY:\n",
+        32,
+    ),
+    HandMutant(
+        "panic mode when some (not all) candidates are ejected: the choice index",
+        SIBLING_GUARD,
+        CORE + "_slots.py",
+        "return self.eligible > 0 and self.admitting == 0",
+        "return self.eligible > 0 and self.admitting < self.eligible",
+        32,
+    ),
+    HandMutant(
+        "panic mode when some (not all) candidates are ejected: a retry's scan",
+        SIBLING_GUARD,
+        CORE + "_choice.py",
+        "        if p.admitting:\n            return False\n        found = True\n",
+        "        if not p.admitting:\n            found = True\n",
+        32,
+    ),
+    HandMutant(
+        "one attempt too many",
+        OPERATOR,
+        CORE + "_state.py",
+        "if lease.attempt >= self._config.retry.max_attempts:",
+        "if lease.attempt > self._config.retry.max_attempts:",
+        32,
+    ),
+    HandMutant(
+        "a report from a fenced older generation counted",
+        SIBLING_GUARD,
+        CORE + "_health.py",
+        "if p.epoch != lease._epoch or p.node.generation != lease.generation:",
+        "if p.epoch != lease._epoch:",
+        32,
+    ),
+    HandMutant(
+        "the probe grant does not close the provider to normal grants",
+        SKIPPED_CALL,
+        CORE + "_core.py",
+        "            p.health = PROBING\n            p.admitting = False\n",
+        "            p.health = PROBING\n",
+        32,
+    ),
+    HandMutant(
+        "a queued retry goes to the tail of the waiter order",
+        OPERATOR,
+        CORE + "_core.py",
+        "if not waiters or next(reversed(waiters)) < waiter.seq:",
+        "if True:",
+        32,
+    ),
+    HandMutant(
+        "a refresh forgets which providers a queued retry tried",
+        STALE_REFERENCE,
+        CORE + "_refresh.py",
+        "w._candidates = untried(group.providers, w.tried)",
+        "w._candidates = group.providers",
+        32,
+    ),
+)
+
+HEALTH = (
+    HandMutant(
+        "a retry whose grant starts a probe leaves the panic grants undispatched (core)",
+        SKIPPED_CALL,
+        CORE + "_state.py",
+        "            self._charge(again, tenant, cost)\n            self._probe_started(again)\n",
+        "            self._charge(again, tenant, cost)\n",
+    ),
+    HandMutant(
+        "the trio layer carries out a request's drained decisions, not a retry's",
+        SIBLING_GUARD,
+        CORE + "_handoff.py",
+        "        shed = core.drain_decisions()",
+        "        shed = core.drain_decisions() if retry_of is None else []",
+    ),
+    HandMutant(
+        "the asyncio layer carries out a request's drained decisions, not a retry's",
+        SIBLING_GUARD,
+        CORE + "aio.py",
+        "        shed = core.drain_decisions()",
+        "        shed = core.drain_decisions() if retry_of is None else []",
+    ),
+    HandMutant(
+        "an ejection grants no waiter it puts in panic mode",
+        SKIPPED_CALL,
+        CORE + "_health.py",
+        "        decisions: list[Decision] = [Ejected(p.key, p.ejected_until, duration, p.failures)]\n"
+        "        decisions.extend(self._dispatch(g for g, _ in p.groups))\n",
+        "        decisions: list[Decision] = [Ejected(p.key, p.ejected_until, duration, p.failures)]\n",
+    ),
+    HandMutant(
+        "a restore grants no waiter",
+        SKIPPED_CALL,
+        CORE + "_health.py",
+        "        decisions: list[Decision] = [Restored(p.key)]\n"
+        "        decisions.extend(self._dispatch(g for g, _ in p.groups))\n",
+        "        decisions: list[Decision] = [Restored(p.key)]\n",
+    ),
+    HandMutant(
+        "an ejection's end does not put the provider back in its groups' index",
+        SKIPPED_CALL,
+        CORE + "_health.py",
+        "            p.admitting = True\n            p.reindex()\n        return self._dispatch(groups_of(due)) if due else []\n",
+        "            p.admitting = True\n        return self._dispatch(groups_of(due)) if due else []\n",
+    ),
+    HandMutant(
+        "the asyncio layer's ejection timer is not armed again after it fires",
+        TIMER,
+        CORE + "aio.py",
+        "        self._apply(self._core.advance(loop.time()))\n        self._arm_ejection()\n",
+        "        self._apply(self._core.advance(loop.time()))\n",
+    ),
+    HandMutant(
+        "the trio layer's watcher is not woken by a new ejection",
+        TIMER,
+        CORE + "_handoff.py",
+        "            self.ejection_wakeup.set()",
+        "            pass",
+    ),
+    HandMutant(
+        "a failure report does not end an ejection whose time has come (trio)",
+        SKIPPED_CALL,
+        CORE + "_admission.py",
+        "        self._handoff.advance(now)\n        self._handoff.apply(self._core.report_failure(lease, now))\n",
+        "        self._handoff.apply(self._core.report_failure(lease, now))\n",
+    ),
+    HandMutant(
+        "a success report does not end an ejection whose time has come (trio)",
+        SKIPPED_CALL,
+        CORE + "_admission.py",
+        "        self._handoff.advance(now)\n        self._handoff.apply(self._core.report_success(lease, now))\n",
+        "        self._handoff.apply(self._core.report_success(lease, now))\n",
+    ),
+)
+
+QUEUE = (
+    HandMutant(
+        "the asyncio layer says timed_out for one of two waiters expiring in one instant",
+        ONE_OF_MANY,
+        CORE + "aio.py",
+        "            if self._subscribers:\n                waited = now - expired.enqueue_time\n",
+        "            if self._subscribers and expired is waiter:\n                waited = now - expired.enqueue_time\n",
+    ),
+    HandMutant(
+        "expire returns only the first of the waiters past their deadline",
+        ONE_OF_MANY,
+        CORE + "_state.py",
+        "        return out\n",
+        "        return out[:1]\n",
+    ),
+    HandMutant(
+        "advance ends only the first of the ejections due",
+        ONE_OF_MANY,
+        CORE + "_health.py",
+        "        for p in due:\n",
+        "        for p in due[:1]:\n",
+    ),
+    HandMutant(
+        "a disconnect fails only the first of the waiters it strands",
+        ONE_OF_MANY,
+        CORE + "_core.py",
+        "        for w in stranded:\n",
+        "        for w in stranded[:1]:\n",
+    ),
+    HandMutant(
+        "fencing revokes only the first lease of a provider",
+        ONE_OF_MANY,
+        CORE + "_state.py",
+        "            for lease in tuple(p.leases.values()):\n",
+        "            for lease in tuple(p.leases.values())[:1]:\n",
+    ),
+    HandMutant(
+        "a provider leaving the config keeps its held long runs in its long count",
+        SKIPPED_CALL,
+        CORE + "_slots.py",
+        "        self.long_in_flight -= self.held_long\n        self.held = self.held_long = 0\n",
+        "        self.held = self.held_long = 0\n",
+    ),
+    HandMutant(
+        "a provider leaving the config keeps its count of held long runs",
+        SIBLING_GUARD,
+        CORE + "_slots.py",
+        "        self.long_in_flight -= self.held_long\n        self.held = self.held_long = 0\n",
+        "        self.long_in_flight -= self.held_long\n        self.held = 0\n",
+    ),
+)
+
+TENANTS = (
+    HandMutant(
+        "a full queue sheds before the tenant's own max_queue refuses the request",
+        SWAPPED_ORDER,
+        CORE + "_tenant_rules.py",
+        "        fair.check_queue(name)\n        if len(self._waiters) >= self._max_queue:\n            self._shed_for(name, model)\n",
+        "        if len(self._waiters) >= self._max_queue:\n            self._shed_for(name, model)\n        fair.check_queue(name)\n",
+    ),
+    HandMutant(
+        "settle ignored once the lease was released or fenced",
+        SIBLING_GUARD,
+        CORE + "_tenant_rules.py",
+        "        if ticket is not None and self._tenancy is not None:\n            self._tenancy.fair.settle(ticket, actual)\n",
+        "        if ticket is not None and self._tenancy is not None and not lease._released:\n"
+        "            self._tenancy.fair.settle(ticket, actual)\n",
+    ),
+    HandMutant(
+        "a band move keeps the tag against the old band's virtual time",
+        STALE_REFERENCE,
+        CORE + "_fairness.py",
+        "        state.finish = self._vtime.get(spec.priority, 0.0) + lead",
+        "        state.finish = self._vtime.get(old.priority, 0.0) + lead",
+    ),
+    HandMutant(
+        "an at-once grant does not raise its band's virtual time",
+        SKIPPED_CALL,
+        CORE + "_fairness.py",
+        "        self._vtime[band] = max(self._vtime.get(band, 0.0), start)\n",
+        "",
+    ),
+    HandMutant(
+        "an at-once grant does not re-key its tenant",
+        SKIPPED_CALL,
+        CORE + "_fairness.py",
+        "        ticket = Ticket(spec.name, item, cost, seq, granted=True, charged=cost)\n        self._touch(state)\n",
+        "        ticket = Ticket(spec.name, item, cost, seq, granted=True, charged=cost)\n",
+    ),
+    HandMutant(
+        "a dropped tenant still takes new requests",
+        STALE_REFERENCE,
+        CORE + "_fairness.py",
+        "return name if name is not None and name in self._configured else DEFAULT_TENANT",
+        "return name if name is not None and name in self._tenants else DEFAULT_TENANT",
+    ),
+    HandMutant(
+        "a dropped tenant stays after its last lease",
+        SKIPPED_CALL,
+        CORE + "_fairness.py",
+        "            self._touch(state)  # back under its cap: it may be served again (else its heap entry stands)\n"
+        "        self._forget_drained(state)\n",
+        "            self._touch(state)  # back under its cap: it may be served again (else its heap entry stands)\n",
+    ),
+    HandMutant(
+        "fencing does not free the tenant slot of a revoked lease",
+        SKIPPED_CALL,
+        CORE + "_state.py",
+        "                self._release_ticket(lease)\n",
+        "",
+    ),
+)
+
+MORE = (
+    HandMutant(
+        "the trio layer ends no ejection before a retry",
+        SIBLING_GUARD,
+        CORE + "_handoff.py",
+        "        self.advance(now)\n",
+        "        if retry_of is None:\n            self.advance(now)\n",
+    ),
+    HandMutant(
+        "a tenant's request whose grant starts a probe leaves the panic grants undispatched",
+        SKIPPED_CALL,
+        CORE + "_tenant_rules.py",
+        "            self._charge(lease, name, cost)\n            self._probe_started(lease)\n",
+        "            self._charge(lease, name, cost)\n",
+    ),
+    HandMutant(
+        "a release asks whether its tenant was capped after freeing the slot",
+        SWAPPED_ORDER,
+        CORE + "_tenant_rules.py",
+        "        capped = not fair.can_run(ticket.tenant)\n        fair.release(ticket)\n",
+        "        fair.release(ticket)\n        capped = not fair.can_run(ticket.tenant)\n",
+    ),
+    HandMutant(
+        "a refund moves the tag behind its band's virtual time",
+        SKIPPED_CALL,
+        CORE + "_fairness.py",
+        "        state.finish = max(state.finish + delta / state.spec.weight, self._vtime.get(state.spec.priority, 0.0))",
+        "        state.finish = state.finish + delta / state.spec.weight",
+    ),
+    HandMutant(
+        "a weight change rescales the lead the wrong way",
+        OPERATOR,
+        CORE + "_fairness.py",
+        "lead * old.weight / spec.weight",
+        "lead * spec.weight / old.weight",
+    ),
+    HandMutant(
+        "fencing forgets the runs held elsewhere but not the long ones",
+        SIBLING_GUARD,
+        CORE + "_state.py",
+        "            p.held = p.held_long = 0\n",
+        "            p.held = 0\n",
+    ),
+    HandMutant(
+        "a tenant back under its cap is not re-keyed",
+        SKIPPED_CALL,
+        CORE + "_fairness.py",
+        "        if cap is not None and state.in_flight < cap <= state.in_flight + 1:\n            self._touch(state)",
+        "        if cap is not None and state.in_flight < cap <= state.in_flight + 1:\n            pass",
+    ),
+)
+
+WAKE_UPS = (
+    HandMutant(
+        "a lower count of long runs held elsewhere wakes nobody",
+        SIBLING_GUARD,
+        CORE + "_state.py",
+        "if step < 0 or long_step < 0 else []",
+        "if step < 0 else []",
+    ),
+    HandMutant(
+        "a disconnect puts no group in panic mode",
+        SKIPPED_CALL,
+        CORE + "_state.py",
+        "        elif self._unhealthy:  # groups left with only ejected candidates enter panic mode\n",
+        "        elif False:\n",
+    ),
+    HandMutant(
+        "a release looks at queued retries only when its groups have waiters",
+        SKIPPED_CALL,
+        CORE + "_state.py",
+        "        if self._retries:\n            return self._dispatch(g for g, _ in slot.groups)\n",
+        "",
+    ),
+)
+
+MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS
