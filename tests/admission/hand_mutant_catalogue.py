@@ -126,9 +126,9 @@ HEALTH = (
     HandMutant(
         "the asyncio layer carries out a request's drained decisions, not a retry's",
         SIBLING_GUARD,
-        CORE + "aio.py",
-        "        shed = core.drain_decisions()",
-        "        shed = core.drain_decisions() if retry_of is None else []",
+        CORE + "_aio_handoff.py",
+        "        shed = core.drain_decisions()  #",
+        "        shed = core.drain_decisions() if retry_of is None else []  #",
     ),
     HandMutant(
         "an ejection grants no waiter it puts in panic mode",
@@ -156,9 +156,9 @@ HEALTH = (
     HandMutant(
         "the asyncio layer's ejection timer is not armed again after it fires",
         TIMER,
-        CORE + "aio.py",
-        "        self._apply(self._core.advance(loop.time()))\n        self._arm_ejection()\n",
-        "        self._apply(self._core.advance(loop.time()))\n",
+        CORE + "_aio_handoff.py",
+        "        self.apply(self.core.advance(asyncio.get_running_loop().time()))\n        self.arm_ejection()\n",
+        "        self.apply(self.core.advance(asyncio.get_running_loop().time()))\n",
     ),
     HandMutant(
         "the trio layer's watcher is not woken by a new ejection",
@@ -187,9 +187,9 @@ QUEUE = (
     HandMutant(
         "the asyncio layer says timed_out for one of two waiters expiring in one instant",
         ONE_OF_MANY,
-        CORE + "aio.py",
-        "            if self._subscribers:\n                waited = now - expired.enqueue_time\n",
-        "            if self._subscribers and expired is waiter:\n                waited = now - expired.enqueue_time\n",
+        CORE + "_aio_handoff.py",
+        "            if self.subscribers:\n                waited = now - expired.enqueue_time\n",
+        "            if self.subscribers and expired is waiter:\n                waited = now - expired.enqueue_time\n",
     ),
     HandMutant(
         "expire returns only the first of the waiters past their deadline",
@@ -335,9 +335,9 @@ MORE = (
     HandMutant(
         "fencing forgets the runs held elsewhere but not the long ones",
         SIBLING_GUARD,
-        CORE + "_state.py",
-        "            p.held = p.held_long = 0\n",
-        "            p.held = 0\n",
+        CORE + "_slots.py",
+        "        self.held = self.held_long = 0\n",
+        "        self.held = 0\n",
     ),
     HandMutant(
         "a tenant back under its cap is not re-keyed",
