@@ -86,6 +86,8 @@ def assert_gauges_match(samples: Samples, snap: Snapshot) -> None:
         "iop_effective_long_context_capacity": "effective_long_capacity",
         "iop_in_flight": "in_flight",
         "iop_long_in_flight": "long_in_flight",
+        "iop_revoked_in_flight": "revoked_in_flight",
+        "iop_revoked_long_in_flight": "revoked_long_in_flight",
         "iop_queued": "queued",
         "iop_long_queued": "long_queued",
         "iop_connected": "connected",

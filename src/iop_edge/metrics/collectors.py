@@ -33,6 +33,16 @@ _PROVIDER_GAUGES: Final = (
     ("in_flight", "Live leases on the provider.", lambda p: p.in_flight),
     ("long_in_flight", "Live long-context leases on the provider.", lambda p: p.long_in_flight),
     (
+        "revoked_in_flight",
+        "Revoked leases whose bodies still run: counted against capacity until they leave.",
+        lambda p: p.revoked_in_flight,
+    ),
+    (
+        "revoked_long_in_flight",
+        "Revoked long-context leases whose bodies still run.",
+        lambda p: p.revoked_long_in_flight,
+    ),
+    (
         "queued",
         "Candidate pressure: waiters for which this provider is an eligible candidate "
         "(a waiter counts at each of its candidates; see iop_queue_depth for the true queue length).",
