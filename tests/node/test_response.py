@@ -84,6 +84,9 @@ def test_an_answer_cut_short_by_eof_fails(answer: bytes) -> None:
         (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n", False),  # unasked data
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokextra", False),
+        (b"HTTP/1.1 204 No Content\r\ntransfer-encoding: chunked\r\n\r\n", False),  # its body may follow
+        (b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n", False),
+        (b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n", True),  # the length of the 200
     ],
 )
 def test_reuse_follows_the_answer(answer: bytes, reusable: bool) -> None:

@@ -14,7 +14,9 @@ What this adds to llhttp's callbacks (httptools exposes no "end of input"):
 - Informational answers (1xx) are skipped; the next answer is the real one.
 - An answer to HEAD has no body: it completes with its head (and the connection
   is closed rather than reused, which needs no body-length bookkeeping).
-- Bytes after the end of the answer (unasked data) make the connection unusable.
+- Bytes after the end of the answer (unasked data) make the connection unusable,
+  and so does a 204 that frames a body (``content-length`` or
+  ``transfer-encoding``): a server that sends one may send the body after it.
 - Bounds on what the backend sends (:class:`~iop_node.config.UpstreamLimits`,
   docs/security.md): the head (informational answers before it included),
   the number of informational answers, the chunk extensions and trailer fields
@@ -227,6 +229,8 @@ class ResponseParser:
         self.head_done = True
         framed = any(name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers)
         self._needs_eof = not framed and status not in _NO_BODY_STATUSES
+        if framed and status == 204:  # a body framed for a status that has none (RFC 9110 8.6, RFC 9112 6.1):
+            self._unasked = True  # the bytes that follow may be that body: the connection is not reused
         if self._head_only:
             self.complete = True  # _keep_alive stays False: the connection is closed
 
