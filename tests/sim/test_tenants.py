@@ -22,6 +22,8 @@ from ._tenants import TENANT_SITES, run_tenant_seed, tenant_summary
 
 TENANT_SEEDS = range(36)
 """Twelve seeds of each scenario (the seed modulo 3 picks it): about 0.15 s each."""
+IDLE_RETURN_SEEDS = range(1, 61, 3)
+"""Twenty seeds of the idle_return scenario."""
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +77,9 @@ def test_the_checker_sees_plain_fifo(monkeypatch: pytest.MonkeyPatch, seed: int,
 def test_the_checker_sees_an_idle_tenant_bank_credit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sensitivity: a tenant turning backlogged again starts from virtual time 0 instead of
     max(F, V), and keeps that credit when a waiter of it leaves -- its idle time banked: the
-    returning tenant outruns the bound (seed 1, the idle_return scenario)."""
+    returning tenant outruns the bound. The idle_return seeds are run until one sees it: on a quiet
+    machine six of the first twenty do (seed 1 first), but the Edge's worker threads make a seed's
+    schedule depend on the machine's load, so no single seed is promised."""
     enqueue = FairShare.enqueue
 
     def banking(self: FairShare, tenant: str, item: Hashable, *args: Any, **kwargs: Any) -> Any:
@@ -103,8 +107,13 @@ def test_the_checker_sees_an_idle_tenant_bank_credit(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(FairShare, "enqueue", banking)
     monkeypatch.setattr(FairShare, "cancel", keeping)
-    result = run_tenant_seed(1)
-    assert any("fairness bound" in v for v in result.violations), result.violations[:5]
+    seen: list[str] = []
+    for seed in IDLE_RETURN_SEEDS:
+        seen = run_tenant_seed(seed).violations
+        if any("fairness bound" in v for v in seen):
+            break
+    else:
+        pytest.fail(f"no idle_return seed of {IDLE_RETURN_SEEDS} broke the fairness bound; the last saw {seen[:5]}")
 
 
 @pytest.mark.parametrize(
