@@ -97,13 +97,13 @@ chaos: $(STAMP)
 # the whole of tests/admission against it under HYPOTHESIS_PROFILE=mutate (a fixed seed); it fails
 # if one survives. HAND='-k TEXT' picks mutants; HAND='--profile ci --runs 3' runs each on random seeds.
 MUTATE_HEALTH = $(foreach f,report_failure report_success advance next_ejection_end panic_models _eject _restore \
-	_reopen_probe _reportable _forget_health,'iop_admission._health.xǁHealthRulesǁ$(f)__mutmut_*') \
-	$(foreach f,retry expire release disconnect _fence,'iop_admission._state.xǁAdmissionStateǁ$(f)__mutmut_*') \
-	'iop_admission._refresh.xǁRefreshRulesǁ_requeue__mutmut_*' \
-	$(foreach f,_enqueue_in_order _grant _probe_started _dispatch _retries_of,'iop_admission._core.xǁStateCoreǁ$(f)__mutmut_*') \
-	$(foreach f,best in_panic,'iop_admission._slots.xǁModelGroupǁ$(f)__mutmut_*') \
-	'iop_admission._queries.xǁStateQueriesǁ_retry_pressure__mutmut_*' \
-	$(foreach f,choose panic best_of could_run untried,'iop_admission._choice.x_$(f)__mutmut_*')
+	_reopen_probe _reportable _forget_health,'iop_admission._core.health.xǁHealthRulesǁ$(f)__mutmut_*') \
+	$(foreach f,retry expire release disconnect _fence,'iop_admission._core.state.xǁAdmissionStateǁ$(f)__mutmut_*') \
+	'iop_admission._core.refresh.xǁRefreshRulesǁ_requeue__mutmut_*' \
+	$(foreach f,_enqueue_in_order _grant _probe_started _dispatch _retries_of,'iop_admission._core.shared.xǁStateCoreǁ$(f)__mutmut_*') \
+	$(foreach f,best in_panic,'iop_admission._core.slots.xǁModelGroupǁ$(f)__mutmut_*') \
+	'iop_admission._core.queries.xǁStateQueriesǁ_retry_pressure__mutmut_*' \
+	$(foreach f,choose panic best_of could_run untried,'iop_admission._core.choice.x_$(f)__mutmut_*')
 MUTANTS ?= $(MUTATE_HEALTH)
 .PHONY: mutate mutate-all mutate-hand
 mutate: $(STAMP)

@@ -8,7 +8,6 @@ See ``docs/admission.md`` for the semantics.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._admission import Admission, AdmissionEvent, LeaseScope
 from ._config import (
     ModelGroup,
     OutlierPolicy,
@@ -19,6 +18,7 @@ from ._config import (
     RetryPolicy,
     validate_pool,
 )
+from ._core.state import Lease, PreparedRefresh
 from ._errors import (
     AdmissionError,
     ConcurrencyLimitExceeded,
@@ -35,8 +35,8 @@ from ._errors import (
 )
 from ._fairness import TenantSpec
 from ._gate import GateStatistics, LocalGate, Permit
+from ._layers.trio import Admission, AdmissionEvent, LeaseScope
 from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, Snapshot, TenantSnapshot
-from ._state import Lease, PreparedRefresh
 from ._waiting import WaiterSnapshot
 
 try:

@@ -42,10 +42,10 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import NoReturn, final
 
-from ._aio_handoff import AsyncHandoff, now_or_none, running_loop
 from ._config import PoolConfig, ProviderKey
 from ._errors import LeaseScopeError, NodeNotFound
-from ._events import AdmissionEvent
+from ._layers.aio_handoff import AsyncHandoff, now_or_none, running_loop
+from ._layers.events import AdmissionEvent
 from ._snapshot import ProviderRow, Snapshot
 from ._waiting import WaiterSnapshot, waiter_snapshots
 from .core import AdmissionState, Lease, PreparedRefresh, read_snapshot

@@ -45,9 +45,7 @@ release notes. Attributes not documented on these classes are private.
 
 from __future__ import annotations
 
-from ._fairness import FairShare
-from ._snapshot import Snapshot
-from ._state import (
+from ._core.state import (
     AdmissionState,
     Decision,
     Ejected,
@@ -61,6 +59,8 @@ from ._state import (
     WaiterState,
     prepare_refresh,
 )
+from ._fairness import FairShare
+from ._snapshot import Snapshot
 
 __all__ = [
     "AdmissionState",

@@ -26,7 +26,7 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._state import FAILED, QUEUED, AdmissionState, Ejected, Failed, Granted
+from iop_admission._core.state import FAILED, QUEUED, AdmissionState, Ejected, Failed, Granted
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

@@ -9,7 +9,7 @@ from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import OutlierPolicy, PoolConfig, ProviderKey, QueueTimeout, RetryPolicy
-from iop_admission._state import (
+from iop_admission._core.state import (
     FAILED,
     QUEUED,
     TIMED_OUT,

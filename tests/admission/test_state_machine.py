@@ -42,7 +42,7 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._state import (
+from iop_admission._core.state import (
     GRANTED,
     QUEUED,
     AdmissionState,

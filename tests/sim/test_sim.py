@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from iop_admission import _state
+from iop_admission._core import state as _state
 from iop_edge.ha import EdgeHa
 from iop_edge.nodes import peer_watch
 from iop_node.edges.fence import EpochFence

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Hashable, Iterable
 
-from ._fairness import FairShare, TenantSpec
-from ._records import Waiter
-from ._snapshot import TenantSnapshot
+from iop_admission._fairness import FairShare, TenantSpec
+from iop_admission._snapshot import TenantSnapshot
+
+from .records import Waiter
 
 RECENT_GRANTS = 1000
 """Grants the ``share`` of a tenant row is measured over (the latest ones)."""

@@ -12,8 +12,9 @@ from typing import final
 
 import trio
 
-from ._events import AdmissionEvent, lease_event, rejected_event
-from .core import Lease
+from iop_admission.core import Lease
+
+from .events import AdmissionEvent, lease_event, rejected_event
 
 __all__ = ["EventFanout", "now_or_none"]
 

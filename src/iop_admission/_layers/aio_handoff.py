@@ -12,9 +12,10 @@ import asyncio
 import sys
 from typing import final
 
-from ._errors import LeaseRevoked, QueueTimeout
-from ._events import AdmissionEvent, health_event, lease_event, rejected_event
-from .core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Revoked, Waiter
+from iop_admission._errors import LeaseRevoked, QueueTimeout
+from iop_admission.core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Revoked, Waiter
+
+from .events import AdmissionEvent, health_event, lease_event, rejected_event
 
 __all__ = ["AsyncHandoff", "now_or_none", "running_loop"]
 

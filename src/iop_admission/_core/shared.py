@@ -15,13 +15,14 @@ import itertools
 from collections.abc import Iterable
 from typing import cast
 
-from ._choice import best_of, could_run, groups_of
-from ._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
-from ._errors import AdmissionError, QueueFull, TenantLimitExceeded, Unavailable
-from ._fairness import TenantSpec
-from ._records import FAILED, GRANTED, QUEUED, Decision, Failed, Granted, Lease, Waiter, WaiterState
-from ._slots import PROBE, PROBING, ModelGroup, NodeState, ProviderSlot
-from ._tenancy import Tenancy
+from iop_admission._config import PoolConfig, ProviderKey, ProviderSpec, validate_pool
+from iop_admission._errors import AdmissionError, QueueFull, TenantLimitExceeded, Unavailable
+from iop_admission._fairness import TenantSpec
+
+from .choice import best_of, could_run, groups_of
+from .records import FAILED, GRANTED, QUEUED, Decision, Failed, Granted, Lease, Waiter, WaiterState
+from .slots import PROBE, PROBING, ModelGroup, NodeState, ProviderSlot
+from .tenancy import Tenancy
 
 
 class StateCore:

@@ -10,8 +10,8 @@ from typing import final
 
 import attrs
 
-from ._config import ProviderKey
-from .core import Ejected, Lease, Restored
+from iop_admission._config import ProviderKey
+from iop_admission.core import Ejected, Lease, Restored
 
 __all__ = ["AdmissionEvent", "health_event", "lease_event", "rejected_event"]
 

@@ -15,9 +15,10 @@ from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import final
 
-from ._choice import choose
-from ._config import ProviderKey, ProviderSpec
-from ._records import QUEUED, Lease, Waiter
+from iop_admission._config import ProviderKey, ProviderSpec
+
+from .choice import choose
+from .records import QUEUED, Lease, Waiter
 
 
 @final

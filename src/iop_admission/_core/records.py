@@ -10,12 +10,12 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, final
 
-from ._config import ProviderKey
-from ._errors import AdmissionError
-from ._fairness import DEFAULT_TENANT, Ticket
+from iop_admission._config import ProviderKey
+from iop_admission._errors import AdmissionError
+from iop_admission._fairness import DEFAULT_TENANT, Ticket
 
 if TYPE_CHECKING:
-    from ._slots import ModelGroup, ProviderSlot
+    from .slots import ModelGroup, ProviderSlot
 
 
 @final

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ._config import ProviderKey
+from iop_admission._config import ProviderKey
 
 if TYPE_CHECKING:
-    from ._records import Waiter
-    from ._slots import ModelGroup, ProviderSlot
+    from .records import Waiter
+    from .slots import ModelGroup, ProviderSlot
 
 
 def groups_of(providers: Iterable[ProviderSlot], also: Iterable[ModelGroup] = ()) -> list[ModelGroup]:

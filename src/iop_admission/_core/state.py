@@ -100,12 +100,13 @@ import itertools
 from collections.abc import Iterator
 from typing import final
 
-from ._choice import best_of, by_seq, could_run, groups_of, reasons, untried
-from ._config import ProviderKey
-from ._errors import ModelNotFound, QueueFull, QueueTimeout, RetriesExhausted, Unavailable
-from ._prepared import PreparedRefresh, prepare_refresh
-from ._queries import StateQueries
-from ._records import (
+from iop_admission._config import ProviderKey
+from iop_admission._errors import ModelNotFound, QueueFull, QueueTimeout, RetriesExhausted, Unavailable
+
+from .choice import best_of, by_seq, could_run, groups_of, reasons, untried
+from .prepared import PreparedRefresh, prepare_refresh
+from .queries import StateQueries
+from .records import (
     FAILED,
     GRANTED,
     QUEUED,
@@ -121,9 +122,9 @@ from ._records import (
     Waiter,
     WaiterState,
 )
-from ._refresh import RefreshRules
-from ._slots import NodeState
-from ._tenant_rules import TenantRules
+from .refresh import RefreshRules
+from .slots import NodeState
+from .tenant_rules import TenantRules
 
 __all__ = [
     "FAILED",

@@ -70,15 +70,16 @@ from typing import NoReturn, final
 
 import trio
 
-from ._config import PoolConfig, ProviderKey
-from ._errors import NodeNotFound
-from ._events import AdmissionEvent
-from ._handoff import Handoff
-from ._lease_scope import LeaseScope
-from ._snapshot import ProviderRow, Snapshot
-from ._trio_events import EventFanout, now_or_none
-from ._waiting import WaiterSnapshot, waiter_snapshots
-from .core import AdmissionState, Lease, PreparedRefresh, read_snapshot
+from iop_admission._config import PoolConfig, ProviderKey
+from iop_admission._errors import NodeNotFound
+from iop_admission._snapshot import ProviderRow, Snapshot
+from iop_admission._waiting import WaiterSnapshot, waiter_snapshots
+from iop_admission.core import AdmissionState, Lease, PreparedRefresh, read_snapshot
+
+from .events import AdmissionEvent
+from .lease_scope import LeaseScope
+from .trio_events import EventFanout, now_or_none
+from .trio_handoff import Handoff
 
 __all__ = ["Admission", "AdmissionEvent", "Lease", "LeaseScope"]
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._choice import could_run, groups_of, untried
-from ._config import PoolConfig, validate_pool
-from ._errors import ModelNotFound, Unavailable
-from ._health import HealthRules
-from ._prepared import PreparedRefresh, prepare_refresh
-from ._records import FAILED, Decision, Failed, Waiter
+from iop_admission._config import PoolConfig, validate_pool
+from iop_admission._errors import ModelNotFound, Unavailable
+
+from .choice import could_run, groups_of, untried
+from .health import HealthRules
+from .prepared import PreparedRefresh, prepare_refresh
+from .records import FAILED, Decision, Failed, Waiter
 
 
 class RefreshRules(HealthRules):

@@ -17,10 +17,11 @@ import attrs
 import outcome
 import trio
 
-from ._errors import LeaseRevoked, QueueTimeout
-from ._events import AdmissionEvent, health_event
-from ._trio_events import EventFanout, now_or_none
-from .core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
+from iop_admission._errors import LeaseRevoked, QueueTimeout
+from iop_admission.core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
+
+from .events import AdmissionEvent, health_event
+from .trio_events import EventFanout, now_or_none
 
 __all__ = ["Handoff"]
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from ._choice import reasons
-from ._core import StateCore
-from ._errors import Unavailable
-from ._records import Decision, Lease, Waiter
-from ._slots import ModelGroup
-from ._snapshot import TenantSnapshot
-from ._tenancy import klass_of
+from iop_admission._errors import Unavailable
+from iop_admission._snapshot import TenantSnapshot
+
+from .choice import reasons
+from .records import Decision, Lease, Waiter
+from .shared import StateCore
+from .slots import ModelGroup
+from .tenancy import klass_of
 
 
 class TenantRules(StateCore):

@@ -7,9 +7,10 @@ from typing import final
 
 import trio
 
-from ._errors import LeaseScopeError
-from ._handoff import Handoff
-from .core import Lease
+from iop_admission._errors import LeaseScopeError
+from iop_admission.core import Lease
+
+from .trio_handoff import Handoff
 
 __all__ = ["LeaseScope"]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ._choice import groups_of
-from ._core import StateCore
-from ._records import Decision, Ejected, Lease, Restored
-from ._slots import EJECTED, HEALTHY, PROBE, ProviderSlot
+from .choice import groups_of
+from .records import Decision, Ejected, Lease, Restored
+from .shared import StateCore
+from .slots import EJECTED, HEALTHY, PROBE, ProviderSlot
 
 
 class HealthRules(StateCore):

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import final
 
-from ._config import PoolConfig, ProviderKey, paced, validate_pool
+from iop_admission._config import PoolConfig, ProviderKey, paced, validate_pool
 
 
 @final

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ._config import PoolConfig, ProviderKey
-from ._core import StateCore
-from ._records import Lease, Waiter
-from ._slots import EJECTED, HEALTHY, ProviderSlot
-from ._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot
+from iop_admission._config import PoolConfig, ProviderKey
+from iop_admission._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot
+
+from .records import Lease, Waiter
+from .shared import StateCore
+from .slots import EJECTED, HEALTHY, ProviderSlot
 
 
 class StateQueries(StateCore):
