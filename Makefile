@@ -88,21 +88,22 @@ chaos: $(STAMP)
 # Mutation testing with mutmut ([tool.mutmut] in pyproject.toml, docs/reliability.md); not part of
 # `make test`. Results are kept in mutants/. HYPOTHESIS_PROFILE=mutate (tests/conftest.py): fixed
 # seed, no shrinking, example tests before Hypothesis ones. `make mutate` reruns the mutants of the
-# health, retry, probe and panic functions of the admission core, where they live since its split by
-# concern (_health, _state, _refresh, _core, _slots, _queries, _choice); MUTANTS='glob ...' picks
+# health, retry, probe and panic functions of the admission core, in its parts (_core/: health,
+# state, connectivity, queue, dispatch, pool, slots, choice); MUTANTS='glob ...' picks
 # others (e.g. MUTANTS='iop_admission._gate.*'); `make mutate-all` starts from scratch over the whole
 # admission core, the Node's gate and the Edge's overload unit. `make mutate-hand` applies each
 # hand-written semantic mutant of tests/admission/hand_mutant_catalogue.py (skipped calls, swapped
 # order, guards copied from a sibling, timers not re-armed, events for one of many) alone and runs
 # the whole of tests/admission against it under HYPOTHESIS_PROFILE=mutate (a fixed seed); it fails
 # if one survives. HAND='-k TEXT' picks mutants; HAND='--profile ci --runs 3' runs each on random seeds.
-MUTATE_HEALTH = $(foreach f,report_failure report_success advance next_ejection_end panic_models _eject _restore \
-	_reopen_probe _reportable _forget_health,'iop_admission._core.health.xǁHealthRulesǁ$(f)__mutmut_*') \
-	$(foreach f,retry expire release disconnect _fence,'iop_admission._core.state.xǁAdmissionStateǁ$(f)__mutmut_*') \
-	'iop_admission._core.refresh.xǁRefreshRulesǁ_requeue__mutmut_*' \
-	$(foreach f,_enqueue_in_order _grant _probe_started _dispatch _retries_of,'iop_admission._core.shared.xǁStateCoreǁ$(f)__mutmut_*') \
+MUTATE_HEALTH = $(foreach f,next_ejection_end reportable failure success eject restore end_due start_probe forget \
+	reopen_probe,'iop_admission._core.health.xǁHealthǁ$(f)__mutmut_*') \
+	$(foreach f,retry release report_failure report_success advance _probe_started,'iop_admission._core.state.xǁAdmissionStateǁ$(f)__mutmut_*') \
+	$(foreach f,disconnect _fence,'iop_admission._core.connectivity.xǁConnectivityǁ$(f)__mutmut_*') \
+	$(foreach f,expire add_retry retries_of retry_pressure requeue _fail_unindexed,'iop_admission._core.queue.xǁQueueǁ$(f)__mutmut_*') \
+	$(foreach f,grant probe_started dispatch,'iop_admission._core.dispatch.xǁDispatcherǁ$(f)__mutmut_*') \
+	'iop_admission._core.pool.xǁPoolǁpanic_models__mutmut_*' \
 	$(foreach f,best in_panic,'iop_admission._core.slots.xǁModelGroupǁ$(f)__mutmut_*') \
-	'iop_admission._core.queries.xǁStateQueriesǁ_retry_pressure__mutmut_*' \
 	$(foreach f,choose panic best_of could_run untried,'iop_admission._core.choice.x_$(f)__mutmut_*')
 MUTANTS ?= $(MUTATE_HEALTH)
 .PHONY: mutate mutate-all mutate-hand

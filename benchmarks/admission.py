@@ -139,9 +139,10 @@ def _fleet(candidates: int) -> Admission:
     for k in keys:
         admission.connect(k.node_id)
     rng = random.Random(3)
+    core = admission._core
     for k in rng.sample(keys, candidates // 2):
-        for _ in range(rng.randint(1, 3)):
-            admission._core._grant(admission._core._providers[k], "m", False, 0, 0.0)  # preload: no request behind it
+        for _ in range(rng.randint(1, 3)):  # preload: no request behind it
+            core._dispatcher.grant(core._pool.providers[k], "m", False, 0, 0.0)
     return admission
 
 

@@ -18,7 +18,8 @@ from ._config import (
     RetryPolicy,
     validate_pool,
 )
-from ._core.state import Lease, PreparedRefresh
+from ._core.records import Lease
+from ._core.refresh import PreparedRefresh
 from ._errors import (
     AdmissionError,
     ConcurrencyLimitExceeded,

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ._config import ModelGroup, ProviderKey
-from ._core.state import Waiter
+from ._core.records import Waiter
 
 
 class WaiterSnapshot(NamedTuple):

@@ -45,20 +45,9 @@ release notes. Attributes not documented on these classes are private.
 
 from __future__ import annotations
 
-from ._core.state import (
-    AdmissionState,
-    Decision,
-    Ejected,
-    Failed,
-    Granted,
-    Lease,
-    PreparedRefresh,
-    Restored,
-    Revoked,
-    Waiter,
-    WaiterState,
-    prepare_refresh,
-)
+from ._core.records import Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter, WaiterState
+from ._core.refresh import PreparedRefresh, prepare_refresh
+from ._core.state import AdmissionState
 from ._fairness import FairShare
 from ._snapshot import Snapshot
 

@@ -26,7 +26,7 @@ from tests.admission.state_coverage import PROFILE, Coverage
 from tests.admission.test_state_machine import EJECTED, HEALTHY, KEYS, NODES, PROBE, AdmissionMachine, counted
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderSpec, QueuePolicy, RetryPolicy
-from iop_admission._core.state import AdmissionState, Lease
+from iop_admission.core import AdmissionState, Lease
 
 A, B = KEYS[0], KEYS[2]
 M, ON_A, ON_B = "ornith:35b", "m2", "m3"

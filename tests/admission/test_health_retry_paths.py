@@ -26,7 +26,8 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._core.state import FAILED, QUEUED, AdmissionState, Ejected, Failed, Granted
+from iop_admission._core.records import FAILED, QUEUED
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

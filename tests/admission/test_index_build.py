@@ -8,7 +8,7 @@ import attrs
 from tests.admission.steps import as_lease as _lease
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, QueuePolicy
-from iop_admission._core.state import AdmissionState, Lease
+from iop_admission.core import AdmissionState, Lease
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

@@ -8,7 +8,7 @@ import pytest
 from tests.admission.steps import as_lease as _lease
 
 from iop_admission import ModelGroup, PoolConfig, QueuePolicy
-from iop_admission._core.state import AdmissionState, Waiter
+from iop_admission.core import AdmissionState, Waiter
 
 BIG = "ornith:35b"
 OTHER = "other"

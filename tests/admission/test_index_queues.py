@@ -8,7 +8,7 @@ import pytest
 from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
-from iop_admission._core.state import AdmissionState, Granted, Waiter
+from iop_admission.core import AdmissionState, Granted, Waiter
 
 BIG = "ornith:35b"
 

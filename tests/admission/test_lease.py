@@ -24,7 +24,7 @@ from iop_admission import (
     QueueTimeout,
     validate_pool,
 )
-from iop_admission._core.state import Lease, Waiter, WaiterState
+from iop_admission.core import Lease, Waiter, WaiterState
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

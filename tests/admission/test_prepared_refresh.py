@@ -36,7 +36,7 @@ from iop_admission import (
     QueuePolicy,
     RetryPolicy,
 )
-from iop_admission._core.state import AdmissionState, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
 
 NODES = ("n1", "n2", "n3")
 KEYS = tuple(ProviderKey(node, p) for node in NODES for p in ("a", "b"))

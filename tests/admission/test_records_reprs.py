@@ -9,18 +9,8 @@ from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import OutlierPolicy, PoolConfig, ProviderKey, QueueTimeout, RetryPolicy
-from iop_admission._core.state import (
-    FAILED,
-    QUEUED,
-    TIMED_OUT,
-    WITHDRAWN,
-    AdmissionState,
-    Ejected,
-    Failed,
-    Granted,
-    Restored,
-    Revoked,
-)
+from iop_admission._core.records import FAILED, QUEUED, TIMED_OUT, WITHDRAWN
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Restored, Revoked
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

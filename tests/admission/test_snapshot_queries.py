@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from iop_admission import Unavailable
-from iop_admission._core.state import AdmissionState, Lease, Waiter
+from iop_admission.core import AdmissionState, Lease, Waiter
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

@@ -11,8 +11,8 @@ from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import Admission, ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, QueuePolicy
-from iop_admission._core.state import AdmissionState
 from iop_admission._snapshot import PROVIDER_FIELDS, ProviderSnapshot
+from iop_admission.core import AdmissionState
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

@@ -9,8 +9,8 @@ from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import TenantSpec
-from iop_admission._core.state import AdmissionState
 from iop_admission._waiting import WaiterSnapshot, waiter_snapshots
+from iop_admission.core import AdmissionState
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

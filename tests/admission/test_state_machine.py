@@ -42,18 +42,8 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._core.state import (
-    GRANTED,
-    QUEUED,
-    AdmissionState,
-    Ejected,
-    Failed,
-    Granted,
-    Lease,
-    Restored,
-    Revoked,
-    Waiter,
-)
+from iop_admission._core.records import GRANTED, QUEUED
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
 
 NODES = ("n1", "n2")
 KEYS = (ProviderKey("n1", "p0"), ProviderKey("n1", "p1"), ProviderKey("n2", "p0"))

@@ -218,7 +218,7 @@ class TenantMachine(RuleBasedStateMachine):
 
     def admitting(self, key: ProviderKey) -> bool:
         """[outlier-ejection] the core's own word: not ejected, no probe out (the core machine proves it)."""
-        return self.state._providers[key].admitting
+        return self.state._pool.providers[key].admitting
 
     def can_take(self, key: ProviderKey, long: bool, candidates: tuple[ProviderKey, ...]) -> bool:
         """Room on ``key``, and ``key`` admits or every candidate online is ejected or probing (panic)."""
@@ -461,7 +461,7 @@ class TenantMachine(RuleBasedStateMachine):
         self.arrive_one(capped, "m", False, 1.0)
         self.arrive_one(other, "m", False, 1.0)
 
-    @precondition(lambda self: self.state._unhealthy)
+    @precondition(lambda self: self.state._health.unhealthy)
     @rule(name=st.sampled_from(NAMES))
     def probe_and_restore(self, name: str) -> None:
         """[outlier-ejection] time to the next ejection's end, its probe granted (to a waiter, or to a
@@ -479,7 +479,7 @@ class TenantMachine(RuleBasedStateMachine):
         """Give a tenant ``spec`` (the refresh comes after); a band move counts when a virtual time is not 0."""
         old = self.specs[spec.name]
         if spec.priority != old.priority and self.with_tenants:
-            vtime = self.state._tenancy.fair._vtime  # type: ignore[union-attr]
+            vtime = self.state._tenants.tenancy.fair._vtime  # type: ignore[union-attr]
             if vtime.get(old.priority, 0.0) > 0 or vtime.get(spec.priority, 0.0) > 0:
                 self.hit("band moves with non-zero virtual time")
         self.specs[spec.name] = spec
@@ -517,7 +517,7 @@ class TenantMachine(RuleBasedStateMachine):
         assert self.under_cap(name), f"max_in_flight of {name} exceeded"
         if not lease.probe and not self.admitting(lease.provider):
             self.hit("grants in panic mode")
-        if self.state._unhealthy:
+        if self.state._health.unhealthy:
             return  # a probe's start changes who can run in the middle of a dispatch: no_head_of_line checks after it
         band = self.specs[name].priority
         for x, t in self.waiting.items():

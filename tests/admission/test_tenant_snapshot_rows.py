@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
-from iop_admission._core.tenancy import RECENT_GRANTS, Tenancy
+from iop_admission._core.tenants import RECENT_GRANTS, Tenancy
 from iop_admission._snapshot import TenantSnapshot
 from iop_admission.core import AdmissionState, Granted, Lease, Waiter
 

@@ -114,7 +114,11 @@ def test_the_length_check_counts_the_body_without_its_docstring() -> None:
 
 MAX_CLASS_LINES = 300
 SIZED_PACKAGES = ("iop_admission", "iop_edge", "iop_node", "iop_mock", "iop_wire")
-LARGE_FOR_NOW: set[str] = set()
+LARGE_FOR_NOW: set[str] = {
+    # The core's facade: one public method per operation, each a few lines over its parts (the
+    # cohesion rule of test_layout.py holds); its length is the public reference in its docstrings.
+    "iop_admission/_core/state.py:AdmissionState",
+}
 """Known classes over the bound; an entry that is no longer large must go."""
 
 

@@ -26,10 +26,6 @@ LONG_FOR_NOW: dict[str, str] = {
     "iop_node/upstream/transport.py": "pool, connection and HTTP/1.1 in one; to split as httpcore cuts them (issue 41)",
 }
 LOOSE_FOR_NOW: dict[str, str] = {
-    "iop_admission/_core/health.py:HealthRules": "a mixin of AdmissionState: its parts share the state's self; "
-    "to become parts that own their state (issue 41)",
-    "iop_admission/_core/queries.py:StateQueries": "a mixin of AdmissionState (read-only views of each part), as above",
-    "iop_admission/_core/tenant_rules.py:TenantRules": "a mixin of AdmissionState, as above",
     "iop_mock/backend.py:MockBackend": "the ASGI entry (app) reaches the handlers through the route table, not self",
     "iop_node/edges/fence.py:EpochFence": "the epoch fence and the wait for a refused run's end: to separate",
     "iop_node/upstream/transport.py:_Connection": "the connection and the answer parser's feed: to split as httpcore "

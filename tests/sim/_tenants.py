@@ -444,7 +444,7 @@ class TenantWorld(World):
         self.lowered: dict[str, tuple[int, int]] = {}
         """Per tenant, the waiting and in-flight counts a reload that lowered its quotas left over them."""
         super().__init__(seed, clock)
-        self.watch = FairWatch(self, self.service.admission._core._tenancy.fair)
+        self.watch = FairWatch(self, self.service.admission._core._tenants.tenancy.fair)
         self.result.trace.append(f"0 tenants {self.scenario}: {sorted(self.tenants.values(), key=str)}")
 
     # -- the config -----------------------------------------------------------------

@@ -942,7 +942,7 @@ class World:
         waiters = list(core.waiters())
         pressure: Counter[ProviderKey] = Counter()
         long_pressure: Counter[ProviderKey] = Counter()
-        tenancy = core._tenancy
+        tenancy = core._tenants.tenancy
         for w in waiters:
             candidates = w._candidates
             panic = _in_panic(candidates, w.long)
@@ -974,7 +974,7 @@ class World:
                 self.violation(
                     f"{key} snapshot queued {s.queued}/{s.long_queued} != pressure {pressure[key]}/{long_pressure[key]}"
                 )
-        for p in tuple(core._providers.values()):
+        for p in tuple(core._pool.providers.values()):
             leases = list(p.leases.values())
             # [held-elsewhere] in_flight counts the runs another Edge left on the node too.
             long_leases = sum(lease.long for lease in leases)
@@ -1004,7 +1004,7 @@ class World:
 
     def check_health(self, now: float) -> None:
         """[outlier-ejection] ejections end on time; one probe at a time, one probe report per ejection."""
-        for p in tuple(self.service.admission._core._providers.values()):
+        for p in tuple(self.service.admission._core._pool.providers.values()):
             # A probe out is the one live lease the provider waits for; no other grant probes.
             if p.health.value == "probing" and p.probe_lease not in p.leases:
                 self.violation(f"{p.key}: probing, but its probe lease {p.probe_lease} is not live")

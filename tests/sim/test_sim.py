@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from iop_admission._core import state as _state
+from iop_admission._core import dispatch
+from iop_admission.core import AdmissionState, Decision, Lease
 from iop_edge.ha import EdgeHa
 from iop_edge.nodes import peer_watch
 from iop_node.edges.fence import EpochFence
@@ -111,21 +112,21 @@ def _first_difference(first: list[str], second: list[str]) -> str:
 def test_the_checker_sees_a_stranded_waiter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sensitivity: with re-evaluation after release broken, the checker reports waiters
     queued while a provider is dispatchable for them, with the seed."""
-    monkeypatch.setattr(_state.AdmissionState, "_dispatch", lambda self, providers: [])
+    monkeypatch.setattr(dispatch.Dispatcher, "dispatch", lambda self, groups: [])
     result = run_seed(3)
     assert any("is dispatchable for it" in v for v in result.violations), result.violations[:5]
 
 
 def test_the_checker_sees_a_leaked_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sensitivity: with a release that forgets the lease, the final liveness check reports it."""
-    release = _state.AdmissionState.release
+    release = AdmissionState.release
 
-    def leaky(self: _state.AdmissionState, lease: _state.Lease) -> list[_state.Decision]:
+    def leaky(self: AdmissionState, lease: Lease) -> list[Decision]:
         if lease.id == 2:
             return []
         return release(self, lease)
 
-    monkeypatch.setattr(_state.AdmissionState, "release", leaky)
+    monkeypatch.setattr(AdmissionState, "release", leaky)
     result = run_seed(8)  # no fault enabled: no fencing that would mask the leak
     assert any("not 0 at the end" in v or "live leases left" in v for v in result.violations), result.violations[:5]
 

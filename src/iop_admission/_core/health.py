@@ -1,128 +1,114 @@
-"""Passive health of providers [outlier-ejection]: reports, ejection, probe, restore."""
+"""The health part of the admission core [outlier-ejection]: reports, ejection, probe, restore.
+
+:class:`Health` owns the providers that are not healthy and the outlier policy;
+it changes a provider's health fields and re-enters it in its groups' index.
+Whom a change lets in is for :class:`~iop_admission.core.AdmissionState` to
+dispatch: each method that can let waiters in returns the providers (or the
+news) whose groups must be looked at.
+"""
 
 from __future__ import annotations
 
-from .choice import groups_of
-from .records import Decision, Ejected, Lease, Restored
-from .shared import StateCore
-from .slots import EJECTED, HEALTHY, PROBE, ProviderSlot
+from collections.abc import Mapping
+
+from iop_admission._config import OutlierPolicy, ProviderKey
+
+from .records import Ejected, Lease, Restored
+from .slots import EJECTED, HEALTHY, PROBE, PROBING, ProviderSlot
 
 
-class HealthRules(StateCore):
-    """The health side of :class:`~iop_admission.core.AdmissionState` (see its module docstring)."""
+class Health:
+    """Passive health of the providers: who is ejected, probing or due a probe, and until when."""
+
+    __slots__ = ("unhealthy", "outlier")
+
+    def __init__(self, outlier: OutlierPolicy) -> None:
+        self.unhealthy: dict[ProviderKey, ProviderSlot] = {}  # ejected, probe due or probing
+        self.outlier = outlier
 
     def next_ejection_end(self) -> float | None:
-        """The earliest time an ejection ends (pass it to :meth:`advance`), or None."""
-        ends = [p.ejected_until for p in self._unhealthy.values() if p.health is EJECTED]
+        """The earliest time an ejection ends, or None."""
+        ends = [p.ejected_until for p in self.unhealthy.values() if p.health is EJECTED]
         return min(ends) if ends else None
 
-    def panic_models(self) -> tuple[str, ...]:
-        """Model keys in panic mode: every eligible candidate is ejected or probing."""
-        return tuple(name for name, g in self._groups.items() if g.in_panic(False))
-
-    def report_failure(self, lease: Lease, now: float) -> list[Decision]:
-        """Count a provider failure of ``lease`` (once per lease; stale reports change nothing).
-
-        On a healthy provider the ``outlier.consecutive_failures``-th failure in a
-        row ejects it (0: never); on an ejected one only its probe's failure
-        counts: it ejects the provider again, for twice as long (capped).
-
-        Returns:
-            ``Ejected`` and the grants it causes (waiters entering panic mode).
-        """
-        self._now = max(self._now, now)
-        p = self._reportable(lease)
-        if p is None:
-            return []
-        p.failures += 1
-        if p.health is HEALTHY:
-            limit = self._config.outlier.consecutive_failures
-            if limit and p.failures >= limit:
-                return self._eject(p, now)
-            return []
-        if lease.probe and p.probe_lease == lease.id:
-            return self._eject(p, now)
-        return []
-
-    def report_success(self, lease: Lease, now: float) -> list[Decision]:
-        """Count a success of ``lease`` (once per lease; stale reports change nothing).
-
-        A success resets the failure count; on an ejected provider (its probe,
-        or a lease granted in panic mode during the ejection) it restores it.
-
-        Returns:
-            ``Restored`` and the grants it causes; empty for a healthy provider.
-        """
-        self._now = max(self._now, now)
-        p = self._reportable(lease)
-        if p is None:
-            return []
-        p.failures = 0
-        if p.health is HEALTHY:
-            return []
-        return self._restore(p)
-
-    def advance(self, now: float) -> list[Decision]:
-        """End every ejection whose time is ``<= now``: its probe may be granted now.
-
-        Returns:
-            The grants this causes (the probe goes to the earliest waiter that can use it).
-        """
-        self._now = max(self._now, now)
-        due = [p for p in self._unhealthy.values() if p.health is EJECTED and p.ejected_until <= now]
-        for p in due:
-            p.health = PROBE
-            p.admitting = True
-            p.reindex()
-        return self._dispatch(groups_of(due)) if due else []
-
-    def _reportable(self, lease: Lease) -> ProviderSlot | None:
+    def reportable(self, lease: Lease, providers: Mapping[ProviderKey, ProviderSlot]) -> ProviderSlot | None:
         """The provider a report of ``lease`` concerns, or None if the report is stale."""
         if lease._reported:
             return None
         lease._reported = True
         p = lease._slot
-        if self._providers.get(p.key) is not p or not p.configured:
+        if providers.get(p.key) is not p or not p.configured:
             return None
         if p.epoch != lease._epoch or p.node.generation != lease.generation:
             return None
         return p
 
-    def _eject(self, p: ProviderSlot, now: float) -> list[Decision]:
+    def failure(self, p: ProviderSlot, lease: Lease) -> bool:
+        """Count a failure of ``lease`` on ``p``; whether it ejects ``p``.
+
+        On a healthy provider the ``outlier.consecutive_failures``-th failure in a
+        row ejects it (0: never); on an ejected one only its probe's failure
+        counts: it ejects the provider again, for twice as long (capped).
+        """
+        p.failures += 1
+        if p.health is HEALTHY:
+            limit = self.outlier.consecutive_failures
+            return bool(limit and p.failures >= limit)
+        return lease.probe and p.probe_lease == lease.id
+
+    def success(self, p: ProviderSlot) -> bool:
+        """Count a success on ``p``; whether it restores ``p`` (it was not healthy)."""
+        p.failures = 0
+        return p.health is not HEALTHY
+
+    def eject(self, p: ProviderSlot, now: float) -> Ejected:
         p.streak += 1
-        duration = self._config.outlier.ejection_time(p.streak)
+        duration = self.outlier.ejection_time(p.streak)
         p.health = EJECTED
         p.admitting = False
         p.epoch += 1
         p.probe_lease = 0
         p.ejected_until = now + duration
         p.ejections += 1
-        self._unhealthy[p.key] = p
+        self.unhealthy[p.key] = p
         p.reindex()
-        decisions: list[Decision] = [Ejected(p.key, p.ejected_until, duration, p.failures)]
-        decisions.extend(self._dispatch(g for g, _ in p.groups))
-        return decisions
+        return Ejected(p.key, p.ejected_until, duration, p.failures)
 
-    def _restore(self, p: ProviderSlot) -> list[Decision]:
+    def restore(self, p: ProviderSlot) -> Restored:
         p.health = HEALTHY
         p.admitting = True
         p.failures = p.streak = p.probe_lease = 0
         p.epoch += 1
-        del self._unhealthy[p.key]
+        del self.unhealthy[p.key]
         p.reindex()
-        decisions: list[Decision] = [Restored(p.key)]
-        decisions.extend(self._dispatch(g for g, _ in p.groups))
-        return decisions
+        return Restored(p.key)
 
-    def _forget_health(self, p: ProviderSlot) -> None:
+    def end_due(self, now: float) -> list[ProviderSlot]:
+        """End every ejection whose time is ``<= now``: each such provider's probe may be granted now."""
+        due = [p for p in self.unhealthy.values() if p.health is EJECTED and p.ejected_until <= now]
+        for p in due:
+            p.health = PROBE
+            p.admitting = True
+            p.reindex()
+        return due
+
+    def start_probe(self, p: ProviderSlot, lease: Lease) -> None:
+        """``lease`` was granted on ``p`` with its probe due: it is the probe; ``p`` stops admitting."""
+        p.health = PROBING
+        p.admitting = False
+        p.probe_lease = lease.id
+        p.probes += 1
+        lease.probe = True
+
+    def forget(self, p: ProviderSlot) -> None:
         """A provider left the config: it starts healthy if it comes back; its reports are stale."""
         p.health = HEALTHY
         p.admitting = True
         p.failures = p.streak = p.probe_lease = 0
         p.epoch += 1
-        self._unhealthy.pop(p.key, None)
+        self.unhealthy.pop(p.key, None)
 
-    def _reopen_probe(self, p: ProviderSlot) -> None:
+    def reopen_probe(self, p: ProviderSlot) -> None:
         """The probe ended without a report (cancelled, fenced): the next grant probes again."""
         p.health = PROBE
         p.admitting = True

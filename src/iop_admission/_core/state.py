@@ -1,154 +1,39 @@
-"""The sans-I/O admission core: the only code that changes admission state.
+"""The sans-I/O admission core's one facade: :class:`AdmissionState`, the walk of a request through its parts.
 
-Like h11's connection object, this module does no I/O, has no clock of its own
-(time is passed in as ``now``) and does not import trio. Every method is
-synchronous and returns *decisions* -- :class:`Granted`, :class:`Failed`,
-:class:`Revoked` -- that the trio layer (``_admission.py``) carries out by
-waking parked tasks or cancelling lease bodies. The Hypothesis state machine
-drives this class directly.
-
-Why it is built this way:
-
-* **One state per provider.** A :class:`ProviderSlot` holds capacity and the
-  in-flight counters for every model group that lists it ([provider-state],
-  [long-state]). Model groups hold only references to provider states.
-
-* **Hand-off, decided synchronously.** Whenever capacity may have appeared
-  (release, fence, connect, refresh) the core grants waiters right away, before
-  returning. A granted waiter owns its lease from that instant even though its
-  task has not run yet, exactly like ``trio.CapacityLimiter``. Hence *work
-  conservation* holds after every method: no queued waiter has a dispatchable
-  candidate. A newcomer is therefore granted only a provider no earlier waiter
-  could use -- it never overtakes.
-
-* **Global arrival order without scanning.** Each model group keeps its
-  waiters, normal and long separately, in arrival order. Arrival numbers only
-  grow, so each is a FIFO deque with lazy deletion; a waiter that leaves
-  (granted, cancelled, failed) is skipped when it reaches the front, and a
-  deque is compacted when its dead entries outnumber its live ones. Waiters of
-  one group share their candidates, so when a head cannot run, nobody behind
-  it can. After a release on provider P the next waiter is the earliest head,
-  over the groups listing P, that has a dispatchable candidate (the long head
-  only when a long slot is free): one release costs O(groups of P),
-  independent of queue length. A long waiter blocked on long slots is simply
-  not looked at: the normal waiter behind it runs (no head-of-line blocking)
-  [cross-group-wakeup].
-
-* **Candidate choice is indexed** [candidate-choice-scale]. The rule --
-  highest priority, then lowest ``in_flight / capacity``, then candidate
-  order -- is kept per model group as a heap of dispatchable candidates with
-  lazy deletion (see :class:`ModelGroup`); a change of a provider's load,
-  eligibility or spec re-enters it in every group listing it, O(log n) each
-  (:meth:`ProviderSlot.reindex`). Choosing costs the same with one candidate or
-  ten thousand. Whoever changes what makes a provider eligible or loaded must
-  call ``reindex`` afterwards.
-
-* **Passive health** [outlier-ejection]. Every lease can carry one report,
-  failure or success. ``outlier.consecutive_failures`` failures in a row
-  eject the provider until a time (``base_ejection`` doubled per ejection in a
-  row, capped at ``max_ejection``); :meth:`AdmissionState.advance` ends it, and
-  then exactly one *probe* grant may run; its success restores the provider,
-  its failure ejects it again for longer. A provider that is ejected or has
-  its probe out is not *admitting*: it leaves its groups' choice heaps like a
-  full provider (``reindex`` reads ``admitting``). Eligibility (config,
-  enabled, connected) is unchanged, so an ejected provider never makes a
-  waiter ``Unavailable``. Panic mode: a group whose every eligible candidate is
-  non-admitting chooses among them anyway (a scan of its candidates, paid only
-  in panic), so ejection never turns a model key with a single bad provider
-  into one that admits nothing. A report is *stale* -- and changes nothing --
-  when its lease was already reported, its node generation is over, or the
-  provider changed health epoch (ejected or restored) since the grant:
-  failures of leases granted before an ejection do not lengthen it.
-
-* **Retry keeps the arrival place** [failover-before-first-byte]. Every
-  request draws its arrival number when it asks, granted at once or queued.
-  :meth:`AdmissionState.retry` asks again for the same request on a candidate
-  it has not tried, with that old number and its old queue deadline. A queued
-  retry does not share its group's candidates (it excludes the tried ones), so
-  it waits in a short list of its own, in arrival order, which ``_dispatch``
-  looks at beside the group heads: no later arrival that could use the same
-  provider overtakes it. Retries are few (one per failed attempt), and each
-  costs a scan of its candidates.
-
-* **Runs held elsewhere** [held-elsewhere]. :meth:`AdmissionState.hold` sets
-  a count of runs on a provider that this state did not grant (another
-  Edge's, docs/ha.md), and how many of them are long; they are added to
-  ``in_flight`` and ``long_in_flight``, so every capacity and long-slot check
-  and the choice rule see them, and a lower count hands the room to waiters.
-
-* **Generations fence.** ``connect`` starts a new generation of a node;
-  ``disconnect`` with the current generation takes the node offline and
-  revokes every live lease on its providers: the lease is no longer live
-  (``in_flight`` of the fenced generation reads 0 at once, its tenant's slot
-  is free), its body is told to stop (:class:`Revoked`), and each lease is
-  still released exactly once, by its holder.
-
-* **Capacity held until the body has left** [revoked-in-flight]. A revoked
-  lease's body may still be running (trio runs it to its next checkpoint; an
-  asyncio body may catch the cancellation), so its provider capacity (and
-  long slot) comes back only when the holder releases it, at the body's exit.
-  Until then it is *revoked, still running*: counted apart from ``in_flight``
-  (``revoked_in_flight``, ``revoked_long_in_flight`` of the snapshot) and,
-  with it, against capacity in every check and in the choice rule. So running
-  bodies never exceed a provider's capacity, whatever a fenced body does.
+Why the core is built this way, and what each part owns, is told in the
+package docstring (``iop_admission/_core/__init__.py``).
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import final
 
-from iop_admission._config import ProviderKey
-from iop_admission._errors import ModelNotFound, QueueFull, QueueTimeout, RetriesExhausted, Unavailable
-
-from .choice import best_of, by_seq, could_run, groups_of, reasons, untried
-from .prepared import PreparedRefresh, prepare_refresh
-from .queries import StateQueries
-from .records import (
-    FAILED,
-    GRANTED,
-    QUEUED,
-    TIMED_OUT,
-    WITHDRAWN,
-    Decision,
-    Ejected,
-    Failed,
-    Granted,
-    Lease,
-    Restored,
-    Revoked,
-    Waiter,
-    WaiterState,
+from iop_admission._config import PoolConfig, ProviderKey, validate_pool
+from iop_admission._errors import (
+    ModelNotFound,
+    QueueFull,
+    QueueTimeout,
+    RetriesExhausted,
+    TenantLimitExceeded,
+    Unavailable,
 )
-from .refresh import RefreshRules
-from .slots import NodeState
-from .tenant_rules import TenantRules
+from iop_admission._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, TenantSnapshot
 
-__all__ = [
-    "FAILED",
-    "GRANTED",
-    "QUEUED",
-    "TIMED_OUT",
-    "WITHDRAWN",
-    "AdmissionState",
-    "Decision",
-    "Ejected",
-    "Failed",
-    "Granted",
-    "Lease",
-    "PreparedRefresh",
-    "Restored",
-    "Revoked",
-    "Waiter",
-    "WaiterState",
-    "prepare_refresh",
-]
+from .choice import best_of, could_run, groups_of, reasons, untried
+from .connectivity import Connectivity
+from .dispatch import Dispatcher
+from .health import Health
+from .pool import Pool
+from .queue import Queue
+from .records import QUEUED, WITHDRAWN, Decision, Lease, Waiter
+from .refresh import PreparedRefresh, Refresh
+from .slots import ModelGroup
+from .tenants import Tenants
 
 
 @final
-class AdmissionState(RefreshRules, StateQueries, TenantRules):
+class AdmissionState:
     """Provider lease states, node generations and the global waiter queue.
 
     Args:
@@ -157,6 +42,22 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
     Raises:
         ConfigError: listing every problem of ``config``.
     """
+
+    def __init__(self, config: PoolConfig) -> None:
+        validate_pool(config)
+        self._pool = pool = Pool()
+        self._tenants = tenants = Tenants()
+        self._queue = queue = Queue(config.policy, tenants)
+        self._health = health = Health(config.outlier)
+        self._dispatcher = dispatcher = Dispatcher(pool, queue, tenants, health)
+        self._refresh = Refresh(config, pool, queue, health, tenants, dispatcher)
+        self._connectivity = Connectivity(pool, queue, tenants, health, dispatcher)
+        self._now = 0.0  # the latest time passed in
+        self._pending: list[Decision] = []  # decisions of a request (waiters shed for it), not yet taken
+        pool.install(config)
+        tenants.configure(config.tenants, (), ())
+
+    # ---------------------------------------------------------------- requests
 
     def request(
         self, model: str, long: bool, now: float, tenant: str | None = None, cost: float = 1.0
@@ -183,28 +84,52 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
             TenantLimitExceeded: the tenant's ``max_queue`` is reached, or the
                 queue is full and the request is of a negative band with nothing lower to shed.
         """
-        group = self._groups.get(model)
+        group = self._pool.groups.get(model)
         if group is None:
             raise ModelNotFound(model)
         if now > self._now:
             self._now = now
-        if self._tenancy is not None:
+        if self._tenants.tenancy is not None:
             return self._request_fair(group, model, long, now, tenant, cost)
+        queue = self._queue
         best = group.best(long)
         if best is not None:
-            lease = self._grant(best, model, long, next(self._seq), now)
+            lease = self._dispatcher.grant(best, model, long, queue.arrival(), now)
             lease.cost = cost
             self._probe_started(lease)
             return lease
         if not group.could_run(long):
             raise Unavailable(model, long, reasons(group.providers, long, ()))
-        if len(self._waiters) >= self._max_queue:
-            raise QueueFull(model, self._max_queue)
-        waiter = Waiter(next(self._seq), model, long, now, now + self._timeout)
+        if queue.full():
+            raise QueueFull(model, queue.max_queue)
+        waiter = Waiter(queue.arrival(), model, long, now, now + queue.timeout)
         waiter.cost = cost
-        waiter._candidates = group.providers
-        group.enqueue(waiter)
-        self._waiters[waiter.seq] = waiter
+        queue.add(waiter, group)
+        return waiter
+
+    def _request_fair(
+        self, group: ModelGroup, model: str, long: bool, now: float, tenant: str | None, cost: float
+    ) -> Lease | Waiter:
+        """:meth:`request` with tenants: quotas, shedding, then today's rule under FairShare's order."""
+        tenants, queue = self._tenants, self._queue
+        assert tenants.tenancy is not None
+        fair = tenants.tenancy.fair
+        name = fair.tenant_of(tenant)
+        best = group.best(long)
+        if best is not None and fair.can_run(name):
+            lease = self._dispatcher.grant(best, model, long, queue.arrival(), now)
+            tenants.charge(lease, name, cost)
+            self._probe_started(lease)
+            return lease
+        if not group.could_run(long):
+            raise Unavailable(model, long, reasons(group.providers, long, ()))
+        fair.check_queue(name)
+        if queue.full():
+            victim = tenants.shed_victim(name, model, queue.max_queue)
+            self._pending.append(queue.fail(victim, TenantLimitExceeded(victim.tenant, "shed", queue.max_queue)))
+        waiter = Waiter(queue.arrival(), model, long, now, now + queue.timeout)
+        tenants.ticket_waiter(waiter, name, cost)
+        queue.add(waiter, group)
         return waiter
 
     def retry(self, lease: Lease, now: float) -> Lease | Waiter:
@@ -229,13 +154,13 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         if lease._retried:
             raise RuntimeError(f"{lease!r} was retried already")
         model, long = lease.model, lease.long
-        if lease.attempt >= self._config.retry.max_attempts:
+        if lease.attempt >= self._refresh.config.retry.max_attempts:
             raise RetriesExhausted(model, lease.attempt)
-        group = self._groups.get(model)
+        group = self._pool.groups.get(model)
         if group is None:
             raise ModelNotFound(model)
         self._now = max(self._now, now)
-        deadline = lease.enqueue_time + self._timeout
+        deadline = lease.enqueue_time + self._queue.timeout
         if deadline <= now:
             raise QueueTimeout(model, now - lease.enqueue_time)
         candidates = untried(group.providers, lease.tried)
@@ -244,18 +169,39 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
             raise Unavailable(model, long, reasons(group.providers, long, lease.tried))
         lease._retried = True
         attempt = lease.attempt + 1
-        tenant, cost = self._carry_cost(lease)
-        if best is not None and self._can_run(tenant):
-            again = self._grant(best, model, long, lease.arrival, lease.enqueue_time, attempt, lease.tried)
-            self._charge(again, tenant, cost)
+        # A retry is an attempt of its own, charged as one: the request's tenant and reserve.
+        tenant, cost = lease.tenant, lease.cost
+        if best is not None and self._tenants.can_run(tenant):
+            again = self._dispatcher.grant(best, model, long, lease.arrival, lease.enqueue_time, attempt, lease.tried)
+            self._tenants.charge(again, tenant, cost)
             self._probe_started(again)
             return again
         waiter = Waiter(lease.arrival, model, long, lease.enqueue_time, deadline, attempt, lease.tried)
         waiter._candidates = candidates
-        self._ticket_waiter(waiter, tenant, cost)
-        bisect.insort(self._retries, waiter, key=by_seq)
-        self._enqueue_in_order(waiter)
+        self._tenants.ticket_waiter(waiter, tenant, cost)
+        self._queue.add_retry(waiter)
         return waiter
+
+    def _probe_started(self, lease: Lease) -> None:
+        """After an immediate grant: if it started a probe, grant whom it put in panic mode
+        (decisions for :meth:`drain_decisions`)."""
+        if lease.probe:
+            self._pending += self._dispatcher.probe_started(lease)
+
+    def drain_decisions(self) -> list[Decision]:
+        """Decisions made by the last :meth:`request` or :meth:`retry` besides its result.
+
+        A request that finds the queue full evicts the newest waiter of a lower
+        negative band ([tenant-quotas]); a grant that starts a provider's probe
+        stops it admitting, which may put the waiters of its model groups in
+        panic mode, and they are granted ([outlier-ejection]). Carry these out
+        like any decision.
+        Do not change the list returned (empty, it is the state's own).
+        """
+        out = self._pending
+        if out:
+            self._pending = []
+        return out
 
     def withdraw(self, waiter: Waiter) -> bool:
         """Remove a queued waiter (its task was cancelled or its deadline passed).
@@ -265,23 +211,16 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         """
         if waiter.state is not QUEUED:
             return False
-        self._remove(waiter, WITHDRAWN)
+        self._queue.remove(waiter, WITHDRAWN)
         return True
 
     def expire(self, now: float) -> list[Waiter]:
         """Remove every waiter whose deadline is ``<= now``; return them, oldest first.
 
-        Deadlines are ``enqueue_time + queue_timeout`` with one timeout for all
-        waiters, and the queue is in arrival order (a retry goes back to its
-        arrival place with its original enqueue time), so deadlines grow along
-        the queue and the scan stops at the first waiter still in time: the cost
-        is the number of waiters expired, not the length of the queue (this is
-        the path every firing queue deadline takes).
+        The cost is the number of waiters expired, not the length of the queue
+        (deadlines grow along the queue: see :meth:`Queue.expire <.queue.Queue.expire>`).
         """
-        out = list(itertools.takewhile(lambda waiter: waiter.deadline <= now, self._waiters.values()))
-        for waiter in out:
-            self._remove(waiter, TIMED_OUT)
-        return out
+        return self._queue.expire(now)
 
     def release(self, lease: Lease) -> list[Decision]:
         """Release a lease (idempotent) and hand freed capacity to waiters.
@@ -297,31 +236,36 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
             return []
         lease._released = True
         slot = lease._slot
-        slot.in_flight -= 1
-        if lease.long:
-            slot.long_in_flight -= 1
-        if lease._revoked:  # its body has left: the capacity fencing kept counted comes back
-            del slot.revoked[lease.id]
-            slot.revoked_long -= lease.long
+        self._pool.give_back(lease)
+        if lease._revoked:
             wake_all = False  # fencing freed its tenant's slot already
         else:
-            del slot.leases[lease.id]
             if lease.probe and slot.probe_lease == lease.id:
-                self._reopen_probe(slot)
+                self._health.reopen_probe(slot)
             # A tenant back under its max_in_flight may have waiters in any group.
-            wake_all = lease._ticket is not None and self._release_ticket(lease)
+            wake_all = lease._ticket is not None and self._tenants.release_ticket(lease)
+        dispatch = self._dispatcher.dispatch
         if not slot.configured and not slot.busy:
-            self._drop_retired(slot)
-            return self._dispatch(self._groups.values()) if wake_all else []
+            self._pool.drop(slot)
+            return dispatch(self._pool.groups.values()) if wake_all else []
         slot.reindex()
         if wake_all:
-            return self._dispatch(self._groups.values())
-        if self._retries:
-            return self._dispatch(g for g, _ in slot.groups)
+            return dispatch(self._pool.groups.values())
+        if self._queue.retries:
+            return dispatch(g for g, _ in slot.groups)
         for g, _ in slot.groups:
             if g.normal_live or g.long_live:
-                return self._dispatch(g for g, _ in slot.groups)
+                return dispatch(g for g, _ in slot.groups)
         return []
+
+    def settle(self, lease: Lease, actual: float) -> None:
+        """Replace the cost reserved for ``lease`` with the cost it used ([tenant-token-cost]).
+
+        Call once the run ended, with the usage the backend reported (tokens,
+        or 1 for a request): the tenant's virtual time and charged total follow
+        the cost used, not the estimate. Without tenants it only records it.
+        """
+        self._tenants.settle(lease, actual)
 
     def hold(self, provider: ProviderKey, runs: int, long_runs: int = 0) -> list[Decision]:
         """Count ``runs`` held elsewhere against ``provider``'s capacity, ``long_runs`` of them
@@ -344,17 +288,8 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         """
         if runs < 0 or not 0 <= long_runs <= runs:
             raise ValueError(f"runs held must be >= 0 and long runs between 0 and them, got {runs} and {long_runs}")
-        slot = self._providers.get(provider)
-        if slot is None or not slot.configured or not slot.node.connected:
-            return []
-        step, long_step = runs - slot.held, long_runs - slot.held_long
-        if not step and not long_step:
-            return []
-        slot.held, slot.held_long = runs, long_runs
-        slot.in_flight += step
-        slot.long_in_flight += long_step
-        slot.reindex()
-        return self._dispatch(g for g, _ in slot.groups) if step < 0 or long_step < 0 else []
+        freed = self._pool.hold(provider, runs, long_runs)
+        return self._dispatcher.dispatch(g for g, _ in freed.groups) if freed is not None else []
 
     # ------------------------------------------------------------ connectivity
 
@@ -367,17 +302,7 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
         Returns:
             The new generation and the decisions (revocations, then grants).
         """
-        node = self._node(node_id)
-        decisions: list[Decision] = []
-        if node.connected:
-            decisions.extend(self._fence(node))
-        node.generation += 1
-        node.connected = True
-        for p in node.providers:
-            p.update_eligibility()
-        # Fenced leases freed their tenants' slots: with tenants, any group may run now.
-        decisions.extend(self._dispatch(self._groups.values() if self._tenancy else groups_of(node.providers)))
-        return node.generation, decisions
+        return self._connectivity.connect(node_id)
 
     def disconnect(self, node_id: str, generation: int) -> tuple[bool, list[Decision]]:
         """Take a node offline if ``generation`` is its current, connected one.
@@ -391,48 +316,170 @@ class AdmissionState(RefreshRules, StateQueries, TenantRules):
             ``(False, [])`` for a stale generation or a node not connected;
             otherwise ``(True, decisions)``.
         """
-        node = self._nodes.get(node_id)
-        if node is None or not node.connected or node.generation != generation:
-            return False, []
-        node.connected = False
-        decisions: list[Decision] = list(self._fence(node))
-        for p in node.providers:
-            p.update_eligibility()
-        groups = groups_of(node.providers)
-        decisions.extend(self._fail_stranded(groups))
-        if self._tenancy is not None:  # fenced leases freed their tenants' slots
-            decisions.extend(self._dispatch(self._groups.values()))
-        elif self._unhealthy:  # groups left with only ejected candidates enter panic mode
-            decisions.extend(self._dispatch(groups))
-        return True, decisions
+        return self._connectivity.disconnect(node_id, generation)
 
-    def _fence(self, node: NodeState) -> Iterator[Revoked]:
-        """Revoke every live lease of ``node``'s providers and drop their runs held elsewhere.
+    # ------------------------------------------------------------------ health
 
-        A revoked lease keeps counting in ``in_flight`` (as revoked, still
-        running) until its holder releases it [revoked-in-flight].
+    def report_failure(self, lease: Lease, now: float) -> list[Decision]:
+        """Count a provider failure of ``lease`` (once per lease; stale reports change nothing).
+
+        On a healthy provider the ``outlier.consecutive_failures``-th failure in a
+        row ejects it (0: never); on an ejected one only its probe's failure
+        counts: it ejects the provider again, for twice as long (capped).
+
+        Returns:
+            ``Ejected`` and the grants it causes (waiters entering panic mode).
         """
-        for p in tuple(node.providers):
-            if not p.leases and not p.held:
-                continue
-            for lease in tuple(p.leases.values()):
-                lease._revoked = True
-                self._release_ticket(lease)
-                if lease.probe and p.probe_lease == lease.id:
-                    self._reopen_probe(p)
-                p.revoked[lease.id] = lease
-                p.revoked_long += lease.long
-                yield Revoked(lease)
-            p.leases.clear()
-            p.forget_held()
-            if not p.configured and not p.revoked:
-                self._drop_retired(p)
-            else:
-                p.reindex()
+        self._now = max(self._now, now)
+        p = self._health.reportable(lease, self._pool.providers)
+        if p is None or not self._health.failure(p, lease):
+            return []
+        decisions: list[Decision] = [self._health.eject(p, now)]
+        decisions.extend(self._dispatcher.dispatch(g for g, _ in p.groups))
+        return decisions
+
+    def report_success(self, lease: Lease, now: float) -> list[Decision]:
+        """Count a success of ``lease`` (once per lease; stale reports change nothing).
+
+        A success resets the failure count; on an ejected provider (its probe,
+        or a lease granted in panic mode during the ejection) it restores it.
+
+        Returns:
+            ``Restored`` and the grants it causes; empty for a healthy provider.
+        """
+        self._now = max(self._now, now)
+        p = self._health.reportable(lease, self._pool.providers)
+        if p is None or not self._health.success(p):
+            return []
+        decisions: list[Decision] = [self._health.restore(p)]
+        decisions.extend(self._dispatcher.dispatch(g for g, _ in p.groups))
+        return decisions
+
+    def advance(self, now: float) -> list[Decision]:
+        """End every ejection whose time is ``<= now``: its probe may be granted now.
+
+        Returns:
+            The grants this causes (the probe goes to the earliest waiter that can use it).
+        """
+        self._now = max(self._now, now)
+        due = self._health.end_due(now)
+        return self._dispatcher.dispatch(groups_of(due)) if due else []
+
+    def next_ejection_end(self) -> float | None:
+        """The earliest time an ejection ends (pass it to :meth:`advance`), or None."""
+        return self._health.next_ejection_end()
+
+    def panic_models(self) -> tuple[str, ...]:
+        """Model keys in panic mode: every eligible candidate is ejected or probing."""
+        return self._pool.panic_models()
+
+    # ----------------------------------------------------------------- refresh
+
+    def prepare_refresh(self, config: PoolConfig, pause: Callable[[], None] | None = None) -> PreparedRefresh:
+        """:func:`prepare_refresh` against the configuration in force now (reads nothing else).
+
+        Safe in a worker thread while this state changes on another.
+
+        Raises:
+            ConfigError: listing every problem of ``config``.
+        """
+        return self._refresh.prepare(config, pause)
+
+    def refresh(self, config: PoolConfig | PreparedRefresh) -> list[Decision]:
+        """Apply a new configuration atomically; leases are kept.
+
+        Validates first (on error nothing changes). Then: provider specs are
+        replaced (a provider dropped from the config keeps its live leases
+        until they end, but takes no new work); model groups are replaced;
+        every queued waiter gets its model's new candidates and the deadline
+        ``enqueue_time + new queue_timeout``; a waiter whose model is gone
+        fails with :class:`ModelNotFound`, one with no eligible candidate left
+        with :class:`Unavailable`; finally waiters are re-evaluated in arrival
+        order against every provider.
+
+        A :class:`PreparedRefresh` applies its configuration with exactly the
+        same outcome. Prepared against the configuration in force, only what
+        it changes is touched: the providers whose spec changed (or that were
+        added or removed) and the model groups whose candidates changed; the
+        other groups keep their index and their waiters' places (O(changes +
+        queued waiters)). Otherwise the whole configuration is installed.
+
+        Raises:
+            ConfigError: listing every problem; the state is unchanged.
+        """
+        return self._refresh.apply(config)
+
+    # ----------------------------------------------------------------- reading
+
+    @property
+    def config(self) -> PoolConfig:
+        """The configuration in force."""
+        return self._refresh.config
+
+    @property
+    def queue_depth(self) -> int:
+        """True number of queued waiters (all model groups)."""
+        return len(self._queue.waiters)
+
+    @property
+    def last_time(self) -> float:
+        """The latest ``now`` passed to any method."""
+        return self._now
+
+    def waiters(self) -> Iterator[Waiter]:
+        """Queued waiters in arrival order."""
+        return iter(tuple(self._queue.waiters.values()))
+
+    def live_leases(self) -> Iterator[Lease]:
+        """Every live lease (granted, not revoked nor released), including those on providers removed by refresh."""
+        return self._pool.live_leases()
+
+    def revoked_running(self) -> Iterator[Lease]:
+        """Every revoked lease not released yet: its body has not exited, its capacity still counts
+        ([revoked-in-flight])."""
+        return self._pool.revoked_running()
+
+    def generation(self, node_id: str) -> int:
+        """Current generation of a node (0 if it never connected)."""
+        node = self._pool.nodes.get(node_id)
+        return node.generation if node else 0
+
+    def knows_node(self, node_id: str) -> bool:
+        """Whether some configuration in force so far had a provider on ``node_id``."""
+        return node_id in self._pool.nodes
+
+    def nodes(self) -> tuple[str, ...]:
+        """The node ids of the configuration in force, in provider order."""
+        return tuple(dict.fromkeys(k.node_id for k in self._refresh.config.providers))
+
+    def is_connected(self, node_id: str) -> bool:
+        """Whether the node is connected in its current generation."""
+        node = self._pool.nodes.get(node_id)
+        return bool(node and node.connected)
+
+    def provider_snapshots(
+        self, now: float | None = None, first: int = 0, count: int | None = None
+    ) -> tuple[ProviderSnapshot, ...]:
+        """Per configured provider, in configuration order, then each provider a refresh removed
+        that still has leases, marked ``"removed"`` (see ProviderSnapshot).
+
+        ``ejection_left`` counts from ``now``, by default the latest time passed in.
+        ``first``/``count``: only the providers at those positions of the order; the removed
+        ones come with the slice that reaches the end of it.
+        """
+        now = self._now if now is None else now
+        values = self._pool.provider_values(now, first, count, self._queue.retry_pressure())
+        return tuple(ProviderSnapshot(*row) for row in values)
+
+    def provider_rows(self, now: float | None = None, first: int = 0, count: int | None = None) -> list[ProviderRow]:
+        """:meth:`provider_snapshots` as plain dicts (see :data:`ProviderRow`), without the objects."""
+        now = self._now if now is None else now
+        values = self._pool.provider_values(now, first, count, self._queue.retry_pressure())
+        return [dict(zip(PROVIDER_FIELDS, row, strict=True)) for row in values]
+
+    def tenant_snapshots(self) -> tuple[TenantSnapshot, ...]:
+        """One row per tenant (see TenantSnapshot); empty without tenants."""
+        return self._tenants.rows()
 
     def __repr__(self) -> str:
-        revoked = sum(len(p.revoked) for p in self._providers.values())
-        busy = sum(p.in_flight - len(p.revoked) for p in self._configured)
-        cap = sum(p.capacity for p in self._configured if p.eligible)
-        running = f" ({revoked} revoked still running)" if revoked else ""
-        return f"<AdmissionState {busy}/{cap} in flight{running} with {len(self._waiters)} waiting>"
+        return f"<AdmissionState {self._pool.load()} with {len(self._queue.waiters)} waiting>"
