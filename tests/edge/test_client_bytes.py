@@ -41,7 +41,7 @@ from iop_edge.nodes import run_frame as run_frame_module
 from iop_edge.nodes.connection import NodeSocket
 from iop_edge.nodes.link import NodeLink
 from iop_edge.nodes.runs import RunNotSent
-from iop_wire import MAX_MESSAGE_BYTES, RUN_ENVELOPE_BYTES, Rejected, Run, RunEnd, RunEvent, decode
+from iop_wire import MAX_MESSAGE_BYTES, OLDEST_PROTOCOL, RUN_ENVELOPE_BYTES, Rejected, Run, RunEnd, RunEvent, decode
 
 pytestmark = pytest.mark.req("lease-lifecycle", "contract-spec-sync")
 
@@ -257,7 +257,7 @@ async def test_v4_node_too_large_after_reencoding_fails_that_run_alone(
     413 request_too_large, before it is registered; the link and the run in flight carry on."""
     raw = floats_body(4_000_081)
     with trio.fail_after(TIMEOUT):
-        async with running_edge(tmp_path, BIG_BODY_LAYOUT) as edge, fake_node(edge, protocol=4) as node:
+        async with running_edge(tmp_path, BIG_BODY_LAYOUT) as edge, fake_node(edge, protocol=OLDEST_PROTOCOL) as node:
             results: dict[str, Any] = {}
             async with trio.open_nursery() as nursery:
                 held = await in_flight_beside(edge, node, nursery, results)
@@ -318,7 +318,7 @@ async def test_node_answer_with_a_lone_surrogate_is_502(
     before it then the Edge's own error event; never a 500 with a traceback; counters back to 0."""
     stream = when != "whole answer"
     with trio.fail_after(TIMEOUT):
-        async with running_edge(tmp_path) as edge, fake_node(edge, protocol=1) as node:
+        async with running_edge(tmp_path) as edge, fake_node(edge) as node:
             results: dict[str, Any] = {}
             async with trio.open_nursery() as nursery:
 

@@ -84,24 +84,7 @@ async def test_long_classification_counts_the_input(tmp_path: Path, value: Any, 
                 nursery.start_soon(lambda: embed(edge, results, "e", model=BIG, input=value))
                 run = await node.next_run()
                 assert edge.provider("node-a", "gpu0")["long_in_flight"] == int(long)
-                assert run.long is long  # [held-elsewhere] wire v4: the node knows which runs are long
-                await node.send(RunEvent(run.run_id, ANSWER))
-                await node.send(RunEnd(run.run_id, "ok"))
-            assert results["e"].status_code == 200
-            await edge.assert_drained()
-
-
-@pytest.mark.req("held-elsewhere")
-async def test_a_v3_node_never_gets_the_long_flag(tmp_path: Path) -> None:
-    """A v3 node's strict decoder would refuse ``long``: its long runs go without it."""
-    with trio.fail_after(10):
-        async with running_edge(tmp_path) as edge, fake_node(edge, protocol=3) as node:
-            results: dict[str, httpx.Response] = {}
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: embed(edge, results, "e", model=BIG, input="x" * (LONG_THRESHOLD * 8)))
-                run = await node.next_run()
-                assert edge.provider("node-a", "gpu0")["long_in_flight"] == 1
-                assert not run.long
+                assert run.long is long  # [held-elsewhere] the node knows which runs are long
                 await node.send(RunEvent(run.run_id, ANSWER))
                 await node.send(RunEnd(run.run_id, "ok"))
             assert results["e"].status_code == 200

@@ -112,7 +112,7 @@ def test_round_trip_every_message_type(message: Any) -> None:
     assert decode(text.encode("utf-8")) == message
     obj = json.loads(text)
     assert obj["type"] == TAGS[type(message)]
-    # compact, all fields emitted (but an unset epoch, v3, unset v4 fields and an unset v5 model), non-ASCII kept as is
+    # compact, all fields emitted (but an unset epoch, long, long_runs and model), non-ASCII kept as is
     assert text == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     unset = {"epoch"} if getattr(message, "epoch", 0) is None else set()
     unset |= {"long"} if getattr(message, "long", True) is False else set()
@@ -122,8 +122,8 @@ def test_round_trip_every_message_type(message: Any) -> None:
 
 
 @pytest.mark.req("epoch-fencing")
-def test_an_unset_epoch_is_left_out_so_a_v2_peer_reads_the_frame() -> None:
-    """[epoch-fencing] A run without an epoch (an Edge without ``ha:``, a v1/v2 connection) is the v2 frame."""
+def test_an_unset_epoch_is_left_out_of_the_frame() -> None:
+    """[epoch-fencing] A run without an epoch (an Edge without ``ha:``) has no ``epoch`` key."""
     run = Run("r", "gpu0", "completions", {"prompt": "hi", "stream": False}, False)
     assert "epoch" not in json.loads(encode(run))
     assert "epoch" not in json.loads(encode(TunnelRequest("t", "gpu0", "GET", "/")))
@@ -495,8 +495,6 @@ def test_doc_example_exchange_decodes() -> None:
         "register",
         "registered",
         "run",
-        "run_event",
-        "run_event",
         "run_end",
         "heartbeat",
         "tunnel_request",
@@ -506,7 +504,7 @@ def test_doc_example_exchange_decodes() -> None:
     ]
 
 
-# --------------------------------------------------------------------------- v2 data frames
+# --------------------------------------------------------------------------- data frames
 
 
 @pytest.mark.req("wire-versioning")
