@@ -215,15 +215,6 @@ class Heartbeat:
 
 @final
 @attrs.frozen
-class RunEvent:
-    """``run_event``: one upstream chunk (stream) or the whole response (non-stream)."""
-
-    run_id: str
-    data: dict[str, Any]
-
-
-@final
-@attrs.frozen
 class RunEnd:
     """``run_end``: the last message of a run.
 
@@ -439,7 +430,7 @@ class TunnelRequest:
         return _decode_base64(self.body, f"tunnel_request {self.run_id!r}: body")
 
 
-NodeMessage = Union[Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
+NodeMessage = Union[Register, Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
 """Every message a node sends."""
 
 EdgeMessage = Union[Registered, Rejected, Run, Cancel, TunnelRequest, Leader]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
@@ -451,7 +442,6 @@ Message = Union[NodeMessage, EdgeMessage]  # noqa: UP007 (a runtime object: the 
 MESSAGE_TYPES: Final[dict[type[Any], str]] = {
     Register: "register",
     Heartbeat: "heartbeat",
-    RunEvent: "run_event",
     RunEnd: "run_end",
     TunnelStart: "tunnel_start",
     TunnelChunk: "tunnel_chunk",

@@ -61,7 +61,7 @@ from iop_edge.status import StatusRows, status_json_rows
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
 from iop_io import answer_lifespan
-from iop_wire import Run, RunData, RunEvent
+from iop_wire import Run, RunData
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -324,7 +324,7 @@ class EdgeAPI:
             run.answer_whole(lambda answer: responder.whole_nowait(200, [_JSON, *head], answer))
         async with run:
             first = await first_message(run, first_token)
-            if isinstance(first, RunData | RunEvent):
+            if isinstance(first, RunData):
                 self.service.admission.report_success(lease)
             if stream:
                 await relay_stream(run, responder, head, first, scan)
