@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="overload: two short scenarios; fleet: K = 64 and 512 only; scale (wire v1 and v2), config_scale: "
+        help="overload: two short scenarios; fleet: K = 64 and 512 only; scale (both wire versions), config_scale: "
         "1,000 nodes only (for iteration)",
     )
     args = parser.parse_args(argv)

@@ -3,7 +3,7 @@
 Three processes, so the Edge's loop carries only the Edge: the Edge (``iop-edge``
 on a generated ``edge.yaml``), the fake fleet (``python -m benchmarks.scale fleet``:
 every node in one trio process, one provider ``p0`` of capacity 4 each,
-heartbeats, answers runs at once, wire v1 or v2) and the load generator
+heartbeats, answers runs at once, either wire version) and the load generator
 (:mod:`benchmarks.loadgen`). Model key ``one`` lists node-0's provider only,
 ``all`` lists every node's.
 
@@ -563,11 +563,13 @@ def run(
 
 
 def main(argv: list[str]) -> None:
-    """``python -m benchmarks.scale [--quick] [--wire 1|2 ...] [--py-spy BIN] [--reload-only] [--reloads N] [SIZE ...]``."""
+    """``python -m benchmarks.scale [--quick] [--wire 4|5 ...] [--py-spy BIN] [--reload-only] [--reloads N] [SIZE ...]``."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("sizes", nargs="*", type=int, help=f"fleet sizes (default {', '.join(map(str, SIZES))})")
     parser.add_argument("--quick", action="store_true", help="1,000 nodes only (for iteration)")
-    parser.add_argument("--wire", type=int, choices=WIRES, action="append", help="wire version(s) (default: 1 and 2)")
+    parser.add_argument(
+        "--wire", type=int, choices=WIRES, action="append", help="wire version(s) (default: both spoken)"
+    )
     parser.add_argument("--edge-config", action="append", default=[], help="one more edge.yaml line (repeatable)")
     parser.add_argument(
         "--reload-only", action="store_true", help="after the storm, only /status and the reload stall (minutes less)"

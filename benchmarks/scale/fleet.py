@@ -6,7 +6,7 @@ its own loopback address (127.10.x.y: Linux routes all of 127.0.0.0/8 to the
 loopback interface), as the nodes of a real fleet each have their own address.
 One provider ``p0`` of capacity 4 each; heartbeats; runs answered at once (a
 streamed run: :data:`STREAM_EVENTS` events :data:`STREAM_GAP` apart, their send
-times written as ``bench-sent:`` lines); wire v1 or v2. The process prints one
+times written as ``bench-sent:`` lines); either wire version. The process prints one
 JSON line of counts every 0.1 s, read by :class:`benchmarks.scale.FleetProcess`.
 """
 
@@ -28,6 +28,8 @@ import trio_websocket
 
 from iop_node import ReconnectConfig, backoff_delay, first_delay, websocket_connector
 from iop_wire import (
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSIONS,
     Heartbeat,
     ProtocolError,
     ProviderInfo,
@@ -36,7 +38,6 @@ from iop_wire import (
     Run,
     RunData,
     RunEnd,
-    RunEvent,
     decode,
     encode,
     encode_data,
@@ -102,31 +103,24 @@ class Fleet:
         self.handshakes = trio.Semaphore(HANDSHAKES)
 
 
-async def _answer(ws: trio_websocket.WebSocketConnection, run: Run, wire: int) -> None:
-    """Answer ``run``: v1 as ``run_event`` messages, v2 as data frames (the body's bytes)."""
-    if wire >= 2:
-        if run.stream:
-            sent: list[float] = []
-            for i in range(STREAM_EVENTS):
-                data = b"data: " + json.dumps(_chunk(i)).encode() + b"\n\n"
-                await ws.send_message(encode_data([RunData(run.run_id, i, data)]))
-                sent.append(time.monotonic())
-                await trio.sleep(STREAM_GAP)
-            await ws.send_message(encode_data([RunData(run.run_id, STREAM_EVENTS, b"data: [DONE]\n\n")]))
-            sent.append(time.monotonic())
-            print("bench-sent: " + " ".join(f"{t:.4f}" for t in sent), file=sys.stderr, flush=True)
-        else:
-            await ws.send_message(encode_data([RunData(run.run_id, 0, _COMPLETION_BYTES)]))
-    elif run.stream:
+async def _answer(ws: trio_websocket.WebSocketConnection, run: Run) -> None:
+    """Answer ``run`` in data frames (the body's bytes), as a node of either wire version does."""
+    if run.stream:
+        sent: list[float] = []
         for i in range(STREAM_EVENTS):
-            await ws.send_message(encode(RunEvent(run.run_id, _chunk(i))))
+            data = b"data: " + json.dumps(_chunk(i)).encode() + b"\n\n"
+            await ws.send_message(encode_data([RunData(run.run_id, i, data)]))
+            sent.append(time.monotonic())
             await trio.sleep(STREAM_GAP)
+        await ws.send_message(encode_data([RunData(run.run_id, STREAM_EVENTS, b"data: [DONE]\n\n")]))
+        sent.append(time.monotonic())
+        print("bench-sent: " + " ".join(f"{t:.4f}" for t in sent), file=sys.stderr, flush=True)
     else:
-        await ws.send_message(encode(RunEvent(run.run_id, _COMPLETION)))
+        await ws.send_message(encode_data([RunData(run.run_id, 0, _COMPLETION_BYTES)]))
     await ws.send_message(encode(RunEnd(run.run_id, "ok")))
 
 
-async def _session(ws: trio_websocket.WebSocketConnection, interval: float, wire: int) -> None:
+async def _session(ws: trio_websocket.WebSocketConnection, interval: float) -> None:
     async def heartbeat() -> None:
         seq = 0
         while True:
@@ -139,7 +133,7 @@ async def _session(ws: trio_websocket.WebSocketConnection, interval: float, wire
         while True:
             message = decode(await ws.get_message())
             if type(message) is Run:
-                nursery.start_soon(_answer, ws, message, wire)
+                nursery.start_soon(_answer, ws, message)
 
 
 _GONE = (
@@ -179,7 +173,7 @@ async def _connection(fleet: Fleet, index: int, connect: Connector, nursery: tri
         fleet.registered += 1
         fleet.registrations += 1
         try:
-            await _session(ws, reply.heartbeat_interval_ms / 1000, fleet.wire)
+            await _session(ws, reply.heartbeat_interval_ms / 1000)
         finally:
             fleet.registered -= 1
     return True
@@ -268,7 +262,7 @@ async def run_fleet(port: int, first: int, nodes: int, wire: int, seed: int = 1)
             nursery.start_soon(fake_node, fleet, i, port, random.Random(rng.random()))
 
 
-WIRES = (1, 2)
+WIRES = PROTOCOL_VERSIONS
 STORM_TIMEOUT = 120.0
 RECOVERY_MARKS = (5.0, 15.0, 30.0)
 
@@ -278,6 +272,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--first", type=int, default=0, help="the first node's number")
-    parser.add_argument("--wire", type=int, choices=WIRES, default=2)
+    parser.add_argument("--wire", type=int, choices=WIRES, default=PROTOCOL_VERSION)
     args = parser.parse_args(argv)
     trio.run(run_fleet, args.port, args.first, args.nodes, args.wire)

@@ -1,8 +1,9 @@
-"""The Edge–Node wire protocol (v1 to v5): message classes, their JSON codec, v2 data frames.
+"""The Edge–Node wire protocol (v4 and v5): message classes, their JSON codec, data frames, versions.
 
 The contract is ``docs/wire.md``. Messages are JSON text frames, one message each,
-tagged by ``"type"``; v2 adds binary data frames (:func:`encode_data`,
-:func:`decode_data`) that carry runs' output bytes. :func:`decode` and
+tagged by ``"type"``, and binary data frames (:func:`encode_data`,
+:func:`decode_data`) that carry runs' output bytes. Two versions are spoken at once, the
+current and the previous; :func:`run_for` says a run to a peer of either. :func:`decode` and
 :func:`decode_data` raise only :class:`ProtocolError`. :class:`WebSocketEnd` is the
 message layer both daemons' WebSocket ends share (wsproto; each adds its role's
 handshake and its transport).
@@ -19,17 +20,13 @@ from ._errors import (
     ProtocolError,
 )
 from ._messages import (
-    CLIENT_BODY_PROTOCOL,
     END_MESSAGE_LIMIT,
     END_STATUSES,
     ENDPOINTS,
     ERROR_CODES,
     FAILURE_KINDS,
-    LONG_PROTOCOL,
     MAX_MESSAGE_BYTES,
     MAX_NODE_ID_CHARS,
-    PROTOCOL_VERSION,
-    PROTOCOL_VERSIONS,
     PROVIDER_FAILURES,
     PROVIDER_STATUSES_4XX,
     REJECT_CODES,
@@ -49,7 +46,6 @@ from ._messages import (
     Rejected,
     Run,
     RunEnd,
-    RunEvent,
     TunnelChunk,
     TunnelEnd,
     TunnelRequest,
@@ -58,11 +54,11 @@ from ._messages import (
     max_body_bytes_for,
     valid_node_id,
 )
+from ._versions import OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSIONS, run_for, spoken
 from ._websocket import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
 __all__ = [
     "ABNORMAL_CLOSURE",
-    "CLIENT_BODY_PROTOCOL",
     "CLOSE_GOING_AWAY",
     "CLOSE_NORMAL",
     "CLOSE_POLICY",
@@ -73,10 +69,10 @@ __all__ = [
     "END_STATUSES",
     "ERROR_CODES",
     "FAILURE_KINDS",
-    "LONG_PROTOCOL",
     "MAX_MESSAGE_BYTES",
     "MAX_NODE_ID_CHARS",
     "MAX_RUN_ID_BYTES",
+    "OLDEST_PROTOCOL",
     "PROTOCOL_VERSION",
     "PROTOCOL_VERSIONS",
     "PROVIDER_FAILURES",
@@ -101,7 +97,6 @@ __all__ = [
     "Run",
     "RunData",
     "RunEnd",
-    "RunEvent",
     "TunnelChunk",
     "TunnelEnd",
     "TunnelRequest",
@@ -116,6 +111,8 @@ __all__ = [
     "make_converter",
     "max_body_bytes_for",
     "record_header",
+    "run_for",
     "split_data",
+    "spoken",
     "valid_node_id",
 ]

@@ -10,7 +10,7 @@ Design notes:
   any iterable to a tuple). A protocol must not: the strict hooks below accept
   exactly the JSON type (a bool is not an int, an array is not a string) and raise
   :class:`_WrongJsonType`, whose message is used verbatim in the error reason.
-- JSON objects held by messages (``RunEvent.data``, ``Run.body``) pass through
+- JSON objects held by messages (``Run.body``) pass through
   without copying in either direction: they are the bulk of every streamed chunk.
 - :func:`decode` turns every failure into :class:`ProtocolError`; the reason comes
   from ``cattrs.transform_error`` and names the field (``@ $.providers[0].capacity``).

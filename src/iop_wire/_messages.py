@@ -1,4 +1,4 @@
-"""The JSON messages of the Edge–Node wire protocol, v1 to v5 (contract: ``docs/wire.md``).
+"""The JSON messages of the Edge–Node wire protocol, v4 and v5 (contract: ``docs/wire.md``).
 
 Every message is a frozen attrs value. Field types are checked by the codec when
 a frame is decoded; the rules that involve values (allowed statuses, endpoints and
@@ -20,19 +20,6 @@ from typing import Any, Final, Literal, Union, final, get_args
 import attrs
 
 from ._errors import ProtocolError
-
-PROTOCOL_VERSION: Final = 5
-"""The newest protocol version: the one a node offers first in :class:`Register`."""
-
-PROTOCOL_VERSIONS: Final = (1, 2, 3, 4, 5)
-"""Every version this package speaks (an Edge accepts nodes of any of them)."""
-
-LONG_PROTOCOL: Final = 4
-"""The first version whose ``run`` says whether it is long and whose ``in_flight`` counts the long runs."""
-
-CLIENT_BODY_PROTOCOL: Final = 5
-"""The first version whose ``run`` carries the client's body as sent, with the upstream model in
-``run.model`` for the node to put in (:meth:`Run.upstream_body`): the Edge never re-encodes it."""
 
 MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
 """Default limit for one text frame, in UTF-8 bytes."""
@@ -66,7 +53,7 @@ ERROR_CODES: Final = (
     "stale_epoch",
     "upstream_too_large",
 )
-"""The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries (``stale_epoch``: v3 only)."""
+"""The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries."""
 
 FailureKind = Literal[
     "client_error",
@@ -96,7 +83,7 @@ FailureKind = Literal[
   adapter does not serve): a mismatch between Edge and Node configs.
 - ``cancelled``: the run was cancelled.
 - ``stale_leader``: the run carried an older leader's epoch than the node has
-  seen (``stale_epoch``, wire v3): the Edge that sent it no longer leads.
+  seen (``stale_epoch``): the Edge that sent it no longer leads.
 """
 
 FAILURE_KINDS: Final[tuple[FailureKind, ...]] = get_args(FailureKind)
@@ -228,15 +215,6 @@ class Heartbeat:
 
 @final
 @attrs.frozen
-class RunEvent:
-    """``run_event``: one upstream chunk (stream) or the whole response (non-stream)."""
-
-    run_id: str
-    data: dict[str, Any]
-
-
-@final
-@attrs.frozen
 class RunEnd:
     """``run_end``: the last message of a run.
 
@@ -266,13 +244,13 @@ class RunEnd:
 @final
 @attrs.frozen
 class InFlight:
-    """``in_flight`` (v3): the node's answer to :class:`Leader`: its runs in flight per provider.
+    """``in_flight``: the node's answer to :class:`Leader`: its runs in flight per provider.
 
     ``runs`` counts the runs and tunnel requests holding a permit of the node's
     gate that the connection it is sent on did not send (another Edge's, a
     warm-up's), as ``[provider, count]`` pairs (providers with none left out);
     ``epoch`` echoes the leader's. While any is left, the node sends it again at
-    each change; each replaces the last. ``long_runs`` (v4): how many of those
+    each change; each replaces the last. ``long_runs``: how many of those
     runs are long (their ``run`` said so), as pairs the same way; left out of the
     frame when empty.
     """
@@ -354,9 +332,9 @@ class Rejected:
 @final
 @attrs.frozen
 class Leader:
-    """``leader`` (v3): the Edge leads its HA group at ``epoch`` (docs/ha.md).
+    """``leader``: the Edge leads its HA group at ``epoch`` (docs/ha.md).
 
-    Sent on every v3 connection when the Edge wins an election, and right after
+    Sent on every connection when the Edge wins an election, and right after
     ``registered`` while it leads. The node raises its fence to ``epoch`` and
     answers :class:`InFlight`.
     """
@@ -371,14 +349,14 @@ class Run:
 
     ``body["model"]`` is already the upstream model name. For ``chat/completions`` and
     ``completions`` ``body["stream"]`` equals ``stream``; an ``embeddings`` run is never a
-    stream and its body carries no ``stream`` key. ``epoch`` (v3, only from an Edge
+    stream and its body carries no ``stream`` key. ``epoch`` (only from an Edge
     with ``ha:``): the sending leader's epoch; a node that has seen a higher one
     refuses the run with ``stale_epoch``. Left out of the frame when None.
-    ``long`` (v4): the Edge admitted it as a long-context request (it holds one of
+    ``long``: the Edge admitted it as a long-context request (it holds one of
     the provider's long slots there); left out of the frame when false.
     ``model`` (v5): the upstream model name; ``body`` is then the client's body as it sent
     it (its own ``model``, ``stream`` or none), and the node runs :meth:`upstream_body`.
-    Left out of the frame when None.
+    Left out of the frame when None; a v4 peer gets :meth:`for_upstream` instead.
     """
 
     run_id: str
@@ -452,7 +430,7 @@ class TunnelRequest:
         return _decode_base64(self.body, f"tunnel_request {self.run_id!r}: body")
 
 
-NodeMessage = Union[Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
+NodeMessage = Union[Register, Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
 """Every message a node sends."""
 
 EdgeMessage = Union[Registered, Rejected, Run, Cancel, TunnelRequest, Leader]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
@@ -464,7 +442,6 @@ Message = Union[NodeMessage, EdgeMessage]  # noqa: UP007 (a runtime object: the 
 MESSAGE_TYPES: Final[dict[type[Any], str]] = {
     Register: "register",
     Heartbeat: "heartbeat",
-    RunEvent: "run_event",
     RunEnd: "run_end",
     TunnelStart: "tunnel_start",
     TunnelChunk: "tunnel_chunk",

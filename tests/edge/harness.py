@@ -49,7 +49,6 @@ from iop_wire import (
     Run,
     RunData,
     RunEnd,
-    RunEvent,
     decode,
     encode,
     encode_data,
@@ -255,13 +254,34 @@ class FakeNode:
     rejected: Rejected | None = None
     leaders: list[Leader] = attrs.field(factory=list)
     runs_received: list[Run] = attrs.field(factory=list)
+    _framed: dict[str, int] = attrs.field(factory=dict)
+    """Runs whose output :meth:`send_json` framed, and the seq of their next record."""
+    _streams: dict[str, bool] = attrs.field(factory=dict)
+    """Whether each run this node was given (:meth:`next_run`, :meth:`answer`) is streamed."""
 
     async def send(self, message: Message) -> None:
+        """Send ``message``; a streamed run's ``ok`` end whose output :meth:`send_json` framed goes
+        behind the ``data: [DONE]`` a node relays from its backend."""
+        if isinstance(message, RunEnd) and message.status == "ok" and message.run_id in self._framed:
+            await self._done(message.run_id)
         await self.ws.send_message(encode(message))
 
     async def send_data(self, *records: RunData) -> None:
-        """One v2 data frame holding ``records``."""
+        """One data frame holding ``records``."""
         await self.ws.send_message(encode_data(records))
+
+    async def send_json(self, run_id: str, data: dict[str, Any] | None) -> None:
+        """``data`` as a node relays it, in one data record: an SSE event of a streamed run
+        (``data: [DONE]`` for None), or a non-stream run's whole JSON body."""
+        seq = self._framed.get(run_id, 0)
+        self._framed[run_id] = seq + 1
+        body = b"[DONE]" if data is None else json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+        await self.send_data(RunData(run_id, seq, b"data: " + body + b"\n\n" if self._streams[run_id] else body))
+
+    async def _done(self, run_id: str) -> None:
+        """A streamed run's ``data: [DONE]``, as its backend writes it (a non-stream run has none)."""
+        if self._streams[run_id]:
+            await self.send_json(run_id, None)
 
     async def receive(self) -> Message:
         """The next Edge message."""
@@ -284,6 +304,7 @@ class FakeNode:
         message = await self._next_after_leaders()
         assert isinstance(message, Run), message
         self.runs_received.append(message)
+        self._streams[message.run_id] = message.stream
         return message.for_upstream()
 
     async def next_cancel(self) -> Cancel:
@@ -292,17 +313,15 @@ class FakeNode:
         return message
 
     async def _next_after_leaders(self) -> Message:
-        """The next Edge message that is not a ``leader`` (an HA leader's, wire v3: kept in :attr:`leaders`)."""
+        """The next Edge message that is not a ``leader`` (an HA leader's: kept in :attr:`leaders`)."""
         while isinstance(message := await self.receive(), Leader):
             self.leaders.append(message)
         return message
 
     async def answer(self, run: Run, text: str = "ok") -> None:
         """Finish ``run`` successfully: one chunk (stream) or one whole response."""
-        if run.stream:
-            await self.send(RunEvent(run.run_id, chat_chunk(text)))
-        else:
-            await self.send(RunEvent(run.run_id, chat_response(text)))
+        self._streams[run.run_id] = run.stream
+        await self.send_json(run.run_id, chat_chunk(text) if run.stream else chat_response(text))
         await self.send(RunEnd(run.run_id, "ok"))
 
     async def heartbeat(self, seq: int = 1) -> None:

@@ -31,7 +31,7 @@ from edge.harness import (
 )
 from iop_mock import MockBackend, serve_mock_backend
 from iop_node import ProviderConfig
-from iop_wire import Cancel, RunEnd, RunEvent
+from iop_wire import Cancel, RunEnd
 
 
 def _post_into(
@@ -170,7 +170,7 @@ async def test_long_classification_by_prompt_chars(tmp_path: Path) -> None:
                 await node.answer(first)
                 second = await node.next_run()
                 assert second.endpoint == "completions"
-                await node.send(RunEvent(second.run_id, {"object": "text_completion", "choices": []}))
+                await node.send_json(second.run_id, {"object": "text_completion", "choices": []})
                 await node.send(RunEnd(second.run_id, "ok"))
             await edge.assert_drained()
 
@@ -189,7 +189,7 @@ async def test_client_cancel_mid_stream_releases_and_cancels_run(tmp_path: Path)
                 assert run.stream is True
                 _post_into(nursery, edge, results, "queued", FAST)
                 await eventually(lambda: edge.queue_depth == 1)
-                await node.send(RunEvent(run.run_id, chat_chunk("first")))
+                await node.send_json(run.run_id, chat_chunk("first"))
                 # the client is gone: the node is told to cancel, the waiter gets gpu0
                 assert await node.receive() == Cancel(run.run_id)
                 queued = await node.next_run()
@@ -284,7 +284,7 @@ async def test_node_socket_dies_mid_stream(tmp_path: Path) -> None:
             async with trio.open_nursery() as nursery:
                 _post_into(nursery, edge, results, "s", BIG, stream=True)
                 run = await node.next_run()
-                await node.send(RunEvent(run.run_id, chat_chunk("part")))
+                await node.send_json(run.run_id, chat_chunk("part"))
                 await eventually(lambda: "s" not in results and edge.service.registry.links()[0].active_runs == 1)
                 await node.drop()
             response = results["s"]

@@ -34,7 +34,7 @@ from edge.harness import (
 from iop_edge.api import responder as _responder
 from iop_edge.api.rejections import RequestRejected
 from iop_edge.front_door import overload as _overload
-from iop_wire import RunEnd, RunEvent
+from iop_wire import RunEnd
 
 
 def assert_error(response: httpx.Response, status: int, code: str, type_: str, reason: str | None = None) -> None:
@@ -145,8 +145,8 @@ async def test_mid_stream_error_event(tmp_path: Path) -> None:
             async with trio.open_nursery() as nursery:
                 start_chat(nursery, edge, results, "s", FAST, stream=True)
                 run = await node.next_run()
-                await node.send(RunEvent(run.run_id, chat_chunk("a")))
-                await node.send(RunEvent(run.run_id, chat_chunk("b")))
+                await node.send_json(run.run_id, chat_chunk("a"))
+                await node.send_json(run.run_id, chat_chunk("b"))
                 await node.send(RunEnd(run.run_id, "error", "upstream_error", "backend died", 500))
             response = results["s"]
             assert response.status_code == 200

@@ -30,7 +30,7 @@ from iop_edge.api.relay import first_message as _first_message
 from iop_edge.nodes.connection import NodeSocket
 from iop_edge.nodes.peer_watch import PeerWatch
 from iop_edge.nodes.runs import RUN_BUFFER, NodeGone, RunChannel
-from iop_wire import Rejected, Run, RunData, RunEnd, RunEvent
+from iop_wire import Rejected, Run, RunData, RunEnd, TunnelChunk, TunnelStart
 
 
 def _offline(entry: dict[str, object]) -> bool:
@@ -250,7 +250,7 @@ async def test_oversize_ws_message_closes_that_node_only(tmp_path: Path) -> None
                 async with fake_node(edge) as node_a:
                     start_chat(nursery, edge, results, "on-a", FAST)
                     run_a = await node_a.next_run()
-                    await node_a.send(RunEvent(run_a.run_id, chat_response("z" * 10_000)))
+                    await node_a.send_json(run_a.run_id, chat_response("z" * 10_000))
                     await eventually(lambda: "on-a" in results)
                 assert results["on-a"].status_code == 502
                 assert not edge.service.admission.is_connected("node-a")
@@ -286,7 +286,7 @@ async def test_saturated_event_subscriber_changes_nothing(tmp_path: Path) -> Non
 
 async def test_run_channel_sink_takes_data_only_until_another_message_comes() -> None:
     """A sink attached to a run takes its data records as they arrive; a message it cannot take
-    (a ``run_event``) detaches it, so records after that message queue behind it, in order."""
+    (here a ``tunnel_chunk``) detaches it, so records after that message queue behind it, in order."""
     channel = RunChannel("r1", None)  # type: ignore[arg-type]  # the link is used only when leaving
     written: list[bytes] = []
 
@@ -295,7 +295,7 @@ async def test_run_channel_sink_takes_data_only_until_another_message_comes() ->
         return True
 
     assert channel.attach(sink)
-    event = RunEvent("r1", {"n": 2})
+    event = TunnelChunk("r1", "Mg==")
     for message in (RunData("r1", 0, b"1"), event, RunData("r1", 1, b"3"), RunEnd("r1", "ok")):
         assert channel.deliver(message)
     assert written == [b"1"]
@@ -352,7 +352,7 @@ async def test_a_whole_answer_buffered_at_its_end_is_written_by_the_reader() -> 
     """A non-stream run whose data records are all still buffered when its ``ok`` end arrives is
     answered by the node link's reader (the writer gets the joined records, once); the relay still
     reads every message. Not when the relay took a record already, nor on an error end, nor for a
-    v1 answer (a ``run_event``); a writer that declines or fails leaves the answer to the relay."""
+    first message that is not a data record; a writer that declines or fails leaves the answer to the relay."""
     written: list[bytes] = []
 
     def writer(body: bytes) -> bool:
@@ -379,7 +379,7 @@ async def test_a_whole_answer_buffered_at_its_end_is_written_by_the_reader() -> 
 
     for run_id, first, end, given in (
         ("r3", RunData("r3", 0, b"{}"), RunEnd("r3", "error", code="upstream_error"), writer),
-        ("r4", RunEvent("r4", {"id": 1}), RunEnd("r4", "ok"), writer),
+        ("r4", TunnelStart("r4", 200, ()), RunEnd("r4", "ok"), writer),
         ("r5", RunData("r5", 0, b"{}"), RunEnd("r5", "ok"), lambda body: False),
         ("r6", RunData("r6", 0, b"{}"), RunEnd("r6", "ok"), failing),
     ):

@@ -31,7 +31,7 @@ from edge.harness import (
 from iop_mock import MockBackend, serve_mock_backend
 from iop_mock import embedding as mock_embedding
 from iop_node import ProviderConfig
-from iop_wire import RunEnd, RunEvent
+from iop_wire import RunEnd
 
 pytestmark = pytest.mark.req("embeddings")
 
@@ -55,7 +55,7 @@ async def test_one_run_with_the_body_as_sent(tmp_path: Path) -> None:
                 assert (run.endpoint, run.stream) == ("embeddings", False)
                 assert run.body == {"model": "qwen3:35b-fast", "input": ["a", "b"], "encoding_format": "base64"}
                 assert edge.provider("node-a", "gpu0")["in_flight"] == 1
-                await node.send(RunEvent(run.run_id, ANSWER))
+                await node.send_json(run.run_id, ANSWER)
                 await node.send(RunEnd(run.run_id, "ok"))
             response = results["e"]
             assert response.status_code == 200
@@ -84,25 +84,8 @@ async def test_long_classification_counts_the_input(tmp_path: Path, value: Any, 
                 nursery.start_soon(lambda: embed(edge, results, "e", model=BIG, input=value))
                 run = await node.next_run()
                 assert edge.provider("node-a", "gpu0")["long_in_flight"] == int(long)
-                assert run.long is long  # [held-elsewhere] wire v4: the node knows which runs are long
-                await node.send(RunEvent(run.run_id, ANSWER))
-                await node.send(RunEnd(run.run_id, "ok"))
-            assert results["e"].status_code == 200
-            await edge.assert_drained()
-
-
-@pytest.mark.req("held-elsewhere")
-async def test_a_v3_node_never_gets_the_long_flag(tmp_path: Path) -> None:
-    """A v3 node's strict decoder would refuse ``long``: its long runs go without it."""
-    with trio.fail_after(10):
-        async with running_edge(tmp_path) as edge, fake_node(edge, protocol=3) as node:
-            results: dict[str, httpx.Response] = {}
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: embed(edge, results, "e", model=BIG, input="x" * (LONG_THRESHOLD * 8)))
-                run = await node.next_run()
-                assert edge.provider("node-a", "gpu0")["long_in_flight"] == 1
-                assert not run.long
-                await node.send(RunEvent(run.run_id, ANSWER))
+                assert run.long is long  # [held-elsewhere] the node knows which runs are long
+                await node.send_json(run.run_id, ANSWER)
                 await node.send(RunEnd(run.run_id, "ok"))
             assert results["e"].status_code == 200
             await edge.assert_drained()
@@ -134,7 +117,7 @@ async def test_embeddings_share_the_providers_capacity_with_chat(tmp_path: Path)
                 await node.answer(chat)
                 run = await node.next_run()
                 assert run.endpoint == "embeddings"
-                await node.send(RunEvent(run.run_id, ANSWER))
+                await node.send_json(run.run_id, ANSWER)
                 await node.send(RunEnd(run.run_id, "ok"))
             assert results["e"].status_code == 200
             await edge.assert_drained()

@@ -26,7 +26,7 @@ from edge.harness import (
     sse_events,
     start_chat,
 )
-from iop_wire import RunEnd, RunEvent
+from iop_wire import RunEnd
 
 pytestmark = pytest.mark.req("failover-before-first-byte", "outlier-ejection", "first-token-timeout")
 
@@ -101,7 +101,7 @@ async def test_no_retry_for_client_errors_after_first_byte_or_without_candidate(
                     await eventually(lambda: "400" in results)
                     start_chat(nursery, edge, results, "stream", BIG, stream=True)
                     run = await a.next_run()
-                    await a.send(RunEvent(run.run_id, chat_chunk("a")))
+                    await a.send_json(run.run_id, chat_chunk("a"))
                     await a.send(RunEnd(run.run_id, "error", "upstream_error", "died", 500))
                     await eventually(lambda: "stream" in results)
                     start_chat(nursery, edge, results, "only", FAST)
@@ -176,7 +176,7 @@ async def test_first_token_timeout_cancels_and_retries(tmp_path: Path) -> None:
                     assert cancel.run_id == run.run_id
                     await a.send(RunEnd(run.run_id, "cancelled", "cancelled"))
                     retry = await b.next_run()
-                    await b.send(RunEvent(retry.run_id, chat_chunk("late but here")))
+                    await b.send_json(retry.run_id, chat_chunk("late but here"))
                     await b.send(RunEnd(retry.run_id, "ok"))
                 response = results["slow"]
                 assert response.status_code == 200

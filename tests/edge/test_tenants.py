@@ -22,7 +22,6 @@ from edge.harness import (
     EdgeLayout,
     FakeNode,
     RunEnd,
-    RunEvent,
     chat_chunk,
     chat_response,
     eventually,
@@ -65,7 +64,7 @@ async def answer_next(node: FakeNode, order: list[str], *, usage: int | None = N
     else:
         response = chat_response("ok")
         response["usage"] = {"prompt_tokens": 1, "completion_tokens": usage - 1, "total_tokens": usage}
-        await node.send(RunEvent(run.run_id, response))
+        await node.send_json(run.run_id, response)
         await node.send(RunEnd(run.run_id, "ok"))
 
 
@@ -179,7 +178,7 @@ async def test_token_cost_is_reserved_then_settled_with_the_reported_usage(tmp_p
                 order.append(run.body["messages"][0]["content"])
                 response = chat_response("ok")
                 response["usage"] = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
-                await node.send(RunEvent(run.run_id, response))
+                await node.send_json(run.run_id, response)
                 await node.send(RunEnd(run.run_id, "ok"))
             await eventually(lambda: tenant_rows(edge)["chat"].in_flight == 0)
             assert tenant_rows(edge)["chat"].cost_charged == 7
@@ -257,8 +256,8 @@ async def test_a_stream_is_settled_with_the_usage_its_last_chunk_reports(tmp_pat
                 assert run.stream
                 last = chat_chunk("done")
                 last["usage"] = {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
-                await node.send(RunEvent(run.run_id, chat_chunk("he")))
-                await node.send(RunEvent(run.run_id, last))
+                await node.send_json(run.run_id, chat_chunk("he"))
+                await node.send_json(run.run_id, last)
                 await node.send(RunEnd(run.run_id, "ok"))
             assert results["s"].status_code == 200 and "done" in results["s"].text
             await eventually(lambda: tenant_rows(edge)["chat"].in_flight == 0)
@@ -353,7 +352,7 @@ async def test_a_retry_is_reserved_anew_after_its_failed_attempt_settled_at_zero
                 assert tenant_rows(edge)["chat"].cost_charged == 22  # 8 chars / 4 + 20: the reserve, once
                 response = chat_response("ok")
                 response["usage"] = {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
-                await b.send(RunEvent(retry.run_id, response))
+                await b.send_json(retry.run_id, response)
                 await b.send(RunEnd(retry.run_id, "ok"))
             assert results["r"].status_code == 200 and results["r"].headers["x-iop-attempts"] == "2"
             await eventually(lambda: tenant_rows(edge)["chat"].in_flight == 0)

@@ -1,4 +1,4 @@
-"""Wire v1 and v2 nodes on one Edge: negotiation, data frames relayed unparsed, a mixed fleet."""
+"""Nodes of both wire versions on one Edge: negotiation, a refused older node, data frames relayed unparsed."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from edge.harness import BIG, FAST, TOKEN_A, EdgeLayout, chat_chunk, fake_node, running_edge, sse_events, start_chat
-from iop_wire import CLOSE_PROTOCOL_ERROR, Rejected, RunData, RunEnd, RunEvent
+from edge.harness import BIG, FAST, TOKEN_A, EdgeLayout, fake_node, running_edge, sse_events, start_chat
+from iop_wire import CLOSE_POLICY, CLOSE_PROTOCOL_ERROR, OLDEST_PROTOCOL, PROTOCOL_VERSION, Rejected, RunData, RunEnd
 
 AWKWARD = [
     b": a comment line\r\n",
@@ -22,39 +22,41 @@ AWKWARD = [
 
 
 @pytest.mark.req("wire-versioning", "relay-fidelity")
-async def test_mixed_fleet_v1_and_v2_nodes_side_by_side(tmp_path: Path) -> None:
-    """[wire-versioning] [relay-fidelity] One Edge serves a v1 node (run_event, framed by the Edge, its own [DONE]) and a v2
-    node (data records, written to the client byte for byte) at the same time."""
+async def test_rolling_upgrade_nodes_of_both_versions_side_by_side(tmp_path: Path) -> None:
+    """[wire-versioning] [relay-fidelity] An upgraded Edge serves a node of the previous version and
+    one of the current at once: the current one gets the client's body as sent with the upstream
+    model beside it, the previous one the body with the model put in (the link adapts the run, the
+    API built one); both answer in data records, written to the client byte for byte."""
     with trio.fail_after(10):
         async with (
             running_edge(tmp_path) as edge,
-            fake_node(edge, "node-a", protocol=1) as old,
-            fake_node(edge, "node-b", providers=("gpu1",), protocol=2) as new,
+            fake_node(edge, "node-a", protocol=OLDEST_PROTOCOL) as old,
+            fake_node(edge, "node-b", providers=("gpu1",), protocol=PROTOCOL_VERSION) as new,
         ):
             links = {link.node_id: link.protocol for link in edge.service.registry.links()}
-            assert links == {"node-a": 1, "node-b": 2}
+            assert links == {"node-a": OLDEST_PROTOCOL, "node-b": PROTOCOL_VERSION}
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
                 start_chat(nursery, edge, results, "one", BIG, stream=True)
                 start_chat(nursery, edge, results, "two", BIG, stream=True)
                 old_run = await old.next_run()
                 new_run = await new.next_run()
-                await old.send(RunEvent(old_run.run_id, chat_chunk("v1")))
-                for seq, part in enumerate(AWKWARD):
-                    await new.send_data(RunData(new_run.run_id, seq, part))
-                await old.send(RunEnd(old_run.run_id, "ok"))
-                await new.send(RunEnd(new_run.run_id, "ok"))
-            by_node = {r.headers["x-iop-provider"]: r for r in results.values()}
-            assert by_node["node-b/gpu1"].content == b"".join(AWKWARD)
-            assert by_node["node-b/gpu1"].headers["content-type"] == "text/event-stream"
-            v1_events = sse_events(by_node["node-a/gpu0"].text)
-            assert [e["choices"][0]["delta"]["content"] for e in v1_events[:-1]] == ["v1"]
-            assert v1_events[-1] == "[DONE]"
+                (old_sent,) = old.runs_received
+                (new_sent,) = new.runs_received
+                assert old_sent.model is None and old_sent.body["model"] == old_run.body["model"]
+                assert old_sent.body["stream"] is True
+                assert new_sent.model == new_run.body["model"] and new_sent.body["model"] == BIG
+                for node, run in ((old, old_run), (new, new_run)):
+                    for seq, part in enumerate(AWKWARD):
+                        await node.send_data(RunData(run.run_id, seq, part))
+                    await node.send(RunEnd(run.run_id, "ok"))
+            assert [r.content for r in results.values()] == [b"".join(AWKWARD)] * 2
+            assert {r.headers["x-iop-provider"] for r in results.values()} == {"node-a/gpu0", "node-b/gpu1"}
             await edge.assert_drained()
 
 
 @pytest.mark.req("wire-versioning")
-async def test_v2_non_stream_body_goes_out_as_sent_with_the_edge_headers(tmp_path: Path) -> None:
+async def test_non_stream_body_goes_out_as_sent_with_the_edge_headers(tmp_path: Path) -> None:
     """[wire-versioning] A non-stream answer in several records reaches the client as those bytes, with
     content-type and content-length set by the Edge."""
     body = b'{"object":"chat.completion","choices":[{"message":{"content":"\xe2\x82\xac"}}]}'
@@ -74,8 +76,8 @@ async def test_v2_non_stream_body_goes_out_as_sent_with_the_edge_headers(tmp_pat
             assert response.headers["x-iop-provider"] == "node-a/gpu0"
 
 
-async def test_v2_error_after_data_ends_the_stream_with_one_error_event(tmp_path: Path) -> None:
-    """A v2 run that fails after output: the bytes so far, then the Edge's error event, no [DONE]."""
+async def test_error_after_data_ends_the_stream_with_one_error_event(tmp_path: Path) -> None:
+    """A run that fails after output: the bytes so far, then the Edge's error event, no [DONE]."""
     first = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
     with trio.fail_after(10):
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
@@ -93,7 +95,7 @@ async def test_v2_error_after_data_ends_the_stream_with_one_error_event(tmp_path
             await edge.assert_drained()
 
 
-async def test_v2_frame_with_interleaved_runs_reaches_each_client_in_order(tmp_path: Path) -> None:
+async def test_frame_with_interleaved_runs_reaches_each_client_in_order(tmp_path: Path) -> None:
     """One data frame carrying several records of two runs, interleaved: each client gets its
     run's bytes in order (a run's records in one frame go out as one write)."""
     with trio.fail_after(10):
@@ -118,7 +120,7 @@ async def test_v2_frame_with_interleaved_runs_reaches_each_client_in_order(tmp_p
 
 
 @pytest.mark.req("wire-versioning")
-async def test_v2_record_out_of_order_is_a_protocol_error(tmp_path: Path) -> None:
+async def test_record_out_of_order_is_a_protocol_error(tmp_path: Path) -> None:
     """A data record whose seq skips one: close 1002, the run's client gets node_disconnected."""
     with trio.fail_after(10):
         async with running_edge(tmp_path) as edge, fake_node(edge) as node:
@@ -136,11 +138,23 @@ async def test_v2_record_out_of_order_is_a_protocol_error(tmp_path: Path) -> Non
 
 
 @pytest.mark.req("wire-versioning")
-async def test_unknown_protocol_version_is_rejected_naming_the_versions_spoken(tmp_path: Path) -> None:
-    """[wire-versioning] register.protocol 6: rejected protocol_mismatch (not retryable), reason lists 1 to 5."""
+@pytest.mark.parametrize(
+    ("offered", "upgrade"), [(OLDEST_PROTOCOL - 1, "upgrade the node"), (PROTOCOL_VERSION + 1, "upgrade this edge")]
+)
+async def test_a_version_outside_the_pair_is_refused_with_a_clear_reason(
+    tmp_path: Path, offered: int, upgrade: str
+) -> None:
+    """[wire-versioning] A node of the version before the pair (a v3 node), or after it: ``rejected``
+    ``protocol_mismatch``, not retryable, the reason naming the versions spoken and what to upgrade;
+    then a close 1008. Nothing is registered."""
     with trio.fail_after(10):
-        async with running_edge(tmp_path) as edge, fake_node(edge, register=False, protocol=6) as node:
+        async with running_edge(tmp_path) as edge, fake_node(edge, register=False, protocol=offered) as node:
             answer = await node.register(TOKEN_A, ["gpu0"])
             assert isinstance(answer, Rejected)
             assert (answer.code, answer.retryable) == ("protocol_mismatch", False)
-            assert "1, 2, 3, 4, 5" in answer.reason
+            spoken = f"{OLDEST_PROTOCOL} and {PROTOCOL_VERSION}"
+            assert answer.reason == f"wire v{offered} is not spoken here (this edge speaks {spoken}): {upgrade}"
+            with pytest.raises(ConnectionClosed) as closed:
+                await node.receive()
+            assert closed.value.reason.code == CLOSE_POLICY
+            assert edge.service.registry.links() == ()

@@ -40,7 +40,6 @@ from iop_wire import (
     Rejected,
     Run,
     RunEnd,
-    RunEvent,
     TunnelChunk,
     TunnelEnd,
     TunnelRequest,
@@ -190,7 +189,6 @@ json_values = st.recursive(
 _TYPES = (
     "register",
     "heartbeat",
-    "run_event",
     "run_end",
     "tunnel_start",
     "tunnel_chunk",
@@ -205,7 +203,6 @@ _TYPES = (
 _VALID_MESSAGES = (
     Register("node-b", TOKEN_B, PROTOCOL_VERSION, (ProviderInfo("gpu1", "mock", 1),)),
     Heartbeat(1),
-    RunEvent("r999999", {"x": 1}),
     RunEnd("r999999", "ok"),
     TunnelStart("r999999", 200, (("a", "b"),)),
     TunnelChunk("r999999", "aGk="),

@@ -33,7 +33,6 @@ from iop_wire import (
     Registered,
     Run,
     RunEnd,
-    RunEvent,
     TunnelEnd,
     TunnelRequest,
     decode,
@@ -128,13 +127,11 @@ async def assert_serves_a_run(ws: WebSocketConnection, run_id: str) -> None:
     body_bytes = b""
     while True:
         frame = await ws.get_message()
-        if isinstance(frame, bytes):  # wire v2: the answer's bytes in data records
+        if isinstance(frame, bytes):  # the answer's bytes in data records
             body_bytes += b"".join(r.data for r in decode_data(frame) if r.run_id == run_id)
             continue
         message = decode(frame)
-        if isinstance(message, RunEvent):
-            assert message.data["object"] == "chat.completion"
-        elif isinstance(message, RunEnd):
+        if isinstance(message, RunEnd):
             assert not body_bytes or json.loads(body_bytes)["object"] == "chat.completion"
             assert (message.run_id, message.status) == (run_id, "ok"), message
             return

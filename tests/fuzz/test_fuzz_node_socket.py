@@ -40,19 +40,20 @@ from iop_wire import (
     Registered,
     Rejected,
     Run,
+    RunData,
     RunEnd,
-    RunEvent,
     TunnelChunk,
     TunnelEnd,
     TunnelStart,
     decode,
     encode,
+    encode_data,
 )
 
 pytestmark = pytest.mark.req("disconnect-exclusion", "lease-lifecycle")
 
 EXAMPLE_TIMEOUT = 10.0
-IGNORED_AFTER_REGISTER = (Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd)
+IGNORED_AFTER_REGISTER = (Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd)
 
 
 @asynccontextmanager
@@ -168,7 +169,8 @@ async def test_bad_frame_after_register_drops_only_that_node(
                 else:
                     await ws.send_message(encode(Heartbeat(1)))
                     if run is not None:
-                        await ws.send_message(encode(RunEvent(run.run_id, {"object": "chat.completion", "id": "x"})))
+                        answer = b'{"object":"chat.completion","id":"x"}'
+                        await ws.send_message(encode_data([RunData(run.run_id, 0, answer)]))
                         await ws.send_message(encode(RunEnd(run.run_id, "ok")))
                     # the connection is still up: wait for the request to finish over it
                     while run is not None and not responses:

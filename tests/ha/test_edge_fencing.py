@@ -1,4 +1,4 @@
-"""[epoch-fencing] The Edge side of wire v3: a leader stamps its epoch, announces it, and maps ``stale_epoch``."""
+"""[epoch-fencing] The Edge side of epoch fencing: a leader stamps its epoch, announces it, and maps ``stale_epoch``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import trio
 from tests.edge.harness import BIG, TOKEN_A, TOKEN_B, fake_node, start_chat
 
-from iop_wire import InFlight, Leader, RunEnd
+from iop_wire import OLDEST_PROTOCOL, InFlight, Leader, RunEnd
 
 from .etcd_server import EtcdServer
 from .harness import BOUND_S, layout, leads, serve, until
@@ -60,13 +60,14 @@ async def test_the_leader_announces_its_epoch_stamps_runs_and_answers_a_stale_re
                 metrics = (await edge.http.get("/metrics")).text
                 assert "iop_ha_stale_epoch_refused_total 1.0" in metrics
 
-            # A v2 node: no leader message, no epoch on its runs (it could not read them).
-            async with fake_node(edge, "node-a", register=False, protocol=2) as old:
+            # A node of the previous wire version is fenced alike: the leader message, the epoch on its runs.
+            async with fake_node(edge, "node-a", register=False, protocol=OLDEST_PROTOCOL) as old:
                 await old.register(TOKEN_A, ["gpu0"])
-                start_chat(nursery, edge, results, "v2", BIG)
-                run = await old.next_run()  # the first frame after registered: not a leader
-                assert run.epoch is None
+                start_chat(nursery, edge, results, "previous", BIG)
+                run = await old.next_run()
+                assert old.leaders == [Leader(epoch)]
+                assert run.epoch == epoch
                 await old.answer(run)
-                await until(lambda: "v2" in results)
-                assert results["v2"].status_code == 200
+                await until(lambda: "previous" in results)
+                assert results["previous"].status_code == 200
             stop.cancel()

@@ -19,7 +19,7 @@ from iop_edge.api.not_leader import not_leader_on_head
 from iop_edge.api.rejections import RequestRejected
 from iop_edge.config import HaConfig
 from iop_edge.ha import EdgeHa
-from iop_edge.ha.fencing import FENCED_PROTOCOL, LeaderFence, NotLeading
+from iop_edge.ha.fencing import LeaderFence, NotLeading
 from iop_edge.nodes.link import _withhold_runs
 from iop_edge.nodes.runs import RunChannel
 from iop_wire import RunEnd
@@ -30,9 +30,8 @@ pytestmark = pytest.mark.req("epoch-fencing", "ha-step-down")
 class Link:
     """A node connection as the fence sees it: the frames it was given."""
 
-    def __init__(self, protocol: int = FENCED_PROTOCOL) -> None:
+    def __init__(self) -> None:
         self.node_id = "node-a"
-        self.protocol = protocol
         self.frames: list[str] = []
 
     def send_frame(self, frame: str) -> None:
@@ -41,30 +40,25 @@ class Link:
 
 def test_without_ha_runs_go_unstamped_and_are_never_refused() -> None:
     fence = LeaderFence()
-    assert fence.stamp(FENCED_PROTOCOL) is None
-    assert fence.stamp(2) is None
+    assert fence.stamp() is None
 
 
 def test_an_ha_edge_stamps_its_terms_epoch_and_sends_nothing_without_a_term() -> None:
     leads = [True]
     fence = LeaderFence(leads=lambda: leads[0])
     with pytest.raises(NotLeading):
-        fence.stamp(FENCED_PROTOCOL)  # never led: no epoch to stamp, nothing sent
+        fence.stamp()  # never led: no epoch to stamp, nothing sent
     link = Link()
     fence.lead(7, [link])
     assert link.frames == ['{"type":"leader","epoch":7}']
-    assert fence.stamp(FENCED_PROTOCOL) == 7
-    assert fence.stamp(FENCED_PROTOCOL + 1) == 7
-    assert fence.stamp(2) is None  # a v2 node cannot read an epoch
+    assert fence.stamp() == 7
     leads[0] = False  # the leader's count of its lease ran out; its election task has not run yet
     with pytest.raises(NotLeading):
-        fence.stamp(FENCED_PROTOCOL)
-    with pytest.raises(NotLeading):
-        fence.stamp(2)  # nor to an unfenced node
+        fence.stamp()
     leads[0] = True
     fence.stand_by()
     with pytest.raises(NotLeading):
-        fence.stamp(FENCED_PROTOCOL)  # stepped down: never an epoch-less run instead
+        fence.stamp()  # stepped down: never an epoch-less run instead
 
 
 def ha() -> EdgeHa:
@@ -78,13 +72,13 @@ def test_a_leader_woken_past_its_deadline_stamps_nothing_before_its_election_tas
         fence = LeaderFence(leads=edge.admits)
         edge.leadership.won(epoch=11, renewal_sent_at=trio.current_time())
         fence.lead(11, [])
-        assert fence.stamp(FENCED_PROTOCOL) == 11
+        assert fence.stamp() == 11
         await trio.sleep(1.3)  # within TTL - margin of the last renewal sent
-        assert fence.stamp(FENCED_PROTOCOL) == 11
+        assert fence.stamp() == 11
         await trio.sleep(0.1)  # SIGSTOP and SIGCONT look like this to the process: time jumped
         assert edge.leadership.leading  # its election task has not stepped down yet
         with pytest.raises(NotLeading):
-            fence.stamp(FENCED_PROTOCOL)
+            fence.stamp()
         assert edge.refusal_headers() == [("retry-after", "2")]  # it does not know its successor: no x-iop-leader
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

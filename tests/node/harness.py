@@ -75,7 +75,7 @@ class FakeEdge:
     Attributes:
         heartbeat_interval_ms: sent in ``registered``.
         reject: when set, every registration is answered with this ``rejected``.
-        protocols: the wire versions this Edge speaks (``(1,)``: an Edge older than wire v2).
+        protocols: the wire versions this Edge speaks (``(4,)``: an Edge one version behind).
         registers: every ``register`` received, in order.
     """
 
@@ -131,8 +131,8 @@ class FakeEdge:
         try:
             while True:
                 frame = await ws.get_message()
-                if isinstance(frame, bytes) and register.protocol >= 2:
-                    for record in decode_data(frame):  # a v2 data frame: one item per record
+                if isinstance(frame, bytes):
+                    for record in decode_data(frame):  # a data frame: one item per record
                         inbox_send.send_nowait(record)
                 else:
                     inbox_send.send_nowait(decode(frame))

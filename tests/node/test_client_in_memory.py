@@ -25,7 +25,7 @@ from iop_node import (
     backoff_delay,
     first_delay,
 )
-from iop_wire import Heartbeat, Rejected, Run
+from iop_wire import OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSIONS, Heartbeat, Rejected, Run
 from node.harness import FakeEdge, MemoryLink, node_config
 
 MOCK = ProviderConfig(id="m0", adapter="mock", capacity=2, latency_ms=10_000)
@@ -143,8 +143,8 @@ async def test_retryable_rejection_is_retried(autojump_clock: trio.testing.MockC
         assert node.client.session_registered is False
 
 
-async def test_final_rejection_ends_the_client(autojump_clock: trio.testing.MockClock) -> None:
-    edge = FakeEdge(reject=Rejected("bad_token", "token does not match", retryable=False))
+async def final_rejection(edge: FakeEdge) -> tuple[RegistrationRejected, MemoryLink]:
+    """Run a client against ``edge`` until a rejection ends it: that rejection, and the link it dialled."""
     config = node_config("ws://edge.invalid", MOCK)
     async with trio.open_nursery() as edge_nursery, NodeRuntime.from_config(config) as runtime:
         link = MemoryLink(edge, edge_nursery)
@@ -152,5 +152,38 @@ async def test_final_rejection_ends_the_client(autojump_clock: trio.testing.Mock
         with pytest.raises(RegistrationRejected) as caught:
             await client.run()
         edge_nursery.cancel_scope.cancel()
-    assert (caught.value.code, caught.value.retryable) == ("bad_token", False)
+    return caught.value, link
+
+
+async def test_final_rejection_ends_the_client(autojump_clock: trio.testing.MockClock) -> None:
+    rejected, link = await final_rejection(
+        FakeEdge(reject=Rejected("bad_token", "token does not match", retryable=False))
+    )
+    assert (rejected.code, rejected.retryable) == ("bad_token", False)
     assert len(link.attempts) == 1
+
+
+@pytest.mark.req("wire-versioning")
+async def test_an_edge_older_than_the_previous_version_ends_the_client(autojump_clock: trio.testing.MockClock) -> None:
+    """[wire-versioning] An Edge that speaks neither version of the pair (a v3 Edge): the node offers
+    the current version, falls back to the previous once, and stops when that is refused too."""
+    edge = FakeEdge(protocols=(OLDEST_PROTOCOL - 1,))
+    rejected, _ = await final_rejection(edge)
+    assert (rejected.code, rejected.retryable) == ("protocol_mismatch", False)
+    assert [register.protocol for register in edge.registers] == [PROTOCOL_VERSION, OLDEST_PROTOCOL]
+
+
+@pytest.mark.req("wire-versioning")
+async def test_after_a_fallback_the_next_connection_offers_the_current_version_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """[wire-versioning] A connection at the previous version ends (its Edge upgraded meanwhile):
+    the next one offers the current version again."""
+    edge = FakeEdge(protocols=(OLDEST_PROTOCOL,))
+    async with memory_node(edge) as node:
+        await edge.next_connection()
+        edge.protocols = PROTOCOL_VERSIONS
+        await node.link.server_streams[-1].aclose()
+        conn = await edge.next_connection()
+        assert conn.register.protocol == PROTOCOL_VERSION
+    assert [register.protocol for register in edge.registers] == [PROTOCOL_VERSION, OLDEST_PROTOCOL, PROTOCOL_VERSION]

@@ -10,7 +10,7 @@ import trio.testing
 
 from iop_admission import ConcurrencyLimitExceeded
 from iop_node import NodeRuntime, ProviderConfig
-from iop_wire import Cancel, Run, RunData, RunEnd, RunEvent, TunnelEnd, TunnelRequest, TunnelStart
+from iop_wire import Cancel, Run, RunData, RunEnd, TunnelEnd, TunnelRequest, TunnelStart
 from node.harness import Backend, EdgeConn, FakeEdge, node_config, openai_provider, running_node
 
 SLOW_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
@@ -33,7 +33,7 @@ def assert_concurrency_limit(end: object, run_id: str) -> None:
 
 async def first_started(conn: EdgeConn, run_id: str) -> None:
     message = await conn.receive_for(run_id)
-    assert isinstance(message, RunData | RunEvent | TunnelStart), message
+    assert isinstance(message, RunData | TunnelStart), message
 
 
 async def finish(conn: EdgeConn, backend: Backend, *run_ids: str) -> None:

@@ -13,13 +13,13 @@ import trio
 from iop_node import MockAdapter, ProviderConfig
 from iop_wire import (
     PROTOCOL_VERSION,
+    PROTOCOL_VERSIONS,
     Cancel,
     Heartbeat,
     ProviderInfo,
     Run,
     RunData,
     RunEnd,
-    RunEvent,
     TunnelEnd,
     TunnelRequest,
     TunnelStart,
@@ -59,13 +59,10 @@ async def test_heartbeat_uses_the_edge_interval_when_smaller(edge: FakeEdge, bac
             assert [await conn.receive() for _ in range(3)] == [Heartbeat(1), Heartbeat(2), Heartbeat(3)]
 
 
-def chunks_of(messages: list[Any], protocol: int) -> list[dict[str, Any]]:
-    """The chunk objects of a streamed run: one run_event each (v1), or the SSE events of the
-    data records' bytes, which must end with ``data: [DONE]`` (v2)."""
-    if protocol == 1:
-        assert all(isinstance(m, RunEvent) for m in messages)
-        return [m.data for m in messages]
-    assert all(isinstance(m, RunData) for m in messages)  # v2 and v3 alike
+def chunks_of(messages: list[Any]) -> list[dict[str, Any]]:
+    """The chunk objects of a streamed run: the SSE events of the data records' bytes, which
+    must end with ``data: [DONE]``."""
+    assert all(isinstance(m, RunData) for m in messages)
     assert [m.seq for m in messages] == list(range(len(messages)))
     body = b"".join(m.data for m in messages)
     events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
@@ -74,22 +71,22 @@ def chunks_of(messages: list[Any], protocol: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.req("wire-versioning")
-@pytest.mark.parametrize("protocol", [1, 2, 3, 4])
+@pytest.mark.parametrize("protocol", PROTOCOL_VERSIONS)
 async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend, protocol: int) -> None:
-    """A streamed chat run through the openai adapter: v1 one run_event per SSE chunk; v2 the
-    backend's SSE bytes in data records; then ok. [wire-versioning] A v1-only Edge gets v1 from the node."""
+    """A streamed chat run through the openai adapter: the backend's SSE bytes in data records,
+    then ok. [wire-versioning] An Edge of the previous version gets it from the node, after one
+    refused offer of the current one."""
     edge.protocols = (protocol,)
     with trio.fail_after(5):
         async with running_node(node_config(edge.url, openai_provider(backend.port))):
             conn = await edge.next_connection()
             assert conn.register.protocol == protocol
-            assert [r.protocol for r in edge.registers] == list(
-                range(PROTOCOL_VERSION, protocol - 1, -1)
-            )  # the fallback, a step at a time
+            offered = [PROTOCOL_VERSION] if protocol == PROTOCOL_VERSION else [PROTOCOL_VERSION, protocol]
+            assert [r.protocol for r in edge.registers] == offered
             await conn.send(chat_run("r1", max_tokens=3))
             messages = await conn.receive_until_end("r1")
     assert messages[-1] == RunEnd("r1", "ok")
-    events = chunks_of(messages[:-1], protocol)
+    events = chunks_of(messages[:-1])
     assert len(events) == 3 + 2  # role chunk, 3 tokens, finish chunk
     assert all(e["object"] == "chat.completion.chunk" for e in events)
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "tok " * 3
@@ -97,32 +94,22 @@ async def test_streamed_run_end_to_end(edge: FakeEdge, backend: Backend, protoco
     assert backend.backend.stats()["total"] == 1
 
 
-@pytest.mark.parametrize("protocol", [1, 2])
-async def test_non_stream_run(edge: FakeEdge, backend: Backend, protocol: int) -> None:
-    """A non-stream run: v1 exactly one run_event holding the whole chat.completion; v2 its JSON
-    body in data records."""
-    edge.protocols = (protocol,)
+async def test_non_stream_run(edge: FakeEdge, backend: Backend) -> None:
+    """A non-stream run: the whole chat.completion's JSON body in data records."""
     with trio.fail_after(5):
         async with running_node(node_config(edge.url, openai_provider(backend.port))):
             conn = await edge.next_connection()
             await conn.send(chat_run("r1", stream=False, max_tokens=4))
             *output, end = await conn.receive_until_end("r1")
     assert end == RunEnd("r1", "ok")
-    if protocol == 1:
-        (event,) = output
-        assert isinstance(event, RunEvent)
-        data = event.data
-    else:
-        assert all(isinstance(m, RunData) for m in output)
-        data = json.loads(b"".join(m.data for m in output))
+    assert all(isinstance(m, RunData) for m in output)
+    data = json.loads(b"".join(m.data for m in output))
     assert data["object"] == "chat.completion"
     assert data["choices"][0]["message"]["content"] == "tok " * 4
 
 
-@pytest.mark.parametrize("protocol", [1, 2])
-async def test_completions_endpoint(edge: FakeEdge, backend: Backend, protocol: int) -> None:
+async def test_completions_endpoint(edge: FakeEdge, backend: Backend) -> None:
     """The legacy completions endpoint goes to {base_url}/completions."""
-    edge.protocols = (protocol,)
     with trio.fail_after(5):
         async with running_node(node_config(edge.url, openai_provider(backend.port))):
             conn = await edge.next_connection()
@@ -130,7 +117,7 @@ async def test_completions_endpoint(edge: FakeEdge, backend: Backend, protocol: 
             await conn.send(Run("r1", "gpu0", "completions", body, True))
             messages = await conn.receive_until_end("r1")
     assert messages[-1] == RunEnd("r1", "ok")
-    assert [e["object"] for e in chunks_of(messages[:-1], protocol)] == ["text_completion"] * 3
+    assert [e["object"] for e in chunks_of(messages[:-1])] == ["text_completion"] * 3
 
 
 async def test_cancel_closes_the_upstream_request(edge: FakeEdge, backend: Backend) -> None:

@@ -10,10 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from iop_wire import (
-    CLIENT_BODY_PROTOCOL,
     MAX_MESSAGE_BYTES,
-    PROTOCOL_VERSION,
-    PROTOCOL_VERSIONS,
     RUN_ENVELOPE_BYTES,
     ProtocolError,
     Run,
@@ -34,11 +31,6 @@ json_bodies = st.dictionaries(
     ),
     max_size=5,
 )
-
-
-def test_v5_is_the_newest_and_every_older_version_is_still_spoken() -> None:
-    assert PROTOCOL_VERSION == CLIENT_BODY_PROTOCOL == 5
-    assert PROTOCOL_VERSIONS == (1, 2, 3, 4, 5)
 
 
 @given(

@@ -33,7 +33,6 @@ from iop_wire import (
     Rejected,
     Run,
     RunEnd,
-    RunEvent,
     TunnelChunk,
     TunnelEnd,
     TunnelRequest,
@@ -46,7 +45,6 @@ from iop_wire import (
 TAGS: dict[type[Any], str] = {
     Register: "register",
     Heartbeat: "heartbeat",
-    RunEvent: "run_event",
     RunEnd: "run_end",
     TunnelStart: "tunnel_start",
     TunnelChunk: "tunnel_chunk",
@@ -65,7 +63,6 @@ EXAMPLES: list[Any] = [
         "node-a", "dev-token", PROTOCOL_VERSION, (ProviderInfo("gpu0", "openai", 1), ProviderInfo("cpu", "mock", 4))
     ),
     Heartbeat(7),
-    RunEvent("r1", {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"content": "héllo ✓"}}], "x": None}),
     RunEnd("r1", "ok"),
     RunEnd("r2", "error", "upstream_error", "backend said 500", 500),
     RunEnd("r5", "error", "upstream_error", "too long", 400, '{"error":{"message":"too long"}}'),
@@ -76,7 +73,13 @@ EXAMPLES: list[Any] = [
     TunnelEnd("t2", "error", "upstream_unreachable", "connect refused"),
     Registered("node-a", 3, 5000),
     Rejected("duplicate", "node-a is already connected", True),
-    Run("r1", "gpu0", "chat/completions", {"model": "qwen3:35b", "messages": [], "stream": True}, True),
+    Run(
+        "r1",
+        "gpu0",
+        "chat/completions",
+        {"model": "qwen3:35b", "messages": [{"role": "user", "content": "héllo ✓"}], "stream": True, "x": None},
+        True,
+    ),
     Run("r4", "gpu0", "completions", {"model": "qwen3:35b", "prompt": "hi", "stream": False}, False),
     Cancel("r1"),
     TunnelRequest.from_bytes("t1", "gpu0", "POST", "/api/chat", (("content-type", "application/json"),), b'{"a":1}'),
@@ -100,7 +103,7 @@ def test_examples_cover_every_message_type() -> None:
 def test_node_and_edge_messages_partition_the_protocol() -> None:
     node = set(get_args(NodeMessage))
     edge = set(get_args(EdgeMessage))
-    assert node == {Register, Heartbeat, RunEvent, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight}
+    assert node == {Register, Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight}
     assert edge == {Registered, Rejected, Run, Cancel, TunnelRequest, Leader}
     assert node | edge == set(get_args(Message))
 
@@ -112,7 +115,7 @@ def test_round_trip_every_message_type(message: Any) -> None:
     assert decode(text.encode("utf-8")) == message
     obj = json.loads(text)
     assert obj["type"] == TAGS[type(message)]
-    # compact, all fields emitted (but an unset epoch, v3, unset v4 fields and an unset v5 model), non-ASCII kept as is
+    # compact, all fields emitted (but an unset epoch, long, long_runs and model), non-ASCII kept as is
     assert text == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     unset = {"epoch"} if getattr(message, "epoch", 0) is None else set()
     unset |= {"long"} if getattr(message, "long", True) is False else set()
@@ -122,8 +125,8 @@ def test_round_trip_every_message_type(message: Any) -> None:
 
 
 @pytest.mark.req("epoch-fencing")
-def test_an_unset_epoch_is_left_out_so_a_v2_peer_reads_the_frame() -> None:
-    """[epoch-fencing] A run without an epoch (an Edge without ``ha:``, a v1/v2 connection) is the v2 frame."""
+def test_an_unset_epoch_is_left_out_of_the_frame() -> None:
+    """[epoch-fencing] A run without an epoch (an Edge without ``ha:``) has no ``epoch`` key."""
     run = Run("r", "gpu0", "completions", {"prompt": "hi", "stream": False}, False)
     assert "epoch" not in json.loads(encode(run))
     assert "epoch" not in json.loads(encode(TunnelRequest("t", "gpu0", "GET", "/")))
@@ -208,7 +211,7 @@ def test_failure_kind_tells_the_clients_failures_from_the_providers(end: RunEnd,
 
 
 def test_non_ascii_is_kept_and_counted_in_utf8_bytes() -> None:
-    message = RunEvent("r", {"content": "日本語"})
+    message = Run("r", "p", "completions", {"prompt": "日本語"}, False)
     text = encode(message)
     assert "日本語" in text
     size = len(text.encode("utf-8"))
@@ -222,9 +225,10 @@ def test_non_ascii_is_kept_and_counted_in_utf8_bytes() -> None:
 
 def test_oversized_frame_at_default_limit_is_rejected_before_parsing() -> None:
     big = "x" * MAX_MESSAGE_BYTES
-    ok = encode(RunEvent("r", {"c": big[: MAX_MESSAGE_BYTES - 100]}))
-    assert isinstance(decode(ok), RunEvent)
-    for frame in ('{"type":"run_event","run_id":"r","data":{"c":"' + big + '"}}', "{" + big):
+    ok = encode(Run("r", "p", "completions", {"c": big[: MAX_MESSAGE_BYTES - 200]}, False))
+    assert isinstance(decode(ok), Run)
+    head = '{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":{"c":"'
+    for frame in (head + big + '"},"stream":false}', "{" + big):
         for data in (frame, frame.encode()):
             with pytest.raises(ProtocolError) as info:
                 decode(data)
@@ -250,8 +254,11 @@ BAD_FRAMES = [
     ('{"type":"heartbeat"', "malformed JSON"),
     ("", "malformed JSON"),
     ('{"type":"heartbeat","seq":1} x', "malformed JSON"),
-    ('{"type":"run_event","run_id":"r","data":{"v":NaN}}', "malformed JSON: NaN is not valid JSON"),
-    ('{"type":"run_event","run_id":"r","data":{"v":-Infinity}}', "malformed JSON"),
+    (
+        '{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":{"v":NaN}}',
+        "malformed JSON: NaN is not valid JSON",
+    ),
+    ('{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":{"v":-Infinity}}', "malformed JSON"),
     ('{"type":"heartbeat","seq":' + "9" * 5000 + "}", "malformed JSON"),
     ("[" * 100_000, "malformed JSON"),
     (b'{"type":"cancel","run_id":"\xff"}', "frame is not valid UTF-8"),
@@ -295,8 +302,14 @@ BAD_FRAMES = [
         '{"type":"rejected","code":"duplicate","reason":"r","retryable":"true"}',
         "expected a boolean, got string @ $.retryable",
     ),
-    ('{"type":"run_event","run_id":"r","data":[1]}', "expected an object, got array @ $.data"),
-    ('{"type":"run_event","run_id":"r","data":"{}"}', "expected an object, got string @ $.data"),
+    (
+        '{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":[1],"stream":false}',
+        "expected an object, got array @ $.body",
+    ),
+    (
+        '{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":"{}","stream":false}',
+        "expected an object, got string @ $.body",
+    ),
     (
         '{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":null,"stream":false}',
         "expected an object, got null @ $.body",
@@ -409,9 +422,9 @@ def test_encode_rejects_what_is_not_a_message() -> None:
 
 def test_encode_rejects_data_that_is_not_json() -> None:
     with pytest.raises(ValueError):
-        encode(RunEvent("r", {"v": float("nan")}))
+        encode(Run("r", "p", "completions", {"v": float("nan")}, False))
     with pytest.raises(TypeError):
-        encode(RunEvent("r", {"v": b"bytes"}))
+        encode(Run("r", "p", "completions", {"v": b"bytes"}, False))
 
 
 def test_register_repr_hides_the_token() -> None:
@@ -495,8 +508,6 @@ def test_doc_example_exchange_decodes() -> None:
         "register",
         "registered",
         "run",
-        "run_event",
-        "run_event",
         "run_end",
         "heartbeat",
         "tunnel_request",
@@ -506,7 +517,7 @@ def test_doc_example_exchange_decodes() -> None:
     ]
 
 
-# --------------------------------------------------------------------------- v2 data frames
+# --------------------------------------------------------------------------- data frames
 
 
 @pytest.mark.req("wire-versioning")

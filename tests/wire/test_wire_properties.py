@@ -25,7 +25,6 @@ from iop_wire import (
     Rejected,
     Run,
     RunEnd,
-    RunEvent,
     TunnelChunk,
     TunnelEnd,
     TunnelRequest,
@@ -70,7 +69,6 @@ messages: st.SearchStrategy[Any] = st.one_of(
         providers=st.lists(st.builds(ProviderInfo, id=texts, adapter=texts, capacity=ints), max_size=3).map(tuple),
     ),
     st.builds(Heartbeat, seq=ints),
-    st.builds(RunEvent, run_id=texts, data=json_objects),
     ends(RunEnd, upstream_status=st.none() | ints, upstream_body=optional_texts),
     st.builds(TunnelStart, run_id=texts, status=ints, headers=headers),
     st.builds(TunnelChunk.from_bytes, run_id=texts, raw=st.binary(max_size=64)),
@@ -103,7 +101,6 @@ def decode_or_error(data: str | bytes, **kwargs: Any) -> Message | ProtocolError
     assert type(message) in {
         Register,
         Heartbeat,
-        RunEvent,
         RunEnd,
         TunnelStart,
         TunnelChunk,

@@ -61,7 +61,7 @@ from iop_edge.status import StatusRows, status_json_rows
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
 from iop_io import answer_lifespan
-from iop_wire import CLIENT_BODY_PROTOCOL, LONG_PROTOCOL, Run, RunData, RunEvent
+from iop_wire import Run, RunData
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -324,7 +324,7 @@ class EdgeAPI:
             run.answer_whole(lambda answer: responder.whole_nowait(200, [_JSON, *head], answer))
         async with run:
             first = await first_message(run, first_token)
-            if isinstance(first, RunData | RunEvent):
+            if isinstance(first, RunData):
                 self.service.admission.report_success(lease)
             if stream:
                 await relay_stream(run, responder, head, first, scan)
@@ -425,10 +425,10 @@ flood of large bodies leaves the loop free for everything else."""
 def _open_run(service: EdgeParts, lease: Any, model: str, endpoint: str, body: ClientBody, stream: bool) -> RunChannel:
     """Send ``run`` to the node holding the lease (never waits).
 
-    A v5 node gets the client's body as sent, with the upstream model beside it (``run.model``):
-    the frame is the body plus a few fields. An older node gets the body re-encoded with the
-    upstream model and ``stream`` put in; if that frame is over the node's limit (numbers spelt
-    longer, escapes turned to characters) only this run fails, with 413.
+    The run carries the client's body as sent, with the upstream model beside it (``run.model``):
+    the frame is the body plus a few fields. The link says it to a node of the previous wire
+    version (docs/wire.md, Versioning); if that frame is over the node's limit only this run
+    fails, with 413.
 
     Raises:
         NotLeading: this Edge has ``ha:`` and cannot prove it leads (the link's ``epoch``): nothing is sent.
@@ -437,17 +437,10 @@ def _open_run(service: EdgeParts, lease: Any, model: str, endpoint: str, body: C
     try:
         link = service.registry.link(key.node_id, lease.generation)
         upstream_model = service.config.upstream_model(model, key)
-        long = lease.long and link.protocol >= LONG_PROTOCOL  # [held-elsewhere] a v4 node counts its long runs
         run_id = service.registry.new_run_id()
-        if link.protocol >= CLIENT_BODY_PROTOCOL:
-            run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, long, upstream_model)
-            return link.open_run(run, body.text)
-        upstream = dict(body.fields)
-        upstream["model"] = upstream_model
-        if endpoint != "embeddings":  # an embeddings body goes as the client sent it
-            upstream["stream"] = stream
-        run = Run(run_id, key.provider_id, endpoint, upstream, stream, link.epoch, long)
-        return link.open_run(run)
+        # [held-elsewhere] a long run says so: the node counts it among its long runs
+        run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, lease.long, upstream_model)
+        return link.open_run(run, body.text)
     except (NodeGone, KeyError) as exc:
         raise node_disconnected(str(exc)) from None
     except RunNotSent as exc:  # nothing was registered: the lease is released on the way out

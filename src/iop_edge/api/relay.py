@@ -6,9 +6,7 @@ for its run's buffer ``client_too_slow``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Any
 
 import trio
 
@@ -17,27 +15,7 @@ from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.responder import SSE, Responder
 from iop_edge.api.run_failure import run_failure
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage
-from iop_wire import RunData, RunEnd, RunEvent
-
-
-def answer_json(data: dict[str, Any]) -> bytes:
-    """A node's ``run_event`` object as the client's JSON bytes.
-
-    Raises:
-        RequestRejected: 502 ``upstream_error`` when it holds a string that is not text (a lone
-            surrogate: valid JSON on the wire, not writable as UTF-8): the provider's failure.
-    """
-    try:
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise RequestRejected(
-            502,
-            "upstream_error",
-            "the node sent an answer holding a lone surrogate, which is not text",
-            type="upstream_error",
-            retry="upstream_error",
-            provider_failure=True,
-        ) from None
+from iop_wire import RunData, RunEnd
 
 
 async def next_message(run: RunChannel) -> RunMessage:
@@ -93,8 +71,7 @@ async def relay_stream(
 ) -> None:
     """Relay a streamed run: every burst of output that has arrived goes out in one send.
 
-    Output in data records (v2) is the SSE body already, written as is; output in
-    ``run_event`` messages (v1) is framed here, and the stream ends with our ``[DONE]``.
+    The data records are the SSE body already (its ``[DONE]`` included), written as is.
     ``first`` is the run's first message when the caller received it already.
     ``scan`` (token cost, [tenant-edge]) sees every burst written, to find the reported usage.
 
@@ -116,9 +93,8 @@ async def relay_bursts(
     first: RunMessage | None,
     scan: Callable[[bytes], None] | None,
 ) -> None:
-    framed_here = False
     while True:
-        if not framed_here and scan is None and responder.started and responder.write_nowait is not None:
+        if scan is None and responder.started and responder.write_nowait is not None:
             run.attach(responder.write_nowait)
         message, first = (first, None) if first is not None else (await next_message(run), None)
         burst = [message, *run.buffered()]
@@ -127,9 +103,6 @@ async def relay_bursts(
         for item in burst:
             if isinstance(item, RunData):
                 parts.append(item.data)
-            elif isinstance(item, RunEvent):
-                framed_here = True
-                parts.append(b"data: " + answer_json(item.data) + b"\n\n")
             else:
                 end = item
                 break
@@ -144,7 +117,7 @@ async def relay_bursts(
             end_of(end)
             if not responder.started:
                 await responder.start(200, [SSE, (b"cache-control", b"no-cache"), *head])
-            await responder.finish(b"data: [DONE]\n\n" if framed_here else b"")
+            await responder.finish(b"")
             return
 
 
@@ -155,7 +128,7 @@ async def relay_whole(
     first: RunMessage | None = None,
     scan: Callable[[bytes], None] | None = None,
 ) -> None:
-    """Relay a non-stream run: the body bytes (v2 records) or the one response object (v1).
+    """Relay a non-stream run: the body bytes of its data records.
 
     ``first`` is the run's first message when the caller received it already.
     Messages that arrived with it are taken without waiting (the answer and its
@@ -172,8 +145,6 @@ async def relay_whole(
         for message in (first, *run.buffered()):
             if isinstance(message, RunData):
                 parts.append(message.data)
-            elif isinstance(message, RunEvent):
-                parts.append(answer_json(message.data))
             else:
                 end_of(message)
                 if not parts:

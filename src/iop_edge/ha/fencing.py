@@ -1,8 +1,8 @@
-"""The Edge's side of epoch fencing [epoch-fencing] (wire v3, docs/ha.md).
+"""The Edge's side of epoch fencing [epoch-fencing] (docs/wire.md, docs/ha.md).
 
 :class:`LeaderFence` holds the epoch this Edge stamps on its runs while it leads,
 refuses to stamp (so to send) a run while this Edge cannot prove it leads
-[ha-step-down], announces a won term to every v3 node connection with
+[ha-step-down], announces a won term to every node connection with
 ``leader``, and keeps what the nodes answered
 (``in_flight``: the runs the previous leader left running on each node, which
 it counts against the providers' capacities until the nodes report them ended
@@ -22,9 +22,6 @@ from iop_wire import InFlight, Leader, encode
 
 logger = logging.getLogger("iop_edge.ha")
 
-FENCED_PROTOCOL = 3
-"""The first wire version that carries epochs."""
-
 
 class NotLeading(Exception):
     """This Edge cannot prove it leads (it stands by, or its own count of its lease ran out): it sends no run."""
@@ -34,7 +31,6 @@ class Announced(Protocol):
     """What the fence needs of a node connection (:class:`~iop_edge.nodes.link.NodeLink`)."""
 
     node_id: str
-    protocol: int
 
     def send_frame(self, frame: str) -> None: ...
 
@@ -45,7 +41,7 @@ class LeaderFence:
     """This Edge's epoch while it leads, and the nodes' answers.
 
     Attributes:
-        epoch: stamped on every run and tunnel request of a v3 connection; None
+        epoch: stamped on every run and tunnel request; None
             while this Edge does not lead.
         leads: with ``ha:``, whether this Edge may send a run now
             (:meth:`iop_edge.ha.EdgeHa.admits`: it leads and its count of its lease
@@ -53,7 +49,7 @@ class LeaderFence:
             go unstamped.
         inherited: per node, ``{provider: (runs, long runs)}`` it last reported in
             flight that this Edge did not send (the previous term's, on the node's one
-            gate); the long ones only from a v4 node (0 from an older one).
+            gate).
         stale_refused: this Edge's runs the nodes refused as ``stale_epoch``.
         hold: counts runs held elsewhere against a provider's capacity and the long
             ones against its long slots (``Admission.hold``); None: they are only kept here.
@@ -66,7 +62,7 @@ class LeaderFence:
     leads: Callable[[], bool] | None = None
 
     def lead(self, epoch: int, links: Iterable[Announced]) -> None:
-        """This Edge won a term at ``epoch``: announce it to every v3 node connection."""
+        """This Edge won a term at ``epoch``: announce it to every node connection."""
         self.epoch = epoch
         self._forget_all()
         for link in links:
@@ -78,16 +74,15 @@ class LeaderFence:
         self._forget_all()
 
     def greet(self, link: Announced) -> None:
-        """Announce the term to one connection (a v3 one, while leading): at a win, or at its registration."""
-        if self.epoch is not None and link.protocol >= FENCED_PROTOCOL:
+        """Announce the term to one connection (while leading): at a win, or at its registration."""
+        if self.epoch is not None:
             link.send_frame(encode(Leader(self.epoch)))
 
-    def stamp(self, protocol: int) -> int | None:
-        """The epoch for a run about to be sent on a connection of ``protocol``.
+    def stamp(self) -> int | None:
+        """The epoch for a run about to be sent.
 
         [epoch-fencing] [ha-step-down] The last check before a run leaves: with ``ha:``
-        every run carries this term's epoch (None only below v3, whose nodes cannot read
-        it), and none is sent unless this Edge can prove it leads now -- a leader woken
+        every run carries this term's epoch, and none is sent unless this Edge can prove it leads now -- a leader woken
         from a pause past its deadline, whose election task has not run yet, sends
         nothing, with an epoch or without. Does not checkpoint.
 
@@ -98,7 +93,7 @@ class LeaderFence:
             return None
         if not self.may_send():
             raise NotLeading("this Edge does not lead: it sends no run")
-        return self.epoch if protocol >= FENCED_PROTOCOL else None
+        return self.epoch
 
     def may_send(self) -> bool:
         """Whether a run stamped earlier may leave now: no ``ha:``, or this Edge can prove it leads."""

@@ -97,12 +97,12 @@ class NodeLink:
     @property
     def epoch(self) -> int | None:
         """The epoch to put on a run about to be sent on this connection [epoch-fencing]: the
-        leader's, on v3 only (:meth:`~iop_edge.ha.fencing.LeaderFence.stamp`).
+        leader's (:meth:`~iop_edge.ha.fencing.LeaderFence.stamp`).
 
         Raises:
             NotLeading: this Edge has ``ha:`` and cannot prove it leads: send nothing.
         """
-        return self.registry.fence.stamp(self.protocol)
+        return self.registry.fence.stamp()
 
     def send_frame(self, frame: str) -> None:
         """Queue one frame that is not a run's (``leader``); dropped if the connection is ending."""
@@ -112,9 +112,10 @@ class NodeLink:
             pass
 
     def open_run(self, message: Run | TunnelRequest, body_json: str | None = None) -> RunChannel:
-        """Encode a run (``body_json``: see :func:`run_frame`), then register it and queue its frame
-        for the node (never waits). Registered only once its frame is one the node can take: a run
-        that cannot be sent fails alone, before anything is counted.
+        """Encode a run (``body_json``: see :func:`run_frame`) for this connection's wire version,
+        then register it and queue its frame for the node (never waits). Registered only once its
+        frame is one the node can take: a run that cannot be sent fails alone, before anything is
+        counted.
 
         Raises:
             RunNotSent: the frame cannot be sent (nothing was registered or queued).
@@ -206,7 +207,7 @@ class NodeLink:
                 self.registry.fence.refused(self.node_id)
 
     def _deliver_data(self, frame: bytes) -> str | None:
-        """Hand the records of a v2 data frame to their runs; the protocol problem, if any.
+        """Hand the records of a data frame to their runs; the protocol problem, if any.
 
         A run with several records in the frame gets their bytes joined, in
         order, as one delivery: one write to its client instead of one per record.
@@ -322,7 +323,7 @@ class NodeLink:
                 return
             self.last_seen = trio.current_time()
             try:
-                if type(text) is bytes and self.protocol >= 2:
+                if type(text) is bytes:
                     problem = self._deliver_data(text)
                     if problem is None:
                         continue
@@ -339,7 +340,7 @@ class NodeLink:
             if isinstance(message, RunMessage):
                 self._deliver(message.run_id, message)
                 continue
-            if isinstance(message, InFlight) and self.protocol >= 3:
+            if isinstance(message, InFlight):
                 self.registry.fence.answered(self.node_id, message)
                 continue
             logger.warning("node %s sent an unexpected %s", self.node_id, kind.__name__)

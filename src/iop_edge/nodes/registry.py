@@ -36,6 +36,7 @@ from iop_wire import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY,
     MAX_NODE_ID_CHARS,
+    OLDEST_PROTOCOL,
     PROTOCOL_VERSIONS,
     ProtocolError,
     Register,
@@ -43,6 +44,7 @@ from iop_wire import (
     Rejected,
     decode,
     encode,
+    spoken,
     valid_node_id,
 )
 
@@ -88,8 +90,8 @@ def _problem(
     if not valid_node_id(node_id):  # too long or not printable: ``unknown_node`` at once
         return _Rejection("unknown_node", "the node id is too long or not printable", node_id)
     if message.protocol not in PROTOCOL_VERSIONS:
-        spoken = ", ".join(map(str, PROTOCOL_VERSIONS))
-        reason = f"protocol {message.protocol} is not supported (edge speaks {spoken})"
+        upgrade = "the node" if message.protocol < OLDEST_PROTOCOL else "this edge"
+        reason = f"wire v{message.protocol} is not spoken here (this edge speaks {spoken()}): upgrade {upgrade}"
         return _Rejection("protocol_mismatch", reason, node_id)
     expected = token_for(node_id)
     if expected is None:

@@ -9,21 +9,24 @@ and checks the frame first, and only a frame that passes is registered and queue
 from __future__ import annotations
 
 from iop_edge.nodes.runs import RunNotSent
-from iop_wire import MAX_MESSAGE_BYTES, Run, TunnelRequest, encode, encode_run
+from iop_wire import MAX_MESSAGE_BYTES, Run, TunnelRequest, encode, encode_run, run_for
 
 
 def run_frame(message: Run | TunnelRequest, body_json: str | None, node_id: str, protocol: int) -> str:
-    """The text frame of ``message`` for node ``node_id`` (wire ``protocol``): UTF-8 text within
-    the node's message limit (:data:`iop_wire.MAX_MESSAGE_BYTES`).
+    """The text frame of ``message`` for node ``node_id``: UTF-8 text within the node's message
+    limit (:data:`iop_wire.MAX_MESSAGE_BYTES`), in the node's wire version ``protocol``.
 
-    ``body_json`` (v5, a :class:`Run` with an empty body): the client's body text, carried as is
-    (:func:`iop_wire.encode_run`).
+    ``message`` has the current version's shape; ``body_json`` (a :class:`Run` with an empty
+    body): the client's body text, carried as is (:func:`iop_wire.encode_run`). A node of the
+    previous version gets the run as it reads it (:func:`iop_wire.run_for`).
 
     Raises:
         RunNotSent: 400 when it is not text (a lone surrogate, a value JSON cannot hold), 413
-            ``request_too_large`` past the limit (a body re-encoded larger for a v1-v4 node).
+            ``request_too_large`` past the limit (a body re-encoded larger for a v4 node).
     """
     try:
+        if type(message) is Run:
+            message, body_json = run_for(protocol, message, body_json)
         if body_json is not None and type(message) is Run:
             frame = encode_run(message, body_json)
         else:

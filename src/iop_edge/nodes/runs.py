@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 from iop_wire import (
     RunData,
     RunEnd,
-    RunEvent,
     TunnelChunk,
     TunnelEnd,
     TunnelStart,
@@ -40,8 +39,8 @@ CANCEL_SETTLE_TIMEOUT = 2.0
 RUN_BUFFER = 1024
 """Messages buffered for one run before its client counts as too slow."""
 
-RunMessage = RunEvent | RunData | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
-"""What a run's channel carries: JSON messages (v1 and v2) and v2 data records."""
+RunMessage = RunData | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
+"""What a run's channel carries: data records and the JSON messages of runs and tunnels."""
 
 
 class NodeGone(Exception):

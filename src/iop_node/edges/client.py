@@ -36,7 +36,7 @@ from iop_node._runtime import NodeRuntime
 from iop_node.config import NodeConfig, ReconnectConfig
 from iop_node.edges.session import CLOSE_TIMEOUT, EdgeSession
 from iop_node.edges.websocket import EdgeWebSocket, open_edge_socket
-from iop_wire import MAX_MESSAGE_BYTES, PROTOCOL_VERSION
+from iop_wire import MAX_MESSAGE_BYTES, OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSIONS
 
 logger = logging.getLogger("iop_node")
 
@@ -177,8 +177,8 @@ class EdgeClient:
         session: the session of the current connection, if any.
         connections: number of connections opened so far.
         session_registered: whether the last connection got ``registered``.
-        protocol: the wire version the next connection offers: the newest, or one less
-            right after an Edge refused it with ``protocol_mismatch`` (see :meth:`_attempt`).
+        protocol: the wire version the next connection offers: the current one, or the
+            previous right after an Edge refused it with ``protocol_mismatch`` (see :meth:`_attempt`).
     """
 
     config: NodeConfig
@@ -255,9 +255,9 @@ class EdgeClient:
             self.protocol = PROTOCOL_VERSION  # the Edge may have been upgraded by the next connection
             return "connection closed"
         except RegistrationRejected as exc:
-            if exc.code == "protocol_mismatch" and self.protocol > 1:
-                # An Edge older than this node: offer the version before on the next connection.
-                older = self.protocol - 1
+            if exc.code == "protocol_mismatch" and self.protocol > OLDEST_PROTOCOL:
+                # An Edge one version older than this node: offer the previous version next.
+                older = PROTOCOL_VERSIONS[PROTOCOL_VERSIONS.index(self.protocol) - 1]
                 logger.warning(
                     "the edge does not speak wire v%d (%s); falling back to v%d", self.protocol, exc.reason, older
                 )

@@ -1,7 +1,7 @@
 """The node's epoch fence [epoch-fencing]: the highest leader epoch seen, across every Edge connection.
 
-Edges of an HA group (docs/ha.md) put their leader's epoch on each run (wire
-v3). The node keeps one fence for all its connections, in its
+Edges of an HA group (docs/ha.md) put their leader's epoch on each run (docs/wire.md,
+Epoch fencing). The node keeps one fence for all its connections, in its
 :class:`~iop_node.NodeRuntime`: a run of an older epoch than one already seen
 comes from an Edge that no longer leads (paused, or cut off from etcd) and is
 refused with ``stale_epoch`` before it takes a permit. So is a run without an
@@ -72,7 +72,7 @@ class EpochFence:
     def admits(self, epoch: int | None) -> bool:
         """Whether a run of ``epoch`` may run; raises the fence to it when it may.
 
-        A run without an epoch (an Edge without ``ha:``, a v1/v2 connection) runs
+        A run without an epoch (an Edge without ``ha:``) runs
         while the fence has seen none; once it has, the node serves an HA group and
         an epoch-less run is refused like a stale one (an Edge of the group that
         cannot vouch for its term, never a leader). Does not checkpoint.
@@ -101,8 +101,8 @@ class RunsElsewhere:
     A new leader's ``leader`` is answered with the runs holding a permit of
     the node's one gate per provider that this connection did not send (the
     previous leader's, a warm-up's): the leader counts them against the
-    provider's capacity, and on a v4 connection the long ones among them (a
-    ``run`` marked ``long``) against its long-context slots. While any is left,
+    provider's capacity, and the long ones among them (a ``run`` marked
+    ``long``) against its long-context slots. While any is left,
     each change is reported again, at the end of any run of the node (or at
     the latest every heartbeat interval), so the count goes down as they end
     and the last report is empty.
@@ -111,7 +111,6 @@ class RunsElsewhere:
         fence: the node's fence (raised by ``leader``; signals the end of runs).
         gate: the node's one gate.
         long_in_use: the node's long runs in flight per provider, every connection's.
-        with_long: the connection speaks v4: its reports carry ``long_runs``.
         own: this connection's permits, per provider.
         own_long: this connection's long runs, per provider.
         epoch: the epoch of the last ``leader`` on this connection (None: none yet).
@@ -121,7 +120,6 @@ class RunsElsewhere:
     fence: EpochFence
     gate: LocalGate
     long_in_use: Counter[str] = attrs.field(factory=Counter)
-    with_long: bool = False
     own: Counter[str] = attrs.field(factory=Counter)
     own_long: Counter[str] = attrs.field(factory=Counter)
     epoch: int | None = None
@@ -152,7 +150,7 @@ class RunsElsewhere:
         return _others(self.long_in_use, self.own_long)
 
     def _report(self, epoch: int) -> InFlight:
-        return InFlight(epoch, self.runs(), self.long_runs() if self.with_long else ())
+        return InFlight(epoch, self.runs(), self.long_runs())
 
     def lead(self, leader: Leader) -> InFlight:
         """A new leader on this connection: raise the fence, and the answer to send it."""

@@ -1,7 +1,7 @@
 """The frames a session has queued for its one writer task, batched per write.
 
-Run tasks queue JSON text frames (run ends, heartbeats, tunnel messages) and, in
-wire v2, data records (a header plus the run's output bytes). The writer takes
+Run tasks queue JSON text frames (run ends, heartbeats, tunnel messages) and
+data records (a header plus the run's output bytes). The writer takes
 every frame queued since its last write with :meth:`Outbox.next_frames`, for ONE
 write to the socket: every data record among them (across runs, in queue order)
 joined into ONE binary frame, first, then the text frames as queued. A run's end

@@ -17,26 +17,19 @@ from iop_node.adapters.interface import Adapter, TunnelHead
 from iop_node.edges.outbox import Outbox
 from iop_node.edges.websocket import EdgeSocket, EdgeWebSocket
 from iop_node.upstream.poller import BodyPoller, RunOutput
-from iop_wire import NodeMessage, Run, RunEvent, TunnelChunk, TunnelRequest, TunnelStart, encode, record_header
+from iop_wire import NodeMessage, Run, TunnelChunk, TunnelRequest, TunnelStart, record_header
 
 Record = tuple[bytes, bytes]
 """A data record: its header (:func:`iop_wire.record_header`) and its data."""
 
 
-async def relay_run(
-    run: Run, adapter: Adapter, protocol: int, outbox: Outbox | None, poller: BodyPoller | None
-) -> Record | None:
-    """Serve ``run`` on ``adapter``: v1 one ``run_event`` per output, v2+ data records.
+async def relay_run(run: Run, adapter: Adapter, outbox: Outbox | None, poller: BodyPoller | None) -> Record | None:
+    """Serve ``run`` on ``adapter``: its output as data records.
 
     Returns the run's whole body as its last data record when the poller held
     it for the run's end (the session sends it with the end), else None.
     """
     assert outbox is not None
-    if protocol < 2:
-        async with aclosing(adapter.run(run.endpoint, run.body, stream=run.stream)) as events:
-            async for data in events:
-                await outbox.put_text(encode(RunEvent(run.run_id, data)))
-        return None
     run_id = run.run_id
     seq = 0
 

@@ -58,7 +58,6 @@ from iop_wire import (
     CLOSE_GOING_AWAY,
     CLOSE_PROTOCOL_ERROR,
     END_MESSAGE_LIMIT,
-    LONG_PROTOCOL,
     PROTOCOL_VERSION,
     Cancel,
     Heartbeat,
@@ -107,7 +106,7 @@ def _tunnel_end(
 
 def _elsewhere_of(session: EdgeSession) -> RunsElsewhere:
     runtime = session.runtime
-    return RunsElsewhere(runtime.fence, runtime.gate, runtime.long_runs, with_long=session.protocol >= LONG_PROTOCOL)
+    return RunsElsewhere(runtime.fence, runtime.gate, runtime.long_runs)
 
 
 async def _heartbeat(session: EdgeSession, interval: float) -> None:
@@ -133,8 +132,8 @@ class EdgeSession:
         config: the node's config (node id, token, heartbeat interval, providers).
         runtime: the gate and adapters shared by every connection of the node.
         token: the registration token (never logged).
-        protocol: the wire version this session offers and speaks (2: run output in
-            binary data frames; 1: one ``run_event`` per chunk).
+        protocol: the wire version this session offers and speaks (one of
+            :data:`iop_wire.PROTOCOL_VERSIONS`; the node serves a run of either alike).
         registered: the Edge's ``registered`` answer, once received.
         heartbeats_sent: number of heartbeats sent on this connection.
     """
@@ -187,8 +186,7 @@ class EdgeSession:
             self._outbox = Outbox()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                if self.protocol >= 2:
-                    self._poller = new_poller(nursery, self._outbox.room)
+                self._poller = new_poller(nursery, self._outbox.room)
                 nursery.start_soon(write_frames, self.ws, self._outbox, nursery.cancel_scope)
                 nursery.start_soon(_heartbeat, self, interval)
                 nursery.start_soon(self._elsewhere.report, self._send, interval)
@@ -297,7 +295,7 @@ class EdgeSession:
             return None
         permit, adapter = admitted
         run = run.for_upstream()  # v5: the client's body as sent, the upstream model put in here
-        relay = functools.partial(relay_run, run, adapter, self.protocol, self._outbox, self._poller)
+        relay = functools.partial(relay_run, run, adapter, self._outbox, self._poller)
         return self._serving(run.run_id, permit, relay, end, run.long)
 
     async def _on_tunnel_request(self, request: TunnelRequest) -> _Serve | None:
@@ -337,7 +335,7 @@ class EdgeSession:
             return None
 
     def _serving(self, run_id: str, permit: Permit, relay: _Relay, end: _EndFactory, long: bool = False) -> _Serve:
-        """The run (``long``: a long-context one, wire v4) as one call that serves it (in whichever
+        """The run (``long``: a long-context one) as one call that serves it (in whichever
         task :meth:`_dispatch` chooses)."""
         # The scope exists before the run is served, so a cancel that arrives
         # before its first checkpoint still takes effect.
