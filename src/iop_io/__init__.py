@@ -11,24 +11,21 @@ and under no daemon, so a server of any package uses them through public names.
   task (one timer for a paced stream's tokens or a flood's paused connections).
 - :mod:`.lifespan`: :func:`answer_lifespan`, the ASGI lifespan of an app with nothing to set up.
 - :mod:`.parking`: :class:`ParkedTask`, the one task a single-consumer queue wakes.
-- :mod:`.transport`: :class:`Transport` (writes that never wait on the client,
-  a flusher for the rest), :class:`SocketTransport` (a plain TCP connection as a
-  non-blocking stdlib socket) and :class:`StreamTransport` (a trio stream: TLS).
+- :mod:`.byte_stream`: :class:`ByteStream`, one connection's bytes both ways (a
+  non-blocking socket driven with trio's low-level waits, or a trio stream: TLS),
+  the byte mover of the Edge's listener and node socket, the Node's Edge link and
+  upstream connections, and the mock backend.
+- :mod:`.transport`: :class:`Transport` (a server's writes that never wait on the
+  client, a flusher for the rest) on a :class:`ByteStream`; :class:`SocketTransport`
+  (a plain TCP connection) and :class:`StreamTransport` (a trio stream: TLS).
 """
 
 from .accept import ACCEPT_BATCH, Handler, accept_loop, accept_waiting
+from .byte_stream import CLOSE_TIMEOUT, RECEIVE_SIZE, ByteStream, PeerGone
 from .due import Answer, DueQueue
 from .lifespan import answer_lifespan
 from .parking import ParkedTask
-from .transport import (
-    CLOSE_TIMEOUT,
-    RECEIVE_SIZE,
-    WRITE_BUFFER_LIMIT,
-    PeerGone,
-    SocketTransport,
-    StreamTransport,
-    Transport,
-)
+from .transport import WRITE_BUFFER_LIMIT, SocketTransport, StreamTransport, Transport
 
 __all__ = [
     "ACCEPT_BATCH",
@@ -36,6 +33,7 @@ __all__ = [
     "RECEIVE_SIZE",
     "WRITE_BUFFER_LIMIT",
     "Answer",
+    "ByteStream",
     "DueQueue",
     "Handler",
     "ParkedTask",

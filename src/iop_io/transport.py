@@ -1,4 +1,4 @@
-"""One client connection's bytes, both ways, for a server: a non-blocking socket or a stream (TLS).
+"""One client connection's bytes, both ways, for a server: :class:`Transport` on a :class:`ByteStream`.
 
 Writes never wait on the client: bytes go to the socket at once from
 whichever task has them, and what it does not take waits in the transport's
@@ -8,28 +8,15 @@ chunks). A TLS stream is written by the flusher only.
 
 from __future__ import annotations
 
-import logging
 import socket
 from typing import final
 
 import trio
 
-logger = logging.getLogger("iop_io")
-
-RECEIVE_SIZE = 65536
-"""Bytes asked of the socket per read."""
-
-
-class PeerGone(Exception):
-    """The client closed, broke or stalled the connection."""
-
+from .byte_stream import CLOSE_TIMEOUT, ByteStream, PeerGone
 
 WRITE_BUFFER_LIMIT = 256 * 1024
 """Bytes waiting for one client past which a body chunk written without waiting is refused."""
-
-CLOSE_TIMEOUT = 5.0
-"""Seconds a stream's graceful close may take (TLS: its ``close_notify``, which waits for room in the
-socket's buffers, so forever for a client that does not read) before the connection is dropped."""
 
 
 class Transport:
@@ -44,9 +31,10 @@ class Transport:
     by :data:`WRITE_BUFFER_LIMIT`.
     """
 
-    __slots__ = ("pending", "broken", "nursery", "_flushing", "_drained")
+    __slots__ = ("io", "pending", "broken", "nursery", "_flushing", "_drained")
 
-    def __init__(self) -> None:
+    def __init__(self, io: ByteStream) -> None:
+        self.io = io
         self.pending = bytearray()
         self.broken = False
         self.nursery: trio.Nursery | None = None  # set by the connection before any write
@@ -65,7 +53,7 @@ class Transport:
             return True
         if not self._flushing:
             try:
-                sent = self._send_now(data)
+                sent = self.io.send_now(data)
             except PeerGone:
                 self.broken = True
                 return True
@@ -104,7 +92,7 @@ class Transport:
 
     async def _flush_pending(self) -> None:
         try:
-            await self._flush()
+            await self.io.flush(self.pending)
         except PeerGone:
             self.broken = True
             self.pending.clear()
@@ -112,32 +100,25 @@ class Transport:
             self._flushing = False
             self._drained.set()
 
-    def _send_now(self, data: bytes) -> int:
-        """Bytes of ``data`` the connection took without waiting (raises :class:`PeerGone`)."""
-        raise NotImplementedError
-
-    async def _flush(self) -> None:
-        """Write :attr:`pending` until it is empty, waiting as needed (raises :class:`PeerGone`)."""
-        raise NotImplementedError
-
     async def receive_some(self) -> bytes:
         """The next bytes from the client; ``b""`` at its end (raises :class:`PeerGone`). Checkpoints."""
-        raise NotImplementedError
+        return await self.io.receive_some(schedule=True)
 
     def receive_nowait(self) -> bytes | None:
         """The bytes the client already sent (``b""`` at its end), or None if none wait (or, for a
         stream, always). Never waits; raises :class:`PeerGone`."""
-        return None
+        return self.io.receive_nowait()
 
     async def aclose(self) -> None:
         """Close the connection, gracefully when that is quick: never takes longer than
         :data:`CLOSE_TIMEOUT` (or the stream's ``close_timeout``). Checkpoints."""
-        raise NotImplementedError
+        self.broken = True
+        await self.io.aclose()
 
 
 @final
 class SocketTransport(Transport):
-    """A plain TCP connection, driven as a non-blocking stdlib socket with trio's low-level waits.
+    """A plain TCP connection, driven as a non-blocking stdlib socket (:class:`ByteStream`).
 
     Writing a body chunk is then one ``send`` system call from the task that has
     the bytes; trio's ``SocketStream.send_all`` always reschedules its task too.
@@ -146,97 +127,16 @@ class SocketTransport(Transport):
     __slots__ = ("sock",)
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        super().__init__()
         self.sock = socket.socket(fileno=stream.socket.detach())
-        self.sock.setblocking(False)
-
-    def _send_now(self, data: bytes) -> int:
-        try:
-            return self.sock.send(data)
-        except BlockingIOError:
-            return 0
-        except OSError:
-            raise PeerGone from None
-
-    async def _flush(self) -> None:
-        pending = self.pending
-        while pending:
-            await trio.lowlevel.wait_writable(self.sock)
-            try:
-                sent = self.sock.send(pending)
-            except BlockingIOError:
-                continue
-            except OSError:
-                raise PeerGone from None
-            del pending[:sent]
-
-    async def receive_some(self) -> bytes:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        waited = False
-        while True:
-            try:
-                data = self.sock.recv(RECEIVE_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(self.sock)
-                waited = True
-                continue
-            except OSError:
-                raise PeerGone from None
-            if not waited:
-                await trio.lowlevel.cancel_shielded_checkpoint()  # a schedule point, as trio's streams
-            return data
-
-    def receive_nowait(self) -> bytes | None:
-        try:
-            return self.sock.recv(RECEIVE_SIZE)
-        except BlockingIOError:
-            return None
-        except OSError:
-            raise PeerGone from None
-
-    async def aclose(self) -> None:
-        self.broken = True
-        trio.lowlevel.notify_closing(self.sock)
-        self.sock.close()
-        await trio.lowlevel.checkpoint()
+        """The connection's socket (the listener's disconnect watch reads it while an app runs)."""
+        super().__init__(ByteStream(self.sock))
 
 
 @final
 class StreamTransport(Transport):
     """A connection spoken through a trio stream (TLS: a ``trio.SSLStream``); the flusher writes."""
 
-    __slots__ = ("stream", "close_timeout")
+    __slots__ = ()
 
     def __init__(self, stream: trio.abc.Stream, close_timeout: float = CLOSE_TIMEOUT) -> None:
-        super().__init__()
-        self.stream = stream
-        self.close_timeout = close_timeout
-
-    def _send_now(self, data: bytes) -> int:
-        return 0  # a stream is written only by awaiting it: the flusher does
-
-    async def _flush(self) -> None:
-        while self.pending:
-            data = bytes(self.pending)
-            self.pending.clear()
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise PeerGone from None
-
-    async def receive_some(self) -> bytes:
-        try:
-            # bytes() returns a plain socket's bytes as they are; TLS gives a bytearray.
-            return bytes(await self.stream.receive_some(RECEIVE_SIZE))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise PeerGone from None
-
-    async def aclose(self) -> None:
-        self.broken = True
-        # A graceful close may wait on the client (a TLS close_notify needs room in the socket's
-        # buffers; a peer that never reads never makes any): bounded, then dropped.
-        with trio.move_on_after(self.close_timeout) as timer:
-            await self.stream.aclose()
-        if timer.cancelled_caught:
-            logger.info("a connection's graceful close took over %.3g s: dropped", self.close_timeout)
-            await trio.aclose_forcefully(self.stream)
+        super().__init__(ByteStream(stream, close_timeout))
