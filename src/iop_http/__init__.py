@@ -14,11 +14,15 @@ generator ask the same code, and tests check every rule without a socket.
   status and text; the connection closes), its body bytes and its end.
   :func:`accept_head` is the same reader's verdict on one head (the reference
   the tests compare the listener with).
+- :mod:`.answer`: :class:`AnswerParser`, an answer read by a client (the Node's
+  upstream, the benchmarks' client) with llhttp, within :class:`AnswerLimits`;
+  every failure an :class:`AnswerError`.
 - :mod:`.response`: :class:`ResponseFraming`, how one response is framed
   (``content-length``, chunks, the connection's close; keep-alive or close).
 - :mod:`.encoding`: requests, response heads, whole answers, chunks and canned answers.
 """
 
+from .answer import NO_LIMITS, AnswerError, AnswerLimits, AnswerParser, NoLimits
 from .encoding import (
     LAST_CHUNK,
     encode_chunk,
@@ -52,8 +56,13 @@ __all__ = [
     "MALFORMED_CHUNKS",
     "MAX_HEAD_BYTES",
     "NEED_DATA",
+    "NO_LIMITS",
+    "AnswerError",
+    "AnswerLimits",
+    "AnswerParser",
     "BodyOverrun",
     "Event",
+    "NoLimits",
     "Refusal",
     "RequestHead",
     "RequestReader",

@@ -23,13 +23,10 @@ MAX_MODULE_LINES = 500
 CROWDED_FOR_NOW: dict[str, str] = {}
 LONG_FOR_NOW: dict[str, str] = {
     "iop_http/reader.py": "the request reader and its rules; the Node's answer parser joins iop_http next (issue 41)",
-    "iop_node/upstream/transport.py": "pool, connection and HTTP/1.1 in one; to split as httpcore cuts them (issue 41)",
 }
 LOOSE_FOR_NOW: dict[str, str] = {
     "iop_mock/backend.py:MockBackend": "the ASGI entry (app) reaches the handlers through the route table, not self",
     "iop_node/edges/fence.py:EpochFence": "the epoch fence and the wait for a refused run's end: to separate",
-    "iop_node/upstream/transport.py:_Connection": "the connection and the answer parser's feed: to split as httpcore "
-    "cuts a connection (issue 41)",
 }
 """Classes whose methods fall into unrelated groups, each with its reason; an entry that holds one group must go."""
 

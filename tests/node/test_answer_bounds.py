@@ -1,6 +1,6 @@
 """[upstream-bounds] The bounds on an upstream answer, without sockets: the parser, the httpx path, the config.
 
-:class:`~iop_node.upstream.response.ResponseParser` checks the head (1xx answers
+:class:`iop_http.AnswerParser` (within the provider's ``UpstreamLimits``) checks the head (1xx answers
 included), the number of 1xx answers, the chunk extensions and trailers, and the
 body of an answer relayed whole, as the bytes arrive, however they are split.
 Answers read through httpx (``https://`` upstreams, wire v1, the Ollama adapter)
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from iop_config import ConfigFileError, load_config_text
+from iop_http import AnswerError, AnswerParser
 from iop_node import NodeConfig, OllamaAdapter, OpenAIAdapter, ProviderConfig, UpstreamLimits, UpstreamTooLarge
-from iop_node.upstream.response import AnswerOverBound, AnswerTooLarge, ResponseParser
 
 KiB = 1024
 LIMITS = UpstreamLimits(head_bytes=4 * KiB, answer_bytes=8 * KiB, chunk_extension_bytes=1 * KiB)
@@ -29,13 +30,21 @@ def pieces(data: bytes, size: int) -> Iterator[bytes]:
     return (data[i : i + size] for i in range(0, len(data), size))
 
 
-def fed(data: bytes, size: int = 1 << 30, *, whole: bool = False) -> ResponseParser:
+def fed(data: bytes, size: int = 1 << 30, *, whole: bool = False) -> AnswerParser:
     """A parser fed ``data`` in reads of ``size`` bytes, every body byte taken as it comes."""
-    parser = ResponseParser(limits=LIMITS, whole=whole)
+    parser = AnswerParser(limits=LIMITS, whole=whole)
     for piece in pieces(data, size):
         parser.feed(piece)
         parser.take()
     return parser
+
+
+@contextmanager
+def raises_kind(kind: str, match: str | None = None) -> Iterator[None]:
+    """The parser fails with an :class:`iop_http.AnswerError` of ``kind``."""
+    with pytest.raises(AnswerError, match=match) as caught:
+        yield
+    assert caught.value.kind == kind
 
 
 def chunked(*chunks: bytes, trailers: bytes = b"") -> bytes:
@@ -46,7 +55,7 @@ def chunked(*chunks: bytes, trailers: bytes = b"") -> bytes:
 @pytest.mark.parametrize("size", [1, 7, 512, 1 << 30])
 def test_a_head_past_its_bound_is_refused_however_it_is_split(size: int) -> None:
     big = OK_HEAD + b"x-big: " + b"a" * (4 * KiB) + b"\r\ncontent-length: 0\r\n\r\n"
-    with pytest.raises(AnswerTooLarge):
+    with raises_kind("too_large"):
         fed(big, size)
     just = OK_HEAD + b"x-fits: " + b"a" * (3 * KiB) + b"\r\ncontent-length: 0\r\n\r\n"
     assert fed(just, size).reusable
@@ -54,9 +63,9 @@ def test_a_head_past_its_bound_is_refused_however_it_is_split(size: int) -> None
 
 @pytest.mark.req("upstream-bounds")
 def test_a_head_without_end_is_refused_after_one_read_past_the_bound() -> None:
-    parser = ResponseParser(limits=LIMITS)
+    parser = AnswerParser(limits=LIMITS)
     parser.feed(OK_HEAD + b"x-endless: ")
-    with pytest.raises(AnswerTooLarge):
+    with raises_kind("too_large"):
         for _ in range(100):
             parser.feed(b"a" * KiB)
     assert not parser.head_done
@@ -67,10 +76,10 @@ def test_informational_answers_are_bounded_in_number_and_in_size() -> None:
     final = OK_HEAD + b"content-length: 2\r\n\r\nok"
     continues = b"HTTP/1.1 100 Continue\r\n\r\n"
     assert fed(continues * 5 + final).status == 200
-    with pytest.raises(AnswerOverBound, match="informational"):
+    with raises_kind("over_bound", match="informational"):
         fed(continues * 6 + final)
     hints = b"HTTP/1.1 103 Early Hints\r\nlink: " + b"l" * KiB + b"\r\n\r\n"
-    with pytest.raises(AnswerTooLarge):  # their heads count in the head's bound
+    with raises_kind("too_large"):  # their heads count in the head's bound
         fed(hints * 4 + final)
 
 
@@ -84,7 +93,7 @@ def test_chunk_extensions_and_trailers_are_bounded_in_all(size: int) -> None:
     spread = chunked(*[b"1;" + b"e" * 100 + b"\r\na\r\n"] * 30)
     long_trailer = chunked(hello, trailers=b"x-t: " + b"t" * (2 * KiB) + b"\r\n")
     for answer in (one_long, spread, long_trailer):
-        with pytest.raises(AnswerOverBound, match="chunk extensions"):
+        with raises_kind("over_bound", match="chunk extensions"):
             fed(answer, size)
 
 
@@ -98,7 +107,7 @@ def test_a_body_relayed_whole_is_bounded_and_a_stream_is_not(framing: str) -> No
         answer = chunked(*(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces(body, 1000)))
     else:
         answer = OK_HEAD + b"\r\n" + body
-    with pytest.raises(AnswerTooLarge):
+    with raises_kind("too_large"):
         fed(answer, 4096, whole=True)
     parser = fed(answer, 4096)  # a stream: relayed as it comes, never held
     if framing == "close":

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from iop_node.upstream.poller import TICK, BodyPoller, RunOutput
-from iop_node.upstream.transport import H11Transport
+from iop_node.upstream.pool import H11Transport
 
 URL = httpx.URL("http://upstream.test/v1/chat/completions")
 HEADERS = [(b"host", b"upstream.test")]

@@ -20,9 +20,10 @@ import trio
 import trio.testing
 
 from iop_node import OpenAIAdapter, UpstreamFailed, UpstreamUnreachable
+from iop_node.upstream.http11 import PostRequests, written
 from iop_node.upstream.http_upstream import BodyStream, HttpUpstream
 from iop_node.upstream.poller import BodyPoller, RunOutput
-from iop_node.upstream.transport import H11Transport, PostRequests, written
+from iop_node.upstream.pool import H11Transport
 from node.harness import Backend, openai_provider, read_request
 
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

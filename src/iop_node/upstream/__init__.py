@@ -1,5 +1,7 @@
-"""The Node's HTTP to its backends: a keep-alive pool, answers parsed by llhttp, one body poller.
+"""The Node's HTTP to its backends, as httpcore cuts it: pool, HTTP/1.1, connection; one body poller.
 
-``transport`` is the pool and its connections; ``response`` parses an answer; ``poller`` reads
-every run's body from one task; ``http_upstream`` is what the adapters call.
+``pool`` is the keep-alive pool (an ``httpx`` transport); ``http11`` writes a request with h11
+and reads its answer (parsed by :class:`iop_http.AnswerParser`); ``connection`` is one
+connection's socket (an :class:`iop_io.ByteStream`) and answer; ``poller`` reads every run's
+body from one task; ``http_upstream`` is what the adapters call.
 """

@@ -2,11 +2,11 @@
 
 One :class:`HttpUpstream` per provider owns ONE ``httpx.AsyncClient``. For a
 plain ``http://`` upstream (the usual case: a backend on loopback or the LAN)
-its transport is :class:`~iop_node.upstream.transport.H11Transport` (h11 over trio
+its transport is :class:`~iop_node.upstream.pool.H11Transport` (h11 over trio
 sockets, a keep-alive pool of at most ``capacity`` connections, the request
 head and body in one send); for ``https://`` it is httpx's default transport
 with a pool of ``capacity`` connections (why not httpcore for plain HTTP:
-:mod:`iop_node.upstream.transport`).
+:mod:`iop_node.upstream.pool`).
 
 Error mapping lives here, once: transport errors and timeouts become
 :class:`UpstreamUnreachable`; a non-2xx answer becomes :class:`UpstreamFailed`
@@ -32,9 +32,10 @@ import httpx
 from iop_node._errors import BadRunRequest, RunFailed, UpstreamFailed, UpstreamTooLarge, UpstreamUnreachable
 from iop_node.adapters.interface import TunnelHead
 from iop_node.config import ProviderConfig, UpstreamLimits
+from iop_node.upstream.connection import AnswerOverBound, AnswerTooLarge
+from iop_node.upstream.http11 import PostRequests
 from iop_node.upstream.poller import RunOutput
-from iop_node.upstream.response import AnswerOverBound, AnswerTooLarge
-from iop_node.upstream.transport import H11Transport, PostRequests
+from iop_node.upstream.pool import H11Transport
 from iop_wire import UPSTREAM_BODY_LIMIT
 
 _HOP_BY_HOP = frozenset(
@@ -150,7 +151,7 @@ class HttpUpstream:
 
         A run's relay. With our :class:`H11Transport` the request goes straight to it (no
         ``httpx`` request or response objects) and the body is every byte read so far at
-        each read (:meth:`iop_node.upstream.transport.Answer.pump`); when ``send`` is a
+        each read (:meth:`iop_node.upstream.http11.Answer.pump`); when ``send`` is a
         :class:`~iop_node.upstream.poller.RunOutput` with a poller, the session's poller reads it
         instead (:meth:`iop_node.upstream.poller.BodyPoller.relay`). Checkpoints; cancellation
         closes the request.

@@ -8,12 +8,12 @@ socket whose body is being relayed stays registered in ONE epoll object of our
 own (level-triggered), from the first body byte the run task did not read
 itself to the end of the body; trio waits on that epoll object's descriptor
 alone, and one wakeup of the poller task reads every socket that has data,
-feeds the answer's parser (:mod:`iop_node.upstream.response`) and queues the body bytes with the run's
+feeds the answer's parser (:class:`iop_http.AnswerParser`) and queues the body bytes with the run's
 :class:`RunOutput`, synchronously. The run task only sleeps until its body ends
 (or fails, or the upstream is silent for the read timeout).
 
 Linux only (``select.epoll``); elsewhere :func:`new_poller` returns None and runs
-read their own sockets (:meth:`iop_node.upstream.transport.Answer.pump`).
+read their own sockets (:meth:`iop_node.upstream.http11.Answer.pump`).
 
 Backpressure: before each wait the poller waits for room in the session's
 outbox (a node whose Edge does not read stops reading its upstreams); that time
@@ -30,7 +30,9 @@ from typing import Final, final
 import httpx
 import trio
 
-from iop_node.upstream.transport import RECEIVE_SIZE, Answer, Checkout, take_body
+from iop_io import PeerGone
+from iop_node.upstream.connection import feed, read_error
+from iop_node.upstream.http11 import Answer, Checkout, take_body
 
 TICK: Final = 0.005
 """Seconds between two reads of the poller while data keeps coming (an idle poller, and a body's
@@ -202,16 +204,16 @@ class BodyPoller:
             self._end(fd, body, None)
             return
         try:
-            data = connection.sock.recv(RECEIVE_SIZE)
-        except BlockingIOError:
+            data = connection.io.receive_nowait()
+        except PeerGone as exc:
+            self._end(fd, body, read_error(exc))
             return
-        except OSError as exc:
-            self._end(fd, body, httpx.ReadError(f"upstream read failed: {exc or type(exc).__name__}"))
+        if data is None:
             return
         body.last_read = now
         body.polled = True
         try:
-            connection.feed(data)
+            feed(connection.answer, data)
             chunk = take_body(checkout, connection)
             if chunk is not None:
                 body.output.nowait(chunk)
@@ -277,7 +279,7 @@ class BodyPoller:
         if self._start is not None:  # the first body: a session whose runs never need it has no poller task
             start, self._start = self._start, None
             start()
-        fd = connection.sock.fileno()
+        fd = connection.io.fileno()
         body = _Body(checkout, output, trio.current_time())
         self._epoll.register(fd, select.EPOLLIN)
         self._bodies[fd] = body

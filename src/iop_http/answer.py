@@ -1,15 +1,15 @@
-"""An upstream answer parsed by httptools (llhttp, in C): :class:`ResponseParser`.
+"""An HTTP/1.1 answer parsed by httptools (llhttp, in C): :class:`AnswerParser`.
 
-Why not h11 for the answer: h11 parsing the chunked SSE body took much of the
-Node's CPU per token -- two ``next_event`` calls per chunk, each a pass through
-its state machine in Python. llhttp parses the same bytes in C and calls back
-once per piece of body. Requests are still written by h11.
+Why llhttp and not h11 for answers: a streamed answer is a chunked body of
+many small chunks, and h11 parses each with two ``next_event`` calls, each a
+pass through its state machine in Python; llhttp parses the same bytes in C
+and calls back once per piece of body. Requests are still written by h11.
 
 What this adds to llhttp's callbacks (httptools exposes no "end of input"):
 
 - The end of a body delimited by the connection closing (neither
   ``content-length`` nor chunked ``transfer-encoding``, not a 204/304): llhttp
-  waits for more; :meth:`ResponseParser.feed_eof` completes it there (the
+  waits for more; :meth:`AnswerParser.feed_eof` completes it there (the
   connection is then not reused). A framed body cut short by EOF is an error.
 - Informational answers (1xx) are skipped; the next answer is the real one.
 - An answer to HEAD has no body: it completes with its head (and the connection
@@ -17,50 +17,83 @@ What this adds to llhttp's callbacks (httptools exposes no "end of input"):
 - Bytes after the end of the answer (unasked data) make the connection unusable,
   and so does a 204 that frames a body (``content-length`` or
   ``transfer-encoding``): a server that sends one may send the body after it.
-- Bounds on what the backend sends (:class:`~iop_node.config.UpstreamLimits`,
-  docs/security.md): the head (informational answers before it included),
-  the number of informational answers, the chunk extensions and trailer fields
-  of a chunked body (:mod:`iop_http.chunks`; here each piece of data llhttp
-  hands on, at least one per chunk, counts as a chunk: no callback per chunk
-  on a stream's path), and, for an answer the Node
-  relays whole (a non-stream run), the body. Each is checked as the bytes
-  arrive, so a backend that sends without end is refused after one read past
-  the bound.
+- Bounds on what the server sends (:class:`AnswerLimits`): the head
+  (informational answers before it included), the number of informational
+  answers, the chunk extensions and trailer fields of a chunked body
+  (:mod:`.chunks`; here each piece of data llhttp hands on, at least one per
+  chunk, counts as a chunk: no callback per chunk on a stream's path), and, for
+  an answer read whole, the body. Each is checked as the bytes arrive, so a
+  server that sends without end is refused after one read past the bound.
 
-Errors are httpx's (``httpx.RemoteProtocolError``), as the transport's others;
-a bound passed is :class:`AnswerOverBound` (:class:`AnswerTooLarge` for the
-head and the body), a subclass, so a caller that does not tell them apart
-still sees a protocol error.
+Every failure is an :class:`AnswerError`; its :attr:`~AnswerError.kind` says
+which (bad HTTP, a bound passed, a head or whole body too large), so a client
+maps it to its own errors in one place.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import final
+from typing import Final, Literal, Protocol, final
 
+import attrs
 import httptools
-import httpx
 
-from iop_http.chunks import CHUNK_FRAMING_BYTES
-from iop_node.config import UpstreamLimits
+from .chunks import CHUNK_FRAMING_BYTES
 
 _NO_BODY_STATUSES = frozenset({204, 304})
-_DEFAULT_LIMITS = UpstreamLimits()
 _LINE_BYTES = 4  # the CRLF and the ": " (or the status line's spaces) a head spends on each field beside its text
 
+AnswerErrorKind = Literal["invalid", "over_bound", "too_large"]
 
-class AnswerOverBound(httpx.RemoteProtocolError):
-    """The answer went past one of the Node's bounds on what a backend sends."""
+
+class AnswerError(Exception):
+    """The answer is not valid HTTP/1.1, was cut short, or went past one of the parser's bounds.
+
+    Attributes:
+        kind: ``invalid`` (bad HTTP, or the connection closed in the middle of
+            the answer), ``over_bound`` (too many informational answers, or too
+            many bytes of chunk extensions and trailers) or ``too_large`` (the
+            head, or the body of an answer read whole, past its bound).
+    """
+
+    def __init__(self, message: str, kind: AnswerErrorKind = "invalid") -> None:
+        super().__init__(message)
+        self.kind: AnswerErrorKind = kind
+
+
+class AnswerLimits(Protocol):
+    """The bounds an :class:`AnswerParser` checks (``iop_node.config.UpstreamLimits`` is one)."""
+
+    @property
+    def head_bytes(self) -> int: ...
+
+    @property
+    def answer_bytes(self) -> int: ...
+
+    @property
+    def chunk_extension_bytes(self) -> int: ...
+
+    @property
+    def informational_answers(self) -> int: ...
 
 
 @final
-class AnswerTooLarge(AnswerOverBound):
-    """The answer's head, or the body of an answer relayed whole, is larger than its bound."""
+@attrs.frozen
+class NoLimits:
+    """:class:`AnswerLimits` that bound nothing (a client that trusts its server: a benchmark's)."""
+
+    head_bytes: int = sys.maxsize
+    answer_bytes: int = sys.maxsize
+    chunk_extension_bytes: int = sys.maxsize
+    informational_answers: int = sys.maxsize
+
+
+NO_LIMITS: Final = NoLimits()
 
 
 @final
-class ResponseParser:
-    """One upstream answer being parsed (the llhttp callbacks and what they found).
+class AnswerParser:
+    """One answer being parsed (the llhttp callbacks and what they found).
 
     Attributes:
         status: the final answer's status (0 until its head is parsed).
@@ -68,7 +101,6 @@ class ResponseParser:
         headers: its headers, as sent.
         head_done: the final answer's head is parsed.
         complete: the answer's body ended.
-        reusable: complete, and the connection may carry another request.
     """
 
     __slots__ = (
@@ -92,10 +124,9 @@ class ResponseParser:
         "complete",
     )
 
-    def __init__(
-        self, *, head_only: bool = False, limits: UpstreamLimits = _DEFAULT_LIMITS, whole: bool = False
-    ) -> None:
-        """``limits``: the bounds checked; ``whole``: the body is relayed whole (bounded by ``limits.answer_bytes``)."""
+    def __init__(self, *, head_only: bool = False, limits: AnswerLimits = NO_LIMITS, whole: bool = False) -> None:
+        """``head_only``: the answer to a ``HEAD`` (no body); ``limits``: the bounds checked;
+        ``whole``: the body is read whole (bounded by ``limits.answer_bytes``)."""
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._head_only = head_only
         self._limits = limits
@@ -119,14 +150,14 @@ class ResponseParser:
 
     @property
     def reusable(self) -> bool:
+        """Complete, and the connection may carry another request."""
         return self.complete and self._keep_alive and not self._unasked
 
     def feed(self, data: bytes) -> None:
         """Parse ``data`` (not empty: use :meth:`feed_eof` at the end of input).
 
         Raises:
-            AnswerOverBound: the answer went past one of ``limits``.
-            httpx.RemoteProtocolError: the answer is not valid HTTP/1.1.
+            AnswerError: the answer is not valid HTTP/1.1, or went past one of ``limits``.
         """
         if self.complete:  # unasked data after the answer
             self._unasked = self._unasked or bool(data)
@@ -137,13 +168,13 @@ class ResponseParser:
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            raise httpx.RemoteProtocolError("the upstream switched protocols") from None
+            raise AnswerError("the server switched protocols") from None
         except httptools.HttpParserError as exc:
             bound = exc.__context__
-            if isinstance(bound, AnswerOverBound):  # raised by a callback below
+            if isinstance(bound, AnswerError):  # raised by a callback below
                 raise bound from None
             if not self.complete:
-                raise httpx.RemoteProtocolError(f"bad answer from the upstream: {exc}") from None
+                raise AnswerError(f"bad answer: {exc}") from None
             self._unasked = True  # whatever follows the answer is not ours to parse
         if self.complete:
             return
@@ -153,7 +184,7 @@ class ResponseParser:
         self._slack -= len(data)
         if self._slack < 0:
             limit = self._limits.chunk_extension_bytes
-            raise AnswerOverBound(f"the upstream's chunk extensions and trailers exceed {limit} bytes")
+            raise AnswerError(f"the answer's chunk extensions and trailers exceed {limit} bytes", "over_bound")
 
     def _count_head(self, size: int) -> None:
         """Count a read of ``size`` bytes that began in the head."""
@@ -162,20 +193,20 @@ class ResponseParser:
             return
         self._head_read += size
         if self._head_read > self._limits.head_bytes:
-            raise AnswerTooLarge(f"the upstream's answer head exceeds {self._limits.head_bytes} bytes")
+            raise AnswerError(f"the answer's head exceeds {self._limits.head_bytes} bytes", "too_large")
 
     def feed_eof(self) -> None:
         """The connection closed: complete a body that runs to the close, else fail.
 
         Raises:
-            httpx.RemoteProtocolError: the answer (head or framed body) was cut short.
+            AnswerError: the answer (head or framed body) was cut short.
         """
         if self.complete:
             return
         if not self.head_done:
-            raise httpx.RemoteProtocolError("the upstream closed the connection without answering")
+            raise AnswerError("the server closed the connection without answering")
         if not self._needs_eof:
-            raise httpx.RemoteProtocolError("the upstream closed the connection in the middle of the answer's body")
+            raise AnswerError("the server closed the connection in the middle of the answer's body")
         self.complete = True
         self._keep_alive = False
 
@@ -207,7 +238,7 @@ class ResponseParser:
     def _grow_head(self, size: int) -> None:
         self._head_size += size
         if self._head_size > self._limits.head_bytes:
-            raise AnswerTooLarge(f"the upstream's answer head exceeds {self._limits.head_bytes} bytes")
+            raise AnswerError(f"the answer's head exceeds {self._limits.head_bytes} bytes", "too_large")
 
     def on_headers_complete(self) -> None:
         if self.complete:
@@ -219,9 +250,8 @@ class ResponseParser:
             self._informational = True
             self._informational_count += 1
             if self._informational_count > self._limits.informational_answers:
-                raise AnswerOverBound(
-                    f"the upstream sent over {self._limits.informational_answers} informational (1xx) answers"
-                )
+                limit = self._limits.informational_answers
+                raise AnswerError(f"the server sent over {limit} informational (1xx) answers", "over_bound")
             self.reason = b""
             self.headers = []
             return
@@ -243,7 +273,7 @@ class ResponseParser:
         self._slack += size + CHUNK_FRAMING_BYTES
         self._body_left -= size
         if self._body_left < 0:
-            raise AnswerTooLarge(f"the upstream's answer exceeds {self._limits.answer_bytes} bytes")
+            raise AnswerError(f"the answer exceeds {self._limits.answer_bytes} bytes", "too_large")
 
     def on_message_complete(self) -> None:
         if self._informational:
@@ -254,7 +284,6 @@ class ResponseParser:
             assert parser is not None
             self._keep_alive = parser.should_keep_alive()
             # llhttp's parser holds this object (its callbacks) and this object holds the
-            # parser: a reference cycle per answer, left for the cyclic garbage collector
-            # (about 10 objects per request, most of the Node's collections). Nothing parses
-            # after the end (``feed`` only notes unasked data), so the cycle ends here.
+            # parser: a reference cycle per answer, left for the cyclic garbage collector.
+            # Nothing parses after the end (``feed`` only notes unasked data), so the cycle ends here.
             self._parser = None

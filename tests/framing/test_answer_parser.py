@@ -1,13 +1,12 @@
-"""ResponseParser: an upstream answer parsed by httptools, with what llhttp leaves to us."""
+"""iop_http.AnswerParser: an answer parsed by httptools, with what llhttp leaves to us."""
 
 from __future__ import annotations
 
 import gc
 
-import httpx
 import pytest
 
-from iop_node.upstream.response import ResponseParser
+from iop_http import AnswerError, AnswerParser
 
 CHUNKED = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -19,8 +18,8 @@ CHUNKED = (
 BODY = b"data: a\n\ndata: \xc3\xa9\n\ndata: [DONE]\n\n"
 
 
-def parse(*pieces: bytes, eof: bool = False, head_only: bool = False) -> tuple[ResponseParser, bytes]:
-    parser = ResponseParser(head_only=head_only)
+def parse(*pieces: bytes, eof: bool = False, head_only: bool = False) -> tuple[AnswerParser, bytes]:
+    parser = AnswerParser(head_only=head_only)
     body = b""
     for piece in pieces:
         parser.feed(piece)
@@ -67,11 +66,11 @@ def test_a_body_delimited_by_the_close_ends_at_eof_and_is_not_reused() -> None:
     ],
 )
 def test_an_answer_cut_short_by_eof_fails(answer: bytes) -> None:
-    """No head, or a framed body (length or chunked) that stops early: RemoteProtocolError."""
-    parser = ResponseParser()
+    """No head, or a framed body (length or chunked) that stops early: AnswerError."""
+    parser = AnswerParser()
     if answer:
         parser.feed(answer)
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(AnswerError):
         parser.feed_eof()
     assert not parser.complete
 
@@ -102,8 +101,8 @@ def test_an_answer_to_head_ends_with_its_head_and_is_not_reused() -> None:
 
 @pytest.mark.parametrize("answer", [b"HTTX/1.1 200 OK\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n"])
 def test_bad_http_is_a_protocol_error(answer: bytes) -> None:
-    with pytest.raises(httpx.RemoteProtocolError):
-        ResponseParser().feed(answer)
+    with pytest.raises(AnswerError):
+        AnswerParser().feed(answer)
 
 
 def test_an_answer_read_to_its_end_leaves_no_garbage_for_the_collector() -> None:
