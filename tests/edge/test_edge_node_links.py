@@ -402,7 +402,9 @@ async def test_frames_queued_in_one_round_reach_the_node_in_one_write(
             assert node.registered is not None
             link = edge.service.registry.link("node-a", node.registered.generation)
             assert isinstance(link.ws, NodeSocket) and isinstance(link.ws.stream, PeerWatch)
-            fd = link.ws.stream._fd()
+            plain = link.ws.stream.stream
+            assert isinstance(plain, trio.SocketStream)
+            fd = plain.socket.fileno()
             writes: list[int] = []
             real_write = os.write
 

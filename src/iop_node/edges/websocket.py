@@ -11,7 +11,8 @@ wsproto does the WebSocket protocol (handshake, framing, masking, the closing
 handshake) and this module only moves bytes:
 
 - Sending: the frame goes out with one non-blocking ``send`` on the node's own
-  socket, without a checkpoint; only a full send buffer waits (for writability).
+  socket (an :class:`iop_io.ByteStream`), without a checkpoint; only a full send
+  buffer waits (for writability).
   Bytes are sent in the order the messages were given, never interleaved: a
   task that finds another one waiting for the socket appends its frame behind
   and waits its turn, and bytes left by a cancelled send go out first. A message
@@ -38,6 +39,7 @@ from trio_websocket import CloseReason, ConnectionClosed, HandshakeError
 from wsproto import ConnectionType
 from wsproto.events import AcceptConnection, Ping, RejectConnection, Request
 
+from iop_io import ByteStream, PeerGone
 from iop_wire import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
 logger = logging.getLogger("iop_node")
@@ -92,12 +94,11 @@ class EdgeSocket(WebSocketEnd):
     Use :func:`open_edge_socket`. ``closed``: why the connection closed, None while open.
     """
 
-    __slots__ = ("_sock", "_stream", "_out", "_lock", "received_at")
+    __slots__ = ("_io", "_out", "_lock", "received_at")
 
     def __init__(self, transport: socket.socket | trio.abc.Stream, *, max_message_size: int) -> None:
         super().__init__(ConnectionType.CLIENT, max_message_size)
-        self._sock = transport if isinstance(transport, socket.socket) else None
-        self._stream = None if isinstance(transport, socket.socket) else transport
+        self._io = ByteStream(transport)
         self._out = bytearray()
         self._lock = trio.Lock()
         self.received_at = trio.current_time()
@@ -137,41 +138,15 @@ class EdgeSocket(WebSocketEnd):
         """Queue ``data`` behind what is queued and send it all; see the module docstring."""
         out = self._out
         out += data
-        if not self._lock.locked():
-            self._push()
-            if not out:
-                return
-        async with self._lock:
-            while out:
-                if self._stream is not None:
-                    pending = bytes(out)
-                    out.clear()
-                    try:
-                        await self._stream.send_all(pending)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                        self._drop(f"send failed: {exc}")
-                else:
-                    await self._wait_writable()
-                    self._push()
-
-    def _push(self) -> None:
-        """Send what the socket takes now (a plain socket; nothing for a stream)."""
-        if self._sock is None:
-            return
         try:
-            sent = self._sock.send(self._out)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            self._drop(f"send failed: {exc}")
-        del self._out[:sent]
-
-    async def _wait_writable(self) -> None:
-        assert self._sock is not None
-        try:
-            await trio.lowlevel.wait_writable(self._sock)
-        except trio.ClosedResourceError:
-            self._drop("the socket was closed")
+            if not self._lock.locked():
+                del out[: self._io.send_now(out)]
+                if not out:
+                    return
+            async with self._lock:
+                await self._io.flush(out)
+        except PeerGone as exc:
+            self._drop(f"send failed: {exc or 'the connection broke'}")
 
     async def keep_alive(self, interval: float) -> None:
         """[edge-liveness] Ping the Edge every quarter ``interval``; return once it has sent nothing
@@ -195,39 +170,19 @@ class EdgeSocket(WebSocketEnd):
 
     async def _receive(self) -> bytes:
         """Bytes from the socket, b"" at its end (or when it failed). Checkpoints."""
-        if self._stream is not None:
-            try:
-                data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return b""
-            self.received_at = trio.current_time()
-            return data
-        sock = self._sock
-        assert sock is not None
-        while True:
-            try:
-                await trio.lowlevel.wait_readable(sock)
-                data = sock.recv(RECEIVE_BYTES)
-                self.received_at = trio.current_time()
-                return data
-            except BlockingIOError:
-                continue
-            except (OSError, trio.ClosedResourceError):
-                return b""
+        try:
+            data = await self._io.receive_some(RECEIVE_BYTES, schedule=True)
+        except PeerGone:
+            return b""
+        self.received_at = trio.current_time()
+        return data
 
     def _drop(self, why: str) -> NoReturn:
         """The socket failed under a send: close it now and raise (1006 unless a close came first)."""
-        self._close_socket()
+        self._io.close()
         self._lost(why)
 
     async def _close_transport(self) -> None:
-        self._close_socket()
-        if self._stream is not None:
-            await trio.aclose_forcefully(self._stream)
-
-    def _close_socket(self) -> None:
-        """Close a plain socket now. Synchronous, idempotent."""
-        sock = self._sock
-        if sock is not None and sock.fileno() >= 0:
-            trio.lowlevel.notify_closing(sock)
-            sock.close()
+        self._io.close()
+        if self._io.stream is not None:
+            await trio.aclose_forcefully(self._io.stream)
