@@ -10,6 +10,9 @@ and under no daemon, so a server of any package uses them through public names.
 - :mod:`.due`: :class:`DueQueue`, tasks woken at their due times by one runner
   task (one timer for a paced stream's tokens or a flood's paused connections).
 - :mod:`.lifespan`: :func:`answer_lifespan`, the ASGI lifespan of an app with nothing to set up.
+- :mod:`.ready_set`: :class:`ReadySet`, sockets watched for readability by one
+  task in an epoll set of its own (Linux: :data:`CAN_POLL`), for the Edge's
+  disconnect watch and the Node's body poller.
 - :mod:`.parking`: :class:`ParkedTask`, the one task a single-consumer queue wakes.
 - :mod:`.byte_stream`: :class:`ByteStream`, one connection's bytes both ways (a
   non-blocking socket driven with trio's low-level waits, or a trio stream: TLS),
@@ -25,10 +28,12 @@ from .byte_stream import CLOSE_TIMEOUT, RECEIVE_SIZE, ByteStream, PeerGone
 from .due import Answer, DueQueue
 from .lifespan import answer_lifespan
 from .parking import ParkedTask
+from .ready_set import CAN_POLL, ReadySet
 from .transport import WRITE_BUFFER_LIMIT, SocketTransport, StreamTransport, Transport
 
 __all__ = [
     "ACCEPT_BATCH",
+    "CAN_POLL",
     "CLOSE_TIMEOUT",
     "RECEIVE_SIZE",
     "WRITE_BUFFER_LIMIT",
@@ -38,6 +43,7 @@ __all__ = [
     "Handler",
     "ParkedTask",
     "PeerGone",
+    "ReadySet",
     "SocketTransport",
     "StreamTransport",
     "Transport",

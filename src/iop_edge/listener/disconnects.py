@@ -1,7 +1,7 @@
 """The listener's disconnect watch: the client leaving while the app runs cancels the app's scope.
 
-Linux: one :class:`DisconnectPoller` task watches every plain TCP connection
-of a listener through an epoll set of its own; elsewhere each connection has
+Linux (:data:`iop_io.CAN_POLL`): one :class:`DisconnectPoller` task watches every plain TCP connection
+of a listener through one :class:`iop_io.ReadySet`; elsewhere each connection has
 a :class:`DisconnectWatcher` task, parked between requests. What they read
 while watching (a pipelined next request) goes to the connection at once
 (:meth:`Watched.keep_read`), so the bytes keep their order whoever reads next.
@@ -9,13 +9,12 @@ while watching (a pipelined next request) goes to the connection at once
 
 from __future__ import annotations
 
-import select
 import socket
 from typing import Protocol, final
 
 import trio
 
-from iop_io import RECEIVE_SIZE, ParkedTask
+from iop_io import RECEIVE_SIZE, ParkedTask, ReadySet
 
 
 class Watched(Protocol):
@@ -102,44 +101,38 @@ def read_while_watched(connection: Watched, sock: socket.socket, watched: trio.C
     return connection.keep_read(data)
 
 
-CAN_POLL = hasattr(select, "epoll")
-"""Whether a listener watches its connections for disconnects with one :class:`DisconnectPoller`."""
-
-
 @final
 class DisconnectPoller:
-    """The disconnect watch of every plain TCP connection of one listener, in ONE task (Linux: epoll).
+    """The disconnect watch of every plain TCP connection of one listener, in ONE task
+    (Linux: an :class:`iop_io.ReadySet`).
 
     Why: a watcher task per connection costs, per request, two task wake-ups
     (:meth:`DisconnectWatcher.watch` and ``stop``), a cancel scope cancelled and
-    two registrations in trio's epoll: a visible share of the Edge's CPU per
-    request. Here watching a connection is one
-    registration in an epoll set of our own (level-triggered) and stopping one
-    unregistration, both synchronous; :meth:`run` wakes only when a watched
-    client sent something or left, and handles it as the per-connection
-    watcher does (:func:`read_while_watched`).
+    two registrations in trio's epoll. Here watching a connection is one
+    registration in the listener's ready set and stopping one unregistration,
+    both synchronous; :meth:`run` wakes only when a watched client sent
+    something or left, and handles it as the per-connection watcher does
+    (:func:`read_while_watched`).
     """
 
-    __slots__ = ("epoll", "watching")
+    __slots__ = ("watching",)
 
     def __init__(self) -> None:
-        self.epoll = select.epoll()
-        self.watching: dict[int, PolledWatch] = {}
+        self.watching: ReadySet[PolledWatch] = ReadySet()
 
     async def run(self) -> None:
         """Handle watched sockets that became readable, until cancelled. Checkpoints."""
-        epoll = self.epoll
+        watching = self.watching
         try:
             while True:
-                await trio.lowlevel.wait_readable(epoll)
-                for fd, _ in epoll.poll(0):
-                    watch = self.watching.get(fd)
-                    if watch is None or watch.watched is None:
+                await watching.wait()
+                for _, watch in watching.ready():
+                    if watch.watched is None:
                         continue
                     if not read_while_watched(watch.connection, watch.sock, watch.watched):
                         watch.stop()
         finally:
-            epoll.close()
+            watching.close()
 
 
 @final
@@ -160,24 +153,17 @@ class PolledWatch:
         """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
         fd = self.sock.fileno()
         try:
-            self.poller.epoll.register(fd, select.EPOLLIN)
+            self.poller.watching.add(fd, self)
         except (OSError, ValueError):  # the socket or the listener is closed: nothing to watch any more
             self.connection.gone = True
             cancel_scope.cancel()
             return
         self.watched = cancel_scope
         self._fd = fd
-        self.poller.watching[fd] = self
 
     def stop(self) -> None:
         """Stop watching (never waits); the socket is free for another reader when this returns."""
         if self.watched is None:
             return
         self.watched = None
-        fd = self._fd
-        if self.poller.watching.get(fd) is self:
-            del self.poller.watching[fd]
-            try:
-                self.poller.epoll.unregister(fd)
-            except (OSError, ValueError):  # closed already
-                pass
+        self.poller.watching.discard(self._fd, self)

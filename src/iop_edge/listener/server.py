@@ -61,11 +61,11 @@ import attrs
 import trio
 
 from iop_edge.listener.cycle import App, CycleHost, RequestCycle
-from iop_edge.listener.disconnects import CAN_POLL, DisconnectPoller, DisconnectWatcher, PolledWatch
+from iop_edge.listener.disconnects import DisconnectPoller, DisconnectWatcher, PolledWatch
 from iop_edge.listener.head_desk import HeadDesk, HeadRefuser
 from iop_edge.listener.pacing import Headers, Pacer
 from iop_http import CLOSED, NEED_DATA, Refusal, RequestHead, RequestReader, encode_response, error_response
-from iop_io import CLOSE_TIMEOUT, PeerGone, SocketTransport, StreamTransport, Transport, accept_loop
+from iop_io import CAN_POLL, CLOSE_TIMEOUT, PeerGone, SocketTransport, StreamTransport, Transport, accept_loop
 
 logger = logging.getLogger("iop_edge.http")
 

@@ -2,17 +2,15 @@
 
 Why: a run task that waits for its own upstream socket costs, per token, a trio
 wakeup of that task and the re-arm of the socket in trio's epoll
-(``wait_readable`` registers it one-shot each time): under a fleet of streams,
-much of the Node's CPU. Here every upstream
-socket whose body is being relayed stays registered in ONE epoll object of our
-own (level-triggered), from the first body byte the run task did not read
-itself to the end of the body; trio waits on that epoll object's descriptor
-alone, and one wakeup of the poller task reads every socket that has data,
+(``wait_readable`` registers it one-shot each time). Here every upstream
+socket whose body is being relayed stays in ONE :class:`iop_io.ReadySet`
+from the first body byte the run task did not read itself to the end of the
+body, and one wakeup of the poller task reads every socket that has data,
 feeds the answer's parser (:class:`iop_http.AnswerParser`) and queues the body bytes with the run's
 :class:`RunOutput`, synchronously. The run task only sleeps until its body ends
 (or fails, or the upstream is silent for the read timeout).
 
-Linux only (``select.epoll``); elsewhere :func:`new_poller` returns None and runs
+Linux only (:data:`iop_io.CAN_POLL`); elsewhere :func:`new_poller` returns None and runs
 read their own sockets (:meth:`iop_node.upstream.http11.Answer.pump`).
 
 Backpressure: before each wait the poller waits for room in the session's
@@ -23,14 +21,13 @@ is not upstream silence for a run's read timeout.
 from __future__ import annotations
 
 import math
-import select
 from collections.abc import Awaitable, Callable
 from typing import Final, final
 
 import httpx
 import trio
 
-from iop_io import PeerGone
+from iop_io import CAN_POLL, PeerGone, ReadySet
 from iop_node.upstream.connection import feed, read_error
 from iop_node.upstream.http11 import Answer, Checkout, take_body
 
@@ -44,7 +41,7 @@ def new_poller(nursery: trio.Nursery, wait_for_room: Callable[[], Awaitable[bool
 
     ``wait_for_room``: see :meth:`BodyPoller.serve`.
     """
-    if not hasattr(select, "epoll"):
+    if not CAN_POLL:
         return None
     poller = BodyPoller(lambda: nursery.start_soon(poller.serve, wait_for_room))
     return poller
@@ -108,11 +105,10 @@ class _Body:
 class BodyPoller:
     """Reads many upstream answer bodies from one task (see the module docstring)."""
 
-    __slots__ = ("_epoll", "_bodies", "_paused", "_resumed", "_closed", "_start")
+    __slots__ = ("_bodies", "_paused", "_resumed", "_closed", "_start")
 
     def __init__(self, start: Callable[[], None] | None = None) -> None:
-        self._epoll = select.epoll()
-        self._bodies: dict[int, _Body] = {}
+        self._bodies: ReadySet[_Body] = ReadySet()
         self._paused = False
         self._resumed = -math.inf
         self._closed = False
@@ -135,10 +131,9 @@ class BodyPoller:
         (cancelled, or a failure), every body still registered fails with
         ``trio.BrokenResourceError``.
         """
-        epoll = self._epoll
         bodies = self._bodies
         next_poll = -math.inf
-        ready: list[tuple[int, int]] = []
+        ready: list[tuple[int, _Body]] = []
         try:
             while True:
                 self._paused = True
@@ -148,17 +143,16 @@ class BodyPoller:
                 ready = await self._wait(next_poll, busy=len(ready) > 1)
                 now = trio.current_time()
                 next_poll = now + TICK
-                for fd, _ in ready:
-                    body = bodies.get(fd)
-                    if body is not None:
+                for fd, body in ready:
+                    if bodies.get(fd) is body:  # not ended by an earlier step of this round
                         self._step(fd, body, now)
         finally:
             self._closed = True
-            for fd, body in list(bodies.items()):
+            for fd, body in bodies.watched():
                 self._end(fd, body, trio.BrokenResourceError("the connection's body poller is gone"))
-            epoll.close()
+            bodies.close()
 
-    async def _wait(self, next_poll: float, *, busy: bool) -> list[tuple[int, int]]:
+    async def _wait(self, next_poll: float, *, busy: bool) -> list[tuple[int, _Body]]:
         """Wait until a socket has data (and, reading several bodies, until ``next_poll``);
         return the sockets ready. Checkpoints.
 
@@ -170,31 +164,26 @@ class BodyPoller:
         yet is read at once too: a new answer (a non-stream body behind its head)
         would otherwise wait up to a tick for nothing.
         """
-        epoll = self._epoll
+        bodies = self._bodies
         if busy:
             await trio.sleep_until(next_poll)
-            if ready := epoll.poll(0, len(self._bodies) or 1):
+            if ready := bodies.ready():
                 return ready
         while True:
-            await trio.lowlevel.wait_readable(epoll)
-            ready = epoll.poll(0, len(self._bodies) or 1)
-            if len(self._bodies) > 1 and trio.current_time() < next_poll and not self._first_read(ready):
+            await bodies.wait()
+            ready = bodies.ready()
+            if len(bodies) > 1 and trio.current_time() < next_poll and not any(not body.polled for _, body in ready):
                 await trio.sleep_until(next_poll)  # let a tick's worth of data gather (module docstring)
-                ready = epoll.poll(0, len(self._bodies) or 1)
+                ready = bodies.ready()
             if ready:
                 return ready
-
-    def _first_read(self, ready: list[tuple[int, int]]) -> bool:
-        """Whether a socket in ``ready`` carries a body the poller has not read yet."""
-        bodies = self._bodies
-        return any((body := bodies.get(fd)) is not None and not body.polled for fd, _ in ready)
 
     def close(self) -> None:
         """Stop taking bodies and release the epoll set (for a poller whose task never started). Idempotent."""
         self._closed = True
         self._start = None
         if not self._bodies:
-            self._epoll.close()
+            self._bodies.close()
 
     def _step(self, fd: int, body: _Body, now: float) -> None:
         """Read what ``fd`` has, queue the body bytes parsed; end the body at its end or failure."""
@@ -224,12 +213,7 @@ class BodyPoller:
             self._end(fd, body, None)
 
     def _end(self, fd: int, body: _Body, error: BaseException | None) -> None:
-        if self._bodies.get(fd) is body:
-            del self._bodies[fd]
-            try:
-                self._epoll.unregister(fd)
-            except (OSError, ValueError):  # closed already (the kernel dropped it), or the epoll is closed
-                pass
+        self._bodies.discard(fd, body)
         if not body.done.is_set():
             body.error = error
             body.done.set()
@@ -281,8 +265,7 @@ class BodyPoller:
             start()
         fd = connection.io.fileno()
         body = _Body(checkout, output, trio.current_time())
-        self._epoll.register(fd, select.EPOLLIN)
-        self._bodies[fd] = body
+        self._bodies.add(fd, body)
         try:
             while not body.done.is_set():
                 with trio.CancelScope(deadline=self._silent_since(body) + read_timeout):
