@@ -8,7 +8,7 @@ helpers):
   :func:`start_relay` starts the usual relay (mock backend, Edge, Node) and waits for the
   Node to register.
 - :class:`HttpConnection`: one keep-alive HTTP/1.1 client connection; requests encoded by
-  :mod:`iop_http`, answers parsed once by httptools.
+  :mod:`iop_http`, answers parsed once by :class:`iop_http.AnswerParser`.
 - :class:`LoadGenerator`: the :mod:`benchmarks.loadgen` process (closed-loop ``measure``
   and ``fleet`` commands), so its CPU stays out of the processes measured.
 - :func:`cpu_seconds`, :func:`rss_mb`, :func:`runqueue_seconds`: a process's figures from ``/proc``.
@@ -33,10 +33,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, final
 
 import attrs
-import httptools
 import trio
 
-from iop_http import encode_request
+from iop_http import AnswerError, AnswerParser, encode_request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -65,36 +64,16 @@ class HttpConnection:
     """One keep-alive HTTP/1.1 connection to a loopback server (reconnects when closed).
 
     Requests are encoded by :func:`iop_http.encode_request`; answers are parsed once, by
-    httptools (llhttp, in C, as the Node parses its upstream answers): no second reading of
-    the head or the chunk framing in Python.
+    :class:`iop_http.AnswerParser` (llhttp, in C, as the Node parses its upstream answers):
+    no second reading of the head or the chunk framing in Python.
     """
 
-    __slots__ = (
-        "host",
-        "port",
-        "_stream",
-        "_parser",
-        "_parts",
-        "_sink",
-        "_framed",
-        "_head_done",
-        "_complete",
-        "_keep_alive",
-        "headers",
-        "opened",
-    )
+    __slots__ = ("host", "port", "_stream", "headers", "opened")
 
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
         self._stream: trio.SocketStream | None = None
-        self._parser: httptools.HttpResponseParser | None = None
-        self._parts: list[bytes] = []
-        self._sink: BodySink | None = None
-        self._framed = False
-        self._head_done = False
-        self._complete = False
-        self._keep_alive = False
         self.headers: dict[bytes, bytes] = {}
         """The headers of the last answer, names lower-cased (for those ``request`` does not return)."""
         self.opened = 0
@@ -121,13 +100,12 @@ class HttpConnection:
         """Open the connection now (``request`` opens it when needed otherwise). Checkpoints."""
         if self._stream is None:
             self._stream = await trio.open_tcp_stream(self.host, self.port)
-            self._parser = httptools.HttpResponseParser(self)
             self.opened += 1
 
     async def request(self, raw: bytes, on_body: BodySink | None = None) -> tuple[int, bytes]:
         """Send prebuilt request bytes; return ``(status, body)``. Checkpoints.
 
-        With ``on_body``, each piece of the body goes to it as it arrives instead
+        With ``on_body``, the body bytes of each read go to it as they arrive instead
         (the returned body is then empty). Cancellation leaves the connection
         unusable; it is closed and reopened by the next call.
 
@@ -135,62 +113,39 @@ class HttpConnection:
             ProtocolViolation: the answer is malformed or cut short.
         """
         await self.connect()
-        stream, parser = self._stream, self._parser
-        assert stream is not None and parser is not None
-        self._parts, self._sink, self.headers = [], on_body, {}
-        self._framed = self._head_done = self._complete = False
+        stream = self._stream
+        assert stream is not None
+        answer = AnswerParser()
+        parts: list[bytes] = []
         try:
             await stream.send_all(raw)
-            while not self._complete:
+            while not answer.complete:
                 data = await stream.receive_some(65536)
-                if not data:
-                    if self._head_done and not self._framed:
-                        break  # a body delimited by the connection's end
-                    raise ProtocolViolation("connection closed mid-response")
-                parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+                if data:
+                    answer.feed(data)
+                else:
+                    answer.feed_eof()
+                if (chunk := answer.take()) is not None:
+                    if on_body is None:
+                        parts.append(chunk)
+                    else:
+                        on_body(chunk)
+        except AnswerError as exc:
             await self.aclose()
             raise ProtocolViolation(str(exc)) from None
         except BaseException:
             await self.aclose()
             raise
-        status = parser.get_status_code()
-        if not self._complete or not self._keep_alive:
+        self.headers = {name.lower(): value for name, value in answer.headers}
+        if not answer.reusable:
             await self.aclose()
-        return status, b"".join(self._parts)
+        return answer.status, b"".join(parts)
 
     async def aclose(self) -> None:
         """Close the socket (if open). Checkpoints."""
         stream, self._stream = self._stream, None
-        self._parser = None
         if stream is not None:
             await stream.aclose()
-
-    # llhttp's callbacks (httptools calls them by name)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        self.headers[name] = value
-        if name in (b"content-length", b"transfer-encoding"):
-            self._framed = True
-
-    def on_headers_complete(self) -> None:
-        self._head_done = True
-        assert self._parser is not None
-        self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it once the answer is complete
-
-    def on_body(self, body: bytes) -> None:
-        if self._sink is None:
-            self._parts.append(body)
-        else:
-            self._sink(body)
-
-    def on_message_complete(self) -> None:
-        assert self._parser is not None
-        if self._parser.get_status_code() >= 200:  # an informational answer (1xx) comes before the answer
-            self._complete = True
-        else:
-            self.headers, self._framed, self._head_done = {}, False, False
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

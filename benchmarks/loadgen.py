@@ -11,7 +11,7 @@ Each of ``concurrency`` workers owns ONE keep-alive connection and sends the nex
 request as soon as the previous answer is complete (closed loop). Why a client of our own:
 on this 2-core machine the generator shares the CPU with the servers it measures;
 a minimal client (send the prebuilt request bytes encoded by :mod:`iop_http`, parse
-the answer once with httptools, count SSE ``data:`` events) costs a few
+the answer once with iop_http.AnswerParser (llhttp), count SSE ``data:`` events) costs a few
 microseconds per request, where a full HTTP client costs tens. One pool shared by
 all workers is also what collapsed an httpx measurement from ~2,200 to ~230
 requests/s at 64 concurrency; here no connection is ever shared.
@@ -202,7 +202,7 @@ async def fleet(
 async def _one_stream(connection: HttpConnection, raw: bytes, arrivals: list[float]) -> str | None:
     """Send one stream request and read its answer to its end, timing each event into ``arrivals``.
 
-    Returns None, or what went wrong. The body comes as the reads bring it (httptools
+    Returns None, or what went wrong. The body comes as the reads bring it (iop_http.AnswerParser
     removes the chunk framing); an event counts, at the time of its read, once its
     ``data:`` line is whole.
     """
