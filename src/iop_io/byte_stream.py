@@ -49,16 +49,18 @@ class ByteStream:
     (:meth:`borrowing`: a plain ``trio.SocketStream``'s socket directly).
     """
 
-    __slots__ = ("_sock", "stream", "close_timeout")
+    __slots__ = ("_sock", "_send", "_recv", "stream", "close_timeout")
 
     def __init__(self, transport: socket.socket | trio.abc.Stream, close_timeout: float = CLOSE_TIMEOUT) -> None:
         self.close_timeout = close_timeout
         self._sock: socket.socket | trio.socket.SocketType | None = None
+        self._send: Callable[[bytes | bytearray | memoryview], int] | None = None
+        self._recv: Callable[[int], bytes] | None = None
         self.stream: trio.abc.Stream | None = None
         """The trio stream the connection is spoken through (None: a socket of our own)."""
         if isinstance(transport, socket.socket):
             transport.setblocking(False)
-            self._sock = transport
+            self._sock, self._send, self._recv = transport, transport.send, transport.recv
         else:
             self.stream = transport
 
@@ -68,7 +70,10 @@ class ByteStream:
         stream still owns it, and closing either closes it), any other stream through itself."""
         io = cls(stream)
         if isinstance(stream, trio.SocketStream):
-            io._sock = stream.socket
+            sock = io._sock = stream.socket
+            # By its descriptor, asked at every call: once the stream closed it, the number may be another socket's.
+            io._send = lambda data: os.write(sock.fileno(), data)
+            io._recv = lambda size: os.read(sock.fileno(), size)
         return io
 
     @property
@@ -87,11 +92,11 @@ class ByteStream:
         Raises:
             PeerGone: the connection failed or is closed.
         """
-        sock = self._sock
-        if sock is None:
+        send = self._send
+        if send is None:
             return 0
         try:
-            return os.write(sock.fileno(), data)
+            return send(data)
         except BlockingIOError:
             return 0
         except OSError as exc:
@@ -168,11 +173,11 @@ class ByteStream:
         Raises:
             PeerGone: the connection failed or is closed.
         """
-        sock = self._sock
-        if sock is None:
+        recv = self._recv
+        if recv is None:
             return None
         try:
-            return os.read(sock.fileno(), size)
+            return recv(size)
         except BlockingIOError:
             return None
         except OSError as exc:
