@@ -14,6 +14,8 @@ generator ask the same code, and tests check every rule without a socket.
   status and text; the connection closes), its body bytes and its end.
   :func:`accept_head` is the same reader's verdict on one head (the reference
   the tests compare the listener with).
+- :mod:`.refusals`: every :class:`Refusal` the reader gives (fixed status and
+  text), its rules on a target, and llhttp's errors mapped onto refusals.
 - :mod:`.answer`: :class:`AnswerParser`, an answer read by a client (the Node's
   upstream, the benchmarks' client) with llhttp, within :class:`AnswerLimits`;
   every failure an :class:`AnswerError`.
@@ -36,16 +38,15 @@ from .reader import (
     CHUNKED,
     CLOSED,
     END_OF_MESSAGE,
-    MALFORMED_CHUNKS,
     MAX_HEAD_BYTES,
     NEED_DATA,
     Event,
-    Refusal,
     RequestHead,
     RequestReader,
     accept_head,
     find_head_end,
 )
+from .refusals import MALFORMED_CHUNKS, Refusal
 from .response import BodyOverrun, ResponseFraming
 
 __all__ = [

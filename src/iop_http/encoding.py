@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from .reader import Refusal
+from .refusals import Refusal
 
 LAST_CHUNK: Final = b"0\r\n\r\n"
 """The end of a chunked body (no trailers)."""

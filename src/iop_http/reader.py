@@ -37,18 +37,37 @@ message ends. llhttp thus never reads a byte of the next request before the
 reader is asked for it, and the bytes a request consumed are exact.
 
 Every refusal ends the reading: the connection closes after the answer. A
-refusal's text is fixed: it never carries the request's bytes.
+refusal's text is fixed: it never carries the request's bytes
+(:mod:`iop_http.refusals` holds them, and the mapping of llhttp's errors).
 """
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from typing import Final, final
 
 import httptools
 
 from .chunks import MAX_CHUNK_EXTENSION_BYTES, extension_bytes
+from .refusals import (
+    AUTHORITY,
+    BAD_HOST,
+    BAD_LENGTH,
+    BAD_REQUEST_LINE,
+    BAD_TARGET,
+    CHUNK_EXTENSIONS_TOO_LONG,
+    CODING,
+    CODING_IN_1_0,
+    MALFORMED_HEAD,
+    MAX_LENGTH_DIGITS,
+    NOT_A_HEAD,
+    TOO_LARGE,
+    UPGRADE_WITH_BODY,
+    VERSION,
+    Refusal,
+    refusal_for,
+    routed,
+)
 
 MAX_HEAD_BYTES: Final = 64 * 1024
 """The default bound of a request head, its final empty line included."""
@@ -56,9 +75,6 @@ MAX_HEAD_BYTES: Final = 64 * 1024
 CHUNKED: Final = -1
 """:attr:`RequestHead.length` of a body in the chunked transfer coding."""
 
-_MAX_LENGTH_DIGITS: Final = 18  # below 2**63: a length every parser holds in a machine word
-_ABSOLUTE: Final = re.compile(rb"(?i:https?)://([^/?#]*)([^#]*)")
-_AUTHORITY: Final = re.compile(rb"[-A-Za-z0-9._~%!$&'()*+,;=:\[\]]*")
 _HEAD_END: Final = b"\r\n\r\n"
 
 
@@ -117,26 +133,6 @@ class RequestHead:
     def __repr__(self) -> str:
         length = "chunked" if self.length == CHUNKED else f"{self.length} bytes"
         return f"<RequestHead {self.method.decode('latin-1')} {self.path!r}, body {length}>"
-
-
-@final
-class Refusal:
-    """A refused request: answer ``status`` with ``reason`` (fixed text), then close the connection."""
-
-    __slots__ = ("status", "reason")
-
-    def __init__(self, status: int, reason: str) -> None:
-        self.status = status
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"<Refusal {self.status} {self.reason}>"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Refusal) and (self.status, self.reason) == (other.status, other.reason)
-
-    def __hash__(self) -> int:
-        return hash((self.status, self.reason))
 
 
 @final
@@ -300,12 +296,12 @@ class RequestReader:
                 self._state = _DONE
             return False
         if pending[0] in b"\r\n":  # llhttp would skip empty lines; the head's length would not be the bytes'
-            self._refuse(_BAD_REQUEST_LINE)
+            self._refuse(BAD_REQUEST_LINE)
             return True
         end = pending.find(_HEAD_END)
         if end < 0:
             if len(pending) > self._max_head:
-                self._refuse(_TOO_LARGE)
+                self._refuse(TOO_LARGE)
                 return True
             if self._eof:
                 self._state = _DONE  # the client left mid-head
@@ -318,7 +314,7 @@ class RequestReader:
             return self._state == _DONE
         end += 4
         if end > self._max_head:
-            self._refuse(_TOO_LARGE)
+            self._refuse(TOO_LARGE)
             return True
         head = bytes(pending[self._fed : end])
         first = bytes(pending[:4])
@@ -330,7 +326,7 @@ class RequestReader:
         self._in_head = True
         self._execute(head)
         if self._in_head and self._state == _HEAD:  # llhttp wants more than a head: HTTP/2's preface
-            self._refuse(_VERSION if first == b"PRI " else _MALFORMED_HEAD)
+            self._refuse(VERSION if first == b"PRI " else MALFORMED_HEAD)
         return True
 
     def _read_chunks(self) -> bool:
@@ -371,7 +367,7 @@ class RequestReader:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             if not self._complete:  # never: llhttp pauses on an upgrade once the message is complete
-                self._refuse(_UPGRADE_WITH_BODY)
+                self._refuse(UPGRADE_WITH_BODY)
             else:
                 self._state = _DONE
         except httptools.HttpParserError as error:
@@ -379,7 +375,7 @@ class RequestReader:
             if isinstance(refused, _Refused):
                 self._refuse(refused.refusal)
             else:
-                self._refuse(_mapped(str(error), self._in_head))
+                self._refuse(refusal_for(str(error), self._in_head))
 
     def _refuse(self, refusal: Refusal) -> None:
         self._fed = 0
@@ -421,25 +417,25 @@ class RequestReader:
         method = parser.get_method()
         line = self._line
         if line[-9:-3] != b" HTTP/":
-            raise _Refused(_BAD_REQUEST_LINE)  # RTSP/1.0, say: llhttp reads it as HTTP
+            raise _Refused(BAD_REQUEST_LINE)  # RTSP/1.0, say: llhttp reads it as HTTP
         version = parser.get_http_version().encode("ascii")
         if version not in (b"1.1", b"1.0"):
-            raise _Refused(_VERSION)
+            raise _Refused(VERSION)
         target = self._url
         if line != b"%b %b HTTP/%b" % (method, target, version):
-            raise _Refused(_BAD_REQUEST_LINE)  # not method SP target SP version: llhttp takes "GET  /"
-        path = _routed(method, target)
+            raise _Refused(BAD_REQUEST_LINE)  # not method SP target SP version: llhttp takes "GET  /"
+        path = routed(method, target)
         if path is None:
-            raise _Refused(_BAD_TARGET)
+            raise _Refused(BAD_TARGET)
         hosts = self._hosts
         if len(hosts) > 1 or (not hosts and version == b"1.1"):
-            raise _Refused(_BAD_HOST)
-        if hosts and _AUTHORITY.fullmatch(hosts[0]) is None:
-            raise _Refused(_BAD_HOST)
+            raise _Refused(BAD_HOST)
+        if hosts and AUTHORITY.fullmatch(hosts[0]) is None:
+            raise _Refused(BAD_HOST)
         length = self._length(version)
         upgrade = self._upgrade and b"upgrade" in self._connection
         if upgrade and length:
-            raise _Refused(_UPGRADE_WITH_BODY)
+            raise _Refused(UPGRADE_WITH_BODY)
         keep_alive = version == b"1.1" and b"close" not in self._connection and not upgrade
         self._keep_alive = keep_alive
         head = RequestHead(method, target, path, version, self._headers, length, keep_alive, self._expect, self._size)
@@ -456,14 +452,14 @@ class RequestReader:
         """The body's framing (RFC 9112 6.3, strictly): its length or :data:`CHUNKED`; raises to refuse."""
         if self._codings:
             if version == b"1.0":
-                raise _Refused(_CODING_IN_1_0)
+                raise _Refused(CODING_IN_1_0)
             if self._codings != [b"chunked"]:
-                raise _Refused(_CODING)
+                raise _Refused(CODING)
             return CHUNKED
         if self._lengths:
             value = self._lengths[0]
-            if len(value) > _MAX_LENGTH_DIGITS:
-                raise _Refused(_BAD_LENGTH)
+            if len(value) > MAX_LENGTH_DIGITS:
+                raise _Refused(BAD_LENGTH)
             return int(value)
         return 0
 
@@ -480,33 +476,6 @@ class RequestReader:
         self._state = _HEAD if self._keep_alive else _DONE
 
 
-def _routed(method: bytes, target: bytes) -> bytes | None:
-    """The origin form ``target`` is routed by, or None when it is no target this server takes."""
-    if target[:1] == b"/":
-        return target
-    if target == b"*":
-        return target if method == b"OPTIONS" else None
-    absolute = _ABSOLUTE.fullmatch(target)
-    if absolute is None or method == b"CONNECT":
-        return None
-    authority, rest = absolute.groups()
-    if not authority or _AUTHORITY.fullmatch(authority) is None or b"@" in authority:
-        return None
-    if rest[:1] == b"/":
-        return rest
-    return b"/" + rest if rest[:1] == b"?" or not rest else None
-
-
-def _mapped(error: str, in_head: bool) -> Refusal:
-    """The refusal for llhttp's ``error`` (its reason text), in a head or in a chunked body."""
-    if not in_head:
-        return MALFORMED_CHUNKS
-    for fragment, refusal in _LLHTTP_ERRORS:
-        if fragment in error:
-            return refusal
-    return _MALFORMED_HEAD
-
-
 def find_head_end(data: bytes | bytearray) -> int:
     """The length of the request head at the start of ``data`` (through its empty line), or -1 if not whole."""
     end = data.find(_HEAD_END)
@@ -517,49 +486,9 @@ def accept_head(head: bytes, max_head_bytes: int = MAX_HEAD_BYTES) -> RequestHea
     """The reference verdict on ``head`` (the bytes :func:`find_head_end` measured): the accepted
     head, or its refusal. The same :class:`RequestReader` the listener reads requests with."""
     if not head.endswith(_HEAD_END) or find_head_end(head) != len(head):
-        return _NOT_A_HEAD if len(head) <= max_head_bytes else _TOO_LARGE
+        return NOT_A_HEAD if len(head) <= max_head_bytes else TOO_LARGE
     reader = RequestReader(max_head_bytes)
     reader.feed(head)
     event = reader.next_event()
     assert isinstance(event, RequestHead | Refusal), event
     return event
-
-
-_TOO_LARGE: Final = Refusal(431, "request head too large")
-_NOT_A_HEAD: Final = Refusal(400, "request head not terminated by an empty line")
-_BARE: Final = Refusal(400, "bare CR or LF in the request head")
-_BAD_REQUEST_LINE: Final = Refusal(400, "malformed request line")
-_VERSION: Final = Refusal(505, "HTTP version not supported")
-_BAD_TARGET: Final = Refusal(400, "request target is not a path")
-_OBS_FOLD: Final = Refusal(400, "folded header line (obs-fold)")
-_BAD_FIELD: Final = Refusal(400, "malformed header field")
-_BAD_LENGTH: Final = Refusal(400, "content-length is not a number")
-_LENGTHS: Final = Refusal(400, "several content-length fields")
-_BAD_HOST: Final = Refusal(400, "missing, repeated or malformed host")
-_LENGTH_AND_CODING: Final = Refusal(400, "both content-length and transfer-encoding")
-_CODING_IN_1_0: Final = Refusal(400, "transfer-encoding in an HTTP/1.0 request")
-_CODING: Final = Refusal(501, "transfer-encoding other than chunked")
-_UPGRADE_WITH_BODY: Final = Refusal(400, "protocol upgrade with a body")
-_MALFORMED_HEAD: Final = Refusal(400, "malformed request head")
-MALFORMED_CHUNKS: Final = Refusal(400, "malformed chunked body")
-"""The refusal of a chunked body whose framing llhttp refuses."""
-CHUNK_EXTENSIONS_TOO_LONG: Final = Refusal(400, "chunk extensions too long")
-"""The refusal of a chunked body whose extensions and trailer fields pass their bound (RFC 9112 §7.1.1)."""
-
-_LLHTTP_ERRORS: Final = (
-    ("can't be present with", _LENGTH_AND_CODING),
-    ("Transfer-Encoding", _CODING),  # a coding after chunked, a repeated chunked: not a single final chunked
-    ("Duplicate Content-Length", _LENGTHS),
-    ("Content-Length", _BAD_LENGTH),
-    ("whitespace after header value", _OBS_FOLD),
-    ("HTTP version", _VERSION),
-    ("Expected CRLF", _BARE),
-    ("Missing expected LF", _BARE),
-    ("Missing expected CR", _BARE),
-    ("Expected LF", _BARE),
-    ("header", _BAD_FIELD),
-    ("method", _BAD_REQUEST_LINE),
-    ("url", _BAD_TARGET),
-    ("Expected HTTP/", _BAD_REQUEST_LINE),
-)
-"""llhttp's error reasons (fragments, first match wins) and the refusal each maps onto; any other: 400."""

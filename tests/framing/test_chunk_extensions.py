@@ -14,7 +14,7 @@ import pytest
 from framing.listener import exchange, listening, statuses
 from iop_http import CLOSED, END_OF_MESSAGE, NEED_DATA, Event, Refusal, RequestHead, RequestReader
 from iop_http.chunks import MAX_CHUNK_EXTENSION_BYTES
-from iop_http.reader import CHUNK_EXTENSIONS_TOO_LONG
+from iop_http.refusals import CHUNK_EXTENSIONS_TOO_LONG
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
 HELLO = b"5\r\nhello\r\n"
