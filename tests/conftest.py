@@ -17,9 +17,30 @@ from __future__ import annotations
 import os
 
 import pytest
+import trio
 from hypothesis import HealthCheck, Phase, settings
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+
+
+class LoopTurns:
+    """Counts the event loop's turns: a task that checkpoints forever, one step per turn it gets."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def run(self) -> None:
+        while True:
+            self.count += 1
+            await trio.lowlevel.checkpoint()
+
+
+@pytest.fixture
+async def loop_turns(nursery: trio.Nursery) -> LoopTurns:
+    """The loop's turns from now on (work run with ``iop_io.run_in_turns`` gives one per ``yield_to_loop``)."""
+    turns = LoopTurns()
+    nursery.start_soon(turns.run)
+    return turns
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

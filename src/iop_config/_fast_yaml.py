@@ -10,7 +10,7 @@ anchors, aliases, tags, merge keys, duplicate or non-scalar keys is left to the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from itertools import chain, islice
 from typing import Any, TypeVar, final
 
@@ -27,6 +27,8 @@ from ruamel.yaml.events import (
 )
 from ruamel.yaml.nodes import Node, ScalarNode
 from ruamel.yaml.resolver import VersionedResolver
+
+from iop_io import yield_to_loop
 
 T = TypeVar("T")
 
@@ -65,7 +67,7 @@ class Yaml12Resolver(VersionedResolver):
         return tag
 
 
-def fast_load(text: str, *, release: bool, pause: Callable[[], None] | None = None) -> Any:
+def fast_load(text: str, *, release: bool) -> Any:
     """Plain Python data of ``text`` by ruamel.yaml's C parser (YAML 1.2).
 
     The data is built straight from the parser's events (:func:`plain_document`),
@@ -75,11 +77,11 @@ def fast_load(text: str, *, release: bool, pause: Callable[[], None] | None = No
     the C safe loader (:func:`safe_load`), which decides what it means.
 
     The events are taken from the C parser (``CBaseLoader.get_event``) by a
-    C-level iterator, and ``pause`` is called between batches of them: no
+    C-level iterator, and with ``release`` :func:`iop_io.yield_to_loop` is called between batches of them: no
     Python generator step per event (a third of the builder's time at
     10,000 nodes).
 
-    ``release``, ``pause``: see :func:`safe_load`.
+    ``release``: see :func:`safe_load`.
 
     Raises:
         YAMLError: ``text`` is not a single valid YAML document.
@@ -88,30 +90,31 @@ def fast_load(text: str, *, release: bool, pause: Callable[[], None] | None = No
     yaml.Resolver = Yaml12Resolver
     parser = CBaseLoader(text)
     try:
-        return plain_document(in_batches(iter(parser.get_event, None), pause), Scalars(yaml))
+        return plain_document(in_batches(iter(parser.get_event, None), yields=release), Scalars(yaml))
     except NotPlain:
         pass
     finally:
         parser.dispose()
-    return safe_load(text, release=release, pause=pause)
+    return safe_load(text, release=release)
 
 
 PAUSE_EVERY = 64
-"""Parser events (or freed tree nodes) between two calls of a loader's ``pause``."""
+"""Parser events (or freed tree nodes) between two calls of :func:`iop_io.yield_to_loop` by a loader that yields."""
 
 
-def in_batches(items: Iterator[Any], pause: Callable[[], None] | None) -> Iterator[Any]:
-    """``items``, calling ``pause`` before each batch of :data:`PAUSE_EVERY` (``items`` itself if None).
+def in_batches(items: Iterator[Any], *, yields: bool) -> Iterator[Any]:
+    """``items``, calling :func:`iop_io.yield_to_loop` before each batch of :data:`PAUSE_EVERY` when
+    ``yields`` (``items`` itself if not).
 
     The batches are read ahead of the caller: ``items`` must not depend on what
     the caller does with them.
     """
-    if pause is None:
+    if not yields:
         return items
 
     def batches() -> Iterator[list[Any]]:
         while batch := list(islice(items, PAUSE_EVERY)):
-            pause()
+            yield_to_loop()
             yield batch
 
     return chain.from_iterable(batches())
@@ -235,11 +238,11 @@ class Scalars:
         return name
 
 
-def safe_load(text: str, *, release: bool, pause: Callable[[], None] | None = None) -> Any:
+def safe_load(text: str, *, release: bool) -> Any:
     """Plain Python data of ``text`` by ruamel.yaml's C safe loader (YAML 1.2).
 
     ``release``: free the node tree a node at a time afterwards (see :func:`release_tree`),
-    calling ``pause`` (if given) every :data:`PAUSE_EVERY` nodes.
+    calling :func:`iop_io.yield_to_loop` every :data:`PAUSE_EVERY` nodes.
 
     Raises:
         YAMLError: ``text`` is not a single valid YAML document.
@@ -251,11 +254,11 @@ def safe_load(text: str, *, release: bool, pause: Callable[[], None] | None = No
         return None
     data = yaml.constructor.construct_document(node)
     if release:
-        release_tree(node, pause)
+        release_tree(node)
     return data
 
 
-def release_tree(root: Any, pause: Callable[[], None] | None = None) -> None:
+def release_tree(root: Any) -> None:
     """Free a YAML node tree a node at a time, in Python steps.
 
     Dropping the last reference to a large tree frees all of it in one C call
@@ -269,8 +272,8 @@ def release_tree(root: Any, pause: Callable[[], None] | None = None) -> None:
     while stack:
         item = stack.pop()
         freed += 1
-        if pause is not None and freed % PAUSE_EVERY == 0:
-            pause()
+        if freed % PAUSE_EVERY == 0:
+            yield_to_loop()
         children = item.value if isinstance(item, Node) else None
         if isinstance(children, list):
             while children:

@@ -26,7 +26,6 @@ file, so a missing key points at its parent.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import cattrs
@@ -59,7 +58,6 @@ def load_config(
     *,
     converter: cattrs.Converter | None = None,
     yields_gil: bool = False,
-    pause: Callable[[], None] | None = None,
 ) -> T:
     """Read the YAML file at ``path`` and structure it into ``cls``.
 
@@ -72,10 +70,10 @@ def load_config(
             and holds the GIL for one parser event at a time; a document the
             safe loader reads (anchors, tags, ...) has its node tree freed a
             node at a time (freed at once, a large file's tree holds the GIL
-            throughout).
-        pause: called every :data:`PAUSE_EVERY` parser events (or tree nodes
-            freed): a worker thread's chance to wait while an event loop in
-            another thread has work to do.
+            throughout). Every :data:`PAUSE_EVERY` parser events (or tree nodes
+            freed) it calls :func:`iop_io.yield_to_loop`: in off-loop work
+            (:func:`iop_io.run_off_loop`, :func:`iop_io.run_in_turns`), the
+            worker's chance to let the event loop run.
 
     Returns:
         The structured, validated object.
@@ -92,7 +90,7 @@ def load_config(
         raise ConfigFileError([f"{filename}: cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigFileError([f"{filename}: not UTF-8 text: {exc.reason}"]) from None
-    return load_config_text(text, cls, filename=filename, converter=converter, yields_gil=yields_gil, pause=pause)
+    return load_config_text(text, cls, filename=filename, converter=converter, yields_gil=yields_gil)
 
 
 def load_config_text(
@@ -102,7 +100,6 @@ def load_config_text(
     filename: str = "<config>",
     converter: cattrs.Converter | None = None,
     yields_gil: bool = False,
-    pause: Callable[[], None] | None = None,
 ) -> T:
     """Parse YAML ``text`` and structure it into ``cls``, reporting every problem.
 
@@ -118,7 +115,7 @@ def load_config_text(
     Raises:
         ConfigFileError: any problem at all; no partial object is returned.
     """
-    data, tree = _read(text, filename, release=yields_gil, pause=pause)
+    data, tree = _read(text, filename, release=yields_gil)
     if converter is None:
         converter = _shared_converter()
     found: list[tuple[Path, str]] = []
@@ -141,14 +138,14 @@ def load_config_text(
     return obj
 
 
-def _read(text: str, filename: str, *, release: bool, pause: Callable[[], None] | None) -> tuple[Any, Any]:
+def _read(text: str, filename: str, *, release: bool) -> tuple[Any, Any]:
     """The document's plain data, and its line-keeping tree if it had to be parsed for it.
 
     Raises:
         ConfigFileError: not a valid YAML document, with the line.
     """
     try:
-        return fast_load(text, release=release, pause=pause), None
+        return fast_load(text, release=release), None
     except YAMLError:
         pass
     except Exception as exc:  # ruamel's constructors: a bare ValueError on `!!int abc`, and so on

@@ -13,6 +13,9 @@ and under no daemon, so a server of any package uses them through public names.
 - :mod:`.ready_set`: :class:`ReadySet`, sockets watched for readability by one
   task in an epoll set of its own (Linux: :data:`CAN_POLL`), for the Edge's
   disconnect watch and the Node's body poller.
+- :mod:`.off_loop`: long pure-Python work in a worker thread that does not stall
+  the loop (:func:`run_off_loop`, :func:`run_in_turns`); the work calls
+  :func:`yield_to_loop` itself, the one place of the GIL-yield concern.
 - :mod:`.parking`: :class:`ParkedTask`, the one task a single-consumer queue wakes.
 - :mod:`.byte_stream`: :class:`ByteStream`, one connection's bytes both ways (a
   non-blocking socket driven with trio's low-level waits, or a trio stream: TLS),
@@ -27,6 +30,7 @@ from .accept import ACCEPT_BATCH, Handler, accept_loop, accept_waiting
 from .byte_stream import CLOSE_TIMEOUT, RECEIVE_SIZE, ByteStream, PeerGone
 from .due import Answer, DueQueue
 from .lifespan import answer_lifespan
+from .off_loop import bulk_work, paced, run_in_turns, run_off_loop, yield_to_loop
 from .parking import ParkedTask
 from .ready_set import CAN_POLL, ReadySet
 from .transport import WRITE_BUFFER_LIMIT, SocketTransport, StreamTransport, Transport
@@ -50,4 +54,9 @@ __all__ = [
     "accept_loop",
     "accept_waiting",
     "answer_lifespan",
+    "bulk_work",
+    "paced",
+    "run_in_turns",
+    "run_off_loop",
+    "yield_to_loop",
 ]

@@ -124,12 +124,10 @@ class SocketTransport(Transport):
     the bytes; trio's ``SocketStream.send_all`` always reschedules its task too.
     """
 
-    __slots__ = ("sock",)
+    __slots__ = ()
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        self.sock = socket.socket(fileno=stream.socket.detach())
-        """The connection's socket (the listener's disconnect watch reads it while an app runs)."""
-        super().__init__(ByteStream(self.sock))
+        super().__init__(ByteStream(socket.socket(fileno=stream.socket.detach())))
 
 
 @final

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterator
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
 import pytest
+import trio
 
 from iop_config import (
     ConfigFileError,
@@ -19,6 +20,7 @@ from iop_config import (
     make_converter,
     parse_path,
 )
+from iop_io import run_in_turns
 
 
 @attrs.frozen
@@ -373,16 +375,19 @@ def test_reload_path_reports_errors_with_lines_like_the_start_path() -> None:
 
 @pytest.mark.req("reload-off-loop")
 @pytest.mark.parametrize("anchors", [False, True])
-def test_pause_is_called_as_the_document_is_read_and_changes_nothing(anchors: bool) -> None:
-    """[reload-off-loop] ``pause`` is called once per PAUSE_EVERY parser events (the fast path) or
-    tree nodes freed (a document with anchors, read by the safe loader), and the result is the
-    same as without it."""
+async def test_a_load_that_yields_gives_the_loop_turns_as_the_document_is_read_and_changes_nothing(
+    anchors: bool, loop_turns: Any
+) -> None:
+    """[reload-off-loop] A load with ``yields_gil`` calls ``iop_io.yield_to_loop`` once per
+    PAUSE_EVERY parser events (the fast path) or tree nodes freed (a document with anchors,
+    read by the safe loader): run in turns with the loop, the loop gets that many turns, and
+    the result is the same as without them."""
     limits = "".join(f"      - {{id: l{i}, capacity: 2}}\n" for i in range(200))
     text = f"groups:\n  - name: g\n    limits:\n{limits}"
     if anchors:
         text = text.replace("{id: l0,", "&first {id: l0,")
-    calls: list[None] = []
-    paused = load_config_text(text, Doc, filename="doc.yaml", yields_gil=True, pause=lambda: calls.append(None))
+    with trio.fail_after(10):
+        paused = await run_in_turns(lambda: load_config_text(text, Doc, filename="doc.yaml", yields_gil=True))
     assert paused == load_config_text(text, Doc, filename="doc.yaml")
     items = 200 * 5 + 8  # each limit: a mapping's start, 2 keys, 2 values ... (at least)
-    assert len(calls) >= items // _fast_yaml.PAUSE_EVERY
+    assert loop_turns.count >= items // _fast_yaml.PAUSE_EVERY

@@ -31,9 +31,8 @@ from iop_admission import (
     ProviderSpec,
     QueuePolicy,
 )
-from iop_edge import EdgeService, _off_loop
+from iop_edge import EdgeService
 from iop_edge._off_loop import (
-    SWITCH_INTERVAL,
     paced,
     release_in_slices,
     rows_in_slices,
@@ -54,6 +53,8 @@ from iop_edge.status import (
     status_json,
     status_json_rows,
 )
+from iop_io import off_loop
+from iop_io.off_loop import SWITCH_INTERVAL
 
 OVERLOAD = OverloadStatus(
     shedding=False,
@@ -357,7 +358,7 @@ async def test_objects_kept_from_off_loop_work_join_the_oldest_generation() -> N
 async def test_off_loop_work_waits_at_yield_to_loop_while_the_loop_runs_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     """[reload-off-loop] work that calls yield_to_loop() waits there while the loop has tasks to
     run (here: one that never waits), and goes on once the loop waits for I/O."""
-    monkeypatch.setattr(_off_loop, "MAX_PAUSE", 60.0)  # the test's bound, not the pause's
+    monkeypatch.setattr(off_loop, "MAX_PAUSE", 60.0)  # the test's bound, not the pause's
     entered, passed = threading.Event(), threading.Event()
 
     def work() -> None:
@@ -381,7 +382,7 @@ async def test_off_loop_work_waits_at_yield_to_loop_while_the_loop_runs_tasks(mo
 async def test_off_loop_work_goes_on_when_the_loop_is_never_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     """[reload-off-loop] a loop that always has a task to run does not stop the work for good:
     each yield_to_loop() waits at most MAX_PAUSE, then the work runs on a while."""
-    monkeypatch.setattr(_off_loop, "MAX_PAUSE", 0.001)
+    monkeypatch.setattr(off_loop, "MAX_PAUSE", 0.001)
     done = threading.Event()
 
     def work() -> int:

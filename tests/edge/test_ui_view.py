@@ -25,6 +25,7 @@ from iop_admission import (
     WaiterSnapshot,
 )
 from iop_edge.ui.view import REASONS, ViewFilter, ViewLimits, build_view, health_of, wait_reason
+from iop_io import run_in_turns
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -145,8 +146,9 @@ def test_view_of_a_small_fleet():
 
 
 @pytest.mark.req("queue-page")
-def test_large_fleet_is_aggregated_within_the_limits():
-    """[queue-page] 10,000 providers and 10,000 waiters: totals over all, rows capped, the rest counted."""
+async def test_large_fleet_is_aggregated_within_the_limits(loop_turns):
+    """[queue-page] 10,000 providers and 10,000 waiters: totals over all, rows capped, the rest counted;
+    a builder run in turns with the loop gives it turns as it goes (iop_io.yield_to_loop)."""
     keys = [ProviderKey(f"node-{i:05d}", "gpu0") for i in range(10_000)]
     providers = tuple(
         provider(k, in_flight=1, health="offline" if i % 10 == 0 else "online") for i, k in enumerate(keys)
@@ -154,15 +156,13 @@ def test_large_fleet_is_aggregated_within_the_limits():
     candidates = tuple(keys)  # as the core hands them: one tuple per model key
     models = {BIG: ModelGroup(candidates=candidates)}
     waiters = tuple(WaiterSnapshot(i, i, i, BIG, False, 0.5, 1, candidates) for i in range(1, 10_001))
-    pauses: list[None] = []
-    view = build_view(
-        snapshot(*providers, depth=10_000),
-        waiters,
-        models,
-        limits=ViewLimits(providers=50, waiters=20),
-        pause=lambda: pauses.append(None),
-    )
-    assert len(pauses) >= 10  # a builder in a worker thread lets the loop in as it goes
+    with trio.fail_after(30):
+        view = await run_in_turns(
+            lambda: build_view(
+                snapshot(*providers, depth=10_000), waiters, models, limits=ViewLimits(providers=50, waiters=20)
+            )
+        )
+    assert loop_turns.count >= 10  # a builder in a worker thread lets the loop in as it goes
     assert view["totals"]["health"]["offline"] == 1000
     assert (view["totals"]["nodes"], view["totals"]["offline_nodes"]) == (10_000, 1000)
     assert view["totals"]["in_flight"] == 10_000

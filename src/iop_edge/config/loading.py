@@ -112,7 +112,7 @@ def load_edge_config(path: str | os.PathLike[str], *, yields_gil: bool = False) 
     Raises:
         iop_config.ConfigFileError: listing every problem as ``FILE:LINE: path: message``.
     """
-    config = load_config(path, EdgeConfig, converter=_CONVERTER, yields_gil=yields_gil, pause=yield_to_loop)
+    config = load_config(path, EdgeConfig, converter=_CONVERTER, yields_gil=yields_gil)
     return _with_environment(config, os.environ)
 
 

@@ -249,9 +249,9 @@ class RequestCycle:
         if self.conn.watcher is None:
             assert self.conn.transport.nursery is not None and isinstance(self.transport, SocketTransport)
             if self.conn.disconnects is not None:
-                self.conn.watcher = PolledWatch(self.conn.disconnects, self.conn, self.transport.sock)
+                self.conn.watcher = PolledWatch(self.conn.disconnects, self.conn, self.transport.io)
             else:
-                watcher = self.conn.watcher = DisconnectWatcher(self.conn, self.transport.sock)
+                watcher = self.conn.watcher = DisconnectWatcher(self.conn, self.transport.io)
                 self.conn.transport.nursery.start_soon(watcher.run)
         self.conn.watcher.watch(cancel_scope)
 

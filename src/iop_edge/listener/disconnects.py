@@ -9,12 +9,11 @@ while watching (a pipelined next request) goes to the connection at once
 
 from __future__ import annotations
 
-import socket
 from typing import Protocol, final
 
 import trio
 
-from iop_io import RECEIVE_SIZE, ParkedTask, ReadySet
+from iop_io import ByteStream, ParkedTask, PeerGone, ReadySet
 
 
 class Watched(Protocol):
@@ -40,11 +39,11 @@ class DisconnectWatcher:
     connection's task can read the socket right after.
     """
 
-    __slots__ = ("connection", "sock", "watched", "_parked", "_waiting")
+    __slots__ = ("connection", "io", "watched", "_parked", "_waiting")
 
-    def __init__(self, connection: Watched, sock: socket.socket) -> None:
+    def __init__(self, connection: Watched, io: ByteStream) -> None:
         self.connection = connection
-        self.sock = sock
+        self.io = io
         self.watched: trio.CancelScope | None = None
         self._parked = ParkedTask()  # the watch task, between watches
         self._waiting: trio.CancelScope | None = None
@@ -72,16 +71,19 @@ class DisconnectWatcher:
 
     async def _wait_readable(self) -> None:
         while True:
-            await trio.lowlevel.wait_readable(self.sock)
+            try:
+                await self.io.wait_readable()
+            except PeerGone:  # closed under the wait: read_while_watched below marks the connection gone
+                pass
             if self.watched is None:
                 return  # stopped while the wake-up was on its way: the connection reads now
-            if not read_while_watched(self.connection, self.sock, self.watched):
+            if not read_while_watched(self.connection, self.io, self.watched):
                 self.watched = None
                 return
 
 
-def read_while_watched(connection: Watched, sock: socket.socket, watched: trio.CancelScope) -> bool:
-    """Read what the client sent while its app runs (``sock`` is readable); whether to go on watching.
+def read_while_watched(connection: Watched, io: ByteStream, watched: trio.CancelScope) -> bool:
+    """Read what the client sent while its app runs (``io`` is readable); whether to go on watching.
 
     The bytes (a pipelined next request) go to the connection's request reader at once, so
     they keep their order whoever reads next; past ``max_head_bytes`` of them,
@@ -89,11 +91,11 @@ def read_while_watched(connection: Watched, sock: socket.socket, watched: trio.C
     marks the connection gone and cancels ``watched``.
     """
     try:
-        data = sock.recv(RECEIVE_SIZE)
-    except BlockingIOError:
-        return True
-    except OSError:
+        data = io.receive_nowait()
+    except PeerGone:
         data = b""
+    if data is None:
+        return True
     if not data:
         connection.gone = True
         watched.cancel()
@@ -129,7 +131,7 @@ class DisconnectPoller:
                 for _, watch in watching.ready():
                     if watch.watched is None:
                         continue
-                    if not read_while_watched(watch.connection, watch.sock, watch.watched):
+                    if not read_while_watched(watch.connection, watch.io, watch.watched):
                         watch.stop()
         finally:
             watching.close()
@@ -140,18 +142,18 @@ class PolledWatch:
     """One connection's watch through its listener's :class:`DisconnectPoller` (``watch`` and ``stop`` as
     :class:`DisconnectWatcher`'s, without a task)."""
 
-    __slots__ = ("poller", "connection", "sock", "watched", "_fd")
+    __slots__ = ("poller", "connection", "io", "watched", "_fd")
 
-    def __init__(self, poller: DisconnectPoller, connection: Watched, sock: socket.socket) -> None:
+    def __init__(self, poller: DisconnectPoller, connection: Watched, io: ByteStream) -> None:
         self.poller = poller
         self.connection = connection
-        self.sock = sock
+        self.io = io
         self.watched: trio.CancelScope | None = None
         self._fd = -1  # the descriptor registered (a closed socket's fileno() says -1)
 
     def watch(self, cancel_scope: trio.CancelScope) -> None:
         """Cancel ``cancel_scope`` if the client goes away before :meth:`stop` (never waits)."""
-        fd = self.sock.fileno()
+        fd = self.io.fileno()
         try:
             self.poller.watching.add(fd, self)
         except (OSError, ValueError):  # the socket or the listener is closed: nothing to watch any more

@@ -115,7 +115,7 @@ class HeadDesk:
         assert isinstance(self.conn.transport, SocketTransport)
         with trio.move_on_after(self.conn.limits.keep_alive_timeout):
             while True:
-                await trio.lowlevel.wait_readable(self.conn.transport.sock)
+                await self.conn.transport.io.wait_readable()
                 data = self.conn.transport.receive_nowait()
                 if data is not None:
                     return self._answer_bytes(data)

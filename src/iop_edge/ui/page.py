@@ -29,7 +29,7 @@ from typing import Any, final
 
 import trio
 
-from iop_edge._off_loop import run_off_loop, yield_to_loop
+from iop_edge._off_loop import run_off_loop
 from iop_edge.api.rejections import bearer
 from iop_edge.listener.asgi import last_value, watch_disconnect
 from iop_edge.ui.history import RECENT
@@ -179,7 +179,7 @@ class QueuePage:
             recent = self.memory.history.samples(RECENT)
 
             def work() -> bytes:
-                document = build_view(snapshot, waiters, models, wanted=wanted, limits=limits, pause=yield_to_loop)
+                document = build_view(snapshot, waiters, models, wanted=wanted, limits=limits)
                 document["activity"] = activity
                 document["unknown_model"] = unknown
                 document["recent"] = recent

@@ -21,6 +21,7 @@ from typing import Any, final
 import attrs
 
 from iop_admission import ModelGroup, ProviderKey, ProviderSnapshot, Snapshot, TenantSnapshot, WaiterSnapshot
+from iop_io import yield_to_loop
 
 REASONS: Mapping[str, str] = {
     "no_live_candidate": "no candidate is online (offline, ejected, unavailable or disabled)",
@@ -37,7 +38,7 @@ tenants (``Snapshot.tenants``); without them they never apply."""
 TENANT_REASONS = frozenset(("tenant_quota", "higher_band_ahead"))
 """The reasons that need tenants: left out of a view's ``reasons`` when there are none."""
 
-_PAUSE_EVERY = 2000  # waiters between two calls of ``pause``
+_PAUSE_EVERY = 2000  # waiters between two calls of ``yield_to_loop``
 
 
 @final
@@ -113,12 +114,11 @@ def build_view(
     *,
     wanted: ViewFilter = ViewFilter(),
     limits: ViewLimits = ViewLimits(),
-    pause: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """The page's view of one instant: totals, providers, model keys, waiters and why they wait.
 
-    ``pause`` is called every few thousand items (the Edge passes ``yield_to_loop`` when it
-    builds the view in a worker thread).
+    Calls :func:`iop_io.yield_to_loop` every few thousand items (the Edge builds the view in a
+    worker thread: :func:`iop_io.run_off_loop`).
     """
     by_key = {ProviderKey(p.node_id, p.provider_id): p for p in snapshot.providers}
     models_of: dict[ProviderKey, set[str]] = {}
@@ -127,8 +127,7 @@ def build_view(
             models_of.setdefault(key, set()).add(name)
     frozen_models = {key: frozenset(names) for key, names in models_of.items()}
     tenants = {t.name: t for t in snapshot.tenants}
-    step = pause or _no_pause
-    top_band = _top_band(waiters, tenants, step) if tenants else {}
+    top_band = _top_band(waiters, tenants) if tenants else {}
     # Waiters of one model key share one candidate tuple: the reason is worked out once per
     # tuple, kind and tenant.
     reasons: dict[tuple[int, bool, str], str] = {}
@@ -147,31 +146,29 @@ def build_view(
             )
         return found
 
-    waiting, oldest = _waiting_by_model(waiters, step)
+    waiting, oldest = _waiting_by_model(waiters)
     totals = _totals(snapshot)
-    step()
+    yield_to_loop()
     providers = _providers(snapshot, frozen_models, wanted, limits)
-    step()
+    yield_to_loop()
     return {
         "totals": totals,
         "providers": providers,
         "models": _models(models, waiting, oldest, by_key, wanted, limits),
-        "waiters": _waiters(waiters, reason, wanted, limits, step),
+        "waiters": _waiters(waiters, reason, wanted, limits),
         "tenants": [_tenant_row(t) for t in snapshot.tenants],
         "reasons": {code: text for code, text in REASONS.items() if tenants or code not in TENANT_REASONS},
         "panic": list(snapshot.panic),
     }
 
 
-def _top_band(
-    waiters: tuple[WaiterSnapshot, ...], tenants: Mapping[str, TenantSnapshot], step: Callable[[], None]
-) -> dict[ProviderKey, int]:
+def _top_band(waiters: tuple[WaiterSnapshot, ...], tenants: Mapping[str, TenantSnapshot]) -> dict[ProviderKey, int]:
     """Per provider: the highest band among the waiters that may use it and whose tenant is
     under its ``max_in_flight`` (a waiter held by its own quota is ahead of nobody)."""
     by_tuple: dict[int, tuple[tuple[ProviderKey, ...], int]] = {}
     for i, w in enumerate(waiters):
         if not i % _PAUSE_EVERY:
-            step()
+            yield_to_loop()
         tenant = tenants.get(w.tenant)
         if tenant is None or (tenant.max_in_flight is not None and tenant.in_flight >= tenant.max_in_flight):
             continue
@@ -255,19 +252,13 @@ def _providers(
     return {"rows": rows, "matched": matched, "left_out": matched - len(rows)}
 
 
-def _no_pause() -> None:
-    pass
-
-
-def _waiting_by_model(
-    waiters: tuple[WaiterSnapshot, ...], step: Callable[[], None]
-) -> tuple[dict[str, list[int]], dict[str, float]]:
+def _waiting_by_model(waiters: tuple[WaiterSnapshot, ...]) -> tuple[dict[str, list[int]], dict[str, float]]:
     """Per model key: ``[normal, long]`` waiting, and the oldest wait."""
     waiting: dict[str, list[int]] = {}
     oldest: dict[str, float] = {}
     for i, w in enumerate(waiters):
         if not i % _PAUSE_EVERY:
-            step()
+            yield_to_loop()
         counts = waiting.get(w.model)
         if counts is None:
             counts = waiting[w.model] = [0, 0]
@@ -312,7 +303,6 @@ def _waiters(
     reason: Callable[[WaiterSnapshot], str],
     wanted: ViewFilter,
     limits: ViewLimits,
-    step: Callable[[], None],
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     # Waiters counted per candidate tuple, kind and tenant (one reason each), a sample of each kept.
@@ -321,7 +311,7 @@ def _waiters(
     matched = 0
     for i, w in enumerate(waiters):
         if not i % _PAUSE_EVERY:
-            step()
+            yield_to_loop()
         if wanted.model and w.model != wanted.model:
             continue
         if wanted.tenant and w.tenant != wanted.tenant:
