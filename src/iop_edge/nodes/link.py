@@ -26,6 +26,7 @@ from iop_edge.metrics import DisconnectCause
 from iop_edge.nodes.connection import NodeSocket, close_quietly
 from iop_edge.nodes.run_frame import run_frame
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage, RunNotSent
+from iop_edge.nodes.states import LinkInput, LinkState, next_link_state
 from iop_io import ParkedTask
 
 if TYPE_CHECKING:
@@ -84,10 +85,10 @@ class NodeLink:
         # The frames for the writer (a deque and the writer parked on it, not a memory channel:
         # one reader, and a frame per request pays neither the channel's calls nor its WouldBlock).
         self._outbox: collections.deque[_Queued] = collections.deque()
-        self._outbox_closed = False
         self._writer = ParkedTask()  # the writer task, when it waits for frames
-        self._writer_busy = False  # frames queued for the writer, or taken and not written yet
-        self._ending = False
+        self.state = LinkState.IDLE
+        """Where the connection stands (:class:`~iop_edge.nodes.states.LinkState`), moved only
+        through its table (:func:`~iop_edge.nodes.states.next_link_state`)."""
         self._runs: dict[str, RunChannel] = {}
         self._unsent_runs: dict[int, str] = {}  # with ha: id of a run's frame waiting in the outbox -> run id
         self._cancel_scope: trio.CancelScope | None = None
@@ -166,10 +167,10 @@ class NodeLink:
         round wait behind it and leave together in its one write, as before. Raises
         :class:`NodeGone` (closing, or the outbox full) or :class:`RunNotSent` (not framed, not written).
         """
-        if self._outbox_closed:
+        if self.state is LinkState.CLOSED:
             raise NodeGone(f"node {self.node_id} is disconnecting")
         ws = self.ws
-        if not (self._writer_busy or self._ending):
+        if self.state is LinkState.IDLE:
             try:
                 sent = ws.send_nowait(frame)
             except ConnectionClosed:
@@ -185,7 +186,7 @@ class NodeLink:
             self.abort()
             raise NodeGone(f"node {self.node_id} is stalled")
         self._outbox.append((frame, run_id))
-        self._writer_busy = True  # what follows queues behind it: the order of frames is kept
+        self._to(LinkInput.QUEUE)  # what follows queues behind it: the order of frames is kept
         self._writer.wake()
         return frame is FLUSH
 
@@ -237,9 +238,12 @@ class NodeLink:
 
     # ------------------------------------------------------------ lifecycle
 
+    def _to(self, given: LinkInput) -> None:
+        self.state = next_link_state(self.state, given)
+
     def abort(self) -> None:
         """Drop the connection now (its serve loop ends and disconnects the node)."""
-        self._ending = True
+        self._to(LinkInput.ABORT)
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
 
@@ -271,12 +275,13 @@ class NodeLink:
         """Send the outbox's frames until it is closed and empty, or the connection fails. Checkpoints."""
         outbox = self._outbox
         try:
-            while outbox or not self._outbox_closed:
+            while outbox or self.state is not LinkState.CLOSED:
                 if not outbox:
                     await self._writer.park()
                     continue
                 await self._send_queued()
-                self._writer_busy = bool(outbox)
+                if not outbox:
+                    self._to(LinkInput.DRAIN)
         except ConnectionClosed:
             self.abort()
 
@@ -349,8 +354,7 @@ class NodeLink:
             return
 
     def _end_runs(self) -> None:
-        self._ending = True
-        self._outbox_closed = True
+        self._to(LinkInput.CLOSE)
         self._writer.wake()
         for channel in self._runs.values():
             channel.close()
