@@ -16,15 +16,12 @@ import collections
 import logging
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, final
+from typing import Protocol, final
 
 import trio
 
 from iop_edge.nodes.states import RUN_ANSWERED, RUN_READ_END, RUN_RECEIVING, RunInput, RunState, next_run_state
 from iop_io import ParkedTask
-
-if TYPE_CHECKING:
-    from iop_edge.nodes.link import NodeLink
 from iop_wire import (
     RunData,
     RunEnd,
@@ -61,6 +58,14 @@ class RunNotSent(Exception):
         self.code = code
 
 
+class RunLink(Protocol):
+    """What a run asks of its node connection (:class:`~iop_edge.nodes.link.NodeLink`) when its relay leaves it."""
+
+    def cancel_run(self, run_id: str) -> bool: ...
+
+    def forget_run(self, run_id: str) -> None: ...
+
+
 @final
 class RunChannel:
     """One run's messages from its node, and its cancellation.
@@ -92,7 +97,7 @@ class RunChannel:
         "_whole",
     )
 
-    def __init__(self, run_id: str, link: NodeLink) -> None:
+    def __init__(self, run_id: str, link: RunLink) -> None:
         self.run_id = run_id
         self.link = link
         self._queue: collections.deque[RunMessage] = collections.deque()
