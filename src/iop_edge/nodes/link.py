@@ -27,7 +27,7 @@ from iop_edge.metrics import DisconnectCause
 from iop_edge.nodes.connection import NodeSocket, close_quietly
 from iop_edge.nodes.run_frame import run_frame
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage, RunNotSent
-from iop_edge.nodes.states import LinkInput, LinkState, next_link_state
+from iop_edge.nodes.states import ABORT, CLOSE, CLOSED, DRAIN, IDLE, QUEUE, LinkInput, next_link_state
 from iop_io import ParkedTask
 from iop_wire import (
     CLOSE_PROTOCOL_ERROR,
@@ -111,7 +111,7 @@ class NodeLink:
         # one reader, and a frame per request pays neither the channel's calls nor its WouldBlock).
         self._outbox: collections.deque[_Queued] = collections.deque()
         self._writer = ParkedTask()  # the writer task, when it waits for frames
-        self.state = LinkState.IDLE
+        self.state = IDLE
         """Where the connection stands (:class:`~iop_edge.nodes.states.LinkState`), moved only
         through its table (:func:`~iop_edge.nodes.states.next_link_state`)."""
         self._runs: dict[str, RunChannel] = {}
@@ -192,10 +192,10 @@ class NodeLink:
         round wait behind it and leave together in its one write, as before. Raises
         :class:`NodeGone` (closing, or the outbox full) or :class:`RunNotSent` (not framed, not written).
         """
-        if self.state is LinkState.CLOSED:
+        if self.state is CLOSED:
             raise NodeGone(f"node {self.node_id} is disconnecting")
         ws = self.ws
-        if self.state is LinkState.IDLE:
+        if self.state is IDLE:
             try:
                 sent = ws.send_nowait(frame)
             except ConnectionClosed:
@@ -211,7 +211,7 @@ class NodeLink:
             self.abort()
             raise NodeGone(f"node {self.node_id} is stalled")
         self._outbox.append((frame, run_id))
-        self._to(LinkInput.QUEUE)  # what follows queues behind it: the order of frames is kept
+        self._to(QUEUE)  # what follows queues behind it: the order of frames is kept
         self._writer.wake()
         return frame is FLUSH
 
@@ -268,7 +268,7 @@ class NodeLink:
 
     def abort(self) -> None:
         """Drop the connection now (its serve loop ends and disconnects the node)."""
-        self._to(LinkInput.ABORT)
+        self._to(ABORT)
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
 
@@ -300,13 +300,13 @@ class NodeLink:
         """Send the outbox's frames until it is closed and empty, or the connection fails. Checkpoints."""
         outbox = self._outbox
         try:
-            while outbox or self.state is not LinkState.CLOSED:
+            while outbox or self.state is not CLOSED:
                 if not outbox:
                     await self._writer.park()
                     continue
                 await self._send_queued()
                 if not outbox:
-                    self._to(LinkInput.DRAIN)
+                    self._to(DRAIN)
         except ConnectionClosed:
             self.abort()
 
@@ -379,7 +379,7 @@ class NodeLink:
             return
 
     def _end_runs(self) -> None:
-        self._to(LinkInput.CLOSE)
+        self._to(CLOSE)
         self._writer.wake()
         for channel in self._runs.values():
             channel.close()

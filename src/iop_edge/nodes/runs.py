@@ -20,7 +20,21 @@ from typing import Protocol, final
 
 import trio
 
-from iop_edge.nodes.states import RUN_ANSWERED, RUN_READ_END, RUN_RECEIVING, RunInput, RunState, next_run_state
+from iop_edge.nodes.states import (
+    END,
+    LEAVE,
+    LOSE,
+    OPEN,
+    OVERFLOW,
+    OVERFLOWED,
+    READ_END,
+    RUN_ANSWERED,
+    RUN_READ_END,
+    RUN_RECEIVING,
+    TAKE,
+    WRITE_WHOLE,
+    next_run_state,
+)
 from iop_io import ParkedTask
 from iop_wire import (
     RunData,
@@ -102,14 +116,11 @@ class RunChannel:
         self.link = link
         self._queue: collections.deque[RunMessage] = collections.deque()
         self._waiter = ParkedTask()  # the relay, in :meth:`next`
-        self.state = RunState.OPEN
+        self.state = OPEN
         self.next_seq = 0
         """The number the run's next data record must carry (its node link checks and counts)."""
         self._sink: Callable[[bytes], bool] | None = None
         self._whole: Callable[[bytes], bool] | None = None
-
-    def _to(self, given: RunInput) -> None:
-        self.state = next_run_state(self.state, given)
 
     @property
     def ended(self) -> bool:
@@ -119,7 +130,7 @@ class RunChannel:
     @property
     def overflowed(self) -> bool:
         """Whether the run was dropped because its client fell too far behind."""
-        return self.state is RunState.OVERFLOWED
+        return self.state is OVERFLOWED
 
     @property
     def answered(self) -> bool:
@@ -157,7 +168,7 @@ class RunChannel:
                     except NodeGone:
                         break
         ended = self.ended
-        self._to(RunInput.LEAVE)
+        self.state = next_run_state(self.state, LEAVE)
         self._queue.clear()
         if not ended:
             self.link.forget_run(self.run_id)
@@ -184,8 +195,8 @@ class RunChannel:
             return self._overflow()
         self._queue.append(message)
         if type(message) is RunEnd or type(message) is TunnelEnd:
-            self._to(RunInput.END)
-            if self._whole is not None and state is RunState.OPEN:  # the relay took nothing yet
+            self.state = next_run_state(self.state, END)
+            if self._whole is not None and state is OPEN:  # the relay took nothing yet
                 self._answer_whole(message)
         self._waiter.wake()
         return True
@@ -218,7 +229,7 @@ class RunChannel:
             logger.exception("run %s: writing its answer failed; its relay answers", self.run_id)
             return
         if written:
-            self._to(RunInput.WRITE_WHOLE)
+            self.state = next_run_state(self.state, WRITE_WHOLE)
 
     def deliver_data(self, seq: int, data: bytes) -> bool:
         """Hand on the bytes of the run's data record ``seq`` (never waits).
@@ -235,7 +246,7 @@ class RunChannel:
 
     def _overflow(self) -> bool:
         """The client is too far behind: the run takes nothing more (:meth:`next` raises after the buffer)."""
-        self._to(RunInput.OVERFLOW)
+        self.state = next_run_state(self.state, OVERFLOW)
         self._waiter.wake()
         return False
 
@@ -265,7 +276,7 @@ class RunChannel:
 
     def close(self) -> None:
         """The connection ended: :meth:`next` raises :class:`NodeGone` after what is buffered."""
-        self._to(RunInput.LOSE)
+        self.state = next_run_state(self.state, LOSE)
         self._waiter.wake()
 
     async def next(self) -> RunMessage:
@@ -289,7 +300,7 @@ class RunChannel:
     def _take(self) -> RunMessage:
         message = self._queue.popleft()
         end = type(message) is RunEnd or type(message) is TunnelEnd
-        self._to(RunInput.READ_END if end else RunInput.TAKE)
+        self.state = next_run_state(self.state, READ_END if end else TAKE)
         return message
 
     def ready(self) -> bool:

@@ -11,11 +11,7 @@ says every input a state accepts.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Final, TypeVar
-
-_State = TypeVar("_State", bound=enum.Enum)
-_Input = TypeVar("_Input", bound=enum.Enum)
+from typing import Final
 
 
 class IllegalTransition(RuntimeError):
@@ -25,7 +21,7 @@ class IllegalTransition(RuntimeError):
 # ------------------------------------------------------------------------------------------- runs
 
 
-class RunState(enum.Enum):
+class RunState(enum.IntEnum):
     """Where one run stands, as its channel sees it (:class:`~iop_edge.nodes.runs.RunChannel`)."""
 
     OPEN = enum.auto()
@@ -49,7 +45,7 @@ class RunState(enum.Enum):
     """Its relay left the run."""
 
 
-class RunInput(enum.Enum):
+class RunInput(enum.IntEnum):
     """What happens to a run."""
 
     TAKE = enum.auto()
@@ -68,52 +64,54 @@ class RunInput(enum.Enum):
     """The relay left the run."""
 
 
-_R = RunState
-_RI = RunInput
+# The members by their own names, as h11's sentinels (and cheaper: reading a member off its enum
+# class is a descriptor call, and a run goes through several transitions per message).
+OPEN, READING, END_QUEUED, ANSWER_QUEUED, ENDED, ANSWERED, LOST, OVERFLOWED, LEFT = RunState
+TAKE, END, WRITE_WHOLE, READ_END, LOSE, OVERFLOW, LEAVE = RunInput
 
 _RUN_TRANSITIONS: Final[dict[RunState, dict[RunInput, RunState]]] = {
-    _R.OPEN: {
-        _RI.TAKE: _R.READING,
-        _RI.END: _R.END_QUEUED,
-        _RI.LOSE: _R.LOST,
-        _RI.OVERFLOW: _R.OVERFLOWED,
-        _RI.LEAVE: _R.LEFT,
+    OPEN: {
+        TAKE: READING,
+        END: END_QUEUED,
+        LOSE: LOST,
+        OVERFLOW: OVERFLOWED,
+        LEAVE: LEFT,
     },
-    _R.READING: {
-        _RI.TAKE: _R.READING,
-        _RI.END: _R.END_QUEUED,
-        _RI.LOSE: _R.LOST,
-        _RI.OVERFLOW: _R.OVERFLOWED,
-        _RI.LEAVE: _R.LEFT,
+    READING: {
+        TAKE: READING,
+        END: END_QUEUED,
+        LOSE: LOST,
+        OVERFLOW: OVERFLOWED,
+        LEAVE: LEFT,
     },
     # An end in the buffer outlives the connection: the relay still reads it.
-    _R.END_QUEUED: {
-        _RI.TAKE: _R.END_QUEUED,
-        _RI.WRITE_WHOLE: _R.ANSWER_QUEUED,
-        _RI.READ_END: _R.ENDED,
-        _RI.LOSE: _R.END_QUEUED,
-        _RI.LEAVE: _R.LEFT,
+    END_QUEUED: {
+        TAKE: END_QUEUED,
+        WRITE_WHOLE: ANSWER_QUEUED,
+        READ_END: ENDED,
+        LOSE: END_QUEUED,
+        LEAVE: LEFT,
     },
-    _R.ANSWER_QUEUED: {
-        _RI.TAKE: _R.ANSWER_QUEUED,
-        _RI.READ_END: _R.ANSWERED,
-        _RI.LOSE: _R.ANSWER_QUEUED,
-        _RI.LEAVE: _R.LEFT,
+    ANSWER_QUEUED: {
+        TAKE: ANSWER_QUEUED,
+        READ_END: ANSWERED,
+        LOSE: ANSWER_QUEUED,
+        LEAVE: LEFT,
     },
-    _R.ENDED: {_RI.LOSE: _R.ENDED, _RI.LEAVE: _R.LEFT},
-    _R.ANSWERED: {_RI.LOSE: _R.ANSWERED, _RI.LEAVE: _R.LEFT},
-    _R.LOST: {_RI.TAKE: _R.LOST, _RI.LOSE: _R.LOST, _RI.LEAVE: _R.LEFT},
-    _R.OVERFLOWED: {_RI.TAKE: _R.OVERFLOWED, _RI.LOSE: _R.OVERFLOWED, _RI.LEAVE: _R.LEFT},
-    _R.LEFT: {_RI.LOSE: _R.LEFT},
+    ENDED: {LOSE: ENDED, LEAVE: LEFT},
+    ANSWERED: {LOSE: ANSWERED, LEAVE: LEFT},
+    LOST: {TAKE: LOST, LOSE: LOST, LEAVE: LEFT},
+    OVERFLOWED: {TAKE: OVERFLOWED, LOSE: OVERFLOWED, LEAVE: LEFT},
+    LEFT: {LOSE: LEFT},
 }
 
-RUN_RECEIVING: Final = frozenset({RunState.OPEN, RunState.READING})
+RUN_RECEIVING: Final = frozenset({OPEN, READING})
 """The states in which a run takes messages from its node; in every other one nothing more comes."""
 
-RUN_READ_END: Final = frozenset({RunState.ENDED, RunState.ANSWERED})
+RUN_READ_END: Final = frozenset({ENDED, ANSWERED})
 """The states in which the relay has read the run's end."""
 
-RUN_ANSWERED: Final = frozenset({RunState.ANSWER_QUEUED, RunState.ANSWERED})
+RUN_ANSWERED: Final = frozenset({ANSWER_QUEUED, ANSWERED})
 """The states in which the link's reader wrote the whole answer."""
 
 
@@ -123,13 +121,16 @@ def next_run_state(state: RunState, given: RunInput) -> RunState:
     Raises:
         IllegalTransition: ``state`` has no transition on ``given``.
     """
-    return _step(_RUN_TRANSITIONS, state, given, "a run")
+    try:
+        return _RUN_TRANSITIONS[state][given]
+    except KeyError:
+        raise _illegal("a run", state, given) from None
 
 
 # ------------------------------------------------------------------------------------------ links
 
 
-class LinkState(enum.Enum):
+class LinkState(enum.IntEnum):
     """Where one node connection stands, as its writer sees it (:class:`~iop_edge.nodes.link.NodeLink`)."""
 
     IDLE = enum.auto()
@@ -142,7 +143,7 @@ class LinkState(enum.Enum):
     """It ended: no frame is taken; its writer sends what is queued and stops."""
 
 
-class LinkInput(enum.Enum):
+class LinkInput(enum.IntEnum):
     """What happens to a node connection."""
 
     QUEUE = enum.auto()
@@ -155,14 +156,14 @@ class LinkInput(enum.Enum):
     """The connection ended: its runs end with it."""
 
 
-_L = LinkState
-_LI = LinkInput
+IDLE, BUSY, ENDING, CLOSED = LinkState
+QUEUE, DRAIN, ABORT, CLOSE = LinkInput
 
 _LINK_TRANSITIONS: Final[dict[LinkState, dict[LinkInput, LinkState]]] = {
-    _L.IDLE: {_LI.QUEUE: _L.BUSY, _LI.ABORT: _L.ENDING, _LI.CLOSE: _L.CLOSED},
-    _L.BUSY: {_LI.QUEUE: _L.BUSY, _LI.DRAIN: _L.IDLE, _LI.ABORT: _L.ENDING, _LI.CLOSE: _L.CLOSED},
-    _L.ENDING: {_LI.QUEUE: _L.ENDING, _LI.DRAIN: _L.ENDING, _LI.ABORT: _L.ENDING, _LI.CLOSE: _L.CLOSED},
-    _L.CLOSED: {_LI.DRAIN: _L.CLOSED, _LI.ABORT: _L.CLOSED, _LI.CLOSE: _L.CLOSED},
+    IDLE: {QUEUE: BUSY, ABORT: ENDING, CLOSE: CLOSED},
+    BUSY: {QUEUE: BUSY, DRAIN: IDLE, ABORT: ENDING, CLOSE: CLOSED},
+    ENDING: {QUEUE: ENDING, DRAIN: ENDING, ABORT: ENDING, CLOSE: CLOSED},
+    CLOSED: {DRAIN: CLOSED, ABORT: CLOSED, CLOSE: CLOSED},
 }
 
 
@@ -172,11 +173,11 @@ def next_link_state(state: LinkState, given: LinkInput) -> LinkState:
     Raises:
         IllegalTransition: ``state`` has no transition on ``given``.
     """
-    return _step(_LINK_TRANSITIONS, state, given, "a node link")
-
-
-def _step(table: Mapping[_State, Mapping[_Input, _State]], state: _State, given: _Input, what: str) -> _State:
     try:
-        return table[state][given]
+        return _LINK_TRANSITIONS[state][given]
     except KeyError:
-        raise IllegalTransition(f"{what} cannot {given.name} when {state.name}") from None
+        raise _illegal("a node link", state, given) from None
+
+
+def _illegal(what: str, state: enum.Enum, given: enum.Enum) -> IllegalTransition:
+    return IllegalTransition(f"{what} cannot {given.name} when {state.name}")
