@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import TYPE_CHECKING, final
+from collections.abc import Callable
+from typing import Protocol, final
 
 import trio
 from trio_websocket import ConnectionClosed
@@ -26,10 +27,8 @@ from iop_edge.metrics import DisconnectCause
 from iop_edge.nodes.connection import NodeSocket, close_quietly
 from iop_edge.nodes.run_frame import run_frame
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage, RunNotSent
+from iop_edge.nodes.states import ABORT, CLOSE, CLOSED, DRAIN, IDLE, QUEUE, LinkInput, next_link_state
 from iop_io import ParkedTask
-
-if TYPE_CHECKING:
-    from iop_edge.nodes.registry import NodeRegistry
 from iop_wire import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
@@ -61,19 +60,46 @@ _Queued = tuple[str, str]
 send fails that run alone (:meth:`NodeLink._send_queued`)."""
 
 
+class LinkFence(Protocol):
+    """What a node connection asks of this Edge's leader fence (:class:`~iop_edge.ha.fencing.LeaderFence`)."""
+
+    @property
+    def leads(self) -> Callable[[], bool] | None: ...
+
+    def stamp(self) -> int | None: ...
+
+    def may_send(self) -> bool: ...
+
+    def refused(self, node_id: str) -> None: ...
+
+    def answered(self, node_id: str, message: InFlight) -> None: ...
+
+
+class LinkHost(Protocol):
+    """What a node connection needs of the Edge around it (the registry): its leader fence and the
+    largest frame a node may send. The link knows nothing else of its host."""
+
+    @property
+    def fence(self) -> LinkFence: ...
+
+    @property
+    def max_message_bytes(self) -> int: ...
+
+
 @final
 class NodeLink:
-    """One registered node connection: one node, one generation, one protocol version."""
+    """One registered node connection: one node, one generation, one protocol version, talking to
+    its host through :class:`LinkHost`."""
 
     def __init__(
         self,
-        registry: NodeRegistry,
+        host: LinkHost,
         node_id: str,
         generation: int,
         ws: NodeSocket,
         protocol: int = PROTOCOL_VERSION,
     ) -> None:
-        self.registry = registry
+        self.host = host
         self.node_id = node_id
         self.generation = generation
         self.ws = ws
@@ -84,10 +110,10 @@ class NodeLink:
         # The frames for the writer (a deque and the writer parked on it, not a memory channel:
         # one reader, and a frame per request pays neither the channel's calls nor its WouldBlock).
         self._outbox: collections.deque[_Queued] = collections.deque()
-        self._outbox_closed = False
         self._writer = ParkedTask()  # the writer task, when it waits for frames
-        self._writer_busy = False  # frames queued for the writer, or taken and not written yet
-        self._ending = False
+        self.state = IDLE
+        """Where the connection stands (:class:`~iop_edge.nodes.states.LinkState`), moved only
+        through its table (:func:`~iop_edge.nodes.states.next_link_state`)."""
         self._runs: dict[str, RunChannel] = {}
         self._unsent_runs: dict[int, str] = {}  # with ha: id of a run's frame waiting in the outbox -> run id
         self._cancel_scope: trio.CancelScope | None = None
@@ -102,7 +128,7 @@ class NodeLink:
         Raises:
             NotLeading: this Edge has ``ha:`` and cannot prove it leads: send nothing.
         """
-        return self.registry.fence.stamp()
+        return self.host.fence.stamp()
 
     def send_frame(self, frame: str) -> None:
         """Queue one frame that is not a run's (``leader``); dropped if the connection is ending."""
@@ -129,7 +155,7 @@ class NodeLink:
         except (NodeGone, RunNotSent):
             self.forget_run(run_id)
             raise
-        if not sent and self.registry.fence.leads is not None:
+        if not sent and self.host.fence.leads is not None:
             self._unsent_runs[id(frame)] = run_id  # checked again when the writer takes it (_withhold_runs)
         return channel
 
@@ -166,10 +192,10 @@ class NodeLink:
         round wait behind it and leave together in its one write, as before. Raises
         :class:`NodeGone` (closing, or the outbox full) or :class:`RunNotSent` (not framed, not written).
         """
-        if self._outbox_closed:
+        if self.state is CLOSED:
             raise NodeGone(f"node {self.node_id} is disconnecting")
         ws = self.ws
-        if not (self._writer_busy or self._ending):
+        if self.state is IDLE:
             try:
                 sent = ws.send_nowait(frame)
             except ConnectionClosed:
@@ -185,7 +211,7 @@ class NodeLink:
             self.abort()
             raise NodeGone(f"node {self.node_id} is stalled")
         self._outbox.append((frame, run_id))
-        self._writer_busy = True  # what follows queues behind it: the order of frames is kept
+        self._to(QUEUE)  # what follows queues behind it: the order of frames is kept
         self._writer.wake()
         return frame is FLUSH
 
@@ -204,7 +230,7 @@ class NodeLink:
         elif type(message) is RunEnd or type(message) is TunnelEnd:
             del self._runs[run_id]
             if message.code == "stale_epoch":
-                self.registry.fence.refused(self.node_id)
+                self.host.fence.refused(self.node_id)
 
     def _deliver_data(self, frame: bytes) -> str | None:
         """Hand the records of a data frame to their runs; the protocol problem, if any.
@@ -215,7 +241,7 @@ class NodeLink:
         """
         runs = self._runs
         batch: dict[str, tuple[RunChannel, int, bytes]] = {}
-        for run_id, seq, data in split_data(frame, max_bytes=self.registry.max_message_bytes):
+        for run_id, seq, data in split_data(frame, max_bytes=self.host.max_message_bytes):
             channel = runs.get(run_id)
             if channel is None:
                 continue  # a late record for a run we already gave up on
@@ -237,9 +263,12 @@ class NodeLink:
 
     # ------------------------------------------------------------ lifecycle
 
+    def _to(self, given: LinkInput) -> None:
+        self.state = next_link_state(self.state, given)
+
     def abort(self) -> None:
         """Drop the connection now (its serve loop ends and disconnects the node)."""
-        self._ending = True
+        self._to(ABORT)
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
 
@@ -271,12 +300,13 @@ class NodeLink:
         """Send the outbox's frames until it is closed and empty, or the connection fails. Checkpoints."""
         outbox = self._outbox
         try:
-            while outbox or not self._outbox_closed:
+            while outbox or self.state is not CLOSED:
                 if not outbox:
                     await self._writer.park()
                     continue
                 await self._send_queued()
-                self._writer_busy = bool(outbox)
+                if not outbox:
+                    self._to(DRAIN)
         except ConnectionClosed:
             self.abort()
 
@@ -328,7 +358,7 @@ class NodeLink:
                     if problem is None:
                         continue
                     raise ProtocolError(problem)
-                message = decode(text, max_bytes=self.registry.max_message_bytes)
+                message = decode(text, max_bytes=self.host.max_message_bytes)
             except ProtocolError as exc:
                 logger.warning("node %s: protocol error: %s", self.node_id, exc.reason)
                 self.cause = "error"
@@ -341,7 +371,7 @@ class NodeLink:
                 self._deliver(message.run_id, message)
                 continue
             if isinstance(message, InFlight):
-                self.registry.fence.answered(self.node_id, message)
+                self.host.fence.answered(self.node_id, message)
                 continue
             logger.warning("node %s sent an unexpected %s", self.node_id, kind.__name__)
             self.cause = "error"
@@ -349,8 +379,7 @@ class NodeLink:
             return
 
     def _end_runs(self) -> None:
-        self._ending = True
-        self._outbox_closed = True
+        self._to(CLOSE)
         self._writer.wake()
         for channel in self._runs.values():
             channel.close()
@@ -383,7 +412,7 @@ def _withhold_runs(frames: list[str], unsent: dict[int, str], runs: dict[str, Ru
 
 def _withhold_queued(link: NodeLink, frames: list[_Queued]) -> list[_Queued]:
     """:func:`_withhold_runs` over the outbox's items (a frame and its run)."""
-    may_send = link.registry.fence.may_send()
+    may_send = link.host.fence.may_send()
     kept = {id(frame) for frame in _withhold_runs([f for f, _ in frames], link._unsent_runs, link._runs, may_send)}
     return [item for item in frames if id(item[0]) in kept]
 

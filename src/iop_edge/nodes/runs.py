@@ -16,14 +16,26 @@ import collections
 import logging
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, final
+from typing import Protocol, final
 
 import trio
 
+from iop_edge.nodes.states import (
+    END,
+    LEAVE,
+    LOSE,
+    OPEN,
+    OVERFLOW,
+    OVERFLOWED,
+    READ_END,
+    RUN_ANSWERED,
+    RUN_READ_END,
+    RUN_RECEIVING,
+    TAKE,
+    WRITE_WHOLE,
+    next_run_state,
+)
 from iop_io import ParkedTask
-
-if TYPE_CHECKING:
-    from iop_edge.nodes.link import NodeLink
 from iop_wire import (
     RunData,
     RunEnd,
@@ -60,6 +72,14 @@ class RunNotSent(Exception):
         self.code = code
 
 
+class RunLink(Protocol):
+    """What a run asks of its node connection (:class:`~iop_edge.nodes.link.NodeLink`) when its relay leaves it."""
+
+    def cancel_run(self, run_id: str) -> bool: ...
+
+    def forget_run(self, run_id: str) -> None: ...
+
+
 @final
 class RunChannel:
     """One run's messages from its node, and its cancellation.
@@ -75,6 +95,9 @@ class RunChannel:
     exactly one reader (its relay) and one writer (the link's reader task),
     and a memory channel per run (two channel objects, a state, a task set)
     cost a visible share of the Edge's CPU per request.
+
+    Where the run stands is one :class:`~iop_edge.nodes.states.RunState`
+    (:attr:`state`), moved only through its table (:func:`~iop_edge.nodes.states.next_run_state`).
     """
 
     __slots__ = (
@@ -82,31 +105,37 @@ class RunChannel:
         "link",
         "_queue",
         "_waiter",
-        "_closed",
-        "ended",
-        "overflowed",
+        "state",
         "next_seq",
         "_sink",
         "_whole",
-        "_taken",
-        "answered",
     )
 
-    def __init__(self, run_id: str, link: NodeLink) -> None:
+    def __init__(self, run_id: str, link: RunLink) -> None:
         self.run_id = run_id
         self.link = link
         self._queue: collections.deque[RunMessage] = collections.deque()
         self._waiter = ParkedTask()  # the relay, in :meth:`next`
-        self._closed = False  # nothing more comes: the end arrived, the run was dropped, or the relay left
-        self.ended = False
-        self.overflowed = False
+        self.state = OPEN
         self.next_seq = 0
         """The number the run's next data record must carry (its node link checks and counts)."""
         self._sink: Callable[[bytes], bool] | None = None
         self._whole: Callable[[bytes], bool] | None = None
-        self._taken = False  # the relay took a message: the reader no longer holds the whole answer
-        self.answered = False
+
+    @property
+    def ended(self) -> bool:
+        """Whether the relay has read the run's end."""
+        return self.state in RUN_READ_END
+
+    @property
+    def overflowed(self) -> bool:
+        """Whether the run was dropped because its client fell too far behind."""
+        return self.state is OVERFLOWED
+
+    @property
+    def answered(self) -> bool:
         """Whether the node link's reader wrote the whole answer to the client (:meth:`answer_whole`)."""
+        return self.state in RUN_ANSWERED
 
     async def __aenter__(self) -> RunChannel:
         return self
@@ -138,9 +167,10 @@ class RunChannel:
                         await self.next()
                     except NodeGone:
                         break
-        self._closed = True
+        ended = self.ended
+        self.state = next_run_state(self.state, LEAVE)
         self._queue.clear()
-        if not self.ended:
+        if not ended:
             self.link.forget_run(self.run_id)
 
     def deliver(self, message: RunMessage) -> bool:
@@ -158,14 +188,15 @@ class RunChannel:
                     return True
                 return self._overflow()
             self._sink = None  # the relay writes what follows, in order, from the buffer
-        if self._closed:
+        state = self.state
+        if state not in RUN_RECEIVING:
             return False
         if len(self._queue) >= RUN_BUFFER:
             return self._overflow()
         self._queue.append(message)
         if type(message) is RunEnd or type(message) is TunnelEnd:
-            self._closed = True
-            if self._whole is not None and not self._taken:
+            self.state = next_run_state(self.state, END)
+            if self._whole is not None and state is OPEN:  # the relay took nothing yet
                 self._answer_whole(message)
         self._waiter.wake()
         return True
@@ -190,12 +221,15 @@ class RunChannel:
         for index, message in enumerate(self._queue):
             if type(message) is RunData:
                 parts.append(message.data)
-            elif index < len(self._queue) - 1:  # only data records before the end (a v1 answer: the relay)
+            elif index < len(self._queue) - 1:  # only data records before the end (else: the relay)
                 return
         try:
-            self.answered = self._whole is not None and self._whole(b"".join(parts))
+            written = self._whole is not None and self._whole(b"".join(parts))
         except Exception:  # the reader serves every run of its node: one answer must not stop it
             logger.exception("run %s: writing its answer failed; its relay answers", self.run_id)
+            return
+        if written:
+            self.state = next_run_state(self.state, WRITE_WHOLE)
 
     def deliver_data(self, seq: int, data: bytes) -> bool:
         """Hand on the bytes of the run's data record ``seq`` (never waits).
@@ -212,8 +246,8 @@ class RunChannel:
 
     def _overflow(self) -> bool:
         """The client is too far behind: the run takes nothing more (:meth:`next` raises after the buffer)."""
-        self.overflowed = True
-        self.close()
+        self.state = next_run_state(self.state, OVERFLOW)
+        self._waiter.wake()
         return False
 
     def attach(self, sink: Callable[[bytes], bool]) -> bool:
@@ -242,7 +276,7 @@ class RunChannel:
 
     def close(self) -> None:
         """The connection ended: :meth:`next` raises :class:`NodeGone` after what is buffered."""
-        self._closed = True
+        self.state = next_run_state(self.state, LOSE)
         self._waiter.wake()
 
     async def next(self) -> RunMessage:
@@ -255,16 +289,18 @@ class RunChannel:
             NodeGone: the connection ended (or the run overflowed) before the end message.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if self._queue or self._closed:
+        if self._queue or self.state not in RUN_RECEIVING:
             await trio.lowlevel.cancel_shielded_checkpoint()
         else:
             await self._waiter.park()
         if not self._queue:
             raise NodeGone("run dropped: client too slow" if self.overflowed else "node connection lost")
-        self._taken = True
+        return self._take()
+
+    def _take(self) -> RunMessage:
         message = self._queue.popleft()
-        if type(message) is RunEnd or type(message) is TunnelEnd:
-            self.ended = True
+        end = type(message) is RunEnd or type(message) is TunnelEnd
+        self.state = next_run_state(self.state, READ_END if end else TAKE)
         return message
 
     def ready(self) -> bool:
@@ -280,9 +316,5 @@ class RunChannel:
         messages: list[RunMessage] = []
         queue = self._queue
         while queue and not self.ended:
-            self._taken = True
-            message = queue.popleft()
-            if type(message) is RunEnd or type(message) is TunnelEnd:
-                self.ended = True
-            messages.append(message)
+            messages.append(self._take())
         return messages
