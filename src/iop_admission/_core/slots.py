@@ -174,6 +174,7 @@ class ModelGroup:
         together. Entries are appended unsorted: call :meth:`heapify` once all are in.
         """
         p.groups.append((self, position))
+        p.indexed = p.indexed or self.single is None
         self.eligible += p.counted
         self.long_eligible += p.long_counted
         self.admitting += p.admit_counted
@@ -263,6 +264,7 @@ class ProviderSlot:
         "revoked_long",
         "groups",
         "stamp",
+        "indexed",
         "counted",
         "long_counted",
         "admit_counted",
@@ -292,6 +294,7 @@ class ProviderSlot:
         self.revoked_long = 0
         self.groups: list[tuple[ModelGroup, int]] = []  # (model group, position among its candidates)
         self.stamp = 0
+        self.indexed = False  # in a group of several candidates (set by reindex and link)
         self.counted = False  # counted in its groups' ``eligible``
         self.long_counted = False  # counted in its groups' ``long_eligible``
         self.admit_counted = False  # counted in its groups' ``admitting``
@@ -352,17 +355,21 @@ class ProviderSlot:
                 g.admitting += step
                 g.long_admitting += long_step
             self.admit_counted, self.long_admit_counted = admit, long_admit
+        indexed = False  # listed in a group of several candidates, which keeps a heap
         if not admit or self.in_flight >= self.capacity:
             for g, position in self.groups:
                 if g.single is None:
+                    indexed = True
                     g.drop_top(position, False)
+            self.indexed = indexed
             return
         rank = 0
         long_room = self.long_in_flight < self.long_capacity
         for g, position in self.groups:
             if g.single is not None:  # chosen without a heap (ModelGroup.best)
                 continue
-            if not rank:
+            if not indexed:
+                indexed = True
                 rank = self.rank()
             entry = rank + (position << _STAMP_BITS)
             g.push(entry, position, False)
@@ -370,6 +377,13 @@ class ProviderSlot:
                 g.push(entry, position, True)
             else:
                 g.drop_top(position, True)
+        self.indexed = indexed
+
+    def load_changed(self) -> None:
+        """Re-enter the heaps after a change of its load alone (a grant or a release, no health
+        news): a group of one candidate reads the load itself, and the counts stay as they are."""
+        if self.indexed:
+            self.reindex()
 
     def rank(self) -> int:
         """Its choice index entry, position aside: priority, load and current stamp (see ``_PRIORITY_SHIFT``)."""
