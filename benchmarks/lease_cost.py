@@ -12,7 +12,8 @@ Contestants (trio), against the bare ``trio.CapacityLimiter`` cycle:
 - ``hand_written``: what a user writes for what the lease promises: the limiter entered under
   ``trio.fail_after`` (a queue timeout) and the body in its own ``trio.CancelScope`` (so it can be
   revoked);
-- ``lease``: ``async with admission.lease(model)``.
+- ``lease``: ``async with admission.lease(model)``;
+- ``unrevocable``: ``async with admission.lease(model, revocable=False)`` (no body scope).
 
 The contended hand-off (capacity 1, 100 tasks on two model keys) compares the lease with the
 limiter under the same load; the asyncio layer compares ``AsyncAdmission.lease`` with a bare
@@ -93,6 +94,17 @@ def _lease() -> Callable[[], Awaitable[None]]:
 
     async def cycle() -> None:
         async with admission.lease("ornith:35b"):
+            pass
+
+    return cycle
+
+
+def _unrevocable() -> Callable[[], Awaitable[None]]:
+    admission = Admission(single(4))
+    admission.connect("node-a")
+
+    async def cycle() -> None:
+        async with admission.lease("ornith:35b", revocable=False):
             pass
 
     return cycle
@@ -181,6 +193,7 @@ def run(rounds: int = 15, n: int = 20_000) -> dict[str, dict[str, float]]:
                 "limiter": _trio_cycles(_limiter),
                 "hand_written": _trio_cycles(_hand_written),
                 "lease": _trio_cycles(_lease),
+                "unrevocable": _trio_cycles(_unrevocable),
             },
             "limiter",
             n,
@@ -202,7 +215,7 @@ def run(rounds: int = 15, n: int = 20_000) -> dict[str, dict[str, float]]:
     }
 
 
-TARGETS = {"trio": 2.5, "trio_contended": 3.0, "asyncio": 5.0}
+TARGETS = {"trio": 2.5, "trio_unrevocable": 1.8, "trio_contended": 3.0, "asyncio": 5.0}
 """The lease's cost goals against the bare primitive (issue 42)."""
 
 
@@ -214,6 +227,8 @@ def table(result: dict[str, dict[str, float]]) -> str:
         "|---|---|---|---|---|",
         f"| trio, uncontended | {t['lease']:.2f}x `CapacityLimiter` | <= {TARGETS['trio']}x | {t['hand_written']:.2f}x "
         f"(limiter + `fail_after` + body `CancelScope`) | {t['lease'] / t['hand_written']:.2f}x |",
+        f"| trio, uncontended, `revocable=False` | {t['unrevocable']:.2f}x `CapacityLimiter` | "
+        f"<= {TARGETS['trio_unrevocable']}x | — | — |",
         f"| trio, contended hand-off (capacity 1, 100 tasks) | {c['lease']:.2f}x `CapacityLimiter` | "
         f"<= {TARGETS['trio_contended']}x | — | — |",
         f"| asyncio, uncontended | {a['lease']:.2f}x `asyncio.Semaphore` | <= {TARGETS['asyncio']}x | "

@@ -74,16 +74,19 @@ class AsyncAdmission:
 
     # ------------------------------------------------------------------ leases
 
-    def lease(self, model: str, *, long: bool = False, tenant: str | None = None, cost: float = 1.0) -> AsyncLeaseScope:
+    def lease(
+        self, model: str, *, long: bool = False, tenant: str | None = None, cost: float = 1.0, revocable: bool = True
+    ) -> AsyncLeaseScope:
         """Ask for a lease on one of ``model``'s candidates: ``async with admission.lease(model) as lease:``.
 
-        ``tenant`` and ``cost`` as :meth:`iop_admission.Admission.lease`.
+        ``tenant``, ``cost`` and ``revocable`` as :meth:`iop_admission.Admission.lease`
+        (``revocable=False``: fencing does not cancel the body's task).
         Raises (on entry): ``ModelNotFound``, ``Unavailable``, ``QueueFull``,
         ``TenantLimitExceeded``, ``QueueTimeout``, as :meth:`iop_admission.Admission.lease`,
         and ``RuntimeError`` outside a running asyncio loop (under trio: use ``Admission``).
         Raises (on exit): ``LeaseRevoked`` when fencing cancelled the body.
         """
-        return AsyncLeaseScope(self._handoff, model, long, None, tenant, cost)
+        return AsyncLeaseScope(self._handoff, model, long, None, tenant, cost, revocable=revocable)
 
     def settle(self, lease: Lease, actual: float) -> None:
         """Charge ``lease``'s tenant the cost it used instead of its reserve (see ``Admission.settle``)."""
@@ -230,7 +233,18 @@ async def _events(queue: asyncio.Queue[AdmissionEvent]) -> AsyncIterator[Admissi
 class AsyncLeaseScope:
     """What :meth:`AsyncAdmission.lease` returns: a single-use async context manager."""
 
-    __slots__ = ("_handoff", "_model", "_long", "_retry_of", "_lease", "_state", "_tenant", "_cost", "_reason")
+    __slots__ = (
+        "_handoff",
+        "_model",
+        "_long",
+        "_retry_of",
+        "_lease",
+        "_state",
+        "_tenant",
+        "_cost",
+        "_reason",
+        "_revocable",
+    )
 
     def __init__(
         self,
@@ -242,6 +256,7 @@ class AsyncLeaseScope:
         cost: float = 1.0,
         *,
         reason: str | None = None,
+        revocable: bool = True,
     ) -> None:
         self._handoff = handoff
         self._reason = reason
@@ -250,6 +265,7 @@ class AsyncLeaseScope:
         self._model = model
         self._long = long
         self._retry_of = retry_of
+        self._revocable = revocable
         self._lease: Lease | None = None
         self._state = "new"
 
@@ -257,16 +273,22 @@ class AsyncLeaseScope:
         if self._state != "new":
             raise LeaseScopeError("a lease scope can be entered only once")
         self._state = "entering"
-        self._lease = await self._handoff.acquire(
-            self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason
-        )
+        handoff = self._handoff
+        loop = running_loop("retry" if self._retry_of is not None else "lease")
+        now = loop.time()
+        result = handoff.ask(now, self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason)
+        lease = result if type(result) is Lease else await handoff.queued(result, now)
+        self._lease = handoff.open(lease, loop, self._revocable)
         self._state = "entered"
-        return self._lease
+        return lease
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._state != "entered" or self._lease is None:
+        lease = self._lease
+        if self._state != "entered" or lease is None:
             raise LeaseScopeError(f"a lease scope can be exited once, after it was entered (it is {self._state})")
         self._state = "exited"
-        await self._handoff.release(self._lease, exc_type)
+        task = self._handoff.close(lease, exc_type)
+        if task is not None:
+            await self._handoff.revoked(lease, task, exc_type)

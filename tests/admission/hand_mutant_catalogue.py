@@ -369,4 +369,63 @@ WAKE_UPS = (
     ),
 )
 
-MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS
+FAST_PATHS = (  # issue 42: the lease's fast paths skip work only where it is provably not needed
+    HandMutant(
+        "a provider linked into a new group of several still skips the heaps on a grant",
+        STALE_REFERENCE,
+        CORE + "_core/slots.py",
+        "p.indexed = p.indexed or self.single is None",
+        "p.indexed = p.indexed",
+        42,
+    ),
+    HandMutant(
+        "a release that reopens a probe re-enters only the heaps, not the admitting counts",
+        SIBLING_GUARD,
+        CORE + "_core/state.py",
+        "        if reopened:\n            slot.reindex()\n        else:\n            slot.load_changed()\n",
+        "        slot.load_changed()\n",
+        42,
+    ),
+    HandMutant(
+        "a grant that starts a probe re-enters only the heaps, not the admitting counts",
+        SIBLING_GUARD,
+        CORE + "_core/dispatch.py",
+        "            self._health.start_probe(p, lease)\n            p.reindex()\n",
+        "            self._health.start_probe(p, lease)\n            p.load_changed()\n",
+        42,
+    ),
+    HandMutant(
+        "an unrevocable lease that waited keeps the queue's scope as its body scope (trio)",
+        STALE_REFERENCE,
+        CORE + "_layers/trio_handoff.py",
+        "                scope.__exit__(None, None, None)\n            return\n",
+        "                scope.__exit__(None, None, None)\n                self._bodies[lease] = scope\n            return\n",
+        42,
+    ),
+    HandMutant(
+        "revocable=False ignored: fencing cancels the body anyway (trio)",
+        SIBLING_GUARD,
+        CORE + "_layers/trio_handoff.py",
+        "        if not revocable:  # no body scope",
+        "        if False:  # no body scope",
+        42,
+    ),
+    HandMutant(
+        "revocable=False ignored: fencing cancels the body anyway (asyncio)",
+        SIBLING_GUARD,
+        CORE + "_layers/aio_handoff.py",
+        "        if revocable:\n            self.bodies[lease] = task\n",
+        "        self.bodies[lease] = task\n",
+        42,
+    ),
+    HandMutant(
+        "an unrevocable body that ran revoked leaves without LeaseRevoked (asyncio)",
+        SKIPPED_CALL,
+        CORE + "_layers/aio_handoff.py",
+        "        if task is None and lease.revoked and exc_type is None:\n",
+        "        if False:\n",
+        42,
+    ),
+)
+
+MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS + FAST_PATHS

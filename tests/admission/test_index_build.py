@@ -8,7 +8,7 @@ import attrs
 from tests.admission.steps import as_lease as _lease
 
 from iop_admission import ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, QueuePolicy
-from iop_admission.core import AdmissionState, Lease
+from iop_admission.core import AdmissionState, Lease, Waiter
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -69,3 +69,20 @@ def test_provider_losing_its_long_slots_in_a_prepared_refresh_leaves_long_panic_
     assert _eject(core, BIG, True, 0.0).provider == pool.gpu1
     long = _lease(core.request(BIG, True, 1.0))
     assert (long.provider, long.probe) == (pool.gpu1, False)
+
+
+def test_a_provider_of_one_candidate_groups_joins_a_new_group_of_several_with_its_load(pool):
+    """gpu0 and gpu1 each run a model key alone (groups of one keep no heap); a prepared refresh
+    adds BIG over both, touching neither provider. BIG's choice index then follows their load:
+    two grants fill both (capacity 1 each), and the third BIG request queues."""
+    providers = {pool.gpu0: pool.spec(1, 0), pool.gpu1: pool.spec(1, 0)}
+    alone = {"a": ModelGroup(candidates=(pool.gpu0,)), "b": ModelGroup(candidates=(pool.gpu1,))}
+    base = PoolConfig(policy=QueuePolicy(max_queue=64, queue_timeout=30.0), providers=providers, models=alone)
+    core = AdmissionState(base)
+    core.connect("node-a")
+    core.connect("node-b")
+    core.release(_lease(core.request("a", False, 0.0)))  # a grant and a release on a provider of no heap
+    core.refresh(core.prepare_refresh(attrs.evolve(base, models={**alone, BIG: ModelGroup((pool.gpu0, pool.gpu1))})))
+    first, second = _lease(core.request(BIG, False, 1.0)), _lease(core.request(BIG, False, 1.0))
+    assert {first.provider, second.provider} == {pool.gpu0, pool.gpu1}
+    assert isinstance(core.request(BIG, False, 1.0), Waiter)

@@ -7,7 +7,8 @@ pauses, cancellations and node drops between them, run on one layer on virtual t
 (``tests/admission/layers.py``). Each program starts with a prelude that builds the health
 moments the docs name (two ejections pending, a long waiter put in panic mode the instant a
 retry takes the last probe, clients timing out together); the rest is random. After every step
-each provider's ``in_flight`` and the queue depth equal what the clients hold and wait for, and
+each provider's ``in_flight`` (with the revoked bodies that run on: a client may take its lease
+with ``revocable=False``) and the queue depth equal what the clients hold and wait for, and
 no provider runs past its capacity; at the end the books close. The named interactions are
 counted from what the clients saw and the events, per layer, with floors (``COVERAGE``).
 """
@@ -71,6 +72,7 @@ class Client:
     hold: float = 1.0
     report: str = "ok"  # "ok", "fail" or "none"
     retry: bool = True
+    revocable: bool = True  # False: a node drop does not cancel the body, which holds on
 
 
 @attrs.frozen
@@ -98,6 +100,7 @@ STEPS = st.one_of(
         hold=st.sampled_from((0.25, 0.5, 1.0, 2.0, 4.0)),
         report=st.sampled_from(("ok", "fail", "fail", "none")),
         retry=st.booleans(),
+        revocable=st.sampled_from((True, True, False)),
     ),
     st.builds(Pause, st.sampled_from((0.25, 0.5, 1.0, 3.0))),
     st.builds(Cancel, st.integers(0, 30)),
@@ -170,7 +173,8 @@ class Run:
     def client(self, index: int, client: Client) -> Callable[[], Awaitable[None]]:
         async def body() -> None:
             try:
-                failed = await self.attempt(index, self.admission.lease(client.model, long=client.long), client)
+                scope = self.admission.lease(client.model, long=client.long, revocable=client.revocable)
+                failed = await self.attempt(index, scope, client)
                 if failed is not None and client.retry:
                     await self.attempt(index, self.admission.retry(failed, reason="test"), client)
             except AdmissionError:
@@ -179,14 +183,16 @@ class Run:
         return body
 
     def check(self) -> None:
-        """Counters equal what the clients hold and wait for; no provider past its capacity."""
+        """Counters equal what the clients hold and wait for (a body that ignores its revocation,
+        ``revocable=False``, counts as revoked until it leaves); no provider past its capacity."""
         snap = self.admission.snapshot()
         assert snap.queue_depth == len(self.waiting), (snap.queue_depth, self.waiting)
         for p in snap.providers:
             key = ProviderKey(p.node_id, p.provider_id)
             held = [long for provider, long in self.holding.values() if provider == key]
-            assert (p.in_flight, p.long_in_flight) == (len(held), sum(held)), (p, held)
-            assert p.in_flight <= p.capacity and p.long_in_flight <= p.long_context_capacity
+            running, long_running = p.in_flight + p.revoked_in_flight, p.long_in_flight + p.revoked_long_in_flight
+            assert (running, long_running) == (len(held), sum(held)), (p, held)
+            assert running <= p.capacity and long_running <= p.long_context_capacity
 
 
 def _run(layer: Layer, program: list[Step], watch: bool) -> Run:

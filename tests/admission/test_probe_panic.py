@@ -121,3 +121,27 @@ def test_a_probe_granted_to_a_retry_grants_the_waiters_it_puts_in_panic_mode() -
     for lease in (a_probe, b_long, again, granted.lease):
         state.release(lease)
     assert not list(state.live_leases())
+
+
+def test_a_probe_released_without_a_report_takes_its_lone_model_key_out_of_panic() -> None:
+    """A provider that runs its model key alone is ejected, its probe granted and released with
+    no report: the provider admits again (the next grant probes), so the key is not in panic."""
+    state = AdmissionState(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=10, queue_timeout=60.0),
+            providers={A: ProviderSpec(capacity=2)},
+            models={"a": ModelGroup((A,))},
+            outlier=OutlierPolicy(consecutive_failures=1, base_ejection=1.0, max_ejection=1.0),
+        )
+    )
+    state.connect("node-a")
+    failed = _lease(state.request("a", False, 0.0))
+    state.release(failed)
+    state.report_failure(failed, 0.0)
+    assert state.panic_models() == ("a",)
+    state.advance(1.0)
+    probe = _lease(state.request("a", False, 1.0))
+    assert probe.probe and state.panic_models() == ("a",)
+    state.release(probe)
+    assert state.panic_models() == ()
+    assert _lease(state.request("a", False, 1.0)).probe

@@ -53,7 +53,9 @@ class Dispatcher:
             lease.tenant, lease.cost, lease._ticket = charge.tenant, charge.cost, charge._ticket
         if p.health is PROBE:
             self._health.start_probe(p, lease)
-        p.reindex()
+            p.reindex()
+        else:
+            p.load_changed()
         return lease
 
     def probe_started(self, lease: Lease) -> list[Decision]:

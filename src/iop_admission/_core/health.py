@@ -28,6 +28,8 @@ class Health:
 
     def next_ejection_end(self) -> float | None:
         """The earliest time an ejection ends, or None."""
+        if not self.unhealthy:  # the usual case, asked before every lease
+            return None
         ends = [p.ejected_until for p in self.unhealthy.values() if p.health is EJECTED]
         return min(ends) if ends else None
 

@@ -81,6 +81,10 @@ class ModelGroup:
     holding more than twice its candidates (plus a margin) in entries is rebuilt
     from its fresh ones, paid for by the pushes that made it grow.
 
+    A group of one candidate (``single``) keeps no heap: its choice is that
+    candidate when it has room, read from the candidate itself -- the entry the
+    heap would hold, without the pushes.
+
     Waiters of a group share its candidates, so they wait in two FIFO deques
     (normal, long) in arrival order, with lazy deletion like the heaps.
     """
@@ -88,6 +92,7 @@ class ModelGroup:
     __slots__ = (
         "name",
         "providers",
+        "single",
         "heap",
         "long_heap",
         "eligible",
@@ -105,6 +110,7 @@ class ModelGroup:
     def __init__(self, name: str, providers: tuple[ProviderSlot, ...]) -> None:
         self.name = name
         self.providers = providers
+        self.single = providers[0] if len(providers) == 1 else None  # the one candidate: no heap
         self.heap: list[int] = []
         self.long_heap: list[int] = []
         self.eligible = 0  # eligible candidates
@@ -124,6 +130,13 @@ class ModelGroup:
         The heap holds admitting candidates only; in panic mode (every eligible
         candidate is ejected or probing) the choice scans the candidates instead.
         """
+        p = self.single
+        if p is not None:
+            # Admitting or not, its one candidate is chosen when it has room: not admitting, it
+            # puts the group in panic mode, which chooses among the non-admitting ones.
+            if p.eligible and p.in_flight < p.capacity and (not long or p.long_in_flight < p.long_capacity):
+                return p
+            return None
         heap = self.long_heap if long else self.heap
         providers = self.providers
         while heap:
@@ -161,11 +174,12 @@ class ModelGroup:
         together. Entries are appended unsorted: call :meth:`heapify` once all are in.
         """
         p.groups.append((self, position))
+        p.indexed = p.indexed or self.single is None
         self.eligible += p.counted
         self.long_eligible += p.long_counted
         self.admitting += p.admit_counted
         self.long_admitting += p.long_admit_counted
-        if p.eligible and p.admitting and p.in_flight < p.capacity:
+        if self.single is None and p.eligible and p.admitting and p.in_flight < p.capacity:
             entry = p.rank() + (position << _STAMP_BITS)
             self.heap.append(entry)
             if p.long_in_flight < p.long_capacity:
@@ -250,6 +264,7 @@ class ProviderSlot:
         "revoked_long",
         "groups",
         "stamp",
+        "indexed",
         "counted",
         "long_counted",
         "admit_counted",
@@ -279,6 +294,7 @@ class ProviderSlot:
         self.revoked_long = 0
         self.groups: list[tuple[ModelGroup, int]] = []  # (model group, position among its candidates)
         self.stamp = 0
+        self.indexed = False  # in a group of several candidates (set by reindex and link)
         self.counted = False  # counted in its groups' ``eligible``
         self.long_counted = False  # counted in its groups' ``long_eligible``
         self.admit_counted = False  # counted in its groups' ``admitting``
@@ -339,19 +355,35 @@ class ProviderSlot:
                 g.admitting += step
                 g.long_admitting += long_step
             self.admit_counted, self.long_admit_counted = admit, long_admit
+        indexed = False  # listed in a group of several candidates, which keeps a heap
         if not admit or self.in_flight >= self.capacity:
             for g, position in self.groups:
-                g.drop_top(position, False)
+                if g.single is None:
+                    indexed = True
+                    g.drop_top(position, False)
+            self.indexed = indexed
             return
-        rank = self.rank()
+        rank = 0
         long_room = self.long_in_flight < self.long_capacity
         for g, position in self.groups:
+            if g.single is not None:  # chosen without a heap (ModelGroup.best)
+                continue
+            if not indexed:
+                indexed = True
+                rank = self.rank()
             entry = rank + (position << _STAMP_BITS)
             g.push(entry, position, False)
             if long_room:
                 g.push(entry, position, True)
             else:
                 g.drop_top(position, True)
+        self.indexed = indexed
+
+    def load_changed(self) -> None:
+        """Re-enter the heaps after a change of its load alone (a grant or a release, no health
+        news): a group of one candidate reads the load itself, and the counts stay as they are."""
+        if self.indexed:
+            self.reindex()
 
     def rank(self) -> int:
         """Its choice index entry, position aside: priority, load and current stamp (see ``_PRIORITY_SHIFT``)."""

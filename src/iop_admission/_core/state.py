@@ -237,18 +237,21 @@ class AdmissionState:
         lease._released = True
         slot = lease._slot
         self._pool.give_back(lease)
-        if lease._revoked:
-            wake_all = False  # fencing freed its tenant's slot already
-        else:
+        reopened = wake_all = False
+        if not lease._revoked:  # (a revoked lease's tenant slot was freed by fencing)
             if lease.probe and slot.probe_lease == lease.id:
                 self._health.reopen_probe(slot)
+                reopened = True
             # A tenant back under its max_in_flight may have waiters in any group.
             wake_all = lease._ticket is not None and self._tenants.release_ticket(lease)
         dispatch = self._dispatcher.dispatch
         if not slot.configured and not slot.busy:
             self._pool.drop(slot)
             return dispatch(self._pool.groups.values()) if wake_all else []
-        slot.reindex()
+        if reopened:
+            slot.reindex()
+        else:
+            slot.load_changed()
         if wake_all:
             return dispatch(self._pool.groups.values())
         if self._queue.retries:

@@ -141,18 +141,19 @@ class AsyncHandoff:
 
     # ----------------------------------------------------- lease scope halves
 
-    async def acquire(
+    def ask(
         self,
+        now: float,
         model: str,
         long: bool,
         retry_of: Lease | None,
         tenant: str | None = None,
         cost: float = 1.0,
         reason: str | None = None,
-    ) -> Lease:
-        """Grant a lease (a retry of ``retry_of`` if given), waiting in the queue if need be."""
+    ) -> Lease | Waiter:
+        """The first half of a lease scope's entry: a lease now (a retry of ``retry_of`` if given),
+        or the queued waiter to :meth:`queued` on. Synchronous: an immediate grant does not yield."""
         core = self.core
-        now = running_loop("retry" if retry_of is not None else "lease").time()
         if self.ejection_unarmed:  # an ejection started outside a loop: end it now if due, arm its timer
             self.apply(core.advance(now))
             self.arm_ejection()
@@ -170,28 +171,34 @@ class AsyncHandoff:
             self.apply(shed)
         if retry_of is not None and self.subscribers:
             self.emit(lease_event("retried", now, retry_of, attempt=retry_of.attempt + 1, reason=reason))
-        if type(result) is Lease:
-            lease = result
-        else:
-            assert type(result) is Waiter
-            if self.subscribers:
-                tenant = result.tenant if result._ticket is not None else None  # as lease events
-                self.emit(AdmissionEvent("queued", now, model=model, long=long, tenant=tenant))
-            try:
-                lease = await self.wait(result)
-            except Exception as exc:  # failed in the queue; a timeout has its own event
-                if self.subscribers and not isinstance(exc, QueueTimeout):
-                    self.emit(rejected_event(now_or_none(), model, long, exc))
-                raise
-            lease.queue_wait = asyncio.get_running_loop().time() - now
+        if type(result) is Waiter and self.subscribers:
+            tenant = result.tenant if result._ticket is not None else None  # as lease events
+            self.emit(AdmissionEvent("queued", now, model=model, long=long, tenant=tenant))
+        return result
+
+    async def queued(self, waiter: Waiter, now: float) -> Lease:
+        """Wait in the queue for ``waiter``'s grant (asked at ``now``)."""
+        try:
+            lease = await self.wait(waiter)
+        except Exception as exc:  # failed in the queue; a timeout has its own event
+            if self.subscribers and not isinstance(exc, QueueTimeout):
+                self.emit(rejected_event(now_or_none(), waiter.model, waiter.long, exc))
+            raise
+        lease.queue_wait = asyncio.get_running_loop().time() - now
+        return lease
+
+    def open(self, lease: Lease, loop: asyncio.AbstractEventLoop, revocable: bool) -> Lease:
+        """The last half of a lease scope's entry: the body may start (its task, if ``revocable``, is
+        the one fencing cancels)."""
         if lease.revoked:  # fenced between the grant and now: the body never runs, its capacity comes back
-            self.apply(core.release(lease))
+            self.apply(self.core.release(lease))
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
-        task = asyncio.current_task()
+        task = asyncio.current_task(loop)
         if task is None:
-            self.apply(core.release(lease))
+            self.apply(self.core.release(lease))
             raise RuntimeError("AsyncAdmission.lease() must be entered from an asyncio task")
-        self.bodies[lease] = task
+        if revocable:
+            self.bodies[lease] = task
         if self.subscribers:
             self.emit(lease_event("granted", now_or_none(), lease, waited=lease.queue_wait))
         return lease
@@ -210,14 +217,22 @@ class AsyncHandoff:
                 self.apply(self.core.release(future.result()))
             raise
 
-    async def release(self, lease: Lease, exc_type: type[BaseException] | None) -> None:
-        """Release ``lease`` as its body leaves; raise LeaseRevoked if fencing cancelled the body."""
-        task = self.bodies.pop(lease)
-        self.apply(self.core.release(lease))
+    def close(self, lease: Lease, exc_type: type[BaseException] | None) -> asyncio.Task[object] | None:
+        """Release ``lease`` as its body leaves; the body's task if fencing cancelled it (then
+        :meth:`revoked` takes that cancellation back). A body with no task to cancel
+        (``revocable=False``) that ran revoked gets LeaseRevoked here, as under trio."""
+        task = self.bodies.pop(lease, None)
+        decisions = self.core.release(lease)
+        if decisions:
+            self.apply(decisions)
         if self.subscribers:
             self.emit(lease_event("released", now_or_none(), lease))
-        if lease not in self.revoking:
-            return
+        if task is None and lease.revoked and exc_type is None:
+            raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
+        return task if lease in self.revoking else None
+
+    async def revoked(self, lease: Lease, task: asyncio.Task[object], exc_type: type[BaseException] | None) -> None:
+        """Take back the cancellation fencing sent to ``lease``'s body (``task``); raise LeaseRevoked."""
         self.revoking.discard(lease)
         if exc_type is None:
             # The body ended without awaiting after the revocation: take the

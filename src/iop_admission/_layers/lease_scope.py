@@ -20,7 +20,18 @@ class LeaseScope:
     """The async context manager :meth:`Admission.lease` and :meth:`Admission.retry` return:
     single use, a thin shell over the admission's acquire (on entry) and release (on exit)."""
 
-    __slots__ = ("_handoff", "_model", "_long", "_lease", "_entered", "_retry_of", "_reason", "_tenant", "_cost")
+    __slots__ = (
+        "_handoff",
+        "_model",
+        "_long",
+        "_lease",
+        "_entered",
+        "_retry_of",
+        "_reason",
+        "_tenant",
+        "_cost",
+        "_revocable",
+    )
 
     def __init__(
         self,
@@ -32,6 +43,7 @@ class LeaseScope:
         reason: str | None = None,
         tenant: str | None = None,
         cost: float = 1.0,
+        revocable: bool = True,
     ) -> None:
         self._handoff = handoff
         self._model = model
@@ -42,6 +54,7 @@ class LeaseScope:
         self._reason = reason
         self._tenant = tenant
         self._cost = cost
+        self._revocable = revocable
 
     async def __aenter__(self) -> Lease:
         if self._entered:
@@ -49,7 +62,7 @@ class LeaseScope:
         self._entered = True
         try:
             self._lease = await self._handoff.acquire(
-                self._model, self._long, self._retry_of, self._reason, self._tenant, self._cost
+                self._model, self._long, self._retry_of, self._reason, self._tenant, self._cost, self._revocable
             )
         except RuntimeError as exc:
             if trio.lowlevel.in_trio_run():

@@ -106,7 +106,9 @@ class Admission:
 
     # ------------------------------------------------------------------ leases
 
-    def lease(self, model: str, *, long: bool = False, tenant: str | None = None, cost: float = 1.0) -> LeaseScope:
+    def lease(
+        self, model: str, *, long: bool = False, tenant: str | None = None, cost: float = 1.0, revocable: bool = True
+    ) -> LeaseScope:
         """Ask for a lease on one of ``model``'s candidates.
 
         Use as ``async with admission.lease(model, long=...) as lease:``. The
@@ -117,6 +119,12 @@ class Admission:
         cost, 1 per request or estimated tokens (:meth:`settle` replaces it
         with the usage). With ``PoolConfig.tenants`` the queue is served by
         band, then weighted fair share, then FIFO within a tenant.
+
+        ``revocable=False``: the body gets no cancel scope of its own, so
+        fencing its node generation does not cancel it (it runs to its end);
+        for short bodies that need no revocation, at a lower cost. Its capacity
+        counts until it leaves, as for any revoked lease, and the exit still
+        raises ``LeaseRevoked`` if the lease was revoked while it ran.
 
         Entering checkpoints. It returns at once when a candidate is
         dispatchable, otherwise waits in the global queue. Cancelled while
@@ -134,7 +142,7 @@ class Admission:
         Raises (on exit):
             LeaseRevoked: the lease's node generation was fenced while the body ran.
         """
-        return LeaseScope(self._handoff, model, long, tenant=tenant, cost=cost)
+        return LeaseScope(self._handoff, model, long, tenant=tenant, cost=cost, revocable=revocable)
 
     def settle(self, lease: Lease, actual: float) -> None:
         """Charge ``lease``'s tenant the cost it used (tokens the backend reported) instead of its reserve."""

@@ -94,9 +94,10 @@ class Handoff:
         reason: str | None,
         tenant: str | None = None,
         cost: float = 1.0,
+        revocable: bool = True,
     ) -> Lease:
         """Grant a lease (a retry of ``retry_of`` if given), waiting in the queue if need be,
-        and open its body's cancel scope.
+        and open its body's cancel scope (``revocable``; otherwise the body has none).
 
         Checkpoints. Cancellation-atomic: returns a lease whose body scope is
         open, or raises and leaves no change behind.
@@ -136,19 +137,29 @@ class Handoff:
         except BaseException:  # cancelled since the grant: the body never starts, as under asyncio
             self._give_back(lease, scope)
             raise
-        # From here to the return nothing awaits; if anything raises, the grant
-        # goes back before the error propagates.
+        self._open_body(lease, scope, revocable)
+        if events.subscribers:
+            events.lease("granted", lease, waited=lease.queue_wait)
+        return lease
+
+    def _open_body(self, lease: Lease, scope: trio.CancelScope | None, revocable: bool) -> None:
+        """Give the body of ``lease`` its cancel scope (``scope``, the queue's, still open, or a new
+        one), the one fencing cancels; none if not ``revocable`` (the queue's scope closes).
+
+        Nothing here awaits; if anything raises, the grant goes back before the error propagates.
+        """
+        if not revocable:  # no body scope: fencing does not cancel the body (the queue's scope closes)
+            if scope is not None:
+                scope.__exit__(None, None, None)
+            return
         if scope is None:
             try:
                 scope = trio.CancelScope()
                 scope.__enter__()
             except BaseException:
-                self.apply(core.release(lease))
+                self.apply(self.core.release(lease))
                 raise
         self._bodies[lease] = scope
-        if events.subscribers:
-            events.lease("granted", lease, waited=lease.queue_wait)
-        return lease
 
     def _give_back(self, lease: Lease, scope: trio.CancelScope | None) -> None:
         """Close the scope of a grant whose body will not start and release the lease: its
@@ -213,15 +224,17 @@ class Handoff:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        """Close the body's scope and release the lease; whether the scope swallowed ``exc``.
+        """Close the body's scope (if it has one) and release the lease; whether the scope swallowed ``exc``.
 
         Synchronous on purpose: a cancelled task cannot skip the release.
         """
-        scope = self._bodies.pop(lease)
+        scope = self._bodies.pop(lease, None)
         try:
-            suppressed = scope.__exit__(exc_type, exc, tb)
+            suppressed = scope.__exit__(exc_type, exc, tb) if scope is not None else False
         finally:
-            self.apply(self.core.release(lease))
+            decisions = self.core.release(lease)
+            if decisions:
+                self.apply(decisions)
             if self.events.subscribers:
                 self.events.lease("released", lease)
         if lease.revoked and (suppressed or exc_type is None):
