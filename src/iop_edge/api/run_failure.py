@@ -7,7 +7,8 @@ from iop_edge.api.upstream_errors import upstream_error_object
 from iop_wire import RunEnd
 
 UPSTREAM_RETRY_AFTER = 1
-"""``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
+"""``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header), could
+not be reached, or sent no first byte in time: a retry may find another candidate, or this one back."""
 STALE_LEADER_RETRY_AFTER = 1
 """``Retry-After`` seconds when a node refused the run as ``stale_epoch``: a newer leader exists already."""
 
@@ -70,6 +71,7 @@ def run_failure(end: RunEnd) -> RequestRejected:
         detail,
         type="upstream_error",
         reason=end.code or "upstream_error",
+        retry_after=UPSTREAM_RETRY_AFTER if kind == "unreachable" else None,
         retry=retry,
         provider_failure=retry is not None,
     )
