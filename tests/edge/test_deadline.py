@@ -65,7 +65,7 @@ async def test_deadline_passes_while_queued(tmp_path: Path) -> None:
 
 
 async def test_deadline_before_first_byte_cancels_the_run(tmp_path: Path) -> None:
-    """[deadline] [cancel-upstream] the deadline passes while the node works on the run: the Edge
+    """[deadline] the deadline passes while the node works on the run: the Edge
     cancels it on the node, waits for the node to let go, answers 504 deadline_exceeded before the
     first byte, and never retries (nothing is left for another attempt)."""
     with trio.fail_after(20):
