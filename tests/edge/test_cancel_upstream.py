@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import trio
 
@@ -114,3 +115,28 @@ async def test_deadline_mid_stream_lets_go_of_the_backend(tmp_path: Path) -> Non
 
 def _chat(model: str, *, stream: bool) -> dict[str, object]:
     return {"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000, "stream": stream}
+
+
+async def test_openai_client_timeout_lets_go_of_the_backend(tmp_path: Path) -> None:
+    """[cancel-upstream] [deadline] the official openai client with ``timeout=``: a backend that answers
+    in time is relayed; one that does not is let go of once the client gave up (its read timeout is
+    the request's deadline at the Edge too: whichever ends it first, the backend stops)."""
+    backend = MockBackend(latency=60.0)
+    with trio.fail_after(20):
+        async with _stack(tmp_path, backend) as edge:
+            base_url = f"http://127.0.0.1:{edge.http_port}/v1"
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0, timeout=0.5) as client:
+                with pytest.raises(openai.APITimeoutError):
+                    await client.chat.completions.create(
+                        model=BIG, messages=[{"role": "user", "content": "x"}], max_tokens=5
+                    )
+                await eventually(lambda: backend.stats()["aborted"] == 1)
+                backend.latency = 0.0
+                served = await client.chat.completions.create(
+                    model=BIG, messages=[{"role": "user", "content": "x"}], max_tokens=5
+                )
+            assert served.choices[0].message.content
+            assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 2, "aborted": 1}
+            failures = (await edge.status())["failures"][BIG]
+            assert sum(failures.values()) == 1 and set(failures) <= {"cancelled", "deadline_exceeded"}
+            await edge.assert_drained()
