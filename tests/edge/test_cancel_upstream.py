@@ -23,7 +23,7 @@ from edge.harness import BIG, FAST, Edge, eventually, node_config, real_node, ru
 from iop_mock import MockBackend, serve_mock_backend
 from iop_node import ProviderConfig
 
-pytestmark = pytest.mark.req("cancel-upstream")
+pytestmark = pytest.mark.req("cancel-upstream", "deadline")
 
 
 @asynccontextmanager
