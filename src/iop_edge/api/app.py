@@ -442,7 +442,7 @@ def _open_run(
         upstream_model = service.config.upstream_model(model, key)
         run_id = service.registry.new_run_id()
         # [held-elsewhere] a long run says so: the node counts it among its long runs
-        run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, lease.long, upstream_model)
+        run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, lease.long, upstream_model, deadline_ms)
         return link.open_run(run, body.text)
     except (NodeGone, KeyError) as exc:
         raise node_disconnected(str(exc)) from None
