@@ -233,3 +233,62 @@ def test_deadline_keys_are_checked() -> None:
     }
     assert dict(_model().problems("m")) == {}
     assert _model().deadline_seconds(None) is None
+
+
+async def test_the_run_carries_what_is_left_of_the_deadline(tmp_path: Path) -> None:
+    """[deadline] the official openai client's ``timeout=`` is the deadline of a non-stream request:
+    its run carries what is left of it (wire v6 ``deadline_ms``); a stream's read timeout bounds its
+    first byte only, so its run carries none; a request without any, none."""
+    with trio.fail_after(20):
+        async with running_edge(tmp_path) as edge, fake_node(edge) as a:
+            async with edge.openai_client() as client, trio.open_nursery() as nursery:
+                answers: list[str | None] = []
+
+                async def ask() -> None:
+                    chat = await client.chat.completions.create(
+                        model=BIG, messages=[{"role": "user", "content": "hi"}], max_tokens=5, timeout=5.0
+                    )
+                    answers.append(chat.choices[0].message.content)
+
+                nursery.start_soon(ask)
+                await a.answer(await a.next_run(), "in time")
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                start_chat(nursery, edge, results, "s", FAST, stream=True, headers={"X-Stainless-Read-Timeout": "5"})
+                await a.answer(await a.next_run())
+            async with trio.open_nursery() as nursery:
+                start_chat(nursery, edge, results, "none", FAST)
+                await a.answer(await a.next_run())
+            openai_run, stream_run, plain_run = a.runs_received
+            assert answers == ["in time"]
+            assert openai_run.deadline_ms is not None and 0 < openai_run.deadline_ms <= 5000
+            assert stream_run.deadline_ms is None and plain_run.deadline_ms is None
+            await edge.assert_drained()
+
+
+async def test_node_ends_deadline_and_stall_become_their_classes(tmp_path: Path) -> None:
+    """[deadline] [error-classes] a run the node ended ``deadline_exceeded`` (its own bound on the
+    backend call) is 504 deadline_exceeded, not retried, not the provider's failure; one it ended
+    ``stream_stalled`` after the first bytes ends the stream with that class."""
+    with trio.fail_after(20):
+        async with running_edge(tmp_path) as edge, fake_node(edge, "node-b", providers=("gpu1",)) as b:
+            async with fake_node(edge) as a:
+                results: dict[str, httpx.Response] = {}
+                async with trio.open_nursery() as nursery:
+                    start_chat(nursery, edge, results, "late", BIG, headers=_timeout(30))
+                    run = await a.next_run()
+                    await a.send(RunEnd(run.run_id, "error", "deadline_exceeded", "the run's deadline passed"))
+                async with trio.open_nursery() as nursery:
+                    start_chat(nursery, edge, results, "stalled", FAST, stream=True)
+                    run = await a.next_run()
+                    await a.send_json(run.run_id, chat_chunk("first"))
+                    await a.send(RunEnd(run.run_id, "error", "stream_stalled", "silent for 300 s"))
+            late, stalled = results["late"], results["stalled"]
+            assert late.status_code == 504 and late.headers["x-iop-error-class"] == "deadline_exceeded"
+            assert late.headers["x-iop-attempts"] == "1"
+            assert sse_events(stalled.text)[-1]["error"]["code"] == "stream_stalled"
+            assert await _failures(edge.http, FAST, "stream_stalled") == 1
+            assert edge.provider("node-a", "gpu0")["failures"] == 0
+            with trio.move_on_after(0):
+                await b.next_run()  # nothing was retried on node-b
+            await edge.assert_drained()
