@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [reload_load] [ui] [--runs N] [--peers] [--quick]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [reload_load] [ui] [deadline] [--runs N] [--peers] [--quick]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,7 +12,7 @@ import platform
 import sys
 import time
 
-from . import admission, config_scale, e2e, fleet, overload, reload_load, scale, ui
+from . import admission, config_scale, deadline, e2e, fleet, overload, reload_load, scale, ui
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 SUITES = {
@@ -24,6 +24,7 @@ SUITES = {
     "config_scale": config_scale,
     "reload_load": reload_load,
     "ui": ui,
+    "deadline": deadline,
 }
 
 

@@ -159,7 +159,8 @@ class EdgeService:
         node_ids = [n.id for n in self.config.nodes]
         nodes = self.registry.node_status(node_ids)
         ha = self.ha.status() if self.ha is not None else None
-        return status_document(EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status(), ha))
+        status = EdgeStatus(self.admission.snapshot(), nodes, self.front_door.status(), ha, self.metrics.failures)
+        return status_document(status)
 
     async def status_rows(self, *, node: str | None = None, model: str | None = None) -> StatusRows:
         """What ``/status`` writes, optionally only one node's or one model key's part.
@@ -196,9 +197,11 @@ class EdgeService:
             if first:
                 await trio.lowlevel.checkpoint()
             nodes.extend(self.registry.node_rows(node_ids[first : first + NODE_SLICE]))
-        return StatusRows(
-            head, rows, nodes, self.front_door.status(), self.ha.status() if self.ha is not None else None
-        )
+        ha = self.ha.status() if self.ha is not None else None
+        failures = {
+            model: dict(counts) for model, counts in self.metrics.failures.items()
+        }  # JSON is written off the loop
+        return StatusRows(head, rows, nodes, self.front_door.status(), ha, failures)
 
     # ------------------------------------------------------------------- serve
 

@@ -52,6 +52,10 @@ class NodeStatus:
     active_runs: int
 
 
+Failures = dict[str, dict[str, int]]
+"""``/status``'s ``failures``: requests failed since the Edge started, by model key and error class
+([error-classes], ``docs/openai-api.md``)."""
+
 NodeRow = dict[str, Any]
 """A :class:`NodeStatus`'s fields as a plain dict, in field order: what cattrs makes of one,
 made without the object (``/status`` writes 10,000 of them)."""
@@ -109,6 +113,7 @@ class EdgeStatus:
     nodes: tuple[NodeStatus, ...]
     overload: OverloadStatus
     ha: HaStatus | None = None
+    failures: Failures = attrs.field(factory=dict)
 
 
 @final
@@ -127,12 +132,14 @@ class StatusRows:
     nodes: list[NodeRow]
     overload: OverloadStatus
     ha: HaStatus | None = None
+    failures: Failures = attrs.field(factory=dict)
 
     def model(self) -> EdgeStatus:
         """The same status as an :class:`EdgeStatus` (the rows made objects)."""
         providers = tuple(ProviderSnapshot(**row) for row in self.providers)
         nodes = tuple(NodeStatus(**row) for row in self.nodes)
-        return EdgeStatus(attrs.evolve(self.snapshot, providers=providers), nodes, self.overload, self.ha)
+        snapshot = attrs.evolve(self.snapshot, providers=providers)
+        return EdgeStatus(snapshot, nodes, self.overload, self.ha, self.failures)
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -148,6 +155,7 @@ def status_document(status: EdgeStatus) -> dict[str, Any]:
     document: dict[str, Any] = _converter.unstructure(status.snapshot)
     document["nodes"] = _converter.unstructure(status.nodes, tuple[NodeStatus, ...])
     document["overload"] = _converter.unstructure(status.overload)
+    document["failures"] = status.failures
     if status.ha is not None:
         document["ha"] = _converter.unstructure(status.ha)
     return document
@@ -159,6 +167,7 @@ def status_json_rows(status: StatusRows) -> bytes:
     document["providers"] = status.providers
     document["nodes"] = status.nodes
     document["overload"] = _converter.unstructure(status.overload)
+    document["failures"] = status.failures
     if status.ha is not None:
         document["ha"] = _converter.unstructure(status.ha)
     return _write(document)
@@ -212,12 +221,13 @@ def parse_status(document: object) -> EdgeStatus:
     nodes = _part(document, "nodes", tuple[NodeStatus, ...], errors)
     overload = _part(document, "overload", OverloadStatus, errors)
     ha = _part(document, "ha", HaStatus, errors) if "ha" in document else None
-    if errors or snapshot is None or nodes is None or overload is None:
+    failures = _part(document, "failures", Failures, errors)
+    if errors or snapshot is None or nodes is None or overload is None or failures is None:
         raise cattrs.ClassValidationError("While structuring the /status document", errors, EdgeStatus)
-    return EdgeStatus(snapshot, nodes, overload, ha)
+    return EdgeStatus(snapshot, nodes, overload, ha, failures)
 
 
-_PARTS = ("nodes", "overload", "ha")
+_PARTS = ("nodes", "overload", "ha", "failures")
 
 
 def _part(document: dict[str, Any], key: str, kind: Any, errors: list[Exception]) -> Any:

@@ -165,7 +165,18 @@ def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:
         parts.append(
             Text("panic mode (every candidate ejected, admitted anyway): " + ", ".join(snap.panic), style="red")
         )
+    if status.failures:
+        parts.append(_failures(status))
     return Group(*parts, queue, nodes, _LEGEND)
+
+
+def _failures(status: EdgeStatus) -> Text:
+    """``failed since start: MODEL CLASS N, ...; ...`` ([error-classes]), the classes' own words."""
+    per_model = (
+        f"{model} " + ", ".join(f"{name} {count}" for name, count in sorted(counts.items()))
+        for model, counts in sorted(status.failures.items())
+    )
+    return Text("failed since start: " + "; ".join(per_model))
 
 
 def _tenant_table(status: EdgeStatus) -> Table:

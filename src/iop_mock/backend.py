@@ -10,7 +10,7 @@ and embeddings: ``POST /v1/embeddings`` (OpenAI's shape) and Ollama's ``POST /ap
 deterministic vectors (:mod:`iop_mock.embedding`) after ``latency`` seconds; they count in the
 stats like generations. Every generation request waits ``latency`` seconds (time to first token), then produces
 ``max_tokens`` tokens at ``tokens_per_second`` (0: all at once). ``GET /stats`` reports
-``{"in_flight", "peak_in_flight", "total"}``; ``POST /stats/reset`` starts a new measurement.
+``{"in_flight", "peak_in_flight", "total", "aborted"}``; ``POST /stats/reset`` starts a new measurement.
 ``POST /fault`` with ``{"status": 500}`` makes every generation request answer that status
 with an OpenAI error body (a failing backend, for failover tests); ``{"status": null}`` heals
 it; ``--fail-status`` starts it failing.
@@ -113,6 +113,7 @@ class MockBackend:
     _in_flight: int = attrs.field(default=0, init=False)
     _peak_in_flight: int = attrs.field(default=0, init=False)
     _total: int = attrs.field(default=0, init=False)
+    aborts: list[float] = attrs.field(factory=list, init=False)  # when (trio's clock) each left request let go
     _ids: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _models_body: bytes = attrs.field(init=False)
     _pacer: Pacer = attrs.field(factory=Pacer, init=False)
@@ -139,27 +140,28 @@ class MockBackend:
         """The counters, as ``GET /stats`` serves them.
 
         Returns:
-            ``{"in_flight": n, "peak_in_flight": n, "total": n}``; ``total`` counts the
-            generation requests started since the last :meth:`reset`. With ``track_repeats``,
+            ``{"in_flight", "peak_in_flight", "total", "aborted"}``; ``total`` counts the generation requests
+            started since the last :meth:`reset`, ``aborted`` those left by their client. With ``track_repeats``,
             also ``"repeated"``: those of them whose body was served before since the reset.
         """
         stats = {
             "in_flight": self._in_flight,
             "peak_in_flight": self._peak_in_flight,
             "total": self._total,
+            "aborted": len(self.aborts),
         }
         if self.track_repeats:
             stats["repeated"] = self._repeated
         return stats
 
     def reset(self) -> None:
-        """Start a new measurement: ``total`` and ``peak_in_flight`` restart, ``in_flight`` stays.
+        """Start a new measurement: ``total``, ``aborted`` and ``peak_in_flight`` restart, ``in_flight`` stays.
 
-        ``peak_in_flight`` restarts at the current ``in_flight`` rather than at 0, so that it stays
-        a true maximum of ``in_flight`` since the reset; the two are the same (0) when the backend
-        is idle, which is when a measurement normally starts.
+        ``peak_in_flight`` restarts at the current ``in_flight`` rather than at 0, so that it stays a true
+        maximum of ``in_flight`` since the reset; the two are the same (0) when the backend is idle.
         """
         self._total = 0
+        self.aborts.clear()
         self._peak_in_flight = self._in_flight
         self._seen.clear()
         self._repeated = 0
@@ -258,8 +260,10 @@ class MockBackend:
                 self._note(body)
             try:
                 await respond(send, request)
-            except OSError:
-                pass  # ASGI: send raises OSError once the client is gone; nothing to tell
+            except BaseException as exc:  # the client is gone: send raised OSError, or its watcher cancelled us
+                self.aborts.append(trio.current_time())
+                if not isinstance(exc, OSError):  # ASGI: send raises OSError; nothing to tell
+                    raise
             finally:
                 self._in_flight -= 1
                 nursery.cancel_scope.cancel()

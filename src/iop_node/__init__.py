@@ -8,11 +8,13 @@ See ``docs/node.md``.
 
 from iop_node._errors import (
     BadRunRequest,
+    DeadlineExceeded,
     EdgeProtocolViolation,
     NodeError,
     RegistrationRejected,
     RegistrationTimeout,
     RunFailed,
+    StreamStalled,
     UpstreamFailed,
     UpstreamTooLarge,
     UpstreamUnreachable,
@@ -38,6 +40,7 @@ from iop_node.edges.session import EdgeSession
 __all__ = [
     "Adapter",
     "BadRunRequest",
+    "DeadlineExceeded",
     "EdgeClient",
     "EdgeClients",
     "EdgeProtocolViolation",
@@ -55,6 +58,7 @@ __all__ = [
     "RegistrationTimeout",
     "RunFailed",
     "RuntimeConfig",
+    "StreamStalled",
     "TunnelHead",
     "UpstreamFailed",
     "UpstreamLimits",

@@ -40,9 +40,31 @@ class StaleEpoch(RunFailed):
 
 @final
 class UpstreamUnreachable(RunFailed):
-    """The upstream could not be reached, timed out, or dropped the connection."""
+    """The upstream could not be reached, timed out, or dropped the connection.
+
+    ``silent``: it was a read timeout (the upstream sent nothing for the provider's ``timeout_ms``);
+    after part of an answer went to the Edge that is a :class:`StreamStalled`.
+    """
 
     code = "upstream_unreachable"
+
+    def __init__(self, message: str, *, silent: bool = False) -> None:
+        super().__init__(message)
+        self.silent = silent
+
+
+@final
+class StreamStalled(RunFailed):
+    """[error-classes] The upstream sent part of its answer, then nothing for the provider's ``timeout_ms``."""
+
+    code = "stream_stalled"
+
+
+@final
+class DeadlineExceeded(RunFailed):
+    """[deadline] The run's deadline (wire v6 ``run.deadline_ms``) passed first; its upstream request was closed."""
+
+    code = "deadline_exceeded"
 
 
 @final

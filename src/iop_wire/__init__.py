@@ -1,4 +1,4 @@
-"""The Edge–Node wire protocol (v4 and v5): message classes, their JSON codec, data frames, versions.
+"""The Edge–Node wire protocol (v5 and v6): message classes, their JSON codec, data frames, versions.
 
 The contract is ``docs/wire.md``. Messages are JSON text frames, one message each,
 tagged by ``"type"``, and binary data frames (:func:`encode_data`,
@@ -54,7 +54,7 @@ from ._messages import (
     max_body_bytes_for,
     valid_node_id,
 )
-from ._versions import OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSIONS, run_for, spoken
+from ._versions import OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSIONS, end_code_for, run_for, spoken
 from ._websocket import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
 __all__ = [
@@ -107,6 +107,7 @@ __all__ = [
     "encode",
     "encode_data",
     "encode_run",
+    "end_code_for",
     "failure_kind",
     "make_converter",
     "max_body_bytes_for",

@@ -138,12 +138,13 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook_func(_is_json_object, _structure_json_object)
     converter.register_unstructure_hook_func(_is_json_object, lambda value: value)
     converter.register_structure_hook_factory(_is_tuple, _make_tuple_hook)
-    # v3's epoch, v4's long and long_runs and v5's model are left out of a frame when unset: an older
-    # peer, whose strict decoder rejects an unknown key, never sees them (they are set only
-    # on connections of their version).
+    # The optional fields are left out of a frame when unset: an older peer, whose strict decoder
+    # rejects an unknown key, never sees a field its version lacks (v6's deadline_ms is set only
+    # on v6 connections: iop_wire.run_for takes it out for a v5 peer).
     omitted = override(omit_if_default=True)
     converter.register_unstructure_hook(
-        Run, make_dict_unstructure_fn(Run, converter, epoch=omitted, long=omitted, model=omitted)
+        Run,
+        make_dict_unstructure_fn(Run, converter, epoch=omitted, long=omitted, model=omitted, deadline_ms=omitted),
     )
     converter.register_unstructure_hook(
         TunnelRequest, make_dict_unstructure_fn(TunnelRequest, converter, epoch=omitted)
@@ -235,7 +236,7 @@ _OK_END_HEAD, _OK_END_TAIL = _ENCODER.encode(_unstructure_message(RunEnd("\0", "
 
 
 _RUN_KEYS: Final = frozenset(("type", "run_id", "provider", "endpoint", "body", "stream"))
-_RUN_OPTIONAL_KEYS: Final = frozenset(("epoch", "long", "model"))
+_RUN_OPTIONAL_KEYS: Final = frozenset(("epoch", "long", "model", "deadline_ms"))
 
 
 def _plain_run(obj: dict[str, Any]) -> Run | None:
@@ -246,14 +247,19 @@ def _plain_run(obj: dict[str, Any]) -> Run | None:
     Every run a node serves is decoded: this costs about a third of the converter's time.
     """
     keys = obj.keys()
-    epoch, long, model = None, False, None
+    epoch, long, model, deadline_ms = None, False, None, None
     if keys != _RUN_KEYS:
         if not keys - _RUN_KEYS <= _RUN_OPTIONAL_KEYS or not keys >= _RUN_KEYS:
             return None
-        epoch, long, model = obj.get("epoch"), obj.get("long", False), obj.get("model")
+        epoch, long, model, deadline_ms = (
+            obj.get("epoch"),
+            obj.get("long", False),
+            obj.get("model"),
+            obj.get("deadline_ms"),
+        )
         if (epoch is not None and type(epoch) is not int) or type(long) is not bool:
             return None
-        if model is not None and type(model) is not str:
+        if (model is not None and type(model) is not str) or (deadline_ms is not None and type(deadline_ms) is not int):
             return None
     run_id, provider, endpoint, body, stream = (
         obj["run_id"],
@@ -267,7 +273,7 @@ def _plain_run(obj: dict[str, Any]) -> Run | None:
     if type(body) is not dict or type(stream) is not bool:
         return None
     try:
-        return Run(run_id, provider, endpoint, body, stream, epoch, long, model)
+        return Run(run_id, provider, endpoint, body, stream, epoch, long, model, deadline_ms)
     except ValueError:  # a value rule (the endpoint): the converter's reason names it
         return None
 

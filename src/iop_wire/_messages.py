@@ -1,4 +1,4 @@
-"""The JSON messages of the Edge–Node wire protocol, v4 and v5 (contract: ``docs/wire.md``).
+"""The JSON messages of the Edge–Node wire protocol, v5 and v6 (contract: ``docs/wire.md``).
 
 Every message is a frozen attrs value. Field types are checked by the codec when
 a frame is decoded; the rules that involve values (allowed statuses, endpoints and
@@ -52,8 +52,11 @@ ERROR_CODES: Final = (
     "cancelled",
     "stale_epoch",
     "upstream_too_large",
+    "deadline_exceeded",
+    "stream_stalled",
 )
-"""The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries."""
+"""The codes a ``run_end`` / ``tunnel_end`` with ``status != "ok"`` carries; ``deadline_exceeded`` and
+``stream_stalled`` (v6) only to a peer of v6 (a v5 peer gets :func:`~iop_wire.end_code_for`'s)."""
 
 FailureKind = Literal[
     "client_error",
@@ -64,6 +67,7 @@ FailureKind = Literal[
     "node_refused",
     "cancelled",
     "stale_leader",
+    "deadline",
 ]
 """Whose failure a ``run_end`` with ``status != "ok"`` is, derived by :func:`failure_kind`.
 
@@ -84,6 +88,11 @@ FailureKind = Literal[
 - ``cancelled``: the run was cancelled.
 - ``stale_leader``: the run carried an older leader's epoch than the node has
   seen (``stale_epoch``): the Edge that sent it no longer leads.
+- ``deadline``: the run's deadline (v6 ``run.deadline_ms``) passed first
+  (``deadline_exceeded``): the client's budget, not the provider's failure.
+
+A stalled stream (``stream_stalled``, v6: the backend sent part of its answer, then nothing
+for the provider's read timeout) is a ``provider_error``.
 """
 
 FAILURE_KINDS: Final[tuple[FailureKind, ...]] = get_args(FailureKind)
@@ -129,6 +138,8 @@ _KIND_OF_CODE: Final[dict[str | None, FailureKind]] = {
     "bad_request": "node_refused",
     "upstream_unreachable": "unreachable",
     "stale_epoch": "stale_leader",
+    "deadline_exceeded": "deadline",
+    "stream_stalled": "provider_error",
 }
 
 
@@ -354,9 +365,12 @@ class Run:
     refuses the run with ``stale_epoch``. Left out of the frame when None.
     ``long``: the Edge admitted it as a long-context request (it holds one of
     the provider's long slots there); left out of the frame when false.
-    ``model`` (v5): the upstream model name; ``body`` is then the client's body as it sent
+    ``model``: the upstream model name; ``body`` is then the client's body as it sent
     it (its own ``model``, ``stream`` or none), and the node runs :meth:`upstream_body`.
-    Left out of the frame when None; a v4 peer gets :meth:`for_upstream` instead.
+    Left out of the frame when None (``body`` is then already the upstream's).
+    ``deadline_ms`` (v6): what was left of the request's deadline when the run was sent, in
+    milliseconds (at least 1); the node bounds the backend call by it and ends the run
+    ``deadline_exceeded`` when it passes. Left out of the frame when None (no deadline).
     """
 
     run_id: str
@@ -367,6 +381,7 @@ class Run:
     epoch: int | None = None
     long: bool = False
     model: str | None = None
+    deadline_ms: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
 
     def for_upstream(self) -> Run:
         """This run as its node serves it: from v5 (``model`` set) with :meth:`upstream_body` as its

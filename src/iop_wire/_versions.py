@@ -1,9 +1,10 @@
 """The wire versions spoken at once: the current and the previous one (docs/wire.md, Versioning).
 
 One table says what each version adds to the one before and how a message of it is said to a
-peer of that one (:data:`_TO_PREVIOUS`); :func:`run_for` walks it down to the peer's version.
-The daemons build every message in the current version's shape and ask this module for a
-peer's frame, so no version branch lives above the link.
+peer of that one (:data:`_TO_PREVIOUS`: a run from the Edge, an end code from the node);
+:func:`run_for` and :func:`end_code_for` walk it down to the peer's version. The daemons build
+every message in the current version's shape and ask this module for a peer's frame, so no
+version branch lives above the link.
 
 Adding version n+1 is a change here: append it to :data:`PROTOCOL_VERSIONS` and drop the oldest,
 give it its row in :data:`_TO_PREVIOUS` (what n+1 adds, taken out for an n peer) and drop the
@@ -12,13 +13,14 @@ row of the version that is now the oldest.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Final
+
+import attrs
 
 from ._messages import Run
 
-PROTOCOL_VERSIONS: Final = (4, 5)
+PROTOCOL_VERSIONS: Final = (5, 6)
 """The versions this package speaks: the previous and the current. An Edge accepts nodes of
 either; a node offers the current one and falls back to the previous."""
 
@@ -32,20 +34,22 @@ _RunAndBody = tuple[Run, str | None]
 """A run and the client's body text it carries as is (:func:`~iop_wire.encode_run`), or None."""
 
 
-def _v5_run_to_v4(run: Run, body_json: str | None) -> _RunAndBody:
-    """v5 adds ``run.model`` (the client's body as sent): a v4 peer gets the body with the upstream
-    model (and ``stream``) put in, re-encoded (:meth:`Run.for_upstream`)."""
-    if body_json is not None:
-        run = Run(
-            run.run_id, run.provider, run.endpoint, _object(body_json), run.stream, run.epoch, run.long, run.model
-        )
-    return run.for_upstream(), None
+def _v6_run_to_v5(run: Run, body_json: str | None) -> _RunAndBody:
+    """v6 adds ``run.deadline_ms`` (the request's deadline, for the node to bound the backend
+    call): a v5 peer gets the run without it, and bounds the call by its own timeouts only."""
+    return (run if run.deadline_ms is None else attrs.evolve(run, deadline_ms=None)), body_json
 
 
-_TO_PREVIOUS: Final[dict[int, Callable[[Run, str | None], _RunAndBody]]] = {
-    5: _v5_run_to_v4,
+_TO_PREVIOUS: Final[dict[int, tuple[Callable[[Run, str | None], _RunAndBody], Mapping[str, str]]]] = {
+    6: (
+        _v6_run_to_v5,
+        # v6's end codes, said to a v5 Edge: a stalled stream was an unreachable upstream; a v5
+        # Edge sends no deadline, so its runs never end deadline_exceeded (mapped all the same).
+        {"stream_stalled": "upstream_unreachable", "deadline_exceeded": "upstream_unreachable"},
+    ),
 }
-"""For every version spoken above the oldest: its run as the version before reads it."""
+"""For every version spoken above the oldest: its run as the version before reads it, and its
+new ``run_end`` codes in the words of the version before."""
 
 
 def run_for(version: int, run: Run, body_json: str | None = None) -> _RunAndBody:
@@ -55,23 +59,31 @@ def run_for(version: int, run: Run, body_json: str | None = None) -> _RunAndBody
     Raises:
         ValueError: ``version`` is not one of :data:`PROTOCOL_VERSIONS`.
     """
-    if version not in PROTOCOL_VERSIONS:
-        raise ValueError(f"wire v{version} is not spoken (speaks {spoken()})")
-    for newer in reversed(PROTOCOL_VERSIONS):
-        if newer == version:
-            break
-        run, body_json = _TO_PREVIOUS[newer](run, body_json)
+    for newer in _newer_than(version):
+        run, body_json = _TO_PREVIOUS[newer][0](run, body_json)
     return run, body_json
 
 
+def end_code_for(version: int, code: str | None) -> str | None:
+    """A ``run_end`` code (the current version's) as a peer of ``version`` reads it.
+
+    Raises:
+        ValueError: ``version`` is not one of :data:`PROTOCOL_VERSIONS`.
+    """
+    for newer in _newer_than(version):
+        if code is not None:
+            code = _TO_PREVIOUS[newer][1].get(code, code)
+    return code
+
+
+def _newer_than(version: int) -> list[int]:
+    """The versions spoken above ``version``, newest first: the rows to walk down to it."""
+    if version not in PROTOCOL_VERSIONS:
+        raise ValueError(f"wire v{version} is not spoken (speaks {spoken()})")
+    return [newer for newer in reversed(PROTOCOL_VERSIONS) if newer > version]
+
+
 def spoken() -> str:
-    """The versions spoken, for a reason or a log line: ``"4 and 5"``."""
+    """The versions spoken, for a reason or a log line: ``"5 and 6"``."""
     *older, newest = PROTOCOL_VERSIONS
     return f"{', '.join(map(str, older))} and {newest}" if older else str(newest)
-
-
-def _object(text: str) -> dict[str, Any]:
-    value = json.loads(text)
-    if type(value) is not dict:
-        raise ValueError("a run's body must be a JSON object")
-    return value

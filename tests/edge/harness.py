@@ -87,6 +87,8 @@ class EdgeLayout:
     retry: str | None = None  # provider_pool.retry, e.g. "{max_attempts: 3}"
     outlier: str | None = None  # provider_pool.outlier, e.g. "{consecutive_failures: 2}"
     first_token_timeout_ms: int | None = None  # of ornith:35b
+    model_keys: tuple[str, ...] = ()
+    """More keys of ornith:35b's entry, e.g. ``"min_attempt_ms: 500"``."""
 
     def yaml(self) -> str:
         """The ``edge.yaml`` text for this layout."""
@@ -128,6 +130,7 @@ class EdgeLayout:
             f'  - id: "{BIG}"',
             f"    long_context_threshold_tokens: {LONG_THRESHOLD}",
             *([f"    first_token_timeout_ms: {self.first_token_timeout_ms}"] if self.first_token_timeout_ms else []),
+            *(f"    {line}" for line in self.model_keys),
             "    candidates:",
             '      - {node: node-a, provider: gpu0, upstream_model: "qwen3:35b"}',
             '      - {node: node-b, provider: gpu1, upstream_model: "qwen3:35b-b"}',

@@ -40,7 +40,7 @@ from iop_edge.nodes import run_frame as run_frame_module
 from iop_edge.nodes.connection import NodeSocket
 from iop_edge.nodes.link import NodeLink
 from iop_edge.nodes.runs import RunNotSent
-from iop_wire import MAX_MESSAGE_BYTES, OLDEST_PROTOCOL, RUN_ENVELOPE_BYTES, Rejected, Run, decode
+from iop_wire import MAX_MESSAGE_BYTES, RUN_ENVELOPE_BYTES, Rejected, Run, decode
 
 pytestmark = pytest.mark.req("lease-lifecycle", "contract-spec-sync")
 
@@ -246,31 +246,6 @@ async def test_large_body_through_a_real_node(tmp_path: Path, caplog: pytest.Log
                     assert response.status_code == 200, response.text
                 assert link_of(edge).generation == generation  # never cut
                 await assert_settled(edge, caplog)
-
-
-@pytest.mark.req("wire-versioning")
-async def test_v4_node_too_large_after_reencoding_fails_that_run_alone(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """[wire-versioning] A v4 node gets a re-encoded body: over its message limit, the run alone gets
-    413 request_too_large, before it is registered; the link and the run in flight carry on."""
-    raw = floats_body(4_000_081)
-    with trio.fail_after(TIMEOUT):
-        async with running_edge(tmp_path, BIG_BODY_LAYOUT) as edge, fake_node(edge, protocol=OLDEST_PROTOCOL) as node:
-            results: dict[str, Any] = {}
-            async with trio.open_nursery() as nursery:
-                held = await in_flight_beside(edge, node, nursery, results)
-                response = await post(edge, raw)
-                assert response.status_code == 413, response.text
-                assert response.json()["error"]["code"] == "request_too_large"
-                assert str(MAX_MESSAGE_BYTES) in response.json()["error"]["message"]
-                assert link_of(edge).active_runs == 1
-                await finish(node, held, results)
-            async with trio.open_nursery() as nursery:  # the link still serves
-                held = await in_flight_beside(edge, node, nursery, results := {})
-                assert held.model is None and held.body["model"] == "qwen3:35b"  # v4: re-encoded, model put in
-                await finish(node, held, results)
-            await assert_settled(edge, caplog)
 
 
 def test_the_default_body_limit_fits_a_run_frame() -> None:

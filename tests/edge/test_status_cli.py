@@ -390,3 +390,22 @@ async def test_status_shows_a_tenants_table_read_back_from_the_document() -> Non
     assert ["chat", "1", "2", "0/-", "1/3", "100%", "1", "1"] in table
     assert ["batch", "0", "1", "0/5", "0/-", "0%", "0", "0"] in table
     assert ["default", "0", "1", "0/-", "0/-", "0%", "0", "0"] in table
+
+
+@pytest.mark.req("error-classes")
+def test_failures_by_model_and_class_are_listed() -> None:
+    """[error-classes] /status's failures come back whole and are listed in the classes' own words;
+    with none, no line."""
+    admission = two_node_admission()
+    document = status_document(admission)
+    assert "failed since" not in _rendered(document)
+    document["failures"] = {"ornith:35b": {"deadline_exceeded": 3, "cancelled": 1}, "ornith-fast": {"queue_timeout": 2}}
+    assert parse_status(document).failures == document["failures"]
+    text = _rendered(document)
+    assert "failed since start: ornith-fast queue_timeout 2; ornith:35b cancelled 1, deadline_exceeded 3" in text
+
+
+def _rendered(document: dict[str, Any]) -> str:
+    console = recording_console()
+    assert main(["status"], transport=serving(document)[0], console=console) == 0
+    return console.export_text()

@@ -24,9 +24,10 @@ AWKWARD = [
 @pytest.mark.req("wire-versioning", "relay-fidelity")
 async def test_rolling_upgrade_nodes_of_both_versions_side_by_side(tmp_path: Path) -> None:
     """[wire-versioning] [relay-fidelity] An upgraded Edge serves a node of the previous version and
-    one of the current at once: the current one gets the client's body as sent with the upstream
-    model beside it, the previous one the body with the model put in (the link adapts the run, the
-    API built one); both answer in data records, written to the client byte for byte."""
+    one of the current at once: both get the client's body as sent with the upstream model beside
+    it; the current one also what is left of the request's deadline, the previous one no deadline
+    (the link adapts the run, the API built one); both answer in data records, written to the
+    client byte for byte."""
     with trio.fail_after(10):
         async with (
             running_edge(tmp_path) as edge,
@@ -37,15 +38,16 @@ async def test_rolling_upgrade_nodes_of_both_versions_side_by_side(tmp_path: Pat
             assert links == {"node-a": OLDEST_PROTOCOL, "node-b": PROTOCOL_VERSION}
             results: dict[str, httpx.Response] = {}
             async with trio.open_nursery() as nursery:
-                start_chat(nursery, edge, results, "one", BIG, stream=True)
-                start_chat(nursery, edge, results, "two", BIG, stream=True)
+                start_chat(nursery, edge, results, "one", BIG, stream=True, headers={"X-Request-Timeout": "30"})
+                start_chat(nursery, edge, results, "two", BIG, stream=True, headers={"X-Request-Timeout": "30"})
                 old_run = await old.next_run()
                 new_run = await new.next_run()
                 (old_sent,) = old.runs_received
                 (new_sent,) = new.runs_received
-                assert old_sent.model is None and old_sent.body["model"] == old_run.body["model"]
-                assert old_sent.body["stream"] is True
+                assert old_sent.model == old_run.body["model"] and old_sent.body["model"] == BIG
                 assert new_sent.model == new_run.body["model"] and new_sent.body["model"] == BIG
+                assert old_sent.deadline_ms is None
+                assert new_sent.deadline_ms is not None and 0 < new_sent.deadline_ms <= 30_000
                 for node, run in ((old, old_run), (new, new_run)):
                     for seq, part in enumerate(AWKWARD):
                         await node.send_data(RunData(run.run_id, seq, part))

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from iop_edge.api.app import _retried
+from iop_edge.api.attempts import retry_hook
 from iop_edge.api.not_leader import not_leader_on_head
 from iop_edge.api.rejections import RequestRejected
 from iop_edge.config import HaConfig
@@ -142,7 +142,7 @@ def test_a_leader_woken_past_its_deadline_asks_for_no_retry_and_answers_503() ->
         edge = ha()
         service: Any = types.SimpleNamespace(metrics=Metrics(), ha=edge)
         responder: Any = types.SimpleNamespace(run_sent=False)
-        on_retry = _retried(service, "m", responder)
+        on_retry = retry_hook(service.metrics, service.ha, "m", responder)
         failed: Any = types.SimpleNamespace(provider="node-a/gpu0", attempt=1)
         edge.leadership.won(epoch=11, renewal_sent_at=trio.current_time())
         on_retry("node_disconnected", failed)  # it leads: the retry goes ahead, counted

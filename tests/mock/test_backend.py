@@ -194,7 +194,7 @@ async def test_stream_pacing_on_virtual_time(autojump_clock: trio.testing.MockCl
     # The first body message goes with the headers: the role chunk, or nothing (the head alone).
     assert [t for t, _ in bodies] == [0.2, 0.3, 0.4, 0.5, 0.5]
     assert bool(bodies[0][1]["body"]) is (path == "/v1/chat/completions")
-    assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 1}
+    assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 1, "aborted": 0}
 
 
 async def test_non_stream_waits_whole_generation(autojump_clock: trio.testing.MockClock) -> None:
@@ -219,7 +219,7 @@ async def test_disconnect_ends_the_count_in_process(autojump_clock: trio.testing
         assert backend.stats()["in_flight"] == 1
         fake.disconnect.set()
         await trio.testing.wait_all_tasks_blocked()
-        assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 1}
+        assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 1, "aborted": 1}
     assert trio.current_time() == pytest.approx(2.5)
 
 
@@ -231,7 +231,7 @@ async def test_cancellation_ends_the_count_in_process(
     with trio.move_on_after(1.0):
         await backend.app(http_scope("POST", "/v1/completions"), fake.receive, fake.send)
     assert fake.sent == []
-    assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 1}
+    assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 1, "aborted": 1}
 
 
 # --- over real sockets ----------------------------------------------------------------------
@@ -269,7 +269,7 @@ async def test_chat_non_stream_shape(served: Served) -> None:
     }
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 3
-    assert stats == {"in_flight": 0, "peak_in_flight": 1, "total": 1}
+    assert stats == {"in_flight": 0, "peak_in_flight": 1, "total": 1, "aborted": 0}
 
 
 async def test_completion_non_stream_shape(served: Served) -> None:
@@ -360,15 +360,16 @@ async def test_peak_in_flight_counts_concurrency_and_reset(served: Served) -> No
             for _ in range(3):
                 nursery.start_soon(_post_chat, served.client)
             stats = await wait_for_stats(served.client, lambda s: s["in_flight"] == 3)
-            assert stats == {"in_flight": 3, "peak_in_flight": 3, "total": 3}
+            assert stats == {"in_flight": 3, "peak_in_flight": 3, "total": 3, "aborted": 0}
             nursery.cancel_scope.cancel()  # the clients give up and close their connections
         assert await wait_for_stats(served.client, idle) == {
             "in_flight": 0,
             "peak_in_flight": 3,
             "total": 3,
+            "aborted": 3,
         }
         reset = await served.client.post("/stats/reset")
-    assert reset.json() == {"in_flight": 0, "peak_in_flight": 0, "total": 0}
+    assert reset.json() == {"in_flight": 0, "peak_in_flight": 0, "total": 0, "aborted": 0}
     assert served.backend.stats() == reset.json()
 
 
@@ -385,7 +386,7 @@ async def test_reset_keeps_in_flight(served: Served) -> None:
             reset = (await served.client.post("/stats/reset")).json()
             nursery.cancel_scope.cancel()
         await wait_for_stats(served.client, idle)
-    assert reset == {"in_flight": 1, "peak_in_flight": 1, "total": 0}
+    assert reset == {"in_flight": 1, "peak_in_flight": 1, "total": 0, "aborted": 0}
 
 
 async def test_abandoned_stream_releases_in_flight(served: Served) -> None:
@@ -412,7 +413,7 @@ async def test_abandoned_stream_releases_in_flight(served: Served) -> None:
             assert received.startswith(b"HTTP/1.1 200")
             assert (await served.client.get("/stats")).json()["in_flight"] == 1
         stats = await wait_for_stats(served.client, idle)
-    assert stats == {"in_flight": 0, "peak_in_flight": 1, "total": 1}
+    assert stats == {"in_flight": 0, "peak_in_flight": 1, "total": 1, "aborted": 1}
 
 
 async def test_usage_counts_the_prompt_and_the_generated_tokens(served: Served) -> None:
@@ -580,5 +581,6 @@ async def test_track_repeats_counts_bodies_served_before(served: Served) -> None
             "in_flight": 0,
             "peak_in_flight": 1,
             "total": 1,
+            "aborted": 0,
             "repeated": 0,
         }

@@ -96,7 +96,7 @@ async def test_streams_keep_the_rate_on_one_pacer(autojump_clock: trio.testing.M
         head, tokens = times[0], times[1:-1]
         for k, at in enumerate(tokens, 1):
             assert head + k * 0.05 - 0.001 - 1e-9 <= at <= head + k * 0.05 + 1e-9
-    assert backend.stats() == {"in_flight": 0, "peak_in_flight": 10, "total": 10}
+    assert backend.stats() == {"in_flight": 0, "peak_in_flight": 10, "total": 10, "aborted": 0}
 
 
 # --- the HTTP server, over loopback -------------------------------------------------------------
@@ -149,7 +149,7 @@ async def test_server_closes_a_connection_idle_past_keep_alive(nursery: trio.Nur
             received = b""
             while chunk := await stream.receive_some():
                 received += chunk
-        assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b'"total":0}')
+        assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b'"aborted":0}')
         async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
             assert await stream.receive_some() == b""
 

@@ -93,6 +93,9 @@ EXAMPLES: list[Any] = [
     Run("r9", "gpu0", "chat/completions", {"model": "m", "messages": [], "stream": False}, False, long=True),
     InFlight(43, (("gpu0", 2), ("gpu1", 1)), (("gpu0", 1),)),
     Leader(41),
+    Run("r10", "gpu0", "chat/completions", {"messages": []}, True, 43, False, "m", 2500),
+    RunEnd("r10", "error", "deadline_exceeded", "the run's deadline of 2500 ms passed"),
+    RunEnd("r11", "error", "stream_stalled", "the upstream went silent"),
 ]
 
 
@@ -115,12 +118,13 @@ def test_round_trip_every_message_type(message: Any) -> None:
     assert decode(text.encode("utf-8")) == message
     obj = json.loads(text)
     assert obj["type"] == TAGS[type(message)]
-    # compact, all fields emitted (but an unset epoch, long, long_runs and model), non-ASCII kept as is
+    # compact, all fields emitted (but an unset epoch, long, long_runs, model and deadline_ms), non-ASCII kept as is
     assert text == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     unset = {"epoch"} if getattr(message, "epoch", 0) is None else set()
     unset |= {"long"} if getattr(message, "long", True) is False else set()
     unset |= {"long_runs"} if getattr(message, "long_runs", None) == () else set()
     unset |= {"model"} if type(message) is Run and message.model is None else set()
+    unset |= {"deadline_ms"} if type(message) is Run and message.deadline_ms is None else set()
     assert set(obj) == {"type"} | {f.name for f in attrs.fields(type(message))} - unset
 
 

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
+import attrs
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from iop_wire import (
     ENDPOINTS,
     OLDEST_PROTOCOL,
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
+    ProtocolError,
     Run,
     TunnelRequest,
     decode,
     encode,
     encode_run,
+    end_code_for,
     run_for,
     spoken,
 )
@@ -29,13 +29,14 @@ BODY = '{"model": "alias", "messages": [{"role": "user", "content": "h\\u00e9"}]
 
 
 def client_run(endpoint: str = "chat/completions", *, stream: bool = True) -> Run:
-    """A run as the API builds it, in the current version's shape: empty body, the upstream model beside it."""
-    return Run("r1", "gpu0", endpoint, {}, stream, 7, True, "upstream-model")
+    """A run as the API builds it, in the current version's shape: empty body, the upstream model and
+    the deadline beside it."""
+    return Run("r1", "gpu0", endpoint, {}, stream and endpoint != "embeddings", 7, True, "upstream-model", 2500)
 
 
 def test_two_versions_are_spoken_the_current_and_the_previous() -> None:
-    assert PROTOCOL_VERSIONS == (OLDEST_PROTOCOL, PROTOCOL_VERSION) == (4, 5)
-    assert spoken() == "4 and 5"
+    assert PROTOCOL_VERSIONS == (OLDEST_PROTOCOL, PROTOCOL_VERSION) == (5, 6)
+    assert spoken() == "5 and 6"
 
 
 def test_a_peer_of_the_current_version_gets_the_run_as_built() -> None:
@@ -43,48 +44,49 @@ def test_a_peer_of_the_current_version_gets_the_run_as_built() -> None:
     assert run_for(PROTOCOL_VERSION, run, BODY) == (run, BODY)
     frame = encode_run(*run_for(PROTOCOL_VERSION, run, BODY))
     assert BODY in frame  # the client's text, character for character
+    assert json.loads(frame)["deadline_ms"] == 2500
+    assert decode(frame) == attrs.evolve(run, body=json.loads(BODY))
 
 
+@pytest.mark.req("deadline")
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
-@pytest.mark.parametrize("stream", [True, False])
-def test_a_peer_of_the_previous_version_gets_the_body_with_the_model_put_in(endpoint: str, stream: bool) -> None:
-    """v4 has no ``run.model``: the body goes re-encoded with the upstream model (and, for the
-    completion endpoints, ``stream``) in it, as a v4 node sends it upstream; the other fields stay."""
-    stream = stream and endpoint != "embeddings"
-    run, body_json = run_for(OLDEST_PROTOCOL, client_run(endpoint, stream=stream), BODY)
-    assert body_json is None
-    assert run.model is None
-    expected = {**json.loads(BODY), "model": "upstream-model"}
-    if endpoint != "embeddings":
-        expected["stream"] = stream
-    assert run.body == expected
-    assert (run.run_id, run.provider, run.endpoint, run.stream, run.epoch, run.long) == (
-        "r1",
-        "gpu0",
-        endpoint,
-        stream,
-        7,
-        True,
+def test_a_peer_of_the_previous_version_gets_the_run_without_its_deadline(endpoint: str) -> None:
+    """[deadline] v6 adds ``run.deadline_ms``: a v5 peer gets the run without it (its strict decoder
+    knows no such key), the client's body still as sent; every other field stays."""
+    run, body_json = run_for(OLDEST_PROTOCOL, client_run(endpoint), BODY)
+    assert body_json == BODY
+    assert run == attrs.evolve(client_run(endpoint), deadline_ms=None)
+    frame = encode_run(run, BODY)
+    assert "deadline_ms" not in json.loads(frame) and BODY in frame
+
+
+def test_a_run_without_a_deadline_is_the_same_frame_in_both_versions() -> None:
+    run = attrs.evolve(client_run(), deadline_ms=None)
+    assert run_for(OLDEST_PROTOCOL, run, BODY) == run_for(PROTOCOL_VERSION, run, BODY) == (run, BODY)
+
+
+@pytest.mark.req("deadline", "error-classes")
+def test_the_current_versions_end_codes_in_the_previous_versions_words() -> None:
+    """[deadline] [error-classes] a v6 node ends a stalled stream ``stream_stalled``; to a v5 Edge it
+    says ``upstream_unreachable``, as a v5 node did. Every other code is the same in both."""
+    assert end_code_for(PROTOCOL_VERSION, "stream_stalled") == "stream_stalled"
+    assert end_code_for(OLDEST_PROTOCOL, "stream_stalled") == "upstream_unreachable"
+    assert end_code_for(OLDEST_PROTOCOL, "deadline_exceeded") == "upstream_unreachable"
+    for code in (None, "cancelled", "upstream_error", "concurrency_limit", "stale_epoch"):
+        assert end_code_for(OLDEST_PROTOCOL, code) == code
+    with pytest.raises(ValueError, match="wire v4 is not spoken"):
+        end_code_for(4, "stream_stalled")
+
+
+@pytest.mark.req("deadline")
+@pytest.mark.parametrize("value", ["0", "-5", '"2500"', "true", "2.5"])
+def test_a_deadline_that_is_not_a_positive_integer_is_a_protocol_error(value: str) -> None:
+    frame = (
+        '{"type":"run","run_id":"r","provider":"p","endpoint":"completions","body":{},"stream":false,'
+        f'"deadline_ms":{value}}}'
     )
-    frame = encode(run)
-    assert '"model":"upstream-model"' in frame and not json.loads(frame).keys() - {
-        "type",
-        "run_id",
-        "provider",
-        "endpoint",
-        "body",
-        "stream",
-        "epoch",
-        "long",
-    }
-    assert decode(frame) == run
-
-
-def test_a_run_built_with_its_body_reaches_either_peer_alike() -> None:
-    """A run whose body is already a dict (no client text) is said to a v4 peer the same way."""
-    run = Run("r1", "gpu0", "completions", json.loads(BODY), False, None, False, "upstream-model")
-    assert run_for(OLDEST_PROTOCOL, run)[0].body == {**json.loads(BODY), "model": "upstream-model", "stream": False}
-    assert run_for(PROTOCOL_VERSION, run) == (run, None)
+    with pytest.raises(ProtocolError, match="deadline_ms"):
+        decode(frame)
 
 
 @pytest.mark.parametrize("version", [OLDEST_PROTOCOL - 1, PROTOCOL_VERSION + 1, 1])
@@ -97,19 +99,3 @@ def test_the_previous_version_reads_every_other_message_as_the_current_one_write
     """Only ``run`` differs between the two: a tunnel request, with its epoch, is the same frame."""
     request = TunnelRequest.from_bytes("t1", "gpu0", "GET", "/v1/models", (("accept", "*/*"),), b"", 3)
     assert decode(encode(request)) == request
-
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8,
-)
-
-
-@given(body=st.dictionaries(st.text(max_size=10), json_values, max_size=5), stream=st.booleans())
-def test_the_previous_versions_body_is_what_a_current_node_sends_upstream(body: dict[str, Any], stream: bool) -> None:
-    """Whatever the client's body, a v4 node is given exactly what a v5 node puts together itself."""
-    text = json.dumps(body, ensure_ascii=False)
-    run = Run("r1", "gpu0", "chat/completions", {}, stream, None, False, "m")
-    older, _ = run_for(OLDEST_PROTOCOL, run, text)
-    assert older.body == decode(encode_run(run, text)).upstream_body()  # type: ignore[union-attr]

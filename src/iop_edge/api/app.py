@@ -34,7 +34,8 @@ from iop_admission import (
     LeaseRevoked,
 )
 from iop_edge._off_loop import run_off_loop
-from iop_edge.api.failover import AttemptFailed, serve_with_failover
+from iop_edge.api.attempts import attempt_failure, count_cancelled, count_failure, within_deadline
+from iop_edge.api.deadline import RequestDeadline, request_deadline
 from iop_edge.api.not_leader import not_leader_on_head, standby_refusal
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
@@ -69,8 +70,9 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-_Request = tuple[str, bool, str, ClientBody, bool, Charge]
-"""A completion request as :meth:`EdgeAPI._admit_and_run` takes it (model, long, endpoint, body, stream, charge)."""
+_Request = tuple[str, bool, str, ClientBody, bool, Charge, RequestDeadline]
+"""A completion request as :meth:`EdgeAPI._admit_and_run` takes it (model, long, endpoint, body, stream, charge,
+deadline)."""
 
 
 class EdgeParts(Protocol):
@@ -198,6 +200,7 @@ class EdgeAPI:
             threshold = service.config.long_threshold(model)
             long = threshold is not None and estimate_tokens(endpoint, fields) > threshold
             charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, fields))
+            deadline = request_deadline(scope["headers"], service.config.model_entry(model), stream)
         except BaseException:
             self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise
@@ -207,7 +210,7 @@ class EdgeAPI:
             if service.ha is not None:
                 stack.enter_context(service.ha.cut_on_step_down(term))
             with term:
-                await self._watched(scope, receive, responder, (model, long, endpoint, body, stream, charge))
+                await self._watched(scope, receive, responder, (model, long, endpoint, body, stream, charge, deadline))
         if term.cancelled_caught and service.ha is not None:
             # queued: a 503 now; streaming: a final error event. A request whose run was sent may have
             # run: its code says so, and not_leader always means it did not [ha-step-down].
@@ -238,8 +241,10 @@ class EdgeAPI:
         body: ClientBody,
         stream: bool,
         charge: Charge,
+        deadline: RequestDeadline,
         responder: Responder,
     ) -> None:
+        """Serve the request within its deadline ([deadline], :func:`within_deadline`)."""
         service = self.service
         metrics = service.metrics
         started_at = trio.current_time()
@@ -252,37 +257,32 @@ class EdgeAPI:
             visit.grant()
             served = lease
             try:
-                return await self._run(lease, model, endpoint, body, (stream, charge), responder)
+                return await self._run(lease, model, endpoint, body, (stream, charge, deadline), responder)
             except RequestRejected as rejection:
-                raise _attempt_failure(rejection, lease, responder.started) from None
+                raise attempt_failure(rejection, lease, responder.started) from None
             finally:
                 charge.settle(service.admission, lease, answered=responder.started)
 
-        on_retry = _retried(service, model, responder)
         try:
-            outcome = await serve_with_failover(
-                service.admission,
-                model,
-                long,
-                attempt,
-                answered=lambda: responder.started,
-                on_retry=on_retry,
-                tenant=charge.tenant,
-                cost=charge.cost,
+            hooks = (service.metrics, service.ha, service.config.model_entry(model))
+            outcome = await within_deadline(
+                service.admission, (model, long, charge), attempt, deadline, responder, hooks
             )
         except AdmissionError as exc:
             visit.stop_asking()
             if isinstance(exc, LeaseRevoked):
                 outcome = "revoked"
-            await responder.reject(refusal_of(exc, service, self.head_refusal))
+            await responder.reject(count_failure(metrics, model, refusal_of(exc, service, self.head_refusal)))
         except RequestRejected as rejection:
             if rejection.code == "provider_busy":
                 metrics.request_rejected(model, "provider_busy")
             elif rejection.reason == "upstream_client_error":
                 outcome = "client_error"
+            count_failure(metrics, model, rejection)
             await responder.reject(rejection)
         except trio.Cancelled:
             outcome = "cancelled"
+            count_cancelled(metrics, model)
             raise
         finally:
             visit.leave()
@@ -297,21 +297,21 @@ class EdgeAPI:
         model: str,
         endpoint: str,
         body: ClientBody,
-        how: tuple[bool, Charge],
+        how: tuple[bool, Charge, RequestDeadline],
         responder: Responder,
     ) -> str:
         """Send the run to the lease's node and relay its answer. Returns the outcome.
 
-        ``how``: whether it streams, and its tenant charge (whose :meth:`Charge.scan` sees the
-        answer in token mode, to settle with the reported usage).
+        ``how``: whether it streams, its tenant charge (whose :meth:`Charge.scan` sees the
+        answer in token mode, to settle with the reported usage) and its deadline.
 
         Checkpoints. The first message must come within the model's first-token
         timeout ([first-token-timeout]); the first output reports a success to
         admission ([outlier-ejection]).
         """
-        stream, charge = how
+        stream, charge, deadline = how
         charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
-        run = _open_run(self.service, lease, model, endpoint, body, stream)
+        run = _open_run(self.service, lease, model, endpoint, body, stream, deadline.run_ms())
         responder.run_sent = True
         scan = charge.scan if charge.tokens else None
         head = [
@@ -325,6 +325,7 @@ class EdgeAPI:
         async with run:
             first = await first_message(run, first_token)
             if isinstance(first, RunData):
+                deadline.first_byte()
                 self.service.admission.report_success(lease)
             if stream:
                 await relay_stream(run, responder, head, first, scan)
@@ -422,13 +423,15 @@ OFF_LOOP_BODY_BYTES = 64 * 1024
 flood of large bodies leaves the loop free for everything else."""
 
 
-def _open_run(service: EdgeParts, lease: Any, model: str, endpoint: str, body: ClientBody, stream: bool) -> RunChannel:
+def _open_run(
+    service: EdgeParts, lease: Any, model: str, endpoint: str, body: ClientBody, stream: bool, deadline_ms: int | None
+) -> RunChannel:
     """Send ``run`` to the node holding the lease (never waits).
 
     The run carries the client's body as sent, with the upstream model beside it (``run.model``):
     the frame is the body plus a few fields. The link says it to a node of the previous wire
     version (docs/wire.md, Versioning); if that frame is over the node's limit only this run
-    fails, with 413.
+    fails, with 413. ``deadline_ms``: what is left of the request's deadline ([deadline]), None for none.
 
     Raises:
         NotLeading: this Edge has ``ha:`` and cannot prove it leads (the link's ``epoch``): nothing is sent.
@@ -439,7 +442,7 @@ def _open_run(service: EdgeParts, lease: Any, model: str, endpoint: str, body: C
         upstream_model = service.config.upstream_model(model, key)
         run_id = service.registry.new_run_id()
         # [held-elsewhere] a long run says so: the node counts it among its long runs
-        run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, lease.long, upstream_model)
+        run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, lease.long, upstream_model, deadline_ms)
         return link.open_run(run, body.text)
     except (NodeGone, KeyError) as exc:
         raise node_disconnected(str(exc)) from None
@@ -449,34 +452,6 @@ def _open_run(service: EdgeParts, lease: Any, model: str, endpoint: str, body: C
     except NotLeading:  # [ha-step-down] granted, or retried, by an Edge that cannot prove it leads: not sent
         assert service.ha is not None  # only an Edge with ha: refuses to stamp
         raise standby_refusal(service.ha) from None
-
-
-def _retried(service: EdgeParts, model: str, responder: Responder) -> Callable[[str, Lease], None]:
-    """What to do before a retry ([failover-before-first-byte]): count it and say so -- unless this Edge
-    has ``ha:`` and can no longer prove it leads [ha-step-down]: then the retry is not asked for, and
-    the request is answered 503 (a woken leader whose runs' node dropped them): ``leader_stepped_down``
-    when an attempt's run was sent (it may have run), else ``not_leader``."""
-    metrics, ha = service.metrics, service.ha
-
-    def on_retry(reason: str, failed: Lease) -> None:
-        if ha is not None and not ha.admits():
-            raise standby_refusal(ha, ran=responder.run_sent)
-        metrics.retried(model, reason)
-        logger.info("retrying %s after %s on %s (attempt %d)", model, reason, failed.provider, failed.attempt)
-
-    return on_retry
-
-
-def _attempt_failure(rejection: RequestRejected, lease: Lease, started: bool) -> Exception:
-    """What an attempt's failure becomes: :class:`AttemptFailed` when another candidate may serve.
-
-    Never for the client's error, never once a byte went out ([failover-before-first-byte]).
-    """
-    rejection.attempts = lease.attempt
-    rejection.provider = str(lease.provider)  # the provider that was tried: x-iop-provider
-    if rejection.retry is None or started:
-        return rejection
-    return AttemptFailed(rejection, rejection.retry, provider_failure=rejection.provider_failure)
 
 
 class _ClientGone(RequestRejected):

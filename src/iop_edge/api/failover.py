@@ -73,6 +73,7 @@ async def serve_with_failover(
     *,
     answered: Callable[[], bool],
     on_retry: Callable[[str, Lease], None],
+    may_retry: Callable[[], bool] = lambda: True,
     tenant: str | None = None,
     cost: float = 1.0,
 ) -> str:
@@ -85,7 +86,9 @@ async def serve_with_failover(
     client yet. ``answered()`` tells whether a byte went out (a lease fenced
     after that is not retried). ``on_retry(reason, failed_lease)`` is called
     before each retry; an error it raises is the answer, and no retry is asked
-    for (the Edge's: this Edge no longer leads [ha-step-down]).
+    for (the Edge's: this Edge no longer leads [ha-step-down]). ``may_retry()`` False: the
+    request's deadline leaves too little for another attempt ([deadline], ``min_attempt_ms``), and
+    the last attempt's failure is the answer.
 
     Checkpoints (it waits for leases and runs attempts). Cancellation ends the
     current attempt and releases its lease; nothing is retried.
@@ -110,6 +113,8 @@ async def serve_with_failover(
                 raise
             raise last.answer from None
         assert previous is not None and last is not None
+        if not may_retry():
+            raise last.answer
         on_retry(last.reason, previous)
 
 

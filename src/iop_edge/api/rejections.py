@@ -25,6 +25,20 @@ from iop_edge.listener.pacing import Headers
 JSON = (b"content-type", b"application/json")
 """The ``content-type`` header of a JSON answer."""
 
+ERROR_CLASSES = (
+    "queue_timeout",
+    "deadline_exceeded",
+    "first_token_timeout",
+    "stream_stalled",
+    "upstream_unreachable",
+    "upstream_error",
+    "cancelled",
+)
+"""[error-classes] What became of a request that failed, in the words of its ``x-iop-error-class``
+header, the ``class`` label of ``iop_request_failures_total``, ``/status`` and the logs
+(``docs/openai-api.md``, Error classes). ``cancelled``: the client went away (nothing is answered)."""
+_CLASS_OF_CODE = {name: name for name in ERROR_CLASSES[:4]}
+
 
 class RequestRejected(Exception):
     """An error answer in the OpenAI shape (status, type, code, message)."""
@@ -59,12 +73,28 @@ class RequestRejected(Exception):
         self.provider = provider
         self.leader = leader  # a standby's refusal names the leading Edge ([ha-election])
 
+    @property
+    def error_class(self) -> str | None:
+        """Its class (one of :data:`ERROR_CLASSES`), or None for a refusal that is none of them
+        (the client's mistake, a full queue, an overload, a standby: their ``code`` says it)."""
+        named = _CLASS_OF_CODE.get(self.code)
+        if named is not None:
+            return named
+        if self.reason == "upstream_unreachable":
+            return "upstream_unreachable"
+        if self.type == "upstream_error" and self.code != "client_too_slow":
+            return "upstream_error"
+        return None
+
     def body(self) -> bytes:
         error = self.error or {"message": self.message, "type": self.type, "code": self.code}
         return dumps({"error": error})
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [JSON, (b"x-iop-reject-reason", self.reason.encode())]
+        error_class = self.error_class
+        if error_class is not None:
+            headers.append((b"x-iop-error-class", error_class.encode()))
         if self.retry_after is not None:
             headers.append((b"retry-after", str(self.retry_after).encode()))
         if self.attempts is not None:

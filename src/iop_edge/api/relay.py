@@ -13,7 +13,7 @@ import trio
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.responder import SSE, Responder
-from iop_edge.api.run_failure import run_failure
+from iop_edge.api.run_failure import UPSTREAM_RETRY_AFTER, run_failure
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage
 from iop_wire import RunData, RunEnd
 
@@ -48,6 +48,7 @@ async def first_message(run: RunChannel, first_token: float | None) -> RunMessag
         "first_token_timeout",
         "no first byte from the upstream in time (first_token_timeout_ms)",
         type="upstream_error",
+        retry_after=UPSTREAM_RETRY_AFTER,
         retry="first_token_timeout",
         provider_failure=True,
     )

@@ -7,7 +7,8 @@ from iop_edge.api.upstream_errors import upstream_error_object
 from iop_wire import RunEnd
 
 UPSTREAM_RETRY_AFTER = 1
-"""``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header)."""
+"""``Retry-After`` seconds when a backend answered 429 (the node does not relay the backend's header), could
+not be reached, or sent no first byte in time: a retry may find another candidate, or this one back."""
 STALE_LEADER_RETRY_AFTER = 1
 """``Retry-After`` seconds when a node refused the run as ``stale_epoch``: a newer leader exists already."""
 
@@ -47,6 +48,8 @@ def run_failure(end: RunEnd) -> RequestRejected:
             type="service_unavailable",
             retry_after=STALE_LEADER_RETRY_AFTER,
         )
+    if (timed := _deadline_or_stall(end, detail)) is not None:
+        return timed
     status = end.upstream_status
     retry = upstream_retry(end)
     if status is not None and kind in ("client_error", "rate_limited"):
@@ -70,9 +73,28 @@ def run_failure(end: RunEnd) -> RequestRejected:
         detail,
         type="upstream_error",
         reason=end.code or "upstream_error",
+        retry_after=UPSTREAM_RETRY_AFTER if kind == "unreachable" else None,
         retry=retry,
         provider_failure=retry is not None,
     )
+
+
+def _deadline_or_stall(end: RunEnd, detail: str) -> RequestRejected | None:
+    """The answer to a run the node ended ``deadline_exceeded`` or ``stream_stalled`` (wire v6), else None."""
+    if end.code == "deadline_exceeded":  # [deadline] wire v6: the node bounded the backend call by it
+        return RequestRejected(
+            504, "deadline_exceeded", f"the request's deadline passed at the node: {detail}", type="timeout_error"
+        )
+    if end.code == "stream_stalled":  # wire v6: the provider's failure, after its first bytes
+        return RequestRejected(
+            502,
+            "stream_stalled",
+            f"the upstream stopped sending mid-answer: {detail}",
+            type="upstream_error",
+            retry="upstream_error",
+            provider_failure=True,
+        )
+    return None
 
 
 def upstream_retry(end: RunEnd) -> str | None:

@@ -7,12 +7,11 @@ rules and its mapping to a PoolConfig; :mod:`.loading` the converter and :func:`
 
 from iop_edge.config.edge import EdgeConfig, tenant_problems
 from iop_edge.config.loading import MEMO_SIZE, load_edge_config
+from iop_edge.config.models import EdgeCandidate, EdgeModel
 from iop_edge.config.schema import (
     TENANT_COSTS,
     ApiKeyDigest,
     ApiTls,
-    EdgeCandidate,
-    EdgeModel,
     EdgeNode,
     EdgeProvider,
     EdgeTenant,

@@ -33,13 +33,13 @@ from iop_admission import (
 )
 from iop_config import tls_problems
 from iop_edge._off_loop import paced, yield_to_loop
+from iop_edge.config.models import EdgeModel
 from iop_edge.config.schema import (
     DEFAULT_LISTEN,
     DEFAULT_NODE_LISTEN,
     TENANT_COSTS,
     ApiKeyDigest,
     ApiTls,
-    EdgeModel,
     EdgeNode,
     EdgeTenant,
     HaConfig,
@@ -255,6 +255,10 @@ class EdgeConfig:
         ms = None if entry is None else entry.first_token_timeout_ms
         return None if ms is None else ms / 1000
 
+    def model_entry(self, model: str) -> EdgeModel | None:
+        """The ``models[]`` entry of key ``model`` (its deadline bounds, ...); None for an unknown key."""
+        return self._tables.models_by_id.get(model)
+
     def provider_span(self, node_id: str) -> tuple[int, int]:
         """Where node ``node_id``'s providers are in :meth:`pool_config`'s order: ``(first, count)``.
 
@@ -403,10 +407,7 @@ class EdgeConfig:
         yield from _duplicates("models", "model id", [model.id for model in self.models])
         for i, model in enumerate(self.models):
             where = f"models[{i}]"
-            if model.long_context_threshold_tokens is not None:
-                yield from at_least(f"{where}.long_context_threshold_tokens", model.long_context_threshold_tokens, 1)
-            if model.first_token_timeout_ms is not None:
-                yield from at_least(f"{where}.first_token_timeout_ms", model.first_token_timeout_ms, 1)
+            yield from model.problems(where)
             if not model.candidates:
                 yield f"{where}.candidates", "must list at least one provider"
             seen: dict[ProviderKey, int] = {}

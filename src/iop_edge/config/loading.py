@@ -17,9 +17,9 @@ import cattrs
 from iop_config import load_config, make_converter
 from iop_edge._off_loop import yield_to_loop
 from iop_edge.config.edge import EdgeConfig
+from iop_edge.config.models import EdgeCandidate
 from iop_edge.config.schema import (
     ApiKeyDigest,
-    EdgeCandidate,
     EdgeNode,
     EdgeProvider,
     HostPort,

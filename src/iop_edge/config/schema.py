@@ -22,7 +22,6 @@ import attrs
 
 from iop_admission import (
     OutlierPolicy,
-    ProviderKey,
     ProviderSpec,
     QueuePolicy,
     RetryPolicy,
@@ -35,7 +34,7 @@ from iop_wire import MAX_NODE_ID_CHARS, valid_node_id
 T = TypeVar("T")
 
 
-def _queue_hints(owner: str) -> Mapping[str, str]:
+def queue_hints(owner: str) -> Mapping[str, str]:
     """[queue-ownership] messages for queue keys written where they do not belong."""
     message = f"queue settings belong to provider_pool (Edge-wide), not to {owner}"
     return {"max_queue": message, "queue_timeout_ms": message}
@@ -156,7 +155,7 @@ class EdgeProvider:
     _spec: ProviderSpec | None = attrs.field(default=None, init=False, eq=False, repr=False)
     """The spec, once built (:meth:`spec`); not a key of the file."""
 
-    config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a provider")
+    config_key_hints: ClassVar[Mapping[str, str]] = queue_hints("a provider")
 
     def spec(self) -> ProviderSpec:
         """The library's spec, built once per provider object. Raises ``ConfigError`` on bad values.
@@ -194,43 +193,13 @@ class EdgeNode:
     token: str | None = attrs.field(default=None, repr=False)
     token_env: str | None = None
 
-    config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a node")
+    config_key_hints: ClassVar[Mapping[str, str]] = queue_hints("a node")
 
     def problems(self, where: str) -> Iterator[tuple[str, str]]:
         """The node's own problems: an id no node could register with, its token."""
         if not valid_node_id(self.id):
             yield f"{where}.id", f"must be at most {MAX_NODE_ID_CHARS} printable characters (a node could not register)"
         yield from secret_problems(f"{where}.token", self.token, f"{where}.token_env", self.token_env, required=True)
-
-
-@final
-@attrs.frozen(kw_only=True)
-class EdgeCandidate:
-    """``models[].candidates[]``: one provider that may serve the model."""
-
-    node: str
-    provider: str
-    upstream_model: str | None = None
-
-    config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a candidate")
-
-    @property
-    def key(self) -> ProviderKey:
-        """The provider's identity."""
-        return ProviderKey(self.node, self.provider)
-
-
-@final
-@attrs.frozen(kw_only=True)
-class EdgeModel:
-    """``models[]``: an external model key and its candidates, in preference order."""
-
-    id: str
-    candidates: tuple[EdgeCandidate, ...]
-    long_context_threshold_tokens: int | None = None
-    first_token_timeout_ms: int | None = None
-
-    config_key_hints: ClassVar[Mapping[str, str]] = _queue_hints("a model")
 
 
 @final

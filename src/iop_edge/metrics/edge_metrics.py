@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from iop_admission import Admission, AdmissionEvent
 from iop_edge._off_loop import run_off_loop, snapshot_in_slices
 from iop_edge.api.failover import RETRY_REASONS
+from iop_edge.api.rejections import ERROR_CLASSES
 from iop_edge.metrics.collectors import READING, FrontDoorCollector, Level, Reading, SnapshotCollector
 from iop_edge.metrics.labels import (
     ADDRESS_CLASSES,
@@ -61,6 +62,28 @@ class _Series(Generic[_Metric]):
 
 
 @final
+class _Failures:
+    """``iop_request_failures_total`` ([error-classes]), and the same counts kept for ``/status``."""
+
+    __slots__ = ("_counter", "by_model")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._counter = Counter(
+            "iop_request_failures",
+            "Requests that failed, by model and error class (docs/openai-api.md, Error classes).",
+            ("model", "class"),
+            registry=registry,
+        )
+        self.by_model: dict[str, dict[str, int]] = {}
+
+    def count(self, model: str, error_class: str) -> None:
+        check_label(error_class, ERROR_CLASSES, "error class")
+        self._counter.labels(model, error_class).inc()
+        by_class = self.by_model.setdefault(model, {})
+        by_class[error_class] = by_class.get(error_class, 0) + 1
+
+
+@final
 class EdgeMetrics:
     """The Edge's Prometheus metrics: scrape-time gauges, event counters and hook counters.
 
@@ -84,6 +107,7 @@ class EdgeMetrics:
         self._gauges = SnapshotCollector(admission, level)
         self._front_door: Callable[[], OverloadStatus] | None = None
         self.registry.register(self._gauges)
+        self._failures = _Failures(self.registry)
         self._declare_request_metrics(self.registry)
         self._declare_node_metrics(self.registry)
         self._tenant_rejected = Counter(
@@ -263,6 +287,19 @@ class EdgeMetrics:
         check_label(outcome, LEASE_OUTCOMES, "lease outcome")
         self._lease_endings_by(outcome).inc()
         self._request_duration_by(model).observe(duration)
+
+    def request_failed(self, model: str, error_class: str) -> None:
+        """Count a request that failed with ``error_class`` ([error-classes]); also in :attr:`failures`.
+
+        Raises:
+            ValueError: ``error_class`` is not one of :data:`ERROR_CLASSES`.
+        """
+        self._failures.count(self._model_label(model), error_class)
+
+    @property
+    def failures(self) -> dict[str, dict[str, int]]:
+        """Failed requests by model and error class since start (``/status``'s ``failures``)."""
+        return self._failures.by_model
 
     def retried(self, model: str, reason: str) -> None:
         """Count an attempt retried on another candidate ([failover-before-first-byte]).

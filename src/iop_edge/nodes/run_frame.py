@@ -22,7 +22,7 @@ def run_frame(message: Run | TunnelRequest, body_json: str | None, node_id: str,
 
     Raises:
         RunNotSent: 400 when it is not text (a lone surrogate, a value JSON cannot hold), 413
-            ``request_too_large`` past the limit (a body re-encoded larger for a v4 node).
+            ``request_too_large`` past the limit.
     """
     try:
         if type(message) is Run:

@@ -13,6 +13,7 @@ from contextlib import aclosing
 import trio
 from trio_websocket import ConnectionClosed
 
+from iop_node._errors import DeadlineExceeded, StreamStalled, UpstreamUnreachable
 from iop_node.adapters.interface import Adapter, TunnelHead
 from iop_node.edges.outbox import Outbox
 from iop_node.edges.websocket import EdgeSocket, EdgeWebSocket
@@ -24,10 +25,28 @@ Record = tuple[bytes, bytes]
 
 
 async def relay_run(run: Run, adapter: Adapter, outbox: Outbox | None, poller: BodyPoller | None) -> Record | None:
-    """Serve ``run`` on ``adapter``: its output as data records.
+    """Serve ``run`` on ``adapter``: its output as data records, within the run's deadline.
 
     Returns the run's whole body as its last data record when the poller held
     it for the run's end (the session sends it with the end), else None.
+
+    Raises:
+        DeadlineExceeded: the run's deadline ([deadline], wire v6 ``run.deadline_ms``) passed
+            first: the upstream request, connecting and every read included, was closed.
+    """
+    if run.deadline_ms is None:
+        return await _relay_output(run, adapter, outbox, poller)
+    with trio.move_on_after(run.deadline_ms / 1000):
+        return await _relay_output(run, adapter, outbox, poller)
+    raise DeadlineExceeded(f"the run's deadline of {run.deadline_ms} ms passed; its upstream request was closed")
+
+
+async def _relay_output(run: Run, adapter: Adapter, outbox: Outbox | None, poller: BodyPoller | None) -> Record | None:
+    """:func:`relay_run` without its deadline.
+
+    Raises:
+        StreamStalled: the upstream went silent for its read timeout after part of the answer
+            went out in data records ([error-classes]); silent before that, it is unreachable.
     """
     assert outbox is not None
     run_id = run.run_id
@@ -47,7 +66,12 @@ async def relay_run(run: Run, adapter: Adapter, outbox: Outbox | None, poller: B
 
     held: list[bytes] = []
     output = RunOutput(send, send_nowait, poller, held.append)
-    await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
+    try:
+        await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
+    except UpstreamUnreachable as exc:
+        if exc.silent and seq:
+            raise StreamStalled(f"the upstream went silent after {seq} pieces of its answer: {exc.message}") from None
+        raise
     if held:  # the whole body, held for the run's end (BodyPoller.relay)
         return record_header(run_id, seq, len(held[0])), held[0]
     return None

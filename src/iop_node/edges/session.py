@@ -74,6 +74,7 @@ from iop_wire import (
     TunnelRequest,
     decode,
     encode,
+    end_code_for,
 )
 
 logger = logging.getLogger("iop_node")
@@ -90,9 +91,10 @@ _Serve = Callable[[], Awaitable[None]]  # a run or tunnel request, ready to be s
 
 
 def _run_end(
-    status: str, code: str | None, message: str | None, upstream: UpstreamFailed | None, *, run_id: str
+    status: str, code: str | None, message: str | None, upstream: UpstreamFailed | None, *, run_id: str, protocol: int
 ) -> RunEnd:
     message = message and message[:END_MESSAGE_LIMIT]  # it may quote the client's body
+    code = end_code_for(protocol, code)  # a code newer than the Edge's version, in its words
     if upstream is None:
         return RunEnd(run_id, status, code, message)
     return RunEnd(run_id, status, code, message, upstream.status, upstream.body)
@@ -289,7 +291,7 @@ class EdgeSession:
                 self._nursery.start_soon(serve)
 
     async def _on_run(self, run: Run) -> _Serve | None:
-        end = functools.partial(_run_end, run_id=run.run_id)
+        end = functools.partial(_run_end, run_id=run.run_id, protocol=self.protocol)
         admitted = await self._admit(run.provider, end, run.epoch)
         if admitted is None:
             return None

@@ -462,5 +462,7 @@ def _run_error(exc: httpx.TransportError) -> RunFailed:
     if isinstance(exc, AnswerOverBound):
         return UpstreamFailed(f"bad answer from the upstream: {exc}")
     if isinstance(exc, httpx.TimeoutException):
-        return UpstreamUnreachable(f"upstream timed out ({type(exc).__name__})")
+        return UpstreamUnreachable(
+            f"upstream timed out ({type(exc).__name__})", silent=isinstance(exc, httpx.ReadTimeout)
+        )
     return UpstreamUnreachable(f"upstream unreachable: {exc or type(exc).__name__}")

@@ -1,0 +1,276 @@
+"""A request's deadline held across queueing and two failovers, and backend requests let go of ([deadline],
+[cancel-upstream]).
+
+An Edge and a Node run as processes; three mock backends run in this process, on loopback, so
+their clock is the client's:
+
+- ``gpu0``: nothing listens on its port (every attempt fails ``upstream_unreachable`` at once);
+- ``gpu1``: answers 500 (``upstream_5xx``);
+- ``gpu2``: never answers (a hung engine), capacity 1.
+
+Model ``deadline`` lists them in that order with ``retry.max_attempts: 3`` and ejection off, so a
+request is tried on gpu0, fails over to gpu1, fails over again to gpu2, where it waits in the
+queue behind the others (gpu2 holds one at a time) and then hangs until its deadline.
+
+- ``overrun``: ``CLIENTS`` clients in a closed loop send ``REQUESTS`` requests with
+  ``X-Request-Timeout`` of ``DEADLINE_S``; the overrun of one is when its answer (a
+  ``504 deadline_exceeded``) arrived minus when it was sent minus the deadline. Reported p50, p99
+  and max, and p99 as a share of the deadline (the reference). How many passed while queued and
+  how many in their third attempt is reported too.
+- ``abort``: for the requests that passed in their third attempt, when gpu2 was let go of (the
+  Node closed its backend request) minus when their deadline passed; and, one request at a time,
+  stream and non-stream, when gpu2 was let go of minus when the client closed its connection.
+
+LiteLLM is measured only if ``litellm`` is importable in this environment; it is not in the
+``bench`` extra, so the figure says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import platform
+import tempfile
+import time
+from typing import Any
+
+import trio
+
+from iop_mock import MockBackend, serve_mock_backend
+
+from .harness import (
+    Daemon,
+    HttpConnection,
+    get_json,
+    load_average,
+    node_connected,
+    percentile,
+    python_command,
+    replace_doc_block,
+    wait_until,
+)
+
+DEADLINE_S = 0.5
+CLIENTS = 4
+REQUESTS = 200
+DISCONNECTS = 40
+MODEL = "deadline"
+CHAT_PATH = "/v1/chat/completions"
+_BEGIN, _END = "<!-- deadline:begin -->", "<!-- deadline:end -->"
+
+EDGE_YAML = """\
+listen: 127.0.0.1:0
+node_listen: 127.0.0.1:0
+provider_pool: {{max_queue: 1024, queue_timeout_ms: 60000, retry: {{max_attempts: 3}}, outlier: {{consecutive_failures: 0}}}}
+nodes:
+  - id: bench-node
+    token: bench-token
+    providers:
+      - {{id: gpu0, capacity: 1}}
+      - {{id: gpu1, capacity: 1}}
+      - {{id: gpu2, capacity: 1}}
+models:
+  - id: {model}
+    min_attempt_ms: 0
+    candidates:
+      - {{node: bench-node, provider: gpu0, upstream_model: mock}}
+      - {{node: bench-node, provider: gpu1, upstream_model: mock}}
+      - {{node: bench-node, provider: gpu2, upstream_model: mock}}
+"""
+
+NODE_YAML = """\
+node_id: bench-node
+edge_url: ws://127.0.0.1:{node_port}
+token: bench-token
+runtime: {{concurrency: 16}}
+providers:
+  - {{id: gpu0, adapter: openai, base_url: "http://127.0.0.1:{dead_port}/v1", capacity: 1}}
+  - {{id: gpu1, adapter: openai, base_url: "http://127.0.0.1:{failing_port}/v1", capacity: 1}}
+  - {{id: gpu2, adapter: openai, base_url: "http://127.0.0.1:{hung_port}/v1", capacity: 1}}
+"""
+
+
+def _body(stream: bool) -> bytes:
+    return json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 8, "stream": stream}
+    ).encode()
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "p50_ms": round(percentile(ordered, 0.5) * 1000, 1),
+        "p99_ms": round(percentile(ordered, 0.99) * 1000, 1),
+        "max_ms": round(ordered[-1] * 1000, 1) if ordered else float("nan"),
+    }
+
+
+async def _free_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port: int = listeners[0].socket.getsockname()[1]
+    for listener in listeners:
+        await listener.aclose()
+    return port
+
+
+async def _overrun(http_port: int, hung: MockBackend) -> dict[str, Any]:
+    request = HttpConnection.build("POST", CHAT_PATH, _body(False), headers={"X-Request-Timeout": f"{DEADLINE_S:g}"})
+    overruns: list[float] = []
+    by_phase: dict[str, list[float]] = {}
+    third_attempt_deadlines: list[float] = []
+    where: dict[str, int] = {}
+    statuses: dict[int, int] = {}
+    remaining = REQUESTS
+    aborts_before = len(hung.aborts)
+
+    async def client() -> None:
+        nonlocal remaining
+        connection = HttpConnection("127.0.0.1", http_port)
+        while remaining > 0:
+            remaining -= 1
+            sent = trio.current_time()
+            status, body = await connection.request(request)
+            overruns.append(trio.current_time() - sent - DEADLINE_S)
+            statuses[status] = statuses.get(status, 0) + 1
+            message = json.loads(body)["error"]["message"] if status == 504 else body[:80].decode(errors="replace")
+            phase = message.rsplit("passed ", 1)[-1]
+            where[phase] = where.get(phase, 0) + 1
+            by_phase.setdefault(phase, []).append(overruns[-1])
+            if phase == "before the first byte":
+                third_attempt_deadlines.append(sent + DEADLINE_S)
+        await connection.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(CLIENTS):
+            nursery.start_soon(client)
+    with trio.move_on_after(5):
+        while len(hung.aborts) - aborts_before < len(third_attempt_deadlines):
+            await trio.sleep(0.01)
+    # gpu2 holds one request at a time, let go of at (or after) its deadline: an abort belongs to
+    # the latest deadline before it (a run whose deadline passed before its backend request was
+    # read has no abort at the backend).
+    dues = sorted(third_attempt_deadlines)
+    lags = [abort - max(d for d in dues if d <= abort) for abort in hung.aborts[aborts_before:] if dues[0] <= abort]
+    figures = _ms(overruns)
+    return {
+        "requests": REQUESTS,
+        "clients": CLIENTS,
+        "deadline_ms": DEADLINE_S * 1000,
+        "overrun": figures,
+        "p99_share_of_deadline": round(figures["p99_ms"] / (DEADLINE_S * 1000), 3),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "passed": where,
+        "overrun_by_phase": {phase: _ms(values) for phase, values in by_phase.items()},
+        "abort_after_deadline": _ms(lags) | {"samples": len(lags)},
+    }
+
+
+async def _disconnects(http_port: int, hung: MockBackend, stream: bool) -> dict[str, Any]:
+    """One request at a time, no deadline: the client closes its connection once gpu2 has it."""
+    request = HttpConnection.build("POST", CHAT_PATH, _body(stream))
+    lags: list[float] = []
+    for _ in range(DISCONNECTS):
+        aborted = len(hung.aborts)
+        started = hung.stats()["total"]
+        async with await trio.open_tcp_stream("127.0.0.1", http_port) as client:
+            await client.send_all(request)
+            while hung.stats()["total"] == started:
+                await trio.sleep(0.001)
+            closed = trio.current_time()
+        while len(hung.aborts) == aborted:
+            await trio.sleep(0.001)
+        lags.append(hung.aborts[-1] - closed)
+    return _ms(lags) | {"samples": len(lags)}
+
+
+async def _main(workdir: pathlib.Path) -> dict[str, Any]:
+    failing, hung = MockBackend(fail_status=500), MockBackend(latency=3600.0)
+    daemons: list[Daemon] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            failing_port = await nursery.start(serve_mock_backend, failing)
+            hung_port = await nursery.start(serve_mock_backend, hung)
+            dead_port = await _free_port()
+            (workdir / "edge.yaml").write_text(EDGE_YAML.format(model=MODEL))
+            edge = Daemon("edge", python_command("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
+            daemons.append(edge)
+            match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
+            http_port, node_port = int(match.group(1)), int(match.group(2))
+            (workdir / "node.yaml").write_text(
+                NODE_YAML.format(
+                    node_port=node_port, dead_port=dead_port, failing_port=failing_port, hung_port=hung_port
+                )
+            )
+            node = Daemon("node", python_command("-m", "iop_node", "--config", str(workdir / "node.yaml")), workdir)
+            daemons.append(node)
+            poller = HttpConnection("127.0.0.1", http_port)
+
+            async def registered() -> bool:
+                return node_connected(await get_json(poller, "/status"), "bench-node")
+
+            await wait_until("the node to register", registered, node, edge)
+            await poller.aclose()
+            overrun = await _overrun(http_port, hung)
+            disconnect = {
+                "non_stream": await _disconnects(http_port, hung, False),
+                "stream": await _disconnects(http_port, hung, True),
+            }
+            nursery.cancel_scope.cancel()
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+    litellm = (
+        "not measured: litellm is not importable here (not in the bench extra)"
+        if importlib.util.find_spec("litellm") is None
+        else "importable, but not measured by this benchmark yet"
+    )
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return {
+        "overrun": overrun,
+        "abort_after_disconnect": disconnect,
+        "litellm": litellm,
+        "box": f"{when}, {platform.machine()}, load average {load_average()}",
+    }
+
+
+def run(runs: int = 1) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="iop-bench-deadline-") as workdir:
+        result = trio.run(_main, pathlib.Path(workdir))
+    replace_doc_block(_BEGIN, _END, f"{_BEGIN}\n{table(result)}\n{_END}")
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    overrun = result["overrun"]
+    o, a = overrun["overrun"], overrun["abort_after_deadline"]
+    lines = [
+        f"Deadline {overrun['deadline_ms']:g} ms, {overrun['requests']} requests from {overrun['clients']} clients,"
+        f" each failing over gpu0 (unreachable) -> gpu1 (500) -> gpu2 (hung, capacity 1, queued);"
+        f" answers {overrun['statuses']}, passed {overrun['passed']}.",
+        "",
+        "| figure | p50 | p99 | max | samples |",
+        "|---|---|---|---|---|",
+        f"| overrun of the client's deadline (answer - send - deadline) | {o['p50_ms']} ms | {o['p99_ms']} ms"
+        f" | {o['max_ms']} ms | {overrun['requests']} |",
+        f"| backend let go after the deadline (third attempt) | {a['p50_ms']} ms | {a['p99_ms']} ms"
+        f" | {a['max_ms']} ms | {a['samples']} |",
+    ]
+    for kind, d in result["abort_after_disconnect"].items():
+        lines.append(
+            f"| backend let go after the client hung up ({kind.replace('_', '-')}) | {d['p50_ms']} ms"
+            f" | {d['p99_ms']} ms | {d['max_ms']} ms | {d['samples']} |"
+        )
+    lines += [
+        "",
+        f"p99 overrun / deadline: {overrun['p99_share_of_deadline']}. LiteLLM: {result['litellm']}."
+        f" One run, {result['box']}.",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    outcome = run()
+    print(table(outcome))
+    print(json.dumps(outcome, indent=2))
