@@ -54,7 +54,7 @@ from ._messages import (
     max_body_bytes_for,
     valid_node_id,
 )
-from ._versions import OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSIONS, end_code_for, run_for, spoken
+from ._versions import OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSIONS, end_code_for, run_for, speaks, spoken
 from ._websocket import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
 __all__ = [
@@ -113,6 +113,7 @@ __all__ = [
     "max_body_bytes_for",
     "record_header",
     "run_for",
+    "speaks",
     "split_data",
     "spoken",
     "valid_node_id",

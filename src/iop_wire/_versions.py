@@ -1,24 +1,25 @@
 """The wire versions spoken at once: the current and the previous one (docs/wire.md, Versioning).
 
-One table says what each version adds to the one before and how a message of it is said to a
-peer of that one (:data:`_TO_PREVIOUS`: a run from the Edge, an end code from the node);
-:func:`run_for` and :func:`end_code_for` walk it down to the peer's version. The daemons build
-every message in the current version's shape and ask this module for a peer's frame, so no
-version branch lives above the link.
+One table (:data:`_ADDED`) says what each version adds to the one before and how a message of it
+is said to a peer of that one: a run from the Edge, an end code from the node, and which message
+types are new in it. :func:`run_for` and :func:`end_code_for` walk it down to the peer's version,
+:func:`speaks` says whether a peer reads a message type. The daemons build every message in the
+current version's shape and ask this module for a peer's frame, so no version branch lives above
+the link.
 
 Adding version n+1 is a change here: append it to :data:`PROTOCOL_VERSIONS` and drop the oldest,
-give it its row in :data:`_TO_PREVIOUS` (what n+1 adds, taken out for an n peer) and drop the
-row of the version that is now the oldest.
+give it its row in :data:`_ADDED` (what n+1 adds, taken out for an n peer) and drop the row of the
+version that is now the oldest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, final
 
 import attrs
 
-from ._messages import Run
+from ._messages import Message, Run
 
 PROTOCOL_VERSIONS: Final = (5, 6)
 """The versions this package speaks: the previous and the current. An Edge accepts nodes of
@@ -34,22 +35,38 @@ _RunAndBody = tuple[Run, str | None]
 """A run and the client's body text it carries as is (:func:`~iop_wire.encode_run`), or None."""
 
 
+def _as_is(run: Run, body_json: str | None) -> _RunAndBody:
+    return run, body_json
+
+
+@final
+@attrs.frozen
+class _Added:
+    """What a version adds to the one before, as a peer of that one is told it."""
+
+    run_to_previous: Callable[[Run, str | None], _RunAndBody] = _as_is
+    """Its run as a peer of the version before reads it (what it added, taken out)."""
+    end_codes: Mapping[str, str] = attrs.field(factory=dict)
+    """Its new ``run_end`` codes in the words of the version before."""
+    messages: frozenset[type[Message]] = frozenset()
+    """The message types new in it: never sent to a peer of the version before (:func:`speaks`)."""
+
+
 def _v6_run_to_v5(run: Run, body_json: str | None) -> _RunAndBody:
     """v6 adds ``run.deadline_ms`` (the request's deadline, for the node to bound the backend
     call): a v5 peer gets the run without it, and bounds the call by its own timeouts only."""
     return (run if run.deadline_ms is None else attrs.evolve(run, deadline_ms=None)), body_json
 
 
-_TO_PREVIOUS: Final[dict[int, tuple[Callable[[Run, str | None], _RunAndBody], Mapping[str, str]]]] = {
-    6: (
-        _v6_run_to_v5,
-        # v6's end codes, said to a v5 Edge: a stalled stream was an unreachable upstream; a v5
-        # Edge sends no deadline, so its runs never end deadline_exceeded (mapped all the same).
-        {"stream_stalled": "upstream_unreachable", "deadline_exceeded": "upstream_unreachable"},
+_ADDED: Final[dict[int, _Added]] = {
+    6: _Added(
+        run_to_previous=_v6_run_to_v5,
+        # A stalled stream was an unreachable upstream to a v5 Edge; a v5 Edge sends no deadline,
+        # so its runs never end deadline_exceeded (mapped all the same).
+        end_codes={"stream_stalled": "upstream_unreachable", "deadline_exceeded": "upstream_unreachable"},
     ),
 }
-"""For every version spoken above the oldest: its run as the version before reads it, and its
-new ``run_end`` codes in the words of the version before."""
+"""For every version spoken above the oldest: what it adds to the version before."""
 
 
 def run_for(version: int, run: Run, body_json: str | None = None) -> _RunAndBody:
@@ -60,7 +77,7 @@ def run_for(version: int, run: Run, body_json: str | None = None) -> _RunAndBody
         ValueError: ``version`` is not one of :data:`PROTOCOL_VERSIONS`.
     """
     for newer in _newer_than(version):
-        run, body_json = _TO_PREVIOUS[newer][0](run, body_json)
+        run, body_json = _ADDED[newer].run_to_previous(run, body_json)
     return run, body_json
 
 
@@ -72,8 +89,17 @@ def end_code_for(version: int, code: str | None) -> str | None:
     """
     for newer in _newer_than(version):
         if code is not None:
-            code = _TO_PREVIOUS[newer][1].get(code, code)
+            code = _ADDED[newer].end_codes.get(code, code)
     return code
+
+
+def speaks(version: int, message: type[Message]) -> bool:
+    """Whether a peer of ``version`` reads messages of type ``message`` (not one a later version added).
+
+    Raises:
+        ValueError: ``version`` is not one of :data:`PROTOCOL_VERSIONS`.
+    """
+    return not any(message in _ADDED[newer].messages for newer in _newer_than(version))
 
 
 def _newer_than(version: int) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 import attrs
 import pytest
@@ -12,6 +13,7 @@ from iop_wire import (
     OLDEST_PROTOCOL,
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
+    Message,
     ProtocolError,
     Run,
     TunnelRequest,
@@ -20,6 +22,7 @@ from iop_wire import (
     encode_run,
     end_code_for,
     run_for,
+    speaks,
     spoken,
 )
 
@@ -93,6 +96,14 @@ def test_a_deadline_that_is_not_a_positive_integer_is_a_protocol_error(value: st
 def test_a_version_outside_the_pair_is_no_peer(version: int) -> None:
     with pytest.raises(ValueError, match=f"wire v{version} is not spoken"):
         run_for(version, client_run(), BODY)
+    with pytest.raises(ValueError, match=f"wire v{version} is not spoken"):
+        speaks(version, Run)
+
+
+def test_both_versions_read_every_message_type_there_is() -> None:
+    """v6 added fields and end codes, no message type: a peer of either version reads every type."""
+    for version in PROTOCOL_VERSIONS:
+        assert all(speaks(version, kind) for kind in get_args(Message)), version
 
 
 def test_the_previous_version_reads_every_other_message_as_the_current_one_writes_it() -> None:
