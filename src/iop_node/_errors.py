@@ -33,7 +33,7 @@ class BadRunRequest(RunFailed):
 
 @final
 class StaleEpoch(RunFailed):
-    """[epoch-fencing] The run carries an older leader epoch than the node has seen (wire v3)."""
+    """[epoch-fencing] The run carries an older leader epoch than the node has seen (docs/wire.md, Epoch fencing)."""
 
     code = "stale_epoch"
 
