@@ -142,3 +142,23 @@ async def test_openai_client_timeout_lets_go_of_the_backend(tmp_path: Path) -> N
             failures = (await edge.status())["failures"][BIG]
             assert sum(failures.values()) == 1 and set(failures) <= {"cancelled", "deadline_exceeded"}
             await edge.assert_drained()
+
+
+async def test_a_healthy_stream_outlives_the_openai_read_timeout(tmp_path: Path) -> None:
+    """[deadline] a stream whose only deadline is the openai client's read timeout (0.5 s, its first
+    byte's bound) keeps going while tokens come (5 tokens at 5 a second): no timer cuts it."""
+    backend = MockBackend(latency=0.0, tokens_per_second=5)
+    with trio.fail_after(20):
+        async with _stack(tmp_path, backend) as edge:
+            started = trio.current_time()
+            body = {**_chat(FAST, stream=True), "max_tokens": 5}
+            response = await edge.http.post(
+                "/v1/chat/completions", json=body, headers={"X-Stainless-Read-Timeout": "0.5"}
+            )
+            took = trio.current_time() - started
+            events = sse_events(response.text)
+            assert response.status_code == 200
+            assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
+            assert took > 0.5  # it ran past the read timeout, whole
+            assert backend.stats() == {"in_flight": 0, "peak_in_flight": 1, "total": 1, "aborted": 0}
+            await edge.assert_drained()
