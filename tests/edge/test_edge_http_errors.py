@@ -59,6 +59,13 @@ async def test_model_not_found_and_unavailable(tmp_path: Path) -> None:
 
 
 @pytest.mark.req("queue-ownership")
+def assert_retry_after(response: httpx.Response) -> None:
+    """A ``Retry-After`` in whole seconds within the Edge's bounds. Its value follows the return
+    schedule (tests/edge/test_overload.py pins it on a virtual clock); here, on real time, a refusal
+    booked just after another may round up to 2 s on a loaded machine."""
+    assert 1 <= int(response.headers["retry-after"]) <= _overload.OverloadPolicy().max_retry_after
+
+
 async def test_queue_full_and_queue_timeout(tmp_path: Path) -> None:
     """[queue-ownership] 429 queue_full (Retry-After) when the Edge-wide queue is full, for either
     key; 429 queue_timeout after queue_timeout_ms."""
@@ -78,11 +85,11 @@ async def test_queue_full_and_queue_timeout(tmp_path: Path) -> None:
                     # until its Retry-After), and the second chat must not wait for that.
                     full = await edge.chat(model, headers={"connection": "close"})
                     assert_error(full, 429, "queue_full", "rate_limit_error")
-                    assert full.headers["retry-after"] == "1"
+                    assert_retry_after(full)
                 await eventually(lambda: "waiter" in results)
                 await node.answer(running)
             assert_error(results["waiter"], 429, "queue_timeout", "rate_limit_error")
-            assert results["waiter"].headers["retry-after"] == "1"
+            assert_retry_after(results["waiter"])
             await edge.assert_drained()
 
 
