@@ -274,7 +274,10 @@ class AsyncLeaseScope:
             raise LeaseScopeError("a lease scope can be entered only once")
         self._state = "entering"
         handoff = self._handoff
-        loop = running_loop("retry" if self._retry_of is not None else "lease")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = running_loop("retry" if self._retry_of is not None else "lease")  # raises, saying why
         now = loop.time()
         result = handoff.ask(now, self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason)
         lease = result if type(result) is Lease else await handoff.queued(result, now)
