@@ -86,7 +86,7 @@ class AsyncAdmission:
         and ``RuntimeError`` outside a running asyncio loop (under trio: use ``Admission``).
         Raises (on exit): ``LeaseRevoked`` when fencing cancelled the body.
         """
-        return AsyncLeaseScope(self._handoff, model, long, None, tenant, cost, revocable=revocable)
+        return AsyncLeaseScope(self._handoff, model, long, None, tenant, cost, None, revocable)
 
     def settle(self, lease: Lease, actual: float) -> None:
         """Charge ``lease``'s tenant the cost it used instead of its reserve (see ``Admission.settle``)."""
@@ -254,7 +254,6 @@ class AsyncLeaseScope:
         retry_of: Lease | None,
         tenant: str | None = None,
         cost: float = 1.0,
-        *,
         reason: str | None = None,
         revocable: bool = True,
     ) -> None:
