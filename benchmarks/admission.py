@@ -11,7 +11,8 @@
    providers, on the sans-I/O core.
 4. Candidate choice [candidate-choice-scale]: one admission cycle (grant and
    release) on a model key with 10,000 candidates, half of them partly loaded,
-   vs a model key with 1 candidate: ``async with admission.lease(...)`` and the
+   vs a model key with 2, the smallest the index serves (a key of 1 candidate is
+   chosen without it): ``async with admission.lease(...)`` and the
    core's ``request`` + ``release`` alone.
 
 Each figure of 2-4 is the median of ``--runs`` runs (default 5); 1 runs ``3 * runs`` rounds. Run with
@@ -227,9 +228,11 @@ def run(runs: int = 5) -> dict[str, object]:
     floor_runs = [_floor_parts(n) for _ in range(runs)]
     floor = {k: statistics.median(r[k] for r in floor_runs) for k in floor_runs[0]}
     scaling = {w: _median(lambda w=w: _scaling(w, 20_000), runs) for w in (10, 1_000, 10_000)}
+    # Against 2 candidates, the smallest model key the choice index serves (a key of one
+    # candidate is chosen without it: cheaper, and not what the index's scale is about).
     choice = {
         (c, core_only): _median(lambda c=c, k=core_only: _choice_cycle(c, n, k), runs)
-        for c in (1, 10_000)
+        for c in (2, 10_000)
         for core_only in (False, True)
     }
     return {
@@ -248,10 +251,10 @@ def run(runs: int = 5) -> dict[str, object]:
             "target": "<= 3x",
         },
         "choice": {
-            "lease_us": {"1": choice[1, False] * 1e6, "10000": choice[10_000, False] * 1e6},
-            "core_us": {"1": choice[1, True] * 1e6, "10000": choice[10_000, True] * 1e6},
-            "lease_ratio": choice[10_000, False] / choice[1, False],
-            "core_ratio": choice[10_000, True] / choice[1, True],
+            "lease_us": {"2": choice[2, False] * 1e6, "10000": choice[10_000, False] * 1e6},
+            "core_us": {"2": choice[2, True] * 1e6, "10000": choice[10_000, True] * 1e6},
+            "lease_ratio": choice[10_000, False] / choice[2, False],
+            "core_ratio": choice[10_000, True] / choice[2, True],
             "target": "<= 1.2x",
         },
         "runs": runs,
@@ -279,9 +282,9 @@ def table(result: dict[str, object]) -> str:
         f"{semaphore:.2f} µs | {f['asyncio_ratio']:.2f}x | — (the least an asyncio lease costs) |",
         f"| release + re-evaluation, 10 / 1,000 / 10,000 waiters | {rel['10']:.2f} / {rel['1000']:.2f} "
         f"/ {rel['10000']:.2f} µs | 10 waiters | {s['ratio_10000_vs_10']:.2f}x | <= 3x |",
-        f"| lease cycle, model key with 10,000 candidates | {ch['lease_us']['10000']:.2f} µs | 1 candidate "
-        f"{ch['lease_us']['1']:.2f} µs | {ch['lease_ratio']:.2f}x | <= 1.2x |",
-        f"| core request + release, 10,000 candidates | {ch['core_us']['10000']:.2f} µs | 1 candidate "
-        f"{ch['core_us']['1']:.2f} µs | {ch['core_ratio']:.2f}x | — (the core alone: the index's O(log n) depth) |",
+        f"| lease cycle, model key with 10,000 candidates | {ch['lease_us']['10000']:.2f} µs | 2 candidates "
+        f"{ch['lease_us']['2']:.2f} µs | {ch['lease_ratio']:.2f}x | <= 1.2x |",
+        f"| core request + release, 10,000 candidates | {ch['core_us']['10000']:.2f} µs | 2 candidates "
+        f"{ch['core_us']['2']:.2f} µs | {ch['core_ratio']:.2f}x | — (the core alone: the index's O(log n) depth) |",
     ]
     return lease_cost.table(cost) + "\n\n" + "\n".join(lines)

@@ -86,7 +86,7 @@ class AsyncAdmission:
         and ``RuntimeError`` outside a running asyncio loop (under trio: use ``Admission``).
         Raises (on exit): ``LeaseRevoked`` when fencing cancelled the body.
         """
-        return AsyncLeaseScope(self._handoff, model, long, None, tenant, cost, revocable=revocable)
+        return AsyncLeaseScope(self._handoff, model, long, None, tenant, cost, None, revocable)
 
     def settle(self, lease: Lease, actual: float) -> None:
         """Charge ``lease``'s tenant the cost it used instead of its reserve (see ``Admission.settle``)."""
@@ -254,7 +254,6 @@ class AsyncLeaseScope:
         retry_of: Lease | None,
         tenant: str | None = None,
         cost: float = 1.0,
-        *,
         reason: str | None = None,
         revocable: bool = True,
     ) -> None:
@@ -274,7 +273,10 @@ class AsyncLeaseScope:
             raise LeaseScopeError("a lease scope can be entered only once")
         self._state = "entering"
         handoff = self._handoff
-        loop = running_loop("retry" if self._retry_of is not None else "lease")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = running_loop("retry" if self._retry_of is not None else "lease")  # raises, saying why
         now = loop.time()
         result = handoff.ask(now, self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason)
         lease = result if type(result) is Lease else await handoff.queued(result, now)

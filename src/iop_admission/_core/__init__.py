@@ -55,9 +55,14 @@ Why it is built this way:
   order -- is kept per model group as a heap of dispatchable candidates with
   lazy deletion (see :class:`ModelGroup`); a change of a provider's load,
   eligibility or spec re-enters it in every group listing it, O(log n) each
-  (:meth:`ProviderSlot.reindex`). Choosing costs the same with one candidate or
-  ten thousand. Whoever changes what makes a provider eligible or loaded must
-  call ``reindex`` afterwards.
+  (:meth:`ProviderSlot.reindex`). Choosing costs the same with two candidates
+  or ten thousand. Whoever changes what makes a provider eligible or loaded must
+  call ``reindex`` afterwards. A group of one candidate keeps no heap: its
+  choice is that candidate when it has room, read from the candidate itself
+  (not admitting, it would put the group in panic mode, which chooses it all
+  the same); so a grant or a release that changes only the load of a provider
+  listed in no group of several needs no reindex (``ProviderSlot.indexed``),
+  the short path of the usual lease.
 
 * **Passive health** [outlier-ejection]. Every lease can carry one report,
   failure or success. ``outlier.consecutive_failures`` failures in a row

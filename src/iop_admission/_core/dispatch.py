@@ -54,8 +54,8 @@ class Dispatcher:
         if p.health is PROBE:
             self._health.start_probe(p, lease)
             p.reindex()
-        else:
-            p.load_changed()
+        elif p.indexed:  # only its load changed: only the heaps of its groups of several need it
+            p.reindex()
         return lease
 
     def probe_started(self, lease: Lease) -> list[Decision]:
@@ -95,11 +95,13 @@ class Dispatcher:
             first: Waiter | None = None
             best: ProviderSlot | None = None
             for g in groups:
-                for long in (False, True):
-                    w = g.head(long)
-                    if w is not None and (first is None or w.seq < first.seq):
-                        choice = g.best(long)
-                        if choice is not None:
+                for long, live in ((False, g.normal_live), (True, g.long_live)):
+                    if not live:
+                        continue
+                    choice = g.best(long)  # asked first: after the last grant it is mostly None
+                    if choice is not None:
+                        w = g.head(long)
+                        if w is not None and (first is None or w.seq < first.seq):
                             first, best = w, choice
             for w in retries:
                 if first is not None and w.seq > first.seq:

@@ -23,12 +23,12 @@ class Queue:
     :attr:`retries`, which dispatch looks at beside the group heads.
     """
 
-    __slots__ = ("waiters", "retries", "max_queue", "timeout", "_seq", "_tenants")
+    __slots__ = ("waiters", "retries", "max_queue", "timeout", "arrivals", "_tenants")
 
     def __init__(self, policy: QueuePolicy, tenants: Tenants) -> None:
         self.waiters: dict[int, Waiter] = {}  # queued only, in arrival order
         self.retries: list[Waiter] = []  # queued retries, in arrival order (also in waiters)
-        self._seq = itertools.count(1)
+        self.arrivals = itertools.count(1)  # arrival numbers: every request draws one when it asks
         self._tenants = tenants
         self.max_queue = policy.max_queue
         self.timeout = policy.queue_timeout
@@ -36,10 +36,6 @@ class Queue:
     def set_policy(self, policy: QueuePolicy) -> None:
         self.max_queue = policy.max_queue
         self.timeout = policy.queue_timeout
-
-    def arrival(self) -> int:
-        """The next arrival number: every request draws one when it asks, granted or queued."""
-        return next(self._seq)
 
     def full(self) -> bool:
         return len(self.waiters) >= self.max_queue

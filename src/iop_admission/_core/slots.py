@@ -294,7 +294,10 @@ class ProviderSlot:
         self.revoked_long = 0
         self.groups: list[tuple[ModelGroup, int]] = []  # (model group, position among its candidates)
         self.stamp = 0
-        self.indexed = False  # in a group of several candidates (set by reindex and link)
+        # In a group of several candidates (set by reindex and link). A grant or a release that
+        # changes only the load of a provider that is not needs no reindex: a group of one reads
+        # its candidate's load itself (ModelGroup.best), and the counts do not change.
+        self.indexed = False
         self.counted = False  # counted in its groups' ``eligible``
         self.long_counted = False  # counted in its groups' ``long_eligible``
         self.admit_counted = False  # counted in its groups' ``admitting``
@@ -378,12 +381,6 @@ class ProviderSlot:
             else:
                 g.drop_top(position, True)
         self.indexed = indexed
-
-    def load_changed(self) -> None:
-        """Re-enter the heaps after a change of its load alone (a grant or a release, no health
-        news): a group of one candidate reads the load itself, and the counts stay as they are."""
-        if self.indexed:
-            self.reindex()
 
     def rank(self) -> int:
         """Its choice index entry, position aside: priority, load and current stamp (see ``_PRIORITY_SHIFT``)."""

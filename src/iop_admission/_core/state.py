@@ -94,15 +94,16 @@ class AdmissionState:
         queue = self._queue
         best = group.best(long)
         if best is not None:
-            lease = self._dispatcher.grant(best, model, long, queue.arrival(), now)
+            lease = self._dispatcher.grant(best, model, long, next(queue.arrivals), now)
             lease.cost = cost
-            self._probe_started(lease)
+            if lease.probe:
+                self._probe_started(lease)
             return lease
         if not group.could_run(long):
             raise Unavailable(model, long, reasons(group.providers, long, ()))
         if queue.full():
             raise QueueFull(model, queue.max_queue)
-        waiter = Waiter(queue.arrival(), model, long, now, now + queue.timeout)
+        waiter = Waiter(next(queue.arrivals), model, long, now, now + queue.timeout)
         waiter.cost = cost
         queue.add(waiter, group)
         return waiter
@@ -117,7 +118,7 @@ class AdmissionState:
         name = fair.tenant_of(tenant)
         best = group.best(long)
         if best is not None and fair.can_run(name):
-            lease = self._dispatcher.grant(best, model, long, queue.arrival(), now)
+            lease = self._dispatcher.grant(best, model, long, next(queue.arrivals), now)
             tenants.charge(lease, name, cost)
             self._probe_started(lease)
             return lease
@@ -127,7 +128,7 @@ class AdmissionState:
         if queue.full():
             victim = tenants.shed_victim(name, model, queue.max_queue)
             self._pending.append(queue.fail(victim, TenantLimitExceeded(victim.tenant, "shed", queue.max_queue)))
-        waiter = Waiter(queue.arrival(), model, long, now, now + queue.timeout)
+        waiter = Waiter(next(queue.arrivals), model, long, now, now + queue.timeout)
         tenants.ticket_waiter(waiter, name, cost)
         queue.add(waiter, group)
         return waiter
@@ -248,10 +249,8 @@ class AdmissionState:
         if not slot.configured and not slot.busy:
             self._pool.drop(slot)
             return dispatch(self._pool.groups.values()) if wake_all else []
-        if reopened:
+        if reopened or slot.indexed:  # else only its load changed, which its groups of one read themselves
             slot.reindex()
-        else:
-            slot.load_changed()
         if wake_all:
             return dispatch(self._pool.groups.values())
         if self._queue.retries:

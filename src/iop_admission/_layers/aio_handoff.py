@@ -229,7 +229,7 @@ class AsyncHandoff:
             self.emit(lease_event("released", now_or_none(), lease))
         if task is None and lease.revoked and exc_type is None:
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
-        return task if lease in self.revoking else None
+        return task if self.revoking and lease in self.revoking else None
 
     async def revoked(self, lease: Lease, task: asyncio.Task[object], exc_type: type[BaseException] | None) -> None:
         """Take back the cancellation fencing sent to ``lease``'s body (``task``); raise LeaseRevoked."""
