@@ -58,7 +58,6 @@ async def test_model_not_found_and_unavailable(tmp_path: Path) -> None:
             assert edge.queue_depth == 0
 
 
-@pytest.mark.req("queue-ownership")
 def assert_retry_after(response: httpx.Response) -> None:
     """A ``Retry-After`` in whole seconds within the Edge's bounds. Its value follows the return
     schedule (tests/edge/test_overload.py pins it on a virtual clock); here, on real time, a refusal
@@ -66,6 +65,7 @@ def assert_retry_after(response: httpx.Response) -> None:
     assert 1 <= int(response.headers["retry-after"]) <= _overload.OverloadPolicy().max_retry_after
 
 
+@pytest.mark.req("queue-ownership")
 async def test_queue_full_and_queue_timeout(tmp_path: Path) -> None:
     """[queue-ownership] 429 queue_full (Retry-After) when the Edge-wide queue is full, for either
     key; 429 queue_timeout after queue_timeout_ms."""
