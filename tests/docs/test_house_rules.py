@@ -113,12 +113,10 @@ def test_the_length_check_counts_the_body_without_its_docstring() -> None:
 # ------------------------------------------------------------ one owner per name, rooms of a size
 
 MAX_CLASS_LINES = 300
+"""The backstop beside the cohesion rule (tests/docs/test_layout.py): lines of code a class holds,
+its docstrings not counted (a public facade documents each operation where it is defined)."""
 SIZED_PACKAGES = ("iop_admission", "iop_edge", "iop_node", "iop_mock", "iop_wire")
-LARGE_FOR_NOW: set[str] = {
-    # The core's facade: one public method per operation, each a few lines over its parts (the
-    # cohesion rule of test_layout.py holds); its length is the public reference in its docstrings.
-    "iop_admission/_core/state.py:AdmissionState",
-}
+LARGE_FOR_NOW: set[str] = set()
 """Known classes over the bound; an entry that is no longer large must go."""
 
 
@@ -146,21 +144,38 @@ def test_the_underscore_scan_reports_private_names_only() -> None:
     assert list(underscore_imports(source)) == [(1, "_server"), (2, "_take")]
 
 
+def docstring_lines(cls: ast.ClassDef) -> int:
+    """Lines of the docstrings of ``cls`` and of the functions and classes within it."""
+    total = 0
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+                and first.end_lineno is not None
+            ):
+                total += first.end_lineno - first.lineno + 1
+    return total
+
+
 def large_classes() -> dict[str, int]:
-    """``path:Class`` -> lines of every class over :data:`MAX_CLASS_LINES` in the sized packages."""
+    """``path:Class`` -> lines of code (docstrings aside) of every class over :data:`MAX_CLASS_LINES`
+    in the sized packages."""
     found = {}
     for package in SIZED_PACKAGES:
         for path in sorted((SRC / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
-                    lines = node.end_lineno - node.lineno + 1
+                    lines = node.end_lineno - node.lineno + 1 - docstring_lines(node)
                     if lines > MAX_CLASS_LINES:
                         found[f"{path.relative_to(SRC).as_posix()}:{node.name}"] = lines
     return found
 
 
 def test_no_class_over_300_lines() -> None:
-    """A class holds one concern; past 300 lines it holds several."""
+    """A class holds one concern (the cohesion rule); past 300 lines of code it holds several."""
     large = large_classes()
     assert set(large) - LARGE_FOR_NOW == set(), large
     assert LARGE_FOR_NOW - set(large) == set(), "no longer large: remove from LARGE_FOR_NOW"
