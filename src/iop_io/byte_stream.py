@@ -166,6 +166,24 @@ class ByteStream:
             data = self.receive_nowait(size)
         return data
 
+    async def receive_when_readable(self, size: int = RECEIVE_SIZE) -> bytes:
+        """The next bytes from the peer, ``b""`` at its end, waiting for readability first. Checkpoints.
+
+        For bytes that are rarely there yet when asked (the answer to a request just
+        sent, the next message of a quiet peer): a read that finds nothing would cost a
+        failed system call before the wait anyway. Through a trio stream: its own read.
+
+        Raises:
+            PeerGone: the connection failed or is closed.
+        """
+        if self._sock is None:
+            return await self.receive_some(size)
+        while True:
+            await self.wait_readable()
+            data = self.receive_nowait(size)
+            if data is not None:  # else a spurious wake-up
+                return data
+
     def receive_nowait(self, size: int = RECEIVE_SIZE) -> bytes | None:
         """The bytes the peer already sent (``b""`` at its end), or None if none wait (through
         a trio stream only: always). Never waits.

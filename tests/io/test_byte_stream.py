@@ -76,6 +76,18 @@ async def test_a_read_waits_for_bytes_and_a_schedule_read_is_a_schedule_point(nu
     peer.close()
 
 
+async def test_a_read_when_readable_waits_first_and_takes_what_came() -> None:
+    io, peer = _pair()
+    peer.send(b"answer")
+    with trio.testing.assert_checkpoints():
+        assert await io.receive_when_readable() == b"answer"
+    peer.close()
+    assert await io.receive_when_readable() == b""
+    io.close()
+    with pytest.raises(PeerGone):
+        await io.receive_when_readable()
+
+
 async def test_flush_writes_what_the_socket_did_not_take_and_what_was_appended_meanwhile(nursery: trio.Nursery) -> None:
     io, peer = _pair()
     assert io.fileno() >= 0

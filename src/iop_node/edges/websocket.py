@@ -171,7 +171,7 @@ class EdgeSocket(WebSocketEnd):
     async def _receive(self) -> bytes:
         """Bytes from the socket, b"" at its end (or when it failed). Checkpoints."""
         try:
-            data = await self._io.receive_some(RECEIVE_BYTES, schedule=True)
+            data = await self._io.receive_when_readable(RECEIVE_BYTES)
         except PeerGone:
             return b""
         self.received_at = trio.current_time()

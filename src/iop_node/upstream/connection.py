@@ -106,9 +106,8 @@ async def open_connection(origin: Origin, timeout: float) -> Connection:
 class Connection:
     """One upstream connection: its bytes (:class:`iop_io.ByteStream`) and the parser of its current answer.
 
-    A read with bytes waiting and a write the socket takes whole cost no task
-    switch (:class:`iop_io.ByteStream`); a read otherwise is one wait for
-    readability plus the read.
+    A write the socket takes whole costs no task switch (:class:`iop_io.ByteStream`);
+    a read is one wait for readability plus the read.
     """
 
     origin: Origin
@@ -136,7 +135,7 @@ class Connection:
             await self.io.flush(bytearray(memoryview(data)[sent:]))
 
     async def receive(self, timeout: float) -> bytes:
-        """Read some bytes (``b""`` at EOF). Checkpoints if cancelled or when it waits.
+        """Read some bytes (``b""`` at EOF). Checkpoints.
 
         Raises:
             httpx.ReadTimeout: nothing arrived for ``timeout`` seconds.
@@ -149,13 +148,14 @@ class Connection:
         raise httpx.ReadTimeout(f"no data from the upstream for {timeout:g} s")
 
     async def receive_now(self) -> bytes:
-        """Read some bytes (``b""`` at EOF), with no timeout of its own. Checkpoints if cancelled or when it waits.
+        """Read some bytes (``b""`` at EOF), with no timeout of its own. Checkpoints (one wait for
+        readability, then the read: the answer is rarely there yet when asked).
 
         Raises:
             httpx.ReadError: the socket failed.
         """
         try:
-            return await self.io.receive_some()
+            return await self.io.receive_when_readable()
         except PeerGone as exc:
             raise read_error(exc) from None
 
