@@ -32,7 +32,7 @@ from iop_node.adapters.mock import MockAdapter
 from iop_node.adapters.ollama import OllamaAdapter
 from iop_node.adapters.openai_compat import OpenAIAdapter
 from iop_node.config import NodeConfig, ProviderConfig
-from iop_node.edges.fence import EpochFence
+from iop_node.edges.fence import EpochFence, RunEnds
 
 _CLOSE_TIMEOUT = 1.0
 
@@ -66,6 +66,7 @@ class NodeRuntime:
             ``global_limit=runtime.concurrency``.
         adapters: adapter per provider id.
         fence: the highest leader epoch seen on any connection [epoch-fencing].
+        run_ends: the end of any run, which the ``in_flight`` reports wait for [held-elsewhere].
         long_runs: long runs in flight per provider, every connection's (wire v4
             marks a run ``long``): reported to a new leader [held-elsewhere].
     """
@@ -73,6 +74,7 @@ class NodeRuntime:
     gate: LocalGate
     adapters: Mapping[str, Adapter]
     fence: EpochFence = attrs.field(factory=EpochFence)
+    run_ends: RunEnds = attrs.field(factory=RunEnds)
     long_runs: Counter[str] = attrs.field(factory=Counter)
 
     @classmethod
