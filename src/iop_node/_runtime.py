@@ -67,8 +67,8 @@ class NodeRuntime:
         adapters: adapter per provider id.
         fence: the highest leader epoch seen on any connection [epoch-fencing].
         run_ends: the end of any run, which the ``in_flight`` reports wait for [held-elsewhere].
-        long_runs: long runs in flight per provider, every connection's (wire v4
-            marks a run ``long``): reported to a new leader [held-elsewhere].
+        long_runs: long runs in flight per provider, every connection's (a run
+            marked ``long``): reported to a new leader [held-elsewhere].
     """
 
     gate: LocalGate
@@ -90,7 +90,7 @@ class NodeRuntime:
     def admit(self, provider: str, epoch: int | None = None) -> tuple[Permit, Adapter]:
         """Take a permit for ``provider`` now, or fail at once. Does not checkpoint.
 
-        ``epoch``: the sending leader's (wire v3), checked against :attr:`fence` first.
+        ``epoch``: the sending leader's (docs/wire.md, Epoch fencing), checked against :attr:`fence` first.
 
         Returns:
             The held permit (the caller must release it exactly once, e.g. with
