@@ -36,7 +36,13 @@ The contract a layer must keep:
   capacity comes back only then. A lease revoked before its body started is
   released at once. ``release`` is idempotent (a second call changes nothing).
 * **Reading.** :func:`read_snapshot` is the :class:`~iop_admission.Snapshot` a
-  layer serves, read in one synchronous step.
+  layer serves, read in one synchronous step; :func:`waiter_snapshots` the rows of
+  the waiters it lists.
+
+The tenants' parts are public too, for a model or a test that checks them on their
+own: :class:`FairShare` (the ordering rule, over :class:`Ticket`s, the unnamed tenant
+:data:`DEFAULT_TENANT`) and :class:`Tenancy` (the core's tenants and their shares over
+the last :data:`RECENT_GRANTS` grants).
 
 Stability promise: the names in ``__all__`` and the contract above follow
 semantic versioning from 1.0 on; before 1.0 a change to them is named in the
@@ -48,10 +54,14 @@ from __future__ import annotations
 from ._core.records import Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter, WaiterState
 from ._core.refresh import PreparedRefresh, prepare_refresh
 from ._core.state import AdmissionState
-from ._fairness import FairShare
+from ._core.tenants import RECENT_GRANTS, Tenancy
+from ._fairness import DEFAULT_TENANT, FairShare, Ticket
 from ._snapshot import Snapshot
+from ._waiting import waiter_snapshots
 
 __all__ = [
+    "DEFAULT_TENANT",
+    "RECENT_GRANTS",
     "AdmissionState",
     "Decision",
     "Ejected",
@@ -62,10 +72,13 @@ __all__ = [
     "PreparedRefresh",
     "Restored",
     "Revoked",
+    "Tenancy",
+    "Ticket",
     "Waiter",
     "WaiterState",
     "prepare_refresh",
     "read_snapshot",
+    "waiter_snapshots",
 ]
 
 

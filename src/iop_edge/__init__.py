@@ -6,9 +6,12 @@ queue of its own.
 Besides the daemon's pieces, the config reload's reader (:func:`run_config_reader`,
 :func:`rebuild_config`, :func:`lower_priority`) and the queue page's view
 (:class:`QueuePage`, :func:`build_view`) are public so the benchmarks measure them
-through public names.
+through public names, and so are the readings of a large pool a slice per loop turn
+(:func:`snapshot_in_slices`, :func:`rows_in_slices`) and the release of a large config
+a slice per turn (:func:`release_in_slices`), which the tests hold.
 """
 
+from iop_edge._off_loop import release_in_slices, rows_in_slices, snapshot_in_slices
 from iop_edge._service import EdgeService
 from iop_edge.api.app import EdgeAPI
 from iop_edge.api.request_body import estimate_tokens
@@ -35,5 +38,8 @@ __all__ = [
     "load_edge_config",
     "lower_priority",
     "rebuild_config",
+    "release_in_slices",
+    "rows_in_slices",
     "run_config_reader",
+    "snapshot_in_slices",
 ]

@@ -32,7 +32,7 @@ from iop_node.adapters.mock import MockAdapter
 from iop_node.adapters.ollama import OllamaAdapter
 from iop_node.adapters.openai_compat import OpenAIAdapter
 from iop_node.config import NodeConfig, ProviderConfig
-from iop_node.edges.fence import EpochFence
+from iop_node.edges.fence import EpochFence, RunEnds
 
 _CLOSE_TIMEOUT = 1.0
 
@@ -66,13 +66,15 @@ class NodeRuntime:
             ``global_limit=runtime.concurrency``.
         adapters: adapter per provider id.
         fence: the highest leader epoch seen on any connection [epoch-fencing].
-        long_runs: long runs in flight per provider, every connection's (wire v4
-            marks a run ``long``): reported to a new leader [held-elsewhere].
+        run_ends: the end of any run, which the ``in_flight`` reports wait for [held-elsewhere].
+        long_runs: long runs in flight per provider, every connection's (a run
+            marked ``long``): reported to a new leader [held-elsewhere].
     """
 
     gate: LocalGate
     adapters: Mapping[str, Adapter]
     fence: EpochFence = attrs.field(factory=EpochFence)
+    run_ends: RunEnds = attrs.field(factory=RunEnds)
     long_runs: Counter[str] = attrs.field(factory=Counter)
 
     @classmethod
@@ -88,7 +90,7 @@ class NodeRuntime:
     def admit(self, provider: str, epoch: int | None = None) -> tuple[Permit, Adapter]:
         """Take a permit for ``provider`` now, or fail at once. Does not checkpoint.
 
-        ``epoch``: the sending leader's (wire v3), checked against :attr:`fence` first.
+        ``epoch``: the sending leader's (docs/wire.md, Epoch fencing), checked against :attr:`fence` first.
 
         Returns:
             The held permit (the caller must release it exactly once, e.g. with

@@ -1,4 +1,4 @@
-"""Binary data frames of wire protocol v2: a run's output bytes, several records per frame.
+"""Binary data frames of the wire protocol: a run's output bytes, several records per frame.
 
 A data frame is one binary WebSocket message holding one or more records, back to
 back, each::

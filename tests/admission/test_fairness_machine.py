@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from iop_admission._errors import TenantLimitExceeded
-from iop_admission._fairness import DEFAULT_TENANT, FairShare, TenantSpec, Ticket
+from iop_admission import TenantLimitExceeded, TenantSpec
+from iop_admission.core import DEFAULT_TENANT, FairShare, Ticket
 
 pytestmark = pytest.mark.req("tenant-fair-share")
 

@@ -26,8 +26,7 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._core.records import FAILED, QUEUED
-from iop_admission.core import AdmissionState, Ejected, Failed, Granted
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, WaiterState
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -83,7 +82,7 @@ def test_queued_retry_takes_its_arrival_place_and_expires_there(pool):
     assert list(core.waiters()) == [retried, fourth]
     assert core.expire(9.9) == []
     assert core.expire(10.0) == [retried]
-    assert list(core.waiters()) == [fourth] and fourth.state is QUEUED
+    assert list(core.waiters()) == [fourth] and fourth.state is WaiterState.QUEUED
     assert core.expire(12.0) == [fourth]
 
 
@@ -100,7 +99,7 @@ def test_queued_retry_is_granted_before_later_arrivals(pool):
     retried = _waiter(core.retry(first, 2.0))
     [grant] = core.release(second)
     assert grant.waiter is retried and grant.lease.tried == (pool.gpu0, pool.gpu1)
-    assert fourth.state is QUEUED and list(core.waiters()) == [fourth]
+    assert fourth.state is WaiterState.QUEUED and list(core.waiters()) == [fourth]
 
 
 @pytest.mark.req("failover-before-first-byte", "refresh-consistency")
@@ -123,7 +122,7 @@ def test_refresh_keeps_what_a_queued_retry_tried(pool, prepared, change):
     else:  # the model groups are rebuilt: a new group object for BIG
         config = attrs.evolve(base, models=dict(base.models))
     assert core.refresh(core.prepare_refresh(config) if prepared else config) == []
-    assert retried.state is QUEUED and retried.tried == (pool.gpu0,)
+    assert retried.state is WaiterState.QUEUED and retried.tried == (pool.gpu0,)
     assert retried.candidates == (pool.gpu1,)
     assert list(core.waiters()) == [retried]
     [grant] = core.release(second)
@@ -437,13 +436,13 @@ def test_refresh_ending_long_slots_fails_a_long_waiter_of_a_kept_group(pool, pre
     decisions = core.refresh(core.prepare_refresh(config) if prepared else config)
     assert [(type(d), d.waiter) for d in decisions] == [(Failed, long_waiter)]
     assert isinstance(decisions[0], Failed) and decisions[0].error is long_waiter.error
-    assert long_waiter.state is FAILED
+    assert long_waiter.state is WaiterState.FAILED
     assert isinstance(long_waiter.error, Unavailable)
     assert (long_waiter.error.model, long_waiter.error.long) == (BIG, True)
     assert list(core.waiters()) == [short_waiter]
     for lease in held:
         core.release(lease)
-    assert short_waiter.state is not QUEUED
+    assert short_waiter.state is not WaiterState.QUEUED
 
 
 @pytest.mark.req("failover-before-first-byte", "refresh-consistency")
@@ -463,7 +462,7 @@ def test_refresh_leaving_a_queued_retry_no_untried_candidate_fails_it(pool, prep
     config = attrs.evolve(base, providers={**base.providers, pool.gpu1: gpu1})
     decisions = core.refresh(core.prepare_refresh(config) if prepared else config)
     assert [(type(d), d.waiter) for d in decisions] == [(Failed, retried)]
-    assert retried.state is FAILED
+    assert retried.state is WaiterState.FAILED
     assert isinstance(retried.error, Unavailable)
     assert (retried.error.model, retried.error.long) == (BIG, long)
     assert core.queue_depth == 0

@@ -9,8 +9,7 @@ from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import OutlierPolicy, PoolConfig, ProviderKey, QueueTimeout, RetryPolicy
-from iop_admission._core.records import FAILED, QUEUED, TIMED_OUT, WITHDRAWN
-from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Restored, Revoked
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Restored, Revoked, WaiterState
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -77,7 +76,7 @@ def test_waiter_repr_names_seq_model_kind_attempt_and_state(pool):
     assert repr(long) == "<Waiter 4 'ornith-fast' long withdrawn>"
     assert core.expire(10.0) == [retried]
     assert repr(retried) == "<Waiter 1 'ornith:35b' attempt 2 timed_out>"
-    assert (long.state, retried.state) == (WITHDRAWN, TIMED_OUT)
+    assert (long.state, retried.state) == (WaiterState.WITHDRAWN, WaiterState.TIMED_OUT)
 
 
 def test_decision_reprs(pool):
@@ -118,10 +117,10 @@ def test_fresh_lease_and_waiter_fields(pool):
     assert (lease.tenant, lease.cost, lease.attempt, lease.arrival) == ("default", 1.0, 1, 1)
     assert (lease.enqueue_time, lease.tried, lease.generation, lease.long) == (2.0, (pool.gpu0,), 1, False)
     waiter = _waiter(core.request(FAST, True, 3.0, cost=2.5))
-    assert (waiter.seq, waiter.model, waiter.long, waiter.state) == (2, FAST, True, QUEUED)
+    assert (waiter.seq, waiter.model, waiter.long, waiter.state) == (2, FAST, True, WaiterState.QUEUED)
     assert (waiter.enqueue_time, waiter.deadline, waiter.attempt, waiter.tried) == (3.0, 10.0, 1, ())
     assert (waiter.lease, waiter.error, waiter.tenant, waiter.cost) == (None, None, "default", 2.5)
     assert waiter.candidates == (pool.gpu0,)
     core.release(lease)
     assert waiter.lease is not None and (waiter.lease.cost, waiter.lease.tenant) == (2.5, "default")
-    assert waiter.state is not FAILED
+    assert waiter.state is not WaiterState.FAILED

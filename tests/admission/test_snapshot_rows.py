@@ -10,8 +10,16 @@ import pytest
 from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
-from iop_admission import Admission, ModelGroup, OutlierPolicy, PoolConfig, ProviderKey, QueuePolicy
-from iop_admission._snapshot import PROVIDER_FIELDS, ProviderSnapshot
+from iop_admission import (
+    PROVIDER_FIELDS,
+    Admission,
+    ModelGroup,
+    OutlierPolicy,
+    PoolConfig,
+    ProviderKey,
+    ProviderSnapshot,
+    QueuePolicy,
+)
 from iop_admission.core import AdmissionState
 
 BIG = "ornith:35b"

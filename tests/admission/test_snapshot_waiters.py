@@ -8,9 +8,8 @@ import attrs
 from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
-from iop_admission import TenantSpec
-from iop_admission._waiting import WaiterSnapshot, waiter_snapshots
-from iop_admission.core import AdmissionState
+from iop_admission import TenantSpec, WaiterSnapshot
+from iop_admission.core import AdmissionState, waiter_snapshots
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"

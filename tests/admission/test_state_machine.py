@@ -42,8 +42,7 @@ from iop_admission import (
     RetryPolicy,
     Unavailable,
 )
-from iop_admission._core.records import GRANTED, QUEUED
-from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter, WaiterState
 
 NODES = ("n1", "n2")
 KEYS = (ProviderKey("n1", "p0"), ProviderKey("n1", "p1"), ProviderKey("n2", "p0"))
@@ -234,7 +233,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         for d in decisions:
             if isinstance(d, Granted):
                 assert d.waiter in self.queued, "grant for a waiter that is not queued"
-                assert d.waiter.state is GRANTED
+                assert d.waiter.state is WaiterState.GRANTED
                 # [candidate-choice-scale] a queued waiter's grant follows the rule too,
                 # given the grants before it in the same step.
                 cands = self.candidates(d.waiter.model, d.waiter.tried)
@@ -1044,7 +1043,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     @invariant()
     def queue_bound(self) -> None:
         """[queue-ownership] queue depth <= max_queue (waiters kept across a lowering refresh aside)."""
-        assert all(w.state is QUEUED for w in self.queued)
+        assert all(w.state is WaiterState.QUEUED for w in self.queued)
         self.kept = min(self.kept, len(self.queued))
         retries = sum(1 for w in self.queued if w.attempt > 1)  # a retry is never refused for a full queue
         assert len(self.queued) <= max(self.config.policy.max_queue, self.kept) + retries

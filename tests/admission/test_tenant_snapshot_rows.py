@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
-from iop_admission._core.tenants import RECENT_GRANTS, Tenancy
-from iop_admission._snapshot import TenantSnapshot
-from iop_admission.core import AdmissionState, Granted, Lease, Waiter
+from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSnapshot, TenantSpec
+from iop_admission.core import RECENT_GRANTS, AdmissionState, Granted, Lease, Tenancy, Waiter
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")

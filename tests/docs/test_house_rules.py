@@ -12,6 +12,10 @@
 - The benchmarks (``benchmarks/``) use public names only: no package's
   private module, no other module's underscore name; they write no CRLF
   (requests are encoded by ``iop_http``).
+- The tests (``tests/``) hold the packages through their public names: no private module,
+  no other module's underscore name, no private attribute of a project object, but for the
+  few listed, each with its reason (a sensitivity test breaking a private step on purpose, a
+  checker reading what no public query gives).
 
 Read from the source text, so they hold for code no test happens to import.
 """
@@ -44,6 +48,16 @@ def private_imports(source: str, package: str) -> Iterator[tuple[int, str]]:
             top, *rest = name.split(".")
             if top.startswith("iop_") and top != package and any(_private(part) for part in rest):
                 yield node.lineno, name
+
+
+def private_modules(source: str) -> set[str]:
+    """The private modules or names of ``iop_*`` packages ``source`` imports, each up to its first private part."""
+    found = set()
+    for _, name in private_imports(source, ""):
+        parts = name.split(".")
+        private = next(i for i, part in enumerate(parts) if _private(part))
+        found.add(".".join(parts[: private + 1]))
+    return found
 
 
 def _private(name: str) -> bool:
@@ -202,10 +216,7 @@ def test_benchmarks_use_public_names_and_iop_http_only() -> None:
     found = set()
     for path in sorted(BENCHMARKS.glob("*.py")):
         source = path.read_text(encoding="utf-8")
-        for _, name in private_imports(source, ""):
-            parts = name.split(".")
-            private = next(i for i, part in enumerate(parts) if _private(part))
-            found.add(f"{path.name}:{'.'.join(parts[: private + 1])}")
+        found |= {f"{path.name}:{module}" for module in private_modules(source)}
         found |= {f"{path.name}:{name}" for _, name in underscore_imports(source)}
         found |= {
             f"{path.name}:{node.lineno}: CRLF"
@@ -213,3 +224,119 @@ def test_benchmarks_use_public_names_and_iop_http_only() -> None:
             if isinstance(node, ast.Constant) and _holds_crlf(node.value)
         }
     assert found == PRIVATE_FOR_NOW, found
+
+
+# ------------------------------------------------------------ tests through public interfaces
+
+TESTS = SRC.parent / "tests"
+TESTS_PRIVATE: dict[str, str] = {
+    "wire/test_wire_properties.py:iop_wire._codec": "switches the codec's fast paths off to check them against the converter",
+    "sim/test_sim.py:iop_admission._core": "a sensitivity test breaks the core's dispatch on purpose",
+    **dict.fromkeys(
+        ("config/test_fast_parse.py:iop_config._fast_yaml", "config/test_loader.py:iop_config._fast_yaml"),
+        "the fast YAML reader checked against PyYAML's own, its fallback forced",
+    ),
+    **dict.fromkeys(
+        ("config/test_fast_parse.py:iop_config._loader", "config/test_loader.py:iop_config._loader"),
+        "the loader's parses counted and forced to fail (its fallback to the round-trip reader)",
+    ),
+    "config/test_fast_parse.py:iop_config._positions": "the round-trip reader's plain values, the fast reader's oracle",
+    "edge/test_collector.py:iop_edge._collector": "the daemon's garbage collector tuning, read back from gc",
+    "edge/test_edge_reload.py:iop_edge._service": "the reload's reader and turns wrapped to count and to hold them",
+    "edge/test_overload_paced_refusals.py:iop_edge.listener.server._Connection": "one connection driven alone",
+    "ha/test_leader_fence.py:iop_edge.nodes.link._withhold_runs": "the rule that withholds runs, on its own",
+}
+"""Test modules' imports of a private module, each with its reason; an entry no longer imported must go."""
+TESTS_PRIVATE_ATTRIBUTES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "admission/layers.py:_handoff",
+            "admission/layers.py:_parked",
+            "admission/layers.py:_bodies",
+        ),
+        "the layers' checker: a lease's hand-off holds no parked task nor body once the layer is idle",
+    ),
+    **dict.fromkeys(
+        (
+            "admission/test_tenant_machine.py:_pool",
+            "admission/test_tenant_machine.py:_tenants",
+            "admission/test_tenant_machine.py:_vtime",
+        ),
+        "the fairness model checks the core's own virtual times and admitting flags against its own",
+    ),
+    "admission/test_tenants_wired.py:_retried": "a retried lease's end is the layer's own; no public query says it",
+    "edge/test_config_reader.py:_lookups": "a rebuilt config's memoised lookups equal a loaded one's",
+    "edge/test_config_reader.py:_Rebuilder": "the reader's pickle format read back piece by piece",
+    "edge/test_config_reader.py:_Writer": "the reader's pickle format written piece by piece",
+    "edge/test_metrics.py:_events": "a cancelled run() leaves no subscriber behind (no public count of them)",
+    "edge/test_node_socket.py:_send_lock": "holds the send lock to stand for another send under way",
+    **dict.fromkeys(
+        (
+            "sim/_world.py:_candidates",
+            "sim/_world.py:_epoch",
+            "sim/_world.py:_pool",
+            "sim/_world.py:_release",
+            "sim/_world.py:_reported",
+            "sim/_world.py:_slot",
+            "sim/_world.py:_tenants",
+            "sim/_tenants.py:_candidates",
+            "sim/_tenants.py:_slot",
+            "sim/_tenants.py:_tenants",
+        ),
+        "the simulation's invariants read the core's and the daemons' inner state after every step",
+    ),
+}
+"""Private attributes of project objects read by tests, each with its reason; an entry no longer read must go."""
+
+
+def _defined_private_names(paths: Iterator[Path]) -> set[str]:
+    """Underscore names (dunders aside) that ``paths`` define: functions, classes, assigned names and attributes."""
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {name for name in names if _private(name)}
+
+
+def private_attribute_reads(source: str, project: set[str]) -> Iterator[tuple[int, str]]:
+    """``(line, name)`` of each ``x._name`` where ``_name`` is one of ``project``'s and ``x`` is not ``self``/``cls``."""
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in project
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            yield node.lineno, node.attr
+
+
+def test_tests_import_public_names_only() -> None:
+    """A test holds a package by its public names, so a move inside a package moves no test."""
+    found = {
+        f"{path.relative_to(TESTS).as_posix()}:{module}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for module in private_modules(path.read_text(encoding="utf-8"))
+    }
+    assert found - set(TESTS_PRIVATE) == set(), found - set(TESTS_PRIVATE)
+    assert set(TESTS_PRIVATE) - found == set(), "no longer imported: remove from TESTS_PRIVATE"
+
+
+def test_tests_read_no_private_attribute_of_the_project() -> None:
+    """A private attribute of ``src/`` (one no test module defines itself) read by a test: listed, with its reason."""
+    project = _defined_private_names(SRC.rglob("*.py")) - _defined_private_names(TESTS.rglob("*.py"))
+    found = {
+        f"{path.relative_to(TESTS).as_posix()}:{name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for _, name in private_attribute_reads(path.read_text(encoding="utf-8"), project)
+    }
+    assert found - set(TESTS_PRIVATE_ATTRIBUTES) == set(), found - set(TESTS_PRIVATE_ATTRIBUTES)
+    assert set(TESTS_PRIVATE_ATTRIBUTES) - found == set(), "no longer read: remove from TESTS_PRIVATE_ATTRIBUTES"
+
+
+def test_the_attribute_scan_reports_other_objects_private_names_only() -> None:
+    source = "self._a\ncls._a\nstate._a\nstate._b\nstate.a\n"
+    assert list(private_attribute_reads(source, {"_a"})) == [(3, "_a")]

@@ -24,7 +24,6 @@ CROWDED_FOR_NOW: dict[str, str] = {}
 LONG_FOR_NOW: dict[str, str] = {}
 LOOSE_FOR_NOW: dict[str, str] = {
     "iop_mock/backend.py:MockBackend": "the ASGI entry (app) reaches the handlers through the route table, not self",
-    "iop_node/edges/fence.py:EpochFence": "the epoch fence and the wait for a refused run's end: to separate",
 }
 """Classes whose methods fall into unrelated groups, each with its reason; an entry that holds one group must go."""
 

@@ -31,16 +31,7 @@ from iop_admission import (
     ProviderSpec,
     QueuePolicy,
 )
-from iop_edge import EdgeService
-from iop_edge._off_loop import (
-    paced,
-    release_in_slices,
-    rows_in_slices,
-    run_in_turns,
-    run_off_loop,
-    snapshot_in_slices,
-    yield_to_loop,
-)
+from iop_edge import EdgeService, release_in_slices, rows_in_slices, snapshot_in_slices
 from iop_edge.config import load_edge_config
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.status import (
@@ -53,7 +44,7 @@ from iop_edge.status import (
     status_json,
     status_json_rows,
 )
-from iop_io import off_loop
+from iop_io import off_loop, paced, run_in_turns, run_off_loop, yield_to_loop
 from iop_io.off_loop import SWITCH_INTERVAL
 
 OVERLOAD = OverloadStatus(

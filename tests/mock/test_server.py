@@ -10,9 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from iop_mock import MockBackend, serve_mock_backend
-from iop_mock._pacing import Pacer
-from iop_mock._server import serve_asgi
+from iop_mock import MockBackend, Pacer, serve_asgi, serve_mock_backend
 
 TIMEOUT = 10.0
 

@@ -52,8 +52,7 @@ from iop_admission import ProviderKey
 from iop_edge import EdgeService
 from iop_edge.config import EdgeConfig, HaConfig
 from iop_edge.ha import EtcdUnavailable, KeyHolder
-from iop_node import EdgeClient
-from iop_node._errors import StaleEpoch
+from iop_node import EdgeClient, StaleEpoch
 from iop_node.edges.fence import EpochFence
 from iop_node.edges.websocket import EdgeSocket
 
@@ -163,8 +162,7 @@ class SimFence:
 
     The record is independent of the fence's rule: the highest epoch the node
     was told of or ran, and a violation for any run of an older one admitted.
-    Only the calls the node makes of its fence (``check``, ``raise_to``, and the
-    signal of a run's end its ``in_flight`` reports wait for).
+    Only the calls the node makes of its fence (``check``, ``raise_to``).
     """
 
     def __init__(self, world: HaWorld, node_id: str) -> None:
@@ -177,12 +175,6 @@ class SimFence:
         """A ``leader`` message (the session calls it)."""
         self.inner.raise_to(epoch)
         self.high = max(self.high, epoch)
-
-    def run_ended(self) -> None:
-        self.inner.run_ended()
-
-    async def wait_run_ended(self) -> None:
-        await self.inner.wait_run_ended()
 
     def check(self, epoch: int | None) -> None:
         """A run arrives (the runtime calls it before taking a permit)."""

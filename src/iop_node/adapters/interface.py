@@ -53,7 +53,7 @@ class Adapter(Protocol):
     async def relay(
         self, endpoint: str, body: dict[str, Any], *, stream: bool, send: Callable[[bytes], Awaitable[None]]
     ) -> None:
-        """Hand one normalized run's answer to ``send`` as the bytes the client receives (wire v2).
+        """Hand one normalized run's answer to ``send`` as the bytes the client receives.
 
         A streamed run sends the SSE body (``data:`` events, ``data: [DONE]`` at the
         end) in pieces as they become available; a non-stream run sends the JSON

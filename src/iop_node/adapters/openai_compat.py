@@ -1,11 +1,11 @@
 """The ``openai`` adapter: any OpenAI-compatible server (vLLM, llama.cpp, Lemonade, ...).
 
 Runs POST ``{base_url}/chat/completions``, ``{base_url}/completions`` or
-``{base_url}/embeddings`` (never a stream; the body goes as sent). In wire v2
-(:meth:`OpenAIAdapter.relay`) the answer's body bytes are passed on as they
-arrive, never parsed. In wire v1 (:meth:`OpenAIAdapter.run`) a streamed answer
-is Server-Sent Events; each ``data:`` event is parsed and yielded as one chunk
-object until ``data: [DONE]``; a non-stream answer is one JSON object. Tunnel
+``{base_url}/embeddings`` (never a stream; the body goes as sent). A run's
+answer (:meth:`OpenAIAdapter.relay`) passes the body bytes on as they arrive,
+never parsed. :meth:`OpenAIAdapter.run` (the adapter interface's chunk view)
+parses a streamed answer's Server-Sent Events, each ``data:`` event yielded as
+one chunk object until ``data: [DONE]``; a non-stream answer is one JSON object. Tunnel
 requests go to the server root: ``base_url`` without a
 trailing ``/v1``.
 """

@@ -7,6 +7,9 @@ comes from an Edge that no longer leads (paused, or cut off from etcd) and is
 refused with ``stale_epoch`` before it takes a permit. So is a run without an
 epoch once one has been seen: the node serves an HA group, and an Edge of it
 sends no epoch only when it cannot vouch for its term.
+
+Beside it, per connection, what a new leader is told of the runs held elsewhere
+(:class:`RunsElsewhere`), told again at the end of any run of the node (:class:`RunEnds`).
 """
 
 from __future__ import annotations
@@ -38,25 +41,6 @@ class EpochFence:
 
     seen: int = 0
     refused: int = 0
-    _ended: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
-    _waiting: int = attrs.field(default=0, init=False, repr=False)
-
-    def run_ended(self) -> None:
-        """A run of any connection gave its permit back: wake the ``in_flight`` reports (:class:`RunsElsewhere`).
-
-        Every run's end calls it: without a report waiting it only reads a counter.
-        """
-        if self._waiting:
-            self._ended.set()
-            self._ended = trio.Event()
-
-    async def wait_run_ended(self) -> None:
-        """Until the next :meth:`run_ended`."""
-        self._waiting += 1
-        try:
-            await self._ended.wait()
-        finally:
-            self._waiting -= 1
 
     def check(self, epoch: int | None) -> None:
         """Let a run of ``epoch`` through (raising the fence to it), or refuse it. Does not checkpoint.
@@ -95,6 +79,33 @@ class EpochFence:
 
 @final
 @attrs.define(eq=False)
+class RunEnds:
+    """The end of any run of the node, across its Edge connections: what the ``in_flight``
+    reports (:class:`RunsElsewhere`) wait for between two reports."""
+
+    _ended: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
+    _waiting: int = attrs.field(default=0, init=False, repr=False)
+
+    def ended(self) -> None:
+        """A run of any connection gave its permit back: wake the reports waiting.
+
+        Every run's end calls it: without a report waiting it only reads a counter.
+        """
+        if self._waiting:
+            self._ended.set()
+            self._ended = trio.Event()
+
+    async def wait(self) -> None:
+        """Until the next :meth:`ended`."""
+        self._waiting += 1
+        try:
+            await self._ended.wait()
+        finally:
+            self._waiting -= 1
+
+
+@final
+@attrs.define(eq=False)
 class RunsElsewhere:
     """One Edge connection's ``in_flight`` reports [epoch-fencing] [held-elsewhere].
 
@@ -108,7 +119,8 @@ class RunsElsewhere:
     and the last report is empty.
 
     Attributes:
-        fence: the node's fence (raised by ``leader``; signals the end of runs).
+        fence: the node's fence (raised by ``leader``).
+        ends: the end of any run of the node (each change is reported then).
         gate: the node's one gate.
         long_in_use: the node's long runs in flight per provider, every connection's.
         own: this connection's permits, per provider.
@@ -118,6 +130,7 @@ class RunsElsewhere:
     """
 
     fence: EpochFence
+    ends: RunEnds
     gate: LocalGate
     long_in_use: Counter[str] = attrs.field(factory=Counter)
     own: Counter[str] = attrs.field(factory=Counter)
@@ -139,7 +152,7 @@ class RunsElsewhere:
         if long:
             self.own_long[provider] -= 1
             self.long_in_use[provider] -= 1
-        self.fence.run_ended()
+        self.ends.ended()
 
     def runs(self) -> tuple[tuple[str, int], ...]:
         """``(provider, permits held)`` not held by this connection, providers with none left out."""
@@ -166,7 +179,7 @@ class RunsElsewhere:
         while True:
             await self._due.wait()
             with trio.move_on_after(interval):
-                await self.fence.wait_run_ended()
+                await self.ends.wait()
             assert self.epoch is not None  # only lead() sets _due, after the epoch
             report = self._report(self.epoch)
             if not report.runs:

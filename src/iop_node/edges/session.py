@@ -108,7 +108,7 @@ def _tunnel_end(
 
 def _elsewhere_of(session: EdgeSession) -> RunsElsewhere:
     runtime = session.runtime
-    return RunsElsewhere(runtime.fence, runtime.gate, runtime.long_runs)
+    return RunsElsewhere(runtime.fence, runtime.run_ends, runtime.gate, runtime.long_runs)
 
 
 async def _heartbeat(session: EdgeSession, interval: float) -> None:
