@@ -115,20 +115,8 @@ class MockBackend:
     _total: int = attrs.field(default=0, init=False)
     aborts: list[float] = attrs.field(factory=list, init=False)  # when (trio's clock) each left request let go
     _ids: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
-    _models_body: bytes = attrs.field(init=False)
+    _models_body: bytes | None = attrs.field(default=None, init=False)  # GET /v1/models, encoded once
     _pacer: Pacer = attrs.field(factory=Pacer, init=False)
-
-    def __attrs_post_init__(self) -> None:
-        created = int(time.time())
-        self._models_body = encode_json(
-            {
-                "object": "list",
-                "data": [
-                    {"id": model, "object": "model", "created": created, "owned_by": "iop-mock"}
-                    for model in self.models
-                ],
-            }
-        ).encode()
 
     def __repr__(self) -> str:
         return (
@@ -172,12 +160,12 @@ class MockBackend:
         Checkpoints. Cancellation ends the response where it is; the request's in-flight count
         is released on every path.
         """
-        if scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "lifespan":
+        if scope["type"] == "lifespan":
             await answer_lifespan(receive, send)
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+            return
+        if scope["type"] != "http":
+            return
+        # The entry only routes: every handler below holds the settings and the counters.
         path, method = scope["path"], scope["method"]
         route = _ROUTES.get(path)
         if route is None:
@@ -194,6 +182,12 @@ class MockBackend:
         await handler(self, receive, send)
 
     async def _models(self, receive: Receive, send: Send) -> None:
+        if self._models_body is None:
+            created = int(time.time())
+            listing = [
+                {"id": model, "object": "model", "created": created, "owned_by": "iop-mock"} for model in self.models
+            ]
+            self._models_body = encode_json({"object": "list", "data": listing}).encode()
         await send_json(send, 200, self._models_body)
 
     async def _stats(self, receive: Receive, send: Send) -> None:
