@@ -42,13 +42,10 @@ from iop_mock import MockBackend, serve_mock_backend
 from .harness import (
     Daemon,
     HttpConnection,
-    get_json,
     load_average,
-    node_connected,
     percentile,
-    python_command,
     replace_doc_block,
-    wait_until,
+    start_edge_and_node,
 )
 
 DEADLINE_S = 0.5
@@ -193,25 +190,15 @@ async def _main(workdir: pathlib.Path) -> dict[str, Any]:
             failing_port = await nursery.start(serve_mock_backend, failing)
             hung_port = await nursery.start(serve_mock_backend, hung)
             dead_port = await _free_port()
-            (workdir / "edge.yaml").write_text(EDGE_YAML.format(model=MODEL))
-            edge = Daemon("edge", python_command("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
-            daemons.append(edge)
-            match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
-            http_port, node_port = int(match.group(1)), int(match.group(2))
-            (workdir / "node.yaml").write_text(
-                NODE_YAML.format(
-                    node_port=node_port, dead_port=dead_port, failing_port=failing_port, hung_port=hung_port
-                )
+            _, _, http_port, _ = await start_edge_and_node(
+                workdir,
+                daemons,
+                edge_yaml=EDGE_YAML.format(model=MODEL),
+                node_yaml=NODE_YAML,
+                dead_port=dead_port,
+                failing_port=failing_port,
+                hung_port=hung_port,
             )
-            node = Daemon("node", python_command("-m", "iop_node", "--config", str(workdir / "node.yaml")), workdir)
-            daemons.append(node)
-            poller = HttpConnection("127.0.0.1", http_port)
-
-            async def registered() -> bool:
-                return node_connected(await get_json(poller, "/status"), "bench-node")
-
-            await wait_until("the node to register", registered, node, edge)
-            await poller.aclose()
             overrun = await _overrun(http_port, hung)
             disconnect = {
                 "non_stream": await _disconnects(http_port, hung, False),

@@ -6,7 +6,7 @@ helpers):
 
 - :class:`Daemon`: a server subprocess logging to a file, waited on by the lines it logs;
   :func:`start_relay` starts the usual relay (mock backend, Edge, Node) and waits for the
-  Node to register.
+  Node to register; :func:`start_edge_and_node`, the Edge and the Node alone.
 - :class:`HttpConnection`: one keep-alive HTTP/1.1 client connection; requests encoded by
   :mod:`iop_http`, answers parsed once by :class:`iop_http.AnswerParser`.
 - :class:`LoadGenerator`: the :mod:`benchmarks.loadgen` process (closed-loop ``measure``
@@ -350,12 +350,26 @@ async def start_relay(
     backend = Daemon("mock-backend", python_command("-m", "iop_mock", "--port", "0", *mock_args), workdir)
     daemons.append(backend)
     backend_port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
+    edge, node, http_port, node_port = await start_edge_and_node(
+        workdir, daemons, edge_yaml=edge_yaml, node_yaml=node_yaml, backend_port=backend_port
+    )
+    return Relay(backend, edge, node, backend_port, http_port, node_port)
+
+
+async def start_edge_and_node(
+    workdir: pathlib.Path, daemons: list[Daemon], *, edge_yaml: str, node_yaml: str, **ports: int
+) -> tuple[Daemon, Daemon, int, int]:
+    """Start an Edge and a Node (``bench-node``); return ``(edge, node, http_port, node_port)`` once it registered.
+
+    ``node_yaml`` is formatted with ``node_port`` (the Edge's node socket) and ``ports``.
+    Each process started is appended to ``daemons`` at once (the caller stops them).
+    """
     (workdir / "edge.yaml").write_text(edge_yaml)
     edge = Daemon("edge", python_command("-m", "iop_edge", "--config", str(workdir / "edge.yaml")), workdir)
     daemons.append(edge)
     match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
     http_port, node_port = int(match.group(1)), int(match.group(2))
-    (workdir / "bench-node.yaml").write_text(node_yaml.format(node_port=node_port, backend_port=backend_port))
+    (workdir / "bench-node.yaml").write_text(node_yaml.format(node_port=node_port, **ports))
     node = Daemon("bench-node", python_command("-m", "iop_node", "--config", str(workdir / "bench-node.yaml")), workdir)
     daemons.append(node)
     poller = HttpConnection("127.0.0.1", http_port)
@@ -365,7 +379,7 @@ async def start_relay(
 
     await wait_until("bench-node to register", bench_node_up, node, edge)
     await poller.aclose()
-    return Relay(backend, edge, node, backend_port, http_port, node_port)
+    return edge, node, http_port, node_port
 
 
 def run_suite(
