@@ -329,7 +329,7 @@ def _trace(tenants: tuple[TenantSpec, ...], steps: list[tuple[str, object, bool]
                 out.append(state.withdraw(waiters[int(str(arg)) % len(waiters)]))
             elif kind == "retry" and leases:
                 lease = leases[int(str(arg)) % len(leases)]
-                if not lease._retried and not lease.released:
+                if not lease.released:  # a second retry raises: its error is the outcome compared
                     r = state.retry(lease, 0.0)
                     (leases if isinstance(r, Lease) else waiters).append(r)  # type: ignore[arg-type]
                     out.append(repr(r))

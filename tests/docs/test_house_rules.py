@@ -264,7 +264,6 @@ TESTS_PRIVATE_ATTRIBUTES: dict[str, str] = {
         ),
         "the fairness model checks the core's own virtual times and admitting flags against its own",
     ),
-    "admission/test_tenants_wired.py:_retried": "a retried lease's end is the layer's own; no public query says it",
     "edge/test_config_reader.py:_lookups": "a rebuilt config's memoised lookups equal a loaded one's",
     "edge/test_config_reader.py:_Rebuilder": "the reader's pickle format read back piece by piece",
     "edge/test_config_reader.py:_Writer": "the reader's pickle format written piece by piece",
