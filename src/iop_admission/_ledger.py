@@ -64,7 +64,8 @@ class TokenLedger:
 
     __slots__ = ("budget", "reserved", "pinned", "headroom", "patience", "_held", "_passed")
 
-    def __init__(self, budget: int, patience: int = PATIENCE) -> None:
+    def __init__(self, budget: int, patience: int | None = None) -> None:
+        patience = PATIENCE if patience is None else patience
         if budget < 0 or patience < 0:
             raise ValueError(f"budget and patience must be >= 0, got {budget} and {patience}")
         self.budget = budget
@@ -159,21 +160,29 @@ class TokenLedger:
             self._pin(waiter, tokens)
         return self.pinned == waiter
 
-    def forget(self, waiter: int) -> None:
-        """``waiter`` left (granted here or elsewhere, withdrawn, failed): its count goes, its pin passes on."""
+    def forget(self, waiter: int) -> bool:
+        """``waiter`` left (granted here or elsewhere, withdrawn, failed): its count goes, its pin passes on.
+
+        Returns:
+            Whether it was pinned (the headroom changed: requests may fit now that did not).
+        """
         if self._passed.pop(waiter, None) is None or self.pinned != waiter:
-            return
+            return False
         self.pinned, self.headroom = None, 0
         for other, (count, tokens) in sorted(self._passed.items()):
-            if count >= self.patience:
+            if count >= self.patience and tokens <= self.budget:
                 self._pin(other, tokens)
-                return
+                break
+        return True
 
     def set_budget(self, budget: int) -> None:
-        """A new budget (refresh, or the engine reports pressure); reservations are kept, even above it."""
+        """A new budget (refresh, or the engine reports pressure); reservations are kept, even above it.
+        A pinned waiter whose tokens it can no longer hold is forgotten (it can never run here now)."""
         if budget < 0:
             raise ValueError(f"budget must be >= 0, got {budget}")
         self.budget = budget
+        if self.pinned is not None and self.headroom > budget:
+            self.forget(self.pinned)
 
     def _pin(self, waiter: int, tokens: int) -> None:
         self.pinned, self.headroom = waiter, tokens

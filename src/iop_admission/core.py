@@ -30,7 +30,9 @@ The contract a layer must keep:
   ``expire(now)``, which removes and returns every waiter whose ``deadline`` is
   ``<= now`` (the layer fails them with ``QueueTimeout``). ``deadline`` may
   move on ``refresh`` (it is ``enqueue_time + queue_timeout``): re-arm timers
-  after each refresh.
+  after each refresh. After ``withdraw`` or ``expire``, carry out
+  ``drain_decisions()``: a waiter whose tokens were held as headroom
+  ([token-ledger]) gives them back as it leaves, and others may be granted.
 * **Release.** ``release(lease)`` exactly once per grant on every path, when
   the lease's body has exited -- a revoked one too (``lease.revoked``): its
   capacity comes back only then. A lease revoked before its body started is

@@ -46,7 +46,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _expect_pin(self) -> None:
         if self.pinned is None:
-            due = sorted(w for w, (n, _) in self.passes.items() if n >= self.ledger.patience)
+            due = sorted(
+                w for w, (n, t) in self.passes.items() if n >= self.ledger.patience and t <= self.ledger.budget
+            )
             self.pinned = due[0] if due else None
 
     @rule(tokens=st.integers(0, 40), waiter=st.one_of(st.none(), st.integers(1, 6)))
@@ -112,7 +114,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(waiter=st.integers(1, 6))
     def forget(self, waiter: int) -> None:
-        self.ledger.forget(waiter)
+        assert self.ledger.forget(waiter) is (waiter == self.pinned)
         self.passes.pop(waiter, None)
         if waiter == self.pinned:
             self.pinned = None
@@ -122,6 +124,10 @@ class LedgerMachine(RuleBasedStateMachine):
     def set_budget(self, budget: int) -> None:
         self.ledger.set_budget(budget)
         self.over |= sum(self.held.values()) > budget
+        if self.pinned is not None and self.passes[self.pinned][1] > budget:  # it can never run here
+            del self.passes[self.pinned]
+            self.pinned = None
+            self._expect_pin()
 
     @invariant()
     def counts(self) -> None:
@@ -164,14 +170,14 @@ class Provider:
                 return
             tokens = self.queue.pop(first)
             self.ledger.reserve(first, tokens, first)
+            self.running[first] = tokens
+            self.granted.append(first)
             for earlier, t in list(self.queue.items()):
                 if earlier > first:
                     break
                 # Earlier waiters in the queue did not fit; note who runs when one is pinned.
                 if self.ledger.passed_over(earlier, t) and earlier not in self.pinned_with:
-                    self.pinned_with[earlier] = set(self.running) - {first}
-            self.running[first] = tokens
-            self.granted.append(first)
+                    self.pinned_with[earlier] = set(self.running)  # the grant that pinned it too
 
     def finish(self, lease: int) -> None:
         del self.running[lease]
