@@ -17,22 +17,24 @@ at the grant and :meth:`TokenLedger.release` when the lease's body has left
   until it fits again); :meth:`TokenLedger.lower` only ever lowers one (the
   stream ended: its KV cache is freed before the body has left);
 * **no starvation.** A waiter that does not fit while a later request is
-  granted tokens here is *passed over*; once passed over ``patience`` times
-  (0: at the first) it is *pinned*: its tokens are held as headroom, so every later grant must fit
-  beside it (``reserved + tokens + pinned <= budget``). Reservations only go
+  granted tokens here is *passed over* by those tokens; once the tokens that
+  passed it reach ``patience`` times its own reservation (by default once, no
+  tuned threshold: a big request lets at most its own size go past it; 0: at
+  the first pass) it is *pinned*: its tokens are held as headroom, so every
+  later grant must fit beside it (``reserved + tokens + headroom <= budget``). Reservations only go
   down from then on except by the pinned request's own grant (or a settle
   above an estimate), so it fits, at the latest, once every lease that held
   tokens here when it was pinned is released. One waiter is pinned at a time;
-  when it leaves, the earliest waiter passed over ``patience`` times is pinned
-  next.
+  when it leaves, the earliest waiter passed by its due is pinned next.
 """
 
 from __future__ import annotations
 
 from typing import final
 
-PATIENCE = 4
-"""Grants a waiter may see go past it on one provider before its tokens are held as headroom."""
+PATIENCE = 1
+"""Tokens a waiter may see granted past it on one provider, in units of its own reservation,
+before its tokens are held as headroom."""
 
 
 def reservation(prompt_tokens: int, max_output_tokens: int, window: int) -> int:
@@ -59,7 +61,7 @@ class TokenLedger:
         reserved: the sum of the reservations of the leases not released yet.
         pinned: the arrival number of the waiter whose tokens are held as headroom, or None.
         headroom: the tokens held for it (0 when none is pinned).
-        patience: grants a waiter may see pass it before it is pinned.
+        patience: tokens granted past a waiter, in units of its own reservation, before it is pinned.
     """
 
     __slots__ = ("budget", "reserved", "pinned", "headroom", "patience", "_held", "_passed")
@@ -74,7 +76,7 @@ class TokenLedger:
         self.pinned: int | None = None
         self.headroom = 0
         self._held: dict[int, int] = {}  # lease id -> tokens it reserves now
-        self._passed: dict[int, list[int]] = {}  # waiter -> [times passed over, its tokens], arrival order
+        self._passed: dict[int, list[int]] = {}  # waiter -> [tokens granted past it, its tokens]
 
     # ------------------------------------------------------------------ asking
 
@@ -147,16 +149,16 @@ class TokenLedger:
 
     # --------------------------------------------------------------- starvation
 
-    def passed_over(self, waiter: int, tokens: int) -> bool:
-        """A later request was granted tokens here while ``waiter`` (``tokens``) did not fit.
+    def passed_over(self, waiter: int, tokens: int, granted: int) -> bool:
+        """A later request was granted ``granted`` tokens here while ``waiter`` (``tokens``) did not fit.
 
         Returns:
             Whether ``waiter`` is pinned now (its tokens held as headroom).
         """
         entry = self._passed.setdefault(waiter, [0, tokens])
-        entry[0] += 1
+        entry[0] += granted
         entry[1] = tokens
-        if self.pinned is None and entry[0] >= self.patience:
+        if self.pinned is None and entry[0] >= self.patience * tokens:
             self._pin(waiter, tokens)
         return self.pinned == waiter
 
@@ -169,8 +171,8 @@ class TokenLedger:
         if self._passed.pop(waiter, None) is None or self.pinned != waiter:
             return False
         self.pinned, self.headroom = None, 0
-        for other, (count, tokens) in sorted(self._passed.items()):
-            if count >= self.patience and tokens <= self.budget:
+        for other, (passed, tokens) in sorted(self._passed.items()):
+            if passed >= self.patience * tokens and tokens <= self.budget:
                 self._pin(other, tokens)
                 break
         return True

@@ -148,30 +148,30 @@ def test_settle_lowers_or_raises_the_reservation_and_lowering_grants() -> None:
     assert core.settle_tokens(running, 10) == [] and running.reserved_tokens == 0
 
 
-def test_a_big_request_passed_over_is_given_headroom_then_runs_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Budget 100, patience 2: 40 + 40 run; a 60 waits; two 10s pass it (the second pins it:
-    60 held); then a 10 no longer fits beside the headroom. Once the two 40s leave, the 60 runs
+def test_a_big_request_passed_over_is_given_headroom_then_runs_first() -> None:
+    """Budget 100: 60 + 20 run; a 30 waits; 10s pass it, and once 30 tokens have (its own size)
+    it is pinned: 30 held, so a 10 no longer fits beside it. When the 60 leaves, the 30 runs
     before the 10 queued behind it, which then fits beside it."""
-    monkeypatch.setattr(_ledger, "PATIENCE", 2)
     core = state(tokens_spec(100))
-    one, two = lease(core, 40), lease(core, 40)
-    big = waiter(core, 60)
+    sixty, twenty = lease(core, 60), lease(core, 20)
+    big = waiter(core, 30)
     lease(core, 10)
+    lease(core, 10)
+    assert core.release(twenty) == []  # 80 reserved: the 30 does not fit
     assert core.provider_snapshots()[0].token_headroom == 0
-    lease(core, 10)
-    assert core.provider_snapshots()[0].token_headroom == 60
-    late = waiter(core, 10)  # 100 reserved: nothing fits beside the 60 held
-    assert core.release(one) == []  # 60 reserved + 60 held > 100
-    assert granted(core.release(two)) == [big, late]  # 20 + 60, then 10 beside it
+    lease(core, 10)  # 30 tokens passed it
+    assert core.provider_snapshots()[0].token_headroom == 30
+    late = waiter(core, 10)  # 90 reserved + 10 > 100 - 30 held
+    assert granted(core.release(sixty)) == [big, late]  # 30 + 30, then 10 beside them
     assert core.provider_snapshots()[0].token_headroom == 0
 
 
 def test_a_pinned_waiter_that_leaves_gives_its_headroom_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_ledger, "PATIENCE", 1)
+    monkeypatch.setattr(_ledger, "PATIENCE", 0)
     core = state(tokens_spec(100))
     lease(core, 50)
     big = waiter(core, 60)
-    lease(core, 20)  # passes it: pinned, 60 held
+    lease(core, 20)  # passes it: pinned at once (patience 0), 60 held
     late = waiter(core, 20)
     assert core.drain_decisions() == []
     assert core.withdraw(big)

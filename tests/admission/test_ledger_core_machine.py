@@ -235,9 +235,10 @@ def _big_request_after(patience: int, rounds: int) -> int | None:
 
 
 def test_the_rule_grants_a_big_request_the_control_starves_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the rule (patience 4) four 10s pass the 60 (rounds 0-3), the fourth pins it: from then
-    the 10s queue behind it and the ones running drain, 10 a round, until 40 are left beside the
-    60 (round 8). The control never holds room for it: a new 10 takes every 10 freed."""
+    """With the rule six 10s pass the 60 (rounds 0-5): 60 tokens, its own size, so the sixth pins
+    it; from then the 10s queue behind it and the ones running drain, 10 a round, until 40 are
+    left beside the 60 (round 10). The control never holds room for it: a new 10 takes every
+    10 freed."""
     monkeypatch.setattr(_ledger, "PATIENCE", _ledger.PATIENCE)  # restored after the test
-    assert _big_request_after(4, 200) == 8
+    assert _big_request_after(1, 200) == 10
     assert _big_request_after(10**9, 200) is None

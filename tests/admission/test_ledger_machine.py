@@ -9,8 +9,8 @@ exactly once, the pinned waiter is the one the rule names.
 :class:`StarvationMachine` runs one provider under a greedy dispatcher that
 never blocks on its head (the earliest waiter that fits is granted), small
 requests arriving without end and one big one waiting: the big one is pinned
-within ``patience`` passes and granted, at the latest, once every lease that
-held tokens when it was pinned is released. The control runs it with no
+once its own size in tokens has been granted past it, and granted, at the
+latest, once every lease that held tokens when it was pinned is released. The control runs it with no
 headroom rule (a patience no run reaches) and sees the big one starve.
 """
 
@@ -47,7 +47,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def _expect_pin(self) -> None:
         if self.pinned is None:
             due = sorted(
-                w for w, (n, t) in self.passes.items() if n >= self.ledger.patience and t <= self.ledger.budget
+                w for w, (n, t) in self.passes.items() if n >= self.ledger.patience * t and t <= self.ledger.budget
             )
             self.pinned = due[0] if due else None
 
@@ -103,14 +103,14 @@ class LedgerMachine(RuleBasedStateMachine):
         if lease in self.held:
             self.held[lease] = min(before, tokens)
 
-    @rule(waiter=st.integers(1, 6))
-    def passed_over(self, waiter: int) -> None:
+    @rule(waiter=st.integers(1, 6), granted=st.integers(0, 30))
+    def passed_over(self, waiter: int, granted: int) -> None:
         tokens = self.sizes[waiter]
         n, _ = self.passes.get(waiter, (0, tokens))
-        self.passes[waiter] = (n + 1, tokens)
-        if self.pinned is None and n + 1 >= self.ledger.patience:
+        self.passes[waiter] = (n + granted, tokens)
+        if self.pinned is None and n + granted >= self.ledger.patience * tokens:
             self.pinned = waiter
-        assert self.ledger.passed_over(waiter, tokens) is (self.pinned == waiter)
+        assert self.ledger.passed_over(waiter, tokens, granted) is (self.pinned == waiter)
 
     @rule(waiter=st.integers(1, 6))
     def forget(self, waiter: int) -> None:
@@ -153,7 +153,7 @@ class Provider:
     ledger: TokenLedger
     queue: dict[int, int] = field(default_factory=dict)  # waiter -> tokens, in arrival order
     running: dict[int, int] = field(default_factory=dict)  # lease -> tokens
-    granted: list[int] = field(default_factory=list)
+    granted: dict[int, int] = field(default_factory=dict)  # lease -> tokens, in grant order
     pinned_with: dict[int, set[int]] = field(default_factory=dict)  # waiter -> leases running at its pin
     seq: int = 0
 
@@ -171,12 +171,12 @@ class Provider:
             tokens = self.queue.pop(first)
             self.ledger.reserve(first, tokens, first)
             self.running[first] = tokens
-            self.granted.append(first)
+            self.granted[first] = tokens
             for earlier, t in list(self.queue.items()):
                 if earlier > first:
                     break
                 # Earlier waiters in the queue did not fit; note who runs when one is pinned.
-                if self.ledger.passed_over(earlier, t) and earlier not in self.pinned_with:
+                if self.ledger.passed_over(earlier, t, tokens) and earlier not in self.pinned_with:
                     self.pinned_with[earlier] = set(self.running)  # the grant that pinned it too
 
     def finish(self, lease: int) -> None:
@@ -188,8 +188,8 @@ class Provider:
 class StarvationMachine(RuleBasedStateMachine):
     """Small requests arrive and finish in any order; one big request waits among them."""
 
-    patience = 3  # the bound checked
-    ledger_patience = 3  # the ledger's rule
+    patience = 1  # the bound checked
+    ledger_patience = 1  # the ledger's rule
 
     @initialize(budget=st.integers(8, 40), big=st.integers(0, 100))
     def start(self, budget: int, big: int) -> None:
@@ -220,9 +220,9 @@ class StarvationMachine(RuleBasedStateMachine):
             # are gone it fits, and the dispatcher grants it.
             assert ledger.pinned == self.big
             assert pinned_with & set(self.p.running), "the big request outlived every lease before its pin"
-        else:
-            granted_after = sum(1 for g in self.p.granted if g > self.big)
-            assert granted_after <= self.patience, "passed over more than patience times without a pin"
+        elif ledger.pinned is None:  # (another waiter pinned first defers its pin)
+            passed = sum(tokens for lease, tokens in self.p.granted.items() if lease > self.big)
+            assert passed < self.patience * self.big_tokens, "passed by more than its own size without a pin"
 
 
 TestStarvationMachine = StarvationMachine.TestCase
@@ -239,31 +239,34 @@ def test_the_bound_fails_without_headroom() -> None:
     """The control starves the big request: a steady stream of small ones keeps the budget busy."""
     control = NoHeadroom.TestCase
     control.settings = settings(max_examples=200, stateful_step_count=60, deadline=None, database=None)
-    with pytest.raises(AssertionError, match="passed over more than patience"):
+    with pytest.raises(AssertionError, match="passed by more than its own size"):
         control().runTest()
 
 
 def test_a_starved_request_is_pinned_then_granted_first() -> None:
-    """Budget 10: two requests of 4 run; a request of 8 waits while 2-token requests pass it
-    (patience 2); pinned, it is held 8 tokens: nothing more is granted beside the 4s, and
-    when both have left it runs before the smaller ones queued behind it."""
-    p = Provider(TokenLedger(10, patience=2))
+    """Budget 10: two requests of 4 run; a request of 8 waits while 2-token requests pass it;
+    once 8 tokens have passed it, it is pinned: 8 held, nothing more is granted beside it, and
+    it runs as soon as the leases before its pin leave, before the 1 queued behind it."""
+    p = Provider(TokenLedger(10))
     first, second = p.arrive(4), p.arrive(4)
     big = p.arrive(8)
-    p.arrive(2)
+    s1 = p.arrive(2)  # 10 reserved; 2 passed it
+    p.finish(first)
+    s2, s3 = p.arrive(2), p.arrive(2)  # 10 reserved; 6 passed it
     assert p.ledger.pinned is None
-    p.finish(first)  # room for 2 + 2 more: the next small one passes the big one twice in all
-    small = p.arrive(2)
-    assert small in p.running
-    assert p.ledger.pinned == big and p.ledger.headroom == 8
+    p.finish(s1)
+    s4 = p.arrive(2)  # 8 passed it: pinned
+    assert s4 in p.running and p.ledger.pinned == big and p.ledger.headroom == 8
     later = p.arrive(1)
-    assert later in p.queue  # 4 + 2 + 2 running: 1 more does not fit beside the 8 held
-    p.finish(second)
-    assert big not in p.running
-    p.finish(small)
-    p.finish(4)
-    assert big in p.running and later in p.running
+    assert later in p.queue  # 10 reserved: 1 more does not fit beside the 8 held
+    for lease in (second, s2):
+        p.finish(lease)
+        assert big in p.queue
+    p.finish(s3)  # 2 reserved: the 8 fits, the 1 then does not
+    assert big in p.running and later in p.queue
     assert p.ledger.pinned is None and p.ledger.headroom == 0
+    p.finish(s4)
+    assert later in p.running
 
 
 @given(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6))
@@ -290,8 +293,6 @@ def test_a_lease_reserves_once_and_budgets_are_not_negative() -> None:
             bad()
     assert ledger.could_fit(10) and not ledger.could_fit(11)
     assert repr(ledger) == "<TokenLedger 3/10 reserved by 1>"
-    ledger.passed_over(7, 9)
-    ledger.passed_over(7, 9)
-    ledger.passed_over(7, 9)
-    ledger.passed_over(7, 9)
+    assert not ledger.passed_over(7, 9, 5)
+    assert ledger.passed_over(7, 9, 4)  # 9 tokens passed it: its own size
     assert repr(ledger) == "<TokenLedger 3/10 reserved by 1, 9 held for #7>"

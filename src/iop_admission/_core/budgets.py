@@ -6,8 +6,8 @@ release). :class:`Budgets` keeps the side of the ledger that reads the queue ([t
 
 * after a grant of tokens on a provider, the earliest waiter that could use it, arrived
   before the grant, and is kept off it only by its tokens, is *passed over* there
-  (:meth:`Budgets.note_pass`); passed over ``patience`` times it is pinned, its tokens held
-  as headroom (the ledger's rule);
+  by the tokens granted (:meth:`Budgets.note_pass`); once its own size has passed it, it is
+  pinned, its tokens held as headroom (the ledger's rule);
 * a waiter that leaves unserved (withdrawn, timed out, failed) is forgotten by those
   ledgers; where its tokens were held, the room is given back, and the providers are
   listed for the dispatcher (:meth:`Budgets.take_unpinned`).
@@ -29,9 +29,10 @@ class Budgets:
         self._tenants = tenants
         self._unpinned: list[ProviderSlot] = []
 
-    def note_pass(self, p: ProviderSlot, seq: int) -> None:
-        """A grant of arrival ``seq`` on ``p`` (a token budget): count the earliest waiter that could
-        use ``p`` and arrived before ``seq`` passed over if only its tokens kept it off ``p``."""
+    def note_pass(self, p: ProviderSlot, seq: int, granted: int) -> None:
+        """A grant of ``granted`` tokens to arrival ``seq`` on ``p`` (a token budget): the earliest
+        waiter that could use ``p`` and arrived before ``seq`` is passed over by them if only its
+        tokens kept it off ``p``."""
         ledger = p.ledger
         assert ledger is not None
         earliest: Waiter | None = None
@@ -48,7 +49,7 @@ class Budgets:
             return  # it could never run here, or tokens are not what keeps it waiting
         if not self._tenants.can_run(earliest.tenant):
             return  # its tenant's cap keeps it waiting
-        ledger.passed_over(earliest.seq, need)
+        ledger.passed_over(earliest.seq, need, granted)
         if earliest._passed is None:
             earliest._passed = [p]
         elif p not in earliest._passed:

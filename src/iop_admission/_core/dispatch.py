@@ -59,7 +59,7 @@ class Dispatcher:
             if charge._passed is not None:  # reserved: its count and pin elsewhere go to the next
                 self._budgets.forget(charge)
         if p.budgeted:
-            self._budgets.note_pass(p, arrival)
+            self._budgets.note_pass(p, arrival, p.need(lease.tokens, long))
         if p.health is PROBE:
             self._health.start_probe(p, lease)
             p.reindex()
