@@ -111,15 +111,17 @@ class TokenLedger:
         Raises:
             ValueError: ``tokens`` do not fit (:meth:`fits`), or ``lease`` reserved already.
         """
-        if lease in self._held:
+        held = self._held
+        if lease in held:
             raise ValueError(f"lease {lease} reserved already")
-        if tokens < 0 or not self.fits(tokens, waiter):
+        headroom = 0 if waiter is not None and waiter == self.pinned else self.headroom  # fits(), inline
+        if tokens < 0 or self.reserved + tokens + headroom > self.budget:
             raise ValueError(
                 f"{tokens} tokens do not fit: {self.reserved} reserved, {self.headroom} held of {self.budget}"
             )
-        self._held[lease] = tokens
+        held[lease] = tokens
         self.reserved += tokens
-        if waiter is not None:
+        if waiter is not None and self._passed:
             self.forget(waiter)
 
     def release(self, lease: int) -> int:

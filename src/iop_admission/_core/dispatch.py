@@ -58,7 +58,7 @@ class Dispatcher:
             lease.tenant, lease.cost, lease._ticket = charge.tenant, charge.cost, charge._ticket
             if charge._passed is not None:  # reserved: its count and pin elsewhere go to the next
                 self._budgets.forget(charge)
-        if p.budgeted:
+        if p.budgeted and self._queue.waiters:  # somebody may have been passed over
             self._budgets.note_pass(p, arrival, p.need(lease.tokens, long))
         if p.health is PROBE:
             self._health.start_probe(p, lease)

@@ -89,7 +89,10 @@ class Pool:
         p = lease._slot
         if p.budgeted:
             assert p.ledger is not None
-            p.ledger.reserve(lease.id, p.need(lease.tokens, lease.long), lease.arrival)
+            tokens, window = lease.tokens, p.window  # ProviderSlot.need(), inline: every grant
+            if tokens is None or tokens < 0 or (window and tokens > window):
+                tokens = p.need(tokens, lease.long)
+            p.ledger.reserve(lease.id, tokens, lease.arrival)
         p.in_flight += 1
         if lease.long:
             p.long_in_flight += 1

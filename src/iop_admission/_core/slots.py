@@ -411,7 +411,15 @@ class ProviderSlot:
         """Whether a request of ``tokens`` fits the budget now (always, without one), beside the
         headroom held for a waiter other than ``seq``."""
         ledger = self.ledger
-        return not self.budgeted or ledger is None or ledger.fits(self.need(tokens, long), seq)
+        if not self.budgeted or ledger is None:
+            return True
+        window = self.window  # need() and TokenLedger.fits(), inline: asked at every grant
+        if tokens is None or tokens < 0:
+            need = self.need(tokens, long)
+        else:
+            need = tokens if not window or tokens < window else window
+        held = 0 if seq is not None and seq == ledger.pinned else ledger.headroom
+        return ledger.reserved + need + held <= ledger.budget
 
     def could_fit(self, tokens: int | None, long: bool) -> bool:
         """Whether a request of ``tokens`` could ever run here by its budget (always, without one)."""
