@@ -91,12 +91,17 @@ class KvEngine:
         self._started: dict[int, Sequence] = {}  # in start order
         self._starts = 0
 
-    def submit(self, sid: int, prompt: int, max_tokens: int) -> bool:
-        """Queue a request; False (a context error, nothing queued) when it cannot fit ``n_ctx``."""
+    def submit(self, sid: int, prompt: int, max_tokens: int, output: int | None = None) -> bool:
+        """Queue a request; False (a context error, nothing queued) when it cannot fit ``n_ctx``.
+
+        ``output``: the tokens it will really generate before its end of sequence (at most
+        ``max_tokens``, the default).
+        """
         if prompt + max_tokens > self.n_ctx or prompt + max_tokens > self.total:
             self.context_errors += 1
             return False
-        self._waiting.append(Sequence(sid, prompt, max_tokens))
+        out = max_tokens if output is None else max(1, min(output, max_tokens))
+        self._waiting.append(Sequence(sid, prompt, out))
         return True
 
     def cancel(self, sid: int) -> None:

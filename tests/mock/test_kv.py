@@ -74,6 +74,15 @@ def test_an_overcommitted_cache_preempts_the_newest_or_fails_it() -> None:
         assert (engine.preemptions, engine.context_errors) == ((1, 0) if mode == "preempt" else (0, 1))
 
 
+def test_a_sequence_ends_at_its_own_end_of_sequence_within_max_tokens() -> None:
+    """``output``: what it really generates; ``n_ctx`` is checked against ``max_tokens``."""
+    engine = KvEngine(100, n_ctx=20)
+    assert engine.submit(1, 5, 10, output=3)
+    assert not engine.submit(2, 5, 16, output=3)  # 21 > n_ctx, whatever it would generate
+    steps = [engine.step() for _ in range(3)]
+    assert steps[-1].finished == [1] and engine.used == 0
+
+
 def test_a_request_past_n_ctx_is_a_context_error_at_once_and_cancel_frees() -> None:
     engine = KvEngine(100, n_ctx=10)
     assert not engine.submit(1, 8, 3)
