@@ -64,13 +64,14 @@ class TokenLedger:
         patience: tokens granted past a waiter, in units of its own reservation, before it is pinned.
     """
 
-    __slots__ = ("budget", "reserved", "pinned", "headroom", "patience", "_held", "_passed")
+    __slots__ = ("budget", "window", "reserved", "pinned", "headroom", "patience", "_held", "_passed")
 
     def __init__(self, budget: int, patience: int | None = None) -> None:
         patience = PATIENCE if patience is None else patience
         if budget < 0 or patience < 0:
             raise ValueError(f"budget and patience must be >= 0, got {budget} and {patience}")
         self.budget = budget
+        self.window = 0  # the context window that bounds one request's reservation (0: unbounded)
         self.patience = patience
         self.reserved = 0
         self.pinned: int | None = None
@@ -93,6 +94,30 @@ class TokenLedger:
         """Whether ``tokens`` fit now, beside the headroom held for a pinned waiter other than ``waiter``."""
         held = 0 if waiter is not None and waiter == self.pinned else self.headroom
         return self.reserved + tokens + held <= self.budget
+
+    def need(self, tokens: int | None, long: bool) -> int:
+        """Tokens a request reserves: its figure bounded by :attr:`window` (0: unbounded); without a
+        figure, a long request reserves the window (a long slot's worth), another none.
+
+        Raises:
+            ValueError: ``tokens`` is negative.
+        """
+        window = self.window
+        if tokens is None:
+            return window if long else 0
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        return min(tokens, window) if window else tokens
+
+    def fits_request(self, tokens: int | None, long: bool, waiter: int | None = None) -> bool:
+        """:meth:`fits` for a request's figure (:meth:`need`), inline: asked at every choice."""
+        window = self.window
+        if tokens is None or tokens < 0:
+            need = self.need(tokens, long)
+        else:
+            need = tokens if not window or tokens < window else window
+        held = 0 if waiter is not None and waiter == self.pinned else self.headroom
+        return self.reserved + need + held <= self.budget
 
     def holding(self, lease: int) -> int:
         """Tokens ``lease`` reserves now (0 once released, or if it never reserved here)."""

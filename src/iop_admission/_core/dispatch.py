@@ -75,13 +75,16 @@ class Dispatcher:
 
     def dispatch(self, groups: Iterable[ModelGroup]) -> list[Decision]:
         """Grant waiters of ``groups`` (:meth:`_round`), then those of the groups of each
-        provider a grant started probing: one that stops admitting may put them in panic mode."""
+        provider a grant started probing: one that stops admitting may put them in panic mode;
+        and of each provider whose headroom a waiter granted elsewhere gave back ([token-ledger])."""
         decisions = self._round(groups)
         probed = [d.lease._slot for d in decisions if type(d) is Granted and d.lease.probe]
-        while probed:  # a provider starts one probe per ejection: this ends
-            more = self._round(groups_of(probed))
+        freed = self._budgets.take_unpinned()
+        while probed or freed:  # one probe per ejection, one pin per waiter: this ends
+            more = self._round(groups_of(probed + freed))
             decisions += more
             probed = [d.lease._slot for d in more if type(d) is Granted and d.lease.probe]
+            freed = self._budgets.take_unpinned()
         return decisions
 
     def with_unpinned(self, decisions: list[Decision]) -> list[Decision]:

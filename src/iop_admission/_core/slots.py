@@ -389,6 +389,7 @@ class ProviderSlot:
                 self.ledger = TokenLedger(budget)
             else:
                 self.ledger.set_budget(budget)
+            self.ledger.window = self.window
         budgeted = budget is not None
         if budgeted != self.budgeted:
             for g, _ in self.groups:
@@ -398,28 +399,15 @@ class ProviderSlot:
     # ------------------------------------------------------------ token budget
 
     def need(self, tokens: int | None, long: bool) -> int:
-        """Tokens a request reserves here: its figure bounded by the context window (0: unbounded);
-        without a figure, a long request reserves the window (a long slot's worth), another none."""
-        window = self.window
-        if tokens is None:
-            return window if long else 0
-        if tokens < 0:
-            raise ValueError(f"tokens must be >= 0, got {tokens}")
-        return min(tokens, window) if window else tokens
+        """Tokens a request reserves here (:meth:`TokenLedger.need`, a budget's only)."""
+        assert self.ledger is not None
+        return self.ledger.need(tokens, long)
 
     def fits(self, tokens: int | None, long: bool, seq: int | None = None) -> bool:
         """Whether a request of ``tokens`` fits the budget now (always, without one), beside the
         headroom held for a waiter other than ``seq``."""
         ledger = self.ledger
-        if not self.budgeted or ledger is None:
-            return True
-        window = self.window  # need() and TokenLedger.fits(), inline: asked at every grant
-        if tokens is None or tokens < 0:
-            need = self.need(tokens, long)
-        else:
-            need = tokens if not window or tokens < window else window
-        held = 0 if seq is not None and seq == ledger.pinned else ledger.headroom
-        return ledger.reserved + need + held <= ledger.budget
+        return not self.budgeted or ledger is None or ledger.fits_request(tokens, long, seq)
 
     def could_fit(self, tokens: int | None, long: bool) -> bool:
         """Whether a request of ``tokens`` could ever run here by its budget (always, without one)."""
