@@ -30,11 +30,7 @@ at the grant and :meth:`TokenLedger.release` when the lease's body has left
 
 from __future__ import annotations
 
-from typing import final
-
-PATIENCE = 1
-"""Tokens a waiter may see granted past it on one provider, in units of its own reservation,
-before its tokens are held as headroom."""
+from typing import ClassVar, final
 
 
 def reservation(prompt_tokens: int, max_output_tokens: int, window: int) -> int:
@@ -66,8 +62,12 @@ class TokenLedger:
 
     __slots__ = ("budget", "window", "reserved", "pinned", "headroom", "patience", "_held", "_passed")
 
+    PATIENCE: ClassVar[int] = 1
+    """The default patience: tokens a waiter may see granted past it on one provider, in units of
+    its own reservation, before its tokens are held as headroom."""
+
     def __init__(self, budget: int, patience: int | None = None) -> None:
-        patience = PATIENCE if patience is None else patience
+        patience = self.PATIENCE if patience is None else patience
         if budget < 0 or patience < 0:
             raise ValueError(f"budget and patience must be >= 0, got {budget} and {patience}")
         self.budget = budget

@@ -44,7 +44,9 @@ The contract a layer must keep:
 The tenants' parts are public too, for a model or a test that checks them on their
 own: :class:`FairShare` (the ordering rule, over :class:`Ticket`s, the unnamed tenant
 :data:`DEFAULT_TENANT`) and :class:`Tenancy` (the core's tenants and their shares over
-the last :data:`RECENT_GRANTS` grants).
+the last :data:`RECENT_GRANTS` grants). So is the token budget's:
+:class:`TokenLedger` (one provider's reservations and the headroom rule, [token-ledger]) and
+:func:`reservation` (prompt plus output, bounded by the window).
 
 Stability promise: the names in ``__all__`` and the contract above follow
 semantic versioning from 1.0 on; before 1.0 a change to them is named in the
@@ -58,6 +60,7 @@ from ._core.refresh import PreparedRefresh, prepare_refresh
 from ._core.state import AdmissionState
 from ._core.tenants import RECENT_GRANTS, Tenancy
 from ._fairness import DEFAULT_TENANT, FairShare, Ticket
+from ._ledger import TokenLedger, reservation
 from ._snapshot import Snapshot
 from ._waiting import waiter_snapshots
 
@@ -76,10 +79,12 @@ __all__ = [
     "Revoked",
     "Tenancy",
     "Ticket",
+    "TokenLedger",
     "Waiter",
     "WaiterState",
     "prepare_refresh",
     "read_snapshot",
+    "reservation",
     "waiter_snapshots",
 ]
 

@@ -21,10 +21,9 @@ from iop_admission import (
     ProviderSpec,
     QueuePolicy,
     Unavailable,
-    _ledger,
 )
 from iop_admission.aio import AsyncAdmission
-from iop_admission.core import AdmissionState, Decision, Failed, Granted, Lease, Waiter
+from iop_admission.core import AdmissionState, Decision, Failed, Granted, Lease, TokenLedger, Waiter
 
 pytestmark = pytest.mark.req("token-ledger")
 
@@ -167,7 +166,7 @@ def test_a_big_request_passed_over_is_given_headroom_then_runs_first() -> None:
 
 
 def test_a_pinned_waiter_that_leaves_gives_its_headroom_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_ledger, "PATIENCE", 0)
+    monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
     core = state(tokens_spec(100))
     lease(core, 50)
     big = waiter(core, 60)

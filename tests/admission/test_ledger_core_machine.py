@@ -27,8 +27,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from iop_admission import AdmissionError, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, _ledger
-from iop_admission.core import AdmissionState, Decision, Failed, Granted, Lease, Revoked, Waiter
+from iop_admission import AdmissionError, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from iop_admission.core import AdmissionState, Decision, Failed, Granted, Lease, Revoked, TokenLedger, Waiter
 
 pytestmark = pytest.mark.req("token-ledger")
 
@@ -63,7 +63,7 @@ class LedgerCoreMachine(RuleBasedStateMachine):
     @initialize(budget_a=st.integers(40, 120), budget_b=st.integers(60, 120), patience=st.integers(0, 3))
     def start(self, budget_a: int, budget_b: int, patience: int) -> None:
         self.patience = pytest.MonkeyPatch()
-        self.patience.setattr(_ledger, "PATIENCE", patience)
+        self.patience.setattr(TokenLedger, "PATIENCE", patience)
         self.core = AdmissionState(config(budget_a, budget_b))
         self.now = 0.0
         self.alive: list[Lease] = []  # granted, not released (live or revoked)
@@ -217,7 +217,7 @@ TestLedgerCoreMachine.settings = settings(max_examples=250, stateful_step_count=
 def _big_request_after(patience: int, rounds: int) -> int | None:
     """A 60-token request waits on a 100-token budget that nine 10s fill; each round the oldest
     10 leaves and a new 10 arrives. The round the 60 runs in, or None."""
-    _ledger.PATIENCE = patience
+    TokenLedger.PATIENCE = patience
     core = AdmissionState(config(100, 100, capacity_a=16))
     core.connect("node-a")
     running: list[Lease | Waiter] = [core.request("x", False, 0.0, tokens=10) for _ in range(9)]
@@ -239,6 +239,6 @@ def test_the_rule_grants_a_big_request_the_control_starves_it(monkeypatch: pytes
     it; from then the 10s queue behind it and the ones running drain, 10 a round, until 40 are
     left beside the 60 (round 10). The control never holds room for it: a new 10 takes every
     10 freed."""
-    monkeypatch.setattr(_ledger, "PATIENCE", _ledger.PATIENCE)  # restored after the test
+    monkeypatch.setattr(TokenLedger, "PATIENCE", TokenLedger.PATIENCE)  # restored after the test
     assert _big_request_after(1, 200) == 10
     assert _big_request_after(10**9, 200) is None

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from iop_admission._ledger import TokenLedger, reservation
+from iop_admission.core import TokenLedger, reservation
 
 pytestmark = pytest.mark.req("token-ledger")
 
