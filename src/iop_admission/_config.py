@@ -41,11 +41,18 @@ class ProviderSpec:
         capacity: max concurrent leases on the provider, all model groups together.
         long_context_capacity: max concurrent *long* leases; each also holds one
             capacity unit. 0 means the provider never runs long requests.
-        context_window_tokens: context window of one long slot.
-        total_context_tokens: static check only; when given it must equal
-            ``context_window_tokens * long_context_capacity``.
+        context_window_tokens: context window of one long slot, and of one
+            request: a token reservation is bounded by it (0: unbounded).
+        total_context_tokens: with ``admit_by="slots"``, a static check only:
+            when given it must equal ``context_window_tokens * long_context_capacity``;
+            with ``"tokens"`` or ``"both"``, the provider's context-token budget
+            ([token-ledger]): the reservations of its running requests never exceed it.
         priority: higher wins among dispatchable candidates.
         enabled: a disabled provider is not eligible; running leases continue.
+        admit_by: what bounds the provider's context memory: ``"slots"`` (long
+            slots, as before the ledger), ``"tokens"`` (the token budget alone;
+            long requests need no slot, ``long_context_capacity`` must be 0) or
+            ``"both"`` (a long request needs a long slot and its tokens).
     """
 
     capacity: int
@@ -54,6 +61,17 @@ class ProviderSpec:
     total_context_tokens: int | None = None
     priority: int = 0
     enabled: bool = True
+    admit_by: str = "slots"
+
+    @property
+    def budget(self) -> int | None:
+        """The context-token budget the ledger admits by, or None (``admit_by="slots"``)."""
+        return None if self.admit_by == "slots" else self.total_context_tokens
+
+    @property
+    def runs_long(self) -> bool:
+        """Whether the provider can ever run a long request (a long slot, or a token budget alone)."""
+        return self.long_context_capacity >= 1 or self.admit_by == "tokens"
 
     def __attrs_post_init__(self) -> None:
         problems = self.problems()
@@ -83,7 +101,11 @@ class ProviderSpec:
             )
         if self.context_window_tokens < 0:
             out.append(f"{where}.context_window_tokens: must be >= 0, got {self.context_window_tokens}")
-        if self.total_context_tokens is not None:
+        if self.admit_by not in ADMIT_BY:
+            out.append(f"{where}.admit_by: must be one of slots, tokens, both, got {self.admit_by!r}")
+        elif self.admit_by != "slots":
+            out.extend(self._budget_problems(where))
+        elif self.total_context_tokens is not None:
             expected = self.context_window_tokens * self.long_context_capacity
             if self.total_context_tokens != expected:
                 out.append(
@@ -92,6 +114,26 @@ class ProviderSpec:
                     f"{self.long_context_capacity} = {expected}, got {self.total_context_tokens}"
                 )
         return out
+
+    def _budget_problems(self, where: str) -> list[str]:
+        out = []
+        if self.total_context_tokens is None or self.total_context_tokens < 1:
+            out.append(
+                f"{where}.total_context_tokens: admit_by {self.admit_by} needs a budget >= 1, "
+                f"got {self.total_context_tokens}"
+            )
+        if self.admit_by == "tokens" and self.long_context_capacity:
+            out.append(
+                f"{where}.long_context_capacity: must be 0 with admit_by tokens (long requests run by "
+                f"their tokens), got {self.long_context_capacity}"
+            )
+        if self.admit_by == "both" and not self.long_context_capacity:
+            out.append(f"{where}.long_context_capacity: admit_by both needs long slots >= 1, got 0")
+        return out
+
+
+ADMIT_BY = ("slots", "tokens", "both")
+"""What may bound a provider's context memory (:attr:`ProviderSpec.admit_by`)."""
 
 
 @final

@@ -40,6 +40,12 @@ class ProviderSnapshot:
     consecutive provider failures, ``ejection_left`` the seconds until the
     ejection time ends (0 when not ejected or when the probe is due),
     ``ejections`` and ``probes`` the totals since start.
+
+    Token budget ([token-ledger]): ``token_budget`` is the provider's
+    ``total_context_tokens`` when it admits by tokens (None otherwise),
+    ``reserved_tokens`` what its leases not released yet reserve (revoked ones
+    still running included), ``token_headroom`` the tokens held for a
+    waiter passed over too often (0 when none is).
     """
 
     node_id: str
@@ -63,6 +69,9 @@ class ProviderSnapshot:
     probes: int = 0
     revoked_in_flight: int = 0
     revoked_long_in_flight: int = 0
+    token_budget: int | None = None
+    reserved_tokens: int = 0
+    token_headroom: int = 0
 
 
 PROVIDER_FIELDS: tuple[str, ...] = tuple(a.name for a in attrs.fields(ProviderSnapshot))

@@ -75,22 +75,33 @@ class AsyncAdmission:
     # ------------------------------------------------------------------ leases
 
     def lease(
-        self, model: str, *, long: bool = False, tenant: str | None = None, cost: float = 1.0, revocable: bool = True
+        self,
+        model: str,
+        *,
+        long: bool = False,
+        tenant: str | None = None,
+        cost: float = 1.0,
+        revocable: bool = True,
+        tokens: int | None = None,
     ) -> AsyncLeaseScope:
         """Ask for a lease on one of ``model``'s candidates: ``async with admission.lease(model) as lease:``.
 
-        ``tenant``, ``cost`` and ``revocable`` as :meth:`iop_admission.Admission.lease`
+        ``tenant``, ``cost``, ``revocable`` and ``tokens`` as :meth:`iop_admission.Admission.lease`
         (``revocable=False``: fencing does not cancel the body's task).
         Raises (on entry): ``ModelNotFound``, ``Unavailable``, ``QueueFull``,
         ``TenantLimitExceeded``, ``QueueTimeout``, as :meth:`iop_admission.Admission.lease`,
         and ``RuntimeError`` outside a running asyncio loop (under trio: use ``Admission``).
         Raises (on exit): ``LeaseRevoked`` when fencing cancelled the body.
         """
-        return AsyncLeaseScope(self._handoff, model, long, None, tenant, cost, None, revocable)
+        return AsyncLeaseScope(self._handoff, model, long, None, tenant, cost, None, revocable, tokens)
 
     def settle(self, lease: Lease, actual: float) -> None:
         """Charge ``lease``'s tenant the cost it used instead of its reserve (see ``Admission.settle``)."""
         self._core.settle(lease, actual)
+
+    def settle_tokens(self, lease: Lease, used: int) -> None:
+        """Replace ``lease``'s token reservation with the ``used`` tokens (see ``Admission.settle_tokens``)."""
+        self._handoff.apply(self._core.settle_tokens(lease, used))
 
     def retry(self, lease: Lease, *, reason: str | None = None) -> AsyncLeaseScope:
         """Ask again for the request ``lease`` served, on a candidate not tried (see ``Admission.retry``).
@@ -244,6 +255,7 @@ class AsyncLeaseScope:
         "_cost",
         "_reason",
         "_revocable",
+        "_tokens",
     )
 
     def __init__(
@@ -256,8 +268,10 @@ class AsyncLeaseScope:
         cost: float = 1.0,
         reason: str | None = None,
         revocable: bool = True,
+        tokens: int | None = None,
     ) -> None:
         self._handoff = handoff
+        self._tokens = tokens
         self._reason = reason
         self._tenant = tenant
         self._cost = cost
@@ -278,7 +292,9 @@ class AsyncLeaseScope:
         except RuntimeError:
             loop = running_loop("retry" if self._retry_of is not None else "lease")  # raises, saying why
         now = loop.time()
-        result = handoff.ask(now, self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason)
+        result = handoff.ask(
+            now, self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason, self._tokens
+        )
         lease = result if type(result) is Lease else await handoff.queued(result, now)
         self._lease = handoff.open(lease, loop, self._revocable)
         self._state = "entered"

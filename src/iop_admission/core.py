@@ -30,7 +30,9 @@ The contract a layer must keep:
   ``expire(now)``, which removes and returns every waiter whose ``deadline`` is
   ``<= now`` (the layer fails them with ``QueueTimeout``). ``deadline`` may
   move on ``refresh`` (it is ``enqueue_time + queue_timeout``): re-arm timers
-  after each refresh.
+  after each refresh. After ``withdraw`` or ``expire``, carry out
+  ``drain_decisions()``: a waiter whose tokens were held as headroom
+  ([token-ledger]) gives them back as it leaves, and others may be granted.
 * **Release.** ``release(lease)`` exactly once per grant on every path, when
   the lease's body has exited -- a revoked one too (``lease.revoked``): its
   capacity comes back only then. A lease revoked before its body started is
@@ -42,7 +44,9 @@ The contract a layer must keep:
 The tenants' parts are public too, for a model or a test that checks them on their
 own: :class:`FairShare` (the ordering rule, over :class:`Ticket`s, the unnamed tenant
 :data:`DEFAULT_TENANT`) and :class:`Tenancy` (the core's tenants and their shares over
-the last :data:`RECENT_GRANTS` grants).
+the last :data:`RECENT_GRANTS` grants). So is the token budget's:
+:class:`TokenLedger` (one provider's reservations and the headroom rule, [token-ledger]) and
+:func:`reservation` (prompt plus output, bounded by the window).
 
 Stability promise: the names in ``__all__`` and the contract above follow
 semantic versioning from 1.0 on; before 1.0 a change to them is named in the
@@ -56,6 +60,7 @@ from ._core.refresh import PreparedRefresh, prepare_refresh
 from ._core.state import AdmissionState
 from ._core.tenants import RECENT_GRANTS, Tenancy
 from ._fairness import DEFAULT_TENANT, FairShare, Ticket
+from ._ledger import TokenLedger, reservation
 from ._snapshot import Snapshot
 from ._waiting import waiter_snapshots
 
@@ -74,10 +79,12 @@ __all__ = [
     "Revoked",
     "Tenancy",
     "Ticket",
+    "TokenLedger",
     "Waiter",
     "WaiterState",
     "prepare_refresh",
     "read_snapshot",
+    "reservation",
     "waiter_snapshots",
 ]
 

@@ -562,8 +562,10 @@ async def test_a_deadline_expires_through_the_core_a_cancel_withdraws(autojump_c
     waiters: list[Waiter] = []
     request = adm._core.request
 
-    def recording(model: str, long: bool, now: float, tenant: str | None = None, cost: float = 1.0) -> Lease | Waiter:
-        result = request(model, long, now, tenant, cost)
+    def recording(
+        model: str, long: bool, now: float, tenant: str | None = None, cost: float = 1.0, tokens: int | None = None
+    ) -> Lease | Waiter:
+        result = request(model, long, now, tenant, cost, tokens)
         if isinstance(result, Waiter):
             waiters.append(result)
         return result

@@ -76,6 +76,9 @@ async def test_snapshot_unstructures_to_json(autojump_clock, pool, spawn, drain_
             "probes": 0,
             "revoked_in_flight": 0,
             "revoked_long_in_flight": 0,
+            "token_budget": None,
+            "reserved_tokens": 0,
+            "token_headroom": 0,
         }
         assert doc["panic"] == []
         assert (gpu1["status"], gpu1["health"], gpu1["connected"]) == ("disabled", "offline", False)

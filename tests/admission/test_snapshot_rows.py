@@ -72,6 +72,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "probes": 0,
             "revoked_in_flight": 0,
             "revoked_long_in_flight": 0,
+            "token_budget": None,
+            "reserved_tokens": 0,
+            "token_headroom": 0,
         },
         {
             "node_id": "node-b",
@@ -95,6 +98,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "probes": 0,
             "revoked_in_flight": 0,
             "revoked_long_in_flight": 0,
+            "token_budget": None,
+            "reserved_tokens": 0,
+            "token_headroom": 0,
         },
         {
             "node_id": "node-c",
@@ -118,6 +124,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "probes": 0,
             "revoked_in_flight": 0,
             "revoked_long_in_flight": 0,
+            "token_budget": None,
+            "reserved_tokens": 0,
+            "token_headroom": 0,
         },
     ]
     assert list(rows[0]) == list(PROVIDER_FIELDS)

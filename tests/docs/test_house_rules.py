@@ -264,6 +264,11 @@ TESTS_PRIVATE_ATTRIBUTES: dict[str, str] = {
         ),
         "the fairness model checks the core's own virtual times and admitting flags against its own",
     ),
+    **dict.fromkeys(
+        ("admission/test_ledger_core_machine.py:_pool", "admission/test_ledger_core_machine.py:_slot"),
+        "the ledger machine checks each provider's TokenLedger (its pin, its leases) and the groups' choice"
+        " against its own model; the snapshot shows only the sums",
+    ),
     "edge/test_config_reader.py:_lookups": "a rebuilt config's memoised lookups equal a loaded one's",
     "edge/test_config_reader.py:_Rebuilder": "the reader's pickle format read back piece by piece",
     "edge/test_config_reader.py:_Writer": "the reader's pickle format written piece by piece",

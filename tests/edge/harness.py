@@ -70,6 +70,7 @@ class EdgeLayout:
     gpu0_capacity: int = 1
     gpu0_long_capacity: int = 1
     gpu0_enabled: bool = True
+    gpu0_admit_by: str = "slots"  # "both": its long slots' tokens (window x long capacity) are a budget
     max_queue: int = 8
     queue_timeout_ms: int = 20_000
     heartbeat_timeout_ms: int = 15_000
@@ -120,7 +121,7 @@ class EdgeLayout:
             f" long_context_capacity: {self.gpu0_long_capacity},"
             f" context_window_tokens: {window},"
             f" total_context_tokens: {window * self.gpu0_long_capacity},"
-            f" priority: 3, enabled: {str(self.gpu0_enabled).lower()}}}",
+            f" priority: 3, enabled: {str(self.gpu0_enabled).lower()}, admit_by: {self.gpu0_admit_by}}}",
             "  - id: node-b",
             f"    token: {TOKEN_B}",
             "    providers:",

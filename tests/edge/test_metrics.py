@@ -88,6 +88,8 @@ def assert_gauges_match(samples: Samples, snap: Snapshot) -> None:
         "iop_long_in_flight": "long_in_flight",
         "iop_revoked_in_flight": "revoked_in_flight",
         "iop_revoked_long_in_flight": "revoked_long_in_flight",
+        "iop_reserved_tokens": "reserved_tokens",
+        "iop_token_headroom": "token_headroom",
         "iop_queued": "queued",
         "iop_long_queued": "long_queued",
         "iop_connected": "connected",

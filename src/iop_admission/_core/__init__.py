@@ -22,6 +22,9 @@ each request through its parts, as h11's ``Connection`` holds a
 * ``refresh.py`` -- :class:`Refresh`: the configuration in force, replaced live.
 * ``dispatch.py`` -- :class:`Dispatcher`: a grant, and the hand-off of freed
   room to the earliest waiters that can use it.
+* ``budgets.py`` -- :class:`Budgets`: the waiters passed over on a provider's
+  token budget, and the headroom a departure gives back ([token-ledger]; each
+  budget itself is a ``TokenLedger`` on its ``ProviderSlot``).
 
 Why it is built this way:
 

@@ -26,10 +26,17 @@ def groups_of(providers: Iterable[ProviderSlot], also: Iterable[ModelGroup] = ()
     return list(seen.values())
 
 
-def choose(candidates: tuple[ProviderSlot, ...], long: bool, panic: bool) -> ProviderSlot | None:
-    """The rule by a scan (panic mode, retries): highest priority, then lowest load, then order.
+def choose(
+    candidates: tuple[ProviderSlot, ...],
+    long: bool,
+    panic: bool,
+    tokens: int | None = None,
+    seq: int | None = None,
+) -> ProviderSlot | None:
+    """The rule by a scan (panic mode, retries, token budgets): highest priority, then lowest load, then order.
 
-    Only admitting candidates count unless ``panic``.
+    Only admitting candidates count unless ``panic``; only those the request's
+    ``tokens`` fit (:meth:`ProviderSlot.fits`, ``seq`` the waiter asking).
     """
     best = None
     best_prio = 0
@@ -38,6 +45,8 @@ def choose(candidates: tuple[ProviderSlot, ...], long: bool, panic: bool) -> Pro
         if not p.eligible or p.in_flight >= p.capacity or not (p.admitting or panic):
             continue
         if long and p.long_in_flight >= p.long_capacity:
+            continue
+        if p.budgeted and not p.fits(tokens, long, seq):
             continue
         prio = p.priority
         load = p.in_flight / p.capacity
@@ -58,20 +67,24 @@ def panic(candidates: tuple[ProviderSlot, ...], long: bool) -> bool:
     return found
 
 
-def best_of(candidates: tuple[ProviderSlot, ...], long: bool) -> ProviderSlot | None:
+def best_of(
+    candidates: tuple[ProviderSlot, ...], long: bool, tokens: int | None = None, seq: int | None = None
+) -> ProviderSlot | None:
     """A retry's choice among its own (untried) candidates, panic mode included."""
-    best = choose(candidates, long, False)
+    best = choose(candidates, long, False, tokens, seq)
     if best is None and panic(candidates, long):
-        best = choose(candidates, long, True)
+        best = choose(candidates, long, True, tokens, seq)
     return best
 
 
-def could_run(candidates: tuple[ProviderSlot, ...], long: bool) -> bool:
-    """Whether some candidate could ever run the request without a config change."""
-    return any(p.eligible and (not long or p.long_capacity >= 1) for p in candidates)
+def could_run(candidates: tuple[ProviderSlot, ...], long: bool, tokens: int | None = None) -> bool:
+    """Whether some candidate could ever run the request without a config change (its tokens too)."""
+    return any(p.eligible and (not long or p.long_capacity >= 1) and p.could_fit(tokens, long) for p in candidates)
 
 
-def reasons(candidates: tuple[ProviderSlot, ...], long: bool, tried: tuple[ProviderKey, ...]) -> tuple[str, ...]:
+def reasons(
+    candidates: tuple[ProviderSlot, ...], long: bool, tried: tuple[ProviderKey, ...], tokens: int | None = None
+) -> tuple[str, ...]:
     """Why each candidate cannot take the request: the detail of an ``Unavailable``."""
     out = []
     for p in candidates:
@@ -85,6 +98,9 @@ def reasons(candidates: tuple[ProviderSlot, ...], long: bool, tried: tuple[Provi
             why = f"node {p.node.node_id!r} is not connected (call connect({p.node.node_id!r}))"
         elif long and p.long_capacity < 1:
             why = "runs no long requests (long_context_capacity=0)"
+        elif not p.could_fit(tokens, long):
+            assert p.ledger is not None
+            why = f"budget of {p.ledger.budget} context tokens (total_context_tokens) < the {p.need(tokens, long)} reserved"
         else:
             why = "eligible"
         out.append(f"{p.key}: {why}")

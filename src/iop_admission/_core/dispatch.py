@@ -14,6 +14,7 @@ from typing import cast
 
 from iop_admission._config import ProviderKey
 
+from .budgets import Budgets
 from .choice import best_of, groups_of
 from .health import Health
 from .pool import Pool
@@ -26,13 +27,14 @@ from .tenants import Tenancy, Tenants
 class Dispatcher:
     """Grants leases and hands freed room to waiters (see the module docstring)."""
 
-    __slots__ = ("_pool", "_queue", "_tenants", "_health", "_lease_ids")
+    __slots__ = ("_pool", "_queue", "_tenants", "_health", "_budgets", "_lease_ids")
 
-    def __init__(self, pool: Pool, queue: Queue, tenants: Tenants, health: Health) -> None:
+    def __init__(self, pool: Pool, queue: Queue, tenants: Tenants, health: Health, budgets: Budgets) -> None:
         self._pool = pool
         self._queue = queue
         self._tenants = tenants
         self._health = health
+        self._budgets = budgets
         self._lease_ids = itertools.count(1)
 
     def grant(
@@ -45,12 +47,19 @@ class Dispatcher:
         attempt: int = 1,
         tried: tuple[ProviderKey, ...] = (),
         charge: Waiter | None = None,
+        tokens: int | None = None,
     ) -> Lease:
-        """A lease on ``p``; ``charge``: the waiter whose tenant, cost and ticket it carries."""
+        """A lease on ``p``; ``charge``: the waiter whose tenant, cost, tokens and ticket it carries
+        (``tokens``: the request's, granted at once)."""
         lease = Lease(next(self._lease_ids), p, model, long, arrival, enqueue_time, attempt, tried)
+        lease.tokens = charge.tokens if charge is not None else tokens
         self._pool.take(lease)
         if charge is not None:
             lease.tenant, lease.cost, lease._ticket = charge.tenant, charge.cost, charge._ticket
+            if charge._passed is not None:  # reserved: its count and pin elsewhere go to the next
+                self._budgets.forget(charge)
+        if p.budgeted and self._queue.waiters:  # somebody may have been passed over
+            self._budgets.note_pass(p, arrival, p.need(lease.tokens, long))
         if p.health is PROBE:
             self._health.start_probe(p, lease)
             p.reindex()
@@ -66,14 +75,30 @@ class Dispatcher:
 
     def dispatch(self, groups: Iterable[ModelGroup]) -> list[Decision]:
         """Grant waiters of ``groups`` (:meth:`_round`), then those of the groups of each
-        provider a grant started probing: one that stops admitting may put them in panic mode."""
+        provider a grant started probing: one that stops admitting may put them in panic mode;
+        and of each provider whose headroom a waiter granted elsewhere gave back ([token-ledger])."""
         decisions = self._round(groups)
         probed = [d.lease._slot for d in decisions if type(d) is Granted and d.lease.probe]
-        while probed:  # a provider starts one probe per ejection: this ends
-            more = self._round(groups_of(probed))
+        freed = self._budgets.take_unpinned()
+        while probed or freed:  # one probe per ejection, one pin per waiter: this ends
+            more = self._round(groups_of(probed + freed))
             decisions += more
             probed = [d.lease._slot for d in more if type(d) is Granted and d.lease.probe]
+            freed = self._budgets.take_unpinned()
         return decisions
+
+    def with_unpinned(self, decisions: list[Decision]) -> list[Decision]:
+        """``decisions`` and the grants the headroom of waiters that left unserved allows ([token-ledger])."""
+        freed = self._budgets.take_unpinned()
+        return decisions + self.dispatch(groups_of(freed)) if freed else decisions
+
+    def settle_tokens(self, lease: Lease, used: int) -> list[Decision]:
+        """:meth:`AdmissionState.settle_tokens <iop_admission.core.AdmissionState.settle_tokens>`."""
+        slot = lease._slot
+        ledger = slot.ledger
+        if lease._released or ledger is None or ledger.settle(lease.id, used) <= 0:
+            return []
+        return self.dispatch(g for g, _ in slot.groups)
 
     def _round(self, groups: Iterable[ModelGroup]) -> list[Decision]:
         """Grant waiters of ``groups``, earliest first, while one has a dispatchable candidate.
@@ -98,6 +123,11 @@ class Dispatcher:
                 for long, live in ((False, g.normal_live), (True, g.long_live)):
                     if not live:
                         continue
+                    if g.budgeted:  # a waiter that does not fit does not hold back a smaller one
+                        found = g.first_fitting(long, first.seq if first is not None else None)
+                        if found is not None:
+                            first, best = found
+                        continue
                     choice = g.best(long)  # asked first: after the last grant it is mostly None
                     if choice is not None:
                         w = g.head(long)
@@ -107,7 +137,7 @@ class Dispatcher:
                 if first is not None and w.seq > first.seq:
                     break
                 if w.state is QUEUED:
-                    choice = best_of(w._candidates, w.long)
+                    choice = best_of(w._candidates, w.long, w.tokens, w.seq)
                     if choice is not None:
                         first, best = w, choice
                         break
@@ -135,11 +165,11 @@ class Dispatcher:
         names = {g.name for g in groups}
 
         def dispatchable(item: object) -> bool:
-            g = item._group  # type: ignore[attr-defined]
-            if g is not None:
-                return id(g) in members and g.best(item.long) is not None  # type: ignore[attr-defined]
             w = cast(Waiter, item)
-            return w.model in names and best_of(w._candidates, w.long) is not None
+            g = w._group
+            if g is not None:
+                return id(g) in members and g.best(w.long, w.tokens, w.seq) is not None
+            return w.model in names and best_of(w._candidates, w.long, w.tokens, w.seq) is not None
 
         grant = tenancy.fair.grant
         while True:
@@ -148,7 +178,10 @@ class Dispatcher:
                 break
             w = ticket.item
             assert isinstance(w, Waiter)
-            best = w._group.best(w.long) if w._group is not None else best_of(w._candidates, w.long)
+            if w._group is not None:
+                best = w._group.best(w.long, w.tokens, w.seq)
+            else:
+                best = best_of(w._candidates, w.long, w.tokens, w.seq)
             assert best is not None
             self._queue.remove(w, GRANTED)
             w.lease = self.grant(best, w.model, w.long, w.seq, w.enqueue_time, w.attempt, w.tried, w)
@@ -161,8 +194,14 @@ class Dispatcher:
     def _any_dispatchable(self, groups: tuple[ModelGroup, ...]) -> bool:
         """Whether a waiter of ``groups`` has a dispatchable candidate (its tenant's cap aside): O(groups)."""
         for g in groups:
-            if (g.normal_live and g.best(False) is not None) or (g.long_live and g.best(True) is not None):
+            if g.budgeted:  # some waiter's tokens may fit: FairShare's scan tells
+                if (g.normal_live and g.slot_free(False)) or (g.long_live and g.slot_free(True)):
+                    return True
+            elif (g.normal_live and g.best(False) is not None) or (g.long_live and g.best(True) is not None):
                 return True
         if not self._queue.retries:
             return False
-        return any(w.state is QUEUED and best_of(w._candidates, w.long) for w in self._queue.retries_of(groups))
+        return any(
+            w.state is QUEUED and best_of(w._candidates, w.long, w.tokens, w.seq)
+            for w in self._queue.retries_of(groups)
+        )

@@ -84,16 +84,26 @@ class Pool:
     # ----------------------------------------------------------------- leases
 
     def take(self, lease: Lease) -> None:
-        """Count a new lease in its provider's load (the index is not updated: ``reindex()`` next)."""
+        """Count a new lease in its provider's load, and its tokens in its budget if it has one
+        ([token-ledger]; the index is not updated: ``reindex()`` next)."""
         p = lease._slot
+        if p.budgeted:
+            assert p.ledger is not None
+            tokens, window = lease.tokens, p.window  # ProviderSlot.need(), inline: every grant
+            if tokens is None or tokens < 0 or (window and tokens > window):
+                tokens = p.need(tokens, lease.long)
+            p.ledger.reserve(lease.id, tokens, lease.arrival)
         p.in_flight += 1
         if lease.long:
             p.long_in_flight += 1
         p.leases[lease.id] = lease
 
     def give_back(self, lease: Lease) -> None:
-        """Count a released lease out of its provider's load (live or revoked, still running)."""
+        """Count a released lease out of its provider's load (live or revoked, still running),
+        and its tokens out of its budget."""
         slot = lease._slot
+        if slot.ledger is not None:
+            slot.ledger.release(lease.id)
         slot.in_flight -= 1
         if lease.long:
             slot.long_in_flight -= 1
@@ -147,6 +157,7 @@ class Pool:
                 queued, long_queued = queued + retried[p.key][0], long_queued + retried[p.key][1]
             connected = p.node.connected
             eligible = p.eligible
+            ledger = p.ledger
             if not p.configured:
                 status = "removed"
             elif not spec.enabled:
@@ -179,6 +190,9 @@ class Pool:
                 p.probes,
                 len(p.revoked),
                 p.revoked_long,
+                spec.budget,
+                ledger.reserved if ledger is not None else 0,
+                ledger.headroom if ledger is not None else 0,
             )
 
     def _listed(self, first: int, count: int | None) -> Iterator[ProviderSlot]:

@@ -9,8 +9,9 @@ from collections.abc import Iterable, Mapping
 from iop_admission._config import ProviderKey, QueuePolicy
 from iop_admission._errors import AdmissionError, ModelNotFound, Unavailable
 
+from .budgets import Budgets
 from .choice import by_seq, could_run, untried
-from .records import FAILED, TIMED_OUT, Decision, Failed, Waiter, WaiterState
+from .records import FAILED, GRANTED, TIMED_OUT, Decision, Failed, Waiter, WaiterState
 from .slots import ModelGroup
 from .tenants import Tenants
 
@@ -23,13 +24,14 @@ class Queue:
     :attr:`retries`, which dispatch looks at beside the group heads.
     """
 
-    __slots__ = ("waiters", "retries", "max_queue", "timeout", "arrivals", "_tenants")
+    __slots__ = ("waiters", "retries", "max_queue", "timeout", "arrivals", "_tenants", "_budgets")
 
-    def __init__(self, policy: QueuePolicy, tenants: Tenants) -> None:
+    def __init__(self, policy: QueuePolicy, tenants: Tenants, budgets: Budgets) -> None:
         self.waiters: dict[int, Waiter] = {}  # queued only, in arrival order
         self.retries: list[Waiter] = []  # queued retries, in arrival order (also in waiters)
         self.arrivals = itertools.count(1)  # arrival numbers: every request draws one when it asks
         self._tenants = tenants
+        self._budgets = budgets
         self.max_queue = policy.max_queue
         self.timeout = policy.queue_timeout
 
@@ -65,6 +67,8 @@ class Queue:
             waiter._group.forget(waiter)
         elif waiter.attempt > 1:
             self.retries.remove(waiter)
+        if waiter._passed is not None and state is not GRANTED:  # granted: forgotten once it reserved
+            self._budgets.forget(waiter)
 
     def fail(self, waiter: Waiter, error: AdmissionError) -> Failed:
         """Remove ``waiter`` for good with ``error``."""
@@ -103,12 +107,15 @@ class Queue:
     def fail_stranded(self, groups: Iterable[ModelGroup]) -> list[Decision]:
         """Fail, with Unavailable, queued waiters of ``groups`` left with no eligible candidate."""
         stranded: list[Waiter] = []
+        groups = tuple(groups)
         for g in groups:
             for long in (False, True):
                 if not g.could_run(long):
                     stranded.extend(g.live(long))
+                elif g.budgeted:  # a lower budget may leave a request no candidate it fits
+                    stranded.extend(w for w in g.live(long) if not could_run(g.providers, long, w.tokens))
         if self.retries:
-            stranded.extend(w for w in self.retries_of(tuple(groups)) if not could_run(w._candidates, w.long))
+            stranded.extend(w for w in self.retries_of(groups) if not could_run(w._candidates, w.long, w.tokens))
         stranded.sort(key=lambda w: w.seq)
         return [self.fail(w, Unavailable(w.model, w.long)) for w in stranded]
 
@@ -130,18 +137,18 @@ class Queue:
             w.deadline = w.enqueue_time + self.timeout
             if w.attempt > 1:  # a queued retry: its own candidates, its own list
                 w._candidates = untried(group.providers, w.tried)
-                if could_run(w._candidates, w.long):
+                if could_run(w._candidates, w.long, w.tokens):
                     retries.append(w)
                 else:
                     decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
                 continue
             if w._group is group:  # a kept group: the waiter keeps its place
-                if not group.could_run(w.long):
+                if not group.could_take(w.long, w.tokens):
                     decisions.append(self.fail(w, Unavailable(w.model, w.long)))
                 continue
             w._group = None
             w._candidates = group.providers
-            if group.could_run(w.long):
+            if group.could_take(w.long, w.tokens):
                 group.enqueue(w)
             else:
                 decisions.append(self._fail_unindexed(w, Unavailable(w.model, w.long)))
@@ -154,4 +161,6 @@ class Queue:
         waiter.state = FAILED
         waiter.error = error
         del self.waiters[waiter.seq]
+        if waiter._passed is not None:
+            self._budgets.forget(waiter)
         return Failed(waiter, error)

@@ -59,11 +59,13 @@ class Lease:
         probe: whether this lease is its provider's probe after an ejection.
         tenant: the tenant it is charged to ([tenant-fair-share]; ``"default"`` without tenants).
         cost: the cost reserved for it (1 per request, or estimated tokens).
+        tokens: the request's context tokens as asked (prompt plus output), or None ([token-ledger]).
     """
 
     __slots__ = (
         "tenant",
         "cost",
+        "tokens",
         "_ticket",
         "id",
         "provider",
@@ -108,6 +110,7 @@ class Lease:
         self.probe = False
         self.tenant = DEFAULT_TENANT
         self.cost = 1.0
+        self.tokens: int | None = None
         self._ticket: Ticket | None = None  # its FairShare ticket while tenants are configured
         self._slot = slot
         self._released = False
@@ -125,6 +128,12 @@ class Lease:
     def revoked(self) -> bool:
         """True if fencing its generation revoked the lease (its body is told to stop)."""
         return self._revoked
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Context tokens it holds of its provider's budget now (0 without a budget, or once released)."""
+        ledger = self._slot.ledger
+        return 0 if ledger is None else ledger.holding(self.id)
 
     def __repr__(self) -> str:
         state = "revoked" if self._revoked else "released" if self._released else "live"
@@ -150,11 +159,13 @@ class Waiter:
         attempt, tried: for a retry, its attempt number and the providers
             already tried (never candidates again); 1 and ``()`` otherwise.
         tenant, cost: the tenant it is charged to and its reserved cost.
+        tokens: the request's context tokens as asked, or None ([token-ledger]).
     """
 
     __slots__ = (
         "tenant",
         "cost",
+        "tokens",
         "_ticket",
         "seq",
         "model",
@@ -168,6 +179,7 @@ class Waiter:
         "tried",
         "_candidates",
         "_group",
+        "_passed",
     )
 
     def __init__(
@@ -179,6 +191,7 @@ class Waiter:
         deadline: float,
         attempt: int = 1,
         tried: tuple[ProviderKey, ...] = (),
+        tokens: int | None = None,
     ) -> None:
         self.seq = seq
         self.model = model
@@ -192,9 +205,11 @@ class Waiter:
         self.error: AdmissionError | None = None
         self.tenant = DEFAULT_TENANT
         self.cost = 1.0
+        self.tokens = tokens
         self._ticket: Ticket | None = None  # its FairShare ticket while tenants are configured
         self._candidates: tuple[ProviderSlot, ...] = ()
         self._group: ModelGroup | None = None  # the model group whose deque holds us while queued
+        self._passed: list[ProviderSlot] | None = None  # providers whose ledgers count it passed over
 
     @property
     def candidates(self) -> tuple[ProviderKey, ...]:

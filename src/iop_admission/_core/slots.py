@@ -16,8 +16,10 @@ from heapq import heapify, heappop, heappush, heapreplace
 from typing import final
 
 from iop_admission._config import ProviderKey, ProviderSpec
+from iop_admission._errors import Unavailable
+from iop_admission._ledger import TokenLedger
 
-from .choice import choose
+from .choice import choose, could_run, reasons
 from .records import QUEUED, Lease, Waiter
 
 
@@ -105,12 +107,14 @@ class ModelGroup:
         "long_live",
         "normal_dead",
         "long_dead",
+        "budgeted",
     )
 
     def __init__(self, name: str, providers: tuple[ProviderSlot, ...]) -> None:
         self.name = name
         self.providers = providers
         self.single = providers[0] if len(providers) == 1 else None  # the one candidate: no heap
+        self.budgeted = sum(p.budgeted for p in providers)  # candidates admitting by a token budget
         self.heap: list[int] = []
         self.long_heap: list[int] = []
         self.eligible = 0  # eligible candidates
@@ -124,16 +128,40 @@ class ModelGroup:
 
     # ---------------------------------------------------------------- choice
 
-    def best(self, long: bool) -> ProviderSlot | None:
+    def best(self, long: bool, tokens: int | None = None, seq: int | None = None) -> ProviderSlot | None:
         """The candidate the rule picks for a request of this kind; None if none is dispatchable.
 
         The heap holds admitting candidates only; in panic mode (every eligible
         candidate is ejected or probing) the choice scans the candidates instead.
+        With candidates that admit by a token budget ([token-ledger]), the top
+        is taken when the request's ``tokens`` fit it (beside the headroom held
+        for a waiter other than ``seq``), else the rule scans the candidates
+        they fit.
         """
         p = self.single
         if p is not None:
             # Admitting or not, its one candidate is chosen when it has room: not admitting, it
             # puts the group in panic mode, which chooses among the non-admitting ones.
+            room = p.eligible and p.in_flight < p.capacity and (not long or p.long_in_flight < p.long_capacity)
+            return p if room and (not self.budgeted or p.fits(tokens, long, seq)) else None
+        p = self.top(long)
+        if p is not None:
+            if not self.budgeted or p.fits(tokens, long, seq):
+                return p
+            return choose(self.providers, long, False, tokens, seq)
+        if self.in_panic(long):
+            return choose(self.providers, long, True, tokens, seq)
+        return None
+
+    def slot_free(self, long: bool) -> bool:
+        """Whether a candidate has a slot for this kind, tokens aside (an admitting one, or any in panic)."""
+        return self.top(long) is not None or (self.single is None and self.in_panic(long))
+
+    def top(self, long: bool) -> ProviderSlot | None:
+        """The top of the choice index for this kind (tokens aside): None when no admitting candidate
+        has room (a group of one candidate: that one if it has room)."""
+        p = self.single
+        if p is not None:
             if p.eligible and p.in_flight < p.capacity and (not long or p.long_in_flight < p.long_capacity):
                 return p
             return None
@@ -145,8 +173,24 @@ class ModelGroup:
             if entry & _STAMP_MASK == p.stamp:
                 return p
             heappop(heap)
-        if self.in_panic(long):
-            return choose(providers, long, True)
+        return None
+
+    def first_fitting(self, long: bool, before: int | None) -> tuple[Waiter, ProviderSlot] | None:
+        """The earliest live waiter of one kind (arrived before ``before``) with a candidate its tokens fit.
+
+        For a group with token budgets, where a waiter that does not fit does not
+        stop a smaller one behind it (no head-of-line blocking): a scan of the
+        deque, up to the first that fits.
+        """
+        if not self.slot_free(long):
+            return None
+        for w in self.long if long else self.normal:
+            if before is not None and w.seq > before:
+                return None
+            if w.state is QUEUED:
+                p = self.best(long, w.tokens, w.seq)
+                if p is not None:
+                    return w, p
         return None
 
     def in_panic(self, long: bool) -> bool:
@@ -175,6 +219,7 @@ class ModelGroup:
         """
         p.groups.append((self, position))
         p.indexed = p.indexed or self.single is None
+        self.budgeted += p.budgeted
         self.eligible += p.counted
         self.long_eligible += p.long_counted
         self.admitting += p.admit_counted
@@ -198,6 +243,17 @@ class ModelGroup:
     def could_run(self, long: bool) -> bool:
         """Whether some candidate could ever run a request of this kind without a config change."""
         return (self.long_eligible if long else self.eligible) > 0
+
+    def could_take(self, long: bool, tokens: int | None) -> bool:
+        """:meth:`could_run`, the request's ``tokens`` too (some candidate's budget could hold them)."""
+        if not self.could_run(long):
+            return False
+        return not self.budgeted or could_run(self.providers, long, tokens)
+
+    def check_take(self, model: str, long: bool, tokens: int | None) -> None:
+        """Raise :class:`Unavailable`, with each candidate's reason, unless :meth:`could_take`."""
+        if not self.could_take(long, tokens):
+            raise Unavailable(model, long, reasons(self.providers, long, (), tokens))
 
     # --------------------------------------------------------------- waiters
 
@@ -278,6 +334,9 @@ class ProviderSlot:
         "probe_lease",
         "ejections",
         "probes",
+        "ledger",
+        "budgeted",
+        "window",
     )
 
     def __init__(self, key: ProviderKey, node: NodeState, spec: ProviderSpec) -> None:
@@ -313,13 +372,47 @@ class ProviderSlot:
         self.probes = 0
         self.configured = True
         self.eligible = False
+        self.ledger: TokenLedger | None = None  # kept once made: its leases' reservations outlive a refresh
+        self.budgeted = False
         self.set_spec(spec)
 
     def set_spec(self, spec: ProviderSpec) -> None:
         self.spec = spec
         self.capacity = spec.capacity
-        self.long_capacity = spec.long_context_capacity
+        # Admitting by tokens alone, a long request needs no long slot: never the bound.
+        self.long_capacity = spec.capacity if spec.admit_by == "tokens" else spec.long_context_capacity
         self.priority = spec.priority
+        self.window = spec.context_window_tokens
+        budget = spec.budget
+        if budget is not None:
+            if self.ledger is None:
+                self.ledger = TokenLedger(budget)
+            else:
+                self.ledger.set_budget(budget)
+            self.ledger.window = self.window
+        budgeted = budget is not None
+        if budgeted != self.budgeted:
+            for g, _ in self.groups:
+                g.budgeted += 1 if budgeted else -1
+            self.budgeted = budgeted
+
+    # ------------------------------------------------------------ token budget
+
+    def need(self, tokens: int | None, long: bool) -> int:
+        """Tokens a request reserves here (:meth:`TokenLedger.need`, a budget's only)."""
+        assert self.ledger is not None
+        return self.ledger.need(tokens, long)
+
+    def fits(self, tokens: int | None, long: bool, seq: int | None = None) -> bool:
+        """Whether a request of ``tokens`` fits the budget now (always, without one), beside the
+        headroom held for a waiter other than ``seq``."""
+        ledger = self.ledger
+        return not self.budgeted or ledger is None or ledger.fits_request(tokens, long, seq)
+
+    def could_fit(self, tokens: int | None, long: bool) -> bool:
+        """Whether a request of ``tokens`` could ever run here by its budget (always, without one)."""
+        ledger = self.ledger
+        return not self.budgeted or ledger is None or ledger.could_fit(self.need(tokens, long))
 
     def forget_held(self) -> None:
         """Drop the runs held elsewhere from the counters (the provider left the config)."""

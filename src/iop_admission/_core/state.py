@@ -20,6 +20,7 @@ from iop_admission._errors import (
 )
 from iop_admission._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, TenantSnapshot
 
+from .budgets import Budgets
 from .choice import best_of, could_run, groups_of, reasons, untried
 from .connectivity import Connectivity
 from .dispatch import Dispatcher
@@ -47,9 +48,9 @@ class AdmissionState:
         validate_pool(config)
         self._pool = pool = Pool()
         self._tenants = tenants = Tenants()
-        self._queue = queue = Queue(config.policy, tenants)
+        self._queue = queue = Queue(config.policy, tenants, budgets := Budgets(tenants))
         self._health = health = Health(config.outlier)
-        self._dispatcher = dispatcher = Dispatcher(pool, queue, tenants, health)
+        self._dispatcher = dispatcher = Dispatcher(pool, queue, tenants, health, budgets)
         self._refresh = Refresh(config, pool, queue, health, tenants, dispatcher)
         self._connectivity = Connectivity(pool, queue, tenants, health, dispatcher)
         self._now = 0.0  # the latest time passed in
@@ -60,14 +61,21 @@ class AdmissionState:
     # ---------------------------------------------------------------- requests
 
     def request(
-        self, model: str, long: bool, now: float, tenant: str | None = None, cost: float = 1.0
+        self,
+        model: str,
+        long: bool,
+        now: float,
+        tenant: str | None = None,
+        cost: float = 1.0,
+        tokens: int | None = None,
     ) -> Lease | Waiter:
         """Admit a request now, or queue it.
 
         ``tenant``: the configured tenant the request is charged to (a name not
         configured, or None, is the default tenant); ``cost``: its reserved
         cost, 1 per request or an estimate in tokens (:meth:`settle` replaces
-        it with the usage). With tenants configured the grant order is the
+        it with the usage); ``tokens``: its prompt plus ``max_tokens``, reserved on a provider
+        with a token budget ([token-ledger]). With tenants configured the grant order is the
         tenants' fair share ([tenant-fair-share]); a request that finds the
         queue full may evict a waiter of a lower negative band, and a grant
         that starts a probe may grant waiters it put in panic mode: take those
@@ -79,7 +87,7 @@ class AdmissionState:
 
         Raises:
             ModelNotFound: ``model`` is not configured.
-            Unavailable: no candidate is eligible (nothing is queued).
+            Unavailable: no candidate is eligible, or has a budget ``tokens`` could fit (nothing is queued).
             QueueFull: ``max_queue`` waiters already exist.
             TenantLimitExceeded: the tenant's ``max_queue`` is reached, or the
                 queue is full and the request is of a negative band with nothing lower to shed.
@@ -90,45 +98,43 @@ class AdmissionState:
         if now > self._now:
             self._now = now
         if self._tenants.tenancy is not None:
-            return self._request_fair(group, model, long, now, tenant, cost)
+            return self._request_fair(group, model, long, now, tenant, cost, tokens)
         queue = self._queue
-        best = group.best(long)
+        best = group.best(long, tokens)
         if best is not None:
-            lease = self._dispatcher.grant(best, model, long, next(queue.arrivals), now)
+            lease = self._dispatcher.grant(best, model, long, next(queue.arrivals), now, tokens=tokens)
             lease.cost = cost
             if lease.probe:
                 self._probe_started(lease)
             return lease
-        if not group.could_run(long):
-            raise Unavailable(model, long, reasons(group.providers, long, ()))
+        group.check_take(model, long, tokens)
         if queue.full():
             raise QueueFull(model, queue.max_queue)
-        waiter = Waiter(next(queue.arrivals), model, long, now, now + queue.timeout)
+        waiter = Waiter(next(queue.arrivals), model, long, now, now + queue.timeout, tokens=tokens)
         waiter.cost = cost
         queue.add(waiter, group)
         return waiter
 
     def _request_fair(
-        self, group: ModelGroup, model: str, long: bool, now: float, tenant: str | None, cost: float
+        self, group: ModelGroup, model: str, long: bool, now: float, tenant: str | None, cost: float, tokens: int | None
     ) -> Lease | Waiter:
         """:meth:`request` with tenants: quotas, shedding, then today's rule under FairShare's order."""
         tenants, queue = self._tenants, self._queue
         assert tenants.tenancy is not None
         fair = tenants.tenancy.fair
         name = fair.tenant_of(tenant)
-        best = group.best(long)
+        best = group.best(long, tokens)
         if best is not None and fair.can_run(name):
-            lease = self._dispatcher.grant(best, model, long, next(queue.arrivals), now)
+            lease = self._dispatcher.grant(best, model, long, next(queue.arrivals), now, tokens=tokens)
             tenants.charge(lease, name, cost)
             self._probe_started(lease)
             return lease
-        if not group.could_run(long):
-            raise Unavailable(model, long, reasons(group.providers, long, ()))
+        group.check_take(model, long, tokens)
         fair.check_queue(name)
         if queue.full():
             victim = tenants.shed_victim(name, model, queue.max_queue)
             self._pending.append(queue.fail(victim, TenantLimitExceeded(victim.tenant, "shed", queue.max_queue)))
-        waiter = Waiter(next(queue.arrivals), model, long, now, now + queue.timeout)
+        waiter = Waiter(next(queue.arrivals), model, long, now, now + queue.timeout, tokens=tokens)
         tenants.ticket_waiter(waiter, name, cost)
         queue.add(waiter, group)
         return waiter
@@ -164,20 +170,22 @@ class AdmissionState:
         deadline = lease.enqueue_time + self._queue.timeout
         if deadline <= now:
             raise QueueTimeout(model, now - lease.enqueue_time)
-        candidates = untried(group.providers, lease.tried)
-        best = best_of(candidates, long)
-        if best is None and not could_run(candidates, long):
-            raise Unavailable(model, long, reasons(group.providers, long, lease.tried))
+        candidates, tokens = untried(group.providers, lease.tried), lease.tokens
+        best = best_of(candidates, long, tokens)
+        if best is None and not could_run(candidates, long, tokens):
+            raise Unavailable(model, long, reasons(group.providers, long, lease.tried, tokens))
         lease._retried = True
         attempt = lease.attempt + 1
         # A retry is an attempt of its own, charged as one: the request's tenant and reserve.
         tenant, cost = lease.tenant, lease.cost
         if best is not None and self._tenants.can_run(tenant):
-            again = self._dispatcher.grant(best, model, long, lease.arrival, lease.enqueue_time, attempt, lease.tried)
+            again = self._dispatcher.grant(
+                best, model, long, lease.arrival, lease.enqueue_time, attempt, lease.tried, None, tokens
+            )
             self._tenants.charge(again, tenant, cost)
             self._probe_started(again)
             return again
-        waiter = Waiter(lease.arrival, model, long, lease.enqueue_time, deadline, attempt, lease.tried)
+        waiter = Waiter(lease.arrival, model, long, lease.enqueue_time, deadline, attempt, lease.tried, tokens)
         waiter._candidates = candidates
         self._tenants.ticket_waiter(waiter, tenant, cost)
         self._queue.add_retry(waiter)
@@ -190,19 +198,18 @@ class AdmissionState:
             self._pending += self._dispatcher.probe_started(lease)
 
     def drain_decisions(self) -> list[Decision]:
-        """Decisions made by the last :meth:`request` or :meth:`retry` besides its result.
+        """Decisions made by the last :meth:`request`, :meth:`retry`, :meth:`withdraw` or :meth:`expire`.
 
-        A request that finds the queue full evicts the newest waiter of a lower
-        negative band ([tenant-quotas]); a grant that starts a provider's probe
-        stops it admitting, which may put the waiters of its model groups in
-        panic mode, and they are granted ([outlier-ejection]). Carry these out
-        like any decision.
-        Do not change the list returned (empty, it is the state's own).
+        A request that finds the queue full evicts the newest waiter of a lower negative band
+        ([tenant-quotas]); a grant that starts a provider's probe stops it admitting, which may put
+        the waiters of its model groups in panic mode, and they are granted ([outlier-ejection]); a
+        waiter that leaves gives back the tokens held for it ([token-ledger]). Carry these out like
+        any decision. Do not change the list returned (empty, it is the state's own).
         """
         out = self._pending
         if out:
             self._pending = []
-        return out
+        return self._dispatcher.with_unpinned(out)
 
     def withdraw(self, waiter: Waiter) -> bool:
         """Remove a queued waiter (its task was cancelled or its deadline passed).
@@ -268,6 +275,10 @@ class AdmissionState:
         the cost used, not the estimate. Without tenants it only records it.
         """
         self._tenants.settle(lease, actual)
+
+    def settle_tokens(self, lease: Lease, used: int) -> list[Decision]:
+        """Set ``lease``'s reservation to the ``used`` tokens ([token-ledger]); the grants that allows."""
+        return self._dispatcher.settle_tokens(lease, used)
 
     def hold(self, provider: ProviderKey, runs: int, long_runs: int = 0) -> list[Decision]:
         """Count ``runs`` held elsewhere against ``provider``'s capacity, ``long_runs`` of them

@@ -120,6 +120,7 @@ class AsyncHandoff:
             if self.subscribers:
                 waited = now - expired.enqueue_time
                 self.emit(AdmissionEvent("timed_out", now, model=expired.model, long=expired.long, waited=waited))
+        self.apply_freed()
 
     def arm_ejection(self) -> None:
         """Set the loop timer that ends the next ejection (none outside a running loop: the
@@ -150,6 +151,7 @@ class AsyncHandoff:
         tenant: str | None = None,
         cost: float = 1.0,
         reason: str | None = None,
+        tokens: int | None = None,
     ) -> Lease | Waiter:
         """The first half of a lease scope's entry: a lease now (a retry of ``retry_of`` if given),
         or the queued waiter to :meth:`queued` on. Synchronous: an immediate grant does not yield."""
@@ -159,7 +161,7 @@ class AsyncHandoff:
             self.arm_ejection()
         try:
             if retry_of is None:
-                result = core.request(model, long, now, tenant, cost)
+                result = core.request(model, long, now, tenant, cost, tokens)
             else:
                 result = core.retry(retry_of, now)
         except Exception as exc:
@@ -203,6 +205,12 @@ class AsyncHandoff:
             self.emit(lease_event("granted", now_or_none(), lease, waited=lease.queue_wait))
         return lease
 
+    def apply_freed(self) -> None:
+        """Grants the headroom a waiter that left had held allows ([token-ledger])."""
+        freed = self.core.drain_decisions()
+        if freed:
+            self.apply(freed)
+
     async def wait(self, waiter: Waiter) -> Lease:
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         self.futures[waiter] = future
@@ -212,6 +220,7 @@ class AsyncHandoff:
         except asyncio.CancelledError:
             if self.core.withdraw(waiter):
                 self.leave(waiter)
+                self.apply_freed()
             elif future.done() and not future.cancelled() and future.exception() is None:
                 # Granted, then cancelled before the task resumed: hand the lease back.
                 self.apply(self.core.release(future.result()))

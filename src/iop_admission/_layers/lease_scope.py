@@ -31,6 +31,7 @@ class LeaseScope:
         "_tenant",
         "_cost",
         "_revocable",
+        "_tokens",
     )
 
     def __init__(
@@ -44,6 +45,7 @@ class LeaseScope:
         tenant: str | None = None,
         cost: float = 1.0,
         revocable: bool = True,
+        tokens: int | None = None,
     ) -> None:
         self._handoff = handoff
         self._model = model
@@ -55,6 +57,7 @@ class LeaseScope:
         self._tenant = tenant
         self._cost = cost
         self._revocable = revocable
+        self._tokens = tokens
 
     async def __aenter__(self) -> Lease:
         if self._entered:
@@ -62,7 +65,14 @@ class LeaseScope:
         self._entered = True
         try:
             self._lease = await self._handoff.acquire(
-                self._model, self._long, self._retry_of, self._reason, self._tenant, self._cost, self._revocable
+                self._model,
+                self._long,
+                self._retry_of,
+                self._reason,
+                self._tenant,
+                self._cost,
+                self._revocable,
+                self._tokens,
             )
         except RuntimeError as exc:
             if trio.lowlevel.in_trio_run():

@@ -107,24 +107,30 @@ class Admission:
     # ------------------------------------------------------------------ leases
 
     def lease(
-        self, model: str, *, long: bool = False, tenant: str | None = None, cost: float = 1.0, revocable: bool = True
+        self,
+        model: str,
+        *,
+        long: bool = False,
+        tenant: str | None = None,
+        cost: float = 1.0,
+        revocable: bool = True,
+        tokens: int | None = None,
     ) -> LeaseScope:
         """Ask for a lease on one of ``model``'s candidates.
 
-        Use as ``async with admission.lease(model, long=...) as lease:``. The
-        lease is released when the block exits, whichever way it exits.
+        Use as ``async with admission.lease(model, long=...) as lease:``. The lease is released when
+        the block exits, whichever way it exits.
 
-        ``tenant``: the configured tenant the request is charged to (None, or
-        a name not configured: the default tenant); ``cost``: its reserved
-        cost, 1 per request or estimated tokens (:meth:`settle` replaces it
-        with the usage). With ``PoolConfig.tenants`` the queue is served by
-        band, then weighted fair share, then FIFO within a tenant.
+        ``tenant``: the configured tenant the request is charged to (None, or a name not configured:
+        the default tenant); ``cost``: its reserved cost, 1 per request or estimated tokens
+        (:meth:`settle` replaces it with the usage). With ``PoolConfig.tenants`` the queue is served
+        by band, then weighted fair share, then FIFO within a tenant. ``tokens``: its prompt plus
+        ``max_tokens``, held on a provider with a token budget until the exit ([token-ledger]).
 
-        ``revocable=False``: the body gets no cancel scope of its own, so
-        fencing its node generation does not cancel it (it runs to its end);
-        for short bodies that need no revocation, at a lower cost. Its capacity
-        counts until it leaves, as for any revoked lease, and the exit still
-        raises ``LeaseRevoked`` if the lease was revoked while it ran.
+        ``revocable=False``: the body gets no cancel scope of its own, so fencing its node generation
+        does not cancel it (it runs to its end); for short bodies that need no revocation, at a lower
+        cost. Its capacity counts until it leaves, as for any revoked lease, and the exit still raises
+        ``LeaseRevoked`` if the lease was revoked while it ran.
 
         Entering checkpoints. It returns at once when a candidate is
         dispatchable, otherwise waits in the global queue. Cancelled while
@@ -132,8 +138,7 @@ class Admission:
 
         Raises (on entry):
             ModelNotFound: unknown model (also if a refresh removes it while waiting).
-            Unavailable: no eligible candidate, now or after a disconnect/refresh
-                while waiting.
+            Unavailable: no eligible candidate, or none whose budget holds ``tokens`` (now or after a disconnect/refresh).
             QueueFull: the global queue holds ``max_queue`` waiters.
             TenantLimitExceeded: the tenant's ``max_queue`` is reached, or the
                 request is of a negative band and was shed (``limit`` names which).
@@ -142,11 +147,15 @@ class Admission:
         Raises (on exit):
             LeaseRevoked: the lease's node generation was fenced while the body ran.
         """
-        return LeaseScope(self._handoff, model, long, tenant=tenant, cost=cost, revocable=revocable)
+        return LeaseScope(self._handoff, model, long, tenant=tenant, cost=cost, revocable=revocable, tokens=tokens)
 
     def settle(self, lease: Lease, actual: float) -> None:
         """Charge ``lease``'s tenant the cost it used (tokens the backend reported) instead of its reserve."""
         self._core.settle(lease, actual)
+
+    def settle_tokens(self, lease: Lease, used: int) -> None:
+        """Set ``lease``'s reservation to the ``used`` tokens (0 once its stream ended); freed room goes to waiters."""
+        self._handoff.apply(self._core.settle_tokens(lease, used))
 
     def retry(self, lease: Lease, *, reason: str | None = None) -> LeaseScope:
         """Ask again, for the request ``lease`` served, on a candidate it has not tried.

@@ -95,6 +95,7 @@ class Handoff:
         tenant: str | None = None,
         cost: float = 1.0,
         revocable: bool = True,
+        tokens: int | None = None,
     ) -> Lease:
         """Grant a lease (a retry of ``retry_of`` if given), waiting in the queue if need be,
         and open its body's cancel scope (``revocable``; otherwise the body has none).
@@ -109,7 +110,7 @@ class Handoff:
         self.advance(now)
         try:
             if retry_of is None:
-                result = core.request(model, long, now, tenant, cost)
+                result = core.request(model, long, now, tenant, cost, tokens)
             else:
                 result = core.retry(retry_of, now)
         except Exception as exc:
@@ -190,6 +191,9 @@ class Handoff:
         def abort(_: object) -> trio.lowlevel.Abort:
             core.expire(trio.current_time())  # this waiter too, if its deadline is what fired
             core.withdraw(waiter)  # a no-op once expired
+            freed = core.drain_decisions()  # grants the headroom it held allows [token-ledger]
+            if freed:
+                self.apply(freed)
             return trio.lowlevel.Abort.SUCCEEDED
 
         timer = trio.CancelScope(deadline=waiter.deadline)

@@ -42,10 +42,11 @@ from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
 from iop_edge.api.rejections import dumps as _dumps
 from iop_edge.api.relay import first_message, relay_stream, relay_whole
-from iop_edge.api.request_body import ClientBody, checked_stream, estimate_tokens, read_body
+from iop_edge.api.request_body import ClientBody, checked_stream, context_tokens, estimate_tokens, read_body
 from iop_edge.api.responder import Responder, header_pairs
 from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
 from iop_edge.config import EdgeConfig
+from iop_edge.config.edge import admits_by_tokens
 from iop_edge.front_door.head_refusal import HeadRefusal
 from iop_edge.front_door.overload import FrontDoor
 from iop_edge.ha import EdgeHa
@@ -201,6 +202,7 @@ class EdgeAPI:
             long = threshold is not None and estimate_tokens(endpoint, fields) > threshold
             charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, fields))
             deadline = request_deadline(scope["headers"], service.config.model_entry(model), stream)
+            charge.context = context_tokens(endpoint, fields) if admits_by_tokens(service.config) else None
         except BaseException:
             self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise

@@ -64,6 +64,7 @@ async def within_deadline(
             may_retry=lambda: deadline_allows_retry(deadline, min_attempt, model),
             tenant=charge.tenant,
             cost=charge.cost,
+            tokens=charge.context,
         )
     if deadline.scope.cancelled_caught and not responder.finished:
         raise deadline.exceeded(answered=responder.started)

@@ -76,11 +76,13 @@ async def serve_with_failover(
     may_retry: Callable[[], bool] = lambda: True,
     tenant: str | None = None,
     cost: float = 1.0,
+    tokens: int | None = None,
 ) -> str:
     """Run ``attempt(lease)`` under a lease, retrying on another candidate while it fails early.
 
     ``tenant`` and ``cost``: whom the request is charged to and its reserve ([tenant-edge]);
-    a retry keeps both (admission carries them).
+    ``tokens``: its context tokens on a token budget ([token-ledger]); a retry keeps all three
+    (admission carries them).
 
     ``attempt`` raises :class:`AttemptFailed` only when nothing reached the
     client yet. ``answered()`` tells whether a byte went out (a lease fenced
@@ -105,7 +107,9 @@ async def serve_with_failover(
     last: AttemptFailed | None = None
     while True:
         try:
-            return await _attempt_once(admission, (model, long, tenant, cost), previous, last, attempt, answered)
+            return await _attempt_once(
+                admission, (model, long, tenant, cost, tokens), previous, last, attempt, answered
+            )
         except AttemptFailed as failed:
             previous, last = failed.lease, failed
         except _NO_RETRY:
@@ -120,7 +124,7 @@ async def serve_with_failover(
 
 async def _attempt_once(
     admission: Admission,
-    request: tuple[str, bool, str | None, float],
+    request: tuple[str, bool, str | None, float, int | None],
     previous: Lease | None,
     last: AttemptFailed | None,
     attempt: Callable[[Lease], Awaitable[str]],
@@ -133,8 +137,8 @@ async def _attempt_once(
     included.
     """
     if previous is None:
-        model, long, tenant, cost = request
-        scope = admission.lease(model, long=long, tenant=tenant, cost=cost)
+        model, long, tenant, cost, tokens = request
+        scope = admission.lease(model, long=long, tenant=tenant, cost=cost, tokens=tokens)
     else:
         assert last is not None
         scope = admission.retry(previous, reason=last.reason)

@@ -35,6 +35,15 @@ recursive reader of the body would otherwise hit; serde_json's default is 128, p
 CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
 
+CONTEXT_MARGIN = 1.25
+"""Margin on the prompt estimate a token budget reserves ([token-ledger]): characters / 4 is the
+English average of the usual BPE tokenizers; code and many other languages take 3 to 3.5
+characters a token, which 4 / 1.25 = 3.2 covers."""
+
+UNBOUNDED_OUTPUT = 1 << 30
+"""The output a request without ``max_tokens`` may take: the engine's whole window (the
+admission core bounds every reservation by the provider's ``context_window_tokens``)."""
+
 
 def checked_stream(endpoint: str, body: dict[str, Any]) -> bool:
     """Check the fields the Edge reads for ``endpoint``; return whether the answer streams.
@@ -101,6 +110,21 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
     """
     if endpoint == "embeddings":
         return embedding_tokens(body.get("input"))
+    return prompt_chars(endpoint, body) // CHARS_PER_TOKEN + output_budget(body)
+
+
+def context_tokens(endpoint: str, body: dict[str, Any]) -> int:
+    """The context tokens a request reserves on a token budget ([token-ledger]): the prompt's
+    characters / 4 with :data:`CONTEXT_MARGIN`, plus ``max_tokens`` (absent:
+    :data:`UNBOUNDED_OUTPUT`, the window); for embeddings the input's estimate with the margin."""
+    if endpoint == "embeddings":
+        return math.ceil(embedding_tokens(body.get("input")) * CONTEXT_MARGIN)
+    prompt = math.ceil(prompt_chars(endpoint, body) * CONTEXT_MARGIN / CHARS_PER_TOKEN)
+    return prompt + (output_budget(body) or UNBOUNDED_OUTPUT)
+
+
+def prompt_chars(endpoint: str, body: dict[str, Any]) -> int:
+    """Characters of a completion request's prompt: the messages' text, or ``prompt``."""
     chars = 0
     if endpoint == "chat/completions":
         for message in body.get("messages") or ():
@@ -119,10 +143,15 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
             chars += len(prompt)
         elif isinstance(prompt, list):
             chars += sum(len(p) for p in prompt if isinstance(p, str))
+    return chars
+
+
+def output_budget(body: dict[str, Any]) -> int:
+    """``max_tokens`` (or ``max_completion_tokens``) of a request; 0 when absent or not an integer."""
     budget = body.get("max_tokens") or body.get("max_completion_tokens") or 0
     if not isinstance(budget, int) or isinstance(budget, bool):
-        budget = 0
-    return chars // CHARS_PER_TOKEN + budget
+        return 0
+    return budget
 
 
 def _reject_constant(name: str) -> None:

@@ -38,13 +38,14 @@ _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*([0-9]+)')
 class Charge:
     """One request's tenant and reserve; :meth:`scan` finds the usage the backend reported."""
 
-    __slots__ = ("cost", "tenant", "tokens", "used")
+    __slots__ = ("cost", "tenant", "tokens", "used", "context")
 
     def __init__(self, tenant: str | None, cost: float, *, tokens: bool) -> None:
         self.tenant = tenant
         self.cost = cost
         self.tokens = tokens
         self.used: int | None = None
+        self.context: int | None = None  # context tokens to reserve on a token budget ([token-ledger])
 
     def scan(self, data: bytes) -> None:
         """Note the latest ``usage.total_tokens`` in relayed answer bytes (a whole body or a stream burst)."""

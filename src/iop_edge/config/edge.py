@@ -93,6 +93,8 @@ class _Lookups:
     models_by_id: dict[str, EdgeModel]
     upstream_models: dict[tuple[str, ProviderKey], str]
     """``(model, provider)`` -> the model name sent upstream."""
+    admits_by_tokens: bool
+    """Some provider admits by a context-token budget ([token-ledger]): requests carry their tokens."""
     key_owners: dict[str, str | None]
     """API key digest -> the tenant it belongs to (None: a top-level key; a tenant's key wins over
     the same top-level one; a key in two tenants is a config error)."""
@@ -111,6 +113,7 @@ class _Lookups:
             if owners.get(digest.hexdigest) is None:
                 owners[digest.hexdigest] = name
         return cls(
+            admits_by_tokens=any(p.admit_by != "slots" for node in config.nodes for p in node.providers),
             key_owners=owners,
             nodes_by_id={node.id: node for node in paced(reversed(config.nodes))},
             provider_spans=spans,
@@ -423,6 +426,11 @@ class EdgeConfig:
                     yield at, f"{key} is listed twice (first at candidates[{first}])"
                 if candidate.upstream_model == "":
                     yield f"{at}.upstream_model", "must not be empty (leave it out to use the model id)"
+
+
+def admits_by_tokens(config: EdgeConfig) -> bool:
+    """Whether some provider of ``config`` admits by a token budget: requests then carry their tokens."""
+    return config._tables.admits_by_tokens
 
 
 def _duplicates(path: str, what: str, ids: list[str]) -> Iterator[tuple[str, str]]:

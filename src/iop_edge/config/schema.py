@@ -152,6 +152,7 @@ class EdgeProvider:
     total_context_tokens: int | None = None
     priority: int = 0
     enabled: bool = True
+    admit_by: str = "slots"
     _spec: ProviderSpec | None = attrs.field(default=None, init=False, eq=False, repr=False)
     """The spec, once built (:meth:`spec`); not a key of the file."""
 
@@ -165,14 +166,7 @@ class EdgeProvider:
         built and checked once per distinct provider.
         """
         if self._spec is None:
-            spec = ProviderSpec(
-                capacity=self.capacity,
-                long_context_capacity=self.long_context_capacity,
-                context_window_tokens=self.context_window_tokens,
-                total_context_tokens=self.total_context_tokens,
-                priority=self.priority,
-                enabled=self.enabled,
-            )
+            spec = ProviderSpec(**{f.name: getattr(self, f.name) for f in attrs.fields(ProviderSpec)})
             object.__setattr__(self, "_spec", spec)
         assert self._spec is not None
         return self._spec

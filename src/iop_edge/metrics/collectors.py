@@ -17,7 +17,7 @@ from iop_admission import Admission, ProviderSnapshot, Snapshot, TenantSnapshot
 from iop_edge.status import OverloadStatus
 
 #: Per-provider gauges: metric name suffix, help text, and how to read it from a ProviderSnapshot.
-_PROVIDER_GAUGES: Final = (
+_PROVIDER_GAUGES: Final[tuple[tuple[str, str, Callable[[ProviderSnapshot], float]], ...]] = (
     ("capacity", "Configured capacity of the provider (all model groups together).", lambda p: p.capacity),
     (
         "effective_capacity",
@@ -41,6 +41,21 @@ _PROVIDER_GAUGES: Final = (
         "revoked_long_in_flight",
         "Revoked long-context leases whose bodies still run.",
         lambda p: p.revoked_long_in_flight,
+    ),
+    (
+        "token_budget",
+        "Context-token budget of a provider that admits by tokens (total_context_tokens); 0 if it admits by slots.",
+        lambda p: p.token_budget or 0,
+    ),
+    (
+        "reserved_tokens",
+        "Context tokens reserved by the provider's leases not released yet (prompt plus max_tokens, settled).",
+        lambda p: p.reserved_tokens,
+    ),
+    (
+        "token_headroom",
+        "Context tokens held for a big request passed over too often (0: none is).",
+        lambda p: p.token_headroom,
     ),
     (
         "queued",

@@ -1,0 +1,377 @@
+"""The context-token ledger against what it replaces: ``python -m benchmarks.ledger [--full] [--seed N]``.
+
+A replay in virtual time (issue 40). One mixed trace -- mostly short chats, some
+16k-28k-token prompts, ``max_tokens`` varied, each request stopping at its own end of
+sequence at or before ``max_tokens`` -- arrives (Poisson) at 1.5x the fleet's saturation
+at two engines of the mock's KV model (:class:`iop_mock.kv.KvEngine`, mode ``preempt``
+and again in mode ``fail``: 65,536 tokens of cache each, ``n_ctx`` 32,768, a decode step
+of 20 ms, 8,192 prefill tokens a step). Three admissions decide what each engine gets:
+
+- ``ledger``: the admission core (:class:`~iop_admission.core.AdmissionState`) with
+  ``admit_by="tokens"``, budget 65,536 per provider; each request reserves its prompt
+  (counted exactly: the backend's ``/tokenize``) plus ``max_tokens``;
+- ``slots``: the same core with fixed long slots (``admit_by="slots"``): a request is long
+  when ``prompt + max_tokens`` is above 8,192; every ``capacity`` x ``long_context_capacity``
+  of a grid is run, and the best goodput is reported (tuned as well as it can be);
+- ``reactive``: a detector in the manner of the Gateway API Inference Extension's
+  defaults: an engine takes a request while its scraped waiting queue is under 5 and its
+  scraped KV use under 0.8, metrics scraped every 50 ms (counted generously: a request
+  sent since the last scrape counts as waiting), the least used engine first.
+
+Every arm queues at most 64 requests for at most 30 s (the Edge's defaults); a request is
+*good* when it finished (no error) with a time to first token within the objective (5 s).
+Reported per arm: preemptions, context errors, good requests per second (goodput), requests
+finished, TTFT p50/p99. Then the decision cost: the trio lease cycle with a token budget
+against the same cycle without one, interleaved CPU-time rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from iop_admission import Admission, AdmissionError, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
+from iop_admission.core import AdmissionState, Failed, Granted, Lease, Waiter
+from iop_mock.kv import KvEngine
+
+from .harness import percentile
+
+STEP = 0.02  # seconds per decode step: 50 tokens/s per sequence
+KV_TOTAL = 65_536
+N_CTX = 32_768
+PREFILL_PER_STEP = 8_192
+MAX_QUEUE = 64
+QUEUE_TIMEOUT = 30.0
+TTFT_OBJECTIVE = 5.0
+LONG_ABOVE = 8_192
+OVERLOAD = 1.5
+SCRAPE = 0.05
+KEYS = (ProviderKey("node-a", "gpu0"), ProviderKey("node-b", "gpu1"))
+MODEL = "m"
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    arrival: float
+    prompt: int
+    max_tokens: int
+    output: int
+    ttft: float | None = None
+    done: bool = False
+    error: bool = False  # a context error
+    refused: bool = False  # queue full, timed out, unavailable
+    lease: Lease | None = None
+    engine: int = -1
+
+    @property
+    def reserve(self) -> int:
+        return self.prompt + self.max_tokens
+
+
+def trace(count: int, seed: int) -> list[Request]:
+    """The mixed trace at 1.5x saturation (see the module docstring)."""
+    rng = random.Random(seed)
+    shapes = []
+    for _ in range(count):
+        if rng.random() < 0.15:
+            prompt = rng.randint(16_000, 28_000)
+            max_tokens = min(rng.choice((256, 1024, 2048, 4096)), N_CTX - prompt)
+        else:
+            prompt = rng.randint(100, 2_000)
+            max_tokens = rng.choice((128, 256, 512, 1024))
+        shapes.append((prompt, max_tokens, max(1, round(max_tokens * rng.uniform(0.2, 1.0)))))
+    # Saturation: the fleet's cache divided by the cache-seconds a request holds on average.
+    held = statistics.fmean(out * STEP * (p + out / 2) for p, _, out in shapes)
+    rate = OVERLOAD * len(KEYS) * KV_TOTAL / held
+    now, out_trace = 0.0, []
+    for i, (prompt, max_tokens, output) in enumerate(shapes):
+        now += rng.expovariate(rate)
+        out_trace.append(Request(i, now, prompt, max_tokens, output))
+    return out_trace
+
+
+class CoreArm:
+    """The admission core decides: a grant goes to its provider's engine at once."""
+
+    def __init__(self, specs: dict[ProviderKey, ProviderSpec], tokens: bool) -> None:
+        policy = QueuePolicy(max_queue=MAX_QUEUE, queue_timeout=QUEUE_TIMEOUT)
+        self.state = AdmissionState(PoolConfig(policy, specs, {MODEL: ModelGroup(KEYS)}))
+        for key in KEYS:
+            self.state.connect(key.node_id)
+        self.tokens = tokens
+        self.waiting: dict[int, Request] = {}  # waiter seq -> request
+        self.send: Callable[[Request, int], None] = lambda request, engine: None
+
+    def arrive(self, request: Request, now: float) -> None:
+        long = request.reserve > LONG_ABOVE
+        try:
+            got = self.state.request(MODEL, long, now, tokens=request.reserve if self.tokens else None)
+        except AdmissionError:
+            request.refused = True
+            return
+        if isinstance(got, Waiter):
+            self.waiting[got.seq] = request
+        else:
+            self._start(request, got)
+
+    def tick(self, now: float) -> None:
+        for waiter in self.state.expire(now):
+            self.waiting.pop(waiter.seq).refused = True
+
+    def ended(self, request: Request) -> None:
+        assert request.lease is not None
+        for decision in self.state.release(request.lease):
+            if isinstance(decision, Granted):
+                self._start(self.waiting.pop(decision.waiter.seq), decision.lease)
+            elif isinstance(decision, Failed):
+                self.waiting.pop(decision.waiter.seq).refused = True
+
+    def _start(self, request: Request, lease: Lease) -> None:
+        request.lease = lease
+        self.send(request, KEYS.index(lease.provider))
+
+
+class ReactiveArm:
+    """Queue at the gateway; send while an engine's scraped queue < 5 and KV use < 0.8."""
+
+    def __init__(self, engines: list[KvEngine]) -> None:
+        self.engines = engines
+        self.queue: list[Request] = []
+        self.scraped: list[tuple[int, float]] = [(0, 0.0)] * len(engines)
+        self.sent_since: list[int] = [0] * len(engines)
+        self.next_scrape = 0.0
+        self.send: Callable[[Request, int], None] = lambda request, engine: None
+
+    def arrive(self, request: Request, now: float) -> None:
+        if len(self.queue) >= MAX_QUEUE:
+            request.refused = True
+            return
+        self.queue.append(request)
+        self._dispatch()
+
+    def tick(self, now: float) -> None:
+        if now >= self.next_scrape:
+            self.scraped = [(e.waiting, e.usage) for e in self.engines]
+            self.sent_since = [0] * len(self.engines)
+            self.next_scrape = now + SCRAPE
+        while self.queue and self.queue[0].arrival + QUEUE_TIMEOUT <= now:
+            self.queue.pop(0).refused = True
+        self._dispatch()
+
+    def ended(self, request: Request) -> None:
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.queue:
+            open_ = [
+                (usage, i)
+                for i, (waiting, usage) in enumerate(self.scraped)
+                if waiting + self.sent_since[i] < 5 and usage < 0.8
+            ]
+            if not open_:
+                return
+            _, i = min(open_)
+            self.sent_since[i] += 1
+            self.send(self.queue.pop(0), i)
+
+
+Arm = CoreArm | ReactiveArm
+
+
+def simulate(arm_of: Callable[[list[KvEngine]], Arm], requests: list[Request], mode: str) -> dict[str, Any]:
+    """Replay ``requests`` (copied) through one arm against fresh engines; the figures of the run."""
+    requests = [Request(r.id, r.arrival, r.prompt, r.max_tokens, r.output) for r in requests]
+    engines = [KvEngine(KV_TOTAL, N_CTX, mode=mode, prefill_per_step=PREFILL_PER_STEP) for _ in KEYS]
+    arm = arm_of(engines)
+    by_id = {r.id: r for r in requests}
+    active: set[int] = set()
+
+    def send(request: Request, engine: int) -> None:
+        request.engine = engine
+        if engines[engine].submit(request.id, request.prompt, request.max_tokens, request.output):
+            active.add(request.id)
+        else:
+            request.error = True
+            arm.ended(request)
+
+    arm.send = send
+    pending = iter(requests)
+    upcoming = next(pending, None)
+    for step in itertools.count():
+        now = step * STEP
+        while upcoming is not None and upcoming.arrival <= now:
+            arm.arrive(upcoming, now)
+            upcoming = next(pending, None)
+        arm.tick(now)
+        for engine in engines:
+            out = engine.step()
+            for sid in out.first:
+                by_id[sid].ttft = now + STEP - by_id[sid].arrival
+            for sid in out.finished + out.failed:
+                request = by_id[sid]
+                request.done, request.error = sid in out.finished, sid in out.failed
+                active.discard(sid)
+                arm.ended(request)
+        if upcoming is None and not active and not _queued(arm):
+            break
+    duration = requests[-1].arrival
+    ttfts = sorted(r.ttft for r in requests if r.ttft is not None and r.done)
+    good = sum(1 for r in requests if r.done and r.ttft is not None and r.ttft <= TTFT_OBJECTIVE)
+    return {
+        "preemptions": sum(e.preemptions for e in engines),
+        "context_errors": sum(e.context_errors for e in engines),
+        "goodput": good / duration,
+        "good": good,
+        "finished": sum(1 for r in requests if r.done),
+        "refused": sum(1 for r in requests if r.refused),
+        "ttft_p50": percentile(ttfts, 0.5),
+        "ttft_p99": percentile(ttfts, 0.99),
+        "kv_peak": max(e.peak for e in engines) / KV_TOTAL,
+    }
+
+
+def _queued(arm: Arm) -> bool:
+    return bool(arm.waiting if isinstance(arm, CoreArm) else arm.queue)
+
+
+def _ledger(engines: list[KvEngine]) -> Arm:
+    spec = ProviderSpec(capacity=256, context_window_tokens=N_CTX, total_context_tokens=KV_TOTAL, admit_by="tokens")
+    return CoreArm(dict.fromkeys(KEYS, spec), tokens=True)
+
+
+def _slots(capacity: int, long_slots: int) -> Callable[[list[KvEngine]], Arm]:
+    def make(engines: list[KvEngine]) -> Arm:
+        spec = ProviderSpec(capacity=capacity, long_context_capacity=long_slots, context_window_tokens=N_CTX)
+        return CoreArm(dict.fromkeys(KEYS, spec), tokens=False)
+
+    return make
+
+
+SLOT_GRID = [(c, long) for c in (4, 8, 12, 16, 24, 32) for long in (1, 2, 3) if long <= c]
+
+
+def replay(count: int, seed: int, mode: str) -> dict[str, Any]:
+    """The three arms on one trace in one engine mode; slots tuned over :data:`SLOT_GRID`."""
+    requests = trace(count, seed)
+    ledger = simulate(_ledger, requests, mode)
+    grid = {f"{c}x{long}": simulate(_slots(c, long), requests, mode) for c, long in SLOT_GRID}
+    best = max(grid, key=lambda name: grid[name]["goodput"])
+    reactive = simulate(ReactiveArm, requests, mode)
+    return {
+        "mode": mode,
+        "requests": count,
+        "ledger": ledger,
+        "slots": {"best": best, **grid[best]},
+        "reactive": reactive,
+        "slots_grid": {name: round(r["goodput"], 3) for name, r in grid.items()},
+    }
+
+
+# ------------------------------------------------------------------ decision cost
+
+
+def _lease_cycles(spec: ProviderSpec, tokens: int | None) -> Callable[[int], float]:
+    """``n`` uncontended trio lease cycles on one provider of ``spec``, asking for ``tokens``."""
+    key = KEYS[0]
+    config = PoolConfig(QueuePolicy(max_queue=1_000, queue_timeout=3600.0), {key: spec}, {MODEL: ModelGroup((key,))})
+
+    def run(n: int) -> float:
+        async def main() -> float:
+            admission = Admission(config)
+            admission.connect(key.node_id)
+            t0 = time.process_time()
+            for _ in range(n):
+                async with admission.lease(MODEL, tokens=tokens):
+                    pass
+            return time.process_time() - t0
+
+        return trio.run(main)
+
+    return run
+
+
+COST_PAIRS = {
+    # The ledger's own cost: the same slots, with and without a token budget beside them.
+    "both / slots": (
+        ProviderSpec(
+            capacity=4,
+            long_context_capacity=1,
+            context_window_tokens=N_CTX,
+            total_context_tokens=KV_TOTAL,
+            admit_by="both",
+        ),
+        ProviderSpec(capacity=4, long_context_capacity=1, context_window_tokens=N_CTX, total_context_tokens=N_CTX),
+    ),
+    # Tokens alone against capacity alone: the budgeted provider runs long requests too, so the
+    # choice index keeps its long heap as well.
+    "tokens / capacity": (
+        ProviderSpec(capacity=4, context_window_tokens=N_CTX, total_context_tokens=KV_TOTAL, admit_by="tokens"),
+        ProviderSpec(capacity=4),
+    ),
+}
+
+
+def decision_cost(rounds: int = 15, cycles: int = 20_000) -> dict[str, float]:
+    """Each pair's trio lease cycle with a token budget over the one without: the median of
+    interleaved rounds of CPU time, the order shuffled in each round."""
+    rng = random.Random(0)
+    out = {}
+    for name, (budgeted, plain) in COST_PAIRS.items():
+        contestants = {True: _lease_cycles(budgeted, 1_000), False: _lease_cycles(plain, None)}
+        ratios = []
+        for _ in range(rounds):
+            order = [True, False]
+            rng.shuffle(order)
+            times = {flag: contestants[flag](cycles) for flag in order}
+            ratios.append(times[True] / times[False])
+        out[name] = statistics.median(ratios)
+    return out
+
+
+def _row(name: str, r: dict[str, Any]) -> str:
+    return (
+        f"| {name} | {r['preemptions']} | {r['context_errors']} | {r['goodput']:.3f} | {r['finished']} "
+        f"| {r['refused']} | {r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['kv_peak']:.2f} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ledger", description=__doc__)
+    parser.add_argument("--full", action="store_true", help="5,000 requests (default 1,500)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    count = 5_000 if args.full else 1_500
+    results: dict[str, Any] = {"runs": [replay(count, args.seed, mode) for mode in ("preempt", "fail")]}
+    results["decision_cost"] = decision_cost()
+    header = "| arm | preemptions | context errors | goodput (good/s) | finished | refused | TTFT p50 s | TTFT p99 s | KV peak |"
+    for run in results["runs"]:
+        print(f"\nmode {run['mode']}, {run['requests']} requests, slots tuned: {run['slots']['best']}")
+        print(header)
+        print("|---|---|---|---|---|---|---|---|---|")
+        print(_row("ledger", run["ledger"]))
+        print(_row(f"slots {run['slots']['best']}", run["slots"]))
+        print(_row("reactive", run["reactive"]))
+        best_other = max(run["slots"]["goodput"], run["reactive"]["goodput"])
+        print(f"ledger goodput / best other: {run['ledger']['goodput'] / best_other:.2f}")
+    for name, ratio in results["decision_cost"].items():
+        print(f"decision cost, trio lease cycle {name}: {ratio:.3f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""An engine's KV cache, as the mock backend and the ledger benchmark model it (issue 40).
+
+A GPU engine keeps one KV entry per token of every running sequence: its prompt once
+prefilled, then one more per token generated. The cache holds ``total`` tokens for all
+sequences at once, and one sequence at most ``n_ctx``. Sans-I/O and clock-free: the
+caller calls :meth:`KvEngine.step` once per decode step and times the steps.
+
+* A request whose ``prompt + max_tokens`` exceeds ``n_ctx`` fails at once with a
+  context error (vLLM's 400 "maximum context length"; llama.cpp's request past
+  ``n_ctx``).
+* Waiting sequences start, in arrival order, when what they need (the prompt, plus the
+  tokens generated before a preemption) fits in the free cache; a step prefills up to
+  ``prefill_per_step`` tokens, in order, and a sequence whose prefill completes gives
+  its first token in that step.
+* Each step adds one token to every running sequence. When the cache cannot hold the
+  step, the most recently started sequence goes: in mode ``"preempt"`` (vLLM's
+  recompute) its cache is freed and it waits again at the front, to prefill its prompt
+  and its tokens so far once more; in mode ``"fail"`` (llama.cpp with one unified
+  cache: "failed to find free space in the KV cache") it fails with a context error.
+
+Overcommit therefore costs what it costs on a GPU: recomputed prefill and stalled
+streams, or failed requests.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import final
+
+
+@final
+class Phase(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in the engine."""
+
+    id: int
+    prompt: int
+    max_tokens: int
+    generated: int = 0
+    phase: Phase = Phase.WAITING
+    to_prefill: int = 0  # tokens still to prefill before the next token
+    started: int = 0  # start order (the newest is preempted first)
+    preempted: int = 0
+
+    @property
+    def kv(self) -> int:
+        """Cache entries it holds while started: prompt and generated tokens."""
+        return self.prompt + self.generated
+
+
+@dataclass
+class Step:
+    """What one decode step did."""
+
+    first: list[int] = field(default_factory=list)  # sequences that gave their first token
+    tokens: list[int] = field(default_factory=list)  # sequences that gave a token (first ones too)
+    finished: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # context errors past the cache (mode "fail")
+    preempted: list[int] = field(default_factory=list)
+
+
+@final
+class KvEngine:
+    """A shared KV cache of ``total`` tokens, ``n_ctx`` per sequence (see the module docstring).
+
+    Attributes:
+        used: cache entries held by started sequences.
+        peak: the most ever held.
+        preemptions: sequences evicted to be recomputed (mode ``"preempt"``).
+        context_errors: requests failed past ``n_ctx`` or past the cache (mode ``"fail"``).
+    """
+
+    def __init__(self, total: int, n_ctx: int, *, mode: str = "preempt", prefill_per_step: int = 8192) -> None:
+        if mode not in ("preempt", "fail"):
+            raise ValueError(f"mode must be preempt or fail, got {mode!r}")
+        if total < 1 or n_ctx < 1 or prefill_per_step < 1:
+            raise ValueError("total, n_ctx and prefill_per_step must be >= 1")
+        self.total, self.n_ctx, self.mode, self.prefill_per_step = total, n_ctx, mode, prefill_per_step
+        self.used = self.peak = self.preemptions = self.context_errors = 0
+        self._waiting: deque[Sequence] = deque()
+        self._started: dict[int, Sequence] = {}  # in start order
+        self._starts = 0
+
+    def submit(self, sid: int, prompt: int, max_tokens: int, output: int | None = None) -> bool:
+        """Queue a request; False (a context error, nothing queued) when it cannot fit ``n_ctx``.
+
+        ``output``: the tokens it will really generate before its end of sequence (at most
+        ``max_tokens``, the default).
+        """
+        if prompt + max_tokens > self.n_ctx or prompt + max_tokens > self.total:
+            self.context_errors += 1
+            return False
+        out = max_tokens if output is None else max(1, min(output, max_tokens))
+        self._waiting.append(Sequence(sid, prompt, out))
+        return True
+
+    def cancel(self, sid: int) -> None:
+        """The client went away: drop the sequence and free its cache."""
+        seq = self._started.pop(sid, None)
+        if seq is not None:
+            self.used -= seq.kv
+            return
+        self._waiting = deque(s for s in self._waiting if s.id != sid)
+
+    @property
+    def running(self) -> int:
+        """Sequences started (prefilling or generating)."""
+        return len(self._started)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def usage(self) -> float:
+        """The cache in use, 0..1 (vLLM's ``kv_cache_usage_perc``)."""
+        return self.used / self.total
+
+    def step(self) -> Step:
+        """One decode step: start, prefill, then one token for every running sequence."""
+        out = Step()
+        self._start()
+        budget = self.prefill_per_step
+        for seq in self._started.values():
+            if seq.phase is Phase.PREFILL and budget:
+                take = min(budget, seq.to_prefill)
+                seq.to_prefill -= take
+                budget -= take
+                if not seq.to_prefill:
+                    seq.phase = Phase.RUNNING
+        growing = [s for s in self._started.values() if s.phase is Phase.RUNNING]
+        while growing and self.used + len(growing) > self.total:
+            victim = next(reversed(self._started.values()))
+            self._evict(victim, out)
+            if victim in growing:
+                growing.remove(victim)
+        for seq in growing:
+            seq.generated += 1
+            self.used += 1
+            out.tokens.append(seq.id)
+            if seq.generated == 1:
+                out.first.append(seq.id)
+            if seq.generated >= seq.max_tokens:
+                seq.phase = Phase.DONE
+                del self._started[seq.id]
+                self.used -= seq.kv
+                out.finished.append(seq.id)
+        self.peak = max(self.peak, self.used)
+        return out
+
+    def _start(self) -> None:
+        while self._waiting and self.used + self._waiting[0].kv <= self.total:
+            seq = self._waiting.popleft()
+            seq.phase, seq.to_prefill = Phase.PREFILL, seq.kv
+            self._starts += 1
+            seq.started = self._starts
+            self._started[seq.id] = seq
+            self.used += seq.kv
+        self.peak = max(self.peak, self.used)
+
+    def _evict(self, seq: Sequence, out: Step) -> None:
+        del self._started[seq.id]
+        self.used -= seq.kv
+        if self.mode == "fail":
+            seq.phase = Phase.FAILED
+            self.context_errors += 1
+            out.failed.append(seq.id)
+            return
+        seq.phase = Phase.WAITING
+        seq.preempted += 1
+        self.preemptions += 1
+        self._waiting.appendleft(seq)
+        out.preempted.append(seq.id)

@@ -1,0 +1,54 @@
+"""The token ledger at the Edge ([token-ledger]): a request reserves its prompt estimate (with the
+margin) plus ``max_tokens`` on a provider that admits by tokens, bounded by the window; ``/status``
+and the metrics show what is reserved; a request whose tokens do not fit waits for one that ends.
+
+A real Edge on 127.0.0.1 with a :class:`~edge.harness.FakeNode` holding gpu0 (capacity 2, window
+8,192, ``admit_by: both``: its 8,192 tokens are a budget): the test decides when each run ends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from edge.harness import FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
+from iop_edge.api.request_body import UNBOUNDED_OUTPUT, context_tokens
+
+pytestmark = pytest.mark.req("token-ledger")
+
+
+def test_the_reservation_is_the_prompt_estimate_with_its_margin_plus_max_tokens() -> None:
+    chat = {"messages": [{"role": "user", "content": "c" * 40}], "max_tokens": 90}
+    assert context_tokens("chat/completions", chat) == 13 + 90  # ceil(40 x 1.25 / 4)
+    assert context_tokens("completions", {"prompt": "p" * 8}) == 3 + UNBOUNDED_OUTPUT  # no max_tokens: the window
+    assert context_tokens("embeddings", {"input": ["e" * 16, "f" * 16]}) == 10  # ceil(8 x 1.25)
+
+
+async def test_reserved_tokens_show_in_status_and_metrics_and_a_big_request_waits(tmp_path: Path) -> None:
+    layout = EdgeLayout(gpu0_capacity=2, gpu0_admit_by="both")
+    with trio.fail_after(20):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                start_chat(nursery, edge, results, "c" * 40, FAST, max_tokens=90)
+                first = await node.next_run()
+                await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 103)
+                (gpu0,) = [p for p in (await edge.status())["providers"] if p["provider_id"] == "gpu0"]
+                assert (gpu0["token_budget"], gpu0["reserved_tokens"], gpu0["token_headroom"]) == (8192, 103, 0)
+                metrics = (await edge.http.get("/metrics")).text
+                assert 'iop_reserved_tokens{node="node-a",provider="gpu0"} 103.0' in metrics
+                assert 'iop_token_budget{node="node-a",provider="gpu0"} 8192.0' in metrics
+                # No max_tokens: the whole window, which does not fit beside the 103: it waits.
+                start_chat(nursery, edge, results, "big", FAST)
+                await eventually(lambda: edge.queue_depth == 1)
+                assert edge.provider("node-a", "gpu0")["in_flight"] == 1  # a slot is free, the tokens are not
+                await node.answer(first)
+                second = await node.next_run()
+                await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 8192)
+                await node.answer(second)
+            assert [r.status_code for r in results.values()] == [200, 200]
+            await edge.assert_drained()
+            assert edge.provider("node-a", "gpu0")["reserved_tokens"] == 0

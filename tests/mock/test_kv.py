@@ -1,0 +1,99 @@
+"""The mock engine's KV cache (``iop_mock.kv``): what overcommit costs, and that reserving prevents it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from iop_mock.kv import KvEngine
+
+REQUESTS = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 20)), min_size=1, max_size=12)
+
+
+def _run(engine: KvEngine, requests: list[tuple[int, int]], reserve: bool) -> tuple[set[int], set[int]]:
+    """Submit ``requests`` (all at once, or as reservations of prompt + max_tokens fit); step until idle."""
+    pending = list(enumerate(requests))
+    held: dict[int, int] = {}
+    finished: set[int] = set()
+    failed: set[int] = set()
+    for _ in range(10_000):
+        while pending and (
+            not reserve or sum(held.values()) + sum(pending[0][1]) <= engine.total or sum(pending[0][1]) > engine.total
+        ):
+            sid, (prompt, out) = pending.pop(0)
+            if engine.submit(sid, prompt, out):
+                held[sid] = prompt + out
+            else:
+                failed.add(sid)
+        if not pending and not engine.running and not engine.waiting:
+            break
+        step = engine.step()
+        assert engine.used <= engine.total
+        for sid in step.finished + step.failed:
+            held.pop(sid)
+        finished.update(step.finished)
+        failed.update(step.failed)
+    return finished, failed
+
+
+@settings(max_examples=200, deadline=None)
+@given(REQUESTS, st.integers(40, 120), st.sampled_from(["preempt", "fail"]))
+def test_reservations_that_fit_never_preempt_nor_fail(requests: list[tuple[int, int]], total: int, mode: str) -> None:
+    """Admitted while prompt + max_tokens of all fit the cache: every request finishes, none evicted."""
+    engine = KvEngine(total, n_ctx=60, mode=mode, prefill_per_step=16)
+    finished, failed = _run(engine, requests, reserve=True)
+    too_long = {sid for sid, (p, o) in enumerate(requests) if p + o > min(60, total)}
+    assert failed == too_long
+    assert finished == set(range(len(requests))) - too_long
+    assert engine.preemptions == 0 and engine.context_errors == len(too_long)
+    assert engine.used == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(REQUESTS, st.integers(40, 120))
+def test_overcommit_is_recomputed_and_every_request_still_finishes(requests: list[tuple[int, int]], total: int) -> None:
+    engine = KvEngine(total, n_ctx=60, prefill_per_step=16)
+    finished, failed = _run(engine, requests, reserve=False)
+    assert finished | failed == set(range(len(requests)))
+    assert engine.used == 0 and engine.peak <= total
+
+
+def test_an_overcommitted_cache_preempts_the_newest_or_fails_it() -> None:
+    """Two sequences of prompt 4 and 6 tokens to generate in a cache of 12: they start together
+    (8 of 12), and the step that needs 2 more than the 12 evicts the one started last."""
+    for mode in ("preempt", "fail"):
+        engine = KvEngine(12, n_ctx=12, mode=mode, prefill_per_step=100)
+        assert engine.submit(1, 4, 6) and engine.submit(2, 4, 6)
+        steps = [engine.step()]
+        assert steps[0].first == [1, 2] and engine.used == 10
+        steps += [engine.step(), engine.step()]
+        assert engine.used == 7  # the one left: 4 + 3
+        assert steps[2].tokens == [1]
+        assert (steps[2].preempted, steps[2].failed) == (([2], []) if mode == "preempt" else ([], [2]))
+        assert (engine.preemptions, engine.context_errors) == ((1, 0) if mode == "preempt" else (0, 1))
+
+
+def test_a_sequence_ends_at_its_own_end_of_sequence_within_max_tokens() -> None:
+    """``output``: what it really generates; ``n_ctx`` is checked against ``max_tokens``."""
+    engine = KvEngine(100, n_ctx=20)
+    assert engine.submit(1, 5, 10, output=3)
+    assert not engine.submit(2, 5, 16, output=3)  # 21 > n_ctx, whatever it would generate
+    steps = [engine.step() for _ in range(3)]
+    assert steps[-1].finished == [1] and engine.used == 0
+
+
+def test_a_request_past_n_ctx_is_a_context_error_at_once_and_cancel_frees() -> None:
+    engine = KvEngine(100, n_ctx=10)
+    assert not engine.submit(1, 8, 3)
+    assert engine.context_errors == 1 and engine.waiting == 0
+    assert engine.submit(2, 5, 5) and engine.submit(3, 5, 5)
+    engine.step()
+    assert engine.used == 12 and engine.usage == pytest.approx(0.12)
+    engine.cancel(2)
+    engine.cancel(9)
+    assert engine.used == 6 and engine.running == 1
+    with pytest.raises(ValueError, match="mode"):
+        KvEngine(1, 1, mode="swap")
+    with pytest.raises(ValueError, match=">= 1"):
+        KvEngine(0, 1)
