@@ -118,13 +118,15 @@ async def test_heartbeat_timeout_drops_silent_node(tmp_path: Path) -> None:
     """[disconnect-exclusion] [cross-model-tests] a node that goes silent (TCP still open) is dropped
     after heartbeat_timeout_ms; a duplicate registration meanwhile is rejected (duplicate,
     retryable) and changes nothing; afterwards the node registers as generation 2."""
-    layout = EdgeLayout(heartbeat_timeout_ms=300)
-    with trio.fail_after(10):
+    # The silent node must outlive the steps before it goes quiet (a run, a duplicate's refusal):
+    # 1.5 s holds them on a loaded machine, where 300 ms once did not.
+    layout = EdgeLayout(heartbeat_timeout_ms=1500)
+    with trio.fail_after(20):
         async with running_edge(tmp_path, layout) as edge:
             results: dict[str, httpx.Response] = {}
             async with fake_node(edge) as silent, trio.open_nursery() as nursery:
                 assert silent.registered is not None
-                assert silent.registered.heartbeat_interval_ms == 100
+                assert silent.registered.heartbeat_interval_ms == 500
                 start_chat(nursery, edge, results, "running", BIG)
                 await silent.next_run()
                 async with fake_node(edge, register=False) as duplicate:
