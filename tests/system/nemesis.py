@@ -4,7 +4,8 @@ A schedule is a list of :class:`Fault` values drawn from a seed (:func:`schedule
 one is replayed exactly by its seed. Kinds (each one at a time, with a quiet gap after it):
 
 - ``pause_leader``: SIGSTOP the leading Edge past its TTL (the standby takes over), then SIGCONT;
-- ``pause_edge``: SIGSTOP a random Edge for less than its TTL, then SIGCONT;
+- ``pause_edge``: SIGSTOP a random Edge for less than its TTL, then SIGCONT (past the Nodes'
+  heartbeat interval, they drop its links: a loss of both Nodes for that Edge, as a link fault);
 - ``kill_edge``: SIGKILL a random Edge, restart it on its ports;
 - ``kill_node`` / ``pause_node``: SIGKILL a Node and restart it / SIGSTOP it past the Edges'
   heartbeat timeout, then SIGCONT;
@@ -26,7 +27,7 @@ import httpx
 import trio
 
 from .checker import Loss
-from .cluster import NODES, TTL_S, Cluster, provider_label
+from .cluster import NODE_HEARTBEAT_S, NODES, TTL_S, Cluster, provider_label
 
 KINDS = (
     "pause_leader",
@@ -89,9 +90,12 @@ async def apply(fault: Fault, cluster: Cluster, http: httpx.AsyncClient, losses:
         leader.daemon.sigcont()
         return f"paused leader {leader.name} {fault.duration} s"
     if fault.kind == "pause_edge":
+        start = time.monotonic()
         edge.daemon.sigstop()
         await trio.sleep(fault.duration)
         edge.daemon.sigcont()
+        if time.monotonic() - start > NODE_HEARTBEAT_S / 2:  # the Nodes may have dropped it: its runs cut
+            losses.extend(Loss(provider_label(node), start, time.monotonic() + 1.0) for node in NODES)
         return f"paused {edge.name} {fault.duration} s"
     if fault.kind == "kill_edge":
         edge.daemon.kill()
