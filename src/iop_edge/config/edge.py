@@ -52,6 +52,7 @@ from iop_edge.config.schema import (
     secret_problems,
     split_keys,
 )
+from iop_edge.config.secrets import presented_bytes
 from iop_edge.nodes.limits import PendingLimits
 from iop_wire import MAX_MESSAGE_BYTES, max_body_bytes_for
 
@@ -297,7 +298,7 @@ class EdgeConfig:
         grow with the number of keys, and the time taken depends on the digest only, never on how
         much of a configured key the presented one shares.
         """
-        return ApiKeyDigest.of(key).hexdigest in self._tables.key_owners
+        return ApiKeyDigest.of(key, presented=True).hexdigest in self._tables.key_owners
 
     def tenant_of(self, key: str | None, named: str | None = None) -> str | None:
         """The tenant a request is charged to ([tenant-edge]): the one its API ``key`` belongs to
@@ -311,13 +312,13 @@ class EdgeConfig:
             return named
         if key is None or not self._tenant_keys:
             return None
-        return self._tables.key_owners.get(ApiKeyDigest.of(key).hexdigest)
+        return self._tables.key_owners.get(ApiKeyDigest.of(key, presented=True).hexdigest)
 
     def accepts_admin_token(self, token: str) -> bool:
         """True if an admin token is configured and ``token`` equals it (constant time)."""
         if not self.admin_token:
             return False
-        return hmac.compare_digest(self.admin_token.encode(), token.encode())
+        return hmac.compare_digest(self.admin_token.encode(), presented_bytes(token))
 
     # -- validation -------------------------------------------------------------
 
