@@ -54,6 +54,7 @@ from iop_edge.config.schema import (
 )
 from iop_edge.config.secrets import presented_bytes
 from iop_edge.nodes.limits import PendingLimits
+from iop_http import MAX_CHUNK_EXTENSION_BYTES
 from iop_wire import MAX_MESSAGE_BYTES, max_body_bytes_for
 
 T = TypeVar("T")
@@ -150,6 +151,7 @@ class EdgeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_ws_message_bytes: int = 8 * 1024 * 1024
     header_timeout_ms: int = 10000
+    max_chunk_extension_bytes: int = MAX_CHUNK_EXTENSION_BYTES
     node_handshake_timeout_ms: int = 5000
     node_listen_backlog: int = 4096
     metrics_per_provider: bool = True
@@ -340,6 +342,7 @@ class EdgeConfig:
             *at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
             *at_least("node_listen_backlog", self.node_listen_backlog, 1),
             *at_least("header_timeout_ms", self.header_timeout_ms, 1),
+            *at_least("max_chunk_extension_bytes", self.max_chunk_extension_bytes, 0),
             *at_least("node_handshake_timeout_ms", self.node_handshake_timeout_ms, 1),
             *at_least("node_max_pending", self.node_max_pending, 1),
             *at_least("node_max_pending_per_address", self.node_max_pending_per_address, 1),
