@@ -228,7 +228,9 @@ class EdgeService:
             )
             nursery.start_soon(watch_loop_lag, self.front_door.shedder)
             limits = HttpLimits(
-                header_timeout=config.header_timeout_ms / 1000, max_connections=config.overload.max_connections
+                header_timeout=config.header_timeout_ms / 1000,
+                max_chunk_extension_bytes=config.max_chunk_extension_bytes,
+                max_connections=config.overload.max_connections,
             )
             wrap = self._secure_http if self.api_ssl_context is not None else None
             self.http_port = await nursery.start(

@@ -25,6 +25,7 @@ generator ask the same code, and tests check every rule without a socket.
 """
 
 from .answer import NO_LIMITS, AnswerError, AnswerLimits, AnswerParser, NoLimits
+from .chunks import MAX_CHUNK_EXTENSION_BYTES
 from .encoding import (
     LAST_CHUNK,
     encode_chunk,
@@ -55,6 +56,7 @@ __all__ = [
     "END_OF_MESSAGE",
     "LAST_CHUNK",
     "MALFORMED_CHUNKS",
+    "MAX_CHUNK_EXTENSION_BYTES",
     "MAX_HEAD_BYTES",
     "NEED_DATA",
     "NO_LIMITS",

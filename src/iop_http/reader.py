@@ -353,12 +353,18 @@ class RequestReader:
         return True
 
     def _execute_chunks(self, data: bytes) -> None:
-        """Feed a piece of a chunked body; refuse it once its extensions and trailers pass their bound."""
+        """Feed a piece of a chunked body; refuse it once its extensions and trailers pass their bound,
+        also when this piece ended the body: the bound does not depend on how the bytes were read."""
         counts = self._chunked
         counts[0] += len(data)
         self._execute(data)
-        if self._state == _CHUNKED and not self._complete and extension_bytes(*counts) > self._max_extension:
-            self._refuse(CHUNK_EXTENSIONS_TOO_LONG)
+        if extension_bytes(*counts) <= self._max_extension:
+            return
+        if self._complete and self._events and self._events[-1] is END_OF_MESSAGE:
+            self._events.pop()  # the body ended in this piece: refused all the same
+        elif self._state != _CHUNKED:
+            return  # refused already
+        self._refuse(CHUNK_EXTENSIONS_TOO_LONG)
 
     def _execute(self, data: bytes) -> None:
         """Feed ``data`` to llhttp; its callbacks queue the events."""

@@ -421,3 +421,27 @@ async def test_unknown_node_id_is_logged_escaped_and_cut(tmp_path: Path, caplog:
             assert "evil\\nINFO iop_edge: forged line" in caplog.text
             assert max(len(line) for line in caplog.text.splitlines()) < 1000
             assert_no_traceback(caplog)
+
+
+async def test_non_ascii_secrets_are_compared_as_the_bytes_sent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A configured secret is its UTF-8 bytes, and a presented token is the bytes the client sent: an
+    API key, the admin token and the viewer token (header or ``?token=``) spelt ``ö`` match ``\\xc3\\xb6``
+    only; the same text in latin-1 (``\\xf6``) is another token (it used to be the one accepted)."""
+    layout = EdgeLayout(api_keys=("k-ö",), admin_token="adm-ö", extra=('ui: {enabled: true, viewer_token: "v-ö"}',))
+    with trio.fail_after(TIMEOUT):
+        async with running_edge(tmp_path, layout) as edge:
+            for utf8, status in ((True, 200), (False, 401)):
+                spelt = "utf-8" if utf8 else "latin-1"
+                key = b"Bearer " + "k-ö".encode(spelt)
+                answer = await edge.http.get("/v1/models", headers={"authorization": key})
+                assert answer.status_code == status, (spelt, answer.text)
+                viewer = await edge.http.get("/ui", headers={"authorization": b"Bearer " + "v-ö".encode(spelt)})
+                assert viewer.status_code == status, (spelt, viewer.text)
+                in_query = await edge.http.get("/ui?token=v-" + ("%C3%B6" if utf8 else "%F6"))
+                assert in_query.status_code == status, (spelt, in_query.text)
+                admin = b"Bearer " + "adm-ö".encode(spelt)
+                reload = await edge.http.post("/admin/reload", headers={"authorization": admin})
+                assert reload.status_code == status, (spelt, reload.text)
+            assert_no_traceback(caplog)

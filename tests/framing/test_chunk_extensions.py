@@ -9,8 +9,12 @@ never reaches the app.
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import trio
+
+from edge.harness import EdgeLayout, running_edge
 from framing.listener import exchange, listening, statuses
 from iop_http import CLOSED, END_OF_MESSAGE, NEED_DATA, Event, Refusal, RequestHead, RequestReader
 from iop_http.chunks import MAX_CHUNK_EXTENSION_BYTES
@@ -50,6 +54,17 @@ def test_chunk_extensions_past_the_bound_are_refused(size: int) -> None:
 
 
 @pytest.mark.req("upstream-bounds")
+def test_a_whole_body_read_at_once_is_held_to_the_bound_too() -> None:
+    """A short body whose end comes in the same read as its long extension: refused, not ended
+    (the bound used to be checked only while the body was unfinished)."""
+    body = b"5;x=" + b"a" * 2048 + b"\r\nhello\r\n0\r\n\r\n"
+    events = read(HEAD + body, max_extension=1024)
+    assert CHUNK_EXTENSIONS_TOO_LONG in events and events[-1] is CLOSED
+    assert END_OF_MESSAGE not in events
+    assert END_OF_MESSAGE in read(HEAD + body, max_extension=4096)
+
+
+@pytest.mark.req("upstream-bounds")
 def test_short_extensions_on_many_chunks_are_accepted() -> None:
     body = b"".join(b"1;e=x\r\na\r\n" for _ in range(10_000)) + b"0\r\n\r\n"
     events = read(HEAD, *split(body, 4096))
@@ -64,3 +79,21 @@ async def test_the_listener_answers_400_and_never_runs_the_request() -> None:
         received = await exchange(backend.port, HEAD, *split(LONG_EXTENSION + b"0\r\n\r\n", 65536))
         assert [status for status, _ in statuses(received)] == [400]  # the listener's text for any bad chunked body
         assert backend.ran == []
+
+
+@pytest.mark.req("upstream-bounds")
+async def test_the_edge_takes_its_bound_from_max_chunk_extension_bytes(tmp_path: Path) -> None:
+    """``max_chunk_extension_bytes: 1024`` in ``edge.yaml``: a 2 KiB extension is 400 and the request
+    never runs, a 512-byte one reaches the API (which answers the body itself: 400, no
+    ``messages``); the default 16 KiB would take both."""
+    layout = EdgeLayout(extra=("max_chunk_extension_bytes: 1024",))
+    body = b'{"model": "x"}'
+    with trio.fail_after(20):
+        async with running_edge(tmp_path, layout) as edge:
+            for size, refused in ((2048, True), (512, False)):
+                chunk = b"%x;x=%b\r\n%b\r\n" % (len(body), b"a" * size, body)
+                received = await exchange(edge.http_port, HEAD + chunk + b"0\r\n\r\n")
+                [(status, answer)] = statuses(received)
+                assert status == 400, received[:300]
+                assert (b"'messages' is required" in answer) is not refused, answer  # the API read the body
+            assert (await edge.http.get("/healthz")).status_code == 200

@@ -71,3 +71,41 @@ async def test_the_leader_announces_its_epoch_stamps_runs_and_answers_a_stale_re
                 await until(lambda: "previous" in results)
                 assert results["previous"].status_code == 200
             stop.cancel()
+
+
+@pytest.mark.req("ha-step-down")
+async def test_a_retry_refused_stale_epoch_after_an_attempt_ran_is_leader_stepped_down_not_not_leader(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """``not_leader`` promises the request never ran. node-a's run fails with an upstream 500 (it
+    reached the backend: it may have run), the retry goes to node-b, which refuses it as
+    ``stale_epoch``: the client is told ``leader_stepped_down``. The control: the same refusal of
+    a first attempt is ``not_leader``."""
+    results: dict[str, httpx.Response] = {}
+    layout_a = layout(etcd, "edge-a")
+    layout_a.outlier = "{consecutive_failures: 0}"
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as nursery:
+            edge, stop = await nursery.start(serve, tmp_path, layout_a)
+            await until(lambda: leads(edge))
+            async with fake_node(edge, "node-b", providers=("gpu1",)) as b, fake_node(edge) as a:
+                start_chat(nursery, edge, results, "retried", BIG)
+                run = await a.next_run()
+                await a.send(RunEnd(run.run_id, "error", "upstream_error", "boom", 500))
+                retry = await b.next_run()
+                await b.send(RunEnd(retry.run_id, "error", "stale_epoch", "this node has seen a newer epoch"))
+                await until(lambda: "retried" in results)
+                refused = results["retried"]
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "leader_stepped_down"
+                assert refused.headers["x-iop-reject-reason"] == "leader_stepped_down"
+                assert refused.headers["x-iop-attempts"] == "2"
+
+                start_chat(nursery, edge, results, "first", BIG)
+                run = await a.next_run()
+                await a.send(RunEnd(run.run_id, "error", "stale_epoch", "this node has seen a newer epoch"))
+                await until(lambda: "first" in results)
+                assert results["first"].status_code == 503
+                assert results["first"].json()["error"]["code"] == "not_leader"
+                await until(lambda: edge.service.admission.snapshot().provider("node-a", "gpu0").in_flight == 0)
+            stop.cancel()

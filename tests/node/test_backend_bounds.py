@@ -12,6 +12,8 @@ second) while the Edge's counters go back to 0.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,41 @@ async def test_a_hostile_answer_fails_its_own_run_only(tmp_path: Path, script: S
     assert backend.cut == 1  # the hostile answer's connection, closed by the node
     assert max(backend.sent) < 256 * MiB // 4
     assert growth < RSS_GROWTH_BOUND
+
+
+LARGE_CONTENT = 10 * MiB
+"""A legal answer's text: under the Node's ``answer_bytes`` (16 MiB), over the Edge's ``max_ws_message_bytes`` (8 MiB)."""
+
+
+def large_ollama_answer() -> Iterator[bytes]:
+    """A well-formed Ollama ``/api/chat`` answer of :data:`LARGE_CONTENT` characters."""
+    message = {"role": "assistant", "content": "x" * LARGE_CONTENT}
+    body = json.dumps({"model": "m", "message": message, "done": True, "done_reason": "stop"}).encode()
+    yield b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+    for start in range(0, len(body), 64 * 1024):
+        yield body[start : start + 64 * 1024]
+
+
+@pytest.mark.req("upstream-bounds")
+async def test_a_legal_answer_larger_than_one_frame_is_relayed_and_the_link_stays(tmp_path: Path) -> None:
+    """An adapter that encodes a whole non-stream answer (``ollama``) hands the Node 10 MiB at once:
+    it goes to the Edge as records of at most 64 KiB, not as one frame the Edge would refuse (1009,
+    which cut every run of the node's link: the client got 502 ``node_disconnected``)."""
+    backend = HostileBackend(script=large_ollama_answer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(backend.serve)
+        with trio.fail_after(90):
+            async with open_stack(tmp_path) as stack:
+                await stack.start_edge(edge_config())
+                config = node_config()
+                config["providers"] = [
+                    {"id": "gpu0", "adapter": "ollama", "capacity": 1, "base_url": f"http://127.0.0.1:{backend.port}"}
+                ]
+                await stack.start_node(config)
+                response = await stack.chat(FAST)
+                assert response.status_code == 200, response.text[:300]
+                assert len(response.json()["choices"][0]["message"]["content"]) == LARGE_CONTENT
+                await stack.wait_status(drained)
+                assert stack.edge is not None
+                assert "disconnected" not in stack.edge.stderr()
+        nursery.cancel_scope.cancel()

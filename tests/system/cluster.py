@@ -25,6 +25,9 @@ CAPACITY = 2
 """Each provider's capacity, at the Edge and at its Node."""
 TTL_S = 2
 """The Edges' etcd lease TTL."""
+NODE_HEARTBEAT_S = 0.5
+"""The Nodes' heartbeat interval: a Node drops a link to an Edge silent longer than that (docs/node.md,
+[edge-liveness]), so an Edge stopped this long loses its links to every Node."""
 NODES = ("node-a", "node-b")
 MODEL = "m"
 BACKEND_READY = r"counting backend listening on (\d+)"
@@ -117,7 +120,7 @@ class Cluster:
         config = {
             "node_id": node,
             "token": f"{node}-token",
-            "heartbeat_interval_ms": 500,
+            "heartbeat_interval_ms": round(NODE_HEARTBEAT_S * 1000),
             "edge_urls": [f"ws://127.0.0.1:{proxy.port}" for proxy in self.proxies],
             "runtime": {"concurrency": 8},
             "reconnect": {"initial_ms": 50, "max_ms": 500},

@@ -4,7 +4,8 @@ A schedule is a list of :class:`Fault` values drawn from a seed (:func:`schedule
 one is replayed exactly by its seed. Kinds (each one at a time, with a quiet gap after it):
 
 - ``pause_leader``: SIGSTOP the leading Edge past its TTL (the standby takes over), then SIGCONT;
-- ``pause_edge``: SIGSTOP a random Edge for less than its TTL, then SIGCONT;
+- ``pause_edge``: SIGSTOP a random Edge for less than its TTL, then SIGCONT (the Nodes may drop
+  its links, [edge-liveness]: a loss of both Nodes for that Edge, as for a link fault);
 - ``kill_edge``: SIGKILL a random Edge, restart it on its ports;
 - ``kill_node`` / ``pause_node``: SIGKILL a Node and restart it / SIGSTOP it past the Edges'
   heartbeat timeout, then SIGCONT;
@@ -12,7 +13,8 @@ one is replayed exactly by its seed. Kinds (each one at a time, with a quiet gap
 - ``reload``: SIGHUP every Edge (a reload of the same file under load);
 - ``partition_link`` / ``half_open_link`` / ``delay_link`` / ``drop_link``: the links between the
   Nodes and one Edge blackholed both ways past the heartbeat timeout / blackholed from the Edge to
-  the Nodes / slowed by 50-300 ms a chunk / reset (:mod:`.proxy`), then healed.
+  the Nodes / slowed by 60-300 ms a chunk / reset (:mod:`.proxy`), then healed; each a loss of both
+  Nodes for that Edge, but a delay of at most :data:`SILENCE_S`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import httpx
 import trio
 
 from .checker import Loss
-from .cluster import NODES, TTL_S, Cluster, provider_label
+from .cluster import NODE_HEARTBEAT_S, NODES, TTL_S, Cluster, provider_label
 
 KINDS = (
     "pause_leader",
@@ -42,6 +44,10 @@ KINDS = (
     "delay_link",
     "drop_link",
 )
+SILENCE_S = NODE_HEARTBEAT_S / 5
+"""An Edge stopped, or its link delayed a chunk, longer than this may go silent past the Nodes'
+heartbeat interval on a busy machine (a Node pings every quarter interval; two delays stack up
+in the proxy): the Nodes drop its links and cancel its runs, a loss like a link fault's."""
 LINK_MODES = {"partition_link": "blackhole", "half_open_link": "half_open", "delay_link": "delay", "drop_link": "drop"}
 
 
@@ -89,9 +95,12 @@ async def apply(fault: Fault, cluster: Cluster, http: httpx.AsyncClient, losses:
         leader.daemon.sigcont()
         return f"paused leader {leader.name} {fault.duration} s"
     if fault.kind == "pause_edge":
+        start = time.monotonic()
         edge.daemon.sigstop()
         await trio.sleep(fault.duration)
         edge.daemon.sigcont()
+        if time.monotonic() - start > SILENCE_S:  # the Nodes may have dropped it: its runs cut
+            losses.extend(Loss(provider_label(node), start, time.monotonic() + 1.0) for node in NODES)
         return f"paused {edge.name} {fault.duration} s"
     if fault.kind == "kill_edge":
         edge.daemon.kill()
@@ -141,6 +150,6 @@ async def _link_fault(fault: Fault, cluster: Cluster, losses: list[Loss]) -> str
     hold = fault.duration + (1.5 if mode in ("blackhole", "half_open") else 0.0)  # past the heartbeat timeout
     await trio.sleep(hold)
     proxy.set("pass")
-    if mode != "delay":
+    if mode != "delay" or proxy.delay > SILENCE_S:  # a chunk can wait two delays: silence past the interval
         losses.extend(Loss(provider_label(node), start, time.monotonic() + 1.0) for node in NODES)
     return f"{fault.kind} to {name} {hold:.3f} s"

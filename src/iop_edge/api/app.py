@@ -36,7 +36,7 @@ from iop_admission import (
 from iop_edge._off_loop import run_off_loop
 from iop_edge.api.attempts import attempt_failure, count_cancelled, count_failure, within_deadline
 from iop_edge.api.deadline import RequestDeadline, request_deadline
-from iop_edge.api.not_leader import not_leader_on_head, standby_refusal
+from iop_edge.api.not_leader import not_leader_on_head, ran_earlier, standby_refusal
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
@@ -257,11 +257,11 @@ class EdgeAPI:
         async def attempt(lease: Lease) -> str:
             nonlocal served
             visit.grant()
-            served = lease
+            served, ran_before = lease, responder.run_sent  # ran_before: an earlier attempt's run was sent
             try:
                 return await self._run(lease, model, endpoint, body, (stream, charge, deadline), responder)
             except RequestRejected as rejection:
-                raise attempt_failure(rejection, lease, responder.started) from None
+                raise attempt_failure(ran_earlier(rejection, ran_before), lease, responder.started) from None
             finally:
                 charge.settle(service.admission, lease, answered=responder.started)
 

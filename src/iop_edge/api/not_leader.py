@@ -37,6 +37,17 @@ def standby_refusal(ha: EdgeHa, *, ran: bool = False) -> RequestRejected:
     )
 
 
+def ran_earlier(rejection: RequestRejected, ran: bool) -> RequestRejected:
+    """An attempt's refusal, told as the request's: when an earlier attempt's run had been sent
+    (``ran``), a ``not_leader`` of this one (this Edge could not stamp its run, or a node refused it
+    as ``stale_epoch``) becomes ``leader_stepped_down`` -- the earlier run may have run, and
+    ``not_leader`` promises the request never did [ha-step-down]."""
+    if ran and rejection.code == "not_leader":
+        rejection.code = rejection.reason = "leader_stepped_down"
+        rejection.message = f"an earlier attempt's run was sent (it may have run); then: {rejection.message}"
+    return rejection
+
+
 def not_leader_on_head(ha: EdgeHa | None, method: bytes, target: bytes) -> tuple[CannedResponse, float] | None:
     """A completion request's ``503 not_leader`` on its head when this Edge has ``ha:`` and cannot prove it
     leads [ha-step-down]; the connection is not paused (the client should go elsewhere now)."""

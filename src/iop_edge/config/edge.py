@@ -52,7 +52,9 @@ from iop_edge.config.schema import (
     secret_problems,
     split_keys,
 )
+from iop_edge.config.secrets import presented_bytes
 from iop_edge.nodes.limits import PendingLimits
+from iop_http import MAX_CHUNK_EXTENSION_BYTES
 from iop_wire import MAX_MESSAGE_BYTES, max_body_bytes_for
 
 T = TypeVar("T")
@@ -152,6 +154,7 @@ class EdgeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_ws_message_bytes: int = 8 * 1024 * 1024
     header_timeout_ms: int = 10000
+    max_chunk_extension_bytes: int = MAX_CHUNK_EXTENSION_BYTES
     node_handshake_timeout_ms: int = 5000
     node_listen_backlog: int = 4096
     metrics_per_provider: bool = True
@@ -300,7 +303,7 @@ class EdgeConfig:
         grow with the number of keys, and the time taken depends on the digest only, never on how
         much of a configured key the presented one shares.
         """
-        return ApiKeyDigest.of(key).hexdigest in self._tables.key_owners
+        return ApiKeyDigest.of(key, presented=True).hexdigest in self._tables.key_owners
 
     def tenant_of(self, key: str | None, named: str | None = None) -> str | None:
         """The tenant a request is charged to ([tenant-edge]): the one its API ``key`` belongs to
@@ -314,13 +317,13 @@ class EdgeConfig:
             return named
         if key is None or not self._tenant_keys:
             return None
-        return self._tables.key_owners.get(ApiKeyDigest.of(key).hexdigest)
+        return self._tables.key_owners.get(ApiKeyDigest.of(key, presented=True).hexdigest)
 
     def accepts_admin_token(self, token: str) -> bool:
         """True if an admin token is configured and ``token`` equals it (constant time)."""
         if not self.admin_token:
             return False
-        return hmac.compare_digest(self.admin_token.encode(), token.encode())
+        return hmac.compare_digest(self.admin_token.encode(), presented_bytes(token))
 
     # -- validation -------------------------------------------------------------
 
@@ -342,6 +345,7 @@ class EdgeConfig:
             *at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
             *at_least("node_listen_backlog", self.node_listen_backlog, 1),
             *at_least("header_timeout_ms", self.header_timeout_ms, 1),
+            *at_least("max_chunk_extension_bytes", self.max_chunk_extension_bytes, 0),
             *at_least("node_handshake_timeout_ms", self.node_handshake_timeout_ms, 1),
             *at_least("node_max_pending", self.node_max_pending, 1),
             *at_least("node_max_pending_per_address", self.node_max_pending_per_address, 1),

@@ -28,6 +28,7 @@ from iop_admission import (
     TenantSpec,
 )
 from iop_config import server_ssl_context
+from iop_edge.config.secrets import presented_bytes
 from iop_edge.front_door.overload import OverloadPolicy
 from iop_wire import MAX_NODE_ID_CHARS, valid_node_id
 
@@ -83,9 +84,9 @@ class ApiKeyDigest:
     hexdigest: str
 
     @classmethod
-    def of(cls, key: str) -> ApiKeyDigest:
-        """Digest a plain key."""
-        return cls(hashlib.sha256(key.encode("utf-8")).hexdigest())
+    def of(cls, key: str, *, presented: bool = False) -> ApiKeyDigest:
+        """Digest a configured key (its UTF-8), or a ``presented`` one (the bytes sent: :func:`presented_bytes`)."""
+        return cls(hashlib.sha256(presented_bytes(key) if presented else key.encode("utf-8")).hexdigest())
 
 
 @final
@@ -363,7 +364,7 @@ class UiConfig:
 
     def accepts(self, token: str, admin_token: str | None) -> bool:
         """True if ``token`` is the viewer token or the admin token (constant time, both compared)."""
-        given = token.encode()
+        given = presented_bytes(token)
         return any(
             [  # noqa: C419 -- compare against both, whichever matches
                 bool(secret) and hmac.compare_digest(secret.encode(), given)

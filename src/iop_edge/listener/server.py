@@ -64,7 +64,16 @@ from iop_edge.listener.cycle import App, CycleHost, RequestCycle
 from iop_edge.listener.disconnects import DisconnectPoller, DisconnectWatcher, PolledWatch
 from iop_edge.listener.head_desk import HeadDesk, HeadRefuser
 from iop_edge.listener.pacing import Headers, Pacer
-from iop_http import CLOSED, NEED_DATA, Refusal, RequestHead, RequestReader, encode_response, error_response
+from iop_http import (
+    CLOSED,
+    MAX_CHUNK_EXTENSION_BYTES,
+    NEED_DATA,
+    Refusal,
+    RequestHead,
+    RequestReader,
+    encode_response,
+    error_response,
+)
 from iop_io import CAN_POLL, CLOSE_TIMEOUT, PeerGone, SocketTransport, StreamTransport, Transport, accept_loop
 
 logger = logging.getLogger("iop_edge.http")
@@ -80,6 +89,7 @@ class HttpLimits:
     keep_alive_timeout: float = 75.0
     read_timeout: float = 30.0
     max_head_bytes: int = 64 * 1024
+    max_chunk_extension_bytes: int = MAX_CHUNK_EXTENSION_BYTES
     max_connections: int = 10_000
     close_timeout: float = CLOSE_TIMEOUT
     """Seconds a graceful close (TLS ``close_notify``) may take before the connection is dropped."""
@@ -153,7 +163,7 @@ class _Connection:
         self.refuse_head = refuse_head
         self.disconnects = disconnects
         """The listener's disconnect poller (Linux); None: the connection watches with a task of its own."""
-        self.reader = RequestReader(limits.max_head_bytes)
+        self.reader = RequestReader(limits.max_head_bytes, limits.max_chunk_extension_bytes)
         """The connection's requests, from every byte its client sends (read once)."""
         self.gone = False
         self._resumed = False  # woken from a pause: the next read need not be a schedule point

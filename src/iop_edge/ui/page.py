@@ -88,7 +88,7 @@ class QueuePage:
         if scope["method"] != "GET":
             await _answer(send, 405, "method_not_allowed", f"{scope['method']} is not allowed here")
             return
-        query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
+        query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"), encoding="latin-1")
         token = bearer(scope["headers"]) or last_value(query, "token") or ""
         if not ui.accepts(token, config.admin_token):
             await _answer(send, 401, "unauthorized", "a viewer or admin token is required", "authentication_error")

@@ -7,7 +7,7 @@ and only :func:`write_frames` writes to the socket.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import aclosing
 
 import trio
@@ -22,6 +22,12 @@ from iop_wire import NodeMessage, Run, TunnelChunk, TunnelRequest, TunnelStart, 
 
 Record = tuple[bytes, bytes]
 """A data record: its header (:func:`iop_wire.record_header`) and its data."""
+
+RECORD_BYTES = 64 * 1024
+"""The most data in one record: a larger piece of an answer (an adapter that encodes a whole
+non-stream answer hands it over at once) goes as several records in order, so a frame to the Edge
+stays within the outbox's batch plus one record, far under the Edge's ``max_ws_message_bytes`` --
+one record of a 10 MiB answer would be over its 8 MiB and cut every run of the link."""
 
 
 async def relay_run(run: Run, adapter: Adapter, outbox: Outbox | None, poller: BodyPoller | None) -> Record | None:
@@ -54,14 +60,14 @@ async def _relay_output(run: Run, adapter: Adapter, outbox: Outbox | None, polle
 
     async def send(chunk: bytes) -> None:
         nonlocal seq
-        if chunk:
-            await outbox.put_record(record_header(run_id, seq, len(chunk)), chunk)
+        for piece in _pieces(chunk):
+            await outbox.put_record(record_header(run_id, seq, len(piece)), piece)
             seq += 1
 
     def send_nowait(chunk: bytes) -> None:
         nonlocal seq
-        if chunk:
-            outbox.put_record_nowait(record_header(run_id, seq, len(chunk)), chunk)
+        for piece in _pieces(chunk):
+            outbox.put_record_nowait(record_header(run_id, seq, len(piece)), piece)
             seq += 1
 
     held: list[bytes] = []
@@ -73,8 +79,17 @@ async def _relay_output(run: Run, adapter: Adapter, outbox: Outbox | None, polle
             raise StreamStalled(f"the upstream went silent after {seq} pieces of its answer: {exc.message}") from None
         raise
     if held:  # the whole body, held for the run's end (BodyPoller.relay)
+        if len(held[0]) > RECORD_BYTES:
+            await send(held[0])
+            return None
         return record_header(run_id, seq, len(held[0])), held[0]
     return None
+
+
+def _pieces(chunk: bytes) -> Iterator[bytes]:
+    """``chunk`` in pieces of at most :data:`RECORD_BYTES` (none for an empty one)."""
+    for start in range(0, len(chunk), RECORD_BYTES):
+        yield chunk[start : start + RECORD_BYTES]
 
 
 async def relay_tunnel(
