@@ -32,6 +32,31 @@ class ProviderKey:
         return f"{self.node_id}/{self.provider_id}"
 
 
+HEALTH_STATES = ("ready", "not_ready", "stalled")
+"""The states of a :class:`ProviderReport`."""
+
+
+@final
+@attrs.frozen
+class ProviderReport:
+    """What the provider's own watch found ([health-probe]): a node's ``provider_health`` report.
+
+    Attributes:
+        state: ``ready``; ``not_ready`` (its readiness probe fails: down, a model
+            loading); ``stalled`` (its runs went without a byte: a hung engine).
+        reason: why, for operators (shown in the snapshot).
+        capacity: the backend's own parallelism when below the configured capacity:
+            the provider's capacity is lowered to it (never raised); None: the configured one.
+        generation: the node generation the report came in; a report of an older one
+            changes nothing. None: the current one.
+    """
+
+    state: str = attrs.field(validator=attrs.validators.in_(HEALTH_STATES))
+    reason: str = ""
+    capacity: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    generation: int | None = None
+
+
 @final
 @attrs.frozen
 class ProviderSpec:

@@ -38,8 +38,12 @@ class ProviderSnapshot:
     connected, else ``ejected`` from an ejection until the provider is restored
     (its ejection time, then its probe), else ``online``. ``failures`` counts
     consecutive provider failures, ``ejection_left`` the seconds until the
-    ejection time ends (0 when not ejected or when the probe is due),
-    ``ejections`` and ``probes`` the totals since start.
+    ejection time ends (0 when not ejected, when the probe is due, or when the
+    ejection waits for a ``ready`` report), ``ejections`` and ``probes`` the
+    totals since start. ``reported``, ``report_reason`` and ``reported_capacity``:
+    the node's last health report of its current connection ([health-probe]:
+    ``ready``, ``not_ready``, ``stalled``; "" when none); ``effective_capacity``
+    is then at most ``reported_capacity``.
 
     Token budget ([token-ledger]): ``token_budget`` is the provider's
     ``total_context_tokens`` when it admits by tokens (None otherwise),
@@ -72,6 +76,9 @@ class ProviderSnapshot:
     token_budget: int | None = None
     reserved_tokens: int = 0
     token_headroom: int = 0
+    reported: str = ""
+    report_reason: str = ""
+    reported_capacity: int | None = None
 
 
 PROVIDER_FIELDS: tuple[str, ...] = tuple(a.name for a in attrs.fields(ProviderSnapshot))

@@ -42,7 +42,7 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import NoReturn, final
 
-from ._config import PoolConfig, ProviderKey
+from ._config import PoolConfig, ProviderKey, ProviderReport
 from ._errors import LeaseScopeError, NodeNotFound
 from ._layers.aio_handoff import AsyncHandoff, now_or_none, running_loop
 from ._layers.events import AdmissionEvent
@@ -117,6 +117,10 @@ class AsyncAdmission:
     def report_success(self, lease: Lease) -> None:
         """Count a success of ``lease``; restores its provider if ejected."""
         self._handoff.apply(self._core.report_success(lease, self._clock()))
+
+    def report_health(self, provider: ProviderKey, report: ProviderReport) -> None:
+        """A node's report of ``provider``'s own health (see ``Admission.report_health``)."""
+        self._handoff.apply(self._core.report_health(provider, report, self._clock()))
 
     async def watch_ejections(self) -> NoReturn:
         """Wait until cancelled: under asyncio each ejection already ends at its time, on a loop

@@ -13,7 +13,10 @@ stats like generations. Every generation request waits ``latency`` seconds (time
 ``{"in_flight", "peak_in_flight", "total", "aborted"}``; ``POST /stats/reset`` starts a new measurement.
 ``POST /fault`` with ``{"status": 500}`` makes every generation request answer that status
 with an OpenAI error body (a failing backend, for failover tests); ``{"status": null}`` heals
-it; ``--fail-status`` starts it failing.
+it; ``--fail-status`` starts it failing. It also hangs requests (no answer, a head and nothing,
+a stream stopping) and makes ``/health`` say "loading"; the backends' own health endpoints
+(llama.cpp's ``/health`` and ``/slots``, vLLM's ``/metrics``, Ollama's ``/api/ps``) are served
+for the Node's probes (:mod:`iop_mock.faults`).
 The capacity smoke reads the backend's peak concurrency from ``/stats``.
 
 Design notes:
@@ -38,7 +41,6 @@ import datetime
 import functools
 import hashlib
 import itertools
-import json
 import time
 import typing
 from collections.abc import Awaitable, Callable, Iterator
@@ -73,6 +75,7 @@ from iop_mock.request_body import (
 )
 
 from . import completion as mock_completion
+from . import faults as mock_faults
 from ._pacing import Pacer
 
 __all__ = ["MockBackend"]
@@ -100,6 +103,8 @@ class MockBackend:
         track_repeats: count the requests whose body is byte for byte one served before since
             the last reset (``repeated`` in ``/stats``): a test whose every request is unique
             checks that nothing ran twice. Off by default: it keeps a digest per distinct body.
+        slots: the parallelism ``/slots`` (llama.cpp's) reports.
+        faults: the hangs and the "loading" ``POST /fault`` set (:class:`iop_mock.faults.Faults`).
     """
 
     latency: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
@@ -108,6 +113,8 @@ class MockBackend:
     models: tuple[str, ...] = attrs.field(default=("mock",), converter=as_models, validator=attrs.validators.min_len(1))
     fail_status: int | None = None
     track_repeats: bool = False
+    slots: int = 4
+    faults: mock_faults.Faults = attrs.field(factory=mock_faults.Faults)
     _seen: set[bytes] = attrs.field(factory=set, init=False)
     _repeated: int = attrs.field(default=0, init=False)
     _in_flight: int = attrs.field(default=0, init=False)
@@ -197,18 +204,6 @@ class MockBackend:
         self.reset()
         await send_json(send, 200, encode_json(self.stats()).encode())
 
-    async def _fault(self, receive: Receive, send: Send) -> None:
-        body = await read_body(receive)
-        try:
-            status = json.loads(body or b"{}").get("status")
-            if status is not None and (type(status) is not int or not 400 <= status <= 599):
-                raise ValueError("status must be null or an HTTP error status (400-599)")
-        except (ValueError, AttributeError) as exc:
-            await send_json(send, 400, error_body(f"bad fault request: {exc}", "bad_request"))
-            return
-        self.fail_status = status
-        await send_json(send, 200, encode_json({"status": status}).encode())
-
     async def _serve_generation(
         self,
         receive: Receive,
@@ -242,6 +237,7 @@ class MockBackend:
             kind = "server_error" if self.fail_status >= 500 else "invalid_request_error"
             await send_json(send, self.fail_status, error_body("injected failure (POST /fault)", "mock_fault", kind))
             return
+        faults = self.faults
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
             # No checkpoint between the increment and the ``try``: the ``finally`` below is the
@@ -253,6 +249,7 @@ class MockBackend:
             if self.track_repeats:
                 self._note(body)
             try:
+                await faults.hold(send, SSE_HEADERS)
                 await respond(send, request)
             except BaseException as exc:  # the client is gone: send raised OSError, or its watcher cancelled us
                 self.aborts.append(trio.current_time())
@@ -363,18 +360,22 @@ class MockBackend:
             await trio.sleep(self.latency)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         tps = self.tokens_per_second
-        if not tps:
+        hang_after = self.faults.tokens_before_hang()
+        if not tps and hang_after is None:
             await send({"type": "http.response.body", "body": b"".join(frames) + trailer})
             return
         first = b"".join(itertools.islice(frames, head))
         await send({"type": "http.response.body", "body": first, "more_body": True})
-        interval = 1.0 / tps
+        interval = 1.0 / tps if tps else 0.0
         due = trio.current_time()
-        for frame in itertools.islice(frames, n_tokens):
-            due += interval
-            await self._pacer.wait_until(due)
-            if (late := trio.current_time() - due) > interval:
-                due += late
+        for sent, frame in enumerate(itertools.islice(frames, n_tokens)):
+            if sent == hang_after:
+                await trio.sleep_forever()  # POST /fault {"hang": "mid_stream"}
+            if interval:
+                due += interval
+                await self._pacer.wait_until(due)
+                if (late := trio.current_time() - due) > interval:
+                    due += late
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"".join(frames) + trailer})
 
@@ -393,5 +394,9 @@ _ROUTES: dict[str, tuple[str, _Handler]] = {
     "/api/embed": ("POST", MockBackend._ollama_embed),
     "/stats": ("GET", MockBackend._stats),
     "/stats/reset": ("POST", MockBackend._reset),
-    "/fault": ("POST", MockBackend._fault),
+    "/fault": ("POST", mock_faults.fault),
+    "/health": ("GET", mock_faults.health),
+    "/slots": ("GET", mock_faults.slots),
+    "/metrics": ("GET", mock_faults.metrics),
+    "/api/ps": ("GET", mock_faults.ollama_ps),
 }

@@ -15,7 +15,7 @@ permit to that task, which returns it exactly once (``with permit:``).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from contextlib import aclosing
 from types import TracebackType
@@ -33,6 +33,8 @@ from iop_node.adapters.ollama import OllamaAdapter
 from iop_node.adapters.openai_compat import OpenAIAdapter
 from iop_node.config import NodeConfig, ProviderConfig
 from iop_node.edges.fence import EpochFence, RunEnds
+from iop_node.health.progress import Progress
+from iop_node.health.watcher import HealthWatcher
 
 _CLOSE_TIMEOUT = 1.0
 
@@ -69,6 +71,9 @@ class NodeRuntime:
         run_ends: the end of any run, which the ``in_flight`` reports wait for [held-elsewhere].
         long_runs: long runs in flight per provider, every connection's (a run
             marked ``long``): reported to a new leader [held-elsewhere].
+        progress: runs in flight and chunks received per provider, for the stall
+            watchdog (:mod:`iop_node.health.progress`).
+        health: the providers' health watcher [health-probe] (None: not watched).
     """
 
     gate: LocalGate
@@ -76,16 +81,22 @@ class NodeRuntime:
     fence: EpochFence = attrs.field(factory=EpochFence)
     run_ends: RunEnds = attrs.field(factory=RunEnds)
     long_runs: Counter[str] = attrs.field(factory=Counter)
+    progress: defaultdict[str, Progress] = attrs.field(factory=lambda: defaultdict(Progress))
+    health: HealthWatcher | None = None
 
     @classmethod
     def from_config(cls, config: NodeConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> NodeRuntime:
-        """Build the gate and one adapter (one HTTP pool) per provider."""
+        """Build the gate, one adapter (one HTTP pool) per provider and the health watcher."""
         gate = LocalGate(
             limits={p.id: p.capacity for p in config.providers},
             global_limit=config.runtime.concurrency,
         )
         adapters = {p.id: build_adapter(p, transport=transport) for p in config.providers}
-        return cls(gate=gate, adapters=adapters)
+        runtime = cls(gate=gate, adapters=adapters)
+        runtime.health = HealthWatcher.from_config(
+            config, runtime.progress, canary=runtime.run_background, transport=transport
+        )
+        return runtime
 
     def admit(self, provider: str, epoch: int | None = None) -> tuple[Permit, Adapter]:
         """Take a permit for ``provider`` now, or fail at once. Does not checkpoint.
@@ -143,6 +154,8 @@ class NodeRuntime:
         with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
             for adapter in self.adapters.values():
                 await adapter.aclose()
+            if self.health is not None:
+                await self.health.aclose()
 
     async def __aenter__(self) -> NodeRuntime:
         return self

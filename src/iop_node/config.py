@@ -32,6 +32,9 @@ ADAPTERS = ("openai", "ollama", "mock")
 
 _HTTP_ADAPTERS = ("openai", "ollama")
 
+PROBES = ("auto", "openai", "llama_cpp", "vllm", "ollama", "none")
+"""Readiness probe kinds (``providers[].health.probe``); ``auto`` picks by adapter."""
+
 
 @final
 @attrs.frozen
@@ -112,6 +115,68 @@ class UpstreamLimits:
 
 @final
 @attrs.frozen
+class HealthConfig:
+    """``providers[].health``: how the node watches the provider while connected (docs/node.md, Health).
+
+    Envoy's active health checking knobs for the readiness probe, the
+    forward-progress watchdog's ``stall_ms`` and the optional idle canary.
+
+    Attributes:
+        probe: the readiness probe: ``openai`` (``GET {base_url}/models``),
+            ``llama_cpp`` (``/health``, 503 while loading, and ``/slots``),
+            ``vllm`` (``/health`` and ``/metrics``), ``ollama`` (``/api/ps``),
+            ``none``; ``auto`` is ``openai`` or ``ollama`` by adapter, ``none`` for ``mock``.
+        interval_ms: time between two probes while the provider has traffic.
+        timeout_ms: a probe without a whole answer in this time failed.
+        unhealthy_threshold: failed probes in a row that make a ready provider not ready.
+        healthy_threshold: passed probes in a row that make a not-ready provider ready.
+        no_traffic_interval_ms: time between two probes once the provider has had no
+            run for this long (Envoy's ``no_traffic_interval``).
+        jitter: relative jitter of every interval, 0.1 means +-10 %.
+        stall_ms: a provider whose runs in flight all went this long without a
+            byte from the backend is stalled (0: no watchdog).
+        canary_idle_ms: after this long without a run, send a one-token
+            completion (None: no canary; it costs tokens).
+        canary_model: the upstream model the canary names (required with ``canary_idle_ms``).
+    """
+
+    probe: str = "auto"
+    interval_ms: int = 1000
+    timeout_ms: int = 1000
+    unhealthy_threshold: int = 2
+    healthy_threshold: int = 1
+    no_traffic_interval_ms: int = 10_000
+    jitter: float = 0.1
+    stall_ms: int = 6000
+    canary_idle_ms: int | None = None
+    canary_model: str | None = None
+
+    def field_problems(self, path: str) -> Iterator[tuple[str, str]]:
+        """Yield ``(path, message)`` for every invalid value below ``path``."""
+        if self.probe not in PROBES:
+            yield f"{path}.probe", f"must be one of {', '.join(PROBES)}, got {self.probe!r}"
+        for name in ("interval_ms", "timeout_ms", "unhealthy_threshold", "healthy_threshold", "no_traffic_interval_ms"):
+            if getattr(self, name) < 1:
+                yield f"{path}.{name}", f"must be >= 1, got {getattr(self, name)}"
+        if not 0.0 <= self.jitter < 1.0:
+            yield f"{path}.jitter", f"must be in [0, 1), got {self.jitter}"
+        if self.stall_ms < 0:
+            yield f"{path}.stall_ms", f"must be >= 0, got {self.stall_ms}"
+        if self.canary_idle_ms is not None:
+            if self.canary_idle_ms < 1:
+                yield f"{path}.canary_idle_ms", f"must be >= 1, got {self.canary_idle_ms}"
+            if not self.canary_model:
+                yield f"{path}.canary_model", "is required with canary_idle_ms"
+
+    def probe_for(self, adapter: str) -> str:
+        """The probe kind used for a provider of ``adapter`` (``auto`` resolved)."""
+        if self.probe != "auto":
+            return self.probe
+        return adapter if adapter in _HTTP_ADAPTERS else "none"
+
+
+@final
+@attrs.frozen
 class ProviderConfig:
     """One backend exposed by this node.
 
@@ -131,6 +196,7 @@ class ProviderConfig:
         fail_after_chunks: ``mock`` only: fault knob; after this many chunks the
             run fails with ``upstream_error`` (None: never).
         limits: bounds on what the backend sends.
+        health: readiness probe, stall watchdog and canary.
     """
 
     id: str
@@ -143,6 +209,7 @@ class ProviderConfig:
     tokens_per_second: float = 0.0
     fail_after_chunks: int | None = None
     limits: UpstreamLimits = UpstreamLimits()
+    health: HealthConfig = HealthConfig()
 
     def field_problems(self, path: str) -> Iterator[tuple[str, str]]:
         """Yield ``(path, message)`` for every invalid value below ``path``."""
@@ -167,6 +234,9 @@ class ProviderConfig:
         if self.fail_after_chunks is not None and self.fail_after_chunks < 0:
             yield f"{path}.fail_after_chunks", f"must be >= 0, got {self.fail_after_chunks}"
         yield from self.limits.field_problems(f"{path}.limits")
+        yield from self.health.field_problems(f"{path}.health")
+        if self.adapter not in _HTTP_ADAPTERS and self.health.probe not in ("auto", "none"):
+            yield f"{path}.health.probe", f"adapter {self.adapter!r} has no HTTP backend to probe"
 
 
 @final

@@ -25,6 +25,7 @@ from ._messages import (
     ENDPOINTS,
     ERROR_CODES,
     FAILURE_KINDS,
+    HEALTH_STATES,
     MAX_MESSAGE_BYTES,
     MAX_NODE_ID_CHARS,
     PROVIDER_FAILURES,
@@ -40,6 +41,7 @@ from ._messages import (
     Leader,
     Message,
     NodeMessage,
+    ProviderHealth,
     ProviderInfo,
     Register,
     Registered,
@@ -54,7 +56,15 @@ from ._messages import (
     max_body_bytes_for,
     valid_node_id,
 )
-from ._versions import OLDEST_PROTOCOL, PROTOCOL_VERSION, PROTOCOL_VERSIONS, end_code_for, run_for, speaks, spoken
+from ._versions import (
+    OLDEST_PROTOCOL,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSIONS,
+    end_code_for,
+    run_for,
+    speaks,
+    spoken,
+)
 from ._websocket import ABNORMAL_CLOSURE, RECEIVE_BYTES, WebSocketEnd
 
 __all__ = [
@@ -69,6 +79,7 @@ __all__ = [
     "END_STATUSES",
     "ERROR_CODES",
     "FAILURE_KINDS",
+    "HEALTH_STATES",
     "MAX_MESSAGE_BYTES",
     "MAX_NODE_ID_CHARS",
     "MAX_RUN_ID_BYTES",
@@ -90,6 +101,7 @@ __all__ = [
     "Message",
     "NodeMessage",
     "ProtocolError",
+    "ProviderHealth",
     "ProviderInfo",
     "Register",
     "Registered",

@@ -146,6 +146,9 @@ _KIND_OF_CODE: Final[dict[str | None, FailureKind]] = {
 REJECT_CODES: Final = ("bad_token", "protocol_mismatch", "unknown_node", "duplicate", "bad_message")
 """The codes of a ``rejected`` answer to ``register``."""
 
+HEALTH_STATES: Final = ("ready", "not_ready", "stalled")
+"""The states of a ``provider_health`` report."""
+
 END_STATUSES: Final = ("ok", "error", "cancelled")
 """The statuses of ``run_end`` and ``tunnel_end``."""
 
@@ -269,6 +272,17 @@ class InFlight:
     epoch: int
     runs: tuple[tuple[str, int], ...]
     long_runs: tuple[tuple[str, int], ...] = ()
+
+
+@final
+@attrs.frozen
+class ProviderHealth:
+    """``provider_health`` (v6): one provider's health as the node's watcher finds it, at each change (docs/wire.md)."""
+
+    provider: str
+    state: str = attrs.field(validator=_one_of(HEALTH_STATES))
+    reason: str = ""
+    capacity: int | None = None
 
 
 @final
@@ -445,7 +459,9 @@ class TunnelRequest:
         return _decode_base64(self.body, f"tunnel_request {self.run_id!r}: body")
 
 
-NodeMessage = Union[Register, Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
+NodeMessage = Union[  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
+    Register, Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight, ProviderHealth
+]
 """Every message a node sends."""
 
 EdgeMessage = Union[Registered, Rejected, Run, Cancel, TunnelRequest, Leader]  # noqa: UP007 (a runtime object: the codec's cattrs hooks are keyed on it)
@@ -462,6 +478,7 @@ MESSAGE_TYPES: Final[dict[type[Any], str]] = {
     TunnelChunk: "tunnel_chunk",
     TunnelEnd: "tunnel_end",
     InFlight: "in_flight",
+    ProviderHealth: "provider_health",
     Registered: "registered",
     Rejected: "rejected",
     Run: "run",

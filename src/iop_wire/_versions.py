@@ -19,7 +19,7 @@ from typing import Final, final
 
 import attrs
 
-from ._messages import Message, Run
+from ._messages import Message, ProviderHealth, Run
 
 PROTOCOL_VERSIONS: Final = (5, 6)
 """The versions this package speaks: the previous and the current. An Edge accepts nodes of
@@ -64,6 +64,8 @@ _ADDED: Final[dict[int, _Added]] = {
         # A stalled stream was an unreachable upstream to a v5 Edge; a v5 Edge sends no deadline,
         # so its runs never end deadline_exceeded (mapped all the same).
         end_codes={"stream_stalled": "upstream_unreachable", "deadline_exceeded": "upstream_unreachable"},
+        # The node's health reports ([health-probe]): a v5 Edge never sees one.
+        messages=frozenset({ProviderHealth}),
     ),
 }
 """For every version spoken above the oldest: what it adds to the version before."""

@@ -79,6 +79,9 @@ async def test_snapshot_unstructures_to_json(autojump_clock, pool, spawn, drain_
             "token_budget": None,
             "reserved_tokens": 0,
             "token_headroom": 0,
+            "reported": "",
+            "report_reason": "",
+            "reported_capacity": None,
         }
         assert doc["panic"] == []
         assert (gpu1["status"], gpu1["health"], gpu1["connected"]) == ("disabled", "offline", False)

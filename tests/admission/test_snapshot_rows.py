@@ -75,6 +75,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "token_budget": None,
             "reserved_tokens": 0,
             "token_headroom": 0,
+            "reported": "",
+            "report_reason": "",
+            "reported_capacity": None,
         },
         {
             "node_id": "node-b",
@@ -101,6 +104,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "token_budget": None,
             "reserved_tokens": 0,
             "token_headroom": 0,
+            "reported": "",
+            "report_reason": "",
+            "reported_capacity": None,
         },
         {
             "node_id": "node-c",
@@ -127,6 +133,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "token_budget": None,
             "reserved_tokens": 0,
             "token_headroom": 0,
+            "reported": "",
+            "report_reason": "",
+            "reported_capacity": None,
         },
     ]
     assert list(rows[0]) == list(PROVIDER_FIELDS)

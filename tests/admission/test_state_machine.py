@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -343,9 +344,14 @@ class AdmissionMachine(RuleBasedStateMachine):
         return [k for k, h in self.health.items() if h.state == PROBING and k in listed]
 
     def ejected(self) -> list[ProviderKey]:
-        """Ejected providers that some model lists and that could take a grant once the time is over."""
+        """Ejected providers that some model lists and that could take a grant once the time is over
+        (not those ejected until a ready report: their ejection has no time)."""
         listed = {k for group in self.config.models.values() for k in group.candidates}
-        return [k for k, h in self.health.items() if h.state == EJECTED and k in listed and self.eligible(k)]
+        return [
+            k
+            for k, h in self.health.items()
+            if h.state == EJECTED and h.until != math.inf and k in listed and self.eligible(k)
+        ]
 
     def unhealthy_nodes(self) -> list[str]:
         return sorted({k.node_id for k, h in self.health.items() if h.state != HEALTHY and k in self.config.providers})
@@ -487,6 +493,11 @@ class AdmissionMachine(RuleBasedStateMachine):
             if (h.state == HEALTHY and limit and h.failures >= limit) or (h.state == PROBING and h.probe == lease.id):
                 self.eject(key)
                 expect = Ejected
+        self.health_news(decisions, expect, key)
+
+    def health_news(self, decisions: list, expect: type | None, key: ProviderKey) -> None:
+        """A report's decisions: first the ``expect`` health news of ``key`` (or none), then the
+        grants it caused, applied."""
         health = [d for d in decisions if isinstance(d, Ejected | Restored)]
         if expect is None:
             assert health == []
@@ -494,7 +505,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert [type(d) for d in health] == [expect] and health[0].provider == key
             assert decisions[0] is health[0]
             if expect is Ejected:
-                assert health[0].until == h.until
+                assert health[0].until == self.health[key].until
         self.apply([d for d in decisions if not isinstance(d, Ejected | Restored)])
 
     @precondition(lambda self: self.held)
@@ -597,7 +608,17 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.drop_elsewhere(node)  # [held-elsewhere] a new generation starts with none
         self.generation[node] = gen
         self.connected[node] = True
-        self.apply([d for d in decisions if not isinstance(d, Revoked)])
+        # [health-probe] a new connection ends the node's ejections until a ready report (its
+        # reports start over); none without reports (test_active_health_machine.py makes them).
+        restored = [d.provider for d in decisions if isinstance(d, Restored)]
+        held = [
+            k for k in KEYS if k.node_id == node and k in self.config.providers and self.health[k].until == math.inf
+        ]
+        assert sorted(restored) == sorted(k for k in held if self.health[k].state == EJECTED)
+        for key in restored:
+            self.restore(key)
+            self.fired("a reconnect ends an ejection until ready")
+        self.apply([d for d in decisions if not isinstance(d, Revoked | Restored)])
         if was_connected:  # connect on a connected node fences the old generation
             for lease in self.held:
                 if lease.provider.node_id == node and lease.generation < gen:
@@ -1010,13 +1031,15 @@ class AdmissionMachine(RuleBasedStateMachine):
     @invariant()
     def ejection_ends_on_time(self) -> None:
         """[outlier-ejection] an ejection lasts exactly its time: base doubled per ejection in a row, capped."""
+        # An ejection until a ready report ([health-probe]: test_active_health_machine.py) has no end time.
         ends = [h.until for k, h in self.health.items() if h.state == EJECTED and k in self.config.providers]
-        assert self.core.next_ejection_end() == (min(ends) if ends else None)
+        timed = [end for end in ends if end != math.inf]
+        assert self.core.next_ejection_end() == (min(timed) if timed else None)
         for end in ends:
             assert end > self.now, "an ejection outlived its time"
         for snap in self.core.provider_snapshots():
             h = self.health[ProviderKey(snap.node_id, snap.provider_id)]
-            assert snap.ejection_left == (h.until - self.now if h.state == EJECTED else 0.0)
+            assert snap.ejection_left == (h.until - self.now if h.state == EJECTED and h.until != math.inf else 0.0)
         panic = {m for m in self.config.models if self.panic(self.candidates(m), False)}
         assert set(self.core.panic_models()) == panic
         if panic:

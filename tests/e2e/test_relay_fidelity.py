@@ -70,7 +70,10 @@ async def _serve_awkward(stream: trio.SocketStream) -> None:
                 else:
                     return  # the node closed the connection
             assert request is not None
-            await _answer(stream, connection, request.target, json.loads(body))
+            if request.method == b"GET":  # the node's readiness probe ([health-probe]): a server up
+                await _answer_probe(stream, connection, request.target)
+            else:
+                await _answer(stream, connection, request.target, json.loads(body))
             if connection.our_state is not h11.DONE or connection.their_state is not h11.DONE:
                 return
             connection.start_next_cycle()
@@ -89,6 +92,14 @@ async def _answer(stream: trio.SocketStream, connection: h11.Connection, target:
         await stream.send_all(connection.send(h11.Data(data=piece)))
         await trio.sleep(PAUSE)
     await stream.send_all(connection.send(h11.EndOfMessage()))
+
+
+async def _answer_probe(stream: trio.SocketStream, connection: h11.Connection, target: bytes) -> None:
+    """``GET /v1/models`` (the ``openai`` adapter's probe) or ``GET /api/ps`` (``ollama``'s)."""
+    body = b'{"models":[]}' if target == b"/api/ps" else b'{"object":"list","data":[]}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await stream.send_all(connection.send(h11.Response(status_code=200, headers=headers)))
+    await stream.send_all(connection.send(h11.Data(data=body)) + connection.send(h11.EndOfMessage()))
 
 
 def _node_yaml(port: int) -> dict:

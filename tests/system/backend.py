@@ -55,6 +55,7 @@ async def serve_connection(stream: trio.SocketStream, log: Log, latency: float) 
     conn = h11.Connection(h11.SERVER)
     while True:
         body = b""
+        method = b""
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
@@ -62,12 +63,20 @@ async def serve_connection(stream: trio.SocketStream, log: Log, latency: float) 
                 if not data:
                     return
                 conn.receive_data(data)
+            elif isinstance(event, h11.Request):
+                method = event.method
             elif isinstance(event, h11.Data):
                 body += event.data
             elif isinstance(event, h11.EndOfMessage):
                 break
             elif isinstance(event, h11.ConnectionClosed):
                 return
+        if method == b"GET":  # the Node's readiness probe (GET /v1/models): not an execution
+            models = b'{"object":"list","data":[]}'
+            head = h11.Response(status_code=200, headers=[("content-length", str(len(models)))])
+            await stream.send_all(conn.send(head) + conn.send(h11.Data(data=models)) + conn.send(h11.EndOfMessage()))
+            conn.start_next_cycle()
+            continue
         arrival = time.monotonic()
         marker = marker_of(body) if body else ""
         outcome = "answered"

@@ -27,6 +27,7 @@ from iop_wire import (
     Message,
     NodeMessage,
     ProtocolError,
+    ProviderHealth,
     ProviderInfo,
     Register,
     Registered,
@@ -55,6 +56,7 @@ TAGS: dict[type[Any], str] = {
     Cancel: "cancel",
     TunnelRequest: "tunnel_request",
     InFlight: "in_flight",
+    ProviderHealth: "provider_health",
     Leader: "leader",
 }
 
@@ -92,6 +94,9 @@ EXAMPLES: list[Any] = [
     Run("r8", "gpu0", "chat/completions", {"model": "m", "messages": [], "stream": False}, False, 43, True),
     Run("r9", "gpu0", "chat/completions", {"model": "m", "messages": [], "stream": False}, False, long=True),
     InFlight(43, (("gpu0", 2), ("gpu1", 1)), (("gpu0", 1),)),
+    ProviderHealth("gpu0", "stalled", "no byte from the backend for 6.0 s with runs in flight"),
+    ProviderHealth("gpu1", "ready", "", 2),
+    ProviderHealth("gpu1", "not_ready", "loading (Loading model)"),
     Leader(41),
     Run("r10", "gpu0", "chat/completions", {"messages": []}, True, 43, False, "m", 2500),
     RunEnd("r10", "error", "deadline_exceeded", "the run's deadline of 2500 ms passed"),
@@ -106,7 +111,7 @@ def test_examples_cover_every_message_type() -> None:
 def test_node_and_edge_messages_partition_the_protocol() -> None:
     node = set(get_args(NodeMessage))
     edge = set(get_args(EdgeMessage))
-    assert node == {Register, Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight}
+    assert node == {Register, Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, InFlight, ProviderHealth}
     assert edge == {Registered, Rejected, Run, Cancel, TunnelRequest, Leader}
     assert node | edge == set(get_args(Message))
 

@@ -15,6 +15,7 @@ from iop_wire import (
     PROTOCOL_VERSIONS,
     Message,
     ProtocolError,
+    ProviderHealth,
     Run,
     TunnelRequest,
     decode,
@@ -100,10 +101,13 @@ def test_a_version_outside_the_pair_is_no_peer(version: int) -> None:
         speaks(version, Run)
 
 
-def test_both_versions_read_every_message_type_there_is() -> None:
-    """v6 added fields and end codes, no message type: a peer of either version reads every type."""
-    for version in PROTOCOL_VERSIONS:
-        assert all(speaks(version, kind) for kind in get_args(Message)), version
+@pytest.mark.req("health-probe")
+def test_the_previous_version_reads_every_message_type_but_the_health_reports() -> None:
+    """v6 added fields, end codes and one message type, the node's ``provider_health`` [health-probe]:
+    a v6 peer reads every type, a v5 peer every other one."""
+    assert all(speaks(PROTOCOL_VERSION, kind) for kind in get_args(Message))
+    unread = [kind for kind in get_args(Message) if not speaks(OLDEST_PROTOCOL, kind)]
+    assert unread == [ProviderHealth]
 
 
 def test_the_previous_version_reads_every_other_message_as_the_current_one_writes_it() -> None:

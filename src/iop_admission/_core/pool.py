@@ -11,6 +11,7 @@ are the only places where a lease's share of a provider is counted in and out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,7 +178,7 @@ class Pool:
                 p.node.generation,
                 spec.capacity,
                 spec.long_context_capacity,
-                spec.capacity if eligible else 0,
+                p.capacity if eligible else 0,
                 spec.long_context_capacity if eligible else 0,
                 p.in_flight - len(p.revoked),
                 p.long_in_flight - p.revoked_long,
@@ -185,7 +186,7 @@ class Pool:
                 long_queued,
                 spec.priority,
                 p.failures,
-                max(0.0, p.ejected_until - now) if p.health is EJECTED else 0.0,
+                max(0.0, p.ejected_until - now) if p.health is EJECTED and p.ejected_until != math.inf else 0.0,
                 p.ejections,
                 p.probes,
                 len(p.revoked),
@@ -193,6 +194,9 @@ class Pool:
                 spec.budget,
                 ledger.reserved if ledger is not None else 0,
                 ledger.headroom if ledger is not None else 0,
+                p.reported,
+                p.report_reason,
+                p.reported_capacity,
             )
 
     def _listed(self, first: int, count: int | None) -> Iterator[ProviderSlot]:

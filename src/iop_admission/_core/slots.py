@@ -337,6 +337,9 @@ class ProviderSlot:
         "ledger",
         "budgeted",
         "window",
+        "reported",
+        "report_reason",
+        "reported_capacity",
     )
 
     def __init__(self, key: ProviderKey, node: NodeState, spec: ProviderSpec) -> None:
@@ -370,6 +373,9 @@ class ProviderSlot:
         self.probe_lease = 0  # id of the probe lease while PROBING
         self.ejections = 0  # totals, for metrics
         self.probes = 0
+        self.reported = ""  # the node's last health report of this connection ([health-probe]), "" none
+        self.report_reason = ""
+        self.reported_capacity: int | None = None  # the backend's own parallelism, when below the spec's
         self.configured = True
         self.eligible = False
         self.ledger: TokenLedger | None = None  # kept once made: its leases' reservations outlive a refresh
@@ -378,7 +384,7 @@ class ProviderSlot:
 
     def set_spec(self, spec: ProviderSpec) -> None:
         self.spec = spec
-        self.capacity = spec.capacity
+        self.capacity = spec.capacity if self.reported_capacity is None else min(spec.capacity, self.reported_capacity)
         # Admitting by tokens alone, a long request needs no long slot: never the bound.
         self.long_capacity = spec.capacity if spec.admit_by == "tokens" else spec.long_context_capacity
         self.priority = spec.priority

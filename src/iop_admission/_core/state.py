@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import final
 
-from iop_admission._config import PoolConfig, ProviderKey, validate_pool
+from iop_admission._config import PoolConfig, ProviderKey, ProviderReport, validate_pool
 from iop_admission._errors import (
     ModelNotFound,
     QueueFull,
@@ -347,9 +347,7 @@ class AdmissionState:
         p = self._health.reportable(lease, self._pool.providers)
         if p is None or not self._health.failure(p, lease):
             return []
-        decisions: list[Decision] = [self._health.eject(p, now)]
-        decisions.extend(self._dispatcher.dispatch(g for g, _ in p.groups))
-        return decisions
+        return [self._health.eject(p, now), *self._dispatcher.dispatch(g for g, _ in p.groups)]
 
     def report_success(self, lease: Lease, now: float) -> list[Decision]:
         """Count a success of ``lease`` (once per lease; stale reports change nothing).
@@ -364,9 +362,7 @@ class AdmissionState:
         p = self._health.reportable(lease, self._pool.providers)
         if p is None or not self._health.success(p):
             return []
-        decisions: list[Decision] = [self._health.restore(p)]
-        decisions.extend(self._dispatcher.dispatch(g for g, _ in p.groups))
-        return decisions
+        return [self._health.restore(p), *self._dispatcher.dispatch(g for g, _ in p.groups)]
 
     def advance(self, now: float) -> list[Decision]:
         """End every ejection whose time is ``<= now``: its probe may be granted now.
@@ -377,6 +373,12 @@ class AdmissionState:
         self._now = max(self._now, now)
         due = self._health.end_due(now)
         return self._dispatcher.dispatch(groups_of(due)) if due else []
+
+    def report_health(self, provider: ProviderKey, report: ProviderReport, now: float) -> list[Decision]:
+        """A node's report of ``provider`` ([health-probe]): ``Ejected``/``Restored`` if any, then the grants."""
+        self._now = max(self._now, now)
+        decisions = self._health.report(p := self._pool.providers.get(provider), report, now)
+        return [] if decisions is None or p is None else decisions + self._dispatcher.dispatch(g for g, _ in p.groups)
 
     def next_ejection_end(self) -> float | None:
         """The earliest time an ejection ends (pass it to :meth:`advance`), or None."""

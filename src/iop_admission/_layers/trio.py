@@ -70,7 +70,7 @@ from typing import NoReturn, final
 
 import trio
 
-from iop_admission._config import PoolConfig, ProviderKey
+from iop_admission._config import PoolConfig, ProviderKey, ProviderReport
 from iop_admission._errors import NodeNotFound
 from iop_admission._snapshot import ProviderRow, Snapshot
 from iop_admission._waiting import WaiterSnapshot, waiter_snapshots
@@ -198,6 +198,14 @@ class Admission:
         now = self._clock()
         self._handoff.advance(now)
         self._handoff.apply(self._core.report_success(lease, now))
+
+    @trio.lowlevel.enable_ki_protection
+    def report_health(self, provider: ProviderKey, report: ProviderReport) -> None:
+        """A node's report of ``provider``'s own health ([health-probe]; docs/admission.md, Active
+        health). Synchronous; ends the ejections whose time has come first, as a lease's report does."""
+        now = self._clock()
+        self._handoff.advance(now)
+        self._handoff.apply(self._core.report_health(provider, report, now))
 
     async def watch_ejections(self) -> NoReturn:
         """End each ejection at its time, so its probe can go to a waiter at once.

@@ -23,8 +23,10 @@ from typing import Protocol, final
 import trio
 from trio_websocket import ConnectionClosed
 
+from iop_admission import ProviderKey, ProviderReport
 from iop_edge.metrics import DisconnectCause
 from iop_edge.nodes.connection import NodeSocket, close_quietly
+from iop_edge.nodes.health_reports import apply_report
 from iop_edge.nodes.run_frame import run_frame
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunMessage, RunNotSent
 from iop_edge.nodes.states import ABORT, CLOSE, CLOSED, DRAIN, IDLE, QUEUE, LinkInput, next_link_state
@@ -36,12 +38,14 @@ from iop_wire import (
     Heartbeat,
     InFlight,
     ProtocolError,
+    ProviderHealth,
     Run,
     RunEnd,
     TunnelEnd,
     TunnelRequest,
     decode,
     encode,
+    speaks,
     split_data,
 )
 
@@ -76,14 +80,18 @@ class LinkFence(Protocol):
 
 
 class LinkHost(Protocol):
-    """What a node connection needs of the Edge around it (the registry): its leader fence and the
-    largest frame a node may send. The link knows nothing else of its host."""
+    """What a node connection needs of the Edge around it (the registry): its leader fence, the
+    largest frame a node may send, and where its health reports go. The link knows nothing else
+    of its host."""
 
     @property
     def fence(self) -> LinkFence: ...
 
     @property
     def max_message_bytes(self) -> int: ...
+
+    def report_health(self, provider: ProviderKey, report: ProviderReport) -> None:
+        """[health-probe] A node's report of one of its providers, for the admission core."""
 
 
 @final
@@ -370,8 +378,7 @@ class NodeLink:
             if isinstance(message, RunMessage):
                 self._deliver(message.run_id, message)
                 continue
-            if isinstance(message, InFlight):
-                self.host.fence.answered(self.node_id, message)
+            if _for_the_host(self, message):
                 continue
             logger.warning("node %s sent an unexpected %s", self.node_id, kind.__name__)
             self.cause = "error"
@@ -387,6 +394,18 @@ class NodeLink:
 
     def __repr__(self) -> str:
         return f"<NodeLink {self.node_id} gen {self.generation} runs {len(self._runs)}>"
+
+
+def _for_the_host(link: NodeLink, message: object) -> bool:
+    """Hand a message for the Edge around the link to its host; whether it was one (a v5 node's
+    ``provider_health`` is not: that version has no such message)."""
+    if isinstance(message, InFlight):
+        link.host.fence.answered(link.node_id, message)
+        return True
+    if isinstance(message, ProviderHealth) and speaks(link.protocol, ProviderHealth):
+        apply_report(link, message)  # [health-probe]
+        return True
+    return False
 
 
 def _withhold_runs(frames: list[str], unsent: dict[int, str], runs: dict[str, RunChannel], may_send: bool) -> list[str]:

@@ -23,7 +23,7 @@ from typing import NamedTuple, final
 import trio
 from trio_websocket import ConnectionClosed
 
-from iop_admission import Admission
+from iop_admission import Admission, ProviderKey, ProviderReport
 from iop_edge.ha.fencing import LeaderFence
 from iop_edge.metrics import DisconnectCause
 from iop_edge.nodes.connection import NodeSocket, close_quietly
@@ -161,6 +161,10 @@ class NodeRegistry:
         self._links: dict[str, NodeLink] = {}
         self._run_ids = itertools.count(1)
         self.fence = LeaderFence(hold=admission.hold)  # [epoch-fencing] moved with this Edge's leadership
+
+    def report_health(self, provider: ProviderKey, report: ProviderReport) -> None:
+        """[health-probe] A node's report of one of its providers (:class:`~iop_edge.nodes.link.LinkHost`)."""
+        self.admission.report_health(provider, report)
 
     def link(self, node_id: str, generation: int) -> NodeLink:
         """The live connection of ``node_id`` in ``generation``.

@@ -64,8 +64,12 @@ class EdgeClients:
                 self.shutdown()
 
         async with trio.open_nursery() as nursery:
-            for client in self.clients:
-                nursery.start_soon(keep, client)
+            if self.runtime.health is not None:  # [health-probe]: it probes while a connection is registered
+                nursery.start_soon(self.runtime.health.serve)
+            async with trio.open_nursery() as connections:
+                for client in self.clients:
+                    connections.start_soon(keep, client)
+            nursery.cancel_scope.cancel()
         if rejected:
             raise rejected[0]
 

@@ -14,9 +14,11 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from iop_node._errors import DeadlineExceeded, StreamStalled, UpstreamUnreachable
+from iop_node._runtime import NodeRuntime
 from iop_node.adapters.interface import Adapter, TunnelHead
 from iop_node.edges.outbox import Outbox
 from iop_node.edges.websocket import EdgeSocket, EdgeWebSocket
+from iop_node.health.progress import Progress
 from iop_node.upstream.poller import BodyPoller, RunOutput
 from iop_wire import NodeMessage, Run, TunnelChunk, TunnelRequest, TunnelStart, record_header
 
@@ -30,8 +32,13 @@ stays within the outbox's batch plus one record, far under the Edge's ``max_ws_m
 one record of a 10 MiB answer would be over its 8 MiB and cut every run of the link."""
 
 
-async def relay_run(run: Run, adapter: Adapter, outbox: Outbox | None, poller: BodyPoller | None) -> Record | None:
+async def relay_run(
+    run: Run, adapter: Adapter, outbox: Outbox | None, poller: BodyPoller | None, runtime: NodeRuntime
+) -> Record | None:
     """Serve ``run`` on ``adapter``: its output as data records, within the run's deadline.
+
+    The run counts in its provider's ``runtime.progress``, each chunk from the backend too
+    ([health-probe]: the stall watchdog, :mod:`iop_node.health.progress`).
 
     Returns the run's whole body as its last data record when the poller held
     it for the run's end (the session sends it with the end), else None.
@@ -40,19 +47,23 @@ async def relay_run(run: Run, adapter: Adapter, outbox: Outbox | None, poller: B
         DeadlineExceeded: the run's deadline ([deadline], wire v6 ``run.deadline_ms``) passed
             first: the upstream request, connecting and every read included, was closed.
     """
+    progress = runtime.progress[run.provider]
     if run.deadline_ms is None:
-        return await _relay_output(run, adapter, outbox, poller)
+        return await _relay_output(run, adapter, outbox, poller, progress)
     with trio.move_on_after(run.deadline_ms / 1000):
-        return await _relay_output(run, adapter, outbox, poller)
+        return await _relay_output(run, adapter, outbox, poller, progress)
     raise DeadlineExceeded(f"the run's deadline of {run.deadline_ms} ms passed; its upstream request was closed")
 
 
-async def _relay_output(run: Run, adapter: Adapter, outbox: Outbox | None, poller: BodyPoller | None) -> Record | None:
+async def _relay_output(
+    run: Run, adapter: Adapter, outbox: Outbox | None, poller: BodyPoller | None, progress: Progress
+) -> Record | None:
     """:func:`relay_run` without its deadline.
 
     Raises:
-        StreamStalled: the upstream went silent for its read timeout after part of the answer
-            went out in data records ([error-classes]); silent before that, it is unreachable.
+        StreamStalled: the upstream went silent for its read timeout, or the stall watchdog cut
+            the run, after part of the answer went out in data records ([error-classes]).
+        UpstreamUnreachable: the same before any part went out (the Edge may fail it over).
     """
     assert outbox is not None
     run_id = run.run_id
@@ -60,24 +71,38 @@ async def _relay_output(run: Run, adapter: Adapter, outbox: Outbox | None, polle
 
     async def send(chunk: bytes) -> None:
         nonlocal seq
+        progress.chunks += bool(chunk)  # a byte came: the stall watchdog's count
         for piece in _pieces(chunk):
             await outbox.put_record(record_header(run_id, seq, len(piece)), piece)
             seq += 1
 
     def send_nowait(chunk: bytes) -> None:
         nonlocal seq
+        progress.chunks += bool(chunk)  # a byte came: the stall watchdog's count
         for piece in _pieces(chunk):
             outbox.put_record_nowait(record_header(run_id, seq, len(piece)), piece)
             seq += 1
 
     held: list[bytes] = []
-    output = RunOutput(send, send_nowait, poller, held.append)
+
+    def hold(body: bytes) -> None:
+        progress.chunks += 1
+        held.append(body)
+
+    output = RunOutput(send, send_nowait, poller, hold)
+    scope = progress.begin()  # the scope the stall watchdog cancels
     try:
-        await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
+        with scope:
+            await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
     except UpstreamUnreachable as exc:
         if exc.silent and seq:
             raise StreamStalled(f"the upstream went silent after {seq} pieces of its answer: {exc.message}") from None
         raise
+    finally:
+        progress.end(scope)
+    if scope.cancelled_caught:
+        stalled = f"stalled: the backend sent no byte for {progress.silence:.1f} s with runs in flight"
+        raise StreamStalled(f"{stalled}, after {seq} pieces of its answer") if seq else UpstreamUnreachable(stalled)
     if held:  # the whole body, held for the run's end (BodyPoller.relay)
         if len(held[0]) > RECORD_BYTES:
             await send(held[0])

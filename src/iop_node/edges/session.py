@@ -53,6 +53,7 @@ from iop_node.edges.fence import RunsElsewhere
 from iop_node.edges.outbox import Outbox
 from iop_node.edges.relays import Record, relay_run, relay_tunnel, write_frames
 from iop_node.edges.websocket import EdgeSocket, EdgeWebSocket
+from iop_node.health.watcher import HealthReport
 from iop_node.upstream.poller import BodyPoller, new_poller
 from iop_wire import (
     CLOSE_GOING_AWAY,
@@ -64,6 +65,7 @@ from iop_wire import (
     Leader,
     NodeMessage,
     ProtocolError,
+    ProviderHealth,
     ProviderInfo,
     Register,
     Registered,
@@ -75,6 +77,7 @@ from iop_wire import (
     decode,
     encode,
     end_code_for,
+    speaks,
 )
 
 logger = logging.getLogger("iop_node")
@@ -109,6 +112,17 @@ def _tunnel_end(
 def _elsewhere_of(session: EdgeSession) -> RunsElsewhere:
     runtime = session.runtime
     return RunsElsewhere(runtime.fence, runtime.run_ends, runtime.gate, runtime.long_runs)
+
+
+def _start_health_reports(session: EdgeSession, nursery: trio.Nursery) -> None:
+    """[health-probe] Send the Edge what the node's health watcher finds (from wire v6)."""
+    watcher = session.runtime.health
+    if watcher is not None and speaks(session.protocol, ProviderHealth):
+        nursery.start_soon(watcher.report, functools.partial(_send_health, session._send))
+
+
+async def _send_health(send: Callable[[NodeMessage], Awaitable[None]], provider: str, report: HealthReport) -> None:
+    await send(ProviderHealth(provider, report.state, report.reason[:END_MESSAGE_LIMIT], report.capacity))
 
 
 async def _heartbeat(session: EdgeSession, interval: float) -> None:
@@ -192,6 +206,7 @@ class EdgeSession:
                 nursery.start_soon(write_frames, self.ws, self._outbox, nursery.cancel_scope)
                 nursery.start_soon(_heartbeat, self, interval)
                 nursery.start_soon(self._elsewhere.report, self._send, interval)
+                _start_health_reports(self, nursery)
                 if isinstance(self.ws, EdgeSocket):  # a dead Edge is noticed within the interval
                     nursery.start_soon(_until_silent, self.ws, interval, nursery.cancel_scope)
                 await self._read()  # it cancels the nursery when the connection ends
@@ -297,7 +312,7 @@ class EdgeSession:
             return None
         permit, adapter = admitted
         run = run.for_upstream()  # v5: the client's body as sent, the upstream model put in here
-        relay = functools.partial(relay_run, run, adapter, self._outbox, self._poller)
+        relay = functools.partial(relay_run, run, adapter, self._outbox, self._poller, self.runtime)
         return self._serving(run.run_id, permit, relay, end, run.long)
 
     async def _on_tunnel_request(self, request: TunnelRequest) -> _Serve | None:

@@ -1,0 +1,42 @@
+"""A node's ``provider_health`` reports, fed to the admission core [health-probe].
+
+The node watches its providers (readiness probes, the stall watchdog: docs/node.md,
+Health) and reports each change on every connection of wire v6 or later. The Edge
+decides nothing here: each report goes to ``admission.report_health``, the core's
+input beside the failures of runs, so the ejection, probe and panic rules stay in
+one place (docs/admission.md, Health). A report is tied to the connection it came
+on: the core drops one whose node has reconnected since (its generation), and a
+report for a provider the node did not register is dropped with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from iop_admission import ProviderKey, ProviderReport
+from iop_wire import END_MESSAGE_LIMIT, ProviderHealth
+
+if TYPE_CHECKING:
+    from iop_edge.nodes.link import NodeLink
+
+logger = logging.getLogger("iop_edge.nodes")
+
+
+def apply_report(link: NodeLink, report: ProviderHealth) -> None:
+    """Feed one ``provider_health`` of ``link``'s node to the admission core. Synchronous."""
+    if report.provider not in link.providers:
+        logger.warning(
+            "node %s reported the health of %r, a provider it did not register", link.node_id, report.provider
+        )
+        return
+    key = ProviderKey(link.node_id, report.provider)
+    reason = report.reason[:END_MESSAGE_LIMIT]
+    detail = f": {reason!r}" if reason else ""  # quoted: the node's text, never a line of its own in the log
+    told = f" (its backend's own capacity: {report.capacity})" if report.capacity is not None else ""
+    log = logger.info if report.state == "ready" else logger.warning
+    log("provider %s reported %s%s%s", key, report.state, detail, told)
+    capacity = (
+        report.capacity if report.capacity is None or report.capacity >= 1 else None
+    )  # a report can only lower it
+    link.host.report_health(key, ProviderReport(report.state, reason, capacity, link.generation))

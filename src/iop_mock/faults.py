@@ -1,0 +1,153 @@
+"""The mock backend's fault modes and its health endpoints (the backends' own, as a Node probes them).
+
+``POST /fault`` sets the whole fault state at once (``{}`` heals everything)::
+
+    {"status": 500}            every generation request answers 500 (an OpenAI error body)
+    {"hang": "no_answer"}      generation requests get nothing at all (no head): the hung
+                               engine whose ``/health`` still answers 200
+    {"hang": "head_only"}      200 and its headers, then nothing
+    {"hang": "mid_stream"}     a stream's first tokens, then nothing (``hang_after_tokens``, default 1)
+    {"loading": true}          ``/health`` answers 503 "Loading model" (llama.cpp while it loads)
+
+A hung request stays counted in flight until its client goes away (the Node's watchdog
+cutting it shows in ``/stats``). Health endpoints: llama.cpp's ``GET /health`` and ``GET
+/slots``, vLLM's ``GET /metrics`` (running and waiting requests, KV-cache use), Ollama's
+``GET /api/ps``; OpenAI's ``GET /v1/models`` is the backend's own.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Final, final
+
+import attrs
+import trio
+
+from iop_mock.framing import Receive, Send, encode_json, error_body, send_json
+from iop_mock.request_body import read_body
+
+if TYPE_CHECKING:
+    from iop_mock.backend import MockBackend
+
+HANGS: Final = ("none", "no_answer", "head_only", "mid_stream")
+"""The values of ``POST /fault``'s ``hang``."""
+
+
+@final
+@attrs.frozen
+class Faults:
+    """The fault state ``POST /fault`` sets (see the module docstring).
+
+    Attributes:
+        status: every generation request answers this HTTP error status (None: served).
+        hang: ``none``, ``no_answer``, ``head_only`` or ``mid_stream``.
+        hang_after_tokens: ``mid_stream``: the tokens sent before the stream stops.
+        loading: ``/health`` answers 503 as llama.cpp does while loading its model.
+    """
+
+    status: int | None = None
+    hang: str = "none"
+    hang_after_tokens: int = 1
+    loading: bool = False
+
+    @classmethod
+    def parse(cls, body: bytes) -> Faults:
+        """The fault state a ``POST /fault`` body asks for.
+
+        Raises:
+            ValueError: the body is not such a request (the message says why).
+        """
+        data = json.loads(body or b"{}")
+        if not isinstance(data, dict):
+            raise ValueError("the body must be a JSON object")
+        unknown = set(data) - {"status", "hang", "hang_after_tokens", "loading"}
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}")
+        status = data.get("status")
+        if status is not None and (type(status) is not int or not 400 <= status <= 599):
+            raise ValueError("status must be null or an HTTP error status (400-599)")
+        hang = data.get("hang", "none")
+        if hang not in HANGS:
+            raise ValueError(f"hang must be one of {', '.join(HANGS)}")
+        after = data.get("hang_after_tokens", 1)
+        if type(after) is not int or after < 0:
+            raise ValueError("hang_after_tokens must be an integer >= 0")
+        loading = data.get("loading", False)
+        if type(loading) is not bool:
+            raise ValueError("loading must be true or false")
+        return cls(status, hang, after, loading)
+
+    def echo(self) -> dict[str, Any]:
+        """The answer to ``POST /fault``: the status, and every other setting that is not the default."""
+        answer: dict[str, Any] = {"status": self.status}
+        if self.hang != "none":
+            answer["hang"] = self.hang
+            answer["hang_after_tokens"] = self.hang_after_tokens
+        if self.loading:
+            answer["loading"] = True
+        return answer
+
+    async def hold(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+        """``no_answer`` and ``head_only``: answer nothing (or only the head) until the client leaves.
+
+        Returns at once for the other modes. Checkpoints; cancellation (the client gone) ends it.
+        """
+        if self.hang == "head_only":
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"", "more_body": True})
+        if self.hang in ("no_answer", "head_only"):
+            await trio.sleep_forever()
+
+    def tokens_before_hang(self) -> int | None:
+        """``mid_stream``: how many tokens a stream sends before it stops; None: all of them."""
+        return self.hang_after_tokens if self.hang == "mid_stream" else None
+
+
+async def fault(backend: MockBackend, receive: Receive, send: Send) -> None:
+    """``POST /fault``: set the backend's fault state (400 and no change if the body is bad)."""
+    try:
+        faults = Faults.parse(await read_body(receive) or b"")
+    except ValueError as exc:
+        await send_json(send, 400, error_body(f"bad fault request: {exc}", "bad_request"))
+        return
+    backend.faults = faults
+    backend.fail_status = faults.status
+    await send_json(send, 200, encode_json(faults.echo()).encode())
+
+
+async def health(backend: MockBackend, receive: Receive, send: Send) -> None:
+    """llama.cpp's ``GET /health``: 200 ``{"status": "ok"}``, or 503 while "loading"."""
+    if backend.faults.loading:
+        body = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        await send_json(send, 503, encode_json(body).encode())
+    else:
+        await send_json(send, 200, b'{"status":"ok"}')
+
+
+async def slots(backend: MockBackend, receive: Receive, send: Send) -> None:
+    """llama.cpp's ``GET /slots``: one entry per slot (``backend.slots``), busy ones processing."""
+    busy = backend.stats()["in_flight"]
+    entries = [{"id": i, "is_processing": i < busy} for i in range(backend.slots)]
+    await send_json(send, 200, encode_json(entries).encode())
+
+
+async def metrics(backend: MockBackend, receive: Receive, send: Send) -> None:
+    """vLLM's ``GET /metrics`` (Prometheus text): requests running and waiting, KV-cache use."""
+    running = backend.stats()["in_flight"]
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{model_name="{backend.models[0]}"}} {running}\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{model_name="{backend.models[0]}"}} 0\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        f'vllm:kv_cache_usage_perc{{model_name="{backend.models[0]}"}} {min(1.0, running / backend.slots):g}\n'
+    ).encode()
+    headers = [(b"content-type", b"text/plain; version=0.0.4"), (b"content-length", b"%d" % len(text))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": text})
+
+
+async def ollama_ps(backend: MockBackend, receive: Receive, send: Send) -> None:
+    """Ollama's ``GET /api/ps``: the models loaded (every model of the backend)."""
+    models = [{"name": model, "model": model, "size": 0} for model in backend.models]
+    await send_json(send, 200, encode_json({"models": models}).encode())

@@ -1,0 +1,330 @@
+"""Every plain-HTTP readiness probe of a node from one task: :class:`ProbeLoop`.
+
+Why one task: a probe is a short ``GET`` answered in well under a millisecond, so
+what it costs is the machinery around it. A task per provider that sleeps,
+wakes, takes a pooled connection, waits for its socket and sleeps again costs
+several times the probe itself, a thousand times a second at a thousand providers
+probed every second. Here the probes' sockets stay registered in ONE epoll
+object of our own (level-triggered, the Node's :class:`~iop_node.upstream.poller.BodyPoller`'s
+approach); the task wakes once per :data:`TICK`, reads every socket that has
+data, feeds each answer to its parser (:class:`iop_http.AnswerParser`,
+llhttp), and sends every probe that is due with one non-blocking ``send`` of the
+request bytes h11 wrote once per path. A probe therefore waits up to a tick to
+be sent and its answer up to a tick to be read: its timing is good to a tick.
+
+Each provider has one keep-alive connection for its probes, never one of its
+run pool's. A connection is opened with a non-blocking ``connect`` (an IP
+address; a host name is resolved in a worker thread first), dropped when its
+probe fails or times out, and opened again by the next probe. A kept connection
+that the server closed while idle is noticed by its EOF and closed; a probe that
+finds its connection closed before any byte of the answer tries once more on a
+new one. Linux only (``select.epoll``); elsewhere the watcher probes with one
+:class:`~iop_node.health.probe.ProbeClient` task per provider.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import ipaddress
+import math
+import os
+import select
+import socket
+from collections.abc import Callable
+from typing import Final, final
+
+import httpx
+import trio
+
+from iop_http import AnswerError, AnswerParser
+from iop_node.health.readiness import ProbeResult, judge
+from iop_node.upstream.http11 import written
+
+TICK: Final = 0.02
+"""Seconds between two rounds of the loop while probes are due or in flight."""
+
+RECEIVE_SIZE: Final = 64 * 1024
+ANSWER_BYTES: Final = 1024 * 1024
+"""The most bytes of a probe answer's body read (vLLM's ``/metrics`` is the largest)."""
+
+Done = Callable[[ProbeResult], float]
+"""Called with a probe's result; returns the seconds until that provider's next probe."""
+
+
+@final
+class Target:
+    """One provider's probe: where it goes, its connection, and the exchange in progress."""
+
+    __slots__ = (
+        "kind",
+        "host",
+        "port",
+        "requests",
+        "limit",
+        "done",
+        "sock",
+        "connecting",
+        "reused",
+        "parser",
+        "body",
+        "size",
+        "answers",
+        "deadline",
+    )
+
+    def __init__(self, kind: str, urls: tuple[httpx.URL, ...], limit: float) -> None:
+        self.kind = kind
+        self.host = urls[0].host
+        self.port = urls[0].port or 80
+        self.requests = tuple(written(b"GET", url, [(b"host", url.netloc)], b"") for url in urls)
+        self.limit = limit
+        self.done: Done = _unset
+        """Set by the watcher before the target is scheduled."""
+        self.sock: socket.socket | None = None
+        self.connecting = False
+        self.reused = False
+        self.parser: AnswerParser | None = None
+        self.body: list[bytes] = []
+        self.size = 0
+        self.answers: list[tuple[int, bytes]] = []
+        self.deadline = math.inf
+
+    def __repr__(self) -> str:
+        return f"<Target {self.kind} {self.host}:{self.port}{' probing' if self.parser else ''}>"
+
+
+@final
+class ProbeLoop:
+    """Sends and reads the probes of many :class:`Target` (see the module docstring)."""
+
+    __slots__ = ("_epoll", "_by_fd", "_due", "_in_flight", "_seq", "_wake", "probes")
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._by_fd: dict[int, Target] = {}
+        self._due: list[tuple[float, int, Target]] = []
+        self._in_flight: set[Target] = set()
+        self._seq = 0
+        self._wake = trio.Event()
+        self.probes = 0
+        """Probes answered or failed so far."""
+
+    def __repr__(self) -> str:
+        return f"<ProbeLoop {len(self._due)} scheduled, {len(self._in_flight)} in flight>"
+
+    def schedule(self, target: Target, delay: float) -> None:
+        """Probe ``target`` in ``delay`` seconds (then as its ``done`` says)."""
+        self._seq += 1
+        heapq.heappush(self._due, (trio.current_time() + delay, self._seq, target))
+        self._wake.set()
+
+    async def serve(self, online: Callable[[], trio.Event]) -> None:
+        """Probe until cancelled, sending new probes only while ``online()`` is set. Checkpoints.
+
+        Cancellation closes every probe's connection.
+        """
+        try:
+            while True:
+                now = trio.current_time()
+                self._read(now)
+                self._expire(now)
+                if online().is_set():
+                    await self._start_due(now)
+                await self._sleep(now, online)
+        finally:
+            for target in list(self._by_fd.values()):
+                self._close(target)
+            self._epoll.close()
+
+    async def _sleep(self, now: float, online: Callable[[], trio.Event]) -> None:
+        """Until the next tick while probes are in flight, else until the next is due (or one is scheduled)."""
+        if self._in_flight:
+            await trio.sleep_until(now + TICK)
+            return
+        event = online()
+        if not event.is_set():
+            await event.wait()
+            return
+        self._wake = trio.Event()
+        due = self._due[0][0] if self._due else math.inf
+        with trio.move_on_at(max(due, now + TICK)):
+            await self._wake.wait()
+
+    async def _start_due(self, now: float) -> None:
+        due = self._due
+        while due and due[0][0] <= now:
+            _, _, target = heapq.heappop(due)
+            await self._start(target, now)
+
+    async def _start(self, target: Target, now: float) -> None:
+        target.deadline = now + target.limit
+        target.answers = []
+        self._in_flight.add(target)
+        if target.sock is None:
+            try:
+                await self._connect(target)
+            except OSError as exc:
+                self._finish(
+                    target, ProbeResult(False, f"unreachable: cannot connect to {target.host}:{target.port}: {exc}")
+                )
+            return
+        target.reused = True
+        self._send(target, 0)
+
+    async def _connect(self, target: Target) -> None:
+        """Open ``target``'s connection without waiting for it (its first request goes when writable)."""
+        host = target.host
+        try:
+            family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+            address: tuple[str, int] = (host, target.port)
+        except ValueError:
+            infos = await trio.to_thread.run_sync(socket.getaddrinfo, host, target.port, 0, socket.SOCK_STREAM)
+            family, sockaddr = infos[0][0], infos[0][4]
+            address = (str(sockaddr[0]), int(sockaddr[1]))
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        error = sock.connect_ex(address)
+        if error not in (0, errno.EINPROGRESS):
+            sock.close()
+            raise OSError(error, os.strerror(error))
+        target.sock, target.connecting, target.reused = sock, True, False
+        self._by_fd[sock.fileno()] = target
+        self._epoll.register(sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+
+    def _send(self, target: Target, index: int) -> None:
+        sock = target.sock
+        assert sock is not None
+        target.parser = AnswerParser()
+        target.body = []
+        target.size = 0
+        request = target.requests[index]
+        try:
+            sent = sock.send(request)
+        except OSError as exc:
+            if target.reused and not target.answers:
+                self._retry_fresh(target)
+                return
+            self._fail(target, f"unreachable: {exc}")
+            return
+        if sent != len(request):  # a probe's request is a few hundred bytes: an empty socket buffer takes it
+            self._fail(target, "unreachable: the request did not fit in the socket's buffer")
+
+    def _read(self, now: float) -> None:
+        if not self._by_fd:
+            return
+        for fd, events in self._epoll.poll(0, len(self._by_fd)):
+            target = self._by_fd.get(fd)
+            if target is None:
+                continue
+            if target.connecting:
+                self._connected(target, events)
+            else:
+                self._receive(target)
+
+    def _connected(self, target: Target, events: int) -> None:
+        sock = target.sock
+        assert sock is not None
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            self._fail(target, f"unreachable: cannot connect to {target.host}:{target.port}: {os.strerror(error)}")
+            return
+        if not events & select.EPOLLOUT:
+            return
+        target.connecting = False
+        self._epoll.modify(sock.fileno(), select.EPOLLIN)
+        self._send(target, 0)
+
+    def _receive(self, target: Target) -> None:
+        sock = target.sock
+        assert sock is not None
+        error: OSError | None = None
+        try:
+            data = sock.recv(RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            data, error = b"", exc
+        parser = target.parser
+        if parser is None:  # an idle kept connection: the server closed it (or sent something unasked)
+            self._close(target)
+            return
+        try:
+            if data:
+                parser.feed(data)
+            else:
+                if target.reused and not target.answers and not parser.head_done:
+                    self._retry_fresh(target)  # closed while idle, before our request reached it
+                    return
+                if error is not None:
+                    self._fail(target, f"unreachable: the read failed: {error}")
+                    return
+                parser.feed_eof()
+        except AnswerError as exc:
+            self._fail(target, f"unreachable: {exc}")
+            return
+        if (piece := parser.take()) is not None:
+            target.body.append(piece)
+            target.size += len(piece)
+            if target.size > ANSWER_BYTES:
+                self._fail(target, f"the answer is over {ANSWER_BYTES} bytes")
+                return
+        if parser.complete:
+            self._answered(target, parser)
+
+    def _answered(self, target: Target, parser: AnswerParser) -> None:
+        body = target.body
+        target.answers.append((parser.status, body[0] if len(body) == 1 else b"".join(body)))
+        target.parser = None
+        if not parser.reusable:
+            self._close(target)
+        index = len(target.answers)
+        if index < len(target.requests) and 200 <= target.answers[0][0] < 300:
+            if target.sock is None:  # the server closed after the first answer: the rest adds nothing vital
+                self._finish(target, judge(target.kind, tuple(target.answers)))
+            else:
+                self._send(target, index)
+            return
+        self._finish(target, judge(target.kind, tuple(target.answers)))
+
+    def _retry_fresh(self, target: Target) -> None:
+        """The kept connection was closed by the server: the probe goes again on a new one (next round)."""
+        self._close(target)
+        self._in_flight.discard(target)
+        self._seq += 1
+        heapq.heappush(self._due, (-math.inf, self._seq, target))
+
+    def _expire(self, now: float) -> None:
+        for target in [t for t in self._in_flight if t.deadline <= now]:
+            self._fail(target, f"no answer within {target.limit:g} s")
+
+    def _fail(self, target: Target, reason: str) -> None:
+        self._close(target)
+        self._finish(target, ProbeResult(False, reason))
+
+    def _finish(self, target: Target, result: ProbeResult) -> None:
+        self._in_flight.discard(target)
+        target.parser = None
+        self.probes += 1
+        self._seq += 1
+        heapq.heappush(self._due, (trio.current_time() + target.done(result), self._seq, target))
+
+    def _close(self, target: Target) -> None:
+        sock = target.sock
+        if sock is None:
+            return
+        fd = sock.fileno()
+        self._by_fd.pop(fd, None)
+        try:
+            self._epoll.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        sock.close()
+        target.sock = None
+        target.parser = None
+        target.connecting = False
+
+
+def _unset(result: ProbeResult) -> float:
+    raise RuntimeError("Target.done was not set before the target was scheduled")

@@ -1,0 +1,272 @@
+"""[health-probe] The Node's health watcher: readiness probes, the stall watchdog, the reports to the Edge.
+
+Pure parts (thresholds, verdicts, the counters) are driven directly; the probes and the
+watchdog run against the mock backend's fault modes on 127.0.0.1 (``POST /fault``:
+a loading model, a hung engine whose ``/health`` still answers, "200 and then nothing",
+tokens that stop mid-stream), with a fake Edge on a real WebSocket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+from trio_websocket import open_websocket_url
+
+from iop_mock import MockBackend, serve_mock_backend
+from iop_node import EdgeSession, NodeRuntime
+from iop_node.config import HealthConfig, NodeConfig
+from iop_node.health.probe import ProbeClient, probe_urls
+from iop_node.health.prober import ProbeLoop, Target
+from iop_node.health.progress import Progress
+from iop_node.health.readiness import ProbeResult, Readiness, judge
+from iop_wire import PROTOCOL_VERSION, ProviderHealth, Run, RunEnd
+from node.harness import TOKEN, EdgeConn, FakeEdge, node_config, openai_provider
+
+pytestmark = pytest.mark.req("health-probe")
+
+FAST = HealthConfig(interval_ms=50, timeout_ms=500, no_traffic_interval_ms=50, stall_ms=300, jitter=0.0)
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def test_readiness_needs_the_thresholds_in_a_row() -> None:
+    """unhealthy_threshold failures in a row make it not ready, healthy_threshold passes ready again;
+    a pass between failures starts the count again."""
+    readiness = Readiness(unhealthy_threshold=2, healthy_threshold=3)
+    down = ProbeResult(False, "HTTP 503")
+    assert readiness.observe(down) is False
+    assert readiness.observe(ProbeResult(True)) is False
+    assert readiness.observe(down) is False
+    assert readiness.ready
+    assert readiness.observe(down) is True
+    assert (readiness.ready, readiness.reason) == (False, "HTTP 503")
+    assert readiness.observe(ProbeResult(False, "unreachable")) is True  # a new reason is news
+    assert [readiness.observe(ProbeResult(True, capacity=2)) for _ in range(3)] == [False, False, True]
+    assert (readiness.ready, readiness.reason, readiness.capacity) == (True, "", 2)
+    assert readiness.observe(ProbeResult(True, "running 3", 2)) is False  # load while ready: kept, no report
+    assert readiness.reason == "running 3"
+
+
+def test_judge_reads_each_backend_kind() -> None:
+    """llama.cpp's 503 is "loading", its slots are its capacity; vLLM's metrics its load; other
+    statuses name the backend's message."""
+    loading = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
+    assert judge("llama_cpp", ((503, loading),)) == ProbeResult(False, "loading (Loading model)")
+    assert judge("llama_cpp", ((200, b"{}"), (200, b'[{"id":0},{"id":1}]'))) == ProbeResult(True, capacity=2)
+    assert judge("llama_cpp", ((200, b"{}"), (501, b"slots disabled"))) == ProbeResult(True)
+    metrics = b'vllm:num_requests_running{m="x"} 3\nvllm:num_requests_waiting{m="x"} 1\nother 7\n'
+    assert judge("vllm", ((200, b""), (200, metrics))) == ProbeResult(True, "running 3, waiting 1")
+    assert judge("openai", ((500, b'{"error":{"message":"boom"}}'),)) == ProbeResult(False, "HTTP 500: boom")
+    assert judge("ollama", ((404, b"not json"),)) == ProbeResult(False, "HTTP 404")
+
+
+async def test_progress_stalls_only_with_runs_and_no_byte() -> None:
+    """Stalled after ``stall`` seconds of runs in flight without a chunk, every run cut; a chunk or no
+    run ends it; a new run does not restart the clock; runs that come in during a stall are cut
+    once they too went ``stall`` without a byte."""
+    progress = Progress()
+    assert progress.check(0.0, 1.0) is None  # no run: nothing to watch
+    first = progress.begin()
+    assert progress.check(0.0, 1.0) is None
+    assert progress.check(0.9, 1.0) is None
+    second = progress.begin()  # a new run on a hung engine hangs too
+    assert progress.check(1.0, 1.0) is True
+    assert progress.stalled and progress.silence == 1.0
+    assert progress.cut_runs == 2 and first.cancel_called and second.cancel_called
+    progress.end(first)
+    third = progress.begin()  # came in during the stall
+    assert progress.check(1.5, 1.0) is None  # still stalled: no news, nothing cut yet
+    assert progress.cut_runs == 0 and not third.cancel_called
+    assert progress.check(2.0, 1.0) is None
+    assert progress.cut_runs == 2 and third.cancel_called  # its own stall's time passed
+    progress.chunks += 1
+    assert progress.check(2.1, 1.0) is False
+    progress.end(second)
+    progress.end(third)
+    assert progress.check(2.2, 1.0) is None
+    assert progress.runs == 0
+    assert progress.check(9.0, 0.0) is None  # stall 0: no watchdog
+
+
+@attrs.define(eq=False)
+class _Served:
+    backend: MockBackend
+    port: int
+    http: httpx.AsyncClient
+
+    async def fault(self, **faults: Any) -> None:
+        answer = await self.http.post(f"http://127.0.0.1:{self.port}/fault", json=faults)
+        assert answer.status_code == 200, answer.text
+
+
+@pytest.fixture
+async def served(nursery: trio.Nursery) -> AsyncIterator[_Served]:
+    mock = MockBackend(tokens_per_second=200.0, slots=4)
+    port = await nursery.start(serve_mock_backend, mock)
+    async with httpx.AsyncClient() as http:
+        yield _Served(mock, port, http)
+
+
+def _urls(kind: str, port: int) -> tuple[httpx.URL, ...]:
+    provider = openai_provider(port, health=HealthConfig(probe=kind))
+    return probe_urls(provider)[1]
+
+
+async def _probe_twice(loop: bool, kind: str, urls: tuple[httpx.URL, ...], limit: float) -> list[ProbeResult]:
+    """Two probes in a row (the second on the kept connection): with the one-task :class:`ProbeLoop`,
+    or with a :class:`ProbeClient` (``https://`` backends, platforms without epoll)."""
+    if not loop:
+        probe = ProbeClient(kind, urls, limit)
+        try:
+            return [await probe.check(limit), await probe.check(limit)]
+        finally:
+            await probe.aclose()
+    results: list[ProbeResult] = []
+    done = trio.Event()
+    target = Target(kind, urls, limit)
+
+    def record(result: ProbeResult) -> float:
+        results.append(result)
+        if len(results) == 2:
+            done.set()
+        return 0.0
+
+    target.done = record
+    probes, online = ProbeLoop(), trio.Event()
+    online.set()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(probes.serve, lambda: online)
+        probes.schedule(target, 0.0)
+        await done.wait()
+        nursery.cancel_scope.cancel()
+    assert probes.probes >= 2
+    return results
+
+
+@pytest.mark.parametrize("loop", [True, False], ids=["probe-loop", "probe-client"])
+@pytest.mark.parametrize(
+    ("kind", "faults", "expected"),
+    [
+        ("openai", {}, ProbeResult(True)),
+        ("ollama", {}, ProbeResult(True)),
+        ("llama_cpp", {}, ProbeResult(True, capacity=4)),
+        ("llama_cpp", {"loading": True}, ProbeResult(False, "loading (Loading model)")),
+        ("vllm", {}, ProbeResult(True, "running 0, waiting 0, kv_cache 0")),
+        ("openai", {"hang": "no_answer"}, ProbeResult(True)),  # the hung engine still answers its probe
+    ],
+)
+async def test_probe_kinds_against_the_mock(
+    served: _Served, loop: bool, kind: str, faults: dict[str, Any], expected: ProbeResult
+) -> None:
+    await served.fault(**faults)
+    with trio.fail_after(10):
+        assert await _probe_twice(loop, kind, _urls(kind, served.port), 5.0) == [expected, expected]
+
+
+@pytest.mark.parametrize("loop", [True, False], ids=["probe-loop", "probe-client"])
+async def test_probe_of_a_dead_or_silent_backend_fails_with_its_reason(loop: bool) -> None:
+    """A closed port is unreachable; a server that accepts and never answers is "no answer"."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    urls = (httpx.URL(f"http://127.0.0.1:{port}/health"),)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            accepted: list[trio.SocketStream] = []
+
+            async def accept_and_ignore() -> None:
+                while True:
+                    accepted.append(await listeners[0].accept())
+
+            nursery.start_soon(accept_and_ignore)
+            silent = await _probe_twice(loop, "llama_cpp", urls, 0.2)
+            assert silent == [ProbeResult(False, "no answer within 0.2 s")] * 2
+            nursery.cancel_scope.cancel()
+        for stream in accepted:
+            await stream.aclose()
+        for listener in listeners:
+            await listener.aclose()
+        dead = await _probe_twice(loop, "llama_cpp", urls, 2.0)
+    assert all(not result.ready and result.reason.startswith("unreachable: ") for result in dead), dead
+
+
+@asynccontextmanager
+async def _session(edge: FakeEdge, config: NodeConfig) -> AsyncIterator[tuple[EdgeConn, NodeRuntime]]:
+    """A node session of the health version (the current one) with the fake Edge, the watcher serving."""
+    async with NodeRuntime.from_config(config) as runtime, trio.open_nursery() as nursery:
+        assert runtime.health is not None
+        nursery.start_soon(runtime.health.serve)
+
+        async def serve() -> None:
+            async with open_websocket_url(edge.url) as ws:
+                await EdgeSession(ws, config, runtime, TOKEN, PROTOCOL_VERSION).serve()
+
+        nursery.start_soon(serve)
+        yield await edge.next_connection(), runtime
+        nursery.cancel_scope.cancel()
+
+
+async def _next_health(conn: EdgeConn) -> ProviderHealth:
+    while not isinstance(message := await conn.receive(), ProviderHealth):
+        pass
+    return message
+
+
+async def _until_end(conn: EdgeConn, run_id: str) -> tuple[RunEnd, list[ProviderHealth]]:
+    """The run's end, and the health reports that came before it."""
+    reports = []
+    while True:
+        message = await conn.receive()
+        if isinstance(message, ProviderHealth):
+            reports.append(message)
+        elif isinstance(message, RunEnd) and message.run_id == run_id:
+            return message, reports
+
+
+@pytest.mark.parametrize(
+    ("hang", "stream", "code"),
+    [
+        ("no_answer", False, "upstream_unreachable"),
+        ("head_only", True, "upstream_unreachable"),
+        ("mid_stream", True, "stream_stalled"),
+    ],
+)
+async def test_a_hung_backend_is_stalled_its_runs_cut_and_reported(
+    edge: FakeEdge, served: _Served, hang: str, stream: bool, code: str
+) -> None:
+    """[health-probe] /health-ok-but-hung, 200-then-nothing, tokens stopping: the watchdog finds the
+    provider stalled, the run ends upstream_unreachable before any byte of its answer went out
+    (failover material; stream_stalled after some did), the backend's request
+    is aborted, and the Edge hears ``stalled``, then ``ready`` once no run is left."""
+    await served.fault(hang=hang, hang_after_tokens=2)
+    config = node_config(edge.url, openai_provider(served.port, capacity=2, health=FAST))
+    with trio.fail_after(20):
+        async with _session(edge, config) as (conn, runtime):
+            await conn.send(Run("r1", "gpu0", "chat/completions", {**CHAT, "stream": stream}, stream))
+            end, reports = await _until_end(conn, "r1")
+            assert end.status == "error" and end.code == code
+            assert end.message is not None and end.message.startswith("stalled: the backend sent no byte")
+            stalled = reports[0] if reports else await _next_health(conn)
+            assert (stalled.provider, stalled.state) == ("gpu0", "stalled")
+            assert stalled.reason.startswith("no byte from the backend for 0.3")
+            assert (await _next_health(conn)).state == "ready"
+            while served.backend.stats()["in_flight"]:  # the backend let go of the request
+                await trio.sleep(0.01)
+            assert runtime.progress["gpu0"].runs == 0
+
+
+async def test_a_loading_backend_is_not_ready_until_it_loaded(edge: FakeEdge, served: _Served) -> None:
+    """llama.cpp's 503 while loading: ``not_ready`` after unhealthy_threshold probes, ``ready``
+    (with its slots as capacity, below the configured 8) once loaded."""
+    await served.fault(loading=True)
+    health = attrs.evolve(FAST, probe="llama_cpp")
+    config = node_config(edge.url, openai_provider(served.port, capacity=8, health=health))
+    with trio.fail_after(20):
+        async with _session(edge, config) as (conn, _):
+            assert await _next_health(conn) == ProviderHealth("gpu0", "not_ready", "loading (Loading model)")
+            await served.fault()
+            assert await _next_health(conn) == ProviderHealth("gpu0", "ready", "", 4)
