@@ -1,0 +1,397 @@
+"""Health from progress [health-probe], by hand: ``python -m benchmarks.health [--providers 1000] [--seconds 20]``.
+
+1. **Probe cost.** The Node's :class:`~iop_node.health.HealthWatcher` probing
+   ``--providers`` providers (one mock backend process behind them all) every
+   second (``interval_ms`` = ``no_traffic_interval_ms`` = 1000, jitter 10 %), in this
+   process, against a reference measured in the same run: one ``httpx.AsyncClient``
+   per provider sending the same ``GET`` every second. This process's CPU over
+   ``--seconds`` (after a warm-up in which every connection opens), per probe and
+   as a share of one core; medians of ``--runs`` alternated runs.
+
+2. **The Edge's cost of a report** (``--part edge``): ``--providers`` providers of one
+   node, every one reported once a second -- the worst case, a fleet that flaps every second;
+   a steady fleet sends nothing -- each report a ``provider_health`` frame decoded
+   (:func:`iop_wire.decode`) and applied (``Admission.report_health``), alternately ``not_ready``
+   and ``ready``; against a reference in the same run: the same number of ``heartbeat`` frames
+   decoded. CPU per report and as a share of one core at that rate.
+3. **Time to ejection** (``--part ejection``). Real processes on loopback: two mock
+   backends A and B, an Edge with one model on ``gpu0`` (A) and ``gpu1`` (B), a Node
+   with the default health settings (probe every second, ``stall_ms`` 6000), and
+   ``--clients`` clients streaming short completions without pause. ``--trials``
+   times each: *hung engine* -- A's completions hang while its ``/health`` still
+   answers 200 (``POST /fault {"hang": "no_answer"}``); *dead process* -- A is
+   killed (SIGKILL). The time from the fault to ``/status`` showing ``gpu0``
+   ejected (polled every 20 ms), and the client requests that failed meanwhile;
+   then A is healed (or started again on its port) and ``gpu0`` is back online
+   before the next trial.
+
+Prints a table and writes ``benchmarks/results/health-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import signal
+import socket
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+import httpx
+import trio
+
+from benchmarks.harness import RESULTS, BenchmarkFailed, Daemon, percentile, python_command, run_suite
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderReport, ProviderSpec, QueuePolicy
+from iop_node.config import HealthConfig, NodeConfig, ProviderConfig
+from iop_node.health import HealthWatcher, Progress
+from iop_wire import Heartbeat, ProviderHealth, decode, encode
+
+WARM_UP_S = 3.0
+
+
+def _config(port: int, providers: int, probe: str) -> NodeConfig:
+    health = HealthConfig(probe=probe, interval_ms=1000, no_traffic_interval_ms=1000, timeout_ms=2000)
+    return NodeConfig(
+        node_id="bench-node",
+        edge_url="ws://127.0.0.1:1",
+        token="unused",
+        providers=tuple(
+            ProviderConfig(id=f"p{i}", adapter="openai", base_url=f"http://127.0.0.1:{port}/v1", health=health)
+            for i in range(providers)
+        ),
+    )
+
+
+async def _watcher_window(port: int, providers: int, probe: str, seconds: float) -> tuple[float, int]:
+    """CPU seconds of this process and probes answered in ``seconds`` of the watcher probing."""
+    watcher = HealthWatcher.from_config(_config(port, providers, probe), defaultdict(Progress), rng=random.Random(1))
+    watcher.connected(+1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher.serve)
+        await trio.sleep(WARM_UP_S)
+        cpu, before = time.process_time(), watcher.probes
+        await trio.sleep(seconds)
+        cpu, probes = time.process_time() - cpu, watcher.probes - before
+        nursery.cancel_scope.cancel()
+    await watcher.aclose()
+    if any(report.state != "ready" for report in watcher.reports.values()):
+        raise BenchmarkFailed("a provider was not ready: the backend did not keep up")
+    return cpu, probes
+
+
+async def _httpx_window(port: int, providers: int, path: str, seconds: float) -> tuple[float, int]:
+    """The reference: one httpx client per provider, the same GET every second (10 % jitter)."""
+    answered = 0
+    rng = random.Random(1)
+    clients = [httpx.AsyncClient(timeout=2.0, limits=httpx.Limits(max_connections=1)) for _ in range(providers)]
+    url = f"http://127.0.0.1:{port}{path}"
+
+    async def probe(client: httpx.AsyncClient) -> None:
+        nonlocal answered
+        await trio.sleep(rng.random())
+        while True:
+            try:
+                answered += (await client.get(url)).status_code == 200
+            except httpx.HTTPError:
+                pass
+            await trio.sleep(1.0 + 0.1 * (2 * rng.random() - 1))
+
+    async with trio.open_nursery() as nursery:
+        for client in clients:
+            nursery.start_soon(probe, client)
+        await trio.sleep(WARM_UP_S)
+        cpu, before = time.process_time(), answered
+        await trio.sleep(seconds)
+        cpu, probes = time.process_time() - cpu, answered - before
+        nursery.cancel_scope.cancel()
+    for client in clients:
+        await client.aclose()
+    return cpu, probes
+
+
+async def probe_cost(args: argparse.Namespace, workdir: Any) -> dict[str, Any]:
+    backend = Daemon("mock-backend", python_command("-m", "iop_mock", "--port", "0"), workdir)
+    try:
+        port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
+        ours: list[tuple[float, int]] = []
+        reference: list[tuple[float, int]] = []
+        path = "/v1/models" if args.probe == "openai" else "/health"
+        for _ in range(args.runs):
+            ours.append(await _watcher_window(port, args.providers, args.probe, args.seconds))
+            reference.append(await _httpx_window(port, args.providers, path, args.seconds))
+    finally:
+        backend.stop()
+
+    def summary(runs: list[tuple[float, int]]) -> dict[str, float]:
+        share = statistics.median(cpu / args.seconds for cpu, _ in runs)
+        per_probe = statistics.median(cpu / probes * 1e6 for cpu, probes in runs if probes)
+        rate = statistics.median(probes / args.seconds for _, probes in runs)
+        return {"core_share": share, "us_per_probe": per_probe, "probes_per_s": rate}
+
+    return {
+        "providers": args.providers,
+        "probe": args.probe,
+        "seconds": args.seconds,
+        "runs": args.runs,
+        "watcher": summary(ours),
+        "httpx_reference": summary(reference),
+    }
+
+
+def _edge_reports(providers: int, rounds: int) -> dict[str, float]:
+    """CPU per provider_health frame decoded and applied, and per heartbeat frame decoded (reference)."""
+    keys = [ProviderKey("bench-node", f"p{i}") for i in range(providers)]
+    config = PoolConfig(
+        policy=QueuePolicy(max_queue=16, queue_timeout=60.0),
+        providers={k: ProviderSpec(capacity=4) for k in keys},
+        models={"m": ModelGroup(tuple(keys))},
+    )
+    frames = [
+        [
+            encode(ProviderHealth(k.provider_id, state, "loading (Loading model)" if state == "not_ready" else ""))
+            for k in keys
+        ]
+        for state in ("not_ready", "ready")
+    ]
+    beats = [encode(Heartbeat(i)) for i in range(providers)]
+
+    async def measure() -> dict[str, float]:
+        admission = Admission(config)
+        generation = admission.connect("bench-node")
+        started = time.process_time()
+        for round_ in range(rounds):
+            for frame in frames[round_ % 2]:
+                message = decode(frame)
+                assert isinstance(message, ProviderHealth)
+                key = ProviderKey("bench-node", message.provider)
+                admission.report_health(
+                    key, ProviderReport(message.state, message.reason, message.capacity, generation)
+                )
+        reports = time.process_time() - started
+        started = time.process_time()
+        for _ in range(rounds):
+            for beat in beats:
+                decode(beat)
+        heartbeats = time.process_time() - started
+        count = rounds * providers
+        return {"us_per_report": reports / count * 1e6, "us_per_heartbeat": heartbeats / count * 1e6}
+
+    return trio.run(measure)
+
+
+EDGE_YAML = """\
+listen: 127.0.0.1:0
+node_listen: 127.0.0.1:0
+provider_pool:
+  max_queue: 256
+  queue_timeout_ms: 60000
+  retry: {{max_attempts: 2}}
+  outlier: {{consecutive_failures: 3, base_ejection_ms: 2000, max_ejection_ms: 2000}}
+nodes:
+  - id: bench-node
+    token: bench-token
+    providers:
+      - {{id: gpu0, capacity: 4}}
+      - {{id: gpu1, capacity: 4}}
+models:
+  - id: m
+    candidates:
+      - {{node: bench-node, provider: gpu0, upstream_model: m}}
+      - {{node: bench-node, provider: gpu1, upstream_model: m}}
+"""
+
+NODE_YAML = """\
+node_id: bench-node
+edge_url: ws://127.0.0.1:{node_port}
+token: bench-token
+runtime: {{concurrency: 8}}
+providers:
+  - {{id: gpu0, adapter: openai, base_url: "http://127.0.0.1:{port_a}/v1", capacity: 4}}
+  - {{id: gpu1, adapter: openai, base_url: "http://127.0.0.1:{port_b}/v1", capacity: 4}}
+"""
+
+STREAM = {"model": "m", "max_tokens": 20, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _backend(workdir: pathlib.Path, name: str, port: int) -> Daemon:
+    argv = python_command("-m", "iop_mock", "--port", str(port), "--tokens-per-second", "100")
+    return Daemon(name, argv, workdir)
+
+
+class _Fleet:
+    """The processes of the ejection part, and the clients' tally."""
+
+    def __init__(self, workdir: pathlib.Path) -> None:
+        self.workdir = workdir
+        self.port_a, self.port_b = _free_port(), _free_port()
+        self.daemons: dict[str, Daemon] = {}
+        self.http_port = 0
+        self.served = 0
+        self.failed = 0
+
+    async def start(self) -> None:
+        for name, port in (("backend-a", self.port_a), ("backend-b", self.port_b)):
+            self.daemons[name] = _backend(self.workdir, name, port)
+            await self.daemons[name].wait_for_line(r"listening on http://")
+        (self.workdir / "edge.yaml").write_text(EDGE_YAML.format())
+        edge = self.daemons["edge"] = Daemon(
+            "edge", python_command("-m", "iop_edge", "--config", str(self.workdir / "edge.yaml")), self.workdir
+        )
+        match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
+        self.http_port, node_port = int(match.group(1)), int(match.group(2))
+        node_yaml = NODE_YAML.format(node_port=node_port, port_a=self.port_a, port_b=self.port_b)
+        (self.workdir / "node.yaml").write_text(node_yaml)
+        self.daemons["node"] = Daemon(
+            "node", python_command("-m", "iop_node", "--config", str(self.workdir / "node.yaml")), self.workdir
+        )
+        await self.wait_gpu0("online")
+
+    async def gpu0(self, http: httpx.AsyncClient) -> str:
+        status = (await http.get(f"http://127.0.0.1:{self.http_port}/status")).json()
+        row = next((p for p in status["providers"] if p["provider_id"] == "gpu0"), None)
+        return "offline" if row is None or not row["connected"] else str(row["health"])
+
+    async def wait_gpu0(self, health: str, bound: float = 60.0) -> float:
+        """Poll ``/status`` every 20 ms until ``gpu0``'s health is ``health``; return when it was seen."""
+        async with httpx.AsyncClient() as http:
+            with trio.move_on_after(bound):
+                while await self.gpu0(http) != health:
+                    self.daemons["edge"].check_alive()
+                    self.daemons["node"].check_alive()
+                    await trio.sleep(0.02)
+                return trio.current_time()
+        raise BenchmarkFailed(f"gpu0 was not {health} within {bound:g} s")
+
+    async def client(self) -> None:
+        url = f"http://127.0.0.1:{self.http_port}/v1/chat/completions"
+        async with httpx.AsyncClient(timeout=120.0) as http:
+            while True:
+                try:
+                    async with http.stream("POST", url, json=STREAM) as answer:
+                        body = b"".join([piece async for piece in answer.aiter_bytes()])
+                    ok = answer.status_code == 200 and body.rstrip().endswith(b"data: [DONE]")
+                except httpx.HTTPError:
+                    ok = False
+                self.served += ok
+                self.failed += not ok
+
+    def stop(self) -> None:
+        for daemon in self.daemons.values():
+            daemon.stop()
+
+
+async def _trial(fleet: _Fleet, fault: str) -> dict[str, float]:
+    """One fault of backend A: seconds to gpu0's ejection, client failures meanwhile; A healed after."""
+    failed_before = fleet.failed
+    started = trio.current_time()
+    if fault == "hung":
+        async with httpx.AsyncClient() as http:
+            await http.post(f"http://127.0.0.1:{fleet.port_a}/fault", json={"hang": "no_answer"})
+    else:
+        fleet.daemons["backend-a"].proc.send_signal(signal.SIGKILL)
+        fleet.daemons["backend-a"].proc.wait()
+    ejected = await fleet.wait_gpu0("ejected")
+    failures = fleet.failed - failed_before
+    if fault == "hung":
+        async with httpx.AsyncClient() as http:
+            await http.post(f"http://127.0.0.1:{fleet.port_a}/fault", json={})
+    else:
+        fleet.daemons["backend-a"].stop()
+        fleet.daemons["backend-a"] = _backend(fleet.workdir, "backend-a", fleet.port_a)
+        await fleet.daemons["backend-a"].wait_for_line(r"listening on http://")
+    await fleet.wait_gpu0("online")
+    return {"seconds": ejected - started, "client_failures": failures}
+
+
+async def time_to_ejection(args: argparse.Namespace, workdir: pathlib.Path) -> dict[str, Any]:
+    fleet = _Fleet(workdir)
+    trials: dict[str, list[dict[str, float]]] = {"hung": [], "dead": []}
+    try:
+        await fleet.start()
+        async with trio.open_nursery() as nursery:
+            for _ in range(args.clients):
+                nursery.start_soon(fleet.client)
+            for _ in range(args.trials):
+                for fault in trials:
+                    trials[fault].append(await _trial(fleet, fault))
+            nursery.cancel_scope.cancel()
+    finally:
+        fleet.stop()
+    result: dict[str, Any] = {"trials": args.trials, "clients": args.clients, "served": fleet.served}
+    for fault, rows in trials.items():
+        seconds = sorted(row["seconds"] for row in rows)
+        result[fault] = {
+            "p50_s": percentile(seconds, 0.5),
+            "p99_s": percentile(seconds, 0.99),
+            "max_s": seconds[-1],
+            "client_failures": sum(row["client_failures"] for row in rows),
+            "seconds": seconds,
+        }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.health", description=__doc__)
+    parser.add_argument("--part", choices=("probes", "edge", "ejection", "all"), default="all")
+    parser.add_argument("--providers", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--probe", default="openai", choices=("openai", "llama_cpp"))
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--clients", type=int, default=4)
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {"command": "python -m benchmarks.health " + " ".join(argv or [])}
+    if args.part in ("probes", "all"):
+        result["probes"] = run_suite("health-", probe_cost, args, with_peers=False)
+        _print_probes(args, result["probes"])
+    if args.part in ("edge", "all"):
+        runs = [_edge_reports(args.providers, 10) for _ in range(args.runs)]
+        result["edge"] = {
+            name: statistics.median(run[name] for run in runs) for name in ("us_per_report", "us_per_heartbeat")
+        }
+        per_report = result["edge"]["us_per_report"]
+        beat = result["edge"]["us_per_heartbeat"]
+        print(
+            f"the Edge: {per_report:.1f} us of CPU per report decoded and applied (a heartbeat decoded: {beat:.1f} us)"
+        )
+        print(
+            f"  all {args.providers} providers reported every second: {per_report * args.providers / 1e6:.2%} of a core"
+        )
+    if args.part in ("ejection", "all"):
+        result["ejection"] = run_suite("health-", time_to_ejection, args, with_peers=False)
+        _print_ejection(result["ejection"])
+    out = RESULTS / f"health-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _print_probes(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    watcher, reference = result["watcher"], result["httpx_reference"]
+    print(f"probes of {args.providers} providers every 1 s ({args.probe}), median of {args.runs} runs:")
+    print(f"{'':24} {'probes/s':>10} {'µs/probe':>10} {'core share':>11}")
+    for name, row in (("health watcher", watcher), ("httpx reference", reference)):
+        print(f"{name:24} {row['probes_per_s']:10.0f} {row['us_per_probe']:10.1f} {row['core_share']:10.1%}")
+    print(f"watcher / reference CPU per probe: {watcher['us_per_probe'] / reference['us_per_probe']:.2f}x")
+
+
+def _print_ejection(result: dict[str, Any]) -> None:
+    print(f"time from the fault to gpu0 ejected, {result['trials']} trials, {result['clients']} clients streaming:")
+    print(f"{'fault':14} {'p50 s':>7} {'p99 s':>7} {'max s':>7} {'client failures':>16}")
+    for fault in ("hung", "dead"):
+        row = result[fault]
+        print(f"{fault:14} {row['p50_s']:7.2f} {row['p99_s']:7.2f} {row['max_s']:7.2f} {row['client_failures']:16}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
