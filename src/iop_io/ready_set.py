@@ -43,14 +43,21 @@ class ReadySet(Generic[T]):
         """The item ``fd`` is watched for, if it is."""
         return self._items.get(fd)
 
-    def add(self, fd: int, item: T) -> None:
+    def add(self, fd: int, item: T, *, connecting: bool = False) -> None:
         """Watch ``fd`` for ``item`` until :meth:`discard`.
+
+        ``connecting``: ``fd`` is a socket whose non-blocking ``connect`` is under way: it is
+        also ready when writable (connected, or failed: ask ``SO_ERROR``) until :meth:`connected`.
 
         Raises:
             OSError, ValueError: ``fd`` cannot be watched (closed), or the set is closed.
         """
-        self._epoll.register(fd, select.EPOLLIN)
+        self._epoll.register(fd, select.EPOLLIN | select.EPOLLOUT if connecting else select.EPOLLIN)
         self._items[fd] = item
+
+    def connected(self, fd: int) -> None:
+        """``fd``'s connection is made: from now on it is ready only when readable."""
+        self._epoll.modify(fd, select.EPOLLIN)
 
     def discard(self, fd: int, item: T) -> bool:
         """Stop watching ``fd`` if it is watched for ``item``; whether it was."""
@@ -72,7 +79,7 @@ class ReadySet(Generic[T]):
         await trio.lowlevel.wait_readable(self._epoll)
 
     def ready(self) -> list[tuple[int, T]]:
-        """The watched descriptors readable now, with their items. Never waits."""
+        """The watched descriptors readable now (or, connecting, writable), with their items. Never waits."""
         items = self._items
         found = self._epoll.poll(0, len(items) or 1)
         return [(fd, item) for fd, _ in found if (item := items.get(fd)) is not None]

@@ -4,9 +4,9 @@ Why one task: a probe is a short ``GET`` answered in well under a millisecond, s
 what it costs is the machinery around it. A task per provider that sleeps,
 wakes, takes a pooled connection, waits for its socket and sleeps again costs
 several times the probe itself, a thousand times a second at a thousand providers
-probed every second. Here the probes' sockets stay registered in ONE epoll
-object of our own (level-triggered, the Node's :class:`~iop_node.upstream.poller.BodyPoller`'s
-approach); the task wakes once per :data:`TICK`, reads every socket that has
+probed every second. Here the probes' sockets stay registered in one
+:class:`iop_io.ReadySet` (level-triggered, as the Node's
+:class:`~iop_node.upstream.poller.BodyPoller` keeps its bodies); the task wakes once per :data:`TICK`, reads every socket that has
 data, feeds each answer to its parser (:class:`iop_http.AnswerParser`,
 llhttp), and sends every probe that is due with one non-blocking ``send`` of the
 request bytes h11 wrote once per path. A probe therefore waits up to a tick to
@@ -18,7 +18,7 @@ address; a host name is resolved in a worker thread first), dropped when its
 probe fails or times out, and opened again by the next probe. A kept connection
 that the server closed while idle is noticed by its EOF and closed; a probe that
 finds its connection closed before any byte of the answer tries once more on a
-new one. Linux only (``select.epoll``); elsewhere the watcher probes with one
+new one. Linux only (:data:`iop_io.CAN_POLL`); elsewhere the watcher probes with one
 :class:`~iop_node.health.probe.ProbeClient` task per provider.
 """
 
@@ -29,7 +29,6 @@ import heapq
 import ipaddress
 import math
 import os
-import select
 import socket
 from collections.abc import Callable
 from typing import Final, final
@@ -38,6 +37,7 @@ import httpx
 import trio
 
 from iop_http import AnswerError, AnswerParser
+from iop_io import ReadySet
 from iop_node.health.readiness import ProbeResult, judge
 from iop_node.upstream.http11 import written
 
@@ -98,11 +98,10 @@ class Target:
 class ProbeLoop:
     """Sends and reads the probes of many :class:`Target` (see the module docstring)."""
 
-    __slots__ = ("_epoll", "_by_fd", "_due", "_in_flight", "_seq", "_wake", "probes")
+    __slots__ = ("_ready", "_due", "_in_flight", "_seq", "_wake", "probes")
 
     def __init__(self) -> None:
-        self._epoll = select.epoll()
-        self._by_fd: dict[int, Target] = {}
+        self._ready: ReadySet[Target] = ReadySet()
         self._due: list[tuple[float, int, Target]] = []
         self._in_flight: set[Target] = set()
         self._seq = 0
@@ -133,9 +132,9 @@ class ProbeLoop:
                     await self._start_due(now)
                 await self._sleep(now, online)
         finally:
-            for target in list(self._by_fd.values()):
+            for _, target in self._ready.watched():
                 self._close(target)
-            self._epoll.close()
+            self._ready.close()
 
     async def _sleep(self, now: float, online: Callable[[], trio.Event]) -> None:
         """Until the next tick while probes are in flight, else until the next is due (or one is scheduled)."""
@@ -190,8 +189,7 @@ class ProbeLoop:
             sock.close()
             raise OSError(error, os.strerror(error))
         target.sock, target.connecting, target.reused = sock, True, False
-        self._by_fd[sock.fileno()] = target
-        self._epoll.register(sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+        self._ready.add(sock.fileno(), target, connecting=True)
 
     def _send(self, target: Target, index: int) -> None:
         sock = target.sock
@@ -212,28 +210,26 @@ class ProbeLoop:
             self._fail(target, "unreachable: the request did not fit in the socket's buffer")
 
     def _read(self, now: float) -> None:
-        if not self._by_fd:
+        if not len(self._ready):
             return
-        for fd, events in self._epoll.poll(0, len(self._by_fd)):
-            target = self._by_fd.get(fd)
-            if target is None:
+        for _, target in self._ready.ready():
+            if target.sock is None:  # closed by an earlier target's step in this round
                 continue
             if target.connecting:
-                self._connected(target, events)
+                self._connected(target)
             else:
                 self._receive(target)
 
-    def _connected(self, target: Target, events: int) -> None:
+    def _connected(self, target: Target) -> None:
+        """Ready while connecting: no data comes before the connection is made, so it is made or failed."""
         sock = target.sock
         assert sock is not None
         error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if error:
             self._fail(target, f"unreachable: cannot connect to {target.host}:{target.port}: {os.strerror(error)}")
             return
-        if not events & select.EPOLLOUT:
-            return
         target.connecting = False
-        self._epoll.modify(sock.fileno(), select.EPOLLIN)
+        self._ready.connected(sock.fileno())
         self._send(target, 0)
 
     def _receive(self, target: Target) -> None:
@@ -314,12 +310,7 @@ class ProbeLoop:
         sock = target.sock
         if sock is None:
             return
-        fd = sock.fileno()
-        self._by_fd.pop(fd, None)
-        try:
-            self._epoll.unregister(fd)
-        except (OSError, ValueError):
-            pass
+        self._ready.discard(sock.fileno(), target)
         sock.close()
         target.sock = None
         target.parser = None

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import select
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, final
 
@@ -33,6 +32,7 @@ import httpx
 import trio
 
 from iop_admission import ConcurrencyLimitExceeded
+from iop_io import CAN_POLL
 from iop_node._errors import RunFailed
 from iop_node.config import NodeConfig, ProviderConfig
 from iop_node.health.probe import ProbeClient, probe_urls
@@ -144,7 +144,7 @@ class HealthWatcher:
             if health.probe_for(p.adapter) == "none":
                 continue
             kind, urls = probe_urls(p)
-            if transport is None and hasattr(select, "epoll") and all(url.scheme == "http" for url in urls):
+            if transport is None and CAN_POLL and all(url.scheme == "http" for url in urls):
                 watched[p.id].target = Target(kind, urls, health.timeout_ms / 1000)
             else:
                 watched[p.id].probe = ProbeClient(kind, urls, health.timeout_ms / 1000, transport)
