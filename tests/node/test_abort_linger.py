@@ -71,10 +71,9 @@ async def test_a_cancelled_request_is_held_until_the_backend_lets_go(nursery: tr
     await transport.aclose()
 
 
-async def test_a_backend_that_does_not_let_go_is_let_go_of_after_the_grace(nursery: trio.Nursery) -> None:
-    """[cancel-upstream] a backend that keeps the connection open: closed once the grace ran out, counted."""
+async def _keeping_server(nursery: trio.Nursery) -> tuple[int, trio.Event]:
+    """A server that reads a request and then keeps the connection open, never answering nor closing."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
     got = trio.Event()
 
     async def keep(stream: trio.SocketStream) -> None:
@@ -83,10 +82,28 @@ async def test_a_backend_that_does_not_let_go_is_let_go_of_after_the_grace(nurse
         await trio.sleep_forever()
 
     nursery.start_soon(trio.serve_listeners, keep, listeners)
+    return listeners[0].socket.getsockname()[1], got
+
+
+async def test_a_backend_that_does_not_let_go_is_let_go_of_after_the_grace(nursery: trio.Nursery) -> None:
+    """[cancel-upstream] a backend that keeps the connection open: closed once the grace ran out, counted."""
+    port, got = await _keeping_server(nursery)
     transport = H11Transport(1, abort_grace=0.05)
     abandoned = await _cancelled_in_a_run(transport, port, got)
     await abandoned.settle()
     assert (transport.open_connections, transport.let_go_late) == (0, 1)
+    await transport.aclose()
+
+
+async def test_a_run_cut_as_stalled_lets_go_at_once(nursery: trio.Nursery) -> None:
+    """A run the stall watchdog cut is a failure (it fails over now): its held connection closes at once."""
+    port, got = await _keeping_server(nursery)
+    transport = H11Transport(1, abort_grace=30.0)
+    abandoned = await _cancelled_in_a_run(transport, port, got)
+    assert transport.open_connections == 1
+    abandoned.let_go_now()
+    assert (transport.open_connections, transport.let_go_late, transport.waiting) == (0, 0, 0)
+    await abandoned.settle()  # nothing left to wait for
     await transport.aclose()
 
 
