@@ -228,6 +228,17 @@ class ByteStream:
         poller.register(fd, select.POLLIN)
         return bool(poller.poll(0))
 
+    def end_sending(self) -> None:
+        """Send the end of this side's bytes (TCP's FIN) and keep reading: the peer reads its end,
+        and its own end (or a reset) is read here. Synchronous; nothing through a trio stream only,
+        or once closed."""
+        sock = self._sock
+        if sock is not None and sock.fileno() >= 0:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:  # the connection is gone already: reading finds out
+                pass
+
     def close(self) -> None:
         """Close the socket now, waking any task waiting on it (nothing through a trio stream only).
 

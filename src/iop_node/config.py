@@ -31,6 +31,8 @@ ADAPTERS = ("openai", "ollama", "mock")
 """Adapter names a provider may use."""
 
 _HTTP_ADAPTERS = ("openai", "ollama")
+MAX_ABORT_GRACE_MS = 1_500
+"""The most ``abort_grace_ms``: the Edge waits 2 s for a cancelled run's end before it lets its lease go."""
 
 PROBES = ("auto", "openai", "llama_cpp", "vllm", "ollama", "none")
 """Readiness probe kinds (``providers[].health.probe``); ``auto`` picks by adapter."""
@@ -191,6 +193,9 @@ class ProviderConfig:
         timeout_ms: max wait for the upstream between two reads (and for the
             whole non-stream response body to start).
         connect_timeout_ms: max wait to open a TCP connection to the upstream.
+        abort_grace_ms: how long a cancelled run's upstream request is held, counted busy, for the
+            backend to let go of it (close its connection) before its capacity returns
+            ([cancel-upstream]); 0: closed at once. At most :data:`MAX_ABORT_GRACE_MS`.
         latency_ms: ``mock`` only: delay before the first chunk.
         tokens_per_second: ``mock`` only: streaming rate; 0 means no delay.
         fail_after_chunks: ``mock`` only: fault knob; after this many chunks the
@@ -205,6 +210,7 @@ class ProviderConfig:
     base_url: str | None = None
     timeout_ms: int = 300_000
     connect_timeout_ms: int = 5_000
+    abort_grace_ms: int = 1_000
     latency_ms: int = 0
     tokens_per_second: float = 0.0
     fail_after_chunks: int | None = None
@@ -227,6 +233,8 @@ class ProviderConfig:
         for name in ("timeout_ms", "connect_timeout_ms"):
             if getattr(self, name) < 1:
                 yield f"{path}.{name}", f"must be >= 1, got {getattr(self, name)}"
+        if not 0 <= self.abort_grace_ms <= MAX_ABORT_GRACE_MS:
+            yield f"{path}.abort_grace_ms", f"must be 0 to {MAX_ABORT_GRACE_MS}, got {self.abort_grace_ms}"
         if self.latency_ms < 0:
             yield f"{path}.latency_ms", f"must be >= 0, got {self.latency_ms}"
         if self.tokens_per_second < 0:

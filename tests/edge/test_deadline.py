@@ -16,7 +16,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge.harness import BIG, FAST, EdgeLayout, chat_chunk, fake_node, running_edge, sse_events, start_chat
+from edge.harness import BIG, FAST, EdgeLayout, chat_chunk, eventually, fake_node, running_edge, sse_events, start_chat
 from iop_edge.api.deadline import request_deadline
 from iop_edge.config import EdgeCandidate, EdgeModel
 from iop_wire import RunEnd
@@ -65,9 +65,9 @@ async def test_deadline_passes_while_queued(tmp_path: Path) -> None:
 
 
 async def test_deadline_before_first_byte_cancels_the_run(tmp_path: Path) -> None:
-    """[deadline] the deadline passes while the node works on the run: the Edge
-    cancels it on the node, waits for the node to let go, answers 504 deadline_exceeded before the
-    first byte, and never retries (nothing is left for another attempt)."""
+    """[deadline] the deadline passes while the node works on the run: the Edge answers 504
+    deadline_exceeded before the first byte at once, cancels the run on the node and holds the lease
+    until the node lets go, and never retries (nothing is left for another attempt)."""
     with trio.fail_after(20):
         async with running_edge(tmp_path) as edge, fake_node(edge, "node-b", providers=("gpu1",)) as b:
             async with fake_node(edge) as a:
@@ -77,7 +77,8 @@ async def test_deadline_before_first_byte_cancels_the_run(tmp_path: Path) -> Non
                     run = await a.next_run()
                     cancel = await a.next_cancel()
                     assert cancel.run_id == run.run_id
-                    assert "r" not in results  # the lease is held until the node confirms
+                    await eventually(lambda: "r" in results)  # answered without waiting for the node
+                    assert edge.provider("node-a", "gpu0")["in_flight"] == 1  # the lease is held until it confirms
                     await a.send(RunEnd(run.run_id, "cancelled", "cancelled"))
                 response = results["r"]
                 assert response.status_code == 504, response.text

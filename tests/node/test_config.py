@@ -32,7 +32,12 @@ def test_the_contract_example_loads_with_defaults() -> None:
     config = load_config_text(GOOD, NodeConfig, filename="node.yaml")
     assert (config.node_id, config.runtime.concurrency, config.heartbeat_interval_ms) == ("node-a", 4, 5000)
     (provider,) = config.providers
-    assert (provider.adapter, provider.capacity, provider.timeout_ms) == ("openai", 1, 300_000)
+    assert (provider.adapter, provider.capacity, provider.timeout_ms, provider.abort_grace_ms) == (
+        "openai",
+        1,
+        300_000,
+        1_000,
+    )
     assert (config.reconnect.initial_ms, config.reconnect.max_ms, config.reconnect.jitter) == (100, 5000, 0.2)
     assert config.resolved_token() == "dev-token"
     assert "dev-token" not in repr(config)
@@ -57,6 +62,16 @@ def test_unknown_key_names_file_line_and_path() -> None:
         ("adapter: openai", "adapter: vllm", "node.yaml:7: providers[0].adapter: must be one of openai, ollama, mock"),
         ('base_url: "http://127.0.0.1:9100/v1", ', "", "node.yaml:7: providers[0].base_url: is required"),
         ("{concurrency: 4}", "{concurrency: 0}", "node.yaml:5: runtime.concurrency: must be >= 1"),
+        (
+            "capacity: 1}",
+            "capacity: 1, abort_grace_ms: 2000}",
+            "node.yaml:7: providers[0].abort_grace_ms: must be 0 to 1500",
+        ),
+        (
+            "capacity: 1}",
+            "capacity: 1, abort_grace_ms: -1}",
+            "node.yaml:7: providers[0].abort_grace_ms: must be 0 to 1500",
+        ),
         ("ws://127.0.0.1:8081", "http://127.0.0.1:8081", "node.yaml:2: edge_url: must start with ws://"),
     ],
 )

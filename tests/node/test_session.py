@@ -156,8 +156,8 @@ async def test_edge_close_cancels_every_run_of_the_connection(edge: FakeEdge, ba
             assert node.runtime.gate.statistics().total_in_use == 2
             await conn.ws.aclose(1000, "edge says bye")
             await backend.wait_idle()
+            second = await edge.next_connection()  # the connection ended once its runs' backends let go
             assert node.runtime.gate.statistics().total_in_use == 0
-            second = await edge.next_connection()
             assert second.register.node_id == "node-a"
             assert node.client.connections == 2
 

@@ -325,14 +325,18 @@ class EdgeAPI:
         if not stream:  # the node link's reader may write the whole answer itself (see relay_whole)
             run.answer_whole(lambda answer: responder.whole_nowait(200, [_JSON, *head], answer))
         async with run:
-            first = await first_message(run, first_token)
-            if isinstance(first, RunData):
-                deadline.first_byte()
-                self.service.admission.report_success(lease)
-            if stream:
-                await relay_stream(run, responder, head, first, scan)
-            else:
-                await relay_whole(run, responder, head, first, scan)
+            try:
+                first = await first_message(run, first_token)
+                if isinstance(first, RunData):
+                    deadline.first_byte()
+                    self.service.admission.report_success(lease)
+                if stream:
+                    await relay_stream(run, responder, head, first, scan)
+                else:
+                    await relay_whole(run, responder, head, first, scan)
+            except trio.Cancelled:
+                await deadline.answer_now(responder)  # leaving the run waits for the node's end
+                raise
         return "ok"
 
     # ------------------------------------------------------------ other routes

@@ -66,8 +66,11 @@ async def within_deadline(
             cost=charge.cost,
             tokens=charge.context,
         )
-    if deadline.scope.cancelled_caught and not responder.finished:
-        raise deadline.exceeded(answered=responder.started)
+    if deadline.scope.cancelled_caught:
+        if deadline.answered is not None:  # answered at the deadline already (RequestDeadline.answer_now)
+            raise deadline.answered
+        if not responder.finished:
+            raise deadline.exceeded(answered=responder.started)
     return outcome
 
 

@@ -24,6 +24,7 @@ from typing import final
 import trio
 
 from iop_edge.api.rejections import RequestRejected
+from iop_edge.api.responder import Responder
 from iop_edge.config import EdgeModel
 from iop_edge.listener.pacing import Headers
 
@@ -59,7 +60,7 @@ class RequestDeadline:
             ``openai`` read timeout).
     """
 
-    __slots__ = ("seconds", "source", "whole", "scope", "attempting", "tried")
+    __slots__ = ("seconds", "source", "whole", "scope", "attempting", "tried", "answered")
 
     def __init__(self, seconds: float | None, source: str, whole: bool = True) -> None:
         self.seconds = seconds
@@ -69,6 +70,8 @@ class RequestDeadline:
         self.attempting = False
         self.tried: tuple[str, int] | None = None
         """The provider of the latest attempt and its number (for ``x-iop-provider``, ``x-iop-attempts``)."""
+        self.answered: RequestRejected | None = None
+        """The deadline's answer, once sent while its run was still being let go (:meth:`answer_now`)."""
 
     def left(self) -> float:
         """Seconds left until the deadline (``inf`` when there is none); negative once passed."""
@@ -89,6 +92,19 @@ class RequestDeadline:
         """The first byte went to the client: a deadline of the first byte only is over."""
         if not self.whole:
             self.scope.deadline = math.inf
+
+    async def answer_now(self, responder: Responder) -> None:
+        """If the deadline passed, answer the client now: before the run's node confirms it let go
+        of the backend (the lease stays held until then), so that wait is not the client's.
+
+        Call it where the attempt's cancellation passes, before the run is left. Shielded and
+        bounded (:meth:`Responder.reject`); the same answer is raised again by
+        :func:`~iop_edge.api.attempts.within_deadline` (:attr:`answered`), to be counted.
+        """
+        if responder.finished or not self.scope.cancel_called or self.left() > 0:
+            return
+        self.answered = self.exceeded(answered=responder.started)
+        await responder.reject(self.answered)
 
     def exceeded(self, *, answered: bool) -> RequestRejected:
         """The answer once the deadline passed: 504 ``deadline_exceeded``, saying where the time went

@@ -19,6 +19,7 @@ from iop_node.adapters.interface import Adapter, TunnelHead
 from iop_node.edges.outbox import Outbox
 from iop_node.edges.websocket import EdgeSocket, EdgeWebSocket
 from iop_node.health.progress import Progress
+from iop_node.upstream.abort import LETTING_GO, Abandoned
 from iop_node.upstream.poller import BodyPoller, RunOutput
 from iop_wire import NodeMessage, Run, TunnelChunk, TunnelRequest, TunnelStart, record_header
 
@@ -41,17 +42,25 @@ async def relay_run(
     ([health-probe]: the stall watchdog, :mod:`iop_node.health.progress`).
 
     Returns the run's whole body as its last data record when the poller held
-    it for the run's end (the session sends it with the end), else None.
+    it for the run's end (the session sends it with the end), else None. A cancelled
+    run returns (or raises) only once the backend let go of its aborted request, or its
+    provider's ``abort_grace_ms`` passed (:mod:`iop_node.upstream.abort`).
 
     Raises:
         DeadlineExceeded: the run's deadline ([deadline], wire v6 ``run.deadline_ms``) passed
             first: the upstream request, connecting and every read included, was closed.
     """
     progress = runtime.progress[run.provider]
-    if run.deadline_ms is None:
-        return await _relay_output(run, adapter, outbox, poller, progress)
-    with trio.move_on_after(run.deadline_ms / 1000):
-        return await _relay_output(run, adapter, outbox, poller, progress)
+    abandoned = Abandoned()
+    token = LETTING_GO.set(abandoned)
+    try:
+        if run.deadline_ms is None:
+            return await _relay_output(run, adapter, outbox, poller, progress)
+        with trio.move_on_after(run.deadline_ms / 1000):
+            return await _relay_output(run, adapter, outbox, poller, progress)
+    finally:
+        LETTING_GO.reset(token)
+        await abandoned.settle()  # the permit stays taken until the backend let go of an aborted request
     raise DeadlineExceeded(f"the run's deadline of {run.deadline_ms} ms passed; its upstream request was closed")
 
 
@@ -101,6 +110,9 @@ async def _relay_output(
     finally:
         progress.end(scope)
     if scope.cancelled_caught:
+        abandoned = LETTING_GO.get()
+        if abandoned is not None:  # a stalled backend is a failure: closed at once, the run failed over now
+            abandoned.let_go_now()
         stalled = f"stalled: the backend sent no byte for {progress.silence:.1f} s with runs in flight"
         raise StreamStalled(f"{stalled}, after {seq} pieces of its answer") if seq else UpstreamUnreachable(stalled)
     if held:  # the whole body, held for the run's end (BodyPoller.relay)
@@ -120,14 +132,21 @@ def _pieces(chunk: bytes) -> Iterator[bytes]:
 async def relay_tunnel(
     request: TunnelRequest, body: bytes, adapter: Adapter, send: Callable[[NodeMessage], Awaitable[None]]
 ) -> None:
-    """Serve one tunnel request: ``tunnel_start``, then ``tunnel_chunk`` per body part."""
-    parts = adapter.tunnel(request.method, request.path, request.headers, body)
-    async with aclosing(parts):
-        async for part in parts:
-            if isinstance(part, TunnelHead):
-                await send(TunnelStart(request.run_id, part.status, part.headers))
-            elif part:
-                await send(TunnelChunk.from_bytes(request.run_id, part))
+    """Serve one tunnel request: ``tunnel_start``, then ``tunnel_chunk`` per body part; a cancelled one
+    returns once the backend let go of it (see :func:`relay_run`)."""
+    abandoned = Abandoned()
+    token = LETTING_GO.set(abandoned)
+    try:
+        parts = adapter.tunnel(request.method, request.path, request.headers, body)
+        async with aclosing(parts):
+            async for part in parts:
+                if isinstance(part, TunnelHead):
+                    await send(TunnelStart(request.run_id, part.status, part.headers))
+                elif part:
+                    await send(TunnelChunk.from_bytes(request.run_id, part))
+    finally:
+        LETTING_GO.reset(token)
+        await abandoned.settle()
 
 
 async def write_frames(ws: EdgeWebSocket, outbox: Outbox, connection: trio.CancelScope) -> None:

@@ -101,7 +101,7 @@ class HttpUpstream:
         )
         if transport is None:
             if root.startswith("http://"):
-                transport = H11Transport(provider.capacity, provider.limits)
+                transport = H11Transport(provider.capacity, provider.limits, provider.abort_grace_ms / 1000)
             else:
                 limits = httpx.Limits(max_connections=provider.capacity, max_keepalive_connections=provider.capacity)
                 transport = httpx.AsyncHTTPTransport(limits=limits)

@@ -43,10 +43,15 @@ Design notes:
 - Ownership. A request's pool slot and the connection it uses live in one
   :class:`~iop_node.upstream.http11.Checkout`, the only thing that returns the
   slot (:meth:`H11Transport.give_back`, once).
+- Abort. A connection given back under way (its answer not read to its end) while its
+  run is being cancelled is held with its slot until the backend lets go, at most
+  ``abort_grace`` seconds (:mod:`iop_node.upstream.abort`); outside a run it is closed at once.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Mapping
 from typing import final
 
@@ -54,6 +59,7 @@ import httpx
 import trio
 
 from iop_node.config import UpstreamLimits
+from iop_node.upstream.abort import LETTING_GO, Lingering
 from iop_node.upstream.connection import Connection, Origin, open_connection
 from iop_node.upstream.http11 import (
     Answer,
@@ -66,6 +72,8 @@ from iop_node.upstream.http11 import (
     written,
 )
 
+logger = logging.getLogger("iop_node")
+
 
 @final
 class H11Transport(httpx.AsyncBaseTransport):
@@ -76,9 +84,11 @@ class H11Transport(httpx.AsyncBaseTransport):
     Args:
         capacity: the most requests (and connections) at once.
         limits: the bounds on what the upstream sends (:class:`iop_http.AnswerParser`).
+        abort_grace: seconds an aborted request's connection is held for its backend to let go
+            (:mod:`iop_node.upstream.abort`); 0: closed at once.
     """
 
-    def __init__(self, capacity: int, limits: UpstreamLimits | None = None) -> None:
+    def __init__(self, capacity: int, limits: UpstreamLimits | None = None, abort_grace: float = 0.0) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
@@ -87,8 +97,11 @@ class H11Transport(httpx.AsyncBaseTransport):
         self._idle: dict[Origin, list[Connection]] = {}
         self._open: set[Connection] = set()
         self._closed = False
+        self.abort_grace = abort_grace
         self.opened = 0
         """Connections opened so far (a reused connection is not counted again)."""
+        self.let_go_late = 0
+        """Aborted requests whose backend had not let go when ``abort_grace`` ran out."""
 
     def __repr__(self) -> str:
         idle = sum(len(stack) for stack in self._idle.values())
@@ -256,8 +269,40 @@ class H11Transport(httpx.AsyncBaseTransport):
         if connection is not None:
             if reusable and not self._closed and connection.answer.reusable:
                 self._idle.setdefault(connection.origin, []).append(connection)
+            elif self._linger(connection):
+                return  # the slot returns when the backend let go
             else:
                 self._discard(connection)
+        self._slots.release()
+
+    def _linger(self, connection: Connection) -> bool:
+        """Hold ``connection`` for its backend to let go, if it is an aborted request of a run:
+        its answer not read to its end while the run's task is cancelled."""
+        abandoned = LETTING_GO.get()
+        if (
+            abandoned is None
+            or self.abort_grace <= 0
+            or self._closed
+            or connection.answer.complete
+            or trio.current_effective_deadline() != -math.inf  # not cancelled: a failure, closed at once
+        ):
+            return False
+        connection.io.end_sending()
+        abandoned.hold(Lingering(connection, self.abort_grace, lambda let_go: self._let_go(connection, let_go)))
+        return True
+
+    def _let_go(self, connection: Connection, in_time: bool) -> None:
+        """An aborted request's backend let go (``in_time``) or its grace ran out: close, return the slot."""
+        if not in_time:
+            self.let_go_late += 1
+            logger.warning(
+                "the backend at %s:%d did not let go of an aborted request within abort_grace_ms (%g s):"
+                " its capacity returns now",
+                connection.origin[1].decode("ascii", "replace"),
+                connection.origin[2],
+                self.abort_grace,
+            )
+        self._discard(connection)
         self._slots.release()
 
     def _discard(self, connection: Connection) -> None:
