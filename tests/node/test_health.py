@@ -230,7 +230,7 @@ async def _until_end(conn: EdgeConn, run_id: str) -> tuple[RunEnd, list[Provider
 @pytest.mark.parametrize(
     ("hang", "stream", "code"),
     [
-        ("no_answer", False, "upstream_unreachable"),
+        ("no_answer", True, "upstream_unreachable"),
         ("head_only", True, "upstream_unreachable"),
         ("mid_stream", True, "stream_stalled"),
     ],
@@ -257,6 +257,20 @@ async def test_a_hung_backend_is_stalled_its_runs_cut_and_reported(
             while served.backend.stats()["in_flight"]:  # the backend let go of the request
                 await trio.sleep(0.01)
             assert runtime.progress["gpu0"].runs == 0
+
+
+@pytest.mark.req("health-probe")
+async def test_a_non_stream_run_longer_than_stall_ms_is_served_whole(edge: FakeEdge, served: _Served) -> None:
+    """[health-probe] A non-stream answer comes whole at its end: a run that takes 1 s (200 tokens at
+    200 a second) on a provider whose stall_ms is 0.3 s is served, not cut, and no stall is reported."""
+    config = node_config(edge.url, openai_provider(served.port, capacity=2, health=FAST))
+    with trio.fail_after(20):
+        async with _session(edge, config) as (conn, runtime):
+            await conn.send(Run("r1", "gpu0", "chat/completions", {**CHAT, "max_tokens": 200}, False))
+            end, reports = await _until_end(conn, "r1")
+            assert end.status == "ok", end
+            assert all(report.state != "stalled" for report in reports)
+            assert not runtime.progress["gpu0"].stalled
 
 
 async def test_a_loading_backend_is_not_ready_until_it_loaded(edge: FakeEdge, served: _Served) -> None:

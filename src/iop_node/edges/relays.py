@@ -38,8 +38,8 @@ async def relay_run(
 ) -> Record | None:
     """Serve ``run`` on ``adapter``: its output as data records, within the run's deadline.
 
-    The run counts in its provider's ``runtime.progress``, each chunk from the backend too
-    ([health-probe]: the stall watchdog, :mod:`iop_node.health.progress`).
+    A streamed run counts in its provider's ``runtime.progress``, and every run's chunks from
+    the backend too ([health-probe]: the stall watchdog, :mod:`iop_node.health.progress`).
 
     Returns the run's whole body as its last data record when the poller held
     it for the run's end (the session sends it with the end), else None. A cancelled
@@ -99,7 +99,10 @@ async def _relay_output(
         held.append(body)
 
     output = RunOutput(send, send_nowait, poller, hold)
-    scope = progress.begin()  # the scope the stall watchdog cancels
+    # Only a stream is watched: a non-stream answer comes whole at its end, so its silence
+    # says nothing of a hang (its end still counts as the provider's progress).
+    watched = run.stream
+    scope = progress.begin() if watched else trio.CancelScope()  # the scope the stall watchdog cancels
     try:
         with scope:
             await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
@@ -108,7 +111,8 @@ async def _relay_output(
             raise StreamStalled(f"the upstream went silent after {seq} pieces of its answer: {exc.message}") from None
         raise
     finally:
-        progress.end(scope)
+        if watched:
+            progress.end(scope)
     if scope.cancelled_caught:
         abandoned = LETTING_GO.get()
         if abandoned is not None:  # a stalled backend is a failure: closed at once, the run failed over now

@@ -3,7 +3,9 @@
 The hung engine that still answers ``/health`` (vLLM's engine core stuck behind a live
 API server) is found by what its runs do, not by what it says: a provider that has had
 runs in flight without a break and sent no byte of any of them for ``stall_ms`` is
-*stalled*. A run's relay counts its runs and body chunks here (:meth:`Progress.begin`,
+*stalled*. Only streamed runs count in flight: a non-stream answer comes whole at its
+end, so a long one is silent by nature (a hung engine with non-stream work alone is
+found by the run's read timeout or deadline). A run's relay counts its runs and body chunks here (:meth:`Progress.begin`,
 :attr:`Progress.chunks`: an integer add per chunk, no clock read); the watchdog samples
 the counters every tick (:meth:`Progress.check`, sans-I/O: ``now`` is passed in), so
 the cost per token stays one add and the time resolution is the tick.
