@@ -428,4 +428,14 @@ FAST_PATHS = (  # issue 42: the lease's fast paths skip work only where it is pr
     ),
 )
 
-MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS + FAST_PATHS
+DRAINS = (
+    HandMutant(
+        "drain_decisions hands over only the first of its decisions",
+        ONE_OF_MANY,
+        CORE + "_core/state.py",
+        "        return self._dispatcher.with_unpinned(out)\n",
+        "        return self._dispatcher.with_unpinned(out)[:1]\n",
+    ),
+)
+
+MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS + FAST_PATHS + DRAINS
