@@ -7,8 +7,9 @@ or a retry); a full queue sheds a waiter whose tokens were held as headroom, and
 gives back lets the newcomer in; a pinned waiter withdrawn, or timed out, gives back the
 headroom that two smaller waiters fit in.
 
-A shed and a panic grant cannot come out of one drain: a request is either granted at once (and
-only a grant can start a probe) or queued (and only a queued request sheds).
+A shed and a panic grant come out of one drain only through the ledger: a request is either granted
+at once (and only a grant starts a probe) or queued (and only a queued request sheds), but the
+headroom a shed waiter gives back may let a waiter take a probe, which puts the rest in panic mode.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from iop_admission import (
     TenantLimitExceeded,
     TenantSpec,
 )
-from iop_admission.core import AdmissionState, Decision, Failed, Granted, TokenLedger, Waiter, WaiterState
+from iop_admission.core import AdmissionState, Decision, Ejected, Failed, Granted, TokenLedger, Waiter, WaiterState
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")
@@ -137,6 +138,37 @@ def test_a_shed_pinned_waiter_gives_back_the_headroom_the_newcomer_runs_in() -> 
     assert isinstance(shed.error, TenantLimitExceeded) and shed.error.tenant == "low"
     assert isinstance(granted, Granted) and granted.waiter is newcomer and granted.lease.reserved_tokens == 10
     assert (_headroom(state), state.provider_snapshots()[0].reserved_tokens, state.queue_depth) == (0, 100, 0)
+
+
+@pytest.mark.req("tenant-quotas", "token-ledger", "outlier-ejection")
+def test_a_shed_pinned_waiter_lets_a_probe_and_a_panic_grant_in_in_one_drain() -> None:
+    """A's ejection is over (its next grant is its probe). ``low``'s 60 waits beside 50 running,
+    pinned there by two 40s of ``high`` (the second fails: that ejected A). A 0 of ``high`` waits
+    behind the headroom (50 + 0 + 60 held) and the queue of two is full. A 10 of ``high`` sheds the
+    60; the drain grants the 0 A's probe, and the 10 in the panic mode that puts ``a`` in."""
+    state = _connected(
+        PoolConfig(
+            policy=QueuePolicy(max_queue=2, queue_timeout=10.0),
+            providers={A: ProviderSpec(capacity=16, total_context_tokens=100, admit_by="tokens")},
+            models={"a": ModelGroup((A,))},
+            outlier=OutlierPolicy(consecutive_failures=1, base_ejection=1.0, max_ejection=1.0),
+            tenants=(TenantSpec("high"), TenantSpec("low", priority=-1)),
+        )
+    )
+    _lease(state.request("a", False, 0.0, "high", tokens=50))
+    big = _waiter(state.request("a", False, 0.0, "low", tokens=60))
+    assert state.release(_lease(state.request("a", False, 0.0, "high", tokens=40))) == []
+    failing = _lease(state.request("a", False, 0.0, "high", tokens=40))
+    assert _headroom(state) == 60
+    assert [type(d) for d in state.report_failure(failing, 0.0)] == [Ejected]
+    assert state.release(failing) == [] and state.advance(1.0) == []
+    empty = _waiter(state.request("a", False, 1.0, "high", tokens=0))
+    newcomer = _waiter(state.request("a", False, 1.0, "high", tokens=10))
+    shed, probe, panic = state.drain_decisions()
+    assert isinstance(shed, Failed) and shed.waiter is big and isinstance(big.error, TenantLimitExceeded)
+    assert isinstance(probe, Granted) and probe.waiter is empty and probe.lease.probe
+    assert isinstance(panic, Granted) and panic.waiter is newcomer and not panic.lease.probe
+    assert state.panic_models() == ("a",) and state.queue_depth == 0 and _headroom(state) == 0
 
 
 def _pinned_with_two_behind(monkeypatch: pytest.MonkeyPatch) -> tuple[AdmissionState, Waiter, list[Waiter]]:
