@@ -18,6 +18,11 @@ After every step:
 
 The control (a patience no run reaches: nothing is ever held) starves a big request behind a
 stream of small ones, where the rule grants it.
+
+Every ``drain_decisions()`` it carries out is counted when it holds two decisions or more
+(``COVERAGE``, enforced at the end of the module under the ``ci`` profile): a drain handing over
+only its first decision passed the whole suite before. The random rules never reach one; the rule
+``pinned_waiter_leaves`` builds it.
 """
 
 from __future__ import annotations
@@ -159,10 +164,11 @@ class LedgerCoreMachine(RuleBasedStateMachine):
 
     @rule(timeout=st.booleans())
     def pinned_waiter_leaves(self, timeout: bool) -> None:
-        """The moment of a drain of two: on A alone (B's node down), ``r0`` runs and a waiter of
-        ``w`` tokens does not fit beside it (``r0 + w`` is one over A's budget); leases of the tokens
-        left pass it until it is pinned; two smaller waiters then wait behind its headroom, and it
-        is withdrawn or times out: the one drain after it grants both. Nothing queued or held before."""
+        """The moment of a drain of two: on A alone (B's node down), ``r0`` runs in two leases and a
+        waiter of ``size`` tokens does not fit beside it (``r0 + size`` is one over A's budget);
+        leases of the tokens left pass it until it is pinned; two smaller waiters then wait behind
+        its headroom, and it is withdrawn or times out: the one drain after it grants both. Nothing
+        is queued or held before (the rule withdraws and releases it all first)."""
         for waiter in list(self.queued):
             assert self.core.withdraw(waiter)
             self.queued.remove(waiter)
