@@ -428,4 +428,99 @@ FAST_PATHS = (  # issue 42: the lease's fast paths skip work only where it is pr
     ),
 )
 
-MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS + FAST_PATHS
+DRAINS = (
+    HandMutant(
+        "drain_decisions hands over only the first of its decisions",
+        ONE_OF_MANY,
+        CORE + "_core/state.py",
+        "        return self._dispatcher.with_unpinned(out)\n",
+        "        return self._dispatcher.with_unpinned(out)[:1]\n",
+    ),
+)
+
+LEDGER = (  # issue 40's token ledger: _ledger.py, _core/budgets.py and its hooks
+    HandMutant(
+        "a waiter that leaves unserved keeps its tokens held as headroom",
+        SKIPPED_CALL,
+        CORE + "_core/queue.py",
+        "        if waiter._passed is not None and state is not GRANTED:  # granted: forgotten once it reserved\n"
+        "            self._budgets.forget(waiter)\n",
+        "",
+        40,
+    ),
+    HandMutant(
+        "a waiter that leaves gives its headroom back but drain_decisions grants nobody it lets in",
+        SKIPPED_CALL,
+        CORE + "_core/state.py",
+        "        return self._dispatcher.with_unpinned(out)\n",
+        "        return out\n",
+        40,
+    ),
+    HandMutant(
+        "a pinned waiter granted on another provider keeps its headroom held",
+        SKIPPED_CALL,
+        CORE + "_core/dispatch.py",
+        "            if charge._passed is not None:  # reserved: its count and pin elsewhere go to the next\n"
+        "                self._budgets.forget(charge)\n",
+        "",
+        40,
+    ),
+    HandMutant(
+        "headroom given back inside a dispatch is not dispatched again",
+        ONE_OF_MANY,
+        CORE + "_core/dispatch.py",
+        "        while probed or freed:",
+        "        while probed:",
+        40,
+    ),
+    HandMutant(
+        "a settle below zero is taken as a negative reservation",
+        SKIPPED_CALL,
+        CORE + "_ledger.py",
+        "        used = max(0, used)\n",
+        "",
+        40,
+    ),
+    HandMutant(
+        "a revoked lease's reservation is not returned when its body leaves",
+        SIBLING_GUARD,
+        CORE + "_core/pool.py",
+        "        if slot.ledger is not None:\n            slot.ledger.release(lease.id)\n",
+        "        if slot.ledger is not None and not lease._revoked:\n            slot.ledger.release(lease.id)\n",
+        40,
+    ),
+    HandMutant(
+        "the passed count records the granted tokens as the waiter's size",
+        SWAPPED_ORDER,
+        CORE + "_core/budgets.py",
+        "ledger.passed_over(earliest.seq, need, granted)",
+        "ledger.passed_over(earliest.seq, granted, need)",
+        40,
+    ),
+    HandMutant(
+        "a waiter kept off by the long slots is counted passed over by tokens",
+        SKIPPED_CALL,
+        CORE + "_core/budgets.py",
+        "if earliest is None or (earliest.long and p.long_in_flight >= p.long_capacity):",
+        "if earliest is None:",
+        40,
+    ),
+    HandMutant(
+        "a waiter kept off by its tenant's cap is counted passed over by tokens",
+        SKIPPED_CALL,
+        CORE + "_core/budgets.py",
+        "        if not self._tenants.can_run(earliest.tenant):\n            return  # its tenant's cap keeps it waiting\n",
+        "",
+        40,
+    ),
+    HandMutant(
+        "a lower budget keeps a pin whose headroom it can no longer hold",
+        SKIPPED_CALL,
+        CORE + "_ledger.py",
+        "        if self.pinned is not None and self.headroom > budget:\n            self.forget(self.pinned)\n",
+        "",
+        40,
+    ),
+)
+
+MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS + FAST_PATHS + DRAINS + LEDGER

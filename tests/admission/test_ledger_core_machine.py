@@ -18,6 +18,11 @@ After every step:
 
 The control (a patience no run reaches: nothing is ever held) starves a big request behind a
 stream of small ones, where the rule grants it.
+
+Every ``drain_decisions()`` it carries out is counted when it holds two decisions or more
+(``COVERAGE``, enforced at the end of the module under the ``ci`` profile): a drain handing over
+only its first decision passed the whole suite before. The random rules never reach one; the rule
+``pinned_waiter_leaves`` builds it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from tests.admission.state_coverage import Coverage
 
 from iop_admission import AdmissionError, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from iop_admission.core import AdmissionState, Decision, Failed, Granted, Lease, Revoked, TokenLedger, Waiter
@@ -58,6 +64,10 @@ def config(budget_a: int, budget_b: int, capacity_a: int = 4) -> PoolConfig:
 
 TOKENS = st.one_of(st.none(), st.integers(0, 90))
 
+# The interaction the drains of this machine must reach, and its floor in a ci run
+# (docs/reliability.md states the counts): a waiter that leaves gives back headroom two fit in.
+COVERAGE = Coverage("ledger core", {"drains with two or more decisions": 20})
+
 
 class LedgerCoreMachine(RuleBasedStateMachine):
     @initialize(budget_a=st.integers(40, 120), budget_b=st.integers(60, 120), patience=st.integers(0, 3))
@@ -78,6 +88,14 @@ class LedgerCoreMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "patience"):
             self.patience.undo()
+            COVERAGE.examples += 1
+
+    def drain(self) -> None:
+        """Carry out ``drain_decisions()``, every one of them (counted when there are two or more)."""
+        decisions = self.core.drain_decisions()
+        if len(decisions) >= 2:
+            COVERAGE.hit("drains with two or more decisions")
+        self.take(decisions)
 
     def take(self, decisions: list[Decision]) -> None:
         for d in decisions:
@@ -103,7 +121,7 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         except AdmissionError:
             return
         (self.alive if isinstance(got, Lease) else self.queued).append(got)  # type: ignore[arg-type]
-        self.take(self.core.drain_decisions())
+        self.drain()
 
     @precondition(lambda self: self.alive)
     @rule(data=st.data())
@@ -129,7 +147,7 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         waiter = data.draw(st.sampled_from(self.queued))
         assert self.core.withdraw(waiter)
         self.queued.remove(waiter)
-        self.take(self.core.drain_decisions())
+        self.drain()
 
     @precondition(lambda self: self.alive)
     @rule(data=st.data(), used=st.integers(-5, 90))
@@ -143,6 +161,63 @@ class LedgerCoreMachine(RuleBasedStateMachine):
             if max(0, used) > before:
                 self.over.add(lease.provider)
                 self.forget_pin(lease.provider)
+
+    @rule(timeout=st.booleans())
+    def pinned_waiter_leaves(self, timeout: bool) -> None:
+        """The moment of a drain of two: on A alone (B's node down), ``r0`` runs in two leases and a
+        waiter of ``size`` tokens does not fit beside it (``r0 + size`` is one over A's budget);
+        leases of the tokens left pass it until it is pinned; two smaller waiters then wait behind
+        its headroom, and it is withdrawn or times out: the one drain after it grants both. Nothing
+        is queued or held before (the rule withdraws and releases it all first)."""
+        for waiter in list(self.queued):
+            assert self.core.withdraw(waiter)
+            self.queued.remove(waiter)
+            self.drain()
+        for lease in list(self.alive):
+            self.release_lease(lease)
+        ok, decisions = self.core.disconnect(B.node_id, self.core.generation(B.node_id))
+        assert ok and decisions == []
+        self.forget_pin(B)
+        budget = self.slot(A).ledger.budget
+        size = min(WINDOW, budget // 2 + 1)
+        r0 = budget - size + 1
+        for part in (r0 // 2, r0 - r0 // 2):
+            self.alive.append(self.lease_now(part))
+        big = self.core.request("x", False, self.now, tokens=size)
+        assert isinstance(big, Waiter)
+        self.queued.append(big)
+        self.now += 1.0
+        for _ in range(TokenLedger.PATIENCE + 2):
+            self.release_lease(self.lease_now(size - 1))
+            if self.slot(A).ledger.pinned == big.seq:
+                break
+        assert self.slot(A).ledger.pinned == big.seq
+        for _ in range(2):
+            small = self.core.request("x", False, self.now, tokens=(size - 1) // 2)
+            assert isinstance(small, Waiter)
+            self.queued.append(small)
+        if timeout:
+            self.now = big.deadline
+            assert self.core.expire(self.now) == [big]
+        else:
+            assert self.core.withdraw(big)
+        self.queued.remove(big)
+        self.drain()
+        assert not self.queued
+        _, decisions = self.core.connect(B.node_id)
+        self.take(decisions)
+
+    def lease_now(self, tokens: int) -> Lease:
+        lease = self.core.request("x", False, self.now, tokens=tokens)
+        assert isinstance(lease, Lease) and lease.provider == A
+        assert self.core.drain_decisions() == []
+        return lease
+
+    def release_lease(self, lease: Lease) -> None:
+        if lease in self.alive:
+            self.alive.remove(lease)
+        self.released.append(lease)
+        self.take(self.core.release(lease))
 
     @rule(key=st.sampled_from([A, B]))
     def reconnect(self, key: ProviderKey) -> None:
@@ -166,7 +241,7 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         self.now += step
         for waiter in self.core.expire(self.now):
             self.queued.remove(waiter)
-        self.take(self.core.drain_decisions())
+        self.drain()
 
     @invariant()
     def budgets_hold_exactly_what_the_leases_reserve(self) -> None:
@@ -208,6 +283,12 @@ class LedgerCoreMachine(RuleBasedStateMachine):
             if pinned in queued:
                 alive = {lease.id for lease in self.alive}
                 assert seen[1] & alive, f"waiter {pinned} outlived every lease held on {key} at its pin"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _check_coverage() -> object:
+    yield
+    COVERAGE.check()
 
 
 TestLedgerCoreMachine = LedgerCoreMachine.TestCase
