@@ -99,9 +99,7 @@ async def _relay_output(
         held.append(body)
 
     output = RunOutput(send, send_nowait, poller, hold)
-    # Only a stream is watched: a non-stream answer comes whole at its end, so its silence
-    # says nothing of a hang (its end still counts as the provider's progress).
-    watched = run.stream
+    watched = run.stream  # a non-stream answer comes whole at its end: its silence says nothing of a hang
     scope = progress.begin() if watched else trio.CancelScope()  # the scope the stall watchdog cancels
     try:
         with scope:
