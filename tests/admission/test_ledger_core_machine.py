@@ -169,9 +169,9 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         leases of the tokens left pass it until it is pinned; two smaller waiters then wait behind
         its headroom, and it is withdrawn or times out: the one drain after it grants both. Nothing
         is queued or held before (the rule withdraws and releases it all first)."""
-        for waiter in list(self.queued):
+        while self.queued:  # a withdrawal's drain may grant the next one
+            waiter = self.queued.pop(0)
             assert self.core.withdraw(waiter)
-            self.queued.remove(waiter)
             self.drain()
         for lease in list(self.alive):
             self.release_lease(lease)
