@@ -433,8 +433,8 @@ DRAINS = (
         "drain_decisions hands over only the first of its decisions",
         ONE_OF_MANY,
         CORE + "_core/state.py",
-        "        return self._dispatcher.with_unpinned(out)\n",
-        "        return self._dispatcher.with_unpinned(out)[:1]\n",
+        "        return self._dispatcher.with_unpinned(out) if self._budgets.unpinned else out\n",
+        "        return (self._dispatcher.with_unpinned(out) if self._budgets.unpinned else out)[:1]\n",
     ),
 )
 
@@ -452,7 +452,7 @@ LEDGER = (  # issue 40's token ledger: _ledger.py, _core/budgets.py and its hook
         "a waiter that leaves gives its headroom back but drain_decisions grants nobody it lets in",
         SKIPPED_CALL,
         CORE + "_core/state.py",
-        "        return self._dispatcher.with_unpinned(out)\n",
+        "        return self._dispatcher.with_unpinned(out) if self._budgets.unpinned else out\n",
         "        return out\n",
         40,
     ),

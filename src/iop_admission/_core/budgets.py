@@ -23,11 +23,13 @@ from .tenants import Tenants
 class Budgets:
     """The passes the ledgers count, and the providers whose headroom a departure freed."""
 
-    __slots__ = ("_tenants", "_unpinned")
+    __slots__ = ("_tenants", "unpinned")
 
     def __init__(self, tenants: Tenants) -> None:
         self._tenants = tenants
-        self._unpinned: list[ProviderSlot] = []
+        self.unpinned: list[ProviderSlot] = []
+        """The providers whose headroom a departure gave back, until :meth:`take_unpinned` (an empty
+        list is read on every drain and dispatch: the test of it is the whole cost where no budget is)."""
 
     def note_pass(self, p: ProviderSlot, seq: int, granted: int) -> None:
         """A grant of ``granted`` tokens to arrival ``seq`` on ``p`` (a token budget): the earliest
@@ -60,12 +62,12 @@ class Budgets:
         its tokens were held as headroom, the provider is listed for :meth:`take_unpinned`."""
         for p in waiter._passed or ():
             if p.ledger is not None and p.ledger.forget(waiter.seq):
-                self._unpinned.append(p)
+                self.unpinned.append(p)
         waiter._passed = None
 
     def take_unpinned(self) -> list[ProviderSlot]:
         """The providers whose headroom a departure gave back since the last call (to dispatch)."""
-        out = self._unpinned
+        out = self.unpinned
         if out:
-            self._unpinned = []
+            self.unpinned = []
         return out

@@ -79,7 +79,8 @@ class Dispatcher:
         and of each provider whose headroom a waiter granted elsewhere gave back ([token-ledger])."""
         decisions = self._round(groups)
         probed = [d.lease._slot for d in decisions if type(d) is Granted and d.lease.probe]
-        freed = self._budgets.take_unpinned()
+        budgets = self._budgets
+        freed = budgets.take_unpinned() if budgets.unpinned else []
         while probed or freed:  # one probe per ejection, one pin per waiter: this ends
             more = self._round(groups_of(probed + freed))
             decisions += more

@@ -48,7 +48,8 @@ class AdmissionState:
         validate_pool(config)
         self._pool = pool = Pool()
         self._tenants = tenants = Tenants()
-        self._queue = queue = Queue(config.policy, tenants, budgets := Budgets(tenants))
+        self._budgets = budgets = Budgets(tenants)
+        self._queue = queue = Queue(config.policy, tenants, budgets)
         self._health = health = Health(config.outlier)
         self._dispatcher = dispatcher = Dispatcher(pool, queue, tenants, health, budgets)
         self._refresh = Refresh(config, pool, queue, health, tenants, dispatcher)
@@ -200,16 +201,15 @@ class AdmissionState:
     def drain_decisions(self) -> list[Decision]:
         """Decisions made by the last :meth:`request`, :meth:`retry`, :meth:`withdraw` or :meth:`expire`.
 
-        A request that finds the queue full evicts the newest waiter of a lower negative band
-        ([tenant-quotas]); a grant that starts a provider's probe stops it admitting, which may put
-        the waiters of its model groups in panic mode, and they are granted ([outlier-ejection]); a
-        waiter that leaves gives back the tokens held for it ([token-ledger]). Carry these out like
-        any decision. Do not change the list returned (empty, it is the state's own).
+        A request that finds the queue full evicts the newest waiter of a lower negative band ([tenant-quotas]);
+        a grant that starts a provider's probe stops it admitting, which may put the waiters of its model
+        groups in panic mode, and they are granted ([outlier-ejection]); a waiter that leaves gives back the
+        tokens held for it ([token-ledger]). Carry these out. The list returned is not to be changed.
         """
         out = self._pending
         if out:
             self._pending = []
-        return self._dispatcher.with_unpinned(out)
+        return self._dispatcher.with_unpinned(out) if self._budgets.unpinned else out
 
     def withdraw(self, waiter: Waiter) -> bool:
         """Remove a queued waiter (its task was cancelled or its deadline passed).
