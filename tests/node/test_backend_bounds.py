@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -43,6 +44,15 @@ def resident_bytes(pid: int) -> int:
     raise AssertionError(f"no VmRSS for process {pid}")
 
 
+def unprobed_node_config() -> dict[str, Any]:
+    """The stack's node config with its provider's readiness probe off: a :class:`HostileBackend`
+    answers every request with its script, a probe's too, and these tests count the run's connections."""
+    config = node_config()
+    for provider in config["providers"]:
+        provider["health"] = {"probe": "none"}
+    return config
+
+
 @pytest.mark.req("upstream-bounds")
 @pytest.mark.parametrize(
     ("script", "code"),
@@ -61,7 +71,7 @@ async def test_a_hostile_answer_fails_its_own_run_only(tmp_path: Path, script: S
             async with open_stack(tmp_path) as stack:
                 await stack.start_edge(edge_config())
                 stack.backend_port = backend.port
-                await stack.start_node(node_config())
+                await stack.start_node(unprobed_node_config())
                 assert stack.node is not None
                 assert (await stack.chat(FAST)).status_code == 200
                 before = resident_bytes(stack.node.pid)
