@@ -25,7 +25,16 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from e2e.harness import FAST, Requests, Stack, edge_config, node_config, open_stack, provider
-from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
+from iop_admission import (
+    Admission,
+    ModelGroup,
+    PoolConfig,
+    ProviderKey,
+    ProviderReport,
+    ProviderSpec,
+    QueuePolicy,
+    TenantSpec,
+)
 from iop_edge.config import UiConfig
 
 VIEWER = "viewer-ui-tier-sentinel"
@@ -184,4 +193,28 @@ async def test_the_page_shows_tenants_when_the_core_has_them(browser: webdriver.
                 "default": ["0", "1", "0", "0 / ∞", "∞", "0.0 %"],
             }
             await run(browser.save_screenshot, str(DOCS / "ui-tenants.png"))
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.req("queue-page", "health-probe")
+async def test_the_page_shows_what_a_node_reports_of_its_backend(browser: webdriver.Chrome) -> None:
+    """A stalled report ejects the provider: its health cell says so, with the node's reason as the
+    tooltip; a ready report of the backend's own 1 slot shows beside the configured capacity."""
+    admission = Admission(pool())
+    generation = admission.connect(GPU0.node_id)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            url, _ = await serve_page(
+                nursery, admission, UiConfig(enabled=True, viewer_token=VIEWER, update_interval_ms=250)
+            )
+            await run(browser.get, f"{url}/ui?token={VIEWER}")
+            admission.report_health(
+                GPU0, ProviderReport("stalled", "no byte from the backend for 6.0 s", None, generation)
+            )
+            await shows(browser, lambda b: gpu0_cells(b)[2].startswith("ejected"), 10)
+            health = await run(lambda: browser.find_element(By.CSS_SELECTOR, "#providers tbody tr td:nth-child(3)"))
+            assert (await run(lambda: health.text)).endswith("· stalled")
+            assert await run(health.get_attribute, "title") == "stalled: no byte from the backend for 6.0 s"
+            admission.report_health(GPU0, ProviderReport("ready", "", 1, generation))
+            await shows(browser, lambda b: gpu0_cells(b)[3] == "0 / 2 (backend 1)", 10)
             nursery.cancel_scope.cancel()

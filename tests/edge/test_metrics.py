@@ -20,6 +20,7 @@ from iop_admission import (
     ModelNotFound,
     PoolConfig,
     ProviderKey,
+    ProviderReport,
     ProviderSpec,
     QueueFull,
     QueuePolicy,
@@ -266,6 +267,40 @@ async def test_offline_provider_gauges_and_dropped_events(autojump_clock: trio.t
     assert value(samples, "iop_events_dropped_total") == 7
     assert value(samples, "iop_admitted_total", model=BIG, node="node-a", provider="gpu0") == 3
     assert value(samples, "iop_connected", node="node-a", provider="gpu0") == 1
+
+
+@pytest.mark.req("health-probe")
+async def test_reported_health_is_one_state_per_provider_and_counted_per_node_and_edge() -> None:
+    """[health-probe] ``iop_health_reported``: 1 at the state the node last reported (``none`` before
+    any), 0 at the others; aggregated, how many providers are in each state."""
+    gpu1 = ProviderKey("node-a", "gpu1")
+    spec = ProviderSpec(capacity=2)
+    config = PoolConfig(providers={GPU0: spec, gpu1: spec}, models={FAST: ModelGroup(candidates=(GPU0, gpu1))})
+    admission = Admission(config)
+    admission.connect("node-a")
+    per = {
+        level: EdgeMetrics(admission, per_provider=level == "provider", per_node=level != "edge")
+        for level in ("provider", "node", "edge")
+    }
+    assert series(scrape(per["provider"]), "iop_health_reported") == {
+        frozenset({("node", "node-a"), ("provider", p), ("state", s)}): float(s == "none")
+        for p in ("gpu0", "gpu1")
+        for s in ("ready", "not_ready", "stalled", "none")
+    }
+    admission.report_health(GPU0, ProviderReport("stalled", "no byte for 6.0 s", None, 1))
+    admission.report_health(gpu1, ProviderReport("ready", "", 1, 1))
+    samples = scrape(per["provider"])
+    assert value(samples, "iop_health_reported", node="node-a", provider="gpu0", state="stalled") == 1
+    assert value(samples, "iop_health_reported", node="node-a", provider="gpu0", state="none") == 0
+    assert value(samples, "iop_health_reported", node="node-a", provider="gpu1", state="ready") == 1
+    assert value(scrape(per["node"]), "iop_health_reported", node="node-a", state="stalled") == 1
+    edge = scrape(per["edge"])
+    assert {s: value(edge, "iop_health_reported", state=s) for s in ("ready", "not_ready", "stalled", "none")} == {
+        "ready": 1,
+        "not_ready": 0,
+        "stalled": 1,
+        "none": 0,
+    }
 
 
 def test_each_instance_has_its_own_registry() -> None:

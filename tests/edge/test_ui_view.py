@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -103,6 +104,23 @@ def test_health_of_names_disabled_and_unavailable():
     assert health_of(provider(GPU0, status="unavailable")) == "unavailable"
     assert health_of(provider(GPU0, health="ejected")) == "ejected"
     assert health_of(provider(GPU0)) == "online"
+
+
+@pytest.mark.req("queue-page", "health-probe")
+def test_a_providers_row_carries_what_its_node_reported():
+    """The node's last report of the backend (state, reason, the backend's own capacity) rides on
+    the provider's row; a provider with no report carries "" and None."""
+    stalled = attrs.evolve(
+        provider(GPU1, capacity=4, health="ejected", ejection_left=2.0),
+        reported="stalled",
+        report_reason="no byte from the backend for 6.0 s",
+        reported_capacity=2,
+    )
+    rows = build_view(snapshot(provider(GPU0), stalled), (), MODELS)["providers"]["rows"]
+    assert [(r["reported"], r["report_reason"], r["reported_capacity"]) for r in rows] == [
+        ("", "", None),
+        ("stalled", "no byte from the backend for 6.0 s", 2),
+    ]
 
 
 @pytest.mark.req("queue-page")

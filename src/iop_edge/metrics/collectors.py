@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from iop_admission import Admission, ProviderSnapshot, Snapshot, TenantSnapshot
 from iop_edge.status import OverloadStatus
+from iop_wire import HEALTH_STATES
 
 #: Per-provider gauges: metric name suffix, help text, and how to read it from a ProviderSnapshot.
 _PROVIDER_GAUGES: Final[tuple[tuple[str, str, Callable[[ProviderSnapshot], float]], ...]] = (
@@ -232,6 +233,7 @@ def _health_families(snap: Snapshot | None, models: Iterable[str], level: Level)
         for where, value in totals.items():
             counter.add_metric(where, value)
         yield counter
+    yield _reported_family(providers, level)
     panic = GaugeMetricFamily(
         "iop_panic_mode",
         "1 while every eligible candidate of the model is ejected and requests go to them anyway, else 0.",
@@ -241,6 +243,29 @@ def _health_families(snap: Snapshot | None, models: Iterable[str], level: Level)
         for model in models:
             panic.add_metric((model,), int(model in snap.panic))
     yield panic
+
+
+#: The states a node reports of a provider ([health-probe]); ``none``: no report on its connection yet.
+REPORTED_STATES: Final = (*HEALTH_STATES, "none")
+
+
+def _reported_family(providers: Iterable[ProviderSnapshot], level: Level) -> Metric:
+    """``iop_health_reported``: per provider 1 at the state its node last reported, 0 at the others
+    (per node or Edge-wide: how many providers are in each state)."""
+    family = GaugeMetricFamily(
+        "iop_health_reported",
+        "1 at the state the provider's node last reported of it on its connection "
+        "(ready, not_ready, stalled; none before a report), else 0.",
+        labels=(*_LABELS[level], "state"),
+    )
+    counts: dict[tuple[str, ...], dict[str, int]] = {}
+    for p in providers:
+        by_state = counts.setdefault(_where(level, p), dict.fromkeys(REPORTED_STATES, 0))
+        by_state[p.reported or "none"] += 1
+    for where, by_state in counts.items():
+        for state, count in by_state.items():
+            family.add_metric((*where, state), count)
+    return family
 
 
 @final

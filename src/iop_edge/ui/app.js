@@ -43,6 +43,13 @@
     f.className = "figure" + (level ? " " + level : "");
   }
 
+  // The health cell: the Edge's word (with the ejection's time left), then what the node last reported
+  // of the backend when it is not "ready"; the node's reason as the tooltip.
+  function health(p) {
+    let text = p.health + (p.health === "ejected" && p.ejection_left > 0 ? ", " + p.ejection_left.toFixed(1) + " s left" : "");
+    if (p.reported && p.reported !== "ready") text += " · " + p.reported.replace("_", " ");
+    return [text, p.health, p.report_reason ? p.reported.replace("_", " ") + ": " + p.report_reason : true];
+  }
   function render(view) {
     const t = view.totals, h = t.health;
     const latest = history.length ? history[history.length - 1] : null;
@@ -73,8 +80,9 @@
     ]);
     fill("providers", view.providers.rows, (p) => [
       [p.node, "", true], [p.provider, "", true],
-      [p.health === "ejected" ? "ejected, " + p.ejection_left.toFixed(1) + " s left" : p.health, p.health, true],
-      [p.in_flight + " / " + p.capacity, "n", true], [p.long_in_flight + " / " + p.long_capacity, "n minor", true],
+      health(p),
+      [p.in_flight + " / " + p.capacity + (p.reported_capacity !== null && p.reported_capacity < p.capacity
+        ? " (backend " + p.reported_capacity + ")" : ""), "n", true], [p.long_in_flight + " / " + p.long_capacity, "n minor", true],
       [p.pressure + " (" + p.long_pressure + ")", "n", true],
     ]);
     note("providers-note", view.providers, "providers");
