@@ -133,18 +133,16 @@ def plain_document(events: Iterable[Any], scalars: Scalars) -> Any:
 
     Mappings become ``dict`` (in file order), sequences ``list``, scalars what
     ``scalars`` makes of them (looked up here first: most scalars of a large
-    file repeat one seen before).
+    file repeat one seen before). This loop says which events a plain document
+    may hold; :class:`_Tree` says where each value goes.
 
     Raises:
         NotPlain: the document needs the safe loader (see :func:`fast_load`).
         YAMLError: from the parser: ``text`` is not valid YAML.
     """
     plain, quoted = scalars.plain, scalars.quoted
-    document: list[Any] = []
-    top: Any = document  # the innermost open list or dict
-    in_mapping = False
-    key: Any = NO_KEY
-    stack: list[tuple[Any, bool]] = []
+    tree = _Tree()
+    add, open_, close = tree.add, tree.open, tree.close
     documents = 0
     for event in events:
         kind = type(event)
@@ -153,33 +151,15 @@ def plain_document(events: Iterable[Any], scalars: Scalars) -> Any:
                 raise NotPlain
             implicit = event.implicit
             try:
-                value = (plain if implicit[0] else quoted)[event.value]
+                add((plain if implicit[0] else quoted)[event.value])
             except KeyError:
-                value = scalars(event.value, implicit)
-            if not in_mapping:
-                top.append(value)
-            elif key is NO_KEY:
-                key = value
-            elif key in top:
-                raise NotPlain
-            else:
-                top[key] = value
-                key = NO_KEY
+                add(scalars(event.value, implicit))
         elif kind is MappingEndEvent or kind is SequenceEndEvent:
-            top, in_mapping = stack.pop()
-            key = NO_KEY
+            close()
         elif kind is MappingStartEvent or kind is SequenceStartEvent:
             if event.anchor is not None or event.tag is not None:
                 raise NotPlain
-            value = {} if kind is MappingStartEvent else []
-            if not in_mapping:
-                top.append(value)
-            elif key is NO_KEY or key in top:  # a collection as a key, or a duplicate key
-                raise NotPlain
-            else:
-                top[key] = value
-            stack.append((top, in_mapping))
-            top, in_mapping, key = value, kind is MappingStartEvent, NO_KEY
+            open_(kind is MappingStartEvent)
         elif kind is DocumentStartEvent:
             documents += 1
             if documents > 1:
@@ -187,7 +167,54 @@ def plain_document(events: Iterable[Any], scalars: Scalars) -> Any:
         elif kind is AliasEvent:
             raise NotPlain
         # else: stream start and end, document end
-    return document[0] if document else None
+    return tree.root()
+
+
+@final
+class _Tree:
+    """The document built so far: the open collections, and the key waiting for its value."""
+
+    __slots__ = ("document", "top", "in_mapping", "key", "stack")
+
+    def __init__(self) -> None:
+        self.document: list[Any] = []
+        self.top: Any = self.document  # the innermost open list or dict
+        self.in_mapping = False
+        self.key: Any = NO_KEY
+        self.stack: list[tuple[Any, bool]] = []
+
+    def add(self, value: Any) -> None:
+        """A scalar: the next item of a list, or a mapping's key, or its value (a duplicate key is not plain)."""
+        top = self.top
+        if not self.in_mapping:
+            top.append(value)
+        elif self.key is NO_KEY:
+            self.key = value
+        elif self.key in top:
+            raise NotPlain
+        else:
+            top[self.key] = value
+            self.key = NO_KEY
+
+    def open(self, mapping: bool) -> None:
+        """A collection starts where a scalar would go (never as a key); it is the innermost until closed."""
+        value: Any = {} if mapping else []
+        top = self.top
+        if not self.in_mapping:
+            top.append(value)
+        elif self.key is NO_KEY or self.key in top:  # a collection as a key, or a duplicate key
+            raise NotPlain
+        else:
+            top[self.key] = value
+        self.stack.append((top, self.in_mapping))
+        self.top, self.in_mapping, self.key = value, mapping, NO_KEY
+
+    def close(self) -> None:
+        self.top, self.in_mapping = self.stack.pop()
+        self.key = NO_KEY
+
+    def root(self) -> Any:
+        return self.document[0] if self.document else None
 
 
 PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in ("null", "bool", "int", "float", "str"))

@@ -84,10 +84,10 @@ ISSUE_32 = (
     ),
     HandMutant(
         "the probe grant does not close the provider to normal grants",
-        SKIPPED_CALL,
+        OPERATOR,
         CORE + "_core/health.py",
-        "        p.health = PROBING\n        p.admitting = False\n",
-        "        p.health = PROBING\n",
+        "PROBE: True, PROBING: False}",
+        "PROBE: True, PROBING: True}",
         32,
     ),
     HandMutant(
@@ -148,8 +148,8 @@ HEALTH = (
         "an ejection's end does not put the provider back in its groups' index",
         SKIPPED_CALL,
         CORE + "_core/health.py",
-        "            p.admitting = True\n            p.reindex()\n        return due\n",
-        "            p.admitting = True\n        return due\n",
+        "            move(p, EJECTION_OVER)\n            p.reindex()\n        return due\n",
+        "            move(p, EJECTION_OVER)\n        return due\n",
     ),
     HandMutant(
         "the asyncio layer's ejection timer is not armed again after it fires",

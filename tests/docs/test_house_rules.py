@@ -232,6 +232,7 @@ TESTS = SRC.parent / "tests"
 TESTS_PRIVATE: dict[str, str] = {
     "wire/test_wire_properties.py:iop_wire._codec": "switches the codec's fast paths off to check them against the converter",
     "sim/test_sim.py:iop_admission._core": "a sensitivity test breaks the core's dispatch on purpose",
+    "admission/test_health_table.py:iop_admission._core": "the health transition table itself: its entries, its refusals",
     **dict.fromkeys(
         ("config/test_fast_parse.py:iop_config._fast_yaml", "config/test_loader.py:iop_config._fast_yaml"),
         "the fast YAML reader checked against PyYAML's own, its fallback forced",

@@ -16,7 +16,8 @@ each request through its parts, as h11's ``Connection`` holds a
   holds of a provider is counted in and out there only.
 * ``queue.py`` -- :class:`Queue`, waiting: the global queue in arrival order,
   queued retries, deadlines, the requeue after a refresh.
-* ``health.py`` -- :class:`Health`: ejection, probe, restore, stale reports.
+* ``health.py`` -- :class:`Health`: ejection, probe, restore, stale reports; every
+  change of a provider's health by its one table, ``TRANSITIONS``.
 * ``tenants.py`` -- :class:`Tenants`: FairShare tickets, quotas, shedding,
   settlement; answers as the global FIFO when no tenant is configured.
 * ``refresh.py`` -- :class:`Refresh`: the configuration in force, replaced live.

@@ -5,17 +5,76 @@ it changes a provider's health fields and re-enters it in its groups' index.
 Whom a change lets in is for :class:`~iop_admission.core.AdmissionState` to
 dispatch: each method that can let waiters in returns the providers (or the
 news) whose groups must be looked at.
+
+A provider's :class:`ProviderHealth` changes in one place, :func:`move`, by the
+one table :data:`TRANSITIONS` (as h11's ``_state.py`` keeps its transitions): the
+methods below decide *which* event happened, the table says where it leads, and
+an event the table does not list for the current state is a bug of the core
+(:class:`HealthTransitionError`), never a silent change. Whether a state admits
+normal grants (``ProviderSlot.admitting``) follows the state (:data:`ADMITS`).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
+from typing import Final, final
 
 from iop_admission._config import OutlierPolicy, ProviderKey, ProviderReport
 
 from .records import Decision, Ejected, Lease, Restored
-from .slots import EJECTED, HEALTHY, PROBE, PROBING, ProviderSlot
+from .slots import EJECTED, HEALTHY, PROBE, PROBING, ProviderHealth, ProviderSlot
+
+
+@final
+class HealthEvent(enum.Enum):
+    """What happens to a provider's health; :data:`TRANSITIONS` says where each leads."""
+
+    EJECT = "eject"  # failures in a row, a failed probe, a stall or not_ready report
+    EJECTION_OVER = "ejection over"  # the ejection time passed: the next grant probes
+    PROBE_GRANTED = "probe granted"
+    PROBE_LOST = "probe lost"  # the probe ended without a report (cancelled, fenced)
+    RESTORE = "restore"  # the probe's (or a panic grant's) success, or ready after not_ready
+    FORGET = "forget"  # the provider left the config
+
+
+EJECT = HealthEvent.EJECT
+EJECTION_OVER = HealthEvent.EJECTION_OVER
+PROBE_GRANTED = HealthEvent.PROBE_GRANTED
+PROBE_LOST = HealthEvent.PROBE_LOST
+RESTORE = HealthEvent.RESTORE
+FORGET = HealthEvent.FORGET
+
+# Every transition of a provider's health, and no other. A panic grant runs on an
+# ejected, probe-due or probing provider, so its success restores from each of them;
+# a report ejects a provider whose probe is due or running as a failure of the probe would.
+TRANSITIONS: Final[Mapping[ProviderHealth, Mapping[HealthEvent, ProviderHealth]]] = {
+    HEALTHY: {EJECT: EJECTED, FORGET: HEALTHY},
+    EJECTED: {EJECTION_OVER: PROBE, RESTORE: HEALTHY, FORGET: HEALTHY},
+    PROBE: {PROBE_GRANTED: PROBING, EJECT: EJECTED, RESTORE: HEALTHY, FORGET: HEALTHY},
+    PROBING: {PROBE_LOST: PROBE, EJECT: EJECTED, RESTORE: HEALTHY, FORGET: HEALTHY},
+}
+
+# Whether a state takes normal grants: an ejected provider only in panic mode, a
+# probing one not until its probe reports.
+ADMITS: Final[Mapping[ProviderHealth, bool]] = {HEALTHY: True, EJECTED: False, PROBE: True, PROBING: False}
+
+
+class HealthTransitionError(RuntimeError):
+    """The core asked for a health change its table does not allow: a bug of the core, not of the caller."""
+
+
+def move(p: ProviderSlot, event: HealthEvent) -> None:
+    """Apply ``event`` to ``p``'s health by :data:`TRANSITIONS`; its ``admitting`` follows."""
+    try:
+        health = TRANSITIONS[p.health][event]
+    except KeyError:
+        raise HealthTransitionError(
+            f"provider {p.key}: no health transition from {p.health.value} on {event.value}"
+        ) from None
+    p.health = health
+    p.admitting = ADMITS[health]
 
 
 class Health:
@@ -71,8 +130,7 @@ class Health:
 
     def _take_out(self, p: ProviderSlot, duration: float, now: float) -> Ejected:
         """Eject ``p`` for ``duration`` seconds (infinite: until a ``ready`` report)."""
-        p.health = EJECTED
-        p.admitting = False
+        move(p, EJECT)
         p.epoch += 1
         p.probe_lease = 0
         p.ejected_until = now + duration
@@ -82,8 +140,7 @@ class Health:
         return Ejected(p.key, p.ejected_until, duration, p.failures)
 
     def restore(self, p: ProviderSlot) -> Restored:
-        p.health = HEALTHY
-        p.admitting = True
+        move(p, RESTORE)
         p.failures = p.streak = p.probe_lease = 0
         p.epoch += 1
         del self.unhealthy[p.key]
@@ -94,15 +151,13 @@ class Health:
         """End every ejection whose time is ``<= now``: each such provider's probe may be granted now."""
         due = [p for p in self.unhealthy.values() if p.health is EJECTED and p.ejected_until <= now]
         for p in due:
-            p.health = PROBE
-            p.admitting = True
+            move(p, EJECTION_OVER)
             p.reindex()
         return due
 
     def start_probe(self, p: ProviderSlot, lease: Lease) -> None:
         """``lease`` was granted on ``p`` with its probe due: it is the probe; ``p`` stops admitting."""
-        p.health = PROBING
-        p.admitting = False
+        move(p, PROBE_GRANTED)
         p.probe_lease = lease.id
         p.probes += 1
         lease.probe = True
@@ -110,8 +165,7 @@ class Health:
     def forget(self, p: ProviderSlot) -> None:
         """A provider left the config: it starts healthy if it comes back; its reports are stale."""
         p.reported, p.report_reason, p.reported_capacity = "", "", None
-        p.health = HEALTHY
-        p.admitting = True
+        move(p, FORGET)
         p.failures = p.streak = p.probe_lease = 0
         p.epoch += 1
         self.unhealthy.pop(p.key, None)
@@ -168,6 +222,5 @@ class Health:
 
     def reopen_probe(self, p: ProviderSlot) -> None:
         """The probe ended without a report (cancelled, fenced): the next grant probes again."""
-        p.health = PROBE
-        p.admitting = True
+        move(p, PROBE_LOST)
         p.probe_lease = 0

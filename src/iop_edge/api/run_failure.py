@@ -28,6 +28,17 @@ def run_failure(end: RunEnd) -> RequestRejected:
     the node is never retried. ``x-iop-provider`` is set by the caller.
     """
     detail = end.message or end.code or "run failed"
+    if (refused := _node_refusal(end, detail)) is not None:
+        return refused
+    if (timed := _deadline_or_stall(end, detail)) is not None:
+        return timed
+    if end.upstream_status is not None and end.failure in ("client_error", "rate_limited"):
+        return _upstream_answer(end, end.upstream_status, detail)
+    return _provider_failure(end, detail)
+
+
+def _node_refusal(end: RunEnd, detail: str) -> RequestRejected | None:
+    """The answer to a run the node itself refused or cut (busy, cancelled, a stale leader), else None."""
     kind = end.failure
     if kind == "node_busy":
         return RequestRejected(
@@ -48,32 +59,39 @@ def run_failure(end: RunEnd) -> RequestRejected:
             type="service_unavailable",
             retry_after=STALE_LEADER_RETRY_AFTER,
         )
-    if (timed := _deadline_or_stall(end, detail)) is not None:
-        return timed
-    status = end.upstream_status
+    return None
+
+
+def _upstream_answer(end: RunEnd, status: int, detail: str) -> RequestRejected:
+    """A backend's 4xx answer passed on: its status and error object (a 429 is retried, a client error not)."""
+    rate_limited = end.failure == "rate_limited"
     retry = upstream_retry(end)
-    if status is not None and kind in ("client_error", "rate_limited"):
-        error = upstream_error_object(status, end.upstream_body, detail)
-        return RequestRejected(
-            status,
-            str(error["code"] or ""),
-            str(error["message"]),
-            type=str(error["type"]),
-            reason="upstream_rate_limited" if kind == "rate_limited" else "upstream_client_error",
-            retry_after=UPSTREAM_RETRY_AFTER if kind == "rate_limited" else None,
-            retry=retry,
-            provider_failure=retry is not None,
-            error=error,
-        )
-    if status is not None:
-        detail = f"upstream answered {status}: {detail}"
+    error = upstream_error_object(status, end.upstream_body, detail)
+    return RequestRejected(
+        status,
+        str(error["code"] or ""),
+        str(error["message"]),
+        type=str(error["type"]),
+        reason="upstream_rate_limited" if rate_limited else "upstream_client_error",
+        retry_after=UPSTREAM_RETRY_AFTER if rate_limited else None,
+        retry=retry,
+        provider_failure=retry is not None,
+        error=error,
+    )
+
+
+def _provider_failure(end: RunEnd, detail: str) -> RequestRejected:
+    """Any other failure: ``502 upstream_error`` (retried and counted when it is the provider's)."""
+    if end.upstream_status is not None:
+        detail = f"upstream answered {end.upstream_status}: {detail}"
+    retry = upstream_retry(end)
     return RequestRejected(
         502,
         "upstream_too_large" if end.code == "upstream_too_large" else "upstream_error",
         detail,
         type="upstream_error",
         reason=end.code or "upstream_error",
-        retry_after=UPSTREAM_RETRY_AFTER if kind == "unreachable" else None,
+        retry_after=UPSTREAM_RETRY_AFTER if end.failure == "unreachable" else None,
         retry=retry,
         provider_failure=retry is not None,
     )

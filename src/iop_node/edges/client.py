@@ -83,7 +83,7 @@ def websocket_connector(
     ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None,
     local_address: str | None = None,
 ) -> Connector:
-    """Return a connector that opens ``url`` (``ws://`` or ``wss://``).
+    """Return a connector that opens ``url`` (``ws://`` or ``wss://``); its errors are :meth:`_Endpoint.connect`'s.
 
     ``local_address`` binds the connection's source address (e.g. one of the
     host's several addresses); None lets the kernel choose.
@@ -98,44 +98,65 @@ def websocket_connector(
     socket on exit (a close frame first, waiting for the Edge's for at most
     :data:`CLOSE_TIMEOUT`). Messages up to :data:`iop_wire.MAX_MESSAGE_BYTES`
     are accepted; a larger one closes the connection with 1009.
-
-    Raises (on entering the returned context manager):
-        OSError: the TCP connection failed.
-        trio.BrokenResourceError: the TLS handshake failed (e.g. the Edge's
-            certificate is not trusted; the cause is the ``ssl.SSLError``).
-        trio.TooSlowError: connecting and the handshake took longer than
-            ``connect_timeout`` seconds.
-        trio_websocket.HandshakeError: the server refused the WebSocket handshake,
-            or closed the connection before answering it (an Edge at its cap of
-            pending connections closes new ones at once [reconnect-storm]: the
-            node then backs off and retries instead of waiting out
-            ``connect_timeout``).
     """
     parts = urllib.parse.urlsplit(url)
     secure = parts.scheme == "wss"
-    host = parts.hostname or "127.0.0.1"
-    port = parts.port or (443 if secure else 80)
-    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return _Endpoint(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or (443 if secure else 80),
+        resource=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+        secure=secure,
+        connect_timeout=connect_timeout,
+        ssl_context=ssl_context,
+        local_address=local_address,
+    ).connect
+
+
+@final
+@attrs.frozen
+class _Endpoint:
+    """Where and how :func:`websocket_connector`'s connector connects."""
+
+    host: str
+    port: int
+    resource: str
+    secure: bool
+    connect_timeout: float
+    ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None
+    local_address: str | None
 
     @asynccontextmanager
-    async def connect(nursery: trio.Nursery) -> AsyncIterator[EdgeWebSocket]:
-        with trio.fail_after(connect_timeout):
+    async def connect(self, nursery: trio.Nursery) -> AsyncIterator[EdgeWebSocket]:
+        """One WebSocket connection to the Edge (``nursery`` unused: the node's socket has no reader task).
+
+        Raises (on entering):
+            OSError: the TCP connection failed.
+            trio.BrokenResourceError: the TLS handshake failed (e.g. the Edge's
+                certificate is not trusted; the cause is the ``ssl.SSLError``).
+            trio.TooSlowError: connecting and the handshake took longer than
+                ``connect_timeout`` seconds.
+            trio_websocket.HandshakeError: the server refused the WebSocket handshake,
+                or closed the connection before answering it (an Edge at its cap of
+                pending connections closes new ones at once [reconnect-storm]: the
+                node then backs off and retries instead of waiting out
+                ``connect_timeout``).
+        """
+        with trio.fail_after(self.connect_timeout):
             context = None
-            if secure:
-                context = (ssl_context() if callable(ssl_context) else ssl_context) or ssl.create_default_context()
-            transport = await _open_transport(host, port, context, local_address)
+            if self.secure:
+                chosen = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
+                context = chosen or ssl.create_default_context()
+            transport = await _open_transport(self.host, self.port, context, self.local_address)
         edge_socket = open_edge_socket(
             transport,
-            host,
-            resource,
+            self.host,
+            self.resource,
             max_message_size=MAX_MESSAGE_BYTES,
-            handshake_timeout=connect_timeout,
+            handshake_timeout=self.connect_timeout,
             close_timeout=CLOSE_TIMEOUT,
         )
         async with edge_socket as ws:
             yield ws
-
-    return connect
 
 
 async def _open_transport(
