@@ -59,6 +59,18 @@ class Responder:
         await self.start(status, framed(headers, body))
         await self.finish(body)
 
+    async def pieces(self, status: int, headers: Iterable[tuple[bytes, bytes]], parts: list[bytes]) -> None:
+        """A whole response whose body is ``parts`` in order, never joined: one ``content-length``,
+        then each piece written as it comes and dropped from ``parts`` once handed on (the list is
+        emptied), so the body is held once, at its size, and less as it goes out."""
+        size = sum(map(len, parts))
+        await self.start(status, [*headers, (b"content-length", b"%d" % size)])
+        parts.reverse()
+        while parts:
+            await self.chunk(parts.pop())
+            await trio.lowlevel.checkpoint()  # a socket that takes every piece at once must not hold the loop
+        await self.finish(b"")
+
     def whole_nowait(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
         """Answer with a whole response now, from any task, never waiting (the listener's ``respond_nowait``).
 
