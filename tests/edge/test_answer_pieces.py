@@ -37,8 +37,10 @@ async def test_pieces_go_out_in_order_under_one_content_length() -> None:
     send = Recorder()
     responder = Responder(send, {})
     parts = list(PIECES)
-    await responder.pieces(200, [(b"content-type", b"application/json")], parts)
+    handed: list[int] = []
+    await responder.pieces(200, [(b"content-type", b"application/json")], parts, handed.append)
     assert parts == []  # each piece let go once handed on
+    assert handed == [len(piece) for piece in PIECES]
     head, *bodies = send.sent
     assert head["status"] == 200
     assert (b"content-length", b"%d" % len(b"".join(PIECES))) in head["headers"]

@@ -131,8 +131,9 @@ class AnswerBudget:
     before that still gets a clean error answer), as the pieces its records
     brought, never joined. :meth:`take` counts each piece against the bound on
     one answer (``max_answer_bytes``) and on all of them (``answer_budget_bytes``);
-    the relay gives its answer's bytes back once the answer is written or given
-    up. :attr:`held` is ``iop_answer_bytes_held`` in ``/metrics``.
+    the relay gives each piece's bytes back as it hands the piece to the client's
+    connection, and the rest when it gives up. :attr:`held` is
+    ``iop_answer_bytes_held`` in ``/metrics``.
     """
 
     __slots__ = ("held",)
@@ -201,6 +202,12 @@ async def relay_whole(
     budget, limits = hold
     parts: list[bytes] = []
     size = 0
+
+    def written(piece: int) -> None:  # a piece handed to the client's connection is no longer held here
+        nonlocal size
+        size -= piece
+        budget.give_back(piece)
+
     try:
         while True:
             if first is None:
@@ -220,7 +227,7 @@ async def relay_whole(
                 if scan is not None:
                     scan(parts)
                 if not run.answered:
-                    await responder.pieces(200, [_JSON, *head], parts)
+                    await responder.pieces(200, [_JSON, *head], parts, written)
                 return
             first = None
     finally:

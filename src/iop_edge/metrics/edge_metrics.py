@@ -195,7 +195,7 @@ class EdgeMetrics:
         )
         self._answer_bytes_held = Gauge(
             "iop_answer_bytes_held",
-            "Bytes of non-stream answers the Edge holds until their run ends (bounded by answer_budget_bytes).",
+            "Bytes of non-stream answers the Edge holds until they are written to their clients (bounded by answer_budget_bytes).",
             registry=registry,
         )
         self._node_pending_closed = Counter(
