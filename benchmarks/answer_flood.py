@@ -6,10 +6,12 @@ a well-formed non-stream answer of ``--answer-mib`` MiB (default 96). ``--client
 post requests back to back while a probe sends ``GET /healthz`` to the Edge every ``--interval`` ms
 on its own connection; the Edge's and the Node's resident memory is sampled every 100 ms.
 
-Phases, each with fresh processes: ``idle`` (no flood), ``bounded`` (the Node's default
-``limits.answer_bytes``, 16 MiB: every answer is refused 502 ``upstream_too_large`` once 16 MiB have
-come) and ``relayed`` (``answer_bytes`` 128 MiB: every answer goes to its client whole, which the
-Edge holds before it answers). Prints per phase the probe's p50, p99 and max, the answers per
+Phases, each with fresh processes: ``idle`` (no flood); ``bounded``, the defaults (the Node's
+``limits.answer_bytes`` and the Edge's ``max_answer_bytes``, 16 MiB each: every answer is refused 502
+``upstream_too_large``); ``budget``, both raised to 128 MiB with the Edge's default
+``answer_budget_bytes`` (256 MiB: answers that do not fit beside the others held are refused 503
+``overloaded``); ``relayed``, the budget raised to 512 MiB too, so every answer goes to its client
+whole (held by the Edge, as its pieces, until its run ends). Prints per phase the probe's p50, p99 and max, the answers per
 second and each process's resident memory before the flood and at its peak. Bounded: ``--seconds``
 per phase, loopback only. Figures: docs/benchmarks.md.
 """
@@ -27,19 +29,22 @@ import time
 import h11
 import trio
 
-from benchmarks.body_flood import probe
+from benchmarks.body_flood import probe, sample
 from benchmarks.harness import HttpConnection, percentile, rss_mb
 
 MiB = 1024 * 1024
 PIECE = b"x" * (64 * 1024)
+RELAYED = {"max_answer_bytes": 128 * MiB, "answer_budget_bytes": 512 * MiB}
+"""The Edge's bounds in the ``relayed`` phase: four 96 MiB answers fit at once."""
 EDGE_READY = re.compile(r"listening: http://[^ ]+:(\d+) \(API\), ws://[^ ]+:(\d+) \(nodes\)")
 NODE_READY = re.compile(r"registered as node-a")
 
 
-def edge_yaml(clients: int) -> str:
+def edge_yaml(clients: int, limits: dict[str, int]) -> str:
     return (
         "listen: 127.0.0.1:0\nnode_listen: 127.0.0.1:0\n"
-        "nodes:\n  - id: node-a\n    token: flood-node-token\n"
+        + "".join(f"{key}: {value}\n" for key, value in limits.items())
+        + "nodes:\n  - id: node-a\n    token: flood-node-token\n"
         f"    providers:\n      - {{id: gpu0, capacity: {clients}}}\n"
         "models:\n  - id: m\n    candidates: [{node: node-a, provider: gpu0}]\n"
     )
@@ -116,19 +121,14 @@ async def flood(port: int, until: float, counts: dict[int, int]) -> None:
         counts[status] = counts.get(status, 0) + 1
 
 
-async def sample(pids: dict[str, int], until: float, peaks: dict[str, float]) -> None:
-    while time.monotonic() < until:
-        for name, pid in pids.items():
-            peaks[name] = max(peaks.get(name, 0.0), rss_mb(pid))
-        await trio.sleep(0.1)
-
-
-async def phase(name: str, args: argparse.Namespace, tmp: pathlib.Path, answer_bytes: int | None) -> str:
+async def phase(
+    name: str, args: argparse.Namespace, tmp: pathlib.Path, answer_bytes: int | None, edge_limits: dict[str, int]
+) -> str:
     clients = 0 if name == "idle" else args.clients
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, lambda s: serve_answer(s, args.answer_mib * MiB), 0)
         backend_port = listeners[0].socket.getsockname()[1]
-        (tmp / "edge.yaml").write_text(edge_yaml(max(args.clients, 1)))
+        (tmp / "edge.yaml").write_text(edge_yaml(max(args.clients, 1), edge_limits))
         edge, ready = await start(["-m", "iop_edge", "--config", str(tmp / "edge.yaml")], tmp / "edge.log", EDGE_READY)
         port, node_port = int(ready[1]), int(ready[2])
         (tmp / "node.yaml").write_text(node_yaml(node_port, backend_port, max(args.clients, 1), answer_bytes))
@@ -162,9 +162,10 @@ async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         tmp = pathlib.Path(folder)
         rows = [
-            await phase("idle", args, tmp, None),
-            await phase("bounded", args, tmp, None),
-            await phase("relayed", args, tmp, 128 * MiB),
+            await phase("idle", args, tmp, None, {}),
+            await phase("bounded", args, tmp, None, {}),
+            await phase("budget", args, tmp, 128 * MiB, {"max_answer_bytes": 128 * MiB}),
+            await phase("relayed", args, tmp, 128 * MiB, RELAYED),
         ]
     print(
         f"{args.clients} clients, {args.answer_mib} MiB non-stream answers, {args.seconds:.0f} s per phase, "

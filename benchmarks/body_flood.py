@@ -9,7 +9,8 @@ and checks the whole body, then answers 404, so what is measured is the body's r
 Three phases, in the same run: ``idle`` (no flood), ``on loop`` (the reference: an Edge whose
 off-loop threshold is set above any body, so each body is decoded on the event loop, as before
 issue 37) and ``off loop`` (this Edge: bodies over ``OFF_LOOP_BODY_BYTES`` read in a worker
-thread). Prints the probe's p50, p99 and max latency per phase and the bodies read per second.
+thread). Prints the probe's p50, p99 and max latency per phase, the bodies read per second and the
+Edge's resident memory at the phase's start and at its peak (sampled every 100 ms).
 Bounded: ``--seconds`` per phase (default 10), loopback only. Figures: docs/benchmarks.md.
 """
 
@@ -24,7 +25,7 @@ import time
 
 import trio
 
-from benchmarks.harness import HttpConnection, percentile
+from benchmarks.harness import HttpConnection, percentile, rss_mb
 
 EDGE_YAML = """\
 listen: 127.0.0.1:0
@@ -84,6 +85,14 @@ async def probe(port: int, interval: float, until: float, latencies: list[float]
         await trio.sleep(interval)
 
 
+async def sample(pids: dict[str, int], until: float, peaks: dict[str, float]) -> None:
+    """Each process's resident memory (MiB) every 100 ms until ``until``; the largest in ``peaks``."""
+    while time.monotonic() < until:
+        for name, pid in pids.items():
+            peaks[name] = max(peaks.get(name, 0.0), rss_mb(pid))
+        await trio.sleep(0.1)
+
+
 async def flood(port: int, body: bytes, until: float, counts: list[int]) -> None:
     connection = HttpConnection("127.0.0.1", port)
     request = HttpConnection.build("POST", "/v1/chat/completions", body)
@@ -93,23 +102,31 @@ async def flood(port: int, body: bytes, until: float, counts: list[int]) -> None
         counts.append(1)
 
 
-async def phase(port: int, clients: int, seconds: float, interval: float) -> tuple[list[float], int]:
+Measured = tuple[list[float], int, tuple[float, float]]
+"""A phase's probe latencies (s, sorted), bodies read, and the Edge's resident memory (MiB) at its start and peak."""
+
+
+async def phase(edge: trio.Process, port: int, clients: int, seconds: float, interval: float) -> Measured:
     latencies: list[float] = []
     counts: list[int] = []
     body = flood_body()
+    start = rss_mb(edge.pid)
+    peaks: dict[str, float] = {}
     until = time.monotonic() + seconds
     async with trio.open_nursery() as nursery:
         for _ in range(clients):
             nursery.start_soon(flood, port, body, until, counts)
         nursery.start_soon(probe, port, interval, until, latencies)
-    return sorted(latencies), len(counts)
+        nursery.start_soon(sample, {"edge": edge.pid}, until, peaks)
+    return sorted(latencies), len(counts), (start, peaks["edge"])
 
 
-def report(name: str, latencies: list[float], bodies: int, seconds: float) -> str:
+def report(name: str, measured: Measured, seconds: float) -> str:
+    latencies, bodies, (start, peak) = measured
     ms = [1000 * x for x in latencies]
     return (
         f"| {name} | {len(ms)} | {percentile(ms, 0.5):.1f} | {percentile(ms, 0.99):.1f} | {ms[-1]:.1f} "
-        f"| {bodies / seconds:.1f} |"
+        f"| {bodies / seconds:.1f} | {start:.0f} -> {peak:.0f} |"
     )
 
 
@@ -125,16 +142,15 @@ async def main(clients: int, seconds: float, interval: float) -> None:
         ):
             edge, port = await start_edge(config, on_loop)
             try:
-                latencies, bodies = await phase(port, flooders, seconds, interval)
-                rows.append(report(name, latencies, bodies, seconds))
+                rows.append(report(name, await phase(edge, port, flooders, seconds, interval), seconds))
             finally:
                 edge.terminate()
                 await edge.wait()
     print(
         f"{clients} clients, 4 MB bodies of small integers, {seconds:.0f} s per phase, probe every {interval * 1000:.0f} ms"
     )
-    print("| phase | probes | /healthz p50 ms | p99 ms | max ms | bodies/s |")
-    print("|---|---|---|---|---|---|")
+    print("| phase | probes | /healthz p50 ms | p99 ms | max ms | bodies/s | Edge RSS MiB (start -> peak) |")
+    print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

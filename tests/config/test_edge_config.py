@@ -117,6 +117,7 @@ def test_defaults() -> None:
     assert config.provider_pool.policy() == QueuePolicy(max_queue=64, queue_timeout=30.0)
     assert config.max_body_bytes == 4194304
     assert config.max_ws_message_bytes == 8388608
+    assert (config.max_answer_bytes, config.answer_budget_bytes) == (16 * 1024 * 1024, 256 * 1024 * 1024)
     assert config.admin_token is None and not config.accepts_admin_token("")
     assert config.api_keys is None and not config.api_keys_required
     spec = config.pool_config().providers[ProviderKey("n", "p")]
@@ -310,6 +311,24 @@ def test_global_bounds() -> None:
         "edge.yaml:6: provider_pool.max_queue: must be >= 0, got -1",
         "edge.yaml:6: provider_pool.queue_timeout_ms: must be >= 1, got 0",
     )
+
+
+def test_the_answer_budget_takes_at_least_one_answer() -> None:
+    text = "max_answer_bytes: 0\nanswer_budget_bytes: 0\n" + edit(
+        "heartbeat_timeout_ms: 15000", "heartbeat_timeout_ms: 100"
+    )
+    assert errors_of(text) == ("edge.yaml:1: max_answer_bytes: must be >= 1, got 0",)
+    text = "max_answer_bytes: 2048\nanswer_budget_bytes: 2047\n" + edit(
+        "heartbeat_timeout_ms: 15000", "heartbeat_timeout_ms: 100"
+    )
+    assert errors_of(text) == (
+        "edge.yaml:2: answer_budget_bytes: must be >= max_answer_bytes (2048: one answer must fit), got 2047",
+    )
+    config = load(
+        "max_answer_bytes: 2048\nanswer_budget_bytes: 2048\n"
+        + edit("heartbeat_timeout_ms: 15000", "heartbeat_timeout_ms: 100")
+    )
+    assert (config.max_answer_bytes, config.answer_budget_bytes) == (2048, 2048)
 
 
 def test_heartbeat_and_limits_accept_their_minimum() -> None:

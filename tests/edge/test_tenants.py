@@ -31,6 +31,7 @@ from edge.harness import (
     real_node,
     running_edge,
 )
+from iop_edge.api.tenant_charge import Charge
 
 
 def layout(tenants: str, *extra: str, **knobs: Any) -> EdgeLayout:
@@ -357,3 +358,23 @@ async def test_a_retry_is_reserved_anew_after_its_failed_attempt_settled_at_zero
             assert results["r"].status_code == 200 and results["r"].headers["x-iop-attempts"] == "2"
             await eventually(lambda: tenant_rows(edge)["chat"].in_flight == 0)
             assert tenant_rows(edge)["chat"].cost_charged == 6
+
+
+WHOLE_ANSWER = b'{"choices":[{"text":"usage x"}],"usage":{"prompt_tokens":2,"total_tokens":1234}}'
+"""A whole answer with its usage last; the word ``usage`` in its text too."""
+
+
+@pytest.mark.req("tenant-edge")
+@pytest.mark.parametrize("usage_first", [False, True], ids=["usage-last", "usage-first"])
+def test_usage_is_read_from_the_pieces_of_a_whole_answer_wherever_they_are_cut(usage_first: bool) -> None:
+    """A whole answer is relayed as the pieces its records brought, never joined: the reported total is
+    found whatever two cuts split it, a cut inside ``"usage"`` or inside the number included."""
+    whole = b'{"usage":{"total_tokens":1234},"text":"xyz"}' if usage_first else WHOLE_ANSWER
+    reference = Charge(None, 1.0, tokens=True)
+    reference.scan(whole)
+    assert reference.used == 1234
+    for first in range(len(whole) + 1):
+        for second in range(first, len(whole) + 1):
+            charge = Charge(None, 1.0, tokens=True)
+            charge.scan_parts([whole[:first], whole[first:second], whole[second:]])
+            assert charge.used == 1234, (first, second)

@@ -41,7 +41,7 @@ from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
 from iop_edge.api.rejections import dumps as _dumps
-from iop_edge.api.relay import first_message, relay_stream, relay_whole
+from iop_edge.api.relay import AnswerBudget, first_message, relay_stream, relay_whole
 from iop_edge.api.request_body import ClientBody, checked_stream, context_tokens, estimate_tokens, read_body
 from iop_edge.api.responder import Responder, header_pairs
 from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
@@ -139,6 +139,8 @@ class EdgeAPI:
         self.head_refusal = HeadRefusal(service)
         self.queue_page = QueuePage(service)
         self._body_readers = trio.CapacityLimiter(1)  # large bodies read one at a time, off the loop
+        self.answers = AnswerBudget()  # the non-stream answers held ([upstream-bounds])
+        service.metrics.follow_answers(lambda: self.answers.held)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -323,7 +325,8 @@ class EdgeAPI:
         ]
         first_token = self.service.config.first_token_timeout(model)
         if not stream:  # the node link's reader may write the whole answer itself (see relay_whole)
-            run.answer_whole(lambda answer: responder.whole_nowait(200, [_JSON, *head], answer))
+            most = self.service.config.max_answer_bytes
+            run.answer_whole(lambda answer: len(answer) <= most and responder.whole_nowait(200, [_JSON, *head], answer))
         async with run:
             try:
                 first = await first_message(run, first_token)
@@ -333,7 +336,9 @@ class EdgeAPI:
                 if stream:
                     await relay_stream(run, responder, head, first, scan)
                 else:
-                    await relay_whole(run, responder, head, first, scan)
+                    config = self.service.config
+                    hold = (self.answers, (config.max_answer_bytes, config.answer_budget_bytes))
+                    await relay_whole(run, responder, head, hold, first, charge.scan_parts if scan else None)
             except trio.Cancelled:
                 await deadline.answer_now(responder)  # leaving the run waits for the node's end
                 raise

@@ -7,6 +7,7 @@ for its run's buffer ``client_too_slow``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import final
 
 import trio
 
@@ -122,40 +123,115 @@ async def relay_bursts(
             return
 
 
+@final
+class AnswerBudget:
+    """The bytes of non-stream answers this Edge holds, all runs together ([upstream-bounds]).
+
+    A relayed non-stream answer is held until its run ends (a run that fails
+    before that still gets a clean error answer), as the pieces its records
+    brought, never joined. :meth:`take` counts each piece against the bound on
+    one answer (``max_answer_bytes``) and on all of them (``answer_budget_bytes``);
+    the relay gives each piece's bytes back as it hands the piece to the client's
+    connection, and the rest when it gives up. :attr:`held` is
+    ``iop_answer_bytes_held`` in ``/metrics``.
+    """
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def take(self, answer: int, size: int, limits: tuple[int, int]) -> None:
+        """Count ``size`` more bytes of an answer that holds ``answer`` bytes already.
+
+        ``limits``: ``(max_answer_bytes, answer_budget_bytes)``.
+
+        Raises:
+            RequestRejected: past the answer's bound (502 ``upstream_too_large``, retried on another
+                candidate like the Node's own bound) or the budget's (503 ``overloaded``, reason
+                ``answer_budget``); nothing is counted then.
+        """
+        per_answer, budget = limits
+        if answer + size > per_answer:
+            raise RequestRejected(
+                502,
+                "upstream_too_large",
+                f"the upstream's answer is larger than this Edge relays whole (max_answer_bytes: {per_answer})",
+                type="upstream_error",
+                retry="upstream_error",
+                provider_failure=True,
+            )
+        if self.held + size > budget:
+            raise RequestRejected(
+                503,
+                "overloaded",
+                f"this Edge holds as many answer bytes as it may (answer_budget_bytes: {budget}); retry later",
+                type="service_unavailable",
+                reason="answer_budget",
+                retry_after=UPSTREAM_RETRY_AFTER,
+            )
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        """The relay no longer holds ``size`` bytes it took (never below 0)."""
+        self.held = max(0, self.held - size)
+
+
 async def relay_whole(
     run: RunChannel,
     responder: Responder,
     head: list[tuple[bytes, bytes]],
+    hold: tuple[AnswerBudget, tuple[int, int]],
     first: RunMessage | None = None,
-    scan: Callable[[bytes], None] | None = None,
+    scan: Callable[[list[bytes]], None] | None = None,
 ) -> None:
-    """Relay a non-stream run: the body bytes of its data records.
+    """Relay a non-stream run: the body bytes of its data records, held as they came, never joined.
 
+    ``hold``: the Edge's :class:`AnswerBudget` and its limits (``max_answer_bytes``,
+    ``answer_budget_bytes``); each piece is counted as it arrives, so an answer past
+    either bound fails (the run is cancelled on the node as the caller leaves it) before
+    any byte went to the client, and the budget is given back however this ends.
     ``first`` is the run's first message when the caller received it already.
     Messages that arrived with it are taken without waiting (the answer and its
     end usually come in one read: no scheduling round between them). When the
     whole answer came before this task took any of it, the node link's reader
     has written it to the client already (:meth:`RunChannel.answer_whole`):
     the client has its answer one scheduling round sooner, and this task only
-    goes through the run's messages.
+    goes through the run's messages. ``scan`` sees the pieces (token cost).
     """
+    budget, limits = hold
     parts: list[bytes] = []
-    while True:
-        if first is None:
-            first = await next_message(run)
-        for message in (first, *run.buffered()):
-            if isinstance(message, RunData):
-                parts.append(message.data)
-            else:
+    size = 0
+
+    def written(piece: int) -> None:  # a piece handed to the client's connection is no longer held here
+        nonlocal size
+        size -= piece
+        budget.give_back(piece)
+
+    try:
+        while True:
+            if first is None:
+                first = await next_message(run)
+            for message in (first, *run.buffered()):
+                if isinstance(message, RunData):
+                    if not run.answered:  # else written already, within max_answer_bytes (the caller's writer)
+                        budget.take(size, len(message.data), limits)
+                        size += len(message.data)
+                    parts.append(message.data)
+                    continue
                 end_of(message)
                 if not parts:
                     raise RequestRejected(
                         502, "upstream_error", "the node ended the run without a response", type="upstream_error"
                     )
-                answer = b"".join(parts)
                 if scan is not None:
-                    scan(answer)
+                    scan(parts)
                 if not run.answered:
-                    await responder.whole(200, [_JSON, *head], answer)
+                    await responder.pieces(200, [_JSON, *head], parts, written)
                 return
-        first = None
+            first = None
+    finally:
+        budget.give_back(size)
+        # A failure's traceback keeps this frame alive, often until the collector's next full pass
+        # (an exception and a frame refer to each other): the pieces must not stay with it.
+        parts.clear()

@@ -59,6 +59,36 @@ class Responder:
         await self.start(status, framed(headers, body))
         await self.finish(body)
 
+    async def pieces(
+        self,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]],
+        parts: list[bytes],
+        written: Callable[[int], None] | None = None,
+    ) -> None:
+        """A whole response whose body is ``parts`` in order, never joined: one ``content-length``,
+        then each piece written as it comes and dropped from ``parts`` once handed on (the list is
+        emptied), so the body is held once, at its size, and less as it goes out (``written`` is told
+        each piece's size as it is handed on). Cut short, the response is finished as it stands
+        (:meth:`reject` writes nothing more)."""
+        size = sum(map(len, parts))
+        await self.start(status, [*headers, (b"content-length", b"%d" % size)])
+        parts.reverse()
+        try:
+            while parts:
+                piece = parts.pop()
+                await self.chunk(piece)
+                if written is not None:
+                    written(len(piece))
+                del piece
+                await trio.lowlevel.checkpoint()  # a socket that takes every piece at once must not hold the loop
+        except BaseException:
+            # Cut short (the client left, the deadline passed): an error cannot follow inside a body
+            # whose length is promised, so nothing more is written; the connection closes, the body short.
+            self.finished = True
+            raise
+        await self.finish(b"")
+
     def whole_nowait(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
         """Answer with a whole response now, from any task, never waiting (the listener's ``respond_nowait``).
 

@@ -32,6 +32,8 @@ __all__ = ["TENANT_REFUSAL_CODES", "Charge", "charge_of", "refusal_of", "tenant_
 TENANT_REFUSAL_CODES = {"max_queue": "tenant_max_queue", "shed": "tenant_shed", "queue": "queue_full"}
 
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*([0-9]+)')
+USAGE_WINDOW = 64 * 1024
+"""Bytes after a whole answer's last ``"usage"`` in which its ``total_tokens`` is looked for (:meth:`Charge.scan_parts`)."""
 
 
 @final
@@ -54,6 +56,21 @@ class Charge:
             found = _TOTAL_TOKENS.search(data, at)
             if found is not None:
                 self.used = int(found.group(1))
+
+    def scan_parts(self, parts: list[bytes]) -> None:
+        """:meth:`scan` over the pieces of one whole answer, never joined: from the last piece back
+        to the one holding the last ``"usage"``, each with the start of what follows it (a key or
+        a number across two pieces is found), the reported total read within :data:`USAGE_WINDOW` bytes."""
+        following = b""
+        for part in reversed(parts):
+            data = part + following if following else part
+            at = data.rfind(b'"usage"')
+            if at >= 0:
+                found = _TOTAL_TOKENS.search(data, at, at + USAGE_WINDOW)
+                if found is not None:
+                    self.used = int(found.group(1))
+                return
+            following = data[:USAGE_WINDOW]
 
     def reserve(self, admission: Admission, lease: Lease) -> None:
         """A retry's lease carries the cost its failed attempt settled at (0): charge it the

@@ -153,6 +153,8 @@ class EdgeConfig:
     """Every tenant's key digests with its name, once resolved (:func:`load_edge_config`); not a key of the file."""
     max_body_bytes: int = 4 * 1024 * 1024
     max_ws_message_bytes: int = 8 * 1024 * 1024
+    max_answer_bytes: int = 16 * 1024 * 1024
+    answer_budget_bytes: int = 256 * 1024 * 1024
     header_timeout_ms: int = 10000
     max_chunk_extension_bytes: int = MAX_CHUNK_EXTENSION_BYTES
     node_handshake_timeout_ms: int = 5000
@@ -343,6 +345,8 @@ class EdgeConfig:
             *at_least("max_body_bytes", self.max_body_bytes, 1),
             *_fits_a_run_frame(self.max_body_bytes),
             *at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1),
+            *at_least("max_answer_bytes", self.max_answer_bytes, 1),
+            *_holds_an_answer(self.max_answer_bytes, self.answer_budget_bytes),
             *at_least("node_listen_backlog", self.node_listen_backlog, 1),
             *at_least("header_timeout_ms", self.header_timeout_ms, 1),
             *at_least("max_chunk_extension_bytes", self.max_chunk_extension_bytes, 0),
@@ -467,4 +471,13 @@ def _fits_a_run_frame(max_body_bytes: int) -> Iterator[tuple[str, str]]:
         yield (
             "max_body_bytes",
             f"must be <= {largest} (a node's message limit less a run's other fields), got {max_body_bytes}",
+        )
+
+
+def _holds_an_answer(max_answer_bytes: int, answer_budget_bytes: int) -> Iterator[tuple[str, str]]:
+    """The budget of the answers held must take one answer of ``max_answer_bytes`` (docs/security.md)."""
+    if answer_budget_bytes < max_answer_bytes:
+        yield (
+            "answer_budget_bytes",
+            f"must be >= max_answer_bytes ({max_answer_bytes}: one answer must fit), got {answer_budget_bytes}",
         )

@@ -193,6 +193,11 @@ class EdgeMetrics:
             "Connections to the node socket between accept and registration.",
             registry=registry,
         )
+        self._answer_bytes_held = Gauge(
+            "iop_answer_bytes_held",
+            "Bytes of non-stream answers the Edge holds until they are written to their clients (bounded by answer_budget_bytes).",
+            registry=registry,
+        )
         self._node_pending_closed = Counter(
             "iop_node_pending_closed",
             "Unregistered node-socket connections the Edge closed, by reason "
@@ -331,6 +336,10 @@ class EdgeMetrics:
     def follow_node_socket(self, pending: Callable[[], int]) -> None:
         """Read ``iop_node_pending_connections`` from ``pending()`` at every scrape."""
         self._node_pending.set_function(pending)
+
+    def follow_answers(self, held: Callable[[], int]) -> None:
+        """Read ``iop_answer_bytes_held`` from ``held()`` at every scrape."""
+        self._answer_bytes_held.set_function(held)
 
     def node_pending_closed(self, reason: str) -> None:
         """Count an unregistered node-socket connection the Edge closed.

@@ -51,6 +51,11 @@ CANCEL_SETTLE_TIMEOUT = 2.0
 RUN_BUFFER = 1024
 """Messages buffered for one run before its client counts as too slow."""
 
+WHOLE_ANSWER_BYTES = 1024 * 1024
+"""The largest answer the node link's reader writes to its client itself (:meth:`RunChannel.answer_whole`):
+about one frame of the node's, so the reader never joins a large answer on the loop; a larger one is
+written by its relay, piece by piece."""
+
 RunMessage = RunData | RunEnd | TunnelStart | TunnelChunk | TunnelEnd
 """What a run's channel carries: data records and the JSON messages of runs and tunnels."""
 
@@ -205,7 +210,7 @@ class RunChannel:
         """Let the node link's reader answer a non-stream run itself: ``writer(body)`` writes it whole.
 
         When the run's end arrives (``ok``) with every data record of the run
-        still buffered -- the relay took none of them, the usual case, since the
+        still buffered, at most :data:`WHOLE_ANSWER_BYTES` of them -- the relay took none of them, the usual case, since the
         node sends an answer and its end in one write -- the reader joins the
         records and calls ``writer`` (never waiting; it returns whether the
         answer went out), then :attr:`answered` tells the relay, which still
@@ -218,11 +223,15 @@ class RunChannel:
         if type(end) is not RunEnd or end.status != "ok" or len(self._queue) < 2:
             return
         parts: list[bytes] = []
+        size = 0
         for index, message in enumerate(self._queue):
             if type(message) is RunData:
                 parts.append(message.data)
+                size += len(message.data)
             elif index < len(self._queue) - 1:  # only data records before the end (else: the relay)
                 return
+        if size > WHOLE_ANSWER_BYTES:  # its relay writes it, never joined
+            return
         try:
             written = self._whole is not None and self._whole(b"".join(parts))
         except Exception:  # the reader serves every run of its node: one answer must not stop it
