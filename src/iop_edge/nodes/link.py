@@ -248,7 +248,7 @@ class NodeLink:
         Every record's order is checked before any is delivered.
         """
         runs = self._runs
-        batch: dict[str, tuple[RunChannel, int, bytes]] = {}
+        batch: dict[str, tuple[RunChannel, int, list[bytes]]] = {}
         for run_id, seq, data in split_data(frame, max_bytes=self.host.max_message_bytes):
             channel = runs.get(run_id)
             if channel is None:
@@ -257,8 +257,12 @@ class NodeLink:
                 return f"run {run_id}: data record {seq} out of order"
             channel.next_seq = seq + 1
             joined = batch.get(run_id)
-            batch[run_id] = (channel, seq, data) if joined is None else (channel, joined[1], joined[2] + data)
-        for run_id, (channel, seq, data) in batch.items():
+            if joined is None:
+                batch[run_id] = (channel, seq, [data])
+            else:
+                joined[2].append(data)  # joined once below: a run's records in one frame are copied once
+        for run_id, (channel, seq, pieces) in batch.items():
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             if not channel.deliver_data(seq, data):
                 self.cancel_run(run_id)
                 self.forget_run(run_id)
