@@ -3,26 +3,34 @@
 A replay in virtual time (issue 40). One mixed trace -- mostly short chats, some
 16k-28k-token prompts, ``max_tokens`` varied, each request stopping at its own end of
 sequence at or before ``max_tokens`` -- arrives (Poisson) at 1.5x the fleet's saturation
+(its cache over the cache-seconds a request holds, prefill included, at the 20 ms step)
 at two engines of the mock's KV model (:class:`iop_mock.kv.KvEngine`, mode ``preempt``
-and again in mode ``fail``: 65,536 tokens of cache each, ``n_ctx`` 32,768, a decode step
-of 20 ms, 8,192 prefill tokens a step). Three admissions decide what each engine gets:
+and again in mode ``fail``: 65,536 tokens of cache each, ``n_ctx`` 32,768, chunked prefill
+of 2,048 tokens a step; a step costs 20 ms, plus 0.1 ms a prompt token prefilled in it,
+plus 80 ns a cache entry read -- each engine steps on its own clock). Three admissions
+decide what each engine gets:
 
 - ``ledger``: the admission core (:class:`~iop_admission.core.AdmissionState`) with
   ``admit_by="tokens"``, budget 65,536 per provider; each request reserves its prompt
   (counted exactly: the backend's ``/tokenize``) plus ``max_tokens``;
 - ``slots``: the same core with fixed long slots (``admit_by="slots"``): a request is long
-  when ``prompt + max_tokens`` is above 8,192; every ``capacity`` x ``long_context_capacity``
-  of a grid is run, and the best goodput is reported (tuned as well as it can be);
+  when ``prompt + max_tokens`` is above 8,192; every ``capacity`` of 1-32 x
+  ``long_context_capacity`` of 1-3 is run, and the best goodput is reported (tuned as well
+  as it can be);
 - ``reactive``: a detector in the manner of the Gateway API Inference Extension's
   defaults: an engine takes a request while its scraped waiting queue is under 5 and its
   scraped KV use under 0.8, metrics scraped every 50 ms (counted generously: a request
   sent since the last scrape counts as waiting), the least used engine first.
 
-Every arm queues at most 64 requests for at most 30 s (the Edge's defaults); a request is
-*good* when it finished (no error) with a time to first token within the objective (5 s).
+Beside them, for information, ``both``: the ledger with one long slot per engine
+(``admit_by="both"``, capacity 64). Every arm queues at most 64 requests for at most 30 s
+(the Edge's defaults); a request is *good* when it finished (no error) with a time to first
+token within the objective (5 s).
 Reported per arm: preemptions, context errors, good requests per second (goodput), requests
-finished, TTFT p50/p99. Then the decision cost: the trio lease cycle with a token budget
-against the same cycle without one, interleaved CPU-time rounds.
+finished and refused, long requests good and finished, tokens served a second (prompt and
+output of the requests finished), TTFT p50/p99, the cache's peak use. Then (unless
+``--no-cost``) the decision cost: the trio lease cycle with a token budget against the same
+cycle without one, interleaved CPU-time rounds.
 """
 
 from __future__ import annotations
@@ -42,14 +50,18 @@ import trio
 
 from iop_admission import Admission, AdmissionError, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from iop_admission.core import AdmissionState, Failed, Granted, Lease, Waiter
-from iop_mock.kv import KvEngine
+from iop_mock.kv import KvEngine, Step
 
 from .harness import percentile
 
-STEP = 0.02  # seconds per decode step: 50 tokens/s per sequence
+STEP = 0.02  # seconds a decode step costs at least (the weights read): 50 tokens/s per sequence
+PREFILL_SECONDS = 1e-4  # a prompt token's prefill: 10,000 tokens/s (a 30-35B model on one GPU)
+READ_SECONDS = 8e-8  # a cache entry read in a step: a full 65,536-token cache adds about 5 ms
+ENGINE_COST = (STEP, PREFILL_SECONDS, READ_SECONDS)
+TICK = 0.01  # arrivals and the arms' clocks (queue deadlines, scrapes) advance by this
 KV_TOTAL = 65_536
 N_CTX = 32_768
-PREFILL_PER_STEP = 8_192
+PREFILL_PER_STEP = 2_048  # chunked prefill: a step's token budget (vLLM's max_num_batched_tokens)
 MAX_QUEUE = 64
 QUEUE_TIMEOUT = 30.0
 TTFT_OBJECTIVE = 5.0
@@ -91,8 +103,9 @@ def trace(count: int, seed: int) -> list[Request]:
             prompt = rng.randint(100, 2_000)
             max_tokens = rng.choice((128, 256, 512, 1024))
         shapes.append((prompt, max_tokens, max(1, round(max_tokens * rng.uniform(0.2, 1.0)))))
-    # Saturation: the fleet's cache divided by the cache-seconds a request holds on average.
-    held = statistics.fmean(out * STEP * (p + out / 2) for p, _, out in shapes)
+    # Saturation: the fleet's cache divided by the cache-seconds a request holds on average
+    # (its prompt while prefilled, then prompt and output while it decodes at the nominal step).
+    held = statistics.fmean(p * p * PREFILL_SECONDS + out * STEP * (p + out / 2) for p, _, out in shapes)
     rate = OVERLOAD * len(KEYS) * KV_TOTAL / held
     now, out_trace = 0.0, []
     for i, (prompt, max_tokens, output) in enumerate(shapes):
@@ -192,7 +205,7 @@ Arm = CoreArm | ReactiveArm
 def simulate(arm_of: Callable[[list[KvEngine]], Arm], requests: list[Request], mode: str) -> dict[str, Any]:
     """Replay ``requests`` (copied) through one arm against fresh engines; the figures of the run."""
     requests = [Request(r.id, r.arrival, r.prompt, r.max_tokens, r.output) for r in requests]
-    engines = [KvEngine(KV_TOTAL, N_CTX, mode=mode, prefill_per_step=PREFILL_PER_STEP) for _ in KEYS]
+    engines = [KvEngine(KV_TOTAL, N_CTX, mode=mode, prefill_per_step=PREFILL_PER_STEP, cost=ENGINE_COST) for _ in KEYS]
     arm = arm_of(engines)
     by_id = {r.id: r for r in requests}
     active: set[int] = set()
@@ -205,40 +218,58 @@ def simulate(arm_of: Callable[[list[KvEngine]], Arm], requests: list[Request], m
             request.error = True
             arm.ended(request)
 
+    def ended(out: Step, at: float) -> None:
+        """A step's results, at its end."""
+        for sid in out.first:
+            by_id[sid].ttft = at - by_id[sid].arrival
+        for sid in out.finished + out.failed:
+            request = by_id[sid]
+            request.done, request.error = sid in out.finished, sid in out.failed
+            active.discard(sid)
+            arm.ended(request)
+
     arm.send = send
     pending = iter(requests)
     upcoming = next(pending, None)
-    for step in itertools.count():
-        now = step * STEP
+    steps: list[Step | None] = [None] * len(engines)  # each engine's step under way
+    ends = [0.0] * len(engines)  # when it ends (each engine steps on its own clock)
+    for tick in itertools.count():
+        now = tick * TICK
         while upcoming is not None and upcoming.arrival <= now:
             arm.arrive(upcoming, now)
             upcoming = next(pending, None)
         arm.tick(now)
-        for engine in engines:
-            out = engine.step()
-            for sid in out.first:
-                by_id[sid].ttft = now + STEP - by_id[sid].arrival
-            for sid in out.finished + out.failed:
-                request = by_id[sid]
-                request.done, request.error = sid in out.finished, sid in out.failed
-                active.discard(sid)
-                arm.ended(request)
+        while (at := min(ends)) < now + TICK:
+            i = ends.index(at)
+            done = steps[i]
+            if done is not None:
+                ended(done, at)
+            steps[i] = out = engines[i].step()
+            ends[i] = at + out.seconds
         if upcoming is None and not active and not _queued(arm):
             break
     duration = requests[-1].arrival
     ttfts = sorted(r.ttft for r in requests if r.ttft is not None and r.done)
-    good = sum(1 for r in requests if r.done and r.ttft is not None and r.ttft <= TTFT_OBJECTIVE)
+    good = sum(1 for r in requests if _good(r))
     return {
         "preemptions": sum(e.preemptions for e in engines),
         "context_errors": sum(e.context_errors for e in engines),
         "goodput": good / duration,
         "good": good,
         "finished": sum(1 for r in requests if r.done),
+        "good_long": sum(1 for r in requests if r.reserve > LONG_ABOVE and _good(r)),
+        "finished_long": sum(1 for r in requests if r.reserve > LONG_ABOVE and r.done),
+        "tokens_per_s": sum(r.prompt + r.output for r in requests if r.done) / duration,
         "refused": sum(1 for r in requests if r.refused),
         "ttft_p50": percentile(ttfts, 0.5),
         "ttft_p99": percentile(ttfts, 0.99),
         "kv_peak": max(e.peak for e in engines) / KV_TOTAL,
     }
+
+
+def _good(request: Request) -> bool:
+    """Finished with its first token within the objective."""
+    return request.done and request.ttft is not None and request.ttft <= TTFT_OBJECTIVE
 
 
 def _queued(arm: Arm) -> bool:
@@ -258,7 +289,18 @@ def _slots(capacity: int, long_slots: int) -> Callable[[list[KvEngine]], Arm]:
     return make
 
 
-SLOT_GRID = [(c, long) for c in (4, 8, 12, 16, 24, 32) for long in (1, 2, 3) if long <= c]
+def _both(engines: list[KvEngine]) -> Arm:
+    spec = ProviderSpec(
+        capacity=64,
+        long_context_capacity=1,
+        context_window_tokens=N_CTX,
+        total_context_tokens=KV_TOTAL,
+        admit_by="both",
+    )
+    return CoreArm(dict.fromkeys(KEYS, spec), tokens=True)
+
+
+SLOT_GRID = [(c, long) for c in range(1, 33) for long in (1, 2, 3) if long <= c]
 
 
 def replay(count: int, seed: int, mode: str) -> dict[str, Any]:
@@ -274,6 +316,7 @@ def replay(count: int, seed: int, mode: str) -> dict[str, Any]:
         "ledger": ledger,
         "slots": {"best": best, **grid[best]},
         "reactive": reactive,
+        "both": simulate(_both, requests, mode),
         "slots_grid": {name: round(r["goodput"], 3) for name, r in grid.items()},
     }
 
@@ -342,7 +385,8 @@ def decision_cost(rounds: int = 15, cycles: int = 20_000) -> dict[str, float]:
 def _row(name: str, r: dict[str, Any]) -> str:
     return (
         f"| {name} | {r['preemptions']} | {r['context_errors']} | {r['goodput']:.3f} | {r['finished']} "
-        f"| {r['refused']} | {r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['kv_peak']:.2f} |"
+        f"| {r['refused']} | {r['good_long']} / {r['finished_long']} | {r['tokens_per_s']:,.0f} "
+        f"| {r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['kv_peak']:.2f} |"
     )
 
 
@@ -351,20 +395,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="5,000 requests (default 1,500)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--no-cost", action="store_true", help="the replay only, not the decision cost")
     args = parser.parse_args(argv)
     count = 5_000 if args.full else 1_500
     results: dict[str, Any] = {"runs": [replay(count, args.seed, mode) for mode in ("preempt", "fail")]}
-    results["decision_cost"] = decision_cost()
-    header = "| arm | preemptions | context errors | goodput (good/s) | finished | refused | TTFT p50 s | TTFT p99 s | KV peak |"
+    results["decision_cost"] = {} if args.no_cost else decision_cost()
+    header = (
+        "| arm | preemptions | context errors | goodput (good/s) | finished | refused | long good / finished "
+        "| tokens served/s | TTFT p50 s | TTFT p99 s | KV peak |"
+    )
     for run in results["runs"]:
         print(f"\nmode {run['mode']}, {run['requests']} requests, slots tuned: {run['slots']['best']}")
         print(header)
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         print(_row("ledger", run["ledger"]))
         print(_row(f"slots {run['slots']['best']}", run["slots"]))
         print(_row("reactive", run["reactive"]))
+        print(_row("both (ledger + 1 long slot)", run["both"]))
         best_other = max(run["slots"]["goodput"], run["reactive"]["goodput"])
         print(f"ledger goodput / best other: {run['ledger']['goodput'] / best_other:.2f}")
+        print(f"both goodput / best other: {run['both']['goodput'] / best_other:.2f}")
     for name, ratio in results["decision_cost"].items():
         print(f"decision cost, trio lease cycle {name}: {ratio:.3f}")
     if args.json:

@@ -20,6 +20,14 @@ caller calls :meth:`KvEngine.step` once per decode step and times the steps.
 
 Overcommit therefore costs what it costs on a GPU: recomputed prefill and stalled
 streams, or failed requests.
+
+What a step costs (:attr:`Step.seconds`, for a caller that times steps by the engine):
+a GPU decode step reads the model's weights (``step_seconds``) and every cache entry
+of the batch (``read_seconds`` a token in use: a fuller cache slows every stream),
+and the prompt tokens prefilled in the step are computed (``prefill_seconds`` a
+token: chunked prefill shares the step with the decodes, so a long prompt -- or a
+preempted sequence's recompute -- slows every running stream while it lasts). With
+the last two at 0 (the default) every step costs ``step_seconds``.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ class Step:
     finished: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)  # context errors past the cache (mode "fail")
     preempted: list[int] = field(default_factory=list)
+    seconds: float = 0.0  # what the step took (see the module docstring)
 
 
 @final
@@ -80,12 +89,25 @@ class KvEngine:
         context_errors: requests failed past ``n_ctx`` or past the cache (mode ``"fail"``).
     """
 
-    def __init__(self, total: int, n_ctx: int, *, mode: str = "preempt", prefill_per_step: int = 8192) -> None:
+    def __init__(
+        self,
+        total: int,
+        n_ctx: int,
+        *,
+        mode: str = "preempt",
+        prefill_per_step: int = 8192,
+        cost: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    ) -> None:
+        """``cost``: ``(step_seconds, prefill_seconds, read_seconds)``, what a step costs (see the
+        module docstring; all 0: the caller times the steps itself)."""
         if mode not in ("preempt", "fail"):
             raise ValueError(f"mode must be preempt or fail, got {mode!r}")
         if total < 1 or n_ctx < 1 or prefill_per_step < 1:
             raise ValueError("total, n_ctx and prefill_per_step must be >= 1")
+        if min(cost) < 0:
+            raise ValueError(f"step costs must be >= 0, got {cost}")
         self.total, self.n_ctx, self.mode, self.prefill_per_step = total, n_ctx, mode, prefill_per_step
+        self.step_seconds, self.prefill_seconds, self.read_seconds = cost
         self.used = self.peak = self.preemptions = self.context_errors = 0
         self._waiting: deque[Sequence] = deque()
         self._started: dict[int, Sequence] = {}  # in start order
@@ -138,6 +160,8 @@ class KvEngine:
                 budget -= take
                 if not seq.to_prefill:
                     seq.phase = Phase.RUNNING
+        prefilled = self.prefill_per_step - budget
+        read = self.used
         growing = [s for s in self._started.values() if s.phase is Phase.RUNNING]
         while growing and self.used + len(growing) > self.total:
             victim = next(reversed(self._started.values()))
@@ -156,6 +180,7 @@ class KvEngine:
                 self.used -= seq.kv
                 out.finished.append(seq.id)
         self.peak = max(self.peak, self.used)
+        out.seconds = self.step_seconds + prefilled * self.prefill_seconds + read * self.read_seconds
         return out
 
     def _start(self) -> None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from edge.harness import FAST, EdgeLayout, eventually, fake_node, running_edge, start_chat
+from edge.harness import FAST, EdgeLayout, RunEnd, chat_chunk, eventually, fake_node, running_edge, start_chat
 from iop_edge.api.request_body import UNBOUNDED_OUTPUT, context_tokens
 
 pytestmark = pytest.mark.req("token-ledger")
@@ -50,5 +50,29 @@ async def test_reserved_tokens_show_in_status_and_metrics_and_a_big_request_wait
                 await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 8192)
                 await node.answer(second)
             assert [r.status_code for r in results.values()] == [200, 200]
+            await edge.assert_drained()
+            assert edge.provider("node-a", "gpu0")["reserved_tokens"] == 0
+
+
+async def test_the_usage_an_answer_reports_settles_the_reservation_before_the_run_ends(tmp_path: Path) -> None:
+    """The stream's usage chunk lowers the reservation at once (the lease still held: the run has not
+    ended); it is back to 0 after the release."""
+    layout = EdgeLayout(gpu0_capacity=2, gpu0_admit_by="both")
+    with trio.fail_after(20):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                start_chat(nursery, edge, results, "s" * 40, FAST, max_tokens=90, stream=True)
+                streamed = await node.next_run()
+                await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 103)
+                last = chat_chunk("done")
+                last["usage"] = {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}
+                await node.send_json(streamed.run_id, chat_chunk("he"))
+                await node.send_json(streamed.run_id, last)
+                await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 20)
+                assert edge.provider("node-a", "gpu0")["in_flight"] == 1  # settled, not released
+                await node.send(RunEnd(streamed.run_id, "ok"))
+            answer = results["s" * 40]
+            assert answer.status_code == 200 and "done" in answer.text
             await edge.assert_drained()
             assert edge.provider("node-a", "gpu0")["reserved_tokens"] == 0

@@ -97,3 +97,18 @@ def test_a_request_past_n_ctx_is_a_context_error_at_once_and_cancel_frees() -> N
         KvEngine(1, 1, mode="swap")
     with pytest.raises(ValueError, match=">= 1"):
         KvEngine(0, 1)
+
+
+def test_a_step_costs_its_weights_its_prefill_and_the_cache_it_reads() -> None:
+    """Chunked prefill slows the step it shares; a fuller cache slows every step; no cost model: 0."""
+    engine = KvEngine(100, n_ctx=50, prefill_per_step=16, cost=(1.0, 0.5, 0.01))
+    assert engine.submit(1, 20, 2)
+    first = engine.step()  # starts it: 20 entries read, 16 of its prompt prefilled
+    assert first.seconds == pytest.approx(1.0 + 16 * 0.5 + 20 * 0.01)
+    second = engine.step()  # 4 more prefilled, then its first token
+    assert second.first == [1] and second.seconds == pytest.approx(1.0 + 4 * 0.5 + 20 * 0.01)
+    third = engine.step()
+    assert third.finished == [1] and third.seconds == pytest.approx(1.0 + 21 * 0.01)
+    assert KvEngine(100, n_ctx=50).step().seconds == 0.0
+    with pytest.raises(ValueError, match="costs"):
+        KvEngine(100, n_ctx=50, cost=(0.0, -1.0, 0.0))

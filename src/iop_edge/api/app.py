@@ -306,8 +306,8 @@ class EdgeAPI:
     ) -> str:
         """Send the run to the lease's node and relay its answer. Returns the outcome.
 
-        ``how``: whether it streams, its tenant charge (whose :meth:`Charge.scan` sees the
-        answer in token mode, to settle with the reported usage) and its deadline.
+        ``how``: whether it streams, its tenant charge (whose :meth:`Charge.scanners` see the
+        answer in token mode or on a token budget, to settle with the reported usage) and its deadline.
 
         Checkpoints. The first message must come within the model's first-token
         timeout ([first-token-timeout]); the first output reports a success to
@@ -317,7 +317,7 @@ class EdgeAPI:
         charge.reserve(self.service.admission, lease)  # a retry: the request's reserve again
         run = _open_run(self.service, lease, model, endpoint, body, stream, deadline.run_ms())
         responder.run_sent = True
-        scan = charge.scan if charge.tokens else None
+        scan, scan_parts = charge.scanners(self.service.admission, lease) if charge.reads_usage else (None, None)
         head = [
             (b"x-iop-provider", str(lease.provider).encode()),
             (b"x-iop-queue-ms", str(round(lease.queue_wait * 1000)).encode()),
@@ -338,7 +338,7 @@ class EdgeAPI:
                 else:
                     config = self.service.config
                     hold = (self.answers, (config.max_answer_bytes, config.answer_budget_bytes))
-                    await relay_whole(run, responder, head, hold, first, charge.scan_parts if scan else None)
+                    await relay_whole(run, responder, head, hold, first, scan_parts)
             except trio.Cancelled:
                 await deadline.answer_now(responder)  # leaving the run waits for the node's end
                 raise

@@ -7,7 +7,10 @@ set, the one a trusted front proxy names); the cost is 1 per request, or with
 ``tenant_cost: tokens`` the estimate (prompt characters / 4 + ``max_tokens``)
 reserved at admission and settled with the backend's ``usage.total_tokens``
 when the run ends. A tenant's quota refusal is a 429 whose code names the
-limit and whose ``Retry-After`` is the tenant's own.
+limit and whose ``Retry-After`` is the tenant's own. On a provider that admits by
+tokens, the same usage settles the request's context-token reservation the moment
+the answer reports it ([token-ledger]): before the last bytes reach the client and
+the lease is released.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, TypeVar, final
 
 from iop_admission import Admission, AdmissionError, Lease, TenantLimitExceeded
 from iop_edge.api.rejections import OWS, RequestRejected, bearer
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from iop_edge.front_door.head_refusal import HeadRefusal
 
 __all__ = ["TENANT_REFUSAL_CODES", "Charge", "charge_of", "refusal_of", "tenant_retry_after"]
+
+_Seen = TypeVar("_Seen", bytes, list[bytes])
 
 #: ``TenantLimitExceeded.limit`` -> the 429's error code (``queue``: the whole queue, as without tenants).
 TENANT_REFUSAL_CODES = {"max_queue": "tenant_max_queue", "shed": "tenant_shed", "queue": "queue_full"}
@@ -71,6 +76,32 @@ class Charge:
                     self.used = int(found.group(1))
                 return
             following = data[:USAGE_WINDOW]
+
+    @property
+    def reads_usage(self) -> bool:
+        """Whether the answer's bytes are read for its usage: token cost, or a context reservation."""
+        return self.tokens or self.context is not None
+
+    def scanners(
+        self, admission: Admission, lease: Lease
+    ) -> tuple[Callable[[bytes], None], Callable[[list[bytes]], None]]:
+        """:meth:`scan` (a stream's bursts) and :meth:`scan_parts` (a whole answer) for ``lease``'s
+        attempt; with a context reservation, a usage they find also settles it at once
+        (``settle_tokens``: what the run really used; a no-op off a budget)."""
+        self.used = None  # this attempt's usage only
+        if self.context is None:
+            return self.scan, self.scan_parts
+
+        def settling(scan: Callable[[_Seen], None]) -> Callable[[_Seen], None]:
+            def scan_and_settle(data: _Seen) -> None:
+                before = self.used
+                scan(data)
+                if self.used is not None and self.used != before:
+                    admission.settle_tokens(lease, self.used)
+
+            return scan_and_settle
+
+        return settling(self.scan), settling(self.scan_parts)
 
     def reserve(self, admission: Admission, lease: Lease) -> None:
         """A retry's lease carries the cost its failed attempt settled at (0): charge it the
