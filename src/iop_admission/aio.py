@@ -291,16 +291,18 @@ class AsyncLeaseScope:
             raise LeaseScopeError("a lease scope can be entered only once")
         self._state = "entering"
         handoff = self._handoff
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = running_loop("retry" if self._retry_of is not None else "lease")  # raises, saying why
+        task = handoff.cached()
+        if task is not None:
+            loop = handoff.loop
+            assert loop is not None
+        else:  # raises outside a running loop, saying why
+            loop, task = handoff.running("retry" if self._retry_of is not None else "lease")
         now = loop.time()
         result = handoff.ask(
             now, self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason, self._tokens
         )
-        lease = result if type(result) is Lease else await handoff.queued(result, now)
-        self._lease = handoff.open(lease, loop, self._revocable)
+        lease = result if type(result) is Lease else await handoff.queued(result, now, loop)
+        self._lease = handoff.open(lease, task, self._revocable)
         self._state = "entered"
         return lease
 
