@@ -10,25 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from iop_admission import (
-    Admission,
-    LeaseRevoked,
-    ModelGroup,
-    PoolConfig,
-    ProviderKey,
-    ProviderSpec,
-    QueuePolicy,
-    QueueTimeout,
-)
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec
 from iop_admission.aio import AsyncAdmission
-from iop_admission.testing import VirtualTimeLoop
 
 GPU0 = ProviderKey("local", "gpu0")
 CONFIG = PoolConfig(providers={GPU0: ProviderSpec(capacity=1)}, models={"m": ModelGroup([GPU0])})
@@ -115,62 +104,3 @@ def test_the_asyncio_layer_outside_any_loop_says_it_needs_one() -> None:
     ):
         scope.__aenter__().send(None)
     assert admission.provider_rows()[0]["in_flight"] == 0 and admission.waiters() == ()
-
-
-@pytest.mark.req("layer-parity")
-def test_the_asyncio_layer_follows_the_loop_each_lease_is_entered_on() -> None:
-    """One ``AsyncAdmission`` used on one loop, then (while that loop's task blocks) on a loop of
-    another thread, then on a second loop of the first thread, then under trio: each lease takes
-    the time, the timers and the task of the loop it is entered on (a queue timeout fires there,
-    a revocation cancels that task), and under trio the error names the trio layer. The layer
-    keeps the latest loop to spare ``asyncio.get_running_loop()``; it is a cache, never a binding."""
-    timeout = 30.0
-    admission = AsyncAdmission(
-        PoolConfig(policy=QueuePolicy(queue_timeout=timeout), providers=CONFIG.providers, models=CONFIG.models)
-    )
-    generation = admission.connect("local")
-    seen: list[tuple[str, float, bool]] = []
-
-    async def lease_at(name: str, at: float) -> None:
-        """Enter a lease at virtual time ``at``; then time out in the queue behind a run held elsewhere;
-        then enter one more and be revoked in its body."""
-        nonlocal generation
-        await asyncio.sleep(at)
-        async with admission.lease("m") as lease:
-            seen.append((name, lease.enqueue_time, False))
-        admission.hold(GPU0, 1)
-        with pytest.raises(QueueTimeout):
-            async with admission.lease("m"):
-                pass
-        admission.hold(GPU0, 0)
-        with pytest.raises(LeaseRevoked):
-            async with admission.lease("m") as lease:
-                assert admission.disconnect("local", generation)
-                generation = admission.connect("local")
-                await asyncio.sleep(1)  # cancelled here: this task's body, on this loop
-        seen.append((name, lease.enqueue_time, lease.revoked))
-
-    def other_thread() -> None:
-        with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-            runner.run(lease_at("thread", 500.0))
-
-    async def first() -> None:
-        await lease_at("first", 100.0)
-        worker = threading.Thread(target=other_thread)
-        worker.start()
-        worker.join()  # this task stays the current one of this loop meanwhile
-
-    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        runner.run(first())
-    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        runner.run(lease_at("second", 700.0))
-    assert seen == [
-        ("first", 100.0, False),
-        ("first", 100.0 + timeout, True),
-        ("thread", 500.0, False),
-        ("thread", 500.0 + timeout, True),
-        ("second", 700.0, False),
-        ("second", 700.0 + timeout, True),
-    ]
-    calls = r"^AsyncAdmission\.{call}\(\) runs under asyncio only; under trio use iop_admission\.Admission$"
-    trio.run(_misused, admission, calls)

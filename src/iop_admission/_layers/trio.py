@@ -147,7 +147,7 @@ class Admission:
         Raises (on exit):
             LeaseRevoked: the lease's node generation was fenced while the body ran.
         """
-        return LeaseScope(self._handoff, model, long, tenant=tenant, cost=cost, revocable=revocable, tokens=tokens)
+        return LeaseScope(self._handoff, model, long, None, None, tenant, cost, revocable, tokens)
 
     def settle(self, lease: Lease, actual: float) -> None:
         """Charge ``lease``'s tenant the cost it used (tokens the backend reported) instead of its reserve."""
