@@ -57,7 +57,7 @@ class AsyncHandoff:
         self.ejection_timer: asyncio.TimerHandle | None = None
         self.ejection_unarmed = False  # an ejection started outside a running loop: no timer ends it
         self.subscribers: list[asyncio.Queue[AdmissionEvent]] = []
-        self.events_dropped = 0  # events a full subscriber buffer did not take
+        self.dropped = 0  # events a full subscriber buffer did not take
         # The loop of the latest lease scope and its thread: a cache, not a binding (see ``running``).
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = 0
@@ -90,7 +90,7 @@ class AsyncHandoff:
             try:
                 queue.put_nowait(event)
             except asyncio.QueueFull:
-                self.events_dropped += 1
+                self.dropped += 1
 
     # -------------------------------------------------------------- decisions
 
