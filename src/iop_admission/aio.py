@@ -46,15 +46,14 @@ from ._config import PoolConfig, ProviderKey, ProviderReport
 from ._errors import LeaseScopeError, NodeNotFound
 from ._layers.aio_handoff import AsyncHandoff, now_or_none, running_loop
 from ._layers.events import AdmissionEvent
-from ._snapshot import ProviderRow, Snapshot
-from ._waiting import WaiterSnapshot, waiter_snapshots
-from .core import AdmissionState, Lease, PreparedRefresh, read_snapshot
+from ._layers.readings import Readings
+from .core import AdmissionState, Lease, PreparedRefresh
 
 __all__ = ["AsyncAdmission", "AsyncLeaseScope"]
 
 
 @final
-class AsyncAdmission:
+class AsyncAdmission(Readings):
     """Provider-wide leases, one fair global queue, connectivity generations, for asyncio.
 
     Args:
@@ -65,12 +64,15 @@ class AsyncAdmission:
 
     ``connect``, ``disconnect``, ``refresh``, ``snapshot`` and the other
     synchronous calls work with or without a running loop; ``lease``,
-    ``retry``, ``subscribe`` and ``watch_ejections`` need one.
+    ``retry``, ``subscribe`` and ``watch_ejections`` need one. The queries
+    (``config``, ``snapshot``, ``waiters``...) are the trio layer's
+    (:class:`~iop_admission._layers.readings.Readings`).
     """
 
     def __init__(self, config: PoolConfig) -> None:
-        self._core = AdmissionState(config)
-        self._handoff = AsyncHandoff(self._core)
+        core = AdmissionState(config)
+        self._handoff = handoff = AsyncHandoff(core)
+        super().__init__(core, now_or_none, handoff)
 
     # ------------------------------------------------------------------ leases
 
@@ -130,10 +132,6 @@ class AsyncAdmission:
         await asyncio.Event().wait()  # set by nobody: ends by cancellation only
         raise AssertionError("an event nobody sets was set")  # pragma: no cover
 
-    def _clock(self) -> float:
-        now = now_or_none()
-        return self._core.last_time if now is None else now  # outside a loop: the latest time seen
-
     # ----------------------------------------------------- nodes and config
 
     def connect(self, node_id: str) -> int:
@@ -176,45 +174,6 @@ class AsyncAdmission:
         handoff.apply(decisions)
         if handoff.subscribers:
             handoff.emit(AdmissionEvent("refreshed", now_or_none()))
-
-    # ----------------------------------------------------------------- queries
-
-    @property
-    def config(self) -> PoolConfig:
-        """The configuration in force."""
-        return self._core.config
-
-    @property
-    def queue_depth(self) -> int:
-        """Waiters queued now."""
-        return self._core.queue_depth
-
-    @property
-    def events_dropped(self) -> int:
-        """Events a full subscriber buffer did not take (``snapshot().events_dropped``)."""
-        return self._handoff.events_dropped
-
-    def snapshot(self, *, first: int = 0, count: int | None = None) -> Snapshot:
-        """Read the state admission uses (see ``Admission.snapshot``)."""
-        events_dropped = self._handoff.events_dropped
-        return read_snapshot(self._core, now_or_none(), events_dropped=events_dropped, first=first, count=count)
-
-    def provider_rows(self, *, first: int = 0, count: int | None = None) -> list[ProviderRow]:
-        """``snapshot(first=, count=).providers`` as plain dicts (see ``Admission.provider_rows``)."""
-        return self._core.provider_rows(now_or_none(), first, count)
-
-    def waiters(self) -> tuple[WaiterSnapshot, ...]:
-        """The queued requests, in arrival order, as :class:`WaiterSnapshot` (see ``Admission.waiters``)."""
-        core = self._core
-        return waiter_snapshots(core.waiters(), self._clock(), core.config.models)
-
-    def generation(self, node_id: str) -> int:
-        """The node's current generation (0 if never connected)."""
-        return self._core.generation(node_id)
-
-    def is_connected(self, node_id: str) -> bool:
-        """Whether the node is connected."""
-        return self._core.is_connected(node_id)
 
     # ------------------------------------------------------------------ events
 
@@ -291,16 +250,18 @@ class AsyncLeaseScope:
             raise LeaseScopeError("a lease scope can be entered only once")
         self._state = "entering"
         handoff = self._handoff
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = running_loop("retry" if self._retry_of is not None else "lease")  # raises, saying why
+        task = handoff.cached()
+        if task is not None:
+            loop = handoff.loop
+            assert loop is not None
+        else:  # raises outside a running loop, saying why
+            loop, task = handoff.running("retry" if self._retry_of is not None else "lease")
         now = loop.time()
         result = handoff.ask(
             now, self._model, self._long, self._retry_of, self._tenant, self._cost, self._reason, self._tokens
         )
-        lease = result if type(result) is Lease else await handoff.queued(result, now)
-        self._lease = handoff.open(lease, loop, self._revocable)
+        lease = result if type(result) is Lease else await handoff.queued(result, now, loop)
+        self._lease = handoff.open(lease, task, self._revocable)
         self._state = "entered"
         return lease
 

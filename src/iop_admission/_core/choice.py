@@ -7,6 +7,7 @@ order -- scanning the candidates; the rest reads why a request cannot run.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,10 @@ from iop_admission._config import ProviderKey
 if TYPE_CHECKING:
     from .records import Waiter
     from .slots import ModelGroup, ProviderSlot
+
+
+GROUP = operator.itemgetter(0)
+"""The group of a ``ProviderSlot.groups`` entry ``(group, position)`` (``map(GROUP, p.groups)``)."""
 
 
 def groups_of(providers: Iterable[ProviderSlot], also: Iterable[ModelGroup] = ()) -> list[ModelGroup]:

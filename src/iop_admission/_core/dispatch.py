@@ -23,6 +23,8 @@ from .records import GRANTED, QUEUED, Decision, Granted, Lease, Waiter
 from .slots import PROBE, ModelGroup, ProviderSlot
 from .tenants import Tenancy, Tenants
 
+_KINDS = (False, True)  # a group's waiters: normal, then long
+
 
 class Dispatcher:
     """Grants leases and hands freed room to waiters (see the module docstring)."""
@@ -78,7 +80,10 @@ class Dispatcher:
         provider a grant started probing: one that stops admitting may put them in panic mode;
         and of each provider whose headroom a waiter granted elsewhere gave back ([token-ledger])."""
         decisions = self._round(groups)
-        probed = [d.lease._slot for d in decisions if type(d) is Granted and d.lease.probe]
+        # A grant starts a probe only on a provider in the health's books (its probe was due).
+        probed = (
+            [d.lease._slot for d in decisions if type(d) is Granted and d.lease.probe] if self._health.unhealthy else []
+        )
         budgets = self._budgets
         freed = budgets.take_unpinned() if budgets.unpinned else []
         while probed or freed:  # one probe per ejection, one pin per waiter: this ends
@@ -113,16 +118,18 @@ class Dispatcher:
         if self._tenants.tenancy is not None:
             return self._round_fair(tuple(groups), self._tenants.tenancy)
         queue = self._queue
-        groups = tuple(groups)
-        retries = queue.retries_of(groups) if queue.retries else []
-        groups = tuple(g for g in groups if g.normal_live or g.long_live)
+        retries: list[Waiter] = []
+        if queue.retries:
+            groups = tuple(groups)
+            retries = queue.retries_of(groups)
+        groups = [g for g in groups if g.normal_live or g.long_live]
         decisions: list[Decision] = []
         while groups or retries:
             first: Waiter | None = None
             best: ProviderSlot | None = None
             for g in groups:
-                for long, live in ((False, g.normal_live), (True, g.long_live)):
-                    if not live:
+                for long in _KINDS:
+                    if not (g.long_live if long else g.normal_live):
                         continue
                     if g.budgeted:  # a waiter that does not fit does not hold back a smaller one
                         found = g.first_fitting(long, first.seq if first is not None else None)

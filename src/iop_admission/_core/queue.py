@@ -61,7 +61,8 @@ class Queue:
 
     def remove(self, waiter: Waiter, state: WaiterState) -> None:
         waiter.state = state
-        self._tenants.cancel(waiter)
+        if waiter._ticket is not None:
+            self._tenants.cancel(waiter)
         del self.waiters[waiter.seq]
         if waiter._group is not None:
             waiter._group.forget(waiter)

@@ -252,6 +252,8 @@ class ModelGroup:
 
     def check_take(self, model: str, long: bool, tokens: int | None) -> None:
         """Raise :class:`Unavailable`, with each candidate's reason, unless :meth:`could_take`."""
+        if not self.budgeted and (self.long_eligible if long else self.eligible) > 0:
+            return  # could_run, and no budget to ask: could_take
         if not self.could_take(long, tokens):
             raise Unavailable(model, long, reasons(self.providers, long, (), tokens))
 

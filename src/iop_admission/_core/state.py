@@ -21,7 +21,7 @@ from iop_admission._errors import (
 from iop_admission._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, TenantSnapshot
 
 from .budgets import Budgets
-from .choice import best_of, could_run, groups_of, reasons, untried
+from .choice import GROUP, best_of, could_run, groups_of, reasons, untried
 from .connectivity import Connectivity
 from .dispatch import Dispatcher
 from .health import Health
@@ -103,7 +103,7 @@ class AdmissionState:
         queue = self._queue
         best = group.best(long, tokens)
         if best is not None:
-            lease = self._dispatcher.grant(best, model, long, next(queue.arrivals), now, tokens=tokens)
+            lease = self._dispatcher.grant(best, model, long, next(queue.arrivals), now, 1, (), None, tokens)
             lease.cost = cost
             if lease.probe:
                 self._probe_started(lease)
@@ -111,7 +111,7 @@ class AdmissionState:
         group.check_take(model, long, tokens)
         if queue.full():
             raise QueueFull(model, queue.max_queue)
-        waiter = Waiter(next(queue.arrivals), model, long, now, now + queue.timeout, tokens=tokens)
+        waiter = Waiter(next(queue.arrivals), model, long, now, now + queue.timeout, 1, (), tokens)
         waiter.cost = cost
         queue.add(waiter, group)
         return waiter
@@ -261,10 +261,10 @@ class AdmissionState:
         if wake_all:
             return dispatch(self._pool.groups.values())
         if self._queue.retries:
-            return dispatch(g for g, _ in slot.groups)
+            return dispatch(map(GROUP, slot.groups))
         for g, _ in slot.groups:
             if g.normal_live or g.long_live:
-                return dispatch(g for g, _ in slot.groups)
+                return dispatch(map(GROUP, slot.groups))
         return []
 
     def settle(self, lease: Lease, actual: float) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from threading import get_ident
 from typing import final
 
 from iop_admission._errors import LeaseRevoked, QueueTimeout
@@ -56,14 +57,40 @@ class AsyncHandoff:
         self.ejection_timer: asyncio.TimerHandle | None = None
         self.ejection_unarmed = False  # an ejection started outside a running loop: no timer ends it
         self.subscribers: list[asyncio.Queue[AdmissionEvent]] = []
-        self.events_dropped = 0  # events a full subscriber buffer did not take
+        self.dropped = 0  # events a full subscriber buffer did not take
+        # The loop of the latest lease scope and its thread: a cache, not a binding (see ``running``).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = 0
+
+    def running(self, call: str) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[object] | None]:
+        """The running loop and its current task (None outside a task), for ``AsyncAdmission.<call>()``,
+        or a RuntimeError that says what it needs (:func:`running_loop`).
+
+        ``asyncio.get_running_loop()`` checks the process id (a ``getpid()`` system call) each
+        time; a lease scope asks :meth:`cached` first, and comes here when that finds nothing.
+        """
+        loop = running_loop(call)
+        self.loop, self.thread = loop, get_ident()
+        return loop, asyncio.current_task(loop)
+
+    def cached(self) -> asyncio.Task[object] | None:
+        """The current task of the cached loop when this is the thread it ran in, else None.
+
+        A task there is the current task of this thread's running loop: a thread runs one
+        loop at a time, and that loop is inside this task's step (as an admission, the
+        hand-off is used from one thread). So the loop and the task are what
+        :meth:`running` would return; None sends the caller there (first lease, another
+        loop, another thread, no loop).
+        """
+        loop = self.loop
+        return asyncio.current_task(loop) if loop is not None and self.thread == get_ident() else None
 
     def emit(self, event: AdmissionEvent) -> None:
         for queue in self.subscribers:
             try:
                 queue.put_nowait(event)
             except asyncio.QueueFull:
-                self.events_dropped += 1
+                self.dropped += 1
 
     # -------------------------------------------------------------- decisions
 
@@ -100,8 +127,10 @@ class AsyncHandoff:
         self.timers.pop(waiter).cancel()
         return self.futures.pop(waiter)
 
-    def arm(self, waiter: Waiter) -> None:
-        self.timers[waiter] = asyncio.get_running_loop().call_at(waiter.deadline, self.expire, waiter)
+    def arm(self, waiter: Waiter, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Set ``waiter``'s deadline timer on ``loop`` (by default the running one)."""
+        loop = asyncio.get_running_loop() if loop is None else loop
+        self.timers[waiter] = loop.call_at(waiter.deadline, self.expire, waiter)
 
     def rearm_deadlines(self) -> None:
         """Move every queued waiter's timer to the core's (possibly refreshed) deadline."""
@@ -178,24 +207,23 @@ class AsyncHandoff:
             self.emit(AdmissionEvent("queued", now, model=model, long=long, tenant=tenant))
         return result
 
-    async def queued(self, waiter: Waiter, now: float) -> Lease:
-        """Wait in the queue for ``waiter``'s grant (asked at ``now``)."""
+    async def queued(self, waiter: Waiter, now: float, loop: asyncio.AbstractEventLoop) -> Lease:
+        """Wait in the queue for ``waiter``'s grant (asked at ``now`` of the running ``loop``)."""
         try:
-            lease = await self.wait(waiter)
+            lease = await self.wait(waiter, loop)
         except Exception as exc:  # failed in the queue; a timeout has its own event
             if self.subscribers and not isinstance(exc, QueueTimeout):
                 self.emit(rejected_event(now_or_none(), waiter.model, waiter.long, exc))
             raise
-        lease.queue_wait = asyncio.get_running_loop().time() - now
+        lease.queue_wait = loop.time() - now
         return lease
 
-    def open(self, lease: Lease, loop: asyncio.AbstractEventLoop, revocable: bool) -> Lease:
-        """The last half of a lease scope's entry: the body may start (its task, if ``revocable``, is
-        the one fencing cancels)."""
-        if lease.revoked:  # fenced between the grant and now: the body never runs, its capacity comes back
+    def open(self, lease: Lease, task: asyncio.Task[object] | None, revocable: bool) -> Lease:
+        """The last half of a lease scope's entry: the body may start in ``task``, the scope's (if
+        ``revocable``, the one fencing cancels)."""
+        if lease._revoked:  # fenced between the grant and now: the body never runs, its capacity comes back
             self.apply(self.core.release(lease))
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
-        task = asyncio.current_task(loop)
         if task is None:
             self.apply(self.core.release(lease))
             raise RuntimeError("AsyncAdmission.lease() must be entered from an asyncio task")
@@ -211,10 +239,10 @@ class AsyncHandoff:
         if freed:
             self.apply(freed)
 
-    async def wait(self, waiter: Waiter) -> Lease:
-        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+    async def wait(self, waiter: Waiter, loop: asyncio.AbstractEventLoop) -> Lease:
+        future: asyncio.Future[Lease] = loop.create_future()
         self.futures[waiter] = future
-        self.arm(waiter)
+        self.arm(waiter, loop)
         try:
             return await future
         except asyncio.CancelledError:

@@ -39,7 +39,6 @@ class LeaseScope:
         handoff: Handoff,
         model: str,
         long: bool,
-        *,
         retry_of: Lease | None = None,
         reason: str | None = None,
         tenant: str | None = None,

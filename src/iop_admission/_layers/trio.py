@@ -72,12 +72,11 @@ import trio
 
 from iop_admission._config import PoolConfig, ProviderKey, ProviderReport
 from iop_admission._errors import NodeNotFound
-from iop_admission._snapshot import ProviderRow, Snapshot
-from iop_admission._waiting import WaiterSnapshot, waiter_snapshots
-from iop_admission.core import AdmissionState, Lease, PreparedRefresh, read_snapshot
+from iop_admission.core import AdmissionState, Lease, PreparedRefresh
 
 from .events import AdmissionEvent
 from .lease_scope import LeaseScope
+from .readings import Readings
 from .trio_events import EventFanout, now_or_none
 from .trio_handoff import Handoff
 
@@ -85,7 +84,7 @@ __all__ = ["Admission", "AdmissionEvent", "Lease", "LeaseScope"]
 
 
 @final
-class Admission:
+class Admission(Readings):
     """Provider-wide leases, one fair global queue, connectivity generations.
 
     Args:
@@ -96,13 +95,15 @@ class Admission:
 
     ``connect``, ``disconnect``, ``refresh`` and ``snapshot`` are synchronous
     and work with or without a running trio loop; ``lease`` and ``subscribe``
-    need one.
+    need one. The queries (``config``, ``snapshot``, ``waiters``...) are the
+    asyncio layer's too (:class:`~iop_admission._layers.readings.Readings`).
     """
 
     def __init__(self, config: PoolConfig) -> None:
-        self._core = AdmissionState(config)
-        self._events = EventFanout()
-        self._handoff = Handoff(self._core, self._events)
+        core = AdmissionState(config)
+        self._events = events = EventFanout()
+        super().__init__(core, now_or_none, events)
+        self._handoff = Handoff(core, events)
 
     # ------------------------------------------------------------------ leases
 
@@ -147,7 +148,7 @@ class Admission:
         Raises (on exit):
             LeaseRevoked: the lease's node generation was fenced while the body ran.
         """
-        return LeaseScope(self._handoff, model, long, tenant=tenant, cost=cost, revocable=revocable, tokens=tokens)
+        return LeaseScope(self._handoff, model, long, None, None, tenant, cost, revocable, tokens)
 
     def settle(self, lease: Lease, actual: float) -> None:
         """Charge ``lease``'s tenant the cost it used (tokens the backend reported) instead of its reserve."""
@@ -224,10 +225,6 @@ class Admission:
             end = self._core.next_ejection_end()
             with trio.move_on_at(math.inf if end is None else end):
                 await wakeup.wait()
-
-    def _clock(self) -> float:
-        now = now_or_none()
-        return self._core.last_time if now is None else now  # outside trio: the latest time seen
 
     @trio.lowlevel.enable_ki_protection
     def connect(self, node_id: str) -> int:
@@ -320,58 +317,6 @@ class Admission:
         self._handoff.apply(decisions)
         if self._events.subscribers:
             self._events.emit(AdmissionEvent("refreshed", now_or_none()))
-
-    # ----------------------------------------------------------------- queries
-
-    @property
-    def config(self) -> PoolConfig:
-        """The configuration in force."""
-        return self._core.config
-
-    @property
-    def queue_depth(self) -> int:
-        """The true number of queued waiters now (``snapshot().queue_depth`` without the snapshot)."""
-        return self._core.queue_depth
-
-    @property
-    def events_dropped(self) -> int:
-        """Events a full subscriber channel did not take (``snapshot().events_dropped``)."""
-        return self._events.dropped
-
-    def snapshot(self, *, first: int = 0, count: int | None = None) -> Snapshot:
-        """Read the state admission uses: counters, candidate pressure, queue depth.
-
-        ``first``/``count``: ``providers`` holds only the configured providers at
-        those positions of the config order (a large pool read a slice at a time).
-        """
-        return read_snapshot(self._core, now_or_none(), events_dropped=self._events.dropped, first=first, count=count)
-
-    def provider_rows(self, *, first: int = 0, count: int | None = None) -> list[ProviderRow]:
-        """``snapshot(first=, count=).providers`` as plain dicts (:data:`ProviderRow`), the same values.
-
-        For writers of JSON: no :class:`ProviderSnapshot` objects are made, and
-        the dicts need no unstructuring (at 10,000 providers about half the CPU
-        of the objects plus ``cattrs.unstructure``).
-        """
-        return self._core.provider_rows(now_or_none(), first, count)
-
-    def waiters(self) -> tuple[WaiterSnapshot, ...]:
-        """The queued requests, in arrival order, as :class:`WaiterSnapshot` (read only).
-
-        Call it in the same synchronous step as :meth:`snapshot` (no ``await``
-        between) and both describe the same instant of the state.
-        """
-        now = now_or_none()
-        core = self._core
-        return waiter_snapshots(core.waiters(), core.last_time if now is None else now, core.config.models)
-
-    def generation(self, node_id: str) -> int:
-        """The node's current generation (0 if it never connected)."""
-        return self._core.generation(node_id)
-
-    def is_connected(self, node_id: str) -> bool:
-        """Whether the node is connected in its current generation."""
-        return self._core.is_connected(node_id)
 
     # ------------------------------------------------------------------ events
 

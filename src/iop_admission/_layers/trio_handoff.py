@@ -13,7 +13,6 @@ import math
 from types import TracebackType
 from typing import final
 
-import attrs
 import outcome
 import trio
 
@@ -26,14 +25,6 @@ from .trio_events import EventFanout, now_or_none
 __all__ = ["Handoff"]
 
 
-@attrs.define(eq=False, slots=True)
-class _Parked:
-    """What the trio layer keeps on a queued waiter: its task and its deadline scope."""
-
-    task: trio.lowlevel.Task
-    scope: trio.CancelScope
-
-
 @final
 class Handoff:
     """Carries the core's decisions out under trio, and runs both halves of a lease scope."""
@@ -44,7 +35,7 @@ class Handoff:
         self.core = core
         self.events = events
         self.ejection_wakeup: trio.Event | None = None  # set when a new ejection starts
-        self._parked: dict[Waiter, _Parked] = {}  # queued waiters' tasks and deadline scopes
+        self._parked: dict[Waiter, tuple[trio.lowlevel.Task, trio.CancelScope]] = {}  # queued: (task, deadline scope)
         self._bodies: dict[Lease, trio.CancelScope] = {}  # live leases' body scopes (fencing cancels them)
 
     # -------------------------------------------------------------- decisions
@@ -53,9 +44,9 @@ class Handoff:
         """Carry out core decisions: wake granted/failed waiters, cancel revoked bodies."""
         for d in decisions:
             if type(d) is Granted:
-                trio.lowlevel.reschedule(self._parked.pop(d.waiter).task, outcome.Value(d.lease))
+                trio.lowlevel.reschedule(self._parked.pop(d.waiter)[0], outcome.Value(d.lease))
             elif type(d) is Failed:
-                trio.lowlevel.reschedule(self._parked.pop(d.waiter).task, outcome.Error(d.error))
+                trio.lowlevel.reschedule(self._parked.pop(d.waiter)[0], outcome.Error(d.error))
             elif type(d) is Revoked:
                 scope = self._bodies.get(d.lease)
                 if scope is not None:
@@ -80,8 +71,8 @@ class Handoff:
 
     def rearm_deadlines(self) -> None:
         """Move every parked waiter's deadline scope to the core's (possibly refreshed) deadline."""
-        for waiter, parked in self._parked.items():
-            parked.scope.deadline = waiter.deadline
+        for waiter, (_, scope) in self._parked.items():
+            scope.deadline = waiter.deadline
 
     # ----------------------------------------------------- lease scope halves
 
@@ -129,8 +120,8 @@ class Handoff:
             await trio.lowlevel.cancel_shielded_checkpoint()
         else:
             assert type(result) is Waiter
-            lease, scope = await self._wait(result)
-        if lease.revoked:  # fenced since the grant: the body never runs on an offline generation
+            lease, scope = await self._wait(result, now)
+        if lease._revoked:  # fenced since the grant: the body never runs on an offline generation
             self._give_back(lease, scope)
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation)
         try:
@@ -169,8 +160,9 @@ class Handoff:
             scope.__exit__(None, None, None)
         self.apply(self.core.release(lease))
 
-    async def _wait(self, waiter: Waiter) -> tuple[Lease, trio.CancelScope | None]:
-        """Park until granted, failed, cancelled or past the deadline.
+    async def _wait(self, waiter: Waiter, asked: float) -> tuple[Lease, trio.CancelScope | None]:
+        """Park until granted, failed, cancelled or past the deadline (``asked``: the time of the
+        request, or for a retry the time it asked again; ``queue_wait`` counts from it).
 
         Checkpoints (it blocks). Past its deadline the core expires the waiter;
         cancelled before, it is withdrawn. Either way nothing else changes.
@@ -183,7 +175,6 @@ class Handoff:
         """
         core = self.core
         events = self.events
-        parked_at = trio.current_time()  # the enqueue time, or for a retry the time it asked again
         if events.subscribers:
             tenant = waiter.tenant if waiter._ticket is not None else None  # as lease events
             events.emit(AdmissionEvent("queued", now_or_none(), model=waiter.model, long=waiter.long, tenant=tenant))
@@ -198,7 +189,7 @@ class Handoff:
 
         timer = trio.CancelScope(deadline=waiter.deadline)
         timer.__enter__()
-        self._parked[waiter] = _Parked(trio.lowlevel.current_task(), timer)
+        self._parked[waiter] = (trio.lowlevel.current_task(), timer)
         try:
             lease: Lease = await trio.lowlevel.wait_task_rescheduled(abort)
         except BaseException as exc:
@@ -209,8 +200,11 @@ class Handoff:
                 raise
             # Our own deadline fired (the scope swallowed its Cancelled): a timeout.
         else:
-            lease.queue_wait = trio.current_time() - parked_at
-            if timer.cancel_called:
+            granted = trio.current_time()
+            lease.queue_wait = granted - asked
+            # What ``timer.cancel_called`` reads (and its own clock read): the deadline moves only
+            # while the waiter is parked, nothing else cancels this scope, and the clock only goes on.
+            if granted >= timer.deadline:
                 timer.__exit__(None, None, None)
                 return lease, None
             timer.deadline = math.inf
@@ -241,6 +235,6 @@ class Handoff:
                 self.apply(decisions)
             if self.events.subscribers:
                 self.events.lease("released", lease)
-        if lease.revoked and (suppressed or exc_type is None):
+        if lease._revoked and (suppressed or exc_type is None):
             raise LeaseRevoked(lease.id, lease.provider.node_id, lease.generation) from None
         return bool(suppressed)
