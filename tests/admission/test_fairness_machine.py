@@ -46,9 +46,11 @@ class FifoShare(FairShare):
 
 @dataclass
 class Window:
-    """Two tenants of one band both backlogged since the window opened."""
+    """Two tenants of one band both backlogged since the window opened: what each was charged
+    for the grants made in it (``counted``: each such ticket's charge, settled or not yet)."""
 
     served: dict[str, float] = field(default_factory=dict)
+    counted: dict[int, float] = field(default_factory=dict)
 
 
 class FairnessMachine(RuleBasedStateMachine):
@@ -143,6 +145,7 @@ class FairnessMachine(RuleBasedStateMachine):
             before = self.core.served(ticket.tenant)
             self.core.settle(ticket, float(used))
             assert self.core.served(ticket.tenant) == before - ticket.cost + used
+            self.settled(ticket, float(used))
         self.core.release(ticket)
         self.dispatch()
 
@@ -181,7 +184,7 @@ class FairnessMachine(RuleBasedStateMachine):
             assert not higher, f"dispatchable higher-band waiter of {higher} passed over"
             self.queued[name].remove(ticket)
             self.held.append(ticket)
-            self.account(name, band, ticket.cost, ticket.seq in self.passed)
+            self.account(name, band, ticket, ticket.seq in self.passed)
             self.passed.update(
                 t.seq
                 for n in NAMES
@@ -207,17 +210,32 @@ class FairnessMachine(RuleBasedStateMachine):
                 if i < j and same_band and (i, j) not in self.windows:
                     self.windows[(i, j)] = Window({i: 0.0, j: 0.0})
 
-    def account(self, name: str, band: int, cost: float, passed_over: bool = False) -> None:
+    def fair_in_windows(self) -> None:
+        """The fairness bound in every open window, over what each tenant was charged in it."""
+        for (i, j), window in self.windows.items():
+            wi, wj = self.core.spec(i).weight, self.core.spec(j).weight
+            gap = abs(window.served[i] / wi - window.served[j] / wj)
+            bound = self.max_cost / wi + self.max_cost / wj
+            assert gap <= bound + 1e-9, f"fairness bound: {i},{j} differ by {gap} > {bound}"
+
+    def settled(self, ticket: Ticket, used: float) -> None:
+        """A grant's charge settled to ``used``: the windows that counted the grant count ``used``
+        (the scheduler shares what tenants are charged, and a settled charge is the charge)."""
+        for window in self.windows.values():
+            counted = window.counted.get(ticket.seq)
+            if counted is not None:
+                window.served[ticket.tenant] += used - counted
+                window.counted[ticket.seq] = used
+
+    def account(self, name: str, band: int, ticket: Ticket, passed_over: bool = False) -> None:
         """Count a grant in the windows and the waits. A waiter passed over earlier is served from
         its place (its tenant's tag), not as a newcomer: its grant makes nobody wait longer than
         its place said, so it is not counted in the others' waits."""
         for (i, j), window in self.windows.items():
             if name in (i, j):
-                window.served[name] += cost
-            wi, wj = self.core.spec(i).weight, self.core.spec(j).weight
-            gap = abs(window.served[i] / wi - window.served[j] / wj)
-            bound = self.max_cost / wi + self.max_cost / wj
-            assert gap <= bound + 1e-9, f"fairness bound: {i},{j} differ by {gap} > {bound}"
+                window.served[name] += ticket.cost
+                window.counted[ticket.seq] = ticket.cost
+        self.fair_in_windows()
         if self.tokens:
             return
         for other in list(self.waited):
