@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ class Result:
     attempts: list[Attempt]
     executions: int
     violations: list[str]
+    losses: list[Loss] = attrs.field(factory=list)
 
     @property
     def answered(self) -> int:
@@ -113,7 +115,7 @@ async def run_schedule(
             services.cancel_scope.cancel()
     executions = read_executions(cluster.backend_logs)
     found = violations(load.attempts, executions, cluster.capacity, load.losses) + left
-    return Result(seed, load.faults, load.attempts, len(executions), found)
+    return Result(seed, load.faults, load.attempts, len(executions), found, load.losses)
 
 
 async def _attempt(http: httpx.AsyncClient, edge: str, url: str, marker: str) -> Attempt:
@@ -155,3 +157,15 @@ def save_failure(result: Result, folder: Path) -> Path:
         json.dumps({"seed": result.seed, "faults": result.faults, "violations": result.violations}, indent=2) + "\n"
     )
     return path
+
+
+def keep_history(result: Result, directory: Path, folder: Path) -> None:
+    """Copy a failing schedule's ``directory`` (every process's stderr, the backends' executions) to
+    ``folder``, with the clients' attempts and the nemesis's losses (``attempts.jsonl``, ``losses.jsonl``):
+    the history the checker judged."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(directory, folder, ignore=shutil.ignore_patterns("etcd-data"))
+    for name, records in (("attempts", result.attempts), ("losses", result.losses)):
+        with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(attrs.asdict(record)) + "\n")
