@@ -455,8 +455,8 @@ def _open_run(
         # [held-elsewhere] a long run says so: the node counts it among its long runs
         run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, lease.long, upstream_model, deadline_ms)
         return link.open_run(run, body.text)
-    except (NodeGone, KeyError) as exc:
-        raise node_disconnected(str(exc)) from None
+    except (NodeGone, KeyError) as exc:  # nothing left for the node: another candidate may serve it
+        raise node_disconnected(str(exc), sent=False) from None
     except RunNotSent as exc:  # nothing was registered: the lease is released on the way out
         kind = "upstream_error" if exc.status >= 500 else "invalid_request_error"
         raise RequestRejected(exc.status, exc.code, str(exc), type=kind) from None
