@@ -15,6 +15,7 @@ from .checker import (
     violations,
     within_capacity,
 )
+from .terms import Stop, stepped_down_in_time, terms_of
 
 pytestmark = pytest.mark.req("epoch-fencing")
 
@@ -70,3 +71,55 @@ def test_capacity_is_checked_at_every_instant_per_provider() -> None:
     assert within_capacity(back_to_back, CAPACITY) == []
     elsewhere = [*two, run("c", 1.5, 1.6, "node-b/gpu0")]
     assert within_capacity(elsewhere, CAPACITY) == []
+
+
+def _log(*lines: tuple[float, str]) -> str:
+    """An Edge's stderr: each line at ``seconds`` past 12:00:00 (local time, as the Edge logs)."""
+    return "\n".join(f"2026-12-07 12:00:{at:06.3f}".replace(".", ",") + f" {text}" for at, text in lines) + "\n"
+
+
+RENEWED = 'INFO httpx: HTTP Request: POST http://127.0.0.1:1/v3/lease/keepalive "HTTP/1.1 200 OK"'
+
+
+def test_a_leader_that_steps_down_within_its_ttl_of_its_last_renewal_passes() -> None:
+    log = _log(
+        (1.0, "INFO iop_edge.ha: leading at epoch 7"),
+        (1.6, RENEWED),
+        (2.2, RENEWED),
+        (3.9, "WARNING iop_edge.ha: stepped down (epoch 7)"),  # 1.7 s after its last renewal
+        (4.5, "INFO iop_edge.ha: leading at epoch 9"),
+        (5.0, RENEWED),
+    )
+    terms = terms_of("edge-0", log)
+    assert [(t.epoch, len(t.alive), t.stepped_down) for t in terms] == [(7, 3, True), (9, 2, False)]
+    assert stepped_down_in_time(terms, [], ttl=2.0) == []
+
+
+def test_a_leader_that_steps_down_late_or_never_is_caught() -> None:
+    late = _log(
+        (1.0, "INFO iop_edge.ha: leading at epoch 7"),
+        (1.5, RENEWED),
+        (3.7, "WARNING iop_edge.ha: stepped down (epoch 7)"),
+    )
+    assert stepped_down_in_time(terms_of("edge-0", late), [], ttl=2.0) == [
+        "edge-0 led epoch 7 2.200 s past a renewal (TTL 2 s) before it stepped down"
+    ]
+    never = _log((1.0, "INFO iop_edge.ha: leading at epoch 7"), (1.5, RENEWED), (4.0, "INFO iop_edge: serving"))
+    assert stepped_down_in_time(terms_of("edge-0", never), [], ttl=2.0) == [
+        "edge-0 led epoch 7 2.500 s past a renewal (TTL 2 s) before it went on"
+    ]
+
+
+def test_the_time_an_edge_was_stopped_does_not_count_against_its_step_down() -> None:
+    """A leader stopped 3 s past its last renewal steps down 0.4 s after it wakes: 0.9 s of running
+    time. The control: the same log without the stop, and a stop of another Edge, are late."""
+    log = _log(
+        (1.0, "INFO iop_edge.ha: leading at epoch 7"),
+        (1.5, RENEWED),
+        (5.4, "WARNING iop_edge.ha: stepped down (epoch 7)"),
+    )
+    terms = terms_of("edge-0", log)
+    noon = terms[0].alive[0] - 1.0
+    assert stepped_down_in_time(terms, [Stop("edge-0", noon + 2.0, noon + 5.0)], ttl=2.0) == []
+    assert len(stepped_down_in_time(terms, [], ttl=2.0)) == 1
+    assert len(stepped_down_in_time(terms, [Stop("edge-1", noon + 2.0, noon + 5.0)], ttl=2.0)) == 1
