@@ -84,7 +84,7 @@ def schedule(seed: int, length: float, kinds: tuple[str, ...] = KINDS) -> list[F
 
 async def apply(fault: Fault, cluster: Cluster, http: httpx.AsyncClient, losses: list[Loss], stops: list[Stop]) -> str:
     """Strike ``fault`` and undo it after its duration; a line for the run's log. A Node's loss
-    goes into ``losses`` (the checker excuses the runs it cut), an Edge's stop into ``stops``
+    goes into ``losses`` (kept with a failing schedule's history; the checker excuses nothing), an Edge's stop into ``stops``
     (wall clock: the step-down check leaves it out of the Edge's running time). Checkpoints."""
     edge = cluster.edges[fault.target % len(cluster.edges)]
     node = NODES[fault.target % len(NODES)]
@@ -146,7 +146,7 @@ async def apply(fault: Fault, cluster: Cluster, http: httpx.AsyncClient, losses:
 
 async def _link_fault(fault: Fault, cluster: Cluster, losses: list[Loss]) -> str:
     """Set one Edge's link proxy to the fault's mode, then back to ``pass``. A partition past the
-    heartbeat timeout loses both Nodes for that Edge: the runs it cut may be failed over."""
+    heartbeat timeout loses both Nodes for that Edge: its runs are cut (recorded in ``losses``)."""
     index = fault.target % len(cluster.proxies)
     proxy, name = cluster.proxies[index], cluster.edges[index].name
     mode = LINK_MODES[fault.kind]

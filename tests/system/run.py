@@ -122,7 +122,7 @@ async def run_schedule(
                 await trio.to_thread.run_sync(etcd.stop)
             services.cancel_scope.cancel()
     executions = read_executions(cluster.backend_logs)
-    found = violations(load.attempts, executions, cluster.capacity, load.losses) + left
+    found = violations(load.attempts, executions, cluster.capacity) + left
     terms = _terms(cluster)
     found += stepped_down_in_time(terms, load.stops, TTL_S)
     return Result(seed, load.faults, load.attempts, len(executions), found, load.losses, load.stops, terms)
