@@ -16,7 +16,7 @@ from .checker import (
 )
 from .terms import Stop, stepped_down_in_time, terms_of
 
-pytestmark = pytest.mark.req("epoch-fencing")
+pytestmark = pytest.mark.req("epoch-fencing", "ha-step-down")
 
 CAPACITY = {"node-a/gpu0": 2, "node-b/gpu0": 2}
 

@@ -18,7 +18,7 @@ import trio
 from .nemesis import schedule
 from .run import run_schedule
 
-pytestmark = pytest.mark.req("epoch-fencing", "warm-standby")
+pytestmark = pytest.mark.req("epoch-fencing", "warm-standby", "ha-step-down")
 
 LENGTH_S = 10.0
 SEEDS = (3, 8)
