@@ -40,22 +40,19 @@ async def _metric(edge_http: httpx.AsyncClient, name: str, **labels: str) -> flo
     raise AssertionError(f"no sample {name} {labels}")
 
 
-async def _fail_then_serve(a: FakeNode, b: FakeNode, end: RunEnd | None) -> None:
-    """node-a fails its run with ``end`` (or drops the connection for None); node-b serves the retry."""
+async def _fail_then_serve(a: FakeNode, b: FakeNode, end: RunEnd) -> None:
+    """node-a fails its run with ``end``; node-b serves the retry."""
     run = await a.next_run()
-    if end is None:
-        await a.drop()
-    else:
-        await a.send(RunEnd(run.run_id, end.status, end.code, end.message, end.upstream_status))
+    await a.send(RunEnd(run.run_id, end.status, end.code, end.message, end.upstream_status))
     retry = await b.next_run()
     assert retry.body["model"] == "qwen3:35b-b"
     await b.answer(retry, "from b")
 
 
 async def test_retry_on_other_candidate_before_first_byte(tmp_path: Path) -> None:
-    """[failover-before-first-byte] an upstream 500, 429, unreachable, a node concurrency_limit
-    or a dropped node before the first byte: the request is answered 200 by the other
-    candidate, with x-iop-attempts 2 and the provider that served it."""
+    """[failover-before-first-byte] an upstream 500, 429, unreachable or a node concurrency_limit
+    before the first byte: the request is answered 200 by the other candidate, with
+    x-iop-attempts 2 and the provider that served it."""
     failures = [
         (RunEnd("x", "error", "upstream_error", "boom", 500), "upstream_5xx"),
         (RunEnd("x", "error", "upstream_error", "slow down", 429), "upstream_429"),
@@ -77,13 +74,32 @@ async def test_retry_on_other_candidate_before_first_byte(tmp_path: Path) -> Non
                     assert response.headers["x-iop-attempts"] == "2"
                     assert response.json()["choices"][0]["message"]["content"] == "from b"
                     assert await _metric(edge.http, "iop_retries_total", model=BIG, reason=reason) == 1
-                results = {}
+            await edge.assert_drained()
+
+
+async def test_no_retry_of_a_run_sent_to_a_node_that_went_away(tmp_path: Path) -> None:
+    """[failover-before-first-byte] a node whose connection ends after its run was sent may have
+    run it (stopped or cut off after its backend answered): the request is answered 502
+    ``node_disconnected`` after one attempt and the other candidate never gets the run -- refusing
+    beats running twice. The control: the next request goes to the other candidate, as the first
+    would have, and node-b's first run is that one."""
+    layout = EdgeLayout(outlier="{consecutive_failures: 0}")
+    with trio.fail_after(20):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge, "node-b", providers=("gpu1",)) as b:
+            results: dict[str, httpx.Response] = {}
+            async with fake_node(edge) as a:
                 async with trio.open_nursery() as nursery:
-                    start_chat(nursery, edge, results, "drop", BIG)
-                    await _fail_then_serve(a, b, None)
-            assert results["drop"].status_code == 200
-            assert results["drop"].headers["x-iop-attempts"] == "2"
-            assert await _metric(edge.http, "iop_retries_total", model=BIG, reason="node_disconnected") == 1
+                    start_chat(nursery, edge, results, "sent", BIG)
+                    await a.next_run()
+                    await a.drop()
+            assert results["sent"].status_code == 502, results["sent"].text
+            assert results["sent"].json()["error"]["code"] == "node_disconnected"
+            async with trio.open_nursery() as nursery:
+                start_chat(nursery, edge, results, "after", BIG)
+                run = await b.next_run()
+                await b.answer(run, "from b")
+            assert results["after"].status_code == 200
+            assert [r.body["messages"][-1]["content"] for r in b.runs_received] == ["after"]
             await edge.assert_drained()
 
 

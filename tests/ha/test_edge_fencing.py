@@ -9,6 +9,7 @@ import pytest
 import trio
 from tests.edge.harness import BIG, TOKEN_A, TOKEN_B, fake_node, start_chat
 
+from iop_edge.ha import EdgeHa
 from iop_wire import OLDEST_PROTOCOL, InFlight, Leader, RunEnd
 
 from .etcd_server import EtcdServer
@@ -108,4 +109,30 @@ async def test_a_retry_refused_stale_epoch_after_an_attempt_ran_is_leader_steppe
                 assert results["first"].status_code == 503
                 assert results["first"].json()["error"]["code"] == "not_leader"
                 await until(lambda: edge.service.admission.snapshot().provider("node-a", "gpu0").in_flight == 0)
+            stop.cancel()
+
+
+@pytest.mark.req("ha-step-down")
+async def test_a_run_whose_node_went_away_while_the_edge_could_not_prove_it_leads_is_leader_stepped_down(
+    etcd: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[ha-step-down] A woken leader's run its node dropped during the pause: the run was sent (it may
+    have run) and the Edge can no longer prove it leads, so the client is told ``503
+    leader_stepped_down``, not retried and not ``502 node_disconnected``; node-b gets nothing. (Woken
+    past its deadline: ``admits()`` made false, as a pause makes it before the election task runs.)"""
+    results: dict[str, httpx.Response] = {}
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as nursery:
+            edge, stop = await nursery.start(serve, tmp_path, layout(etcd, "edge-a"))
+            await until(lambda: leads(edge))
+            async with fake_node(edge, "node-b", providers=("gpu1",)) as b, fake_node(edge) as a:
+                start_chat(nursery, edge, results, "woken", BIG)
+                await a.next_run()
+                monkeypatch.setattr(EdgeHa, "admits", lambda self: False)
+                await a.drop()
+                await until(lambda: "woken" in results)
+                refused = results["woken"]
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "leader_stepped_down"
+                assert b.runs_received == []
             stop.cancel()

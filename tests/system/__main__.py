@@ -2,7 +2,8 @@
 
 Runs ``N`` seeded schedules (seeds S, S+1, ...) of the whole-system check one after the other,
 prints a line per schedule, saves each failing one under ``tests/system/results/`` (its seed
-replays it), and exits 1 if any failed.
+replays it; beside it, the folder of its processes' logs, the backends' executions and the
+clients' attempts, to read the history from), and exits 1 if any failed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import trio
 
 from .nemesis import KINDS
-from .run import run_schedule, save_failure
+from .run import keep_history, run_schedule, save_failure
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -36,6 +37,8 @@ def main() -> int:
                     run_schedule, seed, Path(folder), length=args.length, kinds=tuple(args.kinds.split(","))
                 )
             )
+            if result.violations:
+                keep_history(result, Path(folder), RESULTS / f"seed-{seed}")
         status = "ok" if not result.violations else f"FAILED ({len(result.violations)} violations)"
         print(
             f"seed {seed}: {status}; {len(result.faults)} faults, {len(result.attempts)} attempts, "

@@ -29,6 +29,7 @@ import trio
 
 from .checker import Loss
 from .cluster import NODE_HEARTBEAT_S, NODES, TTL_S, Cluster, provider_label
+from .terms import Stop
 
 KINDS = (
     "pause_leader",
@@ -81,24 +82,28 @@ def schedule(seed: int, length: float, kinds: tuple[str, ...] = KINDS) -> list[F
     return faults
 
 
-async def apply(fault: Fault, cluster: Cluster, http: httpx.AsyncClient, losses: list[Loss]) -> str:
+async def apply(fault: Fault, cluster: Cluster, http: httpx.AsyncClient, losses: list[Loss], stops: list[Stop]) -> str:
     """Strike ``fault`` and undo it after its duration; a line for the run's log. A Node's loss
-    goes into ``losses`` (the checker excuses the runs it cut). Checkpoints."""
+    goes into ``losses`` (kept with a failing schedule's history; the checker excuses nothing), an Edge's stop into ``stops``
+    (wall clock: the step-down check leaves it out of the Edge's running time). Checkpoints."""
     edge = cluster.edges[fault.target % len(cluster.edges)]
     node = NODES[fault.target % len(NODES)]
     if fault.kind == "pause_leader":
         leader = await cluster.leader(http)
         if leader is None:
             return "pause_leader: no leader now, nothing paused"
+        stopped = time.time()
         leader.daemon.sigstop()
         await trio.sleep(fault.duration)
         leader.daemon.sigcont()
+        stops.append(Stop(leader.name, stopped, time.time()))
         return f"paused leader {leader.name} {fault.duration} s"
     if fault.kind == "pause_edge":
-        start = time.monotonic()
+        start, stopped = time.monotonic(), time.time()
         edge.daemon.sigstop()
         await trio.sleep(fault.duration)
         edge.daemon.sigcont()
+        stops.append(Stop(edge.name, stopped, time.time()))
         if time.monotonic() - start > SILENCE_S:  # the Nodes may have dropped it: its runs cut
             losses.extend(Loss(provider_label(node), start, time.monotonic() + 1.0) for node in NODES)
         return f"paused {edge.name} {fault.duration} s"
@@ -141,7 +146,7 @@ async def apply(fault: Fault, cluster: Cluster, http: httpx.AsyncClient, losses:
 
 async def _link_fault(fault: Fault, cluster: Cluster, losses: list[Loss]) -> str:
     """Set one Edge's link proxy to the fault's mode, then back to ``pass``. A partition past the
-    heartbeat timeout loses both Nodes for that Edge: the runs it cut may be failed over."""
+    heartbeat timeout loses both Nodes for that Edge: its runs are cut (recorded in ``losses``)."""
     index = fault.target % len(cluster.proxies)
     proxy, name = cluster.proxies[index], cluster.edges[index].name
     mode = LINK_MODES[fault.kind]

@@ -5,13 +5,15 @@ marker, to the Edge that last answered them 200 (first the first Edge), and on a
 the next Edge after 50 ms, as a load balancer would; every attempt is recorded. Meanwhile the
 nemesis strikes its seeded faults one at a time. Then every process is resumed, the cluster is
 given :data:`SETTLE_S` to drain, and the history is checked: the checker's promises
-(:mod:`.checker`), and every Edge drained.
+(:mod:`.checker`), every leader stepped down within its TTL of its last renewal (:mod:`.terms`,
+from the Edges' logs), and every Edge drained.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +25,9 @@ from tests.e2e.harness import open_stack
 from tests.ha.etcd_server import EtcdServer
 
 from .checker import Attempt, Loss, read_executions, violations
-from .cluster import MODEL, Cluster
+from .cluster import MODEL, TTL_S, Cluster
 from .nemesis import KINDS, apply, schedule
+from .terms import Stop, Term, stepped_down_in_time, terms_of
 
 SETTLE_S = 20.0
 """Seconds the cluster has, after the load, to drain every Edge."""
@@ -38,6 +41,10 @@ class Result:
     attempts: list[Attempt]
     executions: int
     violations: list[str]
+    losses: list[Loss] = attrs.field(factory=list)
+    stops: list[Stop] = attrs.field(factory=list)
+    terms: list[Term] = attrs.field(factory=list)
+    """Every leader term the Edges' logs show (the step-down check's material)."""
 
     @property
     def answered(self) -> int:
@@ -53,6 +60,7 @@ class _Load:
     seed: int
     attempts: list[Attempt] = attrs.field(factory=list)
     losses: list[Loss] = attrs.field(factory=list)
+    stops: list[Stop] = attrs.field(factory=list)
     faults: list[str] = attrs.field(factory=list)
     markers: Iterator[int] = attrs.field(factory=itertools.count)
     preferred: int = 0
@@ -74,7 +82,9 @@ class _Load:
         started = trio.current_time()
         for fault in schedule(self.seed, length, kinds):
             await trio.sleep_until(started + fault.at)
-            self.faults.append(f"{fault.at:6.2f} s {await apply(fault, self.cluster, self.http, self.losses)}")
+            self.faults.append(
+                f"{fault.at:6.2f} s {await apply(fault, self.cluster, self.http, self.losses, self.stops)}"
+            )
 
 
 async def run_schedule(
@@ -112,8 +122,10 @@ async def run_schedule(
                 await trio.to_thread.run_sync(etcd.stop)
             services.cancel_scope.cancel()
     executions = read_executions(cluster.backend_logs)
-    found = violations(load.attempts, executions, cluster.capacity, load.losses) + left
-    return Result(seed, load.faults, load.attempts, len(executions), found)
+    found = violations(load.attempts, executions, cluster.capacity) + left
+    terms = _terms(cluster)
+    found += stepped_down_in_time(terms, load.stops, TTL_S)
+    return Result(seed, load.faults, load.attempts, len(executions), found, load.losses, load.stops, terms)
 
 
 async def _attempt(http: httpx.AsyncClient, edge: str, url: str, marker: str) -> Attempt:
@@ -147,6 +159,16 @@ async def _settle(cluster: Cluster, http: httpx.AsyncClient) -> list[str]:
     return [f"after the load: {what}" for what in left]
 
 
+def _terms(cluster: Cluster) -> list[Term]:
+    """Every leader term in every Edge process's log (a restarted Edge's processes each have one)."""
+    return [
+        term
+        for edge in cluster.edges
+        for path in sorted(cluster.stack.directory.glob(f"{edge.name}-*.stderr"))
+        for term in terms_of(edge.name, path.read_text(encoding="utf-8", errors="replace"))
+    ]
+
+
 def save_failure(result: Result, folder: Path) -> Path:
     """Write a failing schedule's seed, faults and violations (replay: ``--seed SEED --schedules 1``)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -155,3 +177,15 @@ def save_failure(result: Result, folder: Path) -> Path:
         json.dumps({"seed": result.seed, "faults": result.faults, "violations": result.violations}, indent=2) + "\n"
     )
     return path
+
+
+def keep_history(result: Result, directory: Path, folder: Path) -> None:
+    """Copy a failing schedule's ``directory`` (every process's stderr, the backends' executions) to
+    ``folder``, with the clients' attempts, the nemesis's losses and its Edge stops (``attempts.jsonl``,
+    ``losses.jsonl``, ``stops.jsonl``): the history the checker judged."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(directory, folder, ignore=shutil.ignore_patterns("etcd-data"))
+    for name, records in (("attempts", result.attempts), ("losses", result.losses), ("stops", result.stops)):
+        with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(attrs.asdict(record)) + "\n")

@@ -18,7 +18,7 @@ import trio
 from .nemesis import schedule
 from .run import run_schedule
 
-pytestmark = pytest.mark.req("epoch-fencing", "warm-standby")
+pytestmark = pytest.mark.req("epoch-fencing", "warm-standby", "ha-step-down")
 
 LENGTH_S = 10.0
 SEEDS = (3, 8)
@@ -34,4 +34,7 @@ async def test_a_seeded_schedule_keeps_every_promise(seed: int, tmp_path: Path) 
     with trio.fail_after(180):
         result = await run_schedule(seed, tmp_path, length=LENGTH_S)
     assert result.answered > 0, result
+    assert result.terms, "no leader term in the Edges' logs: the step-down check had nothing to judge"
+    if "pause_leader" in {fault.kind for fault in schedule(seed, LENGTH_S)}:
+        assert any(term.stepped_down for term in result.terms), result.terms
     assert result.violations == [], (result.faults, result.violations)

@@ -36,7 +36,7 @@ from iop_admission import (
 from iop_edge._off_loop import run_off_loop
 from iop_edge.api.attempts import attempt_failure, count_cancelled, count_failure, within_deadline
 from iop_edge.api.deadline import RequestDeadline, request_deadline
-from iop_edge.api.not_leader import not_leader_on_head, ran_earlier, standby_refusal
+from iop_edge.api.not_leader import lost_unled, not_leader_on_head, ran_earlier, standby_refusal
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
@@ -276,8 +276,10 @@ class EdgeAPI:
             visit.stop_asking()
             if isinstance(exc, LeaseRevoked):
                 outcome = "revoked"
-            await responder.reject(count_failure(metrics, model, refusal_of(exc, service, self.head_refusal)))
-        except RequestRejected as rejection:
+            refusal = lost_unled(refusal_of(exc, service, self.head_refusal), service.ha)
+            await responder.reject(count_failure(metrics, model, refusal))
+        except RequestRejected as lost:
+            rejection = lost_unled(lost, service.ha)
             if rejection.code == "provider_busy":
                 metrics.request_rejected(model, "provider_busy")
             elif rejection.reason == "upstream_client_error":
@@ -455,8 +457,8 @@ def _open_run(
         # [held-elsewhere] a long run says so: the node counts it among its long runs
         run = Run(run_id, key.provider_id, endpoint, {}, stream, link.epoch, lease.long, upstream_model, deadline_ms)
         return link.open_run(run, body.text)
-    except (NodeGone, KeyError) as exc:
-        raise node_disconnected(str(exc)) from None
+    except (NodeGone, KeyError) as exc:  # nothing left for the node: another candidate may serve it
+        raise node_disconnected(str(exc), sent=False) from None
     except RunNotSent as exc:  # nothing was registered: the lease is released on the way out
         kind = "upstream_error" if exc.status >= 500 else "invalid_request_error"
         raise RequestRejected(exc.status, exc.code, str(exc), type=kind) from None

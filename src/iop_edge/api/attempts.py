@@ -59,7 +59,6 @@ async def within_deadline(
             model,
             long,
             timed,
-            answered=lambda: responder.started,
             on_retry=retry_hook(metrics, ha, model, responder),
             may_retry=lambda: deadline_allows_retry(deadline, min_attempt, model),
             tenant=charge.tenant,

@@ -10,6 +10,13 @@ retry is possible -- ``retry.max_attempts`` reached, no other eligible
 candidate, the queue deadline passed -- the last attempt's failure is the
 answer. Admission decides everything about leases; this module only decides
 *when to ask*, which is the HTTP layer's knowledge (did a byte go out?).
+
+A run the node may have run is never retried: an attempt whose lease is revoked
+while it holds it (its node's connection ended or was fenced) had sent its run
+-- the Edge sends it as the lease is granted -- and nobody knows whether the
+node ran it (a node stopped or cut off after its backend answered looks the same
+as one that never started it), so ``LeaseRevoked`` is the answer. Refusing
+beats running twice.
 """
 
 from __future__ import annotations
@@ -71,7 +78,6 @@ async def serve_with_failover(
     long: bool,
     attempt: Callable[[Lease], Awaitable[str]],
     *,
-    answered: Callable[[], bool],
     on_retry: Callable[[str, Lease], None],
     may_retry: Callable[[], bool] = lambda: True,
     tenant: str | None = None,
@@ -85,8 +91,8 @@ async def serve_with_failover(
     (admission carries them).
 
     ``attempt`` raises :class:`AttemptFailed` only when nothing reached the
-    client yet. ``answered()`` tells whether a byte went out (a lease fenced
-    after that is not retried). ``on_retry(reason, failed_lease)`` is called
+    client yet. A lease revoked under an attempt is never retried (its run was
+    sent: the node may have run it). ``on_retry(reason, failed_lease)`` is called
     before each retry; an error it raises is the answer, and no retry is asked
     for (the Edge's: this Edge no longer leads [ha-step-down]). ``may_retry()`` False: the
     request's deadline leaves too little for another attempt ([deadline], ``min_attempt_ms``), and
@@ -100,16 +106,15 @@ async def serve_with_failover(
 
     Raises:
         AdmissionError: the first lease was refused (queue full, timeout, ...),
-            or a lease was fenced after a byte went out (``LeaseRevoked``).
+            or a lease was revoked under its attempt (``LeaseRevoked``: the node's
+            connection ended or was fenced; its run may have run).
         Exception: the last attempt's ``answer`` when no retry is possible.
     """
     previous: Lease | None = None
     last: AttemptFailed | None = None
     while True:
         try:
-            return await _attempt_once(
-                admission, (model, long, tenant, cost, tokens), previous, last, attempt, answered
-            )
+            return await _attempt_once(admission, (model, long, tenant, cost, tokens), previous, last, attempt)
         except AttemptFailed as failed:
             previous, last = failed.lease, failed
         except _NO_RETRY:
@@ -128,13 +133,11 @@ async def _attempt_once(
     previous: Lease | None,
     last: AttemptFailed | None,
     attempt: Callable[[Lease], Awaitable[str]],
-    answered: Callable[[], bool],
 ) -> str:
     """One attempt under one lease: the first, or a retry of ``previous``.
 
     Checkpoints. Raises :class:`AttemptFailed` (with its lease, after the lease
-    was released) for a failure that may be retried, a fence before any byte
-    included.
+    was released) for a failure that may be retried; ``LeaseRevoked`` as it is.
     """
     if previous is None:
         model, long, tenant, cost, tokens = request
@@ -153,11 +156,8 @@ async def _attempt_once(
                 if failed.provider_failure:
                     admission.report_failure(lease)
                 raise
-    except LeaseRevoked as exc:
-        if held is None or answered():
-            raise
-        admission.report_failure(held)  # the node went away under the run
-        fenced = AttemptFailed(exc, "node_disconnected", provider_failure=True)
-        fenced.lease = held
-        raise fenced from None
+    except LeaseRevoked:
+        if held is not None:  # the node went away under the run, which it may have run: not retried
+            admission.report_failure(held)
+        raise
     raise AssertionError("unreachable: a lease scope suppresses an error only to raise LeaseRevoked")

@@ -37,6 +37,16 @@ def standby_refusal(ha: EdgeHa, *, ran: bool = False) -> RequestRejected:
     )
 
 
+def lost_unled(rejection: RequestRejected, ha: EdgeHa | None) -> RequestRejected:
+    """A run its node dropped (``node_disconnected``: it was sent, it may have run) while this Edge
+    cannot prove it leads -- a leader woken from a pause whose nodes dropped it meanwhile -- is
+    ``leader_stepped_down`` with ``x-iop-leader`` [ha-step-down], as every request of a term that
+    ended under way; never retried either way."""
+    if ha is not None and rejection.code == "node_disconnected" and not ha.admits():
+        return standby_refusal(ha, ran=True)
+    return rejection
+
+
 def ran_earlier(rejection: RequestRejected, ran: bool) -> RequestRejected:
     """An attempt's refusal, told as the request's: when an earlier attempt's run had been sent
     (``ran``), a ``not_leader`` of this one (this Edge could not stamp its run, or a node refused it

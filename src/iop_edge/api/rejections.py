@@ -181,7 +181,20 @@ def admission_rejection(exc: AdmissionError) -> RequestRejected:
     return RequestRejected(500, "internal_error", str(exc), type="server_error")
 
 
-def node_disconnected(message: str) -> RequestRejected:
+def node_disconnected(message: str, *, sent: bool = True) -> RequestRejected:
+    """The node's connection ended (or the node cancelled the run).
+
+    ``sent``: the run's frame had left for the node, which may have run it -- its fate is
+    unknown (the node may be stopped, cut off, or have run it to its end before it went
+    silent), so it is not retried elsewhere: refusing beats running twice
+    ([failover-before-first-byte]). A run that never left (the connection was gone before it
+    was sent) may be retried on another candidate.
+    """
     return RequestRejected(
-        502, "node_disconnected", message, type="upstream_error", retry="node_disconnected", provider_failure=True
+        502,
+        "node_disconnected",
+        message,
+        type="upstream_error",
+        retry=None if sent else "node_disconnected",
+        provider_failure=True,
     )

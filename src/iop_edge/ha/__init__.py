@@ -8,7 +8,6 @@ layer asks :meth:`EdgeHa.admits` before admitting a request and
 
 from __future__ import annotations
 
-import contextlib
 import math
 import ssl
 import time
@@ -57,7 +56,7 @@ class EdgeHa:
         Checked at each admission, so a leader paused past its deadline (SIGSTOP)
         admits nothing when it wakes, before its election task has run.
         """
-        return self.leadership.leading and not self.leadership.must_step_down(trio.current_time())
+        return trio.current_time() < self.leadership.admits_until
 
     def retry_after(self) -> int:
         """Seconds a refused client should wait: one TTL covers a whole failover."""
@@ -90,20 +89,14 @@ class EdgeHa:
         """Prometheus families read from this Edge's leadership (and epoch fence) at every scrape (docs/metrics.md)."""
         return _HaCollector(self.leadership, fence if fence is not None else LeaderFence())
 
-    @contextlib.contextmanager
-    def cut_on_step_down(self, scope: trio.CancelScope) -> Iterator[None]:
+    def cut_on_step_down(self, scope: trio.CancelScope) -> _InTerm:
         """Within the block, ``scope`` is cancelled when this Edge stops leading (at once if it does not lead).
 
         [ha-step-down] The HTTP API runs each admitted request under such a scope, so a stepping-down
-        leader answers its queued requests 503 at once and cuts its running streams.
+        leader answers its queued requests 503 at once and cuts its running streams. A plain context
+        manager, not a generator's: it is entered once per request.
         """
-        if not self.admits():
-            scope.cancel()
-        self._terms.add(scope)
-        try:
-            yield
-        finally:
-            self._terms.discard(scope)
+        return _InTerm(self, scope)
 
     def _changed(self, leadership: Leadership) -> None:
         self.since = time.time()
@@ -142,6 +135,25 @@ class EdgeHa:
             on_change=self._changed,
             task_status=task_status,
         )
+
+
+@final
+class _InTerm:
+    """:meth:`EdgeHa.cut_on_step_down`'s block: ``scope`` is among the term's while it runs."""
+
+    __slots__ = ("_ha", "_scope")
+
+    def __init__(self, ha: EdgeHa, scope: trio.CancelScope) -> None:
+        self._ha = ha
+        self._scope = scope
+
+    def __enter__(self) -> None:
+        if not self._ha.admits():
+            self._scope.cancel()
+        self._ha._terms.add(self._scope)
+
+    def __exit__(self, *exc: object) -> None:
+        self._ha._terms.discard(self._scope)
 
 
 @final

@@ -11,6 +11,7 @@ admitting before etcd can expire its key and let a successor win.
 
 from __future__ import annotations
 
+import math
 from typing import Literal, final
 
 import attrs
@@ -50,6 +51,9 @@ class Leadership:
     """This Edge's epoch while it leads; the last one it saw a leader hold while it stands by."""
     leader: str | None = None
     _deadline: float = 0.0
+    admits_until: float = -math.inf
+    """Until when this Edge may admit: its deadline while it leads, ``-inf`` while it stands by. One
+    comparison with the clock answers "may it admit now" ([ha-step-down], asked per request)."""
     elections_won: int = 0
     step_downs: int = 0
 
@@ -66,13 +70,13 @@ class Leadership:
         self.role = "leader"
         self.epoch = epoch
         self.leader = self.name
-        self._deadline = renewal_sent_at + self.ttl - self.margin
+        self._deadline = self.admits_until = renewal_sent_at + self.ttl - self.margin
         self.elections_won += 1
 
     def renewed(self, sent_at: float, ttl: float) -> None:
         """A keepalive sent at ``sent_at`` came back alive with ``ttl`` seconds."""
         if self.leading:
-            self._deadline = max(self._deadline, sent_at + ttl - self.margin)
+            self._deadline = self.admits_until = max(self._deadline, sent_at + ttl - self.margin)
 
     def must_step_down(self, now: float) -> bool:
         """True when the leader's own count of its lease has run out."""
@@ -88,6 +92,7 @@ class Leadership:
             self.step_downs += 1
         self.role = "standby"
         self.leader = None
+        self.admits_until = -math.inf
 
     def saw_leader(self, name: str | None, epoch: int) -> None:
         """A standby read the election key: ``name`` leads at ``epoch`` (``None``: the key is gone)."""
