@@ -6,6 +6,11 @@ Both daemons load their config through :func:`load_config`::
 
 Each error reads ``FILE:LINE: FIELD.PATH: message``, e.g.
 ``edge.yaml:14: nodes[0].providers[1].capacity: must be >= 1``.
+
+Both daemons' entry points share the rest of their start too (:mod:`._daemon`): the command line
+(:func:`daemon_arguments`), a config that does not load printed one problem a line and
+:data:`EXIT_CONFIG` (:func:`report_config_problems`), the signals (:func:`shutdown_signals`,
+:func:`reload_signals`) and the collector policy (:func:`tune_collector`).
 """
 
 from ._converter import make_converter
