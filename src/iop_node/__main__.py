@@ -14,15 +14,22 @@ new config, in the same process.
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
+from typing import Final
 
 import trio
 
-from iop_config import ConfigFileError, daemon_arguments
+from iop_config import (
+    ConfigFileError,
+    daemon_arguments,
+    reload_signals,
+    report_config_problems,
+    shutdown_signals,
+    tune_collector,
+)
 from iop_node._errors import RegistrationRejected
 from iop_node._runtime import NodeRuntime
 from iop_node.config import NodeConfig, load_node_config
@@ -31,23 +38,15 @@ from iop_node.edges.clients import EdgeClients
 logger = logging.getLogger("iop_node")
 
 EXIT_OK = 0
-EXIT_CONFIG = 2
 EXIT_REJECTED = 3
 HARD_STOP_AFTER = 1.5
 """Seconds after a shutdown signal before everything is cancelled regardless."""
-YOUNG_THRESHOLD = 10_000
-"""Allocations (net of deallocations) between two young collections of the node process (CPython's default: 700)."""
+YOUNG_THRESHOLD: Final = 10_000
+"""The node's young-generation threshold (:func:`iop_config.tune_collector`; CPython's default: 700).
 
-
-def shutdown_signals() -> tuple[signal.Signals, ...]:
-    """The signals that shut the node down gracefully on this platform."""
-    names = ("SIGINT", "SIGTERM", "SIGBREAK")
-    return tuple(getattr(signal, name) for name in names if hasattr(signal, name))
-
-
-def reload_signals() -> tuple[signal.Signals, ...]:
-    """The signals that make the node re-read its config file (SIGHUP where it exists)."""
-    return (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
+The startup objects (the modules, the config) are frozen too: a reload builds a new config, but the
+frozen one is still freed by reference counting.
+"""
 
 
 async def serve_node(config: NodeConfig, config_path: str | None = None) -> int:
@@ -113,22 +112,6 @@ async def _reload(config_path: str | None) -> NodeConfig | None:
         return None
 
 
-def tune_collector() -> None:
-    """The node process's garbage-collector policy (set by ``iop-node``, not by the library).
-
-    A run allocates short-lived objects and frees them by reference counting, but with
-    CPython's default young threshold (700) a collection came every few runs under load
-    and found the objects of the runs in flight alive: it scanned and promoted them, so
-    the middle and oldest generations were scanned ever more often, and a full
-    collection walked every object of the loaded modules. With :data:`YOUNG_THRESHOLD`
-    and the startup objects frozen, young collections are rare and older ones do not
-    come; the threshold bounds the cyclic garbage kept between collections.
-    """
-    _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
-    gc.freeze()  # the modules, the config: never scanned again (still freed by reference counting)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point of ``iop-node``."""
     args = daemon_arguments(
@@ -139,13 +122,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger("httpcore").setLevel(logging.WARNING)
     try:
         config = load_node_config(args.config)
-    except ConfigFileError as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
-    except OSError as exc:
-        print(f"{args.config}: cannot read config: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
-    tune_collector()
+    except (ConfigFileError, OSError) as exc:
+        sys.exit(report_config_problems(args.config, exc))
+    tune_collector(YOUNG_THRESHOLD, freeze=True)
     sys.exit(trio.run(serve_node, config, args.config))
 
 

@@ -242,7 +242,6 @@ TESTS_PRIVATE: dict[str, str] = {
         "the loader's parses counted and forced to fail (its fallback to the round-trip reader)",
     ),
     "config/test_fast_parse.py:iop_config._positions": "the round-trip reader's plain values, the fast reader's oracle",
-    "edge/test_collector.py:iop_edge._collector": "the daemon's garbage collector tuning, read back from gc",
     "edge/test_edge_reload.py:iop_edge._service": "the reload's reader and turns wrapped to count and to hold them",
     "edge/test_overload_paced_refusals.py:iop_edge.listener.server._Connection": "one connection driven alone",
     "ha/test_leader_fence.py:iop_edge.nodes.link._withhold_runs": "the rule that withholds runs, on its own",

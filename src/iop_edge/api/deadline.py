@@ -95,7 +95,8 @@ class RequestDeadline:
 
     async def answer_now(self, responder: Responder) -> None:
         """If the deadline passed, answer the client now: before the run's node confirms it let go
-        of the backend (the lease stays held until then), so that wait is not the client's.
+        of the backend (the lease stays held until then), so that wait is not the client's, nor its
+        keep-alive connection's (the next request is served meanwhile: ``serve_next_meanwhile``).
 
         Call it where the attempt's cancellation passes, before the run is left. Shielded and
         bounded (:meth:`Responder.reject`); the same answer is raised again by
@@ -105,6 +106,7 @@ class RequestDeadline:
             return
         self.answered = self.exceeded(answered=responder.started)
         await responder.reject(self.answered)
+        responder.serve_next_meanwhile()
 
     def exceeded(self, *, answered: bool) -> RequestRejected:
         """The answer once the deadline passed: 504 ``deadline_exceeded``, saying where the time went

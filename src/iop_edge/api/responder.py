@@ -9,7 +9,7 @@ import trio
 
 from iop_edge.api.rejections import RequestRejected
 from iop_edge.api.rejections import canned as _canned
-from iop_edge.listener.cycle import PAUSE_READING
+from iop_edge.listener.cycle import CONNECTION, PAUSE_READING
 from iop_edge.listener.server import CannedResponse
 
 Scope = MutableMapping[str, Any]
@@ -101,6 +101,12 @@ class Responder:
             return False
         self.started = self.finished = True
         return True
+
+    def serve_next_meanwhile(self) -> bool:
+        """The answer is out: the connection may serve its next requests while this request finishes
+        (the listener's ``serve_next_meanwhile``); whether it does."""
+        hooks = self._scope.get("extensions", {}).get(CONNECTION)
+        return self.finished and hooks is not None and bool(hooks.serve_next_meanwhile())
 
     async def canned(self, response: CannedResponse) -> None:
         """Answer with a response encoded once (a refusal on the request head)."""

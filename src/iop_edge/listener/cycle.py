@@ -35,6 +35,7 @@ What the listener guarantees:
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import urllib.parse
@@ -77,6 +78,18 @@ CONNECTION = "iop.connection"
 """Scope extension: the listener's :class:`ConnectionHooks` for this request (its one key in the scope)."""
 
 _CONTINUE: Final = encode_head(100, [])
+_NO_SCOPE: Final[dict[str, Any]] = {}  # read only
+
+
+class HandedOver(enum.Enum):
+    """The type of :data:`HANDED_OVER`."""
+
+    HANDED_OVER = "handed over"
+
+
+HANDED_OVER: Final = HandedOver.HANDED_OVER
+"""A request's answer when its app call handed the connection's next requests to another task
+(:meth:`RequestCycle.serve_next_meanwhile`) and ran its tail in this one."""
 
 
 class ConnectionHooks(Protocol):
@@ -103,6 +116,11 @@ class ConnectionHooks(Protocol):
 
     def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
         """Cancel ``cancel_scope`` if the client goes away before the app returns."""
+        ...
+
+    def serve_next_meanwhile(self) -> bool:
+        """The response is complete: the connection serves its next requests while the app call
+        finishes (its tail); whether it does."""
         ...
 
 
@@ -133,10 +151,20 @@ class CycleHost(Protocol):
         """Write ``data`` and wait until it is out (or the client is gone)."""
         ...
 
+    def hand_over(self, until: float) -> bool:
+        """Serve the next requests (from ``until`` on) in another task; False while another tail runs."""
+        ...
+
+    def tail_ended(self) -> None:
+        """The tail of :meth:`hand_over` is over."""
+        ...
+
 
 @final
 class RequestCycle:
     """One request through the app: its response state, ASGI ``receive``/``send`` and :class:`ConnectionHooks`."""
+
+    _scope: dict[str, Any]  # the app's scope while it runs (it holds the cycle: the cycle drops it after)
 
     def __init__(self, conn: CycleHost, request: RequestHead, head_let_through: bool) -> None:
         self.conn = conn
@@ -154,10 +182,13 @@ class RequestCycle:
         """:class:`ConnectionHooks`: ``refuse_head`` let the request through."""
         self.can_watch_disconnect = isinstance(conn.transport, SocketTransport)
         """:class:`ConnectionHooks`: :meth:`cancel_on_disconnect` is available."""
+        self.handed_over = False
+        """The app call runs its tail while the connection serves its next requests elsewhere."""
+        self._waiting = False  # the app waits in receive for the client to leave: it reads the socket
 
     async def respond(self) -> float:
         """Call the app for ``request``; returns when the next request may be read (``PAUSE_READING``)."""
-        scope = asgi_scope(self.request, self)
+        scope = self._scope = asgi_scope(self.request, self)
         try:
             await self.conn.app(scope, self.receive, self.send)
         except Exception:
@@ -166,8 +197,13 @@ class RequestCycle:
                 await self.send({"type": "http.response.start", "status": 500, "headers": []})
                 await self.send({"type": "http.response.body", "body": b"internal error"})
         finally:
-            if self.conn.watcher is not None:
+            self._scope = _NO_SCOPE  # no reference cycle left for the collector: freed by reference counting
+            if self.handed_over:
+                self.conn.tail_ended()
+            elif self.conn.watcher is not None:
                 self.conn.watcher.stop()
+        if self.handed_over:  # the connection is another task's now
+            return -math.inf
         await self.transport.wait_written()  # a response written without waiting (respond_nowait)
         if self._response_started and not self._framing.complete and not self.conn.gone:
             raise PeerGone  # the app ended a response midway: the client cannot frame it
@@ -177,12 +213,19 @@ class RequestCycle:
     # ------------------------------------------------------------ the request body
 
     async def receive(self) -> Message:
-        """ASGI ``receive``: the next body chunk, then (after the body) the client's departure."""
+        """ASGI ``receive``: the next body chunk, then (after the body) the client's departure; after
+        :meth:`serve_next_meanwhile` nothing (the socket is the next request's) until cancelled."""
+        if self.handed_over:
+            await trio.sleep_forever()
         if self.conn.gone:
             return DISCONNECT
         if self._body_done:
             if self._delivered:
-                return await self._wait_disconnect()
+                self._waiting = True
+                try:
+                    return await self._wait_disconnect()
+                finally:
+                    self._waiting = False
             self._delivered = True
             return {"type": "http.request", "body": b"", "more_body": False}
         request = self.request
@@ -241,8 +284,11 @@ class RequestCycle:
         The scope's ``cancel_on_disconnect`` (:class:`ConnectionHooks`) extension (plain TCP connections
         only). Call it once the request body is read, and do not ``receive``
         meanwhile: the connection's watcher reads the socket until the app
-        returns, keeping what it reads for the next request.
+        returns, keeping what it reads for the next request. After :meth:`serve_next_meanwhile`
+        nothing is watched: the client has its answer.
         """
+        if self.handed_over:
+            return
         if self.conn.gone:
             cancel_scope.cancel()
             return
@@ -273,8 +319,9 @@ class RequestCycle:
     # ------------------------------------------------------------------ the response
 
     async def send(self, message: Message) -> None:
-        """ASGI ``send``: the head waits for the first body chunk so both go in one write."""
-        if self.conn.gone:
+        """ASGI ``send``: the head waits for the first body chunk so both go in one write (after
+        :meth:`serve_next_meanwhile`, nothing is written)."""
+        if self.conn.gone or self.handed_over:
             return
         if message["type"] == "http.response.start":
             self._response_started = True
@@ -360,9 +407,9 @@ class RequestCycle:
         Returns:
             False when the client is too far behind (more than
             :data:`WRITE_BUFFER_LIMIT` bytes wait for it); the chunk is kept.
-            Bytes for a client that is gone are dropped (True).
+            Bytes for a client that is gone, or after :meth:`serve_next_meanwhile`, are dropped (True).
         """
-        if self.conn.gone:
+        if self.conn.gone or self.handed_over:
             return True
         framing = self._framing
         if framing.chunked:  # the common case, a relayed token
@@ -375,6 +422,37 @@ class RequestCycle:
             self.conn.gone = True
             return False
         return not framed or self.transport.write_nowait(framed)
+
+    def serve_next_meanwhile(self) -> bool:
+        """Let the connection read and serve its next requests in another task while this app call
+        finishes its tail (never waits), as hypercorn serves a keep-alive connection's next request
+        while the previous app call is still running.
+
+        The :class:`ConnectionHooks` extension, for an app whose answer is out but which still has
+        work to do (the Edge's API answered at a request's deadline and waits for the node to let go
+        of the run). From here on, the tail writes nothing to the connection, reads nothing from it
+        (``receive`` waits until cancelled), and is not cancelled by the client's leaving nor by the
+        next request's disconnect watch; it is cancelled when the connection ends (as the app was).
+        The next requests are answered in order, after this one: its response is complete.
+
+        Returns:
+            False, nothing changed (the connection waits for the app call to return, as without
+            it): the response is not complete, the request body was not read to its end, the app
+            is reading it, the connection cannot carry another request, or another request's tail
+            still runs on this connection (one at a time: a client cannot pile them up).
+        """
+        conn = self.conn
+        framing = self._framing
+        if self.handed_over or conn.gone or self._waiting or not self._body_done:
+            return False
+        if not framing.complete or not framing.keep_alive:
+            return False
+        if not conn.hand_over(self._scope.get(PAUSE_READING, -math.inf)):
+            return False
+        self.handed_over = True
+        if conn.watcher is not None:
+            conn.watcher.stop()  # the client has its answer: its leaving no longer cancels this app call
+        return True
 
     async def ready_for_next(self) -> bool:
         """Whether the connection can carry another request; drains an unread small body."""

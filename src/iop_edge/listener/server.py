@@ -13,8 +13,11 @@ each accepted connection is one task that reads its requests and calls the app w
 ``scope``, ``receive`` and ``send`` -- the subset the Edge uses (no lifespan,
 no websockets, no HTTP/2). What the listener guarantees:
 
-- **Keep-alive**: a connection serves requests one after another; an idle one
-  is closed after ``keep_alive_timeout``.
+- **Keep-alive**: a connection serves requests one after another, each answer
+  written whole before the next; an idle one is closed after ``keep_alive_timeout``.
+  An app call whose answer is out may finish its work (its tail) while the next
+  requests are served in another task of the connection, one tail at a time
+  (:meth:`~.cycle.RequestCycle.serve_next_meanwhile`).
 - **Request-head deadline**: from the first byte of a request head, the client
   has ``header_timeout`` to finish it, at connection start and again after
   each response; otherwise the connection is closed. Heads larger than
@@ -60,7 +63,7 @@ from typing import final
 import attrs
 import trio
 
-from iop_edge.listener.cycle import App, CycleHost, RequestCycle
+from iop_edge.listener.cycle import HANDED_OVER, App, CycleHost, HandedOver, RequestCycle
 from iop_edge.listener.disconnects import DisconnectPoller, DisconnectWatcher, PolledWatch
 from iop_edge.listener.head_desk import HeadDesk, HeadRefuser
 from iop_edge.listener.pacing import Headers, Pacer
@@ -97,18 +100,23 @@ class HttpLimits:
 
 @final
 class ConnectionCounter:
-    """Open connections of one listener, how many are paused now, how many were refused at the cap."""
+    """Open connections of one listener, how many are paused now, how many were refused at the cap,
+    and how many run a request's tail while serving their next requests (at most one each)."""
 
-    __slots__ = ("open", "paused", "refused", "limit")
+    __slots__ = ("open", "paused", "refused", "tails", "limit")
 
     def __init__(self, limit: int) -> None:
         self.open = 0
         self.paused = 0
         self.refused = 0
+        self.tails = 0
         self.limit = limit
 
     def __repr__(self) -> str:
-        return f"<ConnectionCounter {self.open}/{self.limit} open, {self.paused} paused, {self.refused} refused>"
+        return (
+            f"<ConnectionCounter {self.open}/{self.limit} open, {self.paused} paused, {self.refused} refused,"
+            f" {self.tails} tails>"
+        )
 
 
 @final
@@ -171,6 +179,8 @@ class _Connection:
         """The head refusals and pauses of this connection."""
         self.watcher: DisconnectWatcher | PolledWatch | None = None
         """The connection's disconnect watch, made by the first request that asks for one."""
+        self.tail = False
+        """A request's app call runs on after its response while the next requests are served (at most one)."""
         host: CycleHost = self  # mypy checks the contract here
         del host
 
@@ -179,23 +189,58 @@ class _Connection:
         async with trio.open_nursery() as nursery:
             self.transport.nursery = nursery  # where a flusher runs when the client is behind
             try:
-                while True:
-                    request = await self._next_request()
-                    if request is None:
-                        return
-                    until = await self._answer(request)
-                    if until is None:
-                        return
-                    if until > trio.current_time():
-                        await self.desk.pause(until)
-                        self._resumed = True  # the wake-up was this request's schedule point
-                        if self.gone:
-                            return
-            except PeerGone:
-                return
+                if not await self.serve_requests(-math.inf):
+                    # A request's tail runs (or ran) here; the next requests are served in another task,
+                    # which cancels the nursery when the connection ends.
+                    await trio.sleep_forever()
             finally:
                 nursery.cancel_scope.cancel()
                 await self._close()
+
+    async def serve_requests(self, until: float) -> bool:
+        """Serve requests in this task (the next one read from ``until`` on) until the connection ends
+        (then True, the connection's nursery cancelled: a tail still running stops) or a request's app
+        call hands the next requests to another task to finish its tail here (then False, once the
+        tail is over: :meth:`~.cycle.RequestCycle.serve_next_meanwhile`). Checkpoints."""
+        try:
+            while True:
+                if until > trio.current_time():
+                    await self.desk.pause(until)
+                    self._resumed = True  # the wake-up was this request's schedule point
+                    if self.gone:
+                        return self._end()
+                request = await self._next_request()
+                if request is None:
+                    return self._end()
+                answered = await self._answer(request)
+                if answered is None:
+                    return self._end()
+                if answered is HANDED_OVER:
+                    return False
+                until = answered
+        except PeerGone:
+            return self._end()
+
+    def hand_over(self, until: float) -> bool:
+        """Serve the next requests (from ``until`` on) in another task while the calling request's app
+        call finishes its tail in this one; False, nothing done, while another tail runs. Never waits."""
+        if self.tail or self.transport.nursery is None:
+            return False
+        self.tail = True
+        self.counter.tails += 1
+        self.transport.nursery.start_soon(self.serve_requests, until)
+        return True
+
+    def tail_ended(self) -> None:
+        """The tail of :meth:`hand_over` is over: the next request may have one."""
+        self.tail = False
+        self.counter.tails -= 1
+
+    def _end(self) -> bool:
+        """The connection ends: its nursery is cancelled (the flusher, the watcher, a tail). True."""
+        assert self.transport.nursery is not None
+        self.transport.nursery.cancel_scope.cancel()
+        return True
 
     # ------------------------------------------------------------- request heads
 
@@ -252,12 +297,13 @@ class _Connection:
 
     # -------------------------------------------------------------- the exchange
 
-    async def _answer(self, request: RequestHead) -> float | None:
+    async def _answer(self, request: RequestHead) -> float | HandedOver | None:
         """Answer ``request``: refused on its head, or through the app.
 
         Returns:
-            The time before which the next request is not read, or None when
-            the connection cannot carry another request.
+            The time before which the next request is not read, None when
+            the connection cannot carry another request, or :data:`HANDED_OVER`
+            when another task serves the next requests (this one ran the request's tail).
         """
         desk = self.desk
         unparsed, desk.unparsed = desk.unparsed, None
@@ -269,6 +315,8 @@ class _Connection:
                 return await desk.refuse(*refused, request, unparsed)
         cycle = RequestCycle(self, request, asked)
         until = await cycle.respond()
+        if cycle.handed_over:
+            return HANDED_OVER
         return until if await cycle.ready_for_next() else None
 
     def keep_read(self, data: bytes) -> bool:
