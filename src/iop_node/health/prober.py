@@ -45,10 +45,10 @@ from iop_node.upstream.http11 import written
 TICK: Final = 0.1
 """Seconds between two rounds of the loop while probes are due or in flight.
 
-A round costs a wakeup of the loop and its timer whatever it carries: at a
-thousand probes a second, rounds of a tenth of a second carry a hundred probes
-each (their sends in one burst), and the rounds cost less than a tenth of the
-probes' CPU. A probe's interval runs from its answer, as Envoy's, less the two
+A round costs a wakeup of the loop and its timer whatever it carries, so the
+more probes a round carries the less each costs (docs/benchmarks.md, Figures
+behind the code); its length is also how late a probe may be sent, timed out or
+read. A probe's interval runs from its answer, as Envoy's, less the two
 rounds at most that the loop added (its send waited for a round, its answer's
 read for the next): a prompt answer's next probe is due an interval after this
 one was due, so the rounds add no drift to the probe rate."""
