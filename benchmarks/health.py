@@ -3,7 +3,8 @@
 1. **Probe cost.** The Node's :class:`~iop_node.health.HealthWatcher` probing
    ``--providers`` providers (one mock backend process behind them all) every
    second (``interval_ms`` = ``no_traffic_interval_ms`` = 1000, jitter 10 %), in this
-   process, against a reference measured in the same run: one ``httpx.AsyncClient``
+   process (under an ``iop-node`` process's collector policy), against a reference
+   measured in the same run: one ``httpx.AsyncClient``
    per provider sending the same ``GET`` every second. This process's CPU over
    ``--seconds`` (after a warm-up in which every connection opens), per probe and
    as a share of one core; medians of ``--runs`` alternated runs.
@@ -44,8 +45,18 @@ from typing import Any
 import httpx
 import trio
 
-from benchmarks.harness import RESULTS, BenchmarkFailed, Daemon, percentile, python_command, run_suite
+from benchmarks.harness import (
+    RESULTS,
+    BenchmarkFailed,
+    Daemon,
+    percentile,
+    python_command,
+    run_suite,
+    start_edge_and_node,
+)
 from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderReport, ProviderSpec, QueuePolicy
+from iop_config import tune_collector
+from iop_node.__main__ import YOUNG_THRESHOLD
 from iop_node.config import HealthConfig, NodeConfig, ProviderConfig
 from iop_node.health import HealthWatcher, Progress
 from iop_wire import Heartbeat, ProviderHealth, decode, encode
@@ -114,6 +125,7 @@ async def _httpx_window(port: int, providers: int, path: str, seconds: float) ->
 
 
 async def probe_cost(args: argparse.Namespace, workdir: Any) -> dict[str, Any]:
+    tune_collector(YOUNG_THRESHOLD, freeze=True)  # an iop-node process's collector policy: the watcher stands for it
     backend = Daemon("mock-backend", python_command("-m", "iop_mock", "--port", "0"), workdir)
     try:
         port = int((await backend.wait_for_line(r"listening on http://[^:]+:(\d+)")).group(1))
@@ -189,19 +201,19 @@ node_listen: 127.0.0.1:0
 provider_pool:
   max_queue: 256
   queue_timeout_ms: 60000
-  retry: {{max_attempts: 2}}
-  outlier: {{consecutive_failures: 3, base_ejection_ms: 2000, max_ejection_ms: 2000}}
+  retry: {max_attempts: 2}
+  outlier: {consecutive_failures: 3, base_ejection_ms: 2000, max_ejection_ms: 2000}
 nodes:
   - id: bench-node
     token: bench-token
     providers:
-      - {{id: gpu0, capacity: 4}}
-      - {{id: gpu1, capacity: 4}}
+      - {id: gpu0, capacity: 4}
+      - {id: gpu1, capacity: 4}
 models:
   - id: m
     candidates:
-      - {{node: bench-node, provider: gpu0, upstream_model: m}}
-      - {{node: bench-node, provider: gpu1, upstream_model: m}}
+      - {node: bench-node, provider: gpu0, upstream_model: m}
+      - {node: bench-node, provider: gpu1, upstream_model: m}
 """
 
 NODE_YAML = """\
@@ -244,17 +256,16 @@ class _Fleet:
         for name, port in (("backend-a", self.port_a), ("backend-b", self.port_b)):
             self.daemons[name] = _backend(self.workdir, name, port)
             await self.daemons[name].wait_for_line(r"listening on http://")
-        (self.workdir / "edge.yaml").write_text(EDGE_YAML.format())
-        edge = self.daemons["edge"] = Daemon(
-            "edge", python_command("-m", "iop_edge", "--config", str(self.workdir / "edge.yaml")), self.workdir
-        )
-        match = await edge.wait_for_line(r"listening: http://[^:]+:(\d+) \(API\), ws://[^:]+:(\d+)")
-        self.http_port, node_port = int(match.group(1)), int(match.group(2))
-        node_yaml = NODE_YAML.format(node_port=node_port, port_a=self.port_a, port_b=self.port_b)
-        (self.workdir / "node.yaml").write_text(node_yaml)
-        self.daemons["node"] = Daemon(
-            "node", python_command("-m", "iop_node", "--config", str(self.workdir / "node.yaml")), self.workdir
-        )
+        started: list[Daemon] = []
+        try:
+            edge, node, self.http_port, _ = await start_edge_and_node(
+                self.workdir, started, edge_yaml=EDGE_YAML, node_yaml=NODE_YAML, port_a=self.port_a, port_b=self.port_b
+            )
+        except BaseException:
+            for daemon in started:
+                daemon.stop()
+            raise
+        self.daemons["edge"], self.daemons["node"] = edge, node
         await self.wait_gpu0("online")
 
     async def gpu0(self, http: httpx.AsyncClient) -> str:

@@ -286,6 +286,7 @@ TESTS_PRIVATE_ATTRIBUTES: dict[str, str] = {
             "sim/_tenants.py:_candidates",
             "sim/_tenants.py:_slot",
             "sim/_tenants.py:_tenants",
+            "sim/_health.py:_pool",
         ),
         "the simulation's invariants read the core's and the daemons' inner state after every step",
     ),

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
+import httptools
 import httpx
 import pytest
 import trio
@@ -21,6 +22,7 @@ from trio_websocket import open_websocket_url
 from iop_mock import MockBackend, serve_mock_backend
 from iop_node import EdgeSession, NodeRuntime
 from iop_node.config import HealthConfig, NodeConfig
+from iop_node.health.answer import ProbeAnswers
 from iop_node.health.probe import ProbeClient, probe_urls
 from iop_node.health.prober import ProbeLoop, Target
 from iop_node.health.progress import Progress
@@ -50,6 +52,61 @@ def test_readiness_needs_the_thresholds_in_a_row() -> None:
     assert (readiness.ready, readiness.reason, readiness.capacity) == (True, "", 2)
     assert readiness.observe(ProbeResult(True, "running 3", 2)) is False  # load while ready: kept, no report
     assert readiness.reason == "running 3"
+
+
+def test_readiness_while_ready_reports_only_a_new_capacity() -> None:
+    """A pass on a ready provider is news only when the backend's own capacity changed."""
+    readiness = Readiness(unhealthy_threshold=1, healthy_threshold=1)
+    assert readiness.observe(ProbeResult(True)) is False
+    assert readiness.observe(ProbeResult(True, capacity=3)) is True
+    assert readiness.observe(ProbeResult(True, "running 1", 3)) is False
+    assert readiness.observe(ProbeResult(True)) is True
+    assert (readiness.ready, readiness.capacity, readiness.reason) == (True, None, "")
+
+
+OK_ANSWER = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"data": []}'
+
+
+def _answer(answers: ProbeAnswers, *pieces: bytes) -> tuple[int, bytes, bool]:
+    answers.expect()
+    for piece in pieces:
+        answers.feed(piece)
+    assert answers.complete
+    return answers.status, b"".join(answers.body), answers.reusable
+
+
+@pytest.mark.parametrize("cut", range(1, len(OK_ANSWER)))
+def test_probe_answers_parse_an_answer_cut_anywhere_and_keep_the_connection(cut: int) -> None:
+    """One parser for the connection: an answer in two reads cut at any byte, then the next answer."""
+    answers = ProbeAnswers()
+    assert _answer(answers, OK_ANSWER[:cut], OK_ANSWER[cut:]) == (200, b'{"data": []}', True)
+    assert _answer(answers, OK_ANSWER) == (200, b'{"data": []}', True)
+
+
+def test_probe_answers_skip_informational_answers_and_read_to_the_close() -> None:
+    """A 1xx answer is skipped; a body without framing ends at the close, and the connection with it."""
+    answers = ProbeAnswers()
+    answers.expect()
+    answers.feed(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\nload")
+    assert (answers.complete, answers.head_done) == (False, True)
+    answers.feed(b"ing")
+    assert answers.closed()
+    assert (answers.status, b"".join(answers.body), answers.reusable) == (503, b"loading", False)
+
+
+def test_probe_answers_refuse_unasked_bytes_bad_http_and_a_close_before_the_head() -> None:
+    """Bytes after the answer make the connection unusable; bad HTTP raises; a close before the
+    answer's head is no answer."""
+    answers = ProbeAnswers()
+    assert _answer(answers, OK_ANSWER + OK_ANSWER) == (200, b'{"data": []}', False)
+    answers = ProbeAnswers()
+    answers.expect()
+    with pytest.raises(httptools.HttpParserError):
+        answers.feed(b"HTTP/1.1 2x0 OK\r\n\r\n")
+    answers = ProbeAnswers()
+    answers.expect()
+    answers.feed(b"HTTP/1.1 200 OK\r\ncontent-le")
+    assert answers.closed() is False
 
 
 def test_judge_reads_each_backend_kind() -> None:
@@ -130,7 +187,7 @@ async def _probe_twice(loop: bool, kind: str, urls: tuple[httpx.URL, ...], limit
     done = trio.Event()
     target = Target(kind, urls, limit)
 
-    def record(result: ProbeResult) -> float:
+    def record(result: ProbeResult, now: float) -> float:
         results.append(result)
         if len(results) == 2:
             done.set()

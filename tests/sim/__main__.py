@@ -3,7 +3,9 @@
 ``--ha`` runs the HA world instead (:mod:`tests.sim._ha`: Edge replicas, an
 election, leader step-downs, pauses and etcd partitions); ``--tenants`` the
 tenant world (:mod:`tests.sim._tenants`: floods, an idle tenant returning,
-token-cost skew, the fairness and quota checks).
+token-cost skew, the fairness and quota checks); ``--health`` the health world
+(:mod:`tests.sim._health`: the Nodes' health watchers on, a hung backend whose
+probe passes, a slow-loading one).
 
 Exit status 1 if any seed violated an invariant (each such seed is printed with
 its violations; rerun it alone with ``--first-seed SEED --seeds 1 --trace``).
@@ -24,6 +26,7 @@ import time
 
 from ._fleet import run_fleet
 from ._ha import ha_summary, run_ha_seed
+from ._health import health_summary, run_health_seed
 from ._report import run_and_summarize
 from ._tenants import run_tenant_seed, tenant_summary
 from ._world import run_seed
@@ -39,12 +42,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waves", type=int, default=3, help="fleet profile: mass drops per seed (default 3)")
     parser.add_argument("--ha", action="store_true", help="run the HA world: Edge replicas, election faults")
     parser.add_argument("--tenants", action="store_true", help="run the tenant world: floods, idle returns, token skew")
+    parser.add_argument(
+        "--health", action="store_true", help="run the health world: a hung backend, a slow-loading one"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per seed, no summary")
     args = parser.parse_args(argv)
     logging.disable(logging.CRITICAL)  # the daemons log every drop; the summary says what matters
     if args.json:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            result = run_ha_seed(seed) if args.ha else run_tenant_seed(seed) if args.tenants else run_seed(seed)
+            run = (
+                run_ha_seed
+                if args.ha
+                else run_tenant_seed
+                if args.tenants
+                else run_health_seed
+                if args.health
+                else run_seed
+            )
+            result = run(seed)
             fields = {"seed": seed, "trace_hash": result.trace_hash, "trace": result.trace}
             fields |= {"outcomes": dict(result.outcomes), "outside_wakeups": result.outside_wakeups}
             print(json.dumps(fields), flush=True)
@@ -67,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.tenants:
         summary = run_and_summarize(
             seeds, trace=args.trace, out=sys.stdout, run=run_tenant_seed, summary=tenant_summary()
+        )
+    elif args.health:
+        summary = run_and_summarize(
+            seeds, trace=args.trace, out=sys.stdout, run=run_health_seed, summary=health_summary()
         )
     else:
         summary = run_and_summarize(seeds, trace=args.trace, out=sys.stdout)

@@ -7,7 +7,7 @@ several times the probe itself, a thousand times a second at a thousand provider
 probed every second. Here the probes' sockets stay registered in one
 :class:`iop_io.ReadySet` (level-triggered, as the Node's
 :class:`~iop_node.upstream.poller.BodyPoller` keeps its bodies); the task wakes once per :data:`TICK`, reads every socket that has
-data, feeds each answer to its parser (:class:`iop_http.AnswerParser`,
+data, feeds it to the connection's parser (:class:`~iop_node.health.answer.ProbeAnswers`,
 llhttp), and sends every probe that is due with one non-blocking ``send`` of the
 request bytes h11 wrote once per path. A probe therefore waits up to a tick to
 be sent and its answer up to a tick to be read: its timing is good to a tick.
@@ -33,23 +33,32 @@ import socket
 from collections.abc import Callable
 from typing import Final, final
 
+import httptools
 import httpx
 import trio
 
-from iop_http import AnswerError, AnswerParser
 from iop_io import ReadySet
-from iop_node.health.readiness import ProbeResult, judge
+from iop_node.health.answer import ProbeAnswers
+from iop_node.health.readiness import PASSED, ProbeResult, judge
 from iop_node.upstream.http11 import written
 
-TICK: Final = 0.02
-"""Seconds between two rounds of the loop while probes are due or in flight."""
+TICK: Final = 0.1
+"""Seconds between two rounds of the loop while probes are due or in flight.
+
+A round costs a wakeup of the loop and its timer whatever it carries, so the
+more probes a round carries the less each costs (docs/benchmarks.md, Figures
+behind the code); its length is also how late a probe may be sent, timed out or
+read. A probe's interval runs from its answer, as Envoy's, less the two
+rounds at most that the loop added (its send waited for a round, its answer's
+read for the next): a prompt answer's next probe is due an interval after this
+one was due, so the rounds add no drift to the probe rate."""
 
 RECEIVE_SIZE: Final = 64 * 1024
 ANSWER_BYTES: Final = 1024 * 1024
 """The most bytes of a probe answer's body read (vLLM's ``/metrics`` is the largest)."""
 
-Done = Callable[[ProbeResult], float]
-"""Called with a probe's result; returns the seconds until that provider's next probe."""
+Done = Callable[[ProbeResult, float], float]
+"""Called with a probe's result and the time of the loop's round; returns the seconds until that provider's next probe."""
 
 
 @final
@@ -67,9 +76,9 @@ class Target:
         "connecting",
         "reused",
         "parser",
-        "body",
-        "size",
+        "waiting",
         "answers",
+        "due",
         "deadline",
     )
 
@@ -84,21 +93,24 @@ class Target:
         self.sock: socket.socket | None = None
         self.connecting = False
         self.reused = False
-        self.parser: AnswerParser | None = None
-        self.body: list[bytes] = []
-        self.size = 0
+        self.parser: ProbeAnswers | None = None
+        """The connection's parser, from its opening to its close."""
+        self.waiting = False
+        """A request was sent and its answer is not complete."""
         self.answers: list[tuple[int, bytes]] = []
+        self.due = 0.0
+        """When the probe in flight (or the last one) was due: the next is due an interval later."""
         self.deadline = math.inf
 
     def __repr__(self) -> str:
-        return f"<Target {self.kind} {self.host}:{self.port}{' probing' if self.parser else ''}>"
+        return f"<Target {self.kind} {self.host}:{self.port}{' probing' if self.waiting else ''}>"
 
 
 @final
 class ProbeLoop:
     """Sends and reads the probes of many :class:`Target` (see the module docstring)."""
 
-    __slots__ = ("_ready", "_due", "_in_flight", "_seq", "_wake", "probes")
+    __slots__ = ("_ready", "_due", "_in_flight", "_seq", "_wake", "_now", "probes")
 
     def __init__(self) -> None:
         self._ready: ReadySet[Target] = ReadySet()
@@ -106,6 +118,8 @@ class ProbeLoop:
         self._in_flight: set[Target] = set()
         self._seq = 0
         self._wake = trio.Event()
+        self._now = 0.0
+        """The time of the round under way (the loop's times are good to a round)."""
         self.probes = 0
         """Probes answered or failed so far."""
 
@@ -125,7 +139,7 @@ class ProbeLoop:
         """
         try:
             while True:
-                now = trio.current_time()
+                self._now = now = trio.current_time()
                 self._read(now)
                 self._expire(now)
                 if online().is_set():
@@ -151,25 +165,26 @@ class ProbeLoop:
             await self._wake.wait()
 
     async def _start_due(self, now: float) -> None:
+        """Send every probe that is due: on its kept connection at once, else after opening one."""
         due = self._due
+        in_flight = self._in_flight
         while due and due[0][0] <= now:
-            _, _, target = heapq.heappop(due)
-            await self._start(target, now)
-
-    async def _start(self, target: Target, now: float) -> None:
-        target.deadline = now + target.limit
-        target.answers = []
-        self._in_flight.add(target)
-        if target.sock is None:
+            when, _, target = heapq.heappop(due)
+            if when > -math.inf:  # not a retry on a fresh connection: a new probe, due then
+                target.due = when
+            target.deadline = now + target.limit
+            target.answers = []
+            in_flight.add(target)
+            if target.sock is not None:
+                target.reused = True
+                self._send(target, 0)
+                continue
             try:
                 await self._connect(target)
             except OSError as exc:
                 self._finish(
                     target, ProbeResult(False, f"unreachable: cannot connect to {target.host}:{target.port}: {exc}")
                 )
-            return
-        target.reused = True
-        self._send(target, 0)
 
     async def _connect(self, target: Target) -> None:
         """Open ``target``'s connection without waiting for it (its first request goes when writable)."""
@@ -189,14 +204,14 @@ class ProbeLoop:
             sock.close()
             raise OSError(error, os.strerror(error))
         target.sock, target.connecting, target.reused = sock, True, False
+        target.parser = ProbeAnswers()
         self._ready.add(sock.fileno(), target, connecting=True)
 
     def _send(self, target: Target, index: int) -> None:
-        sock = target.sock
-        assert sock is not None
-        target.parser = AnswerParser()
-        target.body = []
-        target.size = 0
+        sock, parser = target.sock, target.parser
+        assert sock is not None and parser is not None
+        parser.expect()
+        target.waiting = True
         request = target.requests[index]
         try:
             sent = sock.send(request)
@@ -243,38 +258,39 @@ class ProbeLoop:
         except OSError as exc:
             data, error = b"", exc
         parser = target.parser
-        if parser is None:  # an idle kept connection: the server closed it (or sent something unasked)
+        if not target.waiting or parser is None:  # an idle kept connection: the server closed it (or sent unasked)
             self._close(target)
             return
-        try:
-            if data:
+        if data:
+            try:
                 parser.feed(data)
-            else:
-                if target.reused and not target.answers and not parser.head_done:
-                    self._retry_fresh(target)  # closed while idle, before our request reached it
-                    return
-                if error is not None:
-                    self._fail(target, f"unreachable: the read failed: {error}")
-                    return
-                parser.feed_eof()
-        except AnswerError as exc:
-            self._fail(target, f"unreachable: {exc}")
-            return
-        if (piece := parser.take()) is not None:
-            target.body.append(piece)
-            target.size += len(piece)
-            if target.size > ANSWER_BYTES:
+            except httptools.HttpParserError as exc:
+                self._fail(target, f"unreachable: bad answer: {exc}")
+                return
+            if parser.size > ANSWER_BYTES:
                 self._fail(target, f"the answer is over {ANSWER_BYTES} bytes")
                 return
+        elif target.reused and not target.answers and not parser.head_done:
+            self._retry_fresh(target)  # closed while idle, before our request reached it
+            return
+        elif error is not None:
+            self._fail(target, f"unreachable: the read failed: {error}")
+            return
+        elif not parser.closed():
+            self._fail(target, "unreachable: the server closed the connection without answering")
+            return
         if parser.complete:
             self._answered(target, parser)
 
-    def _answered(self, target: Target, parser: AnswerParser) -> None:
-        body = target.body
-        target.answers.append((parser.status, body[0] if len(body) == 1 else b"".join(body)))
-        target.parser = None
+    def _answered(self, target: Target, parser: ProbeAnswers) -> None:
+        target.waiting = False
+        status, body = parser.status, parser.body
         if not parser.reusable:
             self._close(target)
+        if len(target.requests) == 1 and 200 <= status < 300:  # the usual probe: one path, and it passed
+            self._finish(target, PASSED)
+            return
+        target.answers.append((status, body[0] if len(body) == 1 else b"".join(body)))
         index = len(target.answers)
         if index < len(target.requests) and 200 <= target.answers[0][0] < 300:
             if target.sock is None:  # the server closed after the first answer: the rest adds nothing vital
@@ -300,11 +316,15 @@ class ProbeLoop:
         self._finish(target, ProbeResult(False, reason))
 
     def _finish(self, target: Target, result: ProbeResult) -> None:
+        """Count the probe's result; schedule the next an interval later (see :data:`TICK`)."""
         self._in_flight.discard(target)
-        target.parser = None
+        target.waiting = False
         self.probes += 1
         self._seq += 1
-        heapq.heappush(self._due, (trio.current_time() + target.done(result), self._seq, target))
+        now = self._now
+        interval = target.done(result, now)
+        due = max(target.due + interval, now + interval - 2 * TICK)
+        heapq.heappush(self._due, (due, self._seq, target))
 
     def _close(self, target: Target) -> None:
         sock = target.sock
@@ -314,8 +334,8 @@ class ProbeLoop:
         sock.close()
         target.sock = None
         target.parser = None
-        target.connecting = False
+        target.waiting = target.connecting = False
 
 
-def _unset(result: ProbeResult) -> float:
+def _unset(result: ProbeResult, now: float) -> float:
     raise RuntimeError("Target.done was not set before the target was scheduled")

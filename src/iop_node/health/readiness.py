@@ -56,6 +56,10 @@ class ProbeResult:
     capacity: int | None = None
 
 
+PASSED: Final = ProbeResult(True)
+"""A pass with nothing to tell (one result for every such probe: it is immutable)."""
+
+
 def probe_paths(kind: str) -> tuple[str, ...]:
     """The paths a probe of ``kind`` asks, first the one that decides readiness.
 
@@ -83,7 +87,7 @@ def judge(kind: str, answers: tuple[tuple[int, bytes], ...]) -> ProbeResult:
         return ProbeResult(True, capacity=_slots(answers[1]))
     if kind == "vllm" and len(answers) > 1:
         return ProbeResult(True, _vllm_load(answers[1]))
-    return ProbeResult(True)
+    return PASSED
 
 
 def _refusal(kind: str, status: int, body: bytes) -> str:
@@ -161,6 +165,11 @@ class Readiness:
         While ready, a pass's reason is what the backend tells about its load (vLLM's
         running and waiting requests): kept, but not a change worth a report.
         """
+        if result.ready and self.ready and not self._streak:  # the usual probe: ready, and it was
+            self.reason = result.reason
+            changed = result.capacity != self.capacity
+            self.capacity = result.capacity
+            return changed
         before = (self.ready, self.capacity, self.reason if not self.ready else "")
         if result.ready != self.ready:
             self._streak += 1

@@ -249,11 +249,11 @@ class HealthWatcher:
                 if verdict is not None:
                     self._update(name, watched)
 
-    def _probed(self, name: str, watched: _Watched, result: ProbeResult) -> float:
-        """Count one probe's result; return the seconds until the provider's next probe."""
+    def _probed(self, name: str, watched: _Watched, result: ProbeResult, now: float) -> float:
+        """Count one probe's result (at ``now``); return the seconds until the provider's next probe."""
         if watched.readiness.observe(result):
             self._update(name, watched)
-        return watched.interval(trio.current_time(), self._rng)
+        return watched.interval(now, self._rng)
 
     async def _probe_loop(self, name: str, watched: _Watched, first: float) -> None:
         """One provider's probes, one at a time: an ``https://`` backend (or no epoll)."""
@@ -265,7 +265,7 @@ class HealthWatcher:
             await self._online.wait()
             result = await probe.check(timeout)
             self._probes += 1
-            await trio.sleep(self._probed(name, watched, result))
+            await trio.sleep(self._probed(name, watched, result, trio.current_time()))
 
     async def _canary_loop(self, name: str, watched: _Watched) -> None:
         assert self._canary is not None
