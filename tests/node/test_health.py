@@ -109,6 +109,16 @@ def test_probe_answers_refuse_unasked_bytes_bad_http_and_a_close_before_the_head
     assert answers.closed() is False
 
 
+def test_a_success_the_close_cut_gives_its_status_and_no_body() -> None:
+    """A 200 whose body the close ended (cut inside a figure of ``/metrics``, or never framed) is
+    ready, and nothing is read from its body: a cut ``num_requests_running 12`` would read 1."""
+    answers = ProbeAnswers()
+    answers.expect()
+    answers.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 40\r\n\r\nvllm:num_requests_running 1")
+    assert answers.closed()
+    assert (answers.status, answers.body, answers.size, answers.reusable) == (200, [], 0, False)
+
+
 def test_judge_reads_each_backend_kind() -> None:
     """llama.cpp's 503 is "loading", its slots are its capacity; vLLM's metrics its load; other
     statuses name the backend's message."""

@@ -14,10 +14,11 @@ What a probe's answer needs beyond llhttp's callbacks:
 - The head's fields are not kept, so a head needs no bound of its own (the
   probe's timeout bounds the time a server may spend sending one); the body is
   bounded by the prober (:data:`~iop_node.health.prober.ANSWER_BYTES`).
-- A body that runs to the connection's close (no framing) is the bytes read
-  before the close (:meth:`ProbeAnswers.closed`), and so is a framed one cut
-  short: the status decides readiness, and a cut body adds nothing the judge
-  can read (a ``/slots`` or ``/metrics`` that does not parse adds nothing).
+- An answer the close ends (no framing, or framed and cut short: llhttp does
+  not say which) gives its status, and its body only when it is not a success
+  (:meth:`ProbeAnswers.closed`): a failure's text is the reason shown, while a
+  success's body is what capacity is read from, and a ``/metrics`` cut inside a
+  figure would still parse, as a wrong figure.
 - Bytes after the end of the answer (unasked) make the connection unusable.
 """
 
@@ -84,6 +85,9 @@ class ProbeAnswers:
         if not self.head_done:
             return False
         self.status = self._parser.get_status_code()
+        if 200 <= self.status < 300:  # possibly cut: capacity is never read from it
+            self.body = []
+            self.size = 0
         self.complete = True
         self.reusable = False
         return True
