@@ -256,6 +256,7 @@ class _Fleet:
         self.http_port = 0
         self.requests: list[tuple[float, float, bool]] = []  # (sent, answered, ok) of every client request
         self.pending: dict[object, float] = {}  # when each request still unanswered was sent
+        self.failures: dict[str, int] = {}  # what the client saw of each failed request (status, body's tail)
 
     async def start(self) -> None:
         for name, port in (("backend-a", self.port_a), ("backend-b", self.port_b)):
@@ -303,8 +304,11 @@ class _Fleet:
                     async with http.stream("POST", url, json=STREAM) as answer:
                         body = b"".join([piece async for piece in answer.aiter_bytes()])
                     ok = answer.status_code == 200 and body.rstrip().endswith(b"data: [DONE]")
-                except httpx.HTTPError:
-                    ok = False
+                    why = f"{answer.status_code} {body[-200:].decode(errors='replace')}"
+                except httpx.HTTPError as exc:
+                    ok, why = False, repr(exc)
+                if not ok:
+                    self.failures[why[:120]] = self.failures.get(why[:120], 0) + 1
                 self.requests.append((sent, trio.current_time(), ok))
                 del self.pending[key]
 
@@ -383,7 +387,7 @@ async def _ejections(fleet: _Fleet, trials: int, clients: int) -> dict[str, Any]
             nursery.cancel_scope.cancel()
     finally:
         fleet.stop()
-    result: dict[str, Any] = {"served": sum(ok for _, _, ok in fleet.requests)}
+    result: dict[str, Any] = {"served": sum(ok for _, _, ok in fleet.requests), "failures": fleet.failures}
     for fault, trial_rows in rows.items():
         seconds = sorted(row["seconds"] for row in trial_rows if row["seconds"] == row["seconds"])
         last_bad = sorted(row["last_bad_s"] for row in trial_rows)
