@@ -78,7 +78,7 @@ bench: $(STAMP)
 
 # Also measures a LiteLLM proxy, installed on first use into benchmarks/.peers.
 bench-peers: $(STAMP)
-	$(BIN)/python -m benchmarks e2e fleet --runs 3 --peers
+	$(BIN)/python -m benchmarks e2e fleet deadline ejection --runs 3 --peers
 
 # The whole system under a nemesis (docs/reliability.md): 200 seeded schedules of real etcd, Edges,
 # Nodes and counting backends; a failing seed is saved under tests/system/results/. Not part of `make test`.

@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [reload_load] [ui] [deadline] [--runs N] [--peers] [--quick]``.
+"""Run the benchmarks: ``python -m benchmarks [admission] [e2e] [overload] [fleet] [scale] [config_scale] [reload_load] [ui] [deadline] [ejection] [--runs N] [--peers] [--quick]``.
 
 Prints a table per benchmark and writes JSON to ``benchmarks/results/``.
 """
@@ -12,7 +12,7 @@ import platform
 import sys
 import time
 
-from . import admission, config_scale, deadline, e2e, fleet, overload, reload_load, scale, ui
+from . import admission, config_scale, deadline, e2e, fleet, health, overload, reload_load, scale, ui
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 SUITES = {
@@ -25,7 +25,9 @@ SUITES = {
     "reload_load": reload_load,
     "ui": ui,
     "deadline": deadline,
+    "ejection": health,
 }
+EJECTION_TRIALS = 5  # each of a hung engine and a dead process, per gateway: ~3 minutes with --peers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="e2e, fleet: also measure a LiteLLM proxy (installed on first use into benchmarks/.peers)",
+        help="e2e, fleet, deadline, ejection: also measure a LiteLLM proxy (installed on first use into benchmarks/.peers)",
     )
     parser.add_argument(
         "--quick",
@@ -59,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             result = fleet.run(quick=args.quick, with_peers=args.peers)
         elif suite is scale:
             result = scale.run(sizes=(1_000,) if args.quick else scale.SIZES)
+        elif suite is deadline:
+            result = deadline.run(with_peers=args.peers)
+        elif suite is health:
+            result = health.run(trials=EJECTION_TRIALS, with_peers=args.peers)
         elif suite in (config_scale, reload_load):
             result = suite.run(nodes=1_000 if args.quick else config_scale.NODES)
         else:

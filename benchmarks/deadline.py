@@ -21,25 +21,32 @@ queue behind the others (gpu2 holds one at a time) and then hangs until its dead
   Node closed its backend request) minus when their deadline passed; and, one request at a time,
   stream and non-stream, when gpu2 was let go of minus when the client closed its connection.
 
-LiteLLM is measured only if ``litellm`` is importable in this environment; it is not in the
-``bench`` extra, so the figure says so.
+- ``--peers`` (``make bench-peers``): in the same run, a LiteLLM proxy (:mod:`benchmarks.peers`) in
+  front of the same three backends, one model group each (``d0``, ``d1``, ``d2``) with fallbacks
+  ``d0 -> d1 -> d2`` and ``timeout`` / ``stream_timeout`` of ``DEADLINE_S`` (the router's and each
+  deployment's), no retries within a group, no cooldowns (ejection is off for ours too); the same
+  clients send the same requests to ``d0`` with ``"timeout": DEADLINE_S`` in the body (LiteLLM's
+  per-request timeout). The same overrun figures; LiteLLM has no queue, so gpu2 takes them all.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import platform
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from iop_mock import MockBackend, serve_mock_backend
 
+from . import peers
 from .harness import (
+    BenchmarkFailed,
     Daemon,
     HttpConnection,
     load_average,
@@ -112,6 +119,25 @@ async def _free_port() -> int:
     return port
 
 
+async def _closed_loop(port: int, request: bytes, answered: Callable[[float, int, bytes], None]) -> None:
+    """``CLIENTS`` clients send ``request`` until ``REQUESTS`` were sent; ``answered(sent, status, body)`` each."""
+    remaining = REQUESTS
+
+    async def client() -> None:
+        nonlocal remaining
+        connection = HttpConnection("127.0.0.1", port)
+        while remaining > 0:
+            remaining -= 1
+            sent = trio.current_time()
+            status, body = await connection.request(request)
+            answered(sent, status, body)
+        await connection.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(CLIENTS):
+            nursery.start_soon(client)
+
+
 async def _overrun(http_port: int, hung: MockBackend) -> dict[str, Any]:
     request = HttpConnection.build("POST", CHAT_PATH, _body(False), headers={"X-Request-Timeout": f"{DEADLINE_S:g}"})
     overruns: list[float] = []
@@ -119,29 +145,19 @@ async def _overrun(http_port: int, hung: MockBackend) -> dict[str, Any]:
     third_attempt_deadlines: list[float] = []
     where: dict[str, int] = {}
     statuses: dict[int, int] = {}
-    remaining = REQUESTS
     aborts_before = len(hung.aborts)
 
-    async def client() -> None:
-        nonlocal remaining
-        connection = HttpConnection("127.0.0.1", http_port)
-        while remaining > 0:
-            remaining -= 1
-            sent = trio.current_time()
-            status, body = await connection.request(request)
-            overruns.append(trio.current_time() - sent - DEADLINE_S)
-            statuses[status] = statuses.get(status, 0) + 1
-            message = json.loads(body)["error"]["message"] if status == 504 else body[:80].decode(errors="replace")
-            phase = message.rsplit("passed ", 1)[-1]
-            where[phase] = where.get(phase, 0) + 1
-            by_phase.setdefault(phase, []).append(overruns[-1])
-            if phase == "before the first byte":
-                third_attempt_deadlines.append(sent + DEADLINE_S)
-        await connection.aclose()
+    def answered(sent: float, status: int, body: bytes) -> None:
+        overruns.append(trio.current_time() - sent - DEADLINE_S)
+        statuses[status] = statuses.get(status, 0) + 1
+        message = json.loads(body)["error"]["message"] if status == 504 else body[:80].decode(errors="replace")
+        phase = message.rsplit("passed ", 1)[-1]
+        where[phase] = where.get(phase, 0) + 1
+        by_phase.setdefault(phase, []).append(overruns[-1])
+        if phase == "before the first byte":
+            third_attempt_deadlines.append(sent + DEADLINE_S)
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(CLIENTS):
-            nursery.start_soon(client)
+    await _closed_loop(http_port, request, answered)
     with trio.move_on_after(5):
         while len(hung.aborts) - aborts_before < len(third_attempt_deadlines):
             await trio.sleep(0.01)
@@ -164,6 +180,33 @@ async def _overrun(http_port: int, hung: MockBackend) -> dict[str, Any]:
     }
 
 
+async def _litellm_overrun(port: int, hung: MockBackend) -> dict[str, Any]:
+    """The overrun figures of ``_overrun`` through LiteLLM: the deadline as the body's ``timeout``."""
+    body = json.loads(_body(False)) | {"model": "d0", "timeout": DEADLINE_S}
+    request = HttpConnection.build("POST", CHAT_PATH, json.dumps(body).encode())
+    overruns: list[float] = []
+    statuses: dict[int, int] = {}
+    errors: dict[str, int] = {}
+    reached = hung.stats()["total"]
+
+    def answered(sent: float, status: int, answer: bytes) -> None:
+        overruns.append(trio.current_time() - sent - DEADLINE_S)
+        statuses[status] = statuses.get(status, 0) + 1
+        message = str(json.loads(answer).get("error", {}).get("message", "")) if status != 200 else ""
+        kind = "ok" if status == 200 else "timeout" if "timeout" in message.lower() else "other"
+        errors[kind] = errors.get(kind, 0) + 1
+
+    await _closed_loop(port, request, answered)
+    figures = _ms(overruns)
+    return {
+        "overrun": figures,
+        "p99_share_of_deadline": round(figures["p99_ms"] / (DEADLINE_S * 1000), 3),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "error_types": errors,
+        "gpu2_reached": hung.stats()["total"] - reached,
+    }
+
+
 async def _disconnects(http_port: int, hung: MockBackend, stream: bool) -> dict[str, Any]:
     """One request at a time, no deadline: the client closes its connection once gpu2 has it."""
     request = HttpConnection.build("POST", CHAT_PATH, _body(stream))
@@ -182,7 +225,7 @@ async def _disconnects(http_port: int, hung: MockBackend, stream: bool) -> dict[
     return _ms(lags) | {"samples": len(lags)}
 
 
-async def _main(workdir: pathlib.Path) -> dict[str, Any]:
+async def _main(workdir: pathlib.Path, with_peers: bool) -> dict[str, Any]:
     failing, hung = MockBackend(fail_status=500), MockBackend(latency=3600.0)  # hung: gpu2, capacity 1
     daemons: list[Daemon] = []
     try:
@@ -204,28 +247,38 @@ async def _main(workdir: pathlib.Path) -> dict[str, Any]:
                 "non_stream": await _disconnects(http_port, hung, False),
                 "stream": await _disconnects(http_port, hung, True),
             }
+            peak = hung.stats()["peak_in_flight"]  # ours only: LiteLLM has no queue and no capacity
+            litellm: dict[str, Any] | str = "not measured (run `make bench-peers`)"
+            if with_peers:
+                litellm = await _litellm(workdir, daemons, dead_port, failing_port, hung, hung_port)
             nursery.cancel_scope.cancel()
     finally:
         for daemon in daemons:
             daemon.stop()
-    litellm = (
-        "not measured: litellm is not importable here (not in the bench extra)"
-        if importlib.util.find_spec("litellm") is None
-        else "importable, but not measured by this benchmark yet"
-    )
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return {
         "overrun": overrun,
         "abort_after_disconnect": disconnect,
-        "gpu2_peak_in_flight": hung.stats()["peak_in_flight"],
+        "gpu2_peak_in_flight": peak,
         "litellm": litellm,
         "box": f"{when}, {platform.machine()}, load average {load_average()}",
     }
 
 
-def run(runs: int = 1) -> dict[str, Any]:
+async def _litellm(
+    workdir: pathlib.Path, daemons: list[Daemon], dead_port: int, failing_port: int, hung: MockBackend, hung_port: int
+) -> dict[str, Any] | str:
+    try:
+        config = peers.deadline_config(dead_port, failing_port, hung_port, DEADLINE_S)
+        port = await peers.start_litellm(0, workdir, daemons, config)
+    except (peers.PeerUnavailable, BenchmarkFailed) as exc:
+        return f"unavailable here: {exc}".splitlines()[0]
+    return {"version": peers.version()} | await _litellm_overrun(port, hung)
+
+
+def run(runs: int = 1, with_peers: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="iop-bench-deadline-") as workdir:
-        result = trio.run(_main, pathlib.Path(workdir))
+        result = trio.run(_main, pathlib.Path(workdir), with_peers)
     replace_doc_block(_BEGIN, _END, f"{_BEGIN}\n{table(result)}\n{_END}")
     return result
 
@@ -245,6 +298,17 @@ def table(result: dict[str, Any]) -> str:
         f"| backend let go after the deadline (third attempt) | {a['p50_ms']} ms | {a['p99_ms']} ms"
         f" | {a['max_ms']} ms | {a['samples']} |",
     ]
+    litellm = result["litellm"]
+    if isinstance(litellm, dict):
+        lo = litellm["overrun"]
+        lines.append(
+            f"| LiteLLM {litellm['version']}, same run: overrun of the client's deadline | {lo['p50_ms']} ms"
+            f" | {lo['p99_ms']} ms | {lo['max_ms']} ms | {overrun['requests']} |"
+        )
+        litellm = (
+            f"answers {litellm['statuses']} ({litellm['error_types']}), {litellm['gpu2_reached']} reached gpu2,"
+            f" p99 overrun / deadline {litellm['p99_share_of_deadline']}"
+        )
     for kind, d in result["abort_after_disconnect"].items():
         lines.append(
             f"| backend let go after the client hung up ({kind.replace('_', '-')}) | {d['p50_ms']} ms"
@@ -253,13 +317,13 @@ def table(result: dict[str, Any]) -> str:
     lines += [
         "",
         f"p99 overrun / deadline: {overrun['p99_share_of_deadline']}. gpu2 (capacity 1) never held more than"
-        f" {result['gpu2_peak_in_flight']} request at once. LiteLLM: {result['litellm']}."
+        f" {result['gpu2_peak_in_flight']} request at once. LiteLLM: {litellm}."
         f" One run, {result['box']}.",
     ]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    outcome = run()
+    outcome = run(with_peers="--peers" in sys.argv[1:])
     print(table(outcome))
     print(json.dumps(outcome, indent=2))

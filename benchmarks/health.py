@@ -15,16 +15,17 @@
    (:func:`iop_wire.decode`) and applied (``Admission.report_health``), alternately ``not_ready``
    and ``ready``; against a reference in the same run: the same number of ``heartbeat`` frames
    decoded. CPU per report and as a share of one core at that rate.
-3. **Time to ejection** (``--part ejection``). Real processes on loopback: two mock
-   backends A and B, an Edge with one model on ``gpu0`` (A) and ``gpu1`` (B), a Node
-   with the default health settings (probe every second, ``stall_ms`` 6000), and
-   ``--clients`` clients streaming short completions without pause. ``--trials``
-   times each: *hung engine* -- A's completions hang while its ``/health`` still
-   answers 200 (``POST /fault {"hang": "no_answer"}``); *dead process* -- A is
-   killed (SIGKILL). The time from the fault to ``/status`` showing ``gpu0``
-   ejected (polled every 20 ms), and the client requests that failed meanwhile;
-   then A is healed (or started again on its port) and ``gpu0`` is back online
-   before the next trial.
+3. **Time to ejection** (``--part ejection [--peers]``; ``python -m benchmarks ejection``). Real
+   processes on loopback: mock backends A and B, an Edge with one model on ``gpu0`` (A) and
+   ``gpu1`` (B), a Node with the default health settings (probe every second, ``stall_ms`` 6000),
+   ``--clients`` clients streaming short completions without pause. ``--trials`` times each:
+   *hung engine* -- A's completions hang while its ``/health`` answers 200; *dead process* -- A
+   killed (SIGKILL). The time from the fault to ``/status`` showing ``gpu0`` ejected (polled every
+   20 ms); the fault is held ``HOLD_S`` more, then A is healed (or restarted), ``gpu0`` is back
+   online and ``SETTLE_S`` pass before the next trial. Of the client requests answered meanwhile: failures, those slower
+   than ``SLOW_S`` (sent to A first), and when the last failed or slow one was sent. ``--peers``:
+   the same with a LiteLLM proxy in front of A and B (:func:`benchmarks.peers.ejection_config`), "ejected"
+   being its background health check listing ``gpu0`` unhealthy on ``GET /health``.
 
 Prints a table and writes ``benchmarks/results/health-<time>.json``.
 """
@@ -36,7 +37,6 @@ import json
 import pathlib
 import random
 import signal
-import socket
 import statistics
 import time
 from collections import defaultdict
@@ -45,12 +45,14 @@ from typing import Any
 import httpx
 import trio
 
+from benchmarks import peers
 from benchmarks.harness import (
     RESULTS,
     BenchmarkFailed,
     Daemon,
     percentile,
     python_command,
+    replace_doc_block,
     run_suite,
     start_edge_and_node,
 )
@@ -229,11 +231,11 @@ providers:
 STREAM = {"model": "m", "max_tokens": 20, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+SLOW_S = 1.0  # a healthy request takes 0.2 s (20 tokens at 100 tokens/s): slower, it went to A first
+HOLD_S = 3.0  # A stays faulty this long after it was seen ejected: is anything still sent there?
+WINDOW_S = 30.0  # ... or this long after the fault if it never is
+SETTLE_S = 6.0  # after gpu0 is back: longer than LiteLLM's cooldown (5 s), so no trial starts with A cooled down
+_BEGIN, _END = "<!-- ejection:begin -->", "<!-- ejection:end -->"
 
 
 def _backend(workdir: pathlib.Path, name: str, port: int) -> Daemon:
@@ -242,15 +244,19 @@ def _backend(workdir: pathlib.Path, name: str, port: int) -> Daemon:
 
 
 class _Fleet:
-    """The processes of the ejection part, and the clients' tally."""
+    """The processes of the ejection part in front of backends A and B, and the clients' tally."""
+
+    name = "Edge + Node"
 
     def __init__(self, workdir: pathlib.Path) -> None:
         self.workdir = workdir
-        self.port_a, self.port_b = _free_port(), _free_port()
+        workdir.mkdir(exist_ok=True)
+        self.port_a, self.port_b = peers.free_port(), peers.free_port()
         self.daemons: dict[str, Daemon] = {}
         self.http_port = 0
-        self.served = 0
-        self.failed = 0
+        self.requests: list[tuple[float, float, bool]] = []  # (sent, answered, ok) of every client request
+        self.pending: dict[object, float] = {}  # when each request still unanswered was sent
+        self.failures: dict[str, int] = {}  # what the client saw of each failed request (status, body's tail)
 
     async def start(self) -> None:
         for name, port in (("backend-a", self.port_a), ("backend-b", self.port_b)):
@@ -258,53 +264,82 @@ class _Fleet:
             await self.daemons[name].wait_for_line(r"listening on http://")
         started: list[Daemon] = []
         try:
-            edge, node, self.http_port, _ = await start_edge_and_node(
-                self.workdir, started, edge_yaml=EDGE_YAML, node_yaml=NODE_YAML, port_a=self.port_a, port_b=self.port_b
-            )
+            await self.start_front(started)
         except BaseException:
             for daemon in started:
                 daemon.stop()
             raise
-        self.daemons["edge"], self.daemons["node"] = edge, node
+        self.daemons |= {daemon.name: daemon for daemon in started}
         await self.wait_gpu0("online")
+
+    async def start_front(self, started: list[Daemon]) -> None:
+        _, _, self.http_port, _ = await start_edge_and_node(
+            self.workdir, started, edge_yaml=EDGE_YAML, node_yaml=NODE_YAML, port_a=self.port_a, port_b=self.port_b
+        )
 
     async def gpu0(self, http: httpx.AsyncClient) -> str:
         status = (await http.get(f"http://127.0.0.1:{self.http_port}/status")).json()
         row = next((p for p in status["providers"] if p["provider_id"] == "gpu0"), None)
         return "offline" if row is None or not row["connected"] else str(row["health"])
 
-    async def wait_gpu0(self, health: str, bound: float = 60.0) -> float:
-        """Poll ``/status`` every 20 ms until ``gpu0``'s health is ``health``; return when it was seen."""
+    async def wait_gpu0(self, health: str, bound: float = 60.0) -> float | None:
+        """Poll every 20 ms until ``gpu0``'s health is ``health``; return when it was seen (``None``: not in ``bound``)."""
         async with httpx.AsyncClient() as http:
             with trio.move_on_after(bound):
                 while await self.gpu0(http) != health:
-                    self.daemons["edge"].check_alive()
-                    self.daemons["node"].check_alive()
+                    for name, daemon in self.daemons.items():
+                        if not name.startswith("backend-"):
+                            daemon.check_alive()
                     await trio.sleep(0.02)
                 return trio.current_time()
-        raise BenchmarkFailed(f"gpu0 was not {health} within {bound:g} s")
+        return None
 
     async def client(self) -> None:
         url = f"http://127.0.0.1:{self.http_port}/v1/chat/completions"
         async with httpx.AsyncClient(timeout=120.0) as http:
             while True:
+                sent, key = trio.current_time(), object()
+                self.pending[key] = sent
                 try:
                     async with http.stream("POST", url, json=STREAM) as answer:
                         body = b"".join([piece async for piece in answer.aiter_bytes()])
                     ok = answer.status_code == 200 and body.rstrip().endswith(b"data: [DONE]")
-                except httpx.HTTPError:
-                    ok = False
-                self.served += ok
-                self.failed += not ok
+                    why = f"{answer.status_code} {body[-200:].decode(errors='replace')}"
+                except httpx.HTTPError as exc:
+                    ok, why = False, repr(exc)
+                if not ok:
+                    self.failures[why[:120]] = self.failures.get(why[:120], 0) + 1
+                self.requests.append((sent, trio.current_time(), ok))
+                del self.pending[key]
 
     def stop(self) -> None:
         for daemon in self.daemons.values():
             daemon.stop()
 
 
+class _LiteLLMFleet(_Fleet):
+    """The same backends behind a LiteLLM proxy: one model, two deployments, as its docs advise."""
+
+    name = f"LiteLLM {peers.version()}"
+
+    async def start_front(self, started: list[Daemon]) -> None:
+        self.http_port = await peers.start_litellm(
+            0, self.workdir, started, peers.ejection_config(self.port_a, self.port_b)
+        )
+
+    async def gpu0(self, http: httpx.AsyncClient) -> str:
+        """``ejected`` once its background health check has ``gpu0`` unhealthy (health-check routing
+        then leaves it out of every pick); ``online`` once healthy."""
+        answer = (await http.get(f"http://127.0.0.1:{self.http_port}/health", timeout=10.0)).json()
+        return peers.health_verdict(answer, "gpu0")
+
+
 async def _trial(fleet: _Fleet, fault: str) -> dict[str, float]:
-    """One fault of backend A: seconds to gpu0's ejection, client failures meanwhile; A healed after."""
-    failed_before = fleet.failed
+    """One fault of backend A, held until ``HOLD_S`` after gpu0 was seen ejected; A healed after.
+
+    Returns the seconds from the fault to gpu0 ejected (``nan``: not within ``WINDOW_S``), to the
+    sending of the last client request that failed or took over ``SLOW_S`` (0: none), the client
+    failures and the slow requests meanwhile."""
     started = trio.current_time()
     if fault == "hung":
         async with httpx.AsyncClient() as http:
@@ -312,8 +347,9 @@ async def _trial(fleet: _Fleet, fault: str) -> dict[str, float]:
     else:
         fleet.daemons["backend-a"].proc.send_signal(signal.SIGKILL)
         fleet.daemons["backend-a"].proc.wait()
-    ejected = await fleet.wait_gpu0("ejected")
-    failures = fleet.failed - failed_before
+    ejected = await fleet.wait_gpu0("ejected", bound=WINDOW_S)
+    await trio.sleep_until((ejected or started + WINDOW_S - HOLD_S) + HOLD_S)
+    healed = trio.current_time()
     if fault == "hung":
         async with httpx.AsyncClient() as http:
             await http.post(f"http://127.0.0.1:{fleet.port_a}/fault", json={})
@@ -321,34 +357,63 @@ async def _trial(fleet: _Fleet, fault: str) -> dict[str, float]:
         fleet.daemons["backend-a"].stop()
         fleet.daemons["backend-a"] = _backend(fleet.workdir, "backend-a", fleet.port_a)
         await fleet.daemons["backend-a"].wait_for_line(r"listening on http://")
-    await fleet.wait_gpu0("online")
-    return {"seconds": ejected - started, "client_failures": failures}
+    if await fleet.wait_gpu0("online") is None:
+        raise BenchmarkFailed(f"{fleet.name}: gpu0 was not online again within 60 s")
+    await trio.sleep(SETTLE_S)
+    with trio.move_on_after(SLOW_S + 10.0):  # the requests sent before the heal have their answers
+        while any(sent < healed for sent in fleet.pending.values()):
+            await trio.sleep(0.05)
+    during = [(sent, answered, ok) for sent, answered, ok in fleet.requests if started <= answered and sent < healed]
+    bad = [sent for sent, answered, ok in during if sent >= started and (not ok or answered - sent > SLOW_S)]
+    return {
+        "seconds": float("nan") if ejected is None else ejected - started,
+        "last_bad_s": max(bad, default=started) - started,
+        "client_failures": sum(not ok for _, _, ok in during),
+        "slow": sum(ok and answered - sent > SLOW_S for sent, answered, ok in during),
+        "requests": len(during),
+    }
 
 
-async def time_to_ejection(args: argparse.Namespace, workdir: pathlib.Path) -> dict[str, Any]:
-    fleet = _Fleet(workdir)
-    trials: dict[str, list[dict[str, float]]] = {"hung": [], "dead": []}
+async def _ejections(fleet: _Fleet, trials: int, clients: int) -> dict[str, Any]:
+    rows: dict[str, list[dict[str, float]]] = {"hung": [], "dead": []}
     try:
         await fleet.start()
         async with trio.open_nursery() as nursery:
-            for _ in range(args.clients):
+            for _ in range(clients):
                 nursery.start_soon(fleet.client)
-            for _ in range(args.trials):
-                for fault in trials:
-                    trials[fault].append(await _trial(fleet, fault))
+            for _ in range(trials):
+                for fault, trial_rows in rows.items():
+                    trial_rows.append(await _trial(fleet, fault))
             nursery.cancel_scope.cancel()
     finally:
         fleet.stop()
-    result: dict[str, Any] = {"trials": args.trials, "clients": args.clients, "served": fleet.served}
-    for fault, rows in trials.items():
-        seconds = sorted(row["seconds"] for row in rows)
+    result: dict[str, Any] = {"served": sum(ok for _, _, ok in fleet.requests), "failures": fleet.failures}
+    for fault, trial_rows in rows.items():
+        seconds = sorted(row["seconds"] for row in trial_rows if row["seconds"] == row["seconds"])
+        last_bad = sorted(row["last_bad_s"] for row in trial_rows)
         result[fault] = {
-            "p50_s": percentile(seconds, 0.5),
-            "p99_s": percentile(seconds, 0.99),
-            "max_s": seconds[-1],
-            "client_failures": sum(row["client_failures"] for row in rows),
+            "p50_s": percentile(seconds, 0.5) if seconds else float("nan"),
+            "p99_s": percentile(seconds, 0.99) if seconds else float("nan"),
+            "max_s": seconds[-1] if seconds else float("nan"),
+            "not_ejected": len(trial_rows) - len(seconds),
+            "last_bad_p99_s": percentile(last_bad, 0.99),
+            "client_failures": sum(int(row["client_failures"]) for row in trial_rows),
+            "slow": sum(int(row["slow"]) for row in trial_rows),
+            "requests": sum(int(row["requests"]) for row in trial_rows),
             "seconds": seconds,
+            "trials": trial_rows,
         }
+    return result
+
+
+async def time_to_ejection(args: argparse.Namespace, workdir: pathlib.Path) -> dict[str, Any]:
+    result: dict[str, Any] = {"trials": args.trials, "clients": args.clients}
+    result["ours"] = await _ejections(_Fleet(workdir / "ours"), args.trials, args.clients)
+    if args.peers:
+        try:
+            result["litellm"] = await _ejections(_LiteLLMFleet(workdir / "litellm"), args.trials, args.clients)
+        except (peers.PeerUnavailable, BenchmarkFailed) as exc:
+            result["litellm_note"] = f"LiteLLM unavailable here: {exc}".splitlines()[0]
     return result
 
 
@@ -361,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", default="openai", choices=("openai", "llama_cpp"))
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--peers", action="store_true", help="ejection: also measure a LiteLLM proxy")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"command": "python -m benchmarks.health " + " ".join(argv or [])}
     if args.part in ("probes", "all"):
@@ -380,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  all {args.providers} providers reported every second: {per_report * args.providers / 1e6:.2%} of a core"
         )
     if args.part in ("ejection", "all"):
-        result["ejection"] = run_suite("health-", time_to_ejection, args, with_peers=False)
-        _print_ejection(result["ejection"])
+        result["ejection"] = run_suite("health-", time_to_ejection, args, with_peers=args.peers)
+        print(table(result["ejection"]))
     out = RESULTS / f"health-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))
     return 0
@@ -396,12 +462,38 @@ def _print_probes(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"watcher / reference CPU per probe: {watcher['us_per_probe'] / reference['us_per_probe']:.2f}x")
 
 
-def _print_ejection(result: dict[str, Any]) -> None:
-    print(f"time from the fault to gpu0 ejected, {result['trials']} trials, {result['clients']} clients streaming:")
-    print(f"{'fault':14} {'p50 s':>7} {'p99 s':>7} {'max s':>7} {'client failures':>16}")
-    for fault in ("hung", "dead"):
-        row = result[fault]
-        print(f"{fault:14} {row['p50_s']:7.2f} {row['p99_s']:7.2f} {row['max_s']:7.2f} {row['client_failures']:16}")
+def table(result: dict[str, Any]) -> str:
+    """The ejection part as a markdown table, ours and (``--peers``) LiteLLM's rows side by side."""
+    lines = [
+        f"{result['trials']} trials of each fault, {result['clients']} clients streaming 20-token completions.",
+        "",
+        "| fault | gateway | ejected p50 | p99 | max | last failed or slow request sent, p99 | client failures"
+        " | slow (> 1 s) | requests |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    systems = [("ours", _Fleet.name), ("litellm", _LiteLLMFleet.name)]
+    for fault, label in (("hung", "hung engine"), ("dead", "dead process")):
+        for key, name in systems:
+            if key not in result:
+                continue
+            row = result[key][fault]
+            missed = f" ({row['not_ejected']} not in {WINDOW_S:g} s)" if row["not_ejected"] else ""
+            lines.append(
+                f"| {label} | {name} | {row['p50_s']:.2f} s | {row['p99_s']:.2f} s | {row['max_s']:.2f} s{missed}"
+                f" | {row['last_bad_p99_s']:.2f} s | {row['client_failures']} | {row['slow']} | {row['requests']} |"
+            )
+    if "litellm_note" in result:
+        lines += ["", result["litellm_note"]]
+    lines += ["", f"Measured {result['when']}, load average {result['load_average']} ({result['command']})."]
+    return "\n".join(lines)
+
+
+def run(trials: int = 5, with_peers: bool = False) -> dict[str, Any]:
+    """The ejection part for ``python -m benchmarks ejection`` (``make bench-peers``); updates its docs block."""
+    args = argparse.Namespace(trials=trials, clients=4, peers=with_peers)
+    result = run_suite("health-", time_to_ejection, args, with_peers=with_peers)
+    replace_doc_block(_BEGIN, _END, f"{_BEGIN}\n{table(result)}\n{_END}")
+    return result
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import pathlib
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import trio
 
@@ -107,15 +109,128 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def litellm_command(backend_port: int, workdir: pathlib.Path) -> tuple[list[str], dict[str, str], int]:
+def router_config(
+    groups: Sequence[tuple[str, Sequence[tuple[str, int]]]],
+    *,
+    timeout_s: float,
+    num_retries: int,
+    allowed_fails: int,
+    cooldown_s: float,
+    fallbacks: Sequence[tuple[str, Sequence[str]]] = (),
+    health_check_interval_s: int = 0,
+    health_check_timeout_s: float = 0.0,
+) -> str:
+    """A LiteLLM proxy config (JSON, which YAML reads) for deployments of the mock backend.
+
+    ``groups`` is ``[(model_name, [(deployment id, backend port), ...]), ...]``: each deployment an
+    OpenAI-compatible ``openai/mock`` at ``http://127.0.0.1:<port>/v1`` with ``timeout`` and
+    ``stream_timeout`` of ``timeout_s`` (also the router's ``timeout``). The router retries
+    ``num_retries`` times within a group, cools a deployment down for ``cooldown_s`` after
+    ``allowed_fails`` failures in a minute, and falls back from a group to the ``fallbacks`` groups
+    in order. ``health_check_interval_s`` > 0 turns on the background health checks (a completion
+    per deployment each cycle, cut after ``health_check_timeout_s``) and health-check-driven routing
+    (a deployment whose last check failed is left out of every pick).
+    """
+    model_list = [
+        {
+            "model_name": name,
+            "litellm_params": {
+                "model": "openai/mock",
+                "api_base": f"http://127.0.0.1:{port}/v1",
+                "api_key": "sk-bench-not-checked",
+                "timeout": timeout_s,
+                "stream_timeout": timeout_s,
+            },
+            "model_info": {"id": deployment}
+            | ({"health_check_timeout": health_check_timeout_s} if health_check_interval_s else {}),
+        }
+        for name, deployments in groups
+        for deployment, port in deployments
+    ]
+    router: dict[str, object] = {
+        "routing_strategy": "simple-shuffle",
+        "num_retries": num_retries,
+        "timeout": timeout_s,
+        "allowed_fails": allowed_fails,
+        "cooldown_time": cooldown_s,
+    }
+    if fallbacks:
+        router["fallbacks"] = [{name: list(to)} for name, to in fallbacks]
+    general: dict[str, object] = {"disable_spend_logs": True, "disable_error_logs": True}
+    if health_check_interval_s:
+        general |= {
+            "background_health_checks": True,
+            "health_check_interval": health_check_interval_s,
+            "enable_health_check_routing": True,
+        }
+    else:
+        general["background_health_checks"] = False
+    settings = {"telemetry": False, "drop_params": True, "set_verbose": False, "request_timeout": timeout_s}
+    config = {
+        "model_list": model_list,
+        "litellm_settings": settings,
+        "router_settings": router,
+        "general_settings": general,
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def ejection_config(port_a: int, port_b: int) -> str:
+    """LiteLLM's router for ``benchmarks.health``'s ejection part: model ``m`` on deployments ``gpu0``
+    (A) and ``gpu1`` (B), its knobs set to ours -- a health check every 1 s cut after 2 s (the Node's
+    probe), health-check-driven routing, 3 allowed failures (``consecutive_failures``), a 6 s cut of
+    a call that produced nothing (``stall_ms``), two retries -- and its default 5 s cooldown."""
+    return router_config(
+        [("m", [("gpu0", port_a), ("gpu1", port_b)])],
+        timeout_s=6.0,
+        num_retries=2,
+        allowed_fails=3,
+        cooldown_s=5.0,
+        health_check_interval_s=1,
+        health_check_timeout_s=2.0,
+    )
+
+
+def deadline_config(dead_port: int, failing_port: int, hung_port: int, deadline_s: float) -> str:
+    """LiteLLM's router for ``benchmarks.deadline``: one group per backend (``d0`` -> ``gpu0`` ...),
+    fallbacks ``d0 -> d1 -> d2`` (our candidates' order), the client's deadline as every timeout, no
+    retry inside a group and no cooldown (ours runs with ejection off)."""
+    return router_config(
+        [("d0", [("gpu0", dead_port)]), ("d1", [("gpu1", failing_port)]), ("d2", [("gpu2", hung_port)])],
+        timeout_s=deadline_s,
+        num_retries=0,
+        allowed_fails=1_000_000,
+        cooldown_s=0.0,
+        fallbacks=[("d0", ["d1", "d2"])],
+    )
+
+
+def health_verdict(answer: Mapping[str, Any], deployment: str) -> str:
+    """``deployment``'s state in LiteLLM's ``GET /health`` answer (its background checks' last cycle):
+    ``ejected`` if listed unhealthy, ``online`` if healthy, ``unknown`` before its first check."""
+
+    def ids(verdict: str) -> set[object]:
+        endpoints = answer.get(f"{verdict}_endpoints") or []
+        return {endpoint.get("model_id") for endpoint in endpoints if isinstance(endpoint, Mapping)}
+
+    if deployment in ids("unhealthy"):
+        return "ejected"
+    return "online" if deployment in ids("healthy") else "unknown"
+
+
+def litellm_command(
+    backend_port: int, workdir: pathlib.Path, config_text: str | None = None
+) -> tuple[list[str], dict[str, str], int]:
     """Install if needed and return ``(argv, extra env, port)`` of a LiteLLM proxy for the mock.
+
+    ``config_text`` replaces the one-model config (``CONFIG`` for ``backend_port``).
 
     Raises:
         PeerUnavailable: LiteLLM cannot be installed here.
     """
     litellm = ensure_installed()
     config = workdir / "litellm.yaml"
-    config.write_text(CONFIG.format(backend_port=backend_port))
+    config.write_text(config_text if config_text is not None else CONFIG.format(backend_port=backend_port))
     port = free_port()
     argv = [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     return argv, dict(ENV), port
@@ -124,20 +239,30 @@ def litellm_command(backend_port: int, workdir: pathlib.Path) -> tuple[list[str]
 _PROBE = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}).encode()
 
 
-async def start_litellm(backend_port: int, workdir: pathlib.Path, daemons: list[Daemon]) -> int:
-    """Start a LiteLLM proxy in front of the mock backend; return its port once it answers."""
-    argv, env, port = await trio.to_thread.run_sync(litellm_command, backend_port, workdir)
+async def start_litellm(
+    backend_port: int, workdir: pathlib.Path, daemons: list[Daemon], config_text: str | None = None
+) -> int:
+    """Start a LiteLLM proxy in front of the mock backend; return its port once it answers.
+
+    With ``config_text`` (a :func:`router_config`), "answers" is ``GET /health/liveliness`` = 200
+    (its models may be faulty on purpose); without, a chat completion of model ``mock`` = 200.
+    """
+    argv, env, port = await trio.to_thread.run_sync(litellm_command, backend_port, workdir, config_text)
     litellm = Daemon("litellm", argv, workdir, env)
     daemons.append(litellm)
     probe = HttpConnection("127.0.0.1", port)
+    if config_text is None:
+        ready = HttpConnection.build("POST", "/v1/chat/completions", _PROBE)
+    else:
+        ready = HttpConnection.build("GET", "/health/liveliness")
 
     async def answers() -> bool:
         try:
-            status, _ = await probe.request(HttpConnection.build("POST", "/v1/chat/completions", _PROBE))
+            status, _ = await probe.request(ready)
         except OSError:
             return False
         if status != 200:
-            raise BenchmarkFailed(f"LiteLLM answered {status} to a chat completion:\n{litellm.tail()}")
+            raise BenchmarkFailed(f"LiteLLM answered {status} to its readiness request:\n{litellm.tail()}")
         return True
 
     with trio.move_on_after(120):  # its first start imports a lot
