@@ -19,6 +19,9 @@ generator ask the same code, and tests check every rule without a socket.
 - :mod:`.answer`: :class:`AnswerParser`, an answer read by a client (the Node's
   upstream, the benchmarks' client) with llhttp, within :class:`AnswerLimits`;
   every failure an :class:`AnswerError`.
+- :mod:`.status_answers`: :class:`StatusAnswers`, answers read for their status
+  on a kept connection (the Node's health probes): one llhttp parser for the
+  connection's life, the same rules and bounds, no field kept.
 - :mod:`.response`: :class:`ResponseFraming`, how one response is framed
   (``content-length``, chunks, the connection's close; keep-alive or close).
 - :mod:`.encoding`: requests, response heads, whole answers, chunks and canned answers.
@@ -49,6 +52,7 @@ from .reader import (
 )
 from .refusals import MALFORMED_CHUNKS, Refusal
 from .response import BodyOverrun, ResponseFraming
+from .status_answers import StatusAnswers
 
 __all__ = [
     "CHUNKED",
@@ -70,6 +74,7 @@ __all__ = [
     "RequestHead",
     "RequestReader",
     "ResponseFraming",
+    "StatusAnswers",
     "accept_head",
     "encode_chunk",
     "encode_head",

@@ -13,16 +13,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import httptools
 import httpx
 import pytest
 import trio
 from trio_websocket import open_websocket_url
 
+from iop_http import AnswerError, StatusAnswers
 from iop_mock import MockBackend, serve_mock_backend
 from iop_node import EdgeSession, NodeRuntime
 from iop_node.config import HealthConfig, NodeConfig
-from iop_node.health.answer import ProbeAnswers
 from iop_node.health.probe import ProbeClient, probe_urls
 from iop_node.health.prober import ProbeLoop, Target
 from iop_node.health.progress import Progress
@@ -67,7 +66,7 @@ def test_readiness_while_ready_reports_only_a_new_capacity() -> None:
 OK_ANSWER = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"data": []}'
 
 
-def _answer(answers: ProbeAnswers, *pieces: bytes) -> tuple[int, bytes, bool]:
+def _answer(answers: StatusAnswers, *pieces: bytes) -> tuple[int, bytes, bool]:
     answers.expect()
     for piece in pieces:
         answers.feed(piece)
@@ -78,14 +77,14 @@ def _answer(answers: ProbeAnswers, *pieces: bytes) -> tuple[int, bytes, bool]:
 @pytest.mark.parametrize("cut", range(1, len(OK_ANSWER)))
 def test_probe_answers_parse_an_answer_cut_anywhere_and_keep_the_connection(cut: int) -> None:
     """One parser for the connection: an answer in two reads cut at any byte, then the next answer."""
-    answers = ProbeAnswers()
+    answers = StatusAnswers()
     assert _answer(answers, OK_ANSWER[:cut], OK_ANSWER[cut:]) == (200, b'{"data": []}', True)
     assert _answer(answers, OK_ANSWER) == (200, b'{"data": []}', True)
 
 
 def test_probe_answers_skip_informational_answers_and_read_to_the_close() -> None:
     """A 1xx answer is skipped; a body without framing ends at the close, and the connection with it."""
-    answers = ProbeAnswers()
+    answers = StatusAnswers()
     answers.expect()
     answers.feed(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\nload")
     assert (answers.complete, answers.head_done) == (False, True)
@@ -97,22 +96,42 @@ def test_probe_answers_skip_informational_answers_and_read_to_the_close() -> Non
 def test_probe_answers_refuse_unasked_bytes_bad_http_and_a_close_before_the_head() -> None:
     """Bytes after the answer make the connection unusable; bad HTTP raises; a close before the
     answer's head is no answer."""
-    answers = ProbeAnswers()
+    answers = StatusAnswers()
     assert _answer(answers, OK_ANSWER + OK_ANSWER) == (200, b'{"data": []}', False)
-    answers = ProbeAnswers()
+    answers = StatusAnswers()
     answers.expect()
-    with pytest.raises(httptools.HttpParserError):
+    with pytest.raises(AnswerError):
         answers.feed(b"HTTP/1.1 2x0 OK\r\n\r\n")
-    answers = ProbeAnswers()
+    answers = StatusAnswers()
     answers.expect()
     answers.feed(b"HTTP/1.1 200 OK\r\ncontent-le")
     assert answers.closed() is False
 
 
+def test_probe_answers_bound_the_head_and_the_informational_answers() -> None:
+    """A head that does not end within ``head_bytes`` (read by read, 1xx answers before it
+    included) and more than ``informational_answers`` 1xx answers are refused, as a run's answer
+    would be: a probe's backend gets no more room than a run's."""
+    answers = StatusAnswers(head_bytes=1024, informational_answers=2)
+    answers.expect()
+    answers.feed(b"HTTP/1.1 200 OK\r\n")
+    with pytest.raises(AnswerError) as too_long:
+        for _ in range(40):
+            answers.feed(b"x-filler: " + b"y" * 40 + b"\r\n")
+    assert too_long.value.kind == "too_large"
+    answers = StatusAnswers(head_bytes=1024, informational_answers=2)
+    answers.expect()
+    with pytest.raises(AnswerError) as storm:
+        answers.feed(b"HTTP/1.1 100 Continue\r\n\r\n" * 3)
+    assert storm.value.kind == "over_bound"
+    answers = StatusAnswers(head_bytes=1024, informational_answers=2)
+    assert _answer(answers, b"HTTP/1.1 102 Processing\r\n\r\n" * 2, OK_ANSWER) == (200, b'{"data": []}', True)
+
+
 def test_a_success_the_close_cut_gives_its_status_and_no_body() -> None:
     """A 200 whose body the close ended (cut inside a figure of ``/metrics``, or never framed) is
     ready, and nothing is read from its body: a cut ``num_requests_running 12`` would read 1."""
-    answers = ProbeAnswers()
+    answers = StatusAnswers()
     answers.expect()
     answers.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 40\r\n\r\nvllm:num_requests_running 1")
     assert answers.closed()

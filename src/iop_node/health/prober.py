@@ -7,7 +7,7 @@ several times the probe itself, a thousand times a second at a thousand provider
 probed every second. Here the probes' sockets stay registered in one
 :class:`iop_io.ReadySet` (level-triggered, as the Node's
 :class:`~iop_node.upstream.poller.BodyPoller` keeps its bodies); the task wakes once per :data:`TICK`, reads every socket that has
-data, feeds it to the connection's parser (:class:`~iop_node.health.answer.ProbeAnswers`,
+data, feeds it to the connection's parser (:class:`iop_http.StatusAnswers`,
 llhttp), and sends every probe that is due with one non-blocking ``send`` of the
 request bytes h11 wrote once per path. A probe therefore waits up to a tick to
 be sent and its answer up to a tick to be read: its timing is good to a tick.
@@ -33,12 +33,11 @@ import socket
 from collections.abc import Callable
 from typing import Final, final
 
-import httptools
 import httpx
 import trio
 
+from iop_http import AnswerError, StatusAnswers
 from iop_io import ReadySet
-from iop_node.health.answer import ProbeAnswers
 from iop_node.health.readiness import PASSED, ProbeResult, judge
 from iop_node.upstream.http11 import written
 
@@ -93,7 +92,7 @@ class Target:
         self.sock: socket.socket | None = None
         self.connecting = False
         self.reused = False
-        self.parser: ProbeAnswers | None = None
+        self.parser: StatusAnswers | None = None
         """The connection's parser, from its opening to its close."""
         self.waiting = False
         """A request was sent and its answer is not complete."""
@@ -204,7 +203,7 @@ class ProbeLoop:
             sock.close()
             raise OSError(error, os.strerror(error))
         target.sock, target.connecting, target.reused = sock, True, False
-        target.parser = ProbeAnswers()
+        target.parser = StatusAnswers()
         self._ready.add(sock.fileno(), target, connecting=True)
 
     def _send(self, target: Target, index: int) -> None:
@@ -264,7 +263,7 @@ class ProbeLoop:
         if data:
             try:
                 parser.feed(data)
-            except httptools.HttpParserError as exc:
+            except AnswerError as exc:
                 self._fail(target, f"unreachable: bad answer: {exc}")
                 return
             if parser.size > ANSWER_BYTES:
@@ -282,7 +281,7 @@ class ProbeLoop:
         if parser.complete:
             self._answered(target, parser)
 
-    def _answered(self, target: Target, parser: ProbeAnswers) -> None:
+    def _answered(self, target: Target, parser: StatusAnswers) -> None:
         target.waiting = False
         status, body = parser.status, parser.body
         if not parser.reusable:
