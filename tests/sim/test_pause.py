@@ -73,12 +73,21 @@ async def _attempt_retrying_a_revoked_lease(
         raise
 
 
+SENSITIVE_SEEDS = (55, 94, *range(200, 500))
+"""Seeds that show the double with the old retry: 55 and 94 do on a quiet box (2 of the first 120
+seeds); the world's Edge hands work to threads, so on a loaded box a seed's schedule may differ,
+and the search goes on through more seeds until one shows it (bounded)."""
+
+
 def test_the_checker_sees_a_run_retried_after_its_node_was_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sensitivity: with the Edge failing over a run whose node connection was cut under it (as it did
     before issue 38: the lease revoked, or the run's channel closed), the checker reports a request
-    executed twice (seed 55: a cut while a request ran on one candidate, its retry ran on the other)."""
+    executed twice in some seed (a cut while a request ran on one candidate, its retry ran on the other)."""
     monkeypatch.setattr(failover, "_attempt_once", _attempt_retrying_a_revoked_lease)
     for module in (relay, run_failure):
         monkeypatch.setattr(module, "node_disconnected", functools.partial(rejections.node_disconnected, sent=False))
-    result = run_pause_seed(55)
-    assert any("executed 2 times" in v for v in result.violations), result.violations[:5]
+    seen = next(
+        (seed for seed in SENSITIVE_SEEDS if any("executed 2 times" in v for v in run_pause_seed(seed).violations)),
+        None,
+    )
+    assert seen is not None, f"no seed of {len(SENSITIVE_SEEDS)} showed the double execution"
