@@ -47,9 +47,15 @@ def test_health_seeds_hold_every_invariant_and_hit_every_fault_site() -> None:
 
 
 def test_the_checker_sees_a_blind_watchdog(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sensitivity: with the stall watchdog blind (it never finds a stall), seed 3's hung backend
-    keeps a streamed run past the bound, and the checker says so."""
+    """Sensitivity: with the stall watchdog blind (it never finds a stall), a seed's hung backend
+    keeps a streamed run past the bound, and the checker says so. Seeds 3, 13 and 19 of the first 20
+    do on a quiet box; the world's Edge hands work to threads, so under load a seed's schedule may
+    differ and the search goes on (bounded)."""
     monkeypatch.setattr(Progress, "check", lambda self, now, stall: None)
-    result = run_health_seed(3)
-    assert result.fired["hung_backend"] > 0
-    assert any("was not cut" in violation for violation in result.violations), result.violations
+
+    def seen(seed: int) -> bool:
+        result = run_health_seed(seed)
+        return result.fired["hung_backend"] > 0 and any("was not cut" in v for v in result.violations)
+
+    seeds = (3, 13, 19, *range(100, 300))
+    assert any(seen(seed) for seed in seeds), f"no seed of {len(seeds)} showed the hung run left uncut"
