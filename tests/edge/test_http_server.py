@@ -548,3 +548,85 @@ async def test_a_streamed_answer_keeps_the_request_read_behind_it_while_watched(
             assert answers == [(b"first;end", True), (b"/next", False)]
             await stream.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def _head_and_rest(stream: trio.SocketStream) -> tuple[bytes, bytes]:
+    """The response head, then everything after it until the server ends the connection
+    (a reset instead of its end fails: the client would lose the answer)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some()
+        assert chunk, f"closed before a response head: {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    while chunk := await stream.receive_some():
+        rest += chunk
+    return head.lower(), rest
+
+
+async def test_a_refusal_sent_before_the_body_ends_says_close_and_lets_the_client_finish(tmp_path: Path) -> None:
+    """RFC 9112 9.6: a refusal (413) answered while the body is still coming says ``connection: close``
+    (the connection ends: the rest of the body is the client's word only), and the close lingers:
+    the client may send the rest of its body, then reads the answer and the connection's end, not a reset."""
+    layout = EdgeLayout(max_body_bytes=1000)
+    with trio.fail_after(20):
+        async with running_edge(tmp_path, layout) as edge:
+            stream = await trio.open_tcp_stream("127.0.0.1", edge.http_port)
+            async with stream:
+                await stream.send_all(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
+                    b"content-length: 300000\r\n\r\n" + b"x" * 1500
+                )
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += await stream.receive_some()
+                assert data.startswith(b"HTTP/1.1 413 ")
+                assert b"\r\nconnection: close\r\n" in data.lower()
+                await stream.send_all(b"x" * (300000 - 1500))  # the rest of the body: read and dropped
+                while await stream.receive_some():
+                    pass  # the answer's body, then the end of the connection (a reset raises here)
+
+
+async def test_an_answer_before_an_unread_body_says_whether_the_connection_goes_on() -> None:
+    """The app answers without reading the body: a refusal keeps the connection only when the body's
+    end is in hand, a success when what is left of the body fits the drain; otherwise the head says
+    ``connection: close`` (never a keep-alive answer on a connection that then ends)."""
+
+    async def app(scope: dict[str, Any], receive: object, send: Any) -> None:
+        status = int(scope["path"].strip("/"))
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    cases = [
+        # (status, content-length, body bytes sent with the head, the connection goes on)
+        (400, 10, 10, True),  # the body's end is in hand: skipped
+        (400, 100_000, 10, False),
+        (200, 100, 10, True),  # the rest fits the drain
+        (200, 100_000_000, 10, False),
+    ]
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            port = await _serve(nursery, app)
+            for status, length, sent, goes_on in cases:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                async with stream:
+                    await stream.send_all(
+                        b"POST /%d HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % (status, length) + b"x" * sent
+                    )
+                    if goes_on:
+                        await stream.send_all(b"x" * (length - sent))
+                        head = b""
+                        while b"\r\n\r\nok" not in head:
+                            head += await stream.receive_some()
+                        assert b"connection: close" not in head.lower(), (status, length)
+                        await stream.send_all(b"GET /200 HTTP/1.1\r\nhost: x\r\n\r\n")
+                        answer = b""
+                        while not answer.endswith(b"ok"):
+                            answer += await stream.receive_some()
+                        assert answer.startswith(b"HTTP/1.1 200 ")
+                    else:
+                        head, rest = await _head_and_rest(stream)
+                        assert head.startswith(b"http/1.1 %d " % status)
+                        assert b"\r\nconnection: close" in head, (status, length)
+                        assert rest == b"ok"
+            nursery.cancel_scope.cancel()

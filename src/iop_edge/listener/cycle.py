@@ -129,6 +129,7 @@ class CycleHost(Protocol):
 
     reader: RequestReader
     gone: bool
+    lingers: bool
     app: App
     limits: HttpLimits
     transport: Transport
@@ -267,6 +268,19 @@ class RequestCycle:
                 raise _Malformed
             raise PeerGone  # CLOSED: the client left mid-body
 
+    def _keeps_unread_body(self, status: int) -> bool:
+        """Whether the connection can carry another request after a ``status`` answer sent before the
+        request body's end was read, decided as its head goes out (RFC 9112 9.6: a connection that
+        will end says so in that head): a refusal (400 or more) when the body's end is in hand (its
+        bytes are skipped now), another answer when what is left of the body fits the drain
+        (:meth:`ready_for_next`); never while the client waits for ``100 Continue`` to send it."""
+        request = self.request
+        if request.expect_continue and not self._continued:
+            return False
+        if status >= 400:
+            return self._buffered_body()
+        return 0 <= request.length <= DRAIN_LIMIT
+
     def _buffered_body(self) -> bool:
         """Skip the body bytes the reader has without reading more; whether the body's end was among them."""
         reader = self.conn.reader
@@ -354,7 +368,11 @@ class RequestCycle:
             return b""
         head = b""
         if self._head is not None:
-            head = framing.head(*self._head)
+            status, headers = self._head
+            if not self._body_done and not self._keeps_unread_body(status):
+                framing.keep_alive = False  # the head says ``connection: close``
+                self.conn.lingers = True
+            head = framing.head(status, headers)
             self._head = None
         data = framing.body(body) if body else b""
         if more:
@@ -458,11 +476,7 @@ class RequestCycle:
         """Whether the connection can carry another request; drains an unread small body."""
         if self.conn.gone or not self._framing.complete or not self._framing.keep_alive:
             return False
-        if not self._body_done:
-            if self.request.expect_continue and not self._continued:
-                return False  # the client waits to send its body: what follows is not a next request
-            if self._framing.status >= 400:  # a refusal keeps the connection only when its body is in hand
-                return self._buffered_body()
+        if not self._body_done:  # a success whose head found the rest of the body within the drain
             drained = 0
             try:
                 while not self._body_done and drained <= DRAIN_LIMIT:

@@ -61,6 +61,7 @@ class DeskHost(Protocol):
 
     reader: RequestReader
     gone: bool
+    lingers: bool
     limits: HttpLimits
     transport: Transport
 
@@ -210,6 +211,7 @@ class HeadDesk:
             elif type(event) is not bytes:
                 break
         if not whole:  # the body is not read (or malformed): the connection cannot go on
+            self.conn.lingers = True
             await self.conn.send_bytes(response.closing)
             return None
         if request.length == 0 and reader.next_event() is not END_OF_MESSAGE:

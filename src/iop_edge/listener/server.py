@@ -26,10 +26,12 @@ no websockets, no HTTP/2). What the listener guarantees:
   (``receive``), each read bounded by ``read_timeout``; ``expect:
   100-continue`` is answered with ``100 Continue`` at that moment, so a request
   rejected before its body is read never makes the client send it (and the
-  connection then closes). After a refusal (400 or more) the connection is kept
-  only when the body had arrived whole; after a success an unread body is
-  drained (up to ``DRAIN_LIMIT`` bytes) to keep the connection, or the
-  connection closes.
+  connection then closes). An answer sent before the body was read decides on its head
+  whether the connection goes on: after a refusal (400 or more) only when the body had
+  arrived whole (it is skipped); after a success when what is left fits the drain
+  (``DRAIN_LIMIT`` bytes). Otherwise the head says ``connection: close`` (RFC 9112 9.6)
+  and the close lingers (``linger_timeout``): the client may finish sending and then
+  read the answer, which a reset would destroy.
 - **Disconnect** and **writes that never wait on the client**: see :mod:`._http_cycle`.
 - **Accept**: each wake-up of the listener accepts every connection waiting (up to
   :data:`ACCEPT_BATCH`), not one per scheduling round (:mod:`iop_io.accept`).
@@ -81,6 +83,9 @@ from iop_io import CAN_POLL, CLOSE_TIMEOUT, PeerGone, SocketTransport, StreamTra
 
 logger = logging.getLogger("iop_edge.http")
 
+LINGER_BYTES = 1 << 20
+"""The most bytes a lingering close reads and drops (:attr:`HttpLimits.linger_timeout`)."""
+
 StreamWrapper = Callable[[trio.SocketStream], Awaitable[trio.abc.Stream]]
 
 
@@ -96,6 +101,9 @@ class HttpLimits:
     max_connections: int = 10_000
     close_timeout: float = CLOSE_TIMEOUT
     """Seconds a graceful close (TLS ``close_notify``) may take before the connection is dropped."""
+    linger_timeout: float = 2.0
+    """Seconds a close after an answer to an unread request body waits for the client to end its side
+    (:data:`LINGER_BYTES` at most read and dropped meanwhile), as Apache's lingering close."""
 
 
 @final
@@ -174,6 +182,8 @@ class _Connection:
         self.reader = RequestReader(limits.max_head_bytes, limits.max_chunk_extension_bytes)
         """The connection's requests, from every byte its client sends (read once)."""
         self.gone = False
+        self.lingers = False
+        """An answer went out before its request body was read to the end: the close lingers (:meth:`_close`)."""
         self._resumed = False  # woken from a pause: the next read need not be a schedule point
         self.desk = HeadDesk(self, counter, pacer, refuse_head)
         """The head refusals and pauses of this connection."""
@@ -186,16 +196,18 @@ class _Connection:
 
     async def serve(self) -> None:
         """Serve requests until the client leaves, a limit trips or a response says close. Checkpoints."""
-        async with trio.open_nursery() as nursery:
-            self.transport.nursery = nursery  # where a flusher runs when the client is behind
-            try:
-                if not await self.serve_requests(-math.inf):
-                    # A request's tail runs (or ran) here; the next requests are served in another task,
-                    # which cancels the nursery when the connection ends.
-                    await trio.sleep_forever()
-            finally:
-                nursery.cancel_scope.cancel()
-                await self._close()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.transport.nursery = nursery  # where a flusher runs when the client is behind
+                try:
+                    if not await self.serve_requests(-math.inf):
+                        # A request's tail runs (or ran) here; the next requests are served in another
+                        # task, which cancels the nursery when the connection ends.
+                        await trio.sleep_forever()
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            await self._close()
 
     async def serve_requests(self, until: float) -> bool:
         """Serve requests in this task (the next one read from ``until`` on) until the connection ends
@@ -332,9 +344,34 @@ class _Connection:
             self.gone = True
 
     async def _close(self) -> None:
-        """Close the transport, even when cancelled; bounded (``HttpLimits.close_timeout``)."""
-        with trio.CancelScope(shield=True):
-            await self.transport.aclose()
+        """Close the transport, even when cancelled; bounded (``HttpLimits.close_timeout``), lingering
+        first (``HttpLimits.linger_timeout``) when the client may still be sending a request body."""
+        try:
+            if self.lingers and not self.transport.broken:
+                await self._linger()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.transport.aclose()
+
+    async def _linger(self) -> None:
+        """RFC 9112 9.6's staged close: end this side (FIN), then read and drop what the client still
+        sends until it ends its side, for at most ``linger_timeout`` seconds and ``LINGER_BYTES``. A
+        socket closed with unread bytes sends a reset, and a reset can destroy the answer before the
+        client reads it (an answer to a request whose body was still coming: 413, 401, 429)."""
+        if not isinstance(self.transport, SocketTransport):
+            return  # a TLS stream's close_notify ends it; its reader is the stream's
+        io = self.transport.io
+        io.end_sending()
+        left = LINGER_BYTES
+        with trio.move_on_after(self.limits.linger_timeout):
+            while left > 0:
+                try:
+                    data = await self.transport.receive_some()
+                except PeerGone:
+                    return
+                if not data:
+                    return
+                left -= len(data)
 
 
 @final
