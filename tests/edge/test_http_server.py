@@ -18,7 +18,8 @@ import trio.testing
 
 from edge.harness import FAST, EdgeLayout, eventually, fake_node, h11_answer, running_edge
 from iop_edge.listener import server as _http_server
-from iop_edge.listener.cycle import CONNECTION, PAUSE_READING
+from iop_edge.listener.asgi import CONNECTION
+from iop_edge.listener.cycle import PAUSE_READING
 from iop_edge.listener.server import (
     ConnectionCounter,
     HttpLimits,

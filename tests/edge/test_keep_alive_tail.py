@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from edge.harness import BIG, Edge, chat_chunk, eventually, fake_node, running_edge, sse_events
-from iop_edge.listener.cycle import CONNECTION
+from iop_edge.listener.asgi import CONNECTION
 from iop_edge.listener.server import ConnectionCounter, HttpLimits, serve_http
 from iop_edge.nodes import runs
 from iop_wire import RunEnd

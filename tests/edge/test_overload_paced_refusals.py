@@ -19,7 +19,7 @@ import trio.testing
 
 from edge.test_http_server import _read_response
 from edge.test_refuse_head import FULL
-from iop_edge.listener.cycle import CONNECTION
+from iop_edge.listener.asgi import CONNECTION
 from iop_edge.listener.pacing import RECHECK_AFTER, RECHECKS, Pacer
 from iop_edge.listener.server import (
     CannedResponse,

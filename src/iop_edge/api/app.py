@@ -51,9 +51,10 @@ from iop_edge.front_door.head_refusal import HeadRefusal
 from iop_edge.front_door.overload import FrontDoor
 from iop_edge.ha import EdgeHa
 from iop_edge.ha.fencing import NotLeading
+from iop_edge.listener.asgi import CONNECTION
 from iop_edge.listener.asgi import last_value as _last
 from iop_edge.listener.asgi import watch_disconnect as _watch_disconnect
-from iop_edge.listener.cycle import CONNECTION, PAUSE_READING, ConnectionHooks
+from iop_edge.listener.cycle import PAUSE_READING, ConnectionHooks
 from iop_edge.listener.pacing import Headers
 from iop_edge.listener.server import CannedResponse
 from iop_edge.metrics import EdgeMetrics

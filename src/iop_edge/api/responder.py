@@ -9,7 +9,8 @@ import trio
 
 from iop_edge.api.rejections import RequestRejected
 from iop_edge.api.rejections import canned as _canned
-from iop_edge.listener.cycle import CONNECTION, PAUSE_READING
+from iop_edge.listener.asgi import CONNECTION
+from iop_edge.listener.cycle import PAUSE_READING
 from iop_edge.listener.server import CannedResponse
 
 Scope = MutableMapping[str, Any]

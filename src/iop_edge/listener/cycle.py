@@ -38,12 +38,12 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 import trio
 
+from iop_edge.listener.asgi import asgi_scope
 from iop_edge.listener.disconnects import DisconnectPoller, DisconnectWatcher, PolledWatch
 from iop_http import (
     END_OF_MESSAGE,
@@ -74,8 +74,6 @@ DISCONNECT: Message = {"type": "http.disconnect"}
 PAUSE_READING = "iop.pause_reading"
 """Scope key: a time on trio's clock before which the connection's next request is not read (pacing)."""
 
-CONNECTION = "iop.connection"
-"""Scope extension: the listener's :class:`ConnectionHooks` for this request (its one key in the scope)."""
 
 _CONTINUE: Final = encode_head(100, [])
 _NO_SCOPE: Final[dict[str, Any]] = {}  # read only
@@ -490,20 +488,3 @@ class RequestCycle:
 
 class _Malformed(Exception):
     """The request body's chunked framing is malformed (the reader refused it)."""
-
-
-def asgi_scope(request: RequestHead, hooks: ConnectionHooks) -> dict[str, Any]:
-    """The ASGI HTTP scope of ``request``, routed by its origin-form path, with ``hooks`` as its extension."""
-    path, _, query = request.path.decode("latin-1").partition("?")
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": request.http_version.decode(),
-        "method": request.method.decode("ascii"),
-        "scheme": "http",
-        "path": urllib.parse.unquote(path) if "%" in path else path,
-        "raw_path": path.encode("latin-1"),
-        "query_string": query.encode("latin-1"),
-        "headers": request.headers,
-        "extensions": {CONNECTION: hooks},
-    }
