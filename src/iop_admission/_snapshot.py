@@ -1,13 +1,25 @@
-"""Frozen views of admission state, as served by the Edge's ``/status``.
+"""The reading side of admission state: the core's queries, and the frozen views they return.
 
+:class:`StateReadings` is what :class:`~iop_admission.core.AdmissionState` answers without
+changing anything; the snapshots are the views served by the Edge's ``/status``:
 ``cattrs.unstructure(snapshot)`` is the JSON document; field names are a contract.
 """
 
 from __future__ import annotations
 
-from typing import Any, final
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
+
+if TYPE_CHECKING:
+    from iop_admission._config import PoolConfig
+    from iop_admission._core.health import Health
+    from iop_admission._core.pool import Pool
+    from iop_admission._core.queue import Queue
+    from iop_admission._core.records import Lease, Waiter
+    from iop_admission._core.refresh import Refresh
+    from iop_admission._core.tenants import Tenants
 
 
 @final
@@ -140,3 +152,102 @@ class Snapshot:
             if p.node_id == node_id and p.provider_id == provider_id:
                 return p
         raise KeyError(f"{node_id}/{provider_id}")
+
+
+class StateReadings:
+    """The queries of the admission core: what its parts hold now, read without changing them.
+
+    :class:`~iop_admission.core.AdmissionState` is this plus the calls that change the state,
+    as ``MutableMapping`` is ``Mapping`` plus its writes; it passes in its parts and moves
+    ``_now`` forward, the latest time it was given (the default ``now`` of the snapshots).
+
+    Args:
+        pool: slots and choice; queue: the waiting; tenants: tenancy; health: ejections;
+        refresh: the configuration in force.
+    """
+
+    def __init__(self, pool: Pool, queue: Queue, tenants: Tenants, health: Health, refresh: Refresh) -> None:
+        self._pool = pool
+        self._queue = queue
+        self._tenants = tenants
+        self._health = health
+        self._refresh = refresh
+        self._now = 0.0  # the latest time passed in
+
+    @property
+    def config(self) -> PoolConfig:
+        """The configuration in force."""
+        return self._refresh.config
+
+    @property
+    def queue_depth(self) -> int:
+        """True number of queued waiters (all model groups)."""
+        return len(self._queue.waiters)
+
+    @property
+    def last_time(self) -> float:
+        """The latest ``now`` passed to any method."""
+        return self._now
+
+    def waiters(self) -> Iterator[Waiter]:
+        """Queued waiters in arrival order."""
+        return iter(tuple(self._queue.waiters.values()))
+
+    def live_leases(self) -> Iterator[Lease]:
+        """Every live lease (granted, not revoked nor released), including those on providers removed by refresh."""
+        return self._pool.live_leases()
+
+    def revoked_running(self) -> Iterator[Lease]:
+        """Every revoked lease not released yet: its body has not exited, its capacity still counts
+        ([revoked-in-flight])."""
+        return self._pool.revoked_running()
+
+    def generation(self, node_id: str) -> int:
+        """Current generation of a node (0 if it never connected)."""
+        node = self._pool.nodes.get(node_id)
+        return node.generation if node else 0
+
+    def knows_node(self, node_id: str) -> bool:
+        """Whether some configuration in force so far had a provider on ``node_id``."""
+        return node_id in self._pool.nodes
+
+    def nodes(self) -> tuple[str, ...]:
+        """The node ids of the configuration in force, in provider order."""
+        return tuple(dict.fromkeys(k.node_id for k in self._refresh.config.providers))
+
+    def is_connected(self, node_id: str) -> bool:
+        """Whether the node is connected in its current generation."""
+        node = self._pool.nodes.get(node_id)
+        return bool(node and node.connected)
+
+    def provider_snapshots(
+        self, now: float | None = None, first: int = 0, count: int | None = None
+    ) -> tuple[ProviderSnapshot, ...]:
+        """Per configured provider, in configuration order, then each provider a refresh removed
+        that still has leases, marked ``"removed"`` (see ProviderSnapshot).
+
+        ``ejection_left`` counts from ``now``, by default the latest time passed in.
+        ``first``/``count``: only the providers at those positions of the order; the removed
+        ones come with the slice that reaches the end of it.
+        """
+        now = self._now if now is None else now
+        values = self._pool.provider_values(now, first, count, self._queue.retry_pressure())
+        return tuple(ProviderSnapshot(*row) for row in values)
+
+    def provider_rows(self, now: float | None = None, first: int = 0, count: int | None = None) -> list[ProviderRow]:
+        """:meth:`provider_snapshots` as plain dicts (see :data:`ProviderRow`), without the objects."""
+        now = self._now if now is None else now
+        values = self._pool.provider_values(now, first, count, self._queue.retry_pressure())
+        return [dict(zip(PROVIDER_FIELDS, row, strict=True)) for row in values]
+
+    def tenant_snapshots(self) -> tuple[TenantSnapshot, ...]:
+        """One row per tenant (see TenantSnapshot); empty without tenants."""
+        return self._tenants.rows()
+
+    def next_ejection_end(self) -> float | None:
+        """The earliest time an ejection ends (pass it to :meth:`AdmissionState.advance <iop_admission.core.AdmissionState.advance>`), or None."""
+        return self._health.next_ejection_end()
+
+    def panic_models(self) -> tuple[str, ...]:
+        """Model keys in panic mode: every eligible candidate is ejected or probing."""
+        return self._pool.panic_models()

@@ -27,6 +27,10 @@ each request through its parts, as h11's ``Connection`` holds a
   token budget, and the headroom a departure gives back ([token-ledger]; each
   budget itself is a ``TokenLedger`` on its ``ProviderSlot``).
 
+The queries of the state (configuration, waiters, generations, snapshot rows) are
+:class:`~iop_admission._snapshot.StateReadings`, beside the frozen views they return;
+``AdmissionState`` adds the calls that change the state.
+
 Why it is built this way:
 
 * **One state per provider.** A :class:`ProviderSlot` holds capacity and the

@@ -6,7 +6,7 @@ package docstring (``iop_admission/_core/__init__.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import final
 
 from iop_admission._config import PoolConfig, ProviderKey, ProviderReport, validate_pool
@@ -18,7 +18,7 @@ from iop_admission._errors import (
     TenantLimitExceeded,
     Unavailable,
 )
-from iop_admission._snapshot import PROVIDER_FIELDS, ProviderRow, ProviderSnapshot, TenantSnapshot
+from iop_admission._snapshot import StateReadings
 
 from .budgets import Budgets
 from .choice import GROUP, best_of, could_run, groups_of, reasons, untried
@@ -34,8 +34,11 @@ from .tenants import Tenants
 
 
 @final
-class AdmissionState:
+class AdmissionState(StateReadings):
     """Provider lease states, node generations and the global waiter queue.
+
+    The calls here change the state and return the decisions that follow; the queries
+    (``config``, ``waiters()``, ``provider_snapshots()``, ...) are :class:`StateReadings`'.
 
     Args:
         config: the pool configuration; validated as a whole.
@@ -46,15 +49,14 @@ class AdmissionState:
 
     def __init__(self, config: PoolConfig) -> None:
         validate_pool(config)
-        self._pool = pool = Pool()
-        self._tenants = tenants = Tenants()
+        pool, tenants = Pool(), Tenants()
         self._budgets = budgets = Budgets(tenants)
-        self._queue = queue = Queue(config.policy, tenants, budgets)
-        self._health = health = Health(config.outlier)
+        queue = Queue(config.policy, tenants, budgets)
+        health = Health(config.outlier)
         self._dispatcher = dispatcher = Dispatcher(pool, queue, tenants, health, budgets)
-        self._refresh = Refresh(config, pool, queue, health, tenants, dispatcher)
+        refresh = Refresh(config, pool, queue, health, tenants, dispatcher)
+        super().__init__(pool, queue, tenants, health, refresh)
         self._connectivity = Connectivity(pool, queue, tenants, health, dispatcher)
-        self._now = 0.0  # the latest time passed in
         self._pending: list[Decision] = []  # decisions of a request (waiters shed for it), not yet taken
         pool.install(config)
         tenants.configure(config.tenants, (), ())
@@ -380,14 +382,6 @@ class AdmissionState:
         decisions = self._health.report(p := self._pool.providers.get(provider), report, now)
         return [] if decisions is None or p is None else decisions + self._dispatcher.dispatch(g for g, _ in p.groups)
 
-    def next_ejection_end(self) -> float | None:
-        """The earliest time an ejection ends (pass it to :meth:`advance`), or None."""
-        return self._health.next_ejection_end()
-
-    def panic_models(self) -> tuple[str, ...]:
-        """Model keys in panic mode: every eligible candidate is ejected or probing."""
-        return self._pool.panic_models()
-
     # ----------------------------------------------------------------- refresh
 
     def prepare_refresh(self, config: PoolConfig, pause: Callable[[], None] | None = None) -> PreparedRefresh:
@@ -423,78 +417,6 @@ class AdmissionState:
             ConfigError: listing every problem; the state is unchanged.
         """
         return self._refresh.apply(config)
-
-    # ----------------------------------------------------------------- reading
-
-    @property
-    def config(self) -> PoolConfig:
-        """The configuration in force."""
-        return self._refresh.config
-
-    @property
-    def queue_depth(self) -> int:
-        """True number of queued waiters (all model groups)."""
-        return len(self._queue.waiters)
-
-    @property
-    def last_time(self) -> float:
-        """The latest ``now`` passed to any method."""
-        return self._now
-
-    def waiters(self) -> Iterator[Waiter]:
-        """Queued waiters in arrival order."""
-        return iter(tuple(self._queue.waiters.values()))
-
-    def live_leases(self) -> Iterator[Lease]:
-        """Every live lease (granted, not revoked nor released), including those on providers removed by refresh."""
-        return self._pool.live_leases()
-
-    def revoked_running(self) -> Iterator[Lease]:
-        """Every revoked lease not released yet: its body has not exited, its capacity still counts
-        ([revoked-in-flight])."""
-        return self._pool.revoked_running()
-
-    def generation(self, node_id: str) -> int:
-        """Current generation of a node (0 if it never connected)."""
-        node = self._pool.nodes.get(node_id)
-        return node.generation if node else 0
-
-    def knows_node(self, node_id: str) -> bool:
-        """Whether some configuration in force so far had a provider on ``node_id``."""
-        return node_id in self._pool.nodes
-
-    def nodes(self) -> tuple[str, ...]:
-        """The node ids of the configuration in force, in provider order."""
-        return tuple(dict.fromkeys(k.node_id for k in self._refresh.config.providers))
-
-    def is_connected(self, node_id: str) -> bool:
-        """Whether the node is connected in its current generation."""
-        node = self._pool.nodes.get(node_id)
-        return bool(node and node.connected)
-
-    def provider_snapshots(
-        self, now: float | None = None, first: int = 0, count: int | None = None
-    ) -> tuple[ProviderSnapshot, ...]:
-        """Per configured provider, in configuration order, then each provider a refresh removed
-        that still has leases, marked ``"removed"`` (see ProviderSnapshot).
-
-        ``ejection_left`` counts from ``now``, by default the latest time passed in.
-        ``first``/``count``: only the providers at those positions of the order; the removed
-        ones come with the slice that reaches the end of it.
-        """
-        now = self._now if now is None else now
-        values = self._pool.provider_values(now, first, count, self._queue.retry_pressure())
-        return tuple(ProviderSnapshot(*row) for row in values)
-
-    def provider_rows(self, now: float | None = None, first: int = 0, count: int | None = None) -> list[ProviderRow]:
-        """:meth:`provider_snapshots` as plain dicts (see :data:`ProviderRow`), without the objects."""
-        now = self._now if now is None else now
-        values = self._pool.provider_values(now, first, count, self._queue.retry_pressure())
-        return [dict(zip(PROVIDER_FIELDS, row, strict=True)) for row in values]
-
-    def tenant_snapshots(self) -> tuple[TenantSnapshot, ...]:
-        """One row per tenant (see TenantSnapshot); empty without tenants."""
-        return self._tenants.rows()
 
     def __repr__(self) -> str:
         return f"<AdmissionState {self._pool.load()} with {len(self._queue.waiters)} waiting>"
