@@ -14,6 +14,8 @@ generator ask the same code, and tests check every rule without a socket.
   status and text; the connection closes), its body bytes and its end.
   :func:`accept_head` is the same reader's verdict on one head (the reference
   the tests compare the listener with).
+- :mod:`.head`: :class:`RequestHead`, and the rules the reader applies to a head
+  llhttp read, at headers-complete (``HeadFields``).
 - :mod:`.refusals`: every :class:`Refusal` the reader gives (fixed status and
   text), its rules on a target, and llhttp's errors mapped onto refusals.
 - :mod:`.answer`: :class:`AnswerParser`, an answer read by a client (the Node's
@@ -38,14 +40,13 @@ from .encoding import (
     error_response,
     length_framed,
 )
+from .head import CHUNKED, RequestHead
 from .reader import (
-    CHUNKED,
     CLOSED,
     END_OF_MESSAGE,
     MAX_HEAD_BYTES,
     NEED_DATA,
     Event,
-    RequestHead,
     RequestReader,
     accept_head,
     find_head_end,

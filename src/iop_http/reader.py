@@ -2,7 +2,7 @@
 
 One :class:`RequestReader` per connection, fed every byte the client sends,
 once. Parsing is a library's (llhttp through ``httptools``, as uvicorn reads
-requests); this module adds, in one place (:meth:`RequestReader.on_headers_complete`),
+requests); this module adds, in one place (at headers-complete: :mod:`iop_http.head`),
 the rules where llhttp is more permissive than a gateway facing the internet
 should be, and maps llhttp's errors onto fixed refusals. Each rule is listed
 with its RFC section in ``docs/security.md``.
@@ -49,90 +49,23 @@ from typing import Final, final
 import httptools
 
 from .chunks import MAX_CHUNK_EXTENSION_BYTES, extension_bytes
+from .head import CHUNKED, HeadFields, Refused, RequestHead
 from .refusals import (
-    AUTHORITY,
-    BAD_HOST,
-    BAD_LENGTH,
     BAD_REQUEST_LINE,
-    BAD_TARGET,
     CHUNK_EXTENSIONS_TOO_LONG,
-    CODING,
-    CODING_IN_1_0,
     MALFORMED_HEAD,
-    MAX_LENGTH_DIGITS,
     NOT_A_HEAD,
     TOO_LARGE,
     UPGRADE_WITH_BODY,
     VERSION,
     Refusal,
     refusal_for,
-    routed,
 )
 
 MAX_HEAD_BYTES: Final = 64 * 1024
 """The default bound of a request head, its final empty line included."""
 
-CHUNKED: Final = -1
-""":attr:`RequestHead.length` of a body in the chunked transfer coding."""
-
 _HEAD_END: Final = b"\r\n\r\n"
-
-
-@final
-class RequestHead:
-    """An accepted request head.
-
-    Attributes:
-        method: the method, as sent (case matters).
-        target: the request target as sent.
-        path: the target in origin form (``/path?query``): the path of an
-            absolute-form target, ``*`` for ``OPTIONS *``; what the request is
-            routed by.
-        http_version: ``b"1.1"`` or ``b"1.0"``.
-        headers: the fields, names lower-cased, values without surrounding whitespace.
-        length: the body's length in bytes, or :data:`CHUNKED`.
-        keep_alive: whether the client lets the connection carry another request.
-        expect_continue: the client waits for ``100 Continue`` before sending its body.
-        size: the head's length in bytes (its final empty line included).
-    """
-
-    __slots__ = (
-        "method",
-        "target",
-        "path",
-        "http_version",
-        "headers",
-        "length",
-        "keep_alive",
-        "expect_continue",
-        "size",
-    )
-
-    def __init__(
-        self,
-        method: bytes,
-        target: bytes,
-        path: bytes,
-        http_version: bytes,
-        headers: list[tuple[bytes, bytes]],
-        length: int,
-        keep_alive: bool,
-        expect_continue: bool,
-        size: int,
-    ) -> None:
-        self.method = method
-        self.target = target
-        self.path = path
-        self.http_version = http_version
-        self.headers = headers
-        self.length = length
-        self.keep_alive = keep_alive
-        self.expect_continue = expect_continue
-        self.size = size
-
-    def __repr__(self) -> str:
-        length = "chunked" if self.length == CHUNKED else f"{self.length} bytes"
-        return f"<RequestHead {self.method.decode('latin-1')} {self.path!r}, body {length}>"
 
 
 @final
@@ -160,14 +93,6 @@ Event = RequestHead | Refusal | bytes | _Marker
 _HEAD, _LENGTH, _CHUNKED, _DONE = range(4)
 
 
-class _Refused(Exception):
-    """Raised in a parser callback to stop llhttp with our refusal."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.reason)
-        self.refusal = refusal
-
-
 @final
 class RequestReader:
     """The requests of one connection, from the bytes its client sends (sans-I/O, one llhttp parser).
@@ -190,19 +115,9 @@ class RequestReader:
         "_left",
         "_tail",
         "_complete",
-        "_in_head",
-        "_url",
-        "_headers",
-        "_lengths",
-        "_codings",
-        "_hosts",
-        "_connection",
-        "_expect",
-        "_upgrade",
-        "_size",
+        "_head",
         "_keep_alive",
         "_fed",
-        "_line",
         "_max_extension",
         "_chunked",
     )
@@ -210,7 +125,8 @@ class RequestReader:
     def __init__(
         self, max_head_bytes: int = MAX_HEAD_BYTES, max_chunk_extension_bytes: int = MAX_CHUNK_EXTENSION_BYTES
     ) -> None:
-        self._parser = httptools.HttpRequestParser(self)
+        self._head = head = HeadFields()
+        self._parser = httptools.HttpRequestParser(_Callbacks(head, self))
         self._max_head = max_head_bytes
         self._max_extension = max_chunk_extension_bytes
         self._chunked = [0, 0, 0]  # a chunked body's bytes fed, data bytes, chunks begun
@@ -223,23 +139,9 @@ class RequestReader:
         self._complete = False  # llhttp completed the message in the bytes just fed
         self._keep_alive = True
         self._fed = 0  # the bytes of a head not whole yet already fed to llhttp (its errors come early)
-        self._line = b""  # the request line of the head being read
-        self._size = 0  # the length of the head being read
-        self._reset()
 
     def __repr__(self) -> str:
         return f"<RequestReader state {self._state}, {len(self._pending)} bytes buffered>"
-
-    def _reset(self) -> None:
-        self._in_head = True
-        self._url = b""
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._lengths: list[bytes] = []
-        self._codings: list[bytes] = []
-        self._hosts: list[bytes] = []
-        self._connection: list[bytes] = []
-        self._expect = False
-        self._upgrade = False
 
     @property
     def buffered(self) -> int:
@@ -318,14 +220,14 @@ class RequestReader:
             return True
         head = bytes(pending[self._fed : end])
         first = bytes(pending[:4])
-        line_end = pending.find(b"\r\n")
-        self._line = bytes(pending[:line_end])
+        fields = self._head
+        fields.line = bytes(pending[: pending.find(b"\r\n")])
         del pending[:end]
         self._fed = 0
-        self._size = end
-        self._in_head = True
+        fields.size = end
+        fields.in_head = True
         self._execute(head)
-        if self._in_head and self._state == _HEAD:  # llhttp wants more than a head: HTTP/2's preface
+        if fields.in_head and self._state == _HEAD:  # llhttp wants more than a head: HTTP/2's preface
             self._refuse(VERSION if first == b"PRI " else MALFORMED_HEAD)
         return True
 
@@ -378,10 +280,10 @@ class RequestReader:
                 self._state = _DONE
         except httptools.HttpParserError as error:
             refused = error.__context__
-            if isinstance(refused, _Refused):
+            if isinstance(refused, Refused):
                 self._refuse(refused.refusal)
             else:
-                self._refuse(refusal_for(str(error), self._in_head))
+                self._refuse(refusal_for(str(error), self._head.in_head))
 
     def _refuse(self, refusal: Refusal) -> None:
         self._fed = 0
@@ -391,61 +293,13 @@ class RequestReader:
 
     # -------------------------------------------------- llhttp's callbacks
 
-    def on_message_begin(self) -> None:
-        self._reset()
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._in_head:
-            return  # a trailer field: llhttp checked its syntax; the body's end is all it decides
-        name = name.lower()
-        value = value.strip(b" \t")
-        self._headers.append((name, value))
-        if name == b"content-length":
-            self._lengths.append(value)
-        elif name == b"transfer-encoding":
-            self._codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
-        elif name == b"host":
-            self._hosts.append(value)
-        elif name == b"connection":
-            self._connection.extend(c.strip(b" \t").lower() for c in value.split(b","))
-        elif name == b"expect":
-            self._expect = value.lower() == b"100-continue"
-        elif name == b"upgrade":
-            self._upgrade = True
-
     def on_headers_complete(self) -> None:
-        """The project's rules on a head llhttp read; raises :class:`_Refused` to refuse it."""
-        self._in_head = False
+        """Take the head llhttp read, if :meth:`HeadFields.accept` does; frame its body."""
         parser = self._parser
-        method = parser.get_method()
-        line = self._line
-        if line[-9:-3] != b" HTTP/":
-            raise _Refused(BAD_REQUEST_LINE)  # RTSP/1.0, say: llhttp reads it as HTTP
-        version = parser.get_http_version().encode("ascii")
-        if version not in (b"1.1", b"1.0"):
-            raise _Refused(VERSION)
-        target = self._url
-        if line != b"%b %b HTTP/%b" % (method, target, version):
-            raise _Refused(BAD_REQUEST_LINE)  # not method SP target SP version: llhttp takes "GET  /"
-        path = routed(method, target)
-        if path is None:
-            raise _Refused(BAD_TARGET)
-        hosts = self._hosts
-        if len(hosts) > 1 or (not hosts and version == b"1.1"):
-            raise _Refused(BAD_HOST)
-        if hosts and AUTHORITY.fullmatch(hosts[0]) is None:
-            raise _Refused(BAD_HOST)
-        length = self._length(version)
-        upgrade = self._upgrade and b"upgrade" in self._connection
-        if upgrade and length:
-            raise _Refused(UPGRADE_WITH_BODY)
-        keep_alive = version == b"1.1" and b"close" not in self._connection and not upgrade
-        self._keep_alive = keep_alive
-        head = RequestHead(method, target, path, version, self._headers, length, keep_alive, self._expect, self._size)
+        head = self._head.accept(parser.get_method(), parser.get_http_version())
+        self._keep_alive = head.keep_alive
         self._events.append(head)
+        length = head.length
         if length == CHUNKED:
             self._state = _CHUNKED
             self._tail = b""
@@ -453,21 +307,6 @@ class RequestReader:
         elif length:
             self._state = _LENGTH
             self._left = length
-
-    def _length(self, version: bytes) -> int:
-        """The body's framing (RFC 9112 6.3, strictly): its length or :data:`CHUNKED`; raises to refuse."""
-        if self._codings:
-            if version == b"1.0":
-                raise _Refused(CODING_IN_1_0)
-            if self._codings != [b"chunked"]:
-                raise _Refused(CODING)
-            return CHUNKED
-        if self._lengths:
-            value = self._lengths[0]
-            if len(value) > MAX_LENGTH_DIGITS:
-                raise _Refused(BAD_LENGTH)
-            return int(value)
-        return 0
 
     def on_body(self, body: bytes) -> None:
         self._events.append(body)
@@ -480,6 +319,30 @@ class RequestReader:
         self._complete = True
         self._events.append(END_OF_MESSAGE)
         self._state = _HEAD if self._keep_alive else _DONE
+
+
+@final
+class _Callbacks:
+    """llhttp's callbacks, each to the object it concerns: the head's fields, or the reader's framing."""
+
+    __slots__ = (
+        "on_message_begin",
+        "on_url",
+        "on_header",
+        "on_headers_complete",
+        "on_body",
+        "on_chunk_header",
+        "on_message_complete",
+    )
+
+    def __init__(self, head: HeadFields, reader: RequestReader) -> None:
+        self.on_message_begin = head.reset
+        self.on_url = head.on_url
+        self.on_header = head.on_header
+        self.on_headers_complete = reader.on_headers_complete
+        self.on_body = reader.on_body
+        self.on_chunk_header = reader.on_chunk_header
+        self.on_message_complete = reader.on_message_complete
 
 
 def find_head_end(data: bytes | bytearray) -> int:

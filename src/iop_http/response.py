@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Final, final
 
 from .encoding import LAST_CHUNK, encode_chunk, encode_head
-from .reader import RequestHead
+from .head import RequestHead
 
 _CLOSE: Final = (b"connection", b"close")
 _CHUNKED: Final = (b"transfer-encoding", b"chunked")
