@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import aclosing
+from typing import final
 
 import trio
 from trio_websocket import ConnectionClosed
@@ -75,54 +76,77 @@ async def _relay_output(
         UpstreamUnreachable: the same before any part went out (the Edge may fail it over).
     """
     assert outbox is not None
-    run_id = run.run_id
-    seq = 0
-
-    async def send(chunk: bytes) -> None:
-        nonlocal seq
-        progress.chunks += bool(chunk)  # a byte came: the stall watchdog's count
-        for piece in _pieces(chunk):
-            await outbox.put_record(record_header(run_id, seq, len(piece)), piece)
-            seq += 1
-
-    def send_nowait(chunk: bytes) -> None:
-        nonlocal seq
-        progress.chunks += bool(chunk)  # a byte came: the stall watchdog's count
-        for piece in _pieces(chunk):
-            outbox.put_record_nowait(record_header(run_id, seq, len(piece)), piece)
-            seq += 1
-
-    held: list[bytes] = []
-
-    def hold(body: bytes) -> None:
-        progress.chunks += 1
-        held.append(body)
-
-    output = RunOutput(send, send_nowait, poller, hold)
+    records = _RunRecords(run.run_id, outbox, progress)
+    output = RunOutput(records.send, records.send_nowait, poller, records.hold)
     watched = run.stream  # a non-stream answer comes whole at its end: its silence says nothing of a hang
     scope = progress.begin() if watched else trio.CancelScope()  # the scope the stall watchdog cancels
     try:
         with scope:
             await adapter.relay(run.endpoint, run.body, stream=run.stream, send=output)
     except UpstreamUnreachable as exc:
-        if exc.silent and seq:
-            raise StreamStalled(f"the upstream went silent after {seq} pieces of its answer: {exc.message}") from None
+        if exc.silent and records.seq:
+            raise StreamStalled(
+                f"the upstream went silent after {records.seq} pieces of its answer: {exc.message}"
+            ) from None
         raise
     finally:
         if watched:
             progress.end(scope)
     if scope.cancelled_caught:
-        abandoned = LETTING_GO.get()
-        if abandoned is not None:  # a stalled backend is a failure: closed at once, the run failed over now
-            abandoned.let_go_now()
-        stalled = f"stalled: the backend sent no byte for {progress.silence:.1f} s with runs in flight"
-        raise StreamStalled(f"{stalled}, after {seq} pieces of its answer") if seq else UpstreamUnreachable(stalled)
-    if held:  # the whole body, held for the run's end (BodyPoller.relay)
-        if len(held[0]) > RECORD_BYTES:
-            await send(held[0])
+        raise _stalled(progress, records.seq)
+    return await records.last()
+
+
+def _stalled(progress: Progress, sent: int) -> StreamStalled | UpstreamUnreachable:
+    """The stall watchdog cut the run after ``sent`` records: let the backend go now, and the error to raise."""
+    abandoned = LETTING_GO.get()
+    if abandoned is not None:  # a stalled backend is a failure: closed at once, the run failed over now
+        abandoned.let_go_now()
+    stalled = f"stalled: the backend sent no byte for {progress.silence:.1f} s with runs in flight"
+    return StreamStalled(f"{stalled}, after {sent} pieces of its answer") if sent else UpstreamUnreachable(stalled)
+
+
+@final
+class _RunRecords:
+    """One run's output as data records, numbered in order (:attr:`seq`), each at most
+    :data:`RECORD_BYTES`; every chunk counts for the stall watchdog. A whole body the poller
+    held for the run's end (``BodyPoller.relay``) waits in :attr:`held`."""
+
+    __slots__ = ("_run_id", "_outbox", "_progress", "seq", "held")
+
+    def __init__(self, run_id: str, outbox: Outbox, progress: Progress) -> None:
+        self._run_id = run_id
+        self._outbox = outbox
+        self._progress = progress
+        self.seq = 0
+        self.held: list[bytes] = []
+
+    async def send(self, chunk: bytes) -> None:
+        self._progress.chunks += bool(chunk)  # a byte came: the stall watchdog's count
+        for piece in _pieces(chunk):
+            await self._outbox.put_record(record_header(self._run_id, self.seq, len(piece)), piece)
+            self.seq += 1
+
+    def send_nowait(self, chunk: bytes) -> None:
+        self._progress.chunks += bool(chunk)  # a byte came: the stall watchdog's count
+        for piece in _pieces(chunk):
+            self._outbox.put_record_nowait(record_header(self._run_id, self.seq, len(piece)), piece)
+            self.seq += 1
+
+    def hold(self, body: bytes) -> None:
+        self._progress.chunks += 1
+        self.held.append(body)
+
+    async def last(self) -> Record | None:
+        """The held body as the run's last data record (sent with its end), or None: none was
+        held, or it was larger than a record and went out now as records of its own."""
+        held = self.held
+        if not held:
             return None
-        return record_header(run_id, seq, len(held[0])), held[0]
-    return None
+        if len(held[0]) > RECORD_BYTES:
+            await self.send(held[0])
+            return None
+        return record_header(self._run_id, self.seq, len(held[0])), held[0]
 
 
 def _pieces(chunk: bytes) -> Iterator[bytes]:
