@@ -199,39 +199,63 @@ async def relay_whole(
     the client has its answer one scheduling round sooner, and this task only
     goes through the run's messages. ``scan`` sees the pieces (token cost).
     """
-    budget, limits = hold
-    parts: list[bytes] = []
-    size = 0
-
-    def written(piece: int) -> None:  # a piece handed to the client's connection is no longer held here
-        nonlocal size
-        size -= piece
-        budget.give_back(piece)
-
+    held = _HeldAnswer(*hold)
     try:
         while True:
             if first is None:
                 first = await next_message(run)
             for message in (first, *run.buffered()):
                 if isinstance(message, RunData):
-                    if not run.answered:  # else written already, within max_answer_bytes (the caller's writer)
-                        budget.take(size, len(message.data), limits)
-                        size += len(message.data)
-                    parts.append(message.data)
+                    # Answered: written already, within max_answer_bytes (the caller's writer).
+                    held.add(message.data, counted=not run.answered)
                     continue
-                end_of(message)
-                if not parts:
-                    raise RequestRejected(
-                        502, "upstream_error", "the node ended the run without a response", type="upstream_error"
-                    )
-                if scan is not None:
-                    scan(parts)
+                _ended(message, held.parts, scan)
                 if not run.answered:
-                    await responder.pieces(200, [_JSON, *head], parts, written)
+                    await responder.pieces(200, [_JSON, *head], held.parts, held.written)
                 return
             first = None
     finally:
-        budget.give_back(size)
-        # A failure's traceback keeps this frame alive, often until the collector's next full pass
-        # (an exception and a frame refer to each other): the pieces must not stay with it.
-        parts.clear()
+        held.drop()
+
+
+@final
+class _HeldAnswer:
+    """The pieces of one whole answer, held for its end: counted against the Edge's
+    :class:`AnswerBudget` and its limits as they come, given back as they are written."""
+
+    __slots__ = ("parts", "_budget", "_limits", "_size")
+
+    def __init__(self, budget: AnswerBudget, limits: tuple[int, int]) -> None:
+        self.parts: list[bytes] = []
+        self._budget = budget
+        self._limits = limits
+        self._size = 0
+
+    def add(self, data: bytes, counted: bool) -> None:
+        """Hold ``data``; when ``counted``, take it from the budget first (raises past a bound)."""
+        if counted:
+            self._budget.take(self._size, len(data), self._limits)
+            self._size += len(data)
+        self.parts.append(data)
+
+    def written(self, piece: int) -> None:
+        """A piece handed to the client's connection is no longer held here."""
+        self._size -= piece
+        self._budget.give_back(piece)
+
+    def drop(self) -> None:
+        """Give the budget back whatever is still held, however the relay ended."""
+        self._budget.give_back(self._size)
+        # A failure's traceback keeps the relay's frame alive, often until the collector's next full
+        # pass (an exception and a frame refer to each other): the pieces must not stay with it.
+        self.parts.clear()
+
+
+def _ended(end: RunMessage, parts: list[bytes], scan: Callable[[list[bytes]], None] | None) -> None:
+    """The run ended with ``end`` after the held ``parts``: an error end (:func:`end_of`) or no
+    answer at all is the client's error; else ``scan`` sees the parts (token cost)."""
+    end_of(end)
+    if not parts:
+        raise RequestRejected(502, "upstream_error", "the node ended the run without a response", type="upstream_error")
+    if scan is not None:
+        scan(parts)
