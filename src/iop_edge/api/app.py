@@ -273,19 +273,10 @@ class EdgeAPI:
             outcome = await within_deadline(
                 service.admission, (model, long, charge), attempt, deadline, responder, hooks
             )
-        except AdmissionError as exc:
-            visit.stop_asking()
-            if isinstance(exc, LeaseRevoked):
-                outcome = "revoked"
-            refusal = lost_unled(refusal_of(exc, service, self.head_refusal), service.ha)
-            await responder.reject(count_failure(metrics, model, refusal))
-        except RequestRejected as lost:
-            rejection = lost_unled(lost, service.ha)
-            if rejection.code == "provider_busy":
-                metrics.request_rejected(model, "provider_busy")
-            elif rejection.reason == "upstream_client_error":
-                outcome = "client_error"
-            count_failure(metrics, model, rejection)
+        except (AdmissionError, RequestRejected) as failure:
+            if isinstance(failure, AdmissionError):
+                visit.stop_asking()
+            rejection, outcome = _counted_failure(service, self.head_refusal, model, failure)
             await responder.reject(rejection)
         except trio.Cancelled:
             outcome = "cancelled"
@@ -477,3 +468,21 @@ class _ClientGone(RequestRejected):
 
 def _too_large(limit: int) -> RequestRejected:
     return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
+
+
+def _counted_failure(
+    service: EdgeParts, head_refusal: HeadRefusal, model: str, failure: AdmissionError | RequestRejected
+) -> tuple[RequestRejected, str]:
+    """The client's answer to a request admission refused or its attempts lost, counted in the
+    metrics; and the outcome its lease ends with (``revoked``, ``client_error`` or ``error``)."""
+    metrics = service.metrics
+    if isinstance(failure, AdmissionError):
+        refusal = lost_unled(refusal_of(failure, service, head_refusal), service.ha)
+        return count_failure(metrics, model, refusal), "revoked" if isinstance(failure, LeaseRevoked) else "error"
+    rejection = lost_unled(failure, service.ha)
+    outcome = "error"
+    if rejection.code == "provider_busy":
+        metrics.request_rejected(model, "provider_busy")
+    elif rejection.reason == "upstream_client_error":
+        outcome = "client_error"
+    return count_failure(metrics, model, rejection), outcome
