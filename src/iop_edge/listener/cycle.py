@@ -2,10 +2,11 @@
 out-of-band writes and disconnect hook the app gets through :class:`ConnectionHooks` (in the manner
 of uvicorn's ``RequestResponseCycle``).
 
-The connection (:mod:`._http_server`) reads the request head and makes one
+The connection (:mod:`.server`) reads the request head and makes one
 :class:`RequestCycle` per request it lets through; the cycle calls the app, reads the request body
-from the connection's :class:`iop_http.RequestReader` when the app asks, writes the response with
-:mod:`iop_http`'s encoders, and says whether the connection can carry another request.
+from the connection's :class:`iop_http.RequestReader` when the app asks (its
+:class:`~iop_edge.listener.body.RequestBody`), writes the response with :mod:`iop_http`'s
+encoders, and says whether the connection can carry another request.
 
 **Response framing**: :class:`iop_http.ResponseFraming` (a ``content-length``, chunks, or the
 connection's close; keep-alive or close), as h11 frames an answer.
@@ -44,18 +45,16 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 import trio
 
 from iop_edge.listener.asgi import asgi_scope
+from iop_edge.listener.body import DISCONNECT, Malformed, Message, RequestBody
 from iop_edge.listener.disconnects import DisconnectPoller, DisconnectWatcher, PolledWatch
 from iop_http import (
-    END_OF_MESSAGE,
     MALFORMED_CHUNKS,
-    NEED_DATA,
     BodyOverrun,
     Refusal,
     RequestHead,
     RequestReader,
     ResponseFraming,
     encode_chunk,
-    encode_head,
 )
 from iop_io import PeerGone, SocketTransport, Transport
 
@@ -64,18 +63,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("iop_edge.http")
 
-Message = MutableMapping[str, Any]
 App = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Any]
-DRAIN_LIMIT = 64 * 1024
-"""Unread request body bytes the listener reads and drops to keep a connection alive."""
-
-DISCONNECT: Message = {"type": "http.disconnect"}
-
 PAUSE_READING = "iop.pause_reading"
 """Scope key: a time on trio's clock before which the connection's next request is not read (pacing)."""
 
 
-_CONTINUE: Final = encode_head(100, [])
 _NO_SCOPE: Final[dict[str, Any]] = {}  # read only
 
 
@@ -170,12 +162,8 @@ class RequestCycle:
         self.transport = conn.transport
         self.request = request
         self._head: tuple[int, list[tuple[bytes, bytes]]] | None = None
-        self._continued = False  # 100 Continue went out for the request
         self._framing = ResponseFraming(request)
-        self._body_done = False
-        self._delivered = False  # the app received the body's last message
-        if request.length == 0:  # its end is queued right behind its head
-            self._body_done = conn.reader.next_event() is END_OF_MESSAGE
+        self._body = RequestBody(conn, request)
         self._response_started = False
         self.head_let_through = head_let_through
         """:class:`ConnectionHooks`: ``refuse_head`` let the request through."""
@@ -183,7 +171,6 @@ class RequestCycle:
         """:class:`ConnectionHooks`: :meth:`cancel_on_disconnect` is available."""
         self.handed_over = False
         """The app call runs its tail while the connection serves its next requests elsewhere."""
-        self._waiting = False  # the app waits in receive for the client to leave: it reads the socket
 
     async def respond(self) -> float:
         """Call the app for ``request``; returns when the next request may be read (``PAUSE_READING``)."""
@@ -209,7 +196,7 @@ class RequestCycle:
         until: float = scope.get(PAUSE_READING, -math.inf)
         return until
 
-    # ------------------------------------------------------------ the request body
+    # ------------------------------------------------------------ the request
 
     async def receive(self) -> Message:
         """ASGI ``receive``: the next body chunk, then (after the body) the client's departure; after
@@ -218,77 +205,21 @@ class RequestCycle:
             await trio.sleep_forever()
         if self.conn.gone:
             return DISCONNECT
-        if self._body_done:
-            if self._delivered:
-                self._waiting = True
-                try:
-                    return await self._wait_disconnect()
-                finally:
-                    self._waiting = False
-            self._delivered = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        request = self.request
-        if request.expect_continue and not self._continued and not self.conn.reader.buffered:
-            self._continued = True
-            await self.conn.send_bytes(_CONTINUE)
-        self._continued = True  # the body is read now: a 100 Continue later would come too late
+        body = self._body
+        if body.done:
+            return await body.after_end()
+        await body.continue_if_asked()
         try:
-            return await self._next_body_message()
+            return await body.next_message()
         except PeerGone:
             self.conn.gone = True
             return DISCONNECT
-        except _Malformed:
+        except Malformed:
             if not self._response_started:
                 self._response_started = True
                 await self.conn.refuse_bytes(MALFORMED_CHUNKS)
             self.conn.gone = True
             return DISCONNECT
-
-    async def _next_body_message(self) -> Message:
-        """The body bytes the reader has (reading when it has none), ``more_body`` false at the end."""
-        reader = self.conn.reader
-        body = b""
-        while True:
-            event = reader.next_event()
-            if type(event) is bytes:
-                body += event
-                continue
-            if event is END_OF_MESSAGE:
-                self._body_done = self._delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            if event is NEED_DATA:
-                if body:
-                    return {"type": "http.request", "body": body, "more_body": True}
-                data = await self.conn.receive(trio.current_time() + self.conn.limits.read_timeout, "body")
-                reader.feed(data)
-                continue
-            if type(event) is Refusal:
-                raise _Malformed
-            raise PeerGone  # CLOSED: the client left mid-body
-
-    def _keeps_unread_body(self, status: int) -> bool:
-        """Whether the connection can carry another request after a ``status`` answer sent before the
-        request body's end was read, decided as its head goes out (RFC 9112 9.6: a connection that
-        will end says so in that head): a refusal (400 or more) when the body's end is in hand (its
-        bytes are skipped now), another answer when what is left of the body fits the drain
-        (:meth:`ready_for_next`); never while the client waits for ``100 Continue`` to send it."""
-        request = self.request
-        if request.expect_continue and not self._continued:
-            return False
-        if status >= 400:
-            return self._buffered_body()
-        return 0 <= request.length <= DRAIN_LIMIT
-
-    def _buffered_body(self) -> bool:
-        """Skip the body bytes the reader has without reading more; whether the body's end was among them."""
-        reader = self.conn.reader
-        while True:
-            event = reader.next_event()
-            if event is END_OF_MESSAGE:
-                self._body_done = True
-                return True
-            if type(event) is not bytes:
-                return False
 
     def cancel_on_disconnect(self, cancel_scope: trio.CancelScope) -> None:
         """Cancel ``cancel_scope`` if the client goes away before the app returns (never waits).
@@ -312,21 +243,6 @@ class RequestCycle:
                 watcher = self.conn.watcher = DisconnectWatcher(self.conn, self.transport.io)
                 self.conn.transport.nursery.start_soon(watcher.run)
         self.conn.watcher.watch(cancel_scope)
-
-    async def _wait_disconnect(self) -> Message:
-        """Read (and keep, for the next request) until the client goes away."""
-        while not self.conn.gone:
-            if self.conn.reader.buffered > self.conn.limits.max_head_bytes:
-                await trio.sleep_forever()  # pipelined too far ahead: stop reading, keep the bytes
-            try:
-                data = await self.transport.receive_some()
-            except PeerGone:
-                data = b""
-            if not data:
-                self.conn.gone = True
-                break
-            self.conn.reader.feed(data)
-        return DISCONNECT
 
     # ------------------------------------------------------------------ the response
 
@@ -367,7 +283,7 @@ class RequestCycle:
         head = b""
         if self._head is not None:
             status, headers = self._head
-            if not self._body_done and not self._keeps_unread_body(status):
+            if not self._body.done and not self._body.keeps_unread(status):
                 framing.keep_alive = False  # the head says ``connection: close``
                 self.conn.lingers = True
             head = framing.head(status, headers)
@@ -459,7 +375,7 @@ class RequestCycle:
         """
         conn = self.conn
         framing = self._framing
-        if self.handed_over or conn.gone or self._waiting or not self._body_done:
+        if self.handed_over or conn.gone or self._body.waiting or not self._body.done:
             return False
         if not framing.complete or not framing.keep_alive:
             return False
@@ -474,17 +390,4 @@ class RequestCycle:
         """Whether the connection can carry another request; drains an unread small body."""
         if self.conn.gone or not self._framing.complete or not self._framing.keep_alive:
             return False
-        if not self._body_done:  # a success whose head found the rest of the body within the drain
-            drained = 0
-            try:
-                while not self._body_done and drained <= DRAIN_LIMIT:
-                    message = await self._next_body_message()
-                    drained += len(message["body"])
-            except (PeerGone, _Malformed):
-                return False
-            return self._body_done
-        return True
-
-
-class _Malformed(Exception):
-    """The request body's chunked framing is malformed (the reader refused it)."""
+        return await self._body.drain()
