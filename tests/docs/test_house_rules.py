@@ -7,8 +7,8 @@
   is split into named steps.
 - No module imports another module's underscore names (``from ._x import
   _y``, ``from . import _x``), inside a package or across packages.
-- No class in ``iop_admission``, ``iop_edge``, ``iop_node``, ``iop_mock`` or
-  ``iop_wire`` is over 300 lines (known exceptions listed, each with its reason).
+- No class of ``src/`` is over 300 lines of code, docstrings aside (known exceptions
+  listed, each with its reason).
 - The benchmarks (``benchmarks/``) use public names only: no package's
   private module, no other module's underscore name; they write no CRLF
   (requests are encoded by ``iop_http``).
@@ -129,7 +129,7 @@ def test_the_length_check_counts_the_body_without_its_docstring() -> None:
 MAX_CLASS_LINES = 300
 """The backstop beside the cohesion rule (tests/docs/test_layout.py): lines of code a class holds,
 its docstrings not counted (a public facade documents each operation where it is defined)."""
-SIZED_PACKAGES = ("iop_admission", "iop_edge", "iop_node", "iop_mock", "iop_wire")
+SIZED_PACKAGES = tuple(sorted(p.name for p in SRC.glob("iop_*") if (p / "__init__.py").exists()))
 LARGE_FOR_NOW: set[str] = set()
 """Known classes over the bound; an entry that is no longer large must go."""
 
