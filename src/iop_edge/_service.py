@@ -20,7 +20,7 @@ import trio
 
 from iop_admission import Admission, ConfigError, PreparedRefresh, ProviderKey
 from iop_config import ConfigFileError, TlsFileError
-from iop_edge._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, yield_to_loop
+from iop_edge._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, run_off_loop, yield_to_loop
 from iop_edge.api.app import EdgeAPI
 from iop_edge.config import EdgeConfig, load_edge_config
 from iop_edge.config.reader import error_lines, rebuild, run_reader
@@ -30,6 +30,7 @@ from iop_edge.listener.server import HttpLimits, serve_http
 from iop_edge.metrics import EdgeMetrics
 from iop_edge.nodes.registry import NodeRegistry
 from iop_edge.status import EdgeStatus, NodeRow, StatusRows, status_document
+from iop_edge.token_count import TokenizerError, load_tokenizer
 
 logger = logging.getLogger("iop_edge")
 
@@ -89,7 +90,8 @@ class EdgeService:
         keeps running. What the new config changes in the pool is worked out
         in turns with the loop (``admission.prepare_refresh`` in a worker
         thread that runs only while the loop waits for it, a slice at a time),
-        which also reads the certificate files; only the validated result is
+        which also reads the certificate files (the models' tokenizer files, if
+        any, are read before, in a worker thread); only the validated result is
         applied on the loop, at once (``admission.refresh``), so that step
         costs what changed, not the size of the fleet; the old config is then
         freed a slice per loop turn. Reloads are serialized: one that arrives
@@ -114,6 +116,9 @@ class EdgeService:
                 read = await rebuild(output)
                 times.mark("rebuild")
                 times.reader_cpu = read.reader_cpu
+                if any(model.tokenizer is not None for model in read.config.models):
+                    await run_off_loop(lambda: _load_tokenizers(read.config, path))
+                    times.mark("tokenizers")
                 prepared, tls = await run_in_turns(lambda: _prepare_config(read.config, path, self.admission, times))
                 _refuse_tls_switch(self.config, read.config, path)
                 self.admission.refresh(prepared)
@@ -298,6 +303,24 @@ def _tls_contexts(config: EdgeConfig, path: str | os.PathLike[str] | None) -> _T
     if errors:
         raise ConfigFileError(errors)
     return _TlsContexts(contexts["node_tls"], contexts["tls"])
+
+
+def _load_tokenizers(config: EdgeConfig, path: str | os.PathLike[str]) -> None:
+    """Read the models' tokenizers in this process ([token-ledger]; a reload's reader process only
+    checked them), so a request counts with them at once.
+
+    Raises:
+        ConfigFileError: a file cannot be used (it changed since the config was checked).
+    """
+    errors = []
+    for i, model in enumerate(config.models):
+        if model.tokenizer is not None:
+            try:
+                load_tokenizer(model.tokenizer)
+            except TokenizerError as exc:
+                errors.append(f"{path}: models[{i}].tokenizer: {exc}")
+    if errors:
+        raise ConfigFileError(errors)
 
 
 def _refuse_tls_switch(running: EdgeConfig, new: EdgeConfig, path: str | os.PathLike[str]) -> None:

@@ -2,8 +2,8 @@
 mock backend reports, and every reservation comes back.
 
 gpu0 admits by tokens (a budget of 8,192, a window of 4,096). A request of 400 characters and
-``max_tokens`` 20 reserves ceil(400 x 1.25 / 4) + 20 = 145 tokens at the Edge; the mock counts its
-prompt as 400 / 4 = 100 tokens and generates 20, so its usage is 120. The moment of the settlement
+``max_tokens`` 20 reserves at the Edge its 400 bytes and its role's 4 (each text's bytes plus one), the
+template's 9 tokens, plus 20: 435; the mock counts its prompt as 400 / 4 = 100 tokens and generates 20, so its usage is 120. The moment of the settlement
 (the usage relayed, the lease still held) is shown with a scripted node in
 ``tests/edge/test_token_ledger.py``; here the run's end follows its usage chunk within a read.
 """
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.req("token-ledger")
 
 BUDGET = 8_192
 CONTENT = "t" * 400
-RESERVE = 125 + 20
+RESERVE = 401 + 5 + 4 + 5 + 20
 USAGE = 100 + 20
 
 

@@ -1,5 +1,5 @@
-"""The token ledger at the Edge ([token-ledger]): a request reserves its prompt estimate (with the
-margin) plus ``max_tokens`` on a provider that admits by tokens, bounded by the window; ``/status``
+"""The token ledger at the Edge ([token-ledger]): a request reserves its prompt's bound (UTF-8 bytes
+and the template's tokens) plus ``max_tokens`` on a provider that admits by tokens, bounded by the window; ``/status``
 and the metrics show what is reserved; a request whose tokens do not fit waits for one that ends.
 
 A real Edge on 127.0.0.1 with a :class:`~edge.harness.FakeNode` holding gpu0 (capacity 2, window
@@ -20,11 +20,11 @@ from iop_edge.api.request_body import UNBOUNDED_OUTPUT, context_tokens
 pytestmark = pytest.mark.req("token-ledger")
 
 
-def test_the_reservation_is_the_prompt_estimate_with_its_margin_plus_max_tokens() -> None:
+def test_the_reservation_is_the_prompt_bound_plus_max_tokens() -> None:
     chat = {"messages": [{"role": "user", "content": "c" * 40}], "max_tokens": 90}
-    assert context_tokens("chat/completions", chat) == 13 + 90  # ceil(40 x 1.25 / 4)
-    assert context_tokens("completions", {"prompt": "p" * 8}) == 3 + UNBOUNDED_OUTPUT  # no max_tokens: the window
-    assert context_tokens("embeddings", {"input": ["e" * 16, "f" * 16]}) == 10  # ceil(8 x 1.25)
+    assert context_tokens("chat/completions", chat) == 55 + 90  # 40 bytes + 1, "user" 4 + 1, 4 + 5 template tokens
+    assert context_tokens("completions", {"prompt": "p" * 8}) == 11 + UNBOUNDED_OUTPUT  # no max_tokens: the window
+    assert context_tokens("embeddings", {"input": ["e" * 16, "f" * 16]}) == 38  # 2 x (16 + 1 + 2)
 
 
 async def test_reserved_tokens_show_in_status_and_metrics_and_a_big_request_waits(tmp_path: Path) -> None:
@@ -35,11 +35,11 @@ async def test_reserved_tokens_show_in_status_and_metrics_and_a_big_request_wait
             async with trio.open_nursery() as nursery:
                 start_chat(nursery, edge, results, "c" * 40, FAST, max_tokens=90)
                 first = await node.next_run()
-                await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 103)
+                await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 145)
                 (gpu0,) = [p for p in (await edge.status())["providers"] if p["provider_id"] == "gpu0"]
-                assert (gpu0["token_budget"], gpu0["reserved_tokens"], gpu0["token_headroom"]) == (8192, 103, 0)
+                assert (gpu0["token_budget"], gpu0["reserved_tokens"], gpu0["token_headroom"]) == (8192, 145, 0)
                 metrics = (await edge.http.get("/metrics")).text
-                assert 'iop_reserved_tokens{node="node-a",provider="gpu0"} 103.0' in metrics
+                assert 'iop_reserved_tokens{node="node-a",provider="gpu0"} 145.0' in metrics
                 assert 'iop_token_budget{node="node-a",provider="gpu0"} 8192.0' in metrics
                 # No max_tokens: the whole window, which does not fit beside the 103: it waits.
                 start_chat(nursery, edge, results, "big", FAST)
@@ -64,7 +64,7 @@ async def test_the_usage_an_answer_reports_settles_the_reservation_before_the_ru
             async with trio.open_nursery() as nursery:
                 start_chat(nursery, edge, results, "s" * 40, FAST, max_tokens=90, stream=True)
                 streamed = await node.next_run()
-                await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 103)
+                await eventually(lambda: edge.provider("node-a", "gpu0")["reserved_tokens"] == 145)
                 last = chat_chunk("done")
                 last["usage"] = {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}
                 await node.send_json(streamed.run_id, chat_chunk("he"))

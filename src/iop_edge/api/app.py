@@ -61,6 +61,7 @@ from iop_edge.metrics import EdgeMetrics
 from iop_edge.nodes.registry import NodeRegistry
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunNotSent
 from iop_edge.status import StatusRows, status_json_rows
+from iop_edge.token_count import tokenizer_count
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
 from iop_io import answer_lifespan
@@ -139,7 +140,7 @@ class EdgeAPI:
         self._paths = {path for _, path in self._routes}
         self.head_refusal = HeadRefusal(service)
         self.queue_page = QueuePage(service)
-        self._body_readers = trio.CapacityLimiter(1)  # large bodies read one at a time, off the loop
+        self._body_readers = trio.CapacityLimiter(1)  # large bodies read, prompts counted one at a time, off the loop
         self.answers = AnswerBudget()  # the non-stream answers held ([upstream-bounds])
         service.metrics.follow_answers(lambda: self.answers.held)
 
@@ -205,7 +206,8 @@ class EdgeAPI:
             long = threshold is not None and estimate_tokens(endpoint, fields) > threshold
             charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, fields))
             deadline = request_deadline(scope["headers"], service.config.model_entry(model), stream)
-            charge.context = context_tokens(endpoint, fields) if admits_by_tokens(service.config) else None
+            if admits_by_tokens(service.config):
+                charge.context = await self._context_tokens(endpoint, fields, service.config.tokenizer(model))
         except BaseException:
             self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise
@@ -390,6 +392,15 @@ class EdgeAPI:
         await responder.whole(200, [_JSON], b'{"status":"reloaded"}')
 
     # ------------------------------------------------------------------ input
+
+    async def _context_tokens(self, endpoint: str, fields: dict[str, Any], tokenizer: str | None) -> int:
+        """What the request reserves on a token budget ([token-ledger], :func:`context_tokens`): with
+        the model's tokenizer, counted in a worker thread, one at a time (a count costs many body
+        reads, docs/benchmarks.md); else the UTF-8 bound, here. Checkpoints with a tokenizer."""
+        if tokenizer is None:
+            return context_tokens(endpoint, fields)
+        async with self._body_readers:
+            return await run_off_loop(lambda: context_tokens(endpoint, fields, tokenizer_count(tokenizer)))
 
     async def _read_json(self, scope: Scope, receive: Receive) -> ClientBody:
         """The request body, read by :func:`read_body` (off the event loop past

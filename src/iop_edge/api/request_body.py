@@ -1,7 +1,7 @@
 """What the Edge reads of a request body: the JSON rules, the fields it checks, the token estimate.
 
 The Edge reads only what it decides on (the model, ``stream``, the token estimate for the
-long-request classification and tenant cost); the rest of the body is the backend's, and a v5
+long-request classification and tenant cost, the context tokens a token budget reserves); the rest of the body is the backend's, and a v5
 node gets the client's own text (:class:`ClientBody`), never a re-encoding of it.
 
 This is the one place where a client's JSON is read, strictly (:func:`read_body`): UTF-8 only
@@ -24,6 +24,7 @@ import attrs
 
 from iop_edge._off_loop import yield_to_loop
 from iop_edge.api.rejections import RequestRejected
+from iop_edge.token_count import Count, prompt_tokens, utf8_bound
 
 MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted in a request body (the top object is 1).
@@ -34,11 +35,6 @@ recursive reader of the body would otherwise hit; serde_json's default is 128, p
 
 CHARS_PER_TOKEN = 4
 """Prompt characters per estimated token, for the long-request classification."""
-
-CONTEXT_MARGIN = 1.25
-"""Margin on the prompt estimate a token budget reserves ([token-ledger]): characters / 4 is the
-English average of the usual BPE tokenizers; code and many other languages take 3 to 3.5
-characters a token, which 4 / 1.25 = 3.2 covers."""
 
 UNBOUNDED_OUTPUT = 1 << 30
 """The output a request without ``max_tokens`` may take: the engine's whole window (the
@@ -113,13 +109,14 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
     return prompt_chars(endpoint, body) // CHARS_PER_TOKEN + output_budget(body)
 
 
-def context_tokens(endpoint: str, body: dict[str, Any]) -> int:
-    """The context tokens a request reserves on a token budget ([token-ledger]): the prompt's
-    characters / 4 with :data:`CONTEXT_MARGIN`, plus ``max_tokens`` (absent:
-    :data:`UNBOUNDED_OUTPUT`, the window); for embeddings the input's estimate with the margin."""
+def context_tokens(endpoint: str, body: dict[str, Any], count: Count = utf8_bound) -> int:
+    """The context tokens a request reserves on a token budget ([token-ledger]): its prompt's
+    tokens (:func:`iop_edge.token_count.prompt_tokens`: each text counted by ``count``, the model's
+    tokenizer, else bounded by its UTF-8 bytes; with the chat template's tokens), plus
+    ``max_tokens`` (absent: :data:`UNBOUNDED_OUTPUT`, the window); for embeddings the input's alone."""
+    prompt = prompt_tokens(endpoint, body, count)
     if endpoint == "embeddings":
-        return math.ceil(embedding_tokens(body.get("input")) * CONTEXT_MARGIN)
-    prompt = math.ceil(prompt_chars(endpoint, body) * CONTEXT_MARGIN / CHARS_PER_TOKEN)
+        return prompt
     return prompt + (output_budget(body) or UNBOUNDED_OUTPUT)
 
 

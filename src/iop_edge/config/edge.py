@@ -263,6 +263,11 @@ class EdgeConfig:
         ms = None if entry is None else entry.first_token_timeout_ms
         return None if ms is None else ms / 1000
 
+    def tokenizer(self, model: str) -> str | None:
+        """The tokenizer file of ``model`` (``models[].tokenizer``); None: none named, or unknown key."""
+        entry = self._tables.models_by_id.get(model)
+        return None if entry is None else entry.tokenizer
+
     def model_entry(self, model: str) -> EdgeModel | None:
         """The ``models[]`` entry of key ``model`` (its deadline bounds, ...); None for an unknown key."""
         return self._tables.models_by_id.get(model)

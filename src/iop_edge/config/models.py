@@ -17,6 +17,7 @@ import attrs
 
 from iop_admission import ProviderKey
 from iop_edge.config.schema import at_least, queue_hints
+from iop_edge.token_count import TokenizerError, load_tokenizer
 
 DEFAULT_MAX_DEADLINE_MS = 3_600_000
 """``max_deadline_ms`` when not set: a client may ask for an hour at most."""
@@ -51,6 +52,8 @@ class EdgeModel:
         max_deadline_ms: the longest deadline a request gets, whatever its client asked for.
         min_attempt_ms: a failed attempt is retried only while at least this much of the
             request's deadline is left.
+        tokenizer: the model's tokenizer file (a ``tokenizer.json`` or a ``.gguf``): a token
+            budget's reservations count prompts with it ([token-ledger]); None: their UTF-8 bound.
     """
 
     id: str
@@ -60,6 +63,7 @@ class EdgeModel:
     default_deadline_ms: int | None = None
     max_deadline_ms: int = DEFAULT_MAX_DEADLINE_MS
     min_attempt_ms: int = DEFAULT_MIN_ATTEMPT_MS
+    tokenizer: str | None = None
 
     config_key_hints: ClassVar[Mapping[str, str]] = queue_hints("a model")
 
@@ -76,6 +80,11 @@ class EdgeModel:
             yield from at_least(f"{where}.default_deadline_ms", default, 1)
             if default > self.max_deadline_ms:
                 yield f"{where}.default_deadline_ms", f"must be at most max_deadline_ms ({self.max_deadline_ms})"
+        if self.tokenizer is not None:
+            try:
+                load_tokenizer(self.tokenizer)  # read once here, then kept (the Edge counts with it)
+            except TokenizerError as exc:
+                yield f"{where}.tokenizer", str(exc)
 
     def deadline_seconds(self, asked: float | None) -> float | None:
         """A request's deadline in seconds from now: ``asked`` (its client's), else the default,
