@@ -45,6 +45,7 @@ from iop_wire import (
     TunnelRequest,
     decode,
     encode,
+    health_for,
     speaks,
     split_data,
 )
@@ -401,12 +402,16 @@ class NodeLink:
 
 
 def _for_the_host(link: NodeLink, message: object) -> bool:
-    """Hand a message for the Edge around the link to its host; whether it was one (a v5 node's
-    ``provider_health`` is not: that version has no such message)."""
+    """Hand a message for the Edge around the link to its host; whether it was one (a v6 node's
+    ``provider_health`` with an ``engine`` is not: that version has no such field)."""
     if isinstance(message, InFlight):
         link.host.fence.answered(link.node_id, message)
         return True
-    if isinstance(message, ProviderHealth) and speaks(link.protocol, ProviderHealth):
+    if (
+        isinstance(message, ProviderHealth)
+        and speaks(link.protocol, ProviderHealth)
+        and health_for(link.protocol, message) is message
+    ):
         apply_report(link, message)  # [health-probe]
         return True
     return False
