@@ -77,6 +77,7 @@ from iop_wire import (
     decode,
     encode,
     end_code_for,
+    health_for,
     speaks,
 )
 
@@ -118,11 +119,15 @@ def _start_health_reports(session: EdgeSession, nursery: trio.Nursery) -> None:
     """[health-probe] Send the Edge what the node's health watcher finds (from wire v6)."""
     watcher = session.runtime.health
     if watcher is not None and speaks(session.protocol, ProviderHealth):
-        nursery.start_soon(watcher.report, functools.partial(_send_health, session._send))
+        nursery.start_soon(watcher.report, functools.partial(_send_health, session._send, session.protocol))
 
 
-async def _send_health(send: Callable[[NodeMessage], Awaitable[None]], provider: str, report: HealthReport) -> None:
-    await send(ProviderHealth(provider, report.state, report.reason[:END_MESSAGE_LIMIT], report.capacity))
+async def _send_health(
+    send: Callable[[NodeMessage], Awaitable[None]], protocol: int, provider: str, report: HealthReport
+) -> None:
+    """One report, in the words of the connection's version (a v6 Edge's has no engine view)."""
+    reason = report.reason[:END_MESSAGE_LIMIT]
+    await send(health_for(protocol, ProviderHealth(provider, report.state, reason, report.capacity, report.engine)))
 
 
 async def _heartbeat(session: EdgeSession, interval: float) -> None:
