@@ -114,6 +114,7 @@ class NodeLink:
         self.ws = ws
         self.protocol = protocol
         self.providers: tuple[str, ...] = ()
+        self.told: dict[str, tuple[str, str, int | None]] = {}  # provider -> its last report's words (logged)
         self.last_seen = trio.current_time()
         self.cause: DisconnectCause = "error"
         # The frames for the writer (a deque and the writer parked on it, not a memory channel:
