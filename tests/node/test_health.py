@@ -426,12 +426,19 @@ async def test_a_loading_backend_is_not_ready_until_it_loaded(edge: FakeEdge, se
 @pytest.mark.parametrize("protocol", PROTOCOL_VERSIONS)
 async def test_the_engines_view_goes_to_an_edge_of_v7_only(edge: FakeEdge, served: _Served, protocol: int) -> None:
     """A vLLM backend's KV use and preemptions, read from its /metrics, ride the ready report to a v7
-    Edge; a v6 Edge gets the report without them (``iop_wire.health_for``)."""
+    Edge; a v6 Edge is neither told them (``iop_wire.health_for``) nor sent a ready report for
+    them: the first report it gets is the next change of state (the backend loading)."""
     await served.fault(kv_use=0.75, preemptions=3)
     health = attrs.evolve(FAST, probe="vllm")
     config = node_config(edge.url, openai_provider(served.port, capacity=8, health=health))
+    engine = EngineView(0.75, None, None, 3, 0, 0)
     with trio.fail_after(20):
-        async with _session(edge, config, protocol) as (conn, _):
+        async with _session(edge, config, protocol) as (conn, runtime):
+            assert runtime.health is not None
+            while runtime.health.reports["gpu0"].engine != engine:
+                await runtime.health.changed()
+            if protocol == PROTOCOL_VERSION:
+                assert await _next_health(conn) == ProviderHealth("gpu0", "ready", "", None, engine)
+            await served.fault(loading=True, kv_use=0.75, preemptions=3)  # the same view, then not ready
             report = await _next_health(conn)
-    engine = EngineView(0.75, None, None, 3, 0, 0) if protocol == PROTOCOL_VERSION else None
-    assert report == ProviderHealth("gpu0", "ready", "", None, engine)
+    assert (report.state, report.engine) == ("not_ready", None)

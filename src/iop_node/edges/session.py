@@ -119,15 +119,24 @@ def _start_health_reports(session: EdgeSession, nursery: trio.Nursery) -> None:
     """[health-probe] Send the Edge what the node's health watcher finds (from wire v6)."""
     watcher = session.runtime.health
     if watcher is not None and speaks(session.protocol, ProviderHealth):
-        nursery.start_soon(watcher.report, functools.partial(_send_health, session._send, session.protocol))
+        said: dict[str, ProviderHealth] = {}  # this connection's last report of each provider
+        nursery.start_soon(watcher.report, functools.partial(_send_health, session._send, session.protocol, said))
 
 
 async def _send_health(
-    send: Callable[[NodeMessage], Awaitable[None]], protocol: int, provider: str, report: HealthReport
+    send: Callable[[NodeMessage], Awaitable[None]],
+    protocol: int,
+    said: dict[str, ProviderHealth],
+    provider: str,
+    report: HealthReport,
 ) -> None:
-    """One report, in the words of the connection's version (a v6 Edge's has no engine view)."""
+    """One report, in the words of the connection's version (a v6 Edge's has no engine view), unless
+    those words are the ones the Edge last got (a v6 Edge is not told each change of a view it never sees)."""
     reason = report.reason[:END_MESSAGE_LIMIT]
-    await send(health_for(protocol, ProviderHealth(provider, report.state, reason, report.capacity, report.engine)))
+    message = health_for(protocol, ProviderHealth(provider, report.state, reason, report.capacity, report.engine))
+    if said.get(provider, ProviderHealth(provider, "ready")) != message:  # the Edge assumes ready at first
+        said[provider] = message
+        await send(message)
 
 
 async def _heartbeat(session: EdgeSession, interval: float) -> None:
