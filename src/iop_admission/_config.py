@@ -49,12 +49,24 @@ class ProviderReport:
             the provider's capacity is lowered to it (never raised); None: the configured one.
         generation: the node generation the report came in; a report of an older one
             changes nothing. None: the current one.
+        kv_use: the engine's own KV-cache use, 0 to 1 (vLLM's ``kv_cache_usage_perc``,
+            llama.cpp's slots' tokens over their ``n_ctx``); None: the engine does not say.
+        preemptions: the engine's count of preempted sequences since it started (vLLM's
+            ``num_preemptions_total``); None: the engine does not say.
+
+    With a token budget, a ``ready`` report's ``kv_use`` and ``preemptions`` may lower the
+    provider's effective budget, never above the config's ([token-ledger], docs/admission.md,
+    The engine's view): :func:`~iop_admission.core.engine_cut`.
     """
 
     state: str = attrs.field(validator=attrs.validators.in_(HEALTH_STATES))
     reason: str = ""
     capacity: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     generation: int | None = None
+    kv_use: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.ge(0.0), attrs.validators.le(1.0)])
+    )
+    preemptions: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
 
 
 @final

@@ -26,11 +26,37 @@ at the grant and :meth:`TokenLedger.release` when the lease's body has left
   above an estimate), so it fits, at the latest, once every lease that held
   tokens here when it was pinned is released. One waiter is pinned at a time;
   when it leaves, the earliest waiter passed by its due is pinned next.
+* **the engine's view.** The budget the ledger admits by (:attr:`TokenLedger.budget`) is the
+  configured one (:attr:`TokenLedger.configured`) less a *cut* the engine's own reports set
+  (:func:`engine_cut`): never above the config's, never below what is reserved when the cut
+  is set, and back to the config's once the engine reports no pressure.
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, final
+
+
+def engine_cut(configured: int, reserved: int, kv_use: float | None, preempted: bool) -> int:
+    """Tokens taken off a budget of ``configured`` tokens by the engine's own report (docs/admission.md,
+    The engine's view).
+
+    The report's ``kv_use`` (0 to 1 of the engine's KV cache) read in the budget's units is
+    ``ceil(kv_use * configured)`` tokens held; the reservations explain ``reserved`` of them. Held
+    beyond that (a client that does not come through the ledger, a budget set above the engine's
+    cache, a prompt counted short) is not the ledger's to give: it is cut, so the room a grant may
+    take is at most the room the engine reports free. A ``preempted`` report (the engine's count
+    rose since the last one) says the engine could not hold what ran: the cut leaves no room
+    above ``reserved`` until a report without a new preemption.
+
+    Returns:
+        The cut, in ``[0, max(0, configured - reserved)]``: the budget it leaves is never above
+        ``configured`` and never below ``min(configured, reserved)``.
+    """
+    room = max(0, configured - reserved)
+    cut = 0 if kv_use is None else min(room, max(0, math.ceil(kv_use * configured) - reserved))
+    return room if preempted else cut
 
 
 def reservation(prompt_tokens: int, max_output_tokens: int, window: int) -> int:
@@ -53,14 +79,27 @@ class TokenLedger:
     caller keeps unique.
 
     Attributes:
-        budget: the tokens the provider's engine holds for all sequences at once.
+        budget: the tokens it admits by: :attr:`configured` less :attr:`cut`.
+        configured: the tokens the provider's engine holds for all sequences at once (the config's).
+        cut: tokens the engine's own report took off :attr:`configured` (:func:`engine_cut`; 0: none).
         reserved: the sum of the reservations of the leases not released yet.
         pinned: the arrival number of the waiter whose tokens are held as headroom, or None.
         headroom: the tokens held for it (0 when none is pinned).
         patience: tokens granted past a waiter, in units of its own reservation, before it is pinned.
     """
 
-    __slots__ = ("budget", "window", "reserved", "pinned", "headroom", "patience", "_held", "_passed")
+    __slots__ = (
+        "budget",
+        "configured",
+        "cut",
+        "window",
+        "reserved",
+        "pinned",
+        "headroom",
+        "patience",
+        "_held",
+        "_passed",
+    )
 
     PATIENCE: ClassVar[int] = 1
     """The default patience: tokens a waiter may see granted past it on one provider, in units of
@@ -70,7 +109,8 @@ class TokenLedger:
         patience = self.PATIENCE if patience is None else patience
         if budget < 0 or patience < 0:
             raise ValueError(f"budget and patience must be >= 0, got {budget} and {patience}")
-        self.budget = budget
+        self.budget = self.configured = budget
+        self.cut = 0
         self.window = 0  # the context window that bounds one request's reservation (0: unbounded)
         self.patience = patience
         self.reserved = 0
@@ -87,8 +127,9 @@ class TokenLedger:
         return max(0, self.budget - self.reserved)
 
     def could_fit(self, tokens: int) -> bool:
-        """Whether a request of ``tokens`` could ever run here (with nothing else running)."""
-        return tokens <= self.budget
+        """Whether a request of ``tokens`` could ever run here (with nothing else running, the
+        engine reporting no pressure: by :attr:`configured`)."""
+        return tokens <= self.configured
 
     def fits(self, tokens: int, waiter: int | None = None) -> bool:
         """Whether ``tokens`` fit now, beside the headroom held for a pinned waiter other than ``waiter``."""
@@ -199,23 +240,37 @@ class TokenLedger:
             return False
         self.pinned, self.headroom = None, 0
         for other, (passed, tokens) in sorted(self._passed.items()):
-            if passed >= self.patience * tokens and tokens <= self.budget:
+            if passed >= self.patience * tokens and tokens <= self.configured:
                 self._pin(other, tokens)
                 break
         return True
 
     def set_budget(self, budget: int) -> None:
-        """A new budget (refresh, or the engine reports pressure); reservations are kept, even above it.
-        A pinned waiter whose tokens it can no longer hold is forgotten (it can never run here now)."""
+        """A new configured budget (refresh); reservations are kept, even above it, and so is the
+        engine's cut (at most what the new budget leaves). A pinned waiter whose tokens it can no
+        longer hold is forgotten (it can never run here now)."""
         if budget < 0:
             raise ValueError(f"budget must be >= 0, got {budget}")
-        self.budget = budget
+        self.configured = budget
+        self.cut = min(self.cut, budget)
+        self.budget = budget - self.cut
         if self.pinned is not None and self.headroom > budget:
             self.forget(self.pinned)
+
+    def engine_report(self, kv_use: float | None, preempted: bool) -> bool:
+        """The engine's own report (:func:`engine_cut`) sets the cut; whether the budget rose
+        (requests may fit now that did not). A pinned waiter stays pinned: the cut is the engine's
+        passing pressure, its tokens fit the configured budget."""
+        cut = engine_cut(self.configured, self.reserved, kv_use, preempted)
+        rose = cut < self.cut
+        self.cut = cut
+        self.budget = self.configured - cut
+        return rose
 
     def _pin(self, waiter: int, tokens: int) -> None:
         self.pinned, self.headroom = waiter, tokens
 
     def __repr__(self) -> str:
         held = f", {self.headroom} held for #{self.pinned}" if self.pinned is not None else ""
-        return f"<TokenLedger {self.reserved}/{self.budget} reserved by {len(self._held)}{held}>"
+        cut = f" ({self.cut} cut by the engine)" if self.cut else ""
+        return f"<TokenLedger {self.reserved}/{self.budget}{cut} reserved by {len(self._held)}{held}>"

@@ -61,7 +61,11 @@ class ProviderSnapshot:
     ``total_context_tokens`` when it admits by tokens (None otherwise),
     ``reserved_tokens`` what its leases not released yet reserve (revoked ones
     still running included), ``token_headroom`` the tokens held for a
-    waiter passed over too often (0 when none is).
+    waiter passed over too often (0 when none is). The engine's view ([token-ledger], The
+    engine's view): ``reported_kv_use`` (0 to 1) and ``reported_preemptions`` as the node's last
+    ``ready`` report of this connection gave them (None when it did not),
+    ``effective_token_budget`` the budget admitted by: ``token_budget`` less what the engine's
+    report cut (None without a budget).
     """
 
     node_id: str
@@ -91,6 +95,9 @@ class ProviderSnapshot:
     reported: str = ""
     report_reason: str = ""
     reported_capacity: int | None = None
+    effective_token_budget: int | None = None
+    reported_kv_use: float | None = None
+    reported_preemptions: int | None = None
 
 
 PROVIDER_FIELDS: tuple[str, ...] = tuple(a.name for a in attrs.fields(ProviderSnapshot))

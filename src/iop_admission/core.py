@@ -60,7 +60,7 @@ from ._core.refresh import PreparedRefresh, prepare_refresh
 from ._core.state import AdmissionState
 from ._core.tenants import RECENT_GRANTS, Tenancy
 from ._fairness import DEFAULT_TENANT, FairShare, Ticket
-from ._ledger import TokenLedger, reservation
+from ._ledger import TokenLedger, engine_cut, reservation
 from ._snapshot import Snapshot
 from ._waiting import waiter_snapshots
 
@@ -82,6 +82,7 @@ __all__ = [
     "TokenLedger",
     "Waiter",
     "WaiterState",
+    "engine_cut",
     "prepare_refresh",
     "read_snapshot",
     "reservation",

@@ -82,6 +82,11 @@ _LEGEND = Text(
     "queued: candidate pressure (a waiter counts at each of its candidates), long ones in ()",
     style="dim",
 )
+_TOKENS_LEGEND = Text(
+    "tokens: reserved/effective budget (of the configured one when the engine's report cut it); "
+    "kv: the engine's own KV-cache use; pre: its preemptions since it started",
+    style="dim",
+)
 _STATUS_STYLES = {"available": "green", "unavailable": "red", "disabled": "yellow", "removed": "dim"}
 
 
@@ -119,31 +124,8 @@ def _ha_summary(status: EdgeStatus) -> str:
 def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:
     """The summary, the provider table (``rows`` at most; None: all) and the queue and node lines."""
     snap = status.snapshot
-    table = Table(
-        title="IOP Edge providers",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
-    table.add_column("node", overflow="fold")
-    table.add_column("provider", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column("health", no_wrap=True)
-    for name in ("in-flight", "long", "queued", "priority"):
-        table.add_column(name, justify="right", no_wrap=True)
     shown = snap.providers if rows is None else snap.providers[:rows]
-    for p in shown:
-        table.add_row(
-            p.node_id,
-            p.provider_id,
-            Text(p.status, style=_STATUS_STYLES.get(p.status, "")),
-            _health(p),
-            f"{p.in_flight}/{p.capacity}",
-            f"{p.long_in_flight}/{p.long_context_capacity}",
-            f"{p.queued} ({p.long_queued})",
-            str(p.priority),
-        )
+    table, tokens = _provider_table(shown)
     queue = Text(
         f"queue {snap.queue_depth}/{snap.max_queue}  timeout {_seconds(snap.queue_timeout)}  "
         f"events dropped {snap.events_dropped}"
@@ -167,7 +149,7 @@ def render_status(status: EdgeStatus, *, rows: int | None = ROWS) -> Group:
         )
     if status.failures:
         parts.append(_failures(status))
-    return Group(*parts, queue, nodes, _LEGEND)
+    return Group(*parts, queue, nodes, _LEGEND, *([_TOKENS_LEGEND] if tokens else []))
 
 
 def _failures(status: EdgeStatus) -> Text:
@@ -197,6 +179,52 @@ def _tenant_table(status: EdgeStatus) -> Table:
             f"{t.cost_charged:g}",
         )
     return table
+
+
+def _provider_table(shown: tuple[ProviderSnapshot, ...]) -> tuple[Table, bool]:
+    """The providers' table, and whether it has the tokens column (a budget or an engine's view)."""
+    table = Table(
+        title="IOP Edge providers",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("node", overflow="fold")
+    table.add_column("provider", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("health", no_wrap=True)
+    for name in ("in-flight", "long", "queued", "priority"):
+        table.add_column(name, justify="right", no_wrap=True)
+    tokens = any(_tokens(p) for p in shown)
+    if tokens:
+        table.add_column("tokens", justify="right", no_wrap=True)
+    for p in shown:
+        table.add_row(
+            p.node_id,
+            p.provider_id,
+            Text(p.status, style=_STATUS_STYLES.get(p.status, "")),
+            _health(p),
+            f"{p.in_flight}/{p.capacity}",
+            f"{p.long_in_flight}/{p.long_context_capacity}",
+            f"{p.queued} ({p.long_queued})",
+            str(p.priority),
+            *([_tokens(p) or "-"] if tokens else []),
+        )
+    return table, tokens
+
+
+def _tokens(p: ProviderSnapshot) -> str:
+    """A token budget's reservations beside the engine's own view ("" when the provider has neither)."""
+    parts = []
+    budget, effective = p.token_budget, p.effective_token_budget
+    if budget is not None and effective is not None:
+        parts.append(f"{p.reserved_tokens}/{effective}" + (f" of {budget}" if effective < budget else ""))
+    if p.reported_kv_use is not None:
+        parts.append(f"kv {100 * p.reported_kv_use:.0f}%")
+    if p.reported_preemptions is not None:
+        parts.append(f"pre {p.reported_preemptions}")
+    return " ".join(parts)
 
 
 def _health(p: ProviderSnapshot) -> Text:

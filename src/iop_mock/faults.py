@@ -8,10 +8,15 @@
     {"hang": "head_only"}      200 and its headers, then nothing
     {"hang": "mid_stream"}     a stream's first tokens, then nothing (``hang_after_tokens``, default 1)
     {"loading": true}          ``/health`` answers 503 "Loading model" (llama.cpp while it loads)
+    {"kv_use": 0.9}            the engine says 0.9 of its KV cache is in use (``/metrics``'
+                               ``kv_cache_usage_perc``; every ``/slots`` slot processing with
+                               that share of its ``n_ctx`` held): a cache others fill
+    {"preemptions": 5}         ``/metrics``' ``num_preemptions_total`` says 5
 
 A hung request stays counted in flight until its client goes away (the Node's watchdog
 cutting it shows in ``/stats``). Health endpoints: llama.cpp's ``GET /health`` and ``GET
-/slots``, vLLM's ``GET /metrics`` (running and waiting requests, KV-cache use), Ollama's
+/slots`` (each slot's ``n_ctx``), vLLM's ``GET /metrics`` (running and waiting requests, KV-cache
+use, preemptions), Ollama's
 ``GET /api/ps``; OpenAI's ``GET /v1/models`` is the backend's own.
 """
 
@@ -43,12 +48,16 @@ class Faults:
         hang: ``none``, ``no_answer``, ``head_only`` or ``mid_stream``.
         hang_after_tokens: ``mid_stream``: the tokens sent before the stream stops.
         loading: ``/health`` answers 503 as llama.cpp does while loading its model.
+        kv_use: the KV-cache use the engine reports (None: its slots in use, as before).
+        preemptions: the preemption count ``/metrics`` reports.
     """
 
     status: int | None = None
     hang: str = "none"
     hang_after_tokens: int = 1
     loading: bool = False
+    kv_use: float | None = None
+    preemptions: int = 0
 
     @classmethod
     def parse(cls, body: bytes) -> Faults:
@@ -60,7 +69,7 @@ class Faults:
         data = json.loads(body or b"{}")
         if not isinstance(data, dict):
             raise ValueError("the body must be a JSON object")
-        unknown = set(data) - {"status", "hang", "hang_after_tokens", "loading"}
+        unknown = set(data) - {"status", "hang", "hang_after_tokens", "loading", "kv_use", "preemptions"}
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)}")
         status = data.get("status")
@@ -75,7 +84,13 @@ class Faults:
         loading = data.get("loading", False)
         if type(loading) is not bool:
             raise ValueError("loading must be true or false")
-        return cls(status, hang, after, loading)
+        kv_use = data.get("kv_use")
+        if kv_use is not None and (type(kv_use) not in (int, float) or not 0 <= kv_use <= 1):
+            raise ValueError("kv_use must be null or a number in [0, 1]")
+        preemptions = data.get("preemptions", 0)
+        if type(preemptions) is not int or preemptions < 0:
+            raise ValueError("preemptions must be an integer >= 0")
+        return cls(status, hang, after, loading, None if kv_use is None else float(kv_use), preemptions)
 
     def echo(self) -> dict[str, Any]:
         """The answer to ``POST /fault``: the status, and every other setting that is not the default."""
@@ -85,6 +100,10 @@ class Faults:
             answer["hang_after_tokens"] = self.hang_after_tokens
         if self.loading:
             answer["loading"] = True
+        if self.kv_use is not None:
+            answer["kv_use"] = self.kv_use
+        if self.preemptions:
+            answer["preemptions"] = self.preemptions
         return answer
 
     async def hold(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
@@ -124,23 +143,47 @@ async def health(backend: MockBackend, receive: Receive, send: Send) -> None:
         await send_json(send, 200, b'{"status":"ok"}')
 
 
+SLOT_CONTEXT: Final = 4096
+"""The ``n_ctx`` each ``/slots`` slot reports."""
+
+
 async def slots(backend: MockBackend, receive: Receive, send: Send) -> None:
-    """llama.cpp's ``GET /slots``: one entry per slot (``backend.slots``), busy ones processing."""
-    busy = backend.stats()["in_flight"]
-    entries = [{"id": i, "is_processing": i < busy} for i in range(backend.slots)]
+    """llama.cpp's ``GET /slots``: one entry per slot (``backend.slots``) with its ``n_ctx``, busy ones
+    processing; with a ``kv_use`` fault, every slot processing with that share of its context held."""
+    kv_use = backend.faults.kv_use
+    entries: list[dict[str, Any]]
+    if kv_use is None:
+        busy = backend.stats()["in_flight"]
+        entries = [{"id": i, "n_ctx": SLOT_CONTEXT, "is_processing": i < busy} for i in range(backend.slots)]
+    else:
+        held = round(kv_use * SLOT_CONTEXT)
+        entries = [
+            {
+                "id": i,
+                "n_ctx": SLOT_CONTEXT,
+                "is_processing": True,
+                "n_prompt_tokens": held,
+                "next_token": [{"has_next_token": True, "n_decoded": 0}],
+            }
+            for i in range(backend.slots)
+        ]
     await send_json(send, 200, encode_json(entries).encode())
 
 
 async def metrics(backend: MockBackend, receive: Receive, send: Send) -> None:
-    """vLLM's ``GET /metrics`` (Prometheus text): requests running and waiting, KV-cache use."""
+    """vLLM's ``GET /metrics`` (Prometheus text): requests running and waiting, KV-cache use (the
+    ``kv_use`` fault's, else the slots in use), preemptions (the fault's count)."""
     running = backend.stats()["in_flight"]
+    kv_use = min(1.0, running / backend.slots) if backend.faults.kv_use is None else backend.faults.kv_use
     text = (
         "# TYPE vllm:num_requests_running gauge\n"
         f'vllm:num_requests_running{{model_name="{backend.models[0]}"}} {running}\n'
         "# TYPE vllm:num_requests_waiting gauge\n"
         f'vllm:num_requests_waiting{{model_name="{backend.models[0]}"}} 0\n'
         "# TYPE vllm:kv_cache_usage_perc gauge\n"
-        f'vllm:kv_cache_usage_perc{{model_name="{backend.models[0]}"}} {min(1.0, running / backend.slots):g}\n'
+        f'vllm:kv_cache_usage_perc{{model_name="{backend.models[0]}"}} {kv_use:g}\n'
+        "# TYPE vllm:num_preemptions_total counter\n"
+        f'vllm:num_preemptions_total{{model_name="{backend.models[0]}"}} {backend.faults.preemptions}\n'
     ).encode()
     headers = [(b"content-type", b"text/plain; version=0.0.4"), (b"content-length", b"%d" % len(text))]
     await send({"type": "http.response.start", "status": 200, "headers": headers})

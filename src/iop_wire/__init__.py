@@ -1,9 +1,9 @@
-"""The Edge–Node wire protocol (v5 and v6): message classes, their JSON codec, data frames, versions.
+"""The Edge–Node wire protocol (v6 and v7): message classes, their JSON codec, data frames, versions.
 
 The contract is ``docs/wire.md``. Messages are JSON text frames, one message each,
 tagged by ``"type"``, and binary data frames (:func:`encode_data`,
 :func:`decode_data`) that carry runs' output bytes. Two versions are spoken at once, the
-current and the previous; :func:`run_for` says a run to a peer of either. :func:`decode` and
+current and the previous; :func:`run_for` says a run, :func:`health_for` a health report, to a peer of either. :func:`decode` and
 :func:`decode_data` raise only :class:`ProtocolError`. :class:`WebSocketEnd` is the
 message layer both daemons' WebSocket ends share (wsproto; each adds its role's
 handshake and its transport).
@@ -11,6 +11,7 @@ handshake and its transport).
 
 from ._codec import decode, encode, encode_run, make_converter
 from ._data import MAX_RUN_ID_BYTES, RunData, decode_data, encode_data, record_header, split_data
+from ._engine import MAX_ENGINE_COUNT, EngineView
 from ._errors import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -61,6 +62,7 @@ from ._versions import (
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
     end_code_for,
+    health_for,
     run_for,
     speaks,
     spoken,
@@ -80,6 +82,7 @@ __all__ = [
     "ERROR_CODES",
     "FAILURE_KINDS",
     "HEALTH_STATES",
+    "MAX_ENGINE_COUNT",
     "MAX_MESSAGE_BYTES",
     "MAX_NODE_ID_CHARS",
     "MAX_RUN_ID_BYTES",
@@ -94,6 +97,7 @@ __all__ = [
     "UPSTREAM_BODY_LIMIT",
     "Cancel",
     "EdgeMessage",
+    "EngineView",
     "FailureKind",
     "Heartbeat",
     "InFlight",
@@ -121,6 +125,7 @@ __all__ = [
     "encode_run",
     "end_code_for",
     "failure_kind",
+    "health_for",
     "make_converter",
     "max_body_bytes_for",
     "record_header",

@@ -29,7 +29,7 @@ from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception as cattrs_format_exception
 
 from ._errors import CLOSE_TOO_BIG, ProtocolError
-from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, InFlight, Message, Run, RunEnd, TunnelRequest
+from ._messages import MAX_MESSAGE_BYTES, MESSAGE_TYPES, InFlight, Message, ProviderHealth, Run, RunEnd, TunnelRequest
 
 _CLASS_OF_TAG: Final = {tag: cls for cls, tag in MESSAGE_TYPES.items()}
 
@@ -69,6 +69,13 @@ def _structure_int(value: object, _: type) -> int:
     if type(value) is not int:  # bool is a subclass of int: excluded on purpose
         raise _WrongJsonType("an integer", value)
     return value
+
+
+def _structure_float(value: object, _: type) -> float:
+    # A JSON number: an integer (``1``) or a fraction (``0.5``); never a string or a boolean.
+    if type(value) is not float and type(value) is not int:
+        raise _WrongJsonType("a number", value)
+    return float(value)
 
 
 def _structure_bool(value: object, _: type) -> bool:
@@ -135,12 +142,13 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(int, _structure_int)
     converter.register_structure_hook(bool, _structure_bool)
+    converter.register_structure_hook(float, _structure_float)
     converter.register_structure_hook_func(_is_json_object, _structure_json_object)
     converter.register_unstructure_hook_func(_is_json_object, lambda value: value)
     converter.register_structure_hook_factory(_is_tuple, _make_tuple_hook)
     # The optional fields are left out of a frame when unset: an older peer, whose strict decoder
-    # rejects an unknown key, never sees a field its version lacks (v6's deadline_ms is set only
-    # on v6 connections: iop_wire.run_for takes it out for a v5 peer).
+    # rejects an unknown key, never sees a field its version lacks (v7's provider_health.engine is
+    # set only on v7 connections: iop_wire.health_for takes it out for a v6 peer).
     omitted = override(omit_if_default=True)
     converter.register_unstructure_hook(
         Run,
@@ -150,6 +158,9 @@ def make_converter() -> cattrs.Converter:
         TunnelRequest, make_dict_unstructure_fn(TunnelRequest, converter, epoch=omitted)
     )
     converter.register_unstructure_hook(InFlight, make_dict_unstructure_fn(InFlight, converter, long_runs=omitted))
+    converter.register_unstructure_hook(
+        ProviderHealth, make_dict_unstructure_fn(ProviderHealth, converter, engine=omitted)
+    )
     configure_tagged_union(Message, converter, tag_generator=MESSAGE_TYPES.__getitem__, tag_name="type")
     # The strategy appends the tag after the fields; put it first instead, so a
     # frame in a log or a capture says what it is before it says anything else.

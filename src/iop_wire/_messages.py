@@ -1,4 +1,4 @@
-"""The JSON messages of the Edge–Node wire protocol, v5 and v6 (contract: ``docs/wire.md``).
+"""The JSON messages of the Edge–Node wire protocol, v6 and v7 (contract: ``docs/wire.md``).
 
 Every message is a frozen attrs value. Field types are checked by the codec when
 a frame is decoded; the rules that involve values (allowed statuses, endpoints and
@@ -19,6 +19,7 @@ from typing import Any, Final, Literal, Union, final, get_args
 
 import attrs
 
+from ._engine import EngineView
 from ._errors import ProtocolError
 
 MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
@@ -277,12 +278,16 @@ class InFlight:
 @final
 @attrs.frozen
 class ProviderHealth:
-    """``provider_health`` (v6): one provider's health as the node's watcher finds it, at each change (docs/wire.md)."""
+    """``provider_health`` (v6): one provider's health as the node's watcher finds it, at each change (docs/wire.md).
+
+    ``engine`` (v7): the engine's own view, with a ``ready`` report; left out of the frame when None.
+    """
 
     provider: str
     state: str = attrs.field(validator=_one_of(HEALTH_STATES))
     reason: str = ""
     capacity: int | None = None
+    engine: EngineView | None = None
 
 
 @final

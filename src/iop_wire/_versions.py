@@ -1,9 +1,9 @@
 """The wire versions spoken at once: the current and the previous one (docs/wire.md, Versioning).
 
 One table (:data:`_ADDED`) says what each version adds to the one before and how a message of it
-is said to a peer of that one: a run from the Edge, an end code from the node, and which message
-types are new in it. :func:`run_for` and :func:`end_code_for` walk it down to the peer's version,
-:func:`speaks` says whether a peer reads a message type. The daemons build every message in the
+is said to a peer of that one: a run from the Edge, an end code and a health report from the node,
+and which message types are new in it. :func:`run_for`, :func:`end_code_for` and :func:`health_for`
+walk it down to the peer's version, :func:`speaks` says whether a peer reads a message type. The daemons build every message in the
 current version's shape and ask this module for a peer's frame, so no version branch lives above
 the link.
 
@@ -21,7 +21,7 @@ import attrs
 
 from ._messages import Message, ProviderHealth, Run
 
-PROTOCOL_VERSIONS: Final = (5, 6)
+PROTOCOL_VERSIONS: Final = (6, 7)
 """The versions this package speaks: the previous and the current. An Edge accepts nodes of
 either; a node offers the current one and falls back to the previous."""
 
@@ -39,6 +39,10 @@ def _as_is(run: Run, body_json: str | None) -> _RunAndBody:
     return run, body_json
 
 
+def _health_as_is(health: ProviderHealth) -> ProviderHealth:
+    return health
+
+
 @final
 @attrs.frozen
 class _Added:
@@ -50,23 +54,18 @@ class _Added:
     """Its new ``run_end`` codes in the words of the version before."""
     messages: frozenset[type[Message]] = frozenset()
     """The message types new in it: never sent to a peer of the version before (:func:`speaks`)."""
+    health_to_previous: Callable[[ProviderHealth], ProviderHealth] = _health_as_is
+    """Its ``provider_health`` as a peer of the version before reads it (what it added, taken out)."""
 
 
-def _v6_run_to_v5(run: Run, body_json: str | None) -> _RunAndBody:
-    """v6 adds ``run.deadline_ms`` (the request's deadline, for the node to bound the backend
-    call): a v5 peer gets the run without it, and bounds the call by its own timeouts only."""
-    return (run if run.deadline_ms is None else attrs.evolve(run, deadline_ms=None)), body_json
+def _v7_health_to_v6(health: ProviderHealth) -> ProviderHealth:
+    """v7 adds ``provider_health.engine`` (the engine's own view of its KV cache, [token-ledger]):
+    a v6 peer gets the report without it (its Edge does not cut a budget by the engine's view)."""
+    return health if health.engine is None else attrs.evolve(health, engine=None)
 
 
 _ADDED: Final[dict[int, _Added]] = {
-    6: _Added(
-        run_to_previous=_v6_run_to_v5,
-        # A stalled stream was an unreachable upstream to a v5 Edge; a v5 Edge sends no deadline,
-        # so its runs never end deadline_exceeded (mapped all the same).
-        end_codes={"stream_stalled": "upstream_unreachable", "deadline_exceeded": "upstream_unreachable"},
-        # The node's health reports ([health-probe]): a v5 Edge never sees one.
-        messages=frozenset({ProviderHealth}),
-    ),
+    7: _Added(health_to_previous=_v7_health_to_v6),
 }
 """For every version spoken above the oldest: what it adds to the version before."""
 
@@ -95,6 +94,17 @@ def end_code_for(version: int, code: str | None) -> str | None:
     return code
 
 
+def health_for(version: int, health: ProviderHealth) -> ProviderHealth:
+    """``health`` (built in the current version's shape) as a peer of ``version`` reads it.
+
+    Raises:
+        ValueError: ``version`` is not one of :data:`PROTOCOL_VERSIONS`.
+    """
+    for newer in _newer_than(version):
+        health = _ADDED[newer].health_to_previous(health)
+    return health
+
+
 def speaks(version: int, message: type[Message]) -> bool:
     """Whether a peer of ``version`` reads messages of type ``message`` (not one a later version added).
 
@@ -112,6 +122,6 @@ def _newer_than(version: int) -> list[int]:
 
 
 def spoken() -> str:
-    """The versions spoken, for a reason or a log line: ``"5 and 6"``."""
+    """The versions spoken, for a reason or a log line: ``"6 and 7"``."""
     *older, newest = PROTOCOL_VERSIONS
     return f"{', '.join(map(str, older))} and {newest}" if older else str(newest)

@@ -2,22 +2,27 @@
 
 Two providers, one admitting by tokens alone and one by long slots and tokens, behind two
 model keys; requests with and without token figures, releases in any order, withdrawals,
-settlements (down and up), disconnects with revoked leases still running, budget refreshes.
-After every step:
+settlements (down and up), disconnects with revoked leases still running, budget refreshes,
+the engine's reports of its KV use and preemptions. After every step:
 
 * each budget's ``reserved`` is the sum of what its leases not released yet hold (live and
   revoked still running), each the request's figure bounded by the window until settled;
 * no grant takes a budget past what it holds (``reserved <= budget`` unless a settlement above
   the reservation or a lower budget put it there);
 * a released lease holds nothing, and its reservation came back once;
+* reserved <= effective budget <= configured budget: an engine's report cuts the budget to
+  exactly :func:`engine_cut`'s figure, never above the config's nor below what is reserved,
+  and a report without pressure gives the whole budget back;
 * work conservation: no queued waiter has a candidate with a slot and room for its tokens
   (beside the headroom held for another);
 * the starvation bound: a waiter whose tokens are held as headroom on a provider is granted,
   at the latest, once every lease that held tokens there when it was pinned is released
-  (while the provider stays online with the same budget).
+  (while the provider stays online with the same budget and its engine reports no pressure).
 
 The control (a patience no run reaches: nothing is ever held) starves a big request behind a
-stream of small ones, where the rule grants it.
+stream of small ones, where the rule grants it. The engine's control (a cut of the whole KV use
+read as tokens, blind to the reservations: a reactive detector's reading) takes the effective
+budget below what is reserved, which the machine finds.
 
 Every ``drain_decisions()`` it carries out is counted when it holds two decisions or more
 (``COVERAGE``, enforced at the end of the module under the ``ci`` profile): a drain handing over
@@ -27,14 +32,41 @@ only its first decision passed the whole suite before. The random rules never re
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from tests.admission.state_coverage import Coverage
 
-from iop_admission import AdmissionError, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission.core import AdmissionState, Decision, Failed, Granted, Lease, Revoked, TokenLedger, Waiter
+from iop_admission import (
+    AdmissionError,
+    ModelGroup,
+    PoolConfig,
+    ProviderKey,
+    ProviderReport,
+    ProviderSpec,
+    QueuePolicy,
+)
+from iop_admission.core import (
+    AdmissionState,
+    Decision,
+    Failed,
+    Granted,
+    Lease,
+    Revoked,
+    TokenLedger,
+    Waiter,
+    engine_cut,
+)
 
 pytestmark = pytest.mark.req("token-ledger")
 
@@ -70,6 +102,9 @@ COVERAGE = Coverage("ledger core", {"drains with two or more decisions": 20})
 
 
 class LedgerCoreMachine(RuleBasedStateMachine):
+    CUT = staticmethod(engine_cut)
+    """The rule the ledger cuts its budget by on the engine's report (the control replaces both)."""
+
     @initialize(budget_a=st.integers(40, 120), budget_b=st.integers(60, 120), patience=st.integers(0, 3))
     def start(self, budget_a: int, budget_b: int, patience: int) -> None:
         self.patience = pytest.MonkeyPatch()
@@ -168,7 +203,7 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         waiter of ``size`` tokens does not fit beside it (``r0 + size`` is one over A's budget);
         leases of the tokens left pass it until it is pinned; two smaller waiters then wait behind
         its headroom, and it is withdrawn or times out: the one drain after it grants both. Nothing
-        is queued or held before (the rule withdraws and releases it all first)."""
+        is queued or held before (the rule withdraws and releases it all first), nor cut by A's engine."""
         while self.queued:  # a withdrawal's drain may grant the next one
             waiter = self.queued.pop(0)
             assert self.core.withdraw(waiter)
@@ -178,6 +213,8 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         ok, decisions = self.core.disconnect(B.node_id, self.core.generation(B.node_id))
         assert ok and decisions == []
         self.forget_pin(B)
+        quiet = ProviderReport("ready", preemptions=self.slot(A).reported_preemptions)  # no pressure: no cut
+        assert self.core.report_health(A, quiet, self.now) == []
         budget = self.slot(A).ledger.budget
         size = min(WINDOW, budget // 2 + 1)
         r0 = budget - size + 1
@@ -236,6 +273,28 @@ class LedgerCoreMachine(RuleBasedStateMachine):
             if ledger.reserved > ledger.budget:
                 self.over.add(key)
 
+    @rule(
+        key=st.sampled_from([A, B]),
+        kv_use=st.one_of(st.none(), st.floats(0.0, 1.0)),
+        preempted=st.integers(0, 2),
+    )
+    def engine_reports(self, key: ProviderKey, kv_use: float | None, preempted: int) -> None:
+        """The node's ``ready`` report with the engine's view: its KV use, its preemption count
+        (risen by ``preempted`` since its last report on this connection)."""
+        p = self.slot(key)
+        ledger = p.ledger
+        before = p.reported_preemptions
+        count = (before or 0) + preempted
+        reserved = ledger.reserved
+        self.take(self.core.report_health(key, ProviderReport("ready", kv_use=kv_use, preemptions=count), self.now))
+        configured = p.spec.budget
+        assert ledger.configured == configured
+        expected = self.CUT(configured, reserved, kv_use, before is not None and preempted > 0)
+        assert ledger.budget == configured - expected
+        explained = kv_use is None or math.ceil(kv_use * configured) <= reserved
+        if explained and (before is None or not preempted):
+            assert ledger.budget == configured  # no pressure: the whole budget is back
+
     @rule(step=st.floats(1.0, 60.0))
     def time_passes(self, step: float) -> None:
         self.now += step
@@ -254,8 +313,9 @@ class LedgerCoreMachine(RuleBasedStateMachine):
             for lease in mine:
                 if lease.id not in self.settled:
                     assert lease.reserved_tokens == p.need(lease.tokens, lease.long)
+            assert ledger.budget <= ledger.configured == p.spec.budget
             if key not in self.over:
-                assert ledger.reserved <= ledger.budget
+                assert ledger.reserved <= ledger.budget, f"{key}: reserved above the effective budget"
             elif ledger.reserved <= ledger.budget:
                 self.over.discard(key)
         assert all(lease.reserved_tokens == 0 for lease in self.released)
@@ -273,7 +333,7 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         for key in (A, B):
             ledger = self.slot(key).ledger
             pinned = ledger.pinned
-            if pinned is None or key in self.over:
+            if pinned is None or key in self.over or ledger.cut:  # the bound holds without the engine's pressure
                 self.forget_pin(key)
                 continue
             seen = self.pins.get(key)
@@ -323,3 +383,30 @@ def test_the_rule_grants_a_big_request_the_control_starves_it(monkeypatch: pytes
     monkeypatch.setattr(TokenLedger, "PATIENCE", TokenLedger.PATIENCE)  # restored after the test
     assert _big_request_after(1, 200) == 10
     assert _big_request_after(10**9, 200) is None
+
+
+def _blind_cut(configured: int, reserved: int, kv_use: float | None, preempted: bool) -> int:
+    """The control: the engine's whole KV use taken off the budget, the reservations not read."""
+    return configured if preempted else math.ceil((kv_use or 0.0) * configured)
+
+
+class BlindCutMachine(LedgerCoreMachine):
+    CUT = staticmethod(_blind_cut)
+
+
+def _blind_report(self: TokenLedger, kv_use: float | None, preempted: bool) -> bool:
+    """TokenLedger.engine_report with the control's cut."""
+    self.cut = _blind_cut(self.configured, self.reserved, kv_use, preempted)
+    self.budget = self.configured - self.cut
+    return True
+
+
+def test_a_cut_blind_to_the_reservations_breaks_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the control in place of engine_cut the machine finds reserved above the effective budget."""
+    monkeypatch.setattr(TokenLedger, "engine_report", _blind_report)
+    with pytest.raises((AssertionError, ExceptionGroup)) as caught:  # one failure, or several
+        run_state_machine_as_test(
+            BlindCutMachine, settings=settings(max_examples=200, stateful_step_count=30, deadline=None, database=None)
+        )
+    found = caught.value.exceptions if isinstance(caught.value, BaseExceptionGroup) else (caught.value,)
+    assert any("reserved above the effective budget" in str(exc) for exc in found)

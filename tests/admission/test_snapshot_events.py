@@ -82,6 +82,9 @@ async def test_snapshot_unstructures_to_json(autojump_clock, pool, spawn, drain_
             "reported": "",
             "report_reason": "",
             "reported_capacity": None,
+            "effective_token_budget": None,
+            "reported_kv_use": None,
+            "reported_preemptions": None,
         }
         assert doc["panic"] == []
         assert (gpu1["status"], gpu1["health"], gpu1["connected"]) == ("disabled", "offline", False)

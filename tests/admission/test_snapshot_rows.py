@@ -78,6 +78,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "reported": "",
             "report_reason": "",
             "reported_capacity": None,
+            "effective_token_budget": None,
+            "reported_kv_use": None,
+            "reported_preemptions": None,
         },
         {
             "node_id": "node-b",
@@ -107,6 +110,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "reported": "",
             "report_reason": "",
             "reported_capacity": None,
+            "effective_token_budget": None,
+            "reported_kv_use": None,
+            "reported_preemptions": None,
         },
         {
             "node_id": "node-c",
@@ -136,6 +142,9 @@ def test_rows_of_an_idle_pool_give_status_health_and_effective_capacities(pool):
             "reported": "",
             "report_reason": "",
             "reported_capacity": None,
+            "effective_token_budget": None,
+            "reported_kv_use": None,
+            "reported_preemptions": None,
         },
     ]
     assert list(rows[0]) == list(PROVIDER_FIELDS)

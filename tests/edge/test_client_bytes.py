@@ -40,7 +40,7 @@ from iop_edge.nodes import run_frame as run_frame_module
 from iop_edge.nodes.connection import NodeSocket
 from iop_edge.nodes.link import NodeLink
 from iop_edge.nodes.runs import RunNotSent
-from iop_wire import MAX_MESSAGE_BYTES, RUN_ENVELOPE_BYTES, Rejected, Run, decode
+from iop_wire import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, RUN_ENVELOPE_BYTES, Rejected, Run, decode
 
 pytestmark = pytest.mark.req("lease-lifecycle", "contract-spec-sync")
 
@@ -393,7 +393,13 @@ async def test_register_token_with_a_lone_surrogate_is_a_bad_token(
 ) -> None:
     """A node's ``register`` whose token holds a lone surrogate (valid JSON): rejected bad_token, the
     Edge serves on (the comparison is of bytes and never raises)."""
-    register = {"type": "register", "node_id": "node-a", "token": TOKEN_A + "\udfff", "protocol": 5, "providers": []}
+    register = {
+        "type": "register",
+        "node_id": "node-a",
+        "token": TOKEN_A + "\udfff",
+        "protocol": PROTOCOL_VERSION,
+        "providers": [],
+    }
     with trio.fail_after(TIMEOUT):
         async with running_edge(tmp_path) as edge:
             async with fake_node(edge, register=False) as node:
@@ -409,7 +415,7 @@ async def test_unknown_node_id_is_logged_escaped_and_cut(tmp_path: Path, caplog:
     """An unauthenticated ``register``'s node id is logged escaped and cut to 128 characters: a newline
     in it cannot forge a log line, a megabyte of it is not a megabyte of log."""
     forged = "evil\nINFO iop_edge: forged line " + "x" * 1_000_000
-    register = {"type": "register", "node_id": forged, "token": "t", "protocol": 5, "providers": []}
+    register = {"type": "register", "node_id": forged, "token": "t", "protocol": PROTOCOL_VERSION, "providers": []}
     with trio.fail_after(TIMEOUT):
         async with running_edge(tmp_path, EdgeLayout(max_ws_message_bytes=2 * 1024 * 1024)) as edge:
             async with fake_node(edge, register=False) as node:

@@ -1,7 +1,8 @@
 """[health-probe] The Edge's side of the node's ``provider_health``: each report goes to the admission
 core (which decides: ``stalled`` ejects), shows in ``/status``, is tied to its connection; a node
-sends it only on a connection of a version that has it (``iop_wire.speaks``: v6), and one of an older version that
-sends it breaks the protocol."""
+sends it only on a connection of a version that has it (``iop_wire.speaks``: v6), its ``engine`` only on
+one of v7 (``iop_wire.health_for``), and a node of an older version that sends what its version lacks
+breaks the protocol."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from trio_websocket import ConnectionClosed
 
 from edge.harness import EdgeLayout, fake_node, running_edge
 from iop_edge.nodes.health_reports import apply_report
-from iop_wire import CLOSE_PROTOCOL_ERROR, OLDEST_PROTOCOL, PROTOCOL_VERSION, ProviderHealth, speaks
+from iop_wire import CLOSE_PROTOCOL_ERROR, OLDEST_PROTOCOL, EngineView, ProviderHealth, speaks
 
 pytestmark = pytest.mark.req("health-probe")
 
@@ -42,9 +43,9 @@ async def test_a_report_feeds_the_core_and_shows_in_status(tmp_path: Path) -> No
 
 async def test_a_report_on_the_wire_reaches_the_core(tmp_path: Path) -> None:
     """A v6 node's provider_health frame: the Edge's link applies it (gpu0 ejected, the reason shown)."""
-    assert speaks(PROTOCOL_VERSION, ProviderHealth)
+    assert speaks(OLDEST_PROTOCOL, ProviderHealth)
     with trio.fail_after(10):
-        async with running_edge(tmp_path) as edge, fake_node(edge, "node-a") as node:
+        async with running_edge(tmp_path) as edge, fake_node(edge, "node-a", protocol=OLDEST_PROTOCOL) as node:
             await node.send(ProviderHealth("gpu0", "not_ready", "loading (Loading model)"))
             while edge.provider("node-a", "gpu0")["reported"] != "not_ready":
                 await trio.sleep(0.01)
@@ -55,12 +56,13 @@ async def test_a_report_on_the_wire_reaches_the_core(tmp_path: Path) -> None:
                 await trio.sleep(0.01)
 
 
-async def test_a_node_below_the_health_version_that_reports_breaks_the_protocol(tmp_path: Path) -> None:
-    """On a v5 connection the message does not exist: the Edge closes it with 1002, nothing applied."""
-    assert not speaks(OLDEST_PROTOCOL, ProviderHealth)
+async def test_a_node_below_the_engine_version_that_reports_the_engine_breaks_the_protocol(tmp_path: Path) -> None:
+    """On a v6 connection ``provider_health.engine`` does not exist: the Edge closes it with 1002,
+    nothing applied (a v6 node's report without it is read: the test above)."""
+    assert speaks(OLDEST_PROTOCOL, ProviderHealth)
     with trio.fail_after(10):
         async with running_edge(tmp_path) as edge, fake_node(edge, "node-a", protocol=OLDEST_PROTOCOL) as node:
-            await node.send(ProviderHealth("gpu0", "stalled", "hung"))
+            await node.send(ProviderHealth("gpu0", "stalled", "hung", engine=EngineView(kv_use=0.5)))
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
                     await node.receive()

@@ -9,13 +9,19 @@ A real Edge on 127.0.0.1 with a :class:`~edge.harness.FakeNode` holding gpu0 (ca
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import trio
+from rich.console import Console
 
 from edge.harness import FAST, EdgeLayout, RunEnd, chat_chunk, eventually, fake_node, running_edge, start_chat
+from iop_edge import status_cli
 from iop_edge.api.request_body import UNBOUNDED_OUTPUT, context_tokens
+from iop_edge.status import parse_status
+from iop_edge.ui.view import build_view
+from iop_wire import EngineView, ProviderHealth
 
 pytestmark = pytest.mark.req("token-ledger")
 
@@ -76,3 +82,49 @@ async def test_the_usage_an_answer_reports_settles_the_reservation_before_the_ru
             assert answer.status_code == 200 and "done" in answer.text
             await edge.assert_drained()
             assert edge.provider("node-a", "gpu0")["reserved_tokens"] == 0
+
+
+async def test_the_engines_view_shows_beside_the_reservations_and_cuts_the_budget(tmp_path: Path) -> None:
+    """A v7 node's ready report with its engine's view: /status, the metrics, the page's rows and
+    `iop status` show the engine's KV use and preemptions beside the reservations; the use the
+    reservations do not explain (0.5 of 8,192 = 4,096 tokens held, none reserved) cuts the budget to
+    4,096, so a request of the whole window waits; the engine's next report (0.0) gives it back and
+    the request runs."""
+    layout = EdgeLayout(gpu0_capacity=2, gpu0_admit_by="both")
+    with trio.fail_after(20):
+        async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
+            await node.send(ProviderHealth("gpu0", "ready", engine=EngineView(kv_use=0.5, preemptions=2, running=1)))
+            await eventually(lambda: edge.provider("node-a", "gpu0")["effective_token_budget"] == 4096)
+            (gpu0,) = [p for p in (await edge.status())["providers"] if p["provider_id"] == "gpu0"]
+            assert (gpu0["reported_kv_use"], gpu0["reported_preemptions"], gpu0["reserved_tokens"]) == (0.5, 2, 0)
+            metrics = (await edge.http.get("/metrics")).text
+            assert 'iop_effective_token_budget{node="node-a",provider="gpu0"} 4096.0' in metrics
+            assert 'iop_engine_kv_tokens{node="node-a",provider="gpu0"} 4096.0' in metrics
+            assert 'iop_engine_preemptions{node="node-a",provider="gpu0"} 2.0' in metrics
+            assert "0/4096 of 8192 kv 50% pre 2" in _rendered(await edge.status())
+            page = _page_row(edge)
+            assert (page["effective_token_budget"], page["kv_use"], page["preemptions"]) == (4096, 0.5, 2)
+            results: dict[str, httpx.Response] = {}
+            async with trio.open_nursery() as nursery:
+                start_chat(nursery, edge, results, "big", FAST)  # no max_tokens: the window, 8,192
+                await eventually(lambda: edge.queue_depth == 1)
+                await node.send(ProviderHealth("gpu0", "ready", engine=EngineView(kv_use=0.0, preemptions=2)))
+                await node.answer(await node.next_run())
+            assert [r.status_code for r in results.values()] == [200]
+            assert edge.provider("node-a", "gpu0")["effective_token_budget"] == 8192
+            await edge.assert_drained()
+
+
+def _rendered(document: dict[str, Any]) -> str:
+    """`iop status`'s output for a /status ``document``, as text."""
+    console = Console(width=200, record=True)
+    console.print(status_cli.render_status(parse_status(document)))
+    return console.export_text()
+
+
+def _page_row(edge: Any) -> dict[str, Any]:
+    """gpu0's row of the page's view (what the page's capacity cell and its tooltip read)."""
+    admission = edge.service.admission
+    rows = build_view(admission.snapshot(), (), admission.config.models)["providers"]["rows"]
+    (row,) = [r for r in rows if r["provider"] == "gpu0"]
+    return row

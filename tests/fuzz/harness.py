@@ -33,7 +33,9 @@ from iop_node import EdgeClient, NodeConfig, NodeRuntime, ProviderConfig, Reconn
 from iop_wire import (
     PROTOCOL_VERSION,
     Cancel,
+    EngineView,
     Heartbeat,
+    ProviderHealth,
     ProviderInfo,
     Register,
     Registered,
@@ -193,6 +195,7 @@ _TYPES = (
     "tunnel_start",
     "tunnel_chunk",
     "tunnel_end",
+    "provider_health",
     "registered",
     "rejected",
     "run",
@@ -207,6 +210,7 @@ _VALID_MESSAGES = (
     TunnelStart("r999999", 200, (("a", "b"),)),
     TunnelChunk("r999999", "aGk="),
     TunnelEnd("r999999", "error", "upstream_error", "boom"),
+    ProviderHealth("gpu1", "ready", "", None, EngineView(0.5, 100, 200, 3, 1, 0)),
     Registered("node-b", 7, 1000),
     Rejected("bad_token", "no", False),
     Run("r999999", "gpu1", "chat/completions", {"model": "m"}, False),
@@ -219,9 +223,14 @@ _VALID_MESSAGES = (
 def mutated_messages(draw: st.DrawFn) -> str:
     """A real message with one field dropped, retyped or added, or its type swapped."""
     fields: dict[str, Any] = json.loads(encode(draw(st.sampled_from(_VALID_MESSAGES))))
-    action = draw(st.sampled_from(["drop", "retype", "extra", "swap_type", "bad_type_tag"]))
+    action = draw(st.sampled_from(["drop", "retype", "extra", "swap_type", "bad_type_tag", "nested"]))
     names = [k for k in fields if k != "type"]
-    if action == "drop" and names:
+    nested = [k for k in names if isinstance(fields[k], dict) and fields[k] and k != "body"]
+    if action == "nested":  # a field of a nested object (provider_health.engine) retyped, if it has one
+        if nested:
+            inner = fields[draw(st.sampled_from(nested))]
+            inner[draw(st.sampled_from(sorted(inner)))] = draw(json_values | st.floats(allow_nan=False))
+    elif action == "drop" and names:
         del fields[draw(st.sampled_from(names))]
     elif action == "retype" and names:
         fields[draw(st.sampled_from(names))] = draw(json_values)

@@ -35,6 +35,7 @@ from iop_wire import (
     PROTOCOL_VERSION,
     Heartbeat,
     ProtocolError,
+    ProviderHealth,
     ProviderInfo,
     Register,
     Registered,
@@ -53,7 +54,9 @@ from iop_wire import (
 pytestmark = pytest.mark.req("disconnect-exclusion", "lease-lifecycle")
 
 EXAMPLE_TIMEOUT = 10.0
-IGNORED_AFTER_REGISTER = (Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd)
+IGNORED_AFTER_REGISTER = (Heartbeat, RunEnd, TunnelStart, TunnelChunk, TunnelEnd, ProviderHealth)
+"""What a registered node may send without a run asking it: read (a health report, engine view
+included, is applied), the connection stays up."""
 
 
 @asynccontextmanager

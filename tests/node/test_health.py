@@ -20,13 +20,14 @@ from trio_websocket import open_websocket_url
 
 from iop_http import AnswerError, StatusAnswers
 from iop_mock import MockBackend, serve_mock_backend
+from iop_mock.faults import SLOT_CONTEXT
 from iop_node import EdgeSession, NodeRuntime
 from iop_node.config import HealthConfig, NodeConfig
 from iop_node.health.probe import ProbeClient, probe_urls
 from iop_node.health.prober import ProbeLoop, Target
 from iop_node.health.progress import Progress
 from iop_node.health.readiness import ProbeResult, Readiness, judge
-from iop_wire import PROTOCOL_VERSION, ProviderHealth, Run, RunEnd
+from iop_wire import PROTOCOL_VERSION, PROTOCOL_VERSIONS, EngineView, ProviderHealth, Run, RunEnd
 from node.harness import TOKEN, EdgeConn, FakeEdge, node_config, openai_provider
 
 pytestmark = pytest.mark.req("health-probe")
@@ -53,14 +54,54 @@ def test_readiness_needs_the_thresholds_in_a_row() -> None:
     assert readiness.reason == "running 3"
 
 
-def test_readiness_while_ready_reports_only_a_new_capacity() -> None:
-    """A pass on a ready provider is news only when the backend's own capacity changed."""
+def test_readiness_while_ready_reports_only_a_new_capacity_or_engine_view() -> None:
+    """A pass on a ready provider is news only when the backend's own capacity or the engine's
+    view changed; a failure that makes it not ready drops the view."""
     readiness = Readiness(unhealthy_threshold=1, healthy_threshold=1)
     assert readiness.observe(ProbeResult(True)) is False
     assert readiness.observe(ProbeResult(True, capacity=3)) is True
     assert readiness.observe(ProbeResult(True, "running 1", 3)) is False
     assert readiness.observe(ProbeResult(True)) is True
     assert (readiness.ready, readiness.capacity, readiness.reason) == (True, None, "")
+    view = EngineView(kv_use=0.5, preemptions=1)
+    assert readiness.observe(ProbeResult(True, engine=view)) is True
+    assert readiness.observe(ProbeResult(True, engine=EngineView(kv_use=0.5, preemptions=1))) is False
+    assert readiness.observe(ProbeResult(True, engine=EngineView(kv_use=0.6, preemptions=1))) is True
+    assert readiness.observe(ProbeResult(False, "HTTP 503")) is True
+    assert readiness.engine is None
+    assert readiness.observe(ProbeResult(True, engine=view)) is True
+    assert readiness.engine == view
+
+
+@pytest.mark.req("token-ledger")
+def test_judge_reads_the_engines_view() -> None:
+    """llama.cpp's slots: n_ctx summed, the processing ones' prompt and decoded tokens (next_token an
+    object on older servers, an array on newer), their ratio; a server without n_prompt_tokens
+    gives no tokens. vLLM's metrics: KV use (either name), preemptions (the counter), queue. A
+    figure out of bounds is no figure."""
+    slots = (
+        b'[{"id":0,"n_ctx":1000,"is_processing":true,"n_prompt_tokens":300,"next_token":[{"n_decoded":50}]},'
+        b'{"id":1,"n_ctx":1000,"is_processing":true,"n_prompt_tokens":100,"next_token":{"n_decoded":50}},'
+        b'{"id":2,"n_ctx":1000,"is_processing":false}]'
+    )
+    assert judge("llama_cpp", ((200, b"{}"), (200, slots))) == ProbeResult(
+        True, capacity=3, engine=EngineView(500 / 3000, 500, 3000, running=2)
+    )
+    old = b'[{"id":0,"n_ctx":512,"is_processing":true,"next_token":{"n_decoded":9}},{"id":1,"n_ctx":512,"is_processing":false}]'
+    assert judge("llama_cpp", ((200, b"{}"), (200, old))).engine == EngineView(None, None, 1024, running=1)
+    over = b'[{"id":0,"n_ctx":10,"is_processing":true,"n_prompt_tokens":11,"next_token":[{"n_decoded":0}]}]'
+    assert judge("llama_cpp", ((200, b"{}"), (200, over))).engine == EngineView(None, None, 10, running=1)
+    assert judge("llama_cpp", ((200, b"{}"), (200, b'[{"id":0,"n_ctx":-1}]'))).engine is None
+    metrics = (
+        b"# TYPE vllm:num_preemptions_total counter\n"
+        b'vllm:num_preemptions_total{m="x"} 7\nvllm:num_preemptions_created{m="x"} 1.7e9\n'
+        b'vllm:gpu_cache_usage_perc{m="x"} 0.25\nvllm:num_requests_running{m="x"} 2\n'
+    )
+    assert judge("vllm", ((200, b""), (200, metrics))).engine == EngineView(0.25, preemptions=7, running=2)
+    bad = b'vllm:kv_cache_usage_perc{m="x"} 1.5\nvllm:num_requests_waiting{m="x"} -1\nvllm:num_requests_running 2.5\n'
+    result = judge("vllm", ((200, b""), (200, bad)))
+    assert result.ready and result.engine is None
+    assert judge("vllm", ((200, b""), (200, b"vllm:kv_cache_usage_perc NaN\n"))).engine is None
 
 
 OK_ANSWER = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"data": []}'
@@ -146,7 +187,9 @@ def test_judge_reads_each_backend_kind() -> None:
     assert judge("llama_cpp", ((200, b"{}"), (200, b'[{"id":0},{"id":1}]'))) == ProbeResult(True, capacity=2)
     assert judge("llama_cpp", ((200, b"{}"), (501, b"slots disabled"))) == ProbeResult(True)
     metrics = b'vllm:num_requests_running{m="x"} 3\nvllm:num_requests_waiting{m="x"} 1\nother 7\n'
-    assert judge("vllm", ((200, b""), (200, metrics))) == ProbeResult(True, "running 3, waiting 1")
+    assert judge("vllm", ((200, b""), (200, metrics))) == ProbeResult(
+        True, "running 3, waiting 1", engine=EngineView(running=3, waiting=1)
+    )
     assert judge("openai", ((500, b'{"error":{"message":"boom"}}'),)) == ProbeResult(False, "HTTP 500: boom")
     assert judge("ollama", ((404, b"not json"),)) == ProbeResult(False, "HTTP 404")
 
@@ -240,9 +283,13 @@ async def _probe_twice(loop: bool, kind: str, urls: tuple[httpx.URL, ...], limit
     [
         ("openai", {}, ProbeResult(True)),
         ("ollama", {}, ProbeResult(True)),
-        ("llama_cpp", {}, ProbeResult(True, capacity=4)),
+        ("llama_cpp", {}, ProbeResult(True, capacity=4, engine=EngineView(0.0, 0, 4 * SLOT_CONTEXT, running=0))),
         ("llama_cpp", {"loading": True}, ProbeResult(False, "loading (Loading model)")),
-        ("vllm", {}, ProbeResult(True, "running 0, waiting 0, kv_cache 0")),
+        (
+            "vllm",
+            {"kv_use": 0.5, "preemptions": 2},
+            ProbeResult(True, "running 0, waiting 0, kv_cache 0.5", engine=EngineView(0.5, None, None, 2, 0, 0)),
+        ),
         ("openai", {"hang": "no_answer"}, ProbeResult(True)),  # the hung engine still answers its probe
     ],
 )
@@ -281,15 +328,17 @@ async def test_probe_of_a_dead_or_silent_backend_fails_with_its_reason(loop: boo
 
 
 @asynccontextmanager
-async def _session(edge: FakeEdge, config: NodeConfig) -> AsyncIterator[tuple[EdgeConn, NodeRuntime]]:
-    """A node session of the health version (the current one) with the fake Edge, the watcher serving."""
+async def _session(
+    edge: FakeEdge, config: NodeConfig, protocol: int = PROTOCOL_VERSION
+) -> AsyncIterator[tuple[EdgeConn, NodeRuntime]]:
+    """A node session of ``protocol`` (the current one) with the fake Edge, the watcher serving."""
     async with NodeRuntime.from_config(config) as runtime, trio.open_nursery() as nursery:
         assert runtime.health is not None
         nursery.start_soon(runtime.health.serve)
 
         async def serve() -> None:
             async with open_websocket_url(edge.url) as ws:
-                await EdgeSession(ws, config, runtime, TOKEN, PROTOCOL_VERSION).serve()
+                await EdgeSession(ws, config, runtime, TOKEN, protocol).serve()
 
         nursery.start_soon(serve)
         yield await edge.next_connection(), runtime
@@ -369,4 +418,27 @@ async def test_a_loading_backend_is_not_ready_until_it_loaded(edge: FakeEdge, se
         async with _session(edge, config) as (conn, _):
             assert await _next_health(conn) == ProviderHealth("gpu0", "not_ready", "loading (Loading model)")
             await served.fault()
-            assert await _next_health(conn) == ProviderHealth("gpu0", "ready", "", 4)
+            engine = EngineView(0.0, 0, 4 * SLOT_CONTEXT, running=0)
+            assert await _next_health(conn) == ProviderHealth("gpu0", "ready", "", 4, engine)
+
+
+@pytest.mark.req("token-ledger")
+@pytest.mark.parametrize("protocol", PROTOCOL_VERSIONS)
+async def test_the_engines_view_goes_to_an_edge_of_v7_only(edge: FakeEdge, served: _Served, protocol: int) -> None:
+    """A vLLM backend's KV use and preemptions, read from its /metrics, ride the ready report to a v7
+    Edge; a v6 Edge is neither told them (``iop_wire.health_for``) nor sent a ready report for
+    them: the first report it gets is the next change of state (the backend loading)."""
+    await served.fault(kv_use=0.75, preemptions=3)
+    health = attrs.evolve(FAST, probe="vllm")
+    config = node_config(edge.url, openai_provider(served.port, capacity=8, health=health))
+    engine = EngineView(0.75, None, None, 3, 0, 0)
+    with trio.fail_after(20):
+        async with _session(edge, config, protocol) as (conn, runtime):
+            assert runtime.health is not None
+            while runtime.health.reports["gpu0"].engine != engine:
+                await runtime.health.changed()
+            if protocol == PROTOCOL_VERSION:
+                assert await _next_health(conn) == ProviderHealth("gpu0", "ready", "", None, engine)
+            await served.fault(loading=True, kv_use=0.75, preemptions=3)  # the same view, then not ready
+            report = await _next_health(conn)
+    assert (report.state, report.engine) == ("not_ready", None)

@@ -21,6 +21,7 @@ from iop_wire import (
     REJECT_CODES,
     Cancel,
     EdgeMessage,
+    EngineView,
     Heartbeat,
     InFlight,
     Leader,
@@ -97,6 +98,7 @@ EXAMPLES: list[Any] = [
     ProviderHealth("gpu0", "stalled", "no byte from the backend for 6.0 s with runs in flight"),
     ProviderHealth("gpu1", "ready", "", 2),
     ProviderHealth("gpu1", "not_ready", "loading (Loading model)"),
+    ProviderHealth("gpu1", "ready", "", None, EngineView(0.5, 2048, 4096, 7, 3, 1)),
     Leader(41),
     Run("r10", "gpu0", "chat/completions", {"messages": []}, True, 43, False, "m", 2500),
     RunEnd("r10", "error", "deadline_exceeded", "the run's deadline of 2500 ms passed"),
@@ -123,13 +125,15 @@ def test_round_trip_every_message_type(message: Any) -> None:
     assert decode(text.encode("utf-8")) == message
     obj = json.loads(text)
     assert obj["type"] == TAGS[type(message)]
-    # compact, all fields emitted (but an unset epoch, long, long_runs, model and deadline_ms), non-ASCII kept as is
+    # compact, all fields emitted (but an unset epoch, long, long_runs, model, deadline_ms and engine), non-ASCII
+    # kept as is
     assert text == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     unset = {"epoch"} if getattr(message, "epoch", 0) is None else set()
     unset |= {"long"} if getattr(message, "long", True) is False else set()
     unset |= {"long_runs"} if getattr(message, "long_runs", None) == () else set()
     unset |= {"model"} if type(message) is Run and message.model is None else set()
     unset |= {"deadline_ms"} if type(message) is Run and message.deadline_ms is None else set()
+    unset |= {"engine"} if type(message) is ProviderHealth and message.engine is None else set()
     assert set(obj) == {"type"} | {f.name for f in attrs.fields(type(message))} - unset
 
 
@@ -519,6 +523,7 @@ def test_doc_example_exchange_decodes() -> None:
         "run",
         "run_end",
         "heartbeat",
+        "provider_health",
         "tunnel_request",
         "tunnel_start",
         "tunnel_chunk",

@@ -13,6 +13,7 @@ from iop_wire import (
     OLDEST_PROTOCOL,
     PROTOCOL_VERSION,
     PROTOCOL_VERSIONS,
+    EngineView,
     Message,
     ProtocolError,
     ProviderHealth,
@@ -22,6 +23,7 @@ from iop_wire import (
     encode,
     encode_run,
     end_code_for,
+    health_for,
     run_for,
     speaks,
     spoken,
@@ -39,8 +41,8 @@ def client_run(endpoint: str = "chat/completions", *, stream: bool = True) -> Ru
 
 
 def test_two_versions_are_spoken_the_current_and_the_previous() -> None:
-    assert PROTOCOL_VERSIONS == (OLDEST_PROTOCOL, PROTOCOL_VERSION) == (5, 6)
-    assert spoken() == "5 and 6"
+    assert PROTOCOL_VERSIONS == (OLDEST_PROTOCOL, PROTOCOL_VERSION) == (6, 7)
+    assert spoken() == "6 and 7"
 
 
 def test_a_peer_of_the_current_version_gets_the_run_as_built() -> None:
@@ -54,32 +56,69 @@ def test_a_peer_of_the_current_version_gets_the_run_as_built() -> None:
 
 @pytest.mark.req("deadline")
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
-def test_a_peer_of_the_previous_version_gets_the_run_without_its_deadline(endpoint: str) -> None:
-    """[deadline] v6 adds ``run.deadline_ms``: a v5 peer gets the run without it (its strict decoder
-    knows no such key), the client's body still as sent; every other field stays."""
-    run, body_json = run_for(OLDEST_PROTOCOL, client_run(endpoint), BODY)
-    assert body_json == BODY
-    assert run == attrs.evolve(client_run(endpoint), deadline_ms=None)
-    frame = encode_run(run, BODY)
-    assert "deadline_ms" not in json.loads(frame) and BODY in frame
-
-
-def test_a_run_without_a_deadline_is_the_same_frame_in_both_versions() -> None:
-    run = attrs.evolve(client_run(), deadline_ms=None)
+def test_a_peer_of_the_previous_version_gets_the_run_as_built(endpoint: str) -> None:
+    """v7 adds nothing to ``run``: a v6 peer gets it with its deadline, the client's body as sent."""
+    run = client_run(endpoint)
     assert run_for(OLDEST_PROTOCOL, run, BODY) == run_for(PROTOCOL_VERSION, run, BODY) == (run, BODY)
 
 
 @pytest.mark.req("deadline", "error-classes")
-def test_the_current_versions_end_codes_in_the_previous_versions_words() -> None:
-    """[deadline] [error-classes] a v6 node ends a stalled stream ``stream_stalled``; to a v5 Edge it
-    says ``upstream_unreachable``, as a v5 node did. Every other code is the same in both."""
-    assert end_code_for(PROTOCOL_VERSION, "stream_stalled") == "stream_stalled"
-    assert end_code_for(OLDEST_PROTOCOL, "stream_stalled") == "upstream_unreachable"
-    assert end_code_for(OLDEST_PROTOCOL, "deadline_exceeded") == "upstream_unreachable"
-    for code in (None, "cancelled", "upstream_error", "concurrency_limit", "stale_epoch"):
-        assert end_code_for(OLDEST_PROTOCOL, code) == code
-    with pytest.raises(ValueError, match="wire v4 is not spoken"):
-        end_code_for(4, "stream_stalled")
+def test_the_end_codes_are_the_same_in_both_versions() -> None:
+    """[deadline] [error-classes] v7 adds no end code: ``stream_stalled`` and ``deadline_exceeded``
+    (v6's) are said as they are to a peer of either."""
+    for code in (None, "cancelled", "upstream_error", "stream_stalled", "deadline_exceeded", "stale_epoch"):
+        assert end_code_for(OLDEST_PROTOCOL, code) == end_code_for(PROTOCOL_VERSION, code) == code
+    with pytest.raises(ValueError, match="wire v5 is not spoken"):
+        end_code_for(5, "stream_stalled")
+
+
+ENGINE = EngineView(kv_use=0.41, kv_tokens=None, kv_capacity=None, preemptions=3, running=2, waiting=0)
+
+
+@pytest.mark.req("token-ledger")
+def test_a_peer_of_the_previous_version_gets_the_health_report_without_the_engine_view() -> None:
+    """[token-ledger] v7 adds ``provider_health.engine``: a v6 peer gets the report without it (its
+    strict decoder knows no such key); the current version's frame carries it, and a report
+    without one is the same frame in both."""
+    report = ProviderHealth("gpu0", "ready", "", 2, ENGINE)
+    old = health_for(OLDEST_PROTOCOL, report)
+    assert old == ProviderHealth("gpu0", "ready", "", 2) and "engine" not in json.loads(encode(old))
+    assert health_for(PROTOCOL_VERSION, report) is report
+    assert decode(encode(report)) == report
+    assert json.loads(encode(report))["engine"]["kv_use"] == 0.41
+    plain = ProviderHealth("gpu0", "not_ready", "loading")
+    assert health_for(OLDEST_PROTOCOL, plain) is plain and "engine" not in json.loads(encode(plain))
+    with pytest.raises(ValueError, match="wire v5 is not spoken"):
+        health_for(5, report)
+
+
+@pytest.mark.req("token-ledger")
+@pytest.mark.parametrize(
+    ("engine", "field"),
+    [
+        ('{"kv_use":1.5}', "kv_use"),
+        ('{"kv_use":-0.1}', "kv_use"),
+        ('{"kv_use":1e999}', "kv_use"),
+        ('{"kv_use":"0.5"}', "kv_use"),
+        ('{"kv_use":true}', "kv_use"),
+        ('{"preemptions":-1}', "preemptions"),
+        ('{"preemptions":1.0}', "preemptions"),
+        ('{"kv_tokens":9007199254740993}', "kv_tokens"),
+        ('{"running":"2"}', "running"),
+        ('{"waiting":null,"extra":1}', "extra"),
+        ("[0.5]", "engine"),
+    ],
+)
+def test_an_engine_view_out_of_its_bounds_is_a_protocol_error(engine: str, field: str) -> None:
+    frame = f'{{"type":"provider_health","provider":"gpu0","state":"ready","engine":{engine}}}'
+    with pytest.raises(ProtocolError, match=field):
+        decode(frame)
+
+
+@pytest.mark.req("token-ledger")
+def test_an_engine_view_reads_whole_numbers_and_nulls() -> None:
+    frame = '{"type":"provider_health","provider":"gpu0","state":"ready","engine":{"kv_use":1,"running":null}}'
+    assert decode(frame) == ProviderHealth("gpu0", "ready", engine=EngineView(kv_use=1.0))
 
 
 @pytest.mark.req("deadline")
@@ -102,12 +141,10 @@ def test_a_version_outside_the_pair_is_no_peer(version: int) -> None:
 
 
 @pytest.mark.req("health-probe")
-def test_the_previous_version_reads_every_message_type_but_the_health_reports() -> None:
-    """v6 added fields, end codes and one message type, the node's ``provider_health`` [health-probe]:
-    a v6 peer reads every type, a v5 peer every other one."""
-    assert all(speaks(PROTOCOL_VERSION, kind) for kind in get_args(Message))
-    unread = [kind for kind in get_args(Message) if not speaks(OLDEST_PROTOCOL, kind)]
-    assert unread == [ProviderHealth]
+def test_the_previous_version_reads_every_message_type() -> None:
+    """v7 adds a field, no message type: a peer of either version reads every type (v6's
+    ``provider_health`` [health-probe] included)."""
+    assert all(speaks(PROTOCOL_VERSION, kind) and speaks(OLDEST_PROTOCOL, kind) for kind in get_args(Message))
 
 
 def test_the_previous_version_reads_every_other_message_as_the_current_one_writes_it() -> None:

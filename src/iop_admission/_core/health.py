@@ -180,6 +180,7 @@ class Health:
     def forget(self, p: ProviderSlot) -> None:
         """A provider left the config: it starts healthy if it comes back; its reports are stale."""
         p.reported, p.report_reason, p.reported_capacity = "", "", None
+        self._engine(p, None, None)
         move(p, FORGET)
         p.failures = p.streak = p.probe_lease = 0
         p.epoch += 1
@@ -195,7 +196,9 @@ class Health:
         (no probe before: the backend says it cannot serve), or turns the ejection it is in
         into one. ``ready`` ends such an ejection (``Restored``); it does not end one for
         failures or a stall, whose probe decides (a hung engine may answer its probe ready).
-        A ``ready`` report's ``capacity`` lowers the provider's (never above the config's).
+        A ``ready`` report's ``capacity`` lowers the provider's (never above the config's), and
+        its engine view (``kv_use``, ``preemptions``) sets the cut of its token budget
+        ([token-ledger]: :func:`~iop_admission._ledger.engine_cut`).
         """
         if p is None or not p.configured or not p.node.connected or report.generation not in (None, p.node.generation):
             return None
@@ -208,6 +211,9 @@ class Health:
             if p.reported_capacity != report.capacity:
                 self._cap(p, report.capacity)
                 p.reindex()
+            seen = (report.kv_use, report.preemptions)
+            if seen != (None, None) or (p.reported_kv_use, p.reported_preemptions) != (None, None):
+                self._engine(p, *seen)
             if p.health is EJECTED and p.ejected_until == math.inf:
                 return self.restore(p)
             return None
@@ -225,9 +231,21 @@ class Health:
         p.reported, p.report_reason = "", ""
         if p.reported_capacity is not None:
             self._cap(p, None)
+        self._engine(p, None, None)
         if p.health is EJECTED and p.ejected_until == math.inf:
             return self.restore(p)
         return None
+
+    @staticmethod
+    def _engine(p: ProviderSlot, kv_use: float | None, preemptions: int | None) -> None:
+        """The engine's own view of ``p`` (None, None: forgotten): kept for the snapshot; with a
+        token budget it sets the budget's cut. A preemption is a rise of the engine's count since
+        its last report on this connection (a lower count: the engine restarted, none new)."""
+        before = p.reported_preemptions
+        preempted = preemptions is not None and before is not None and preemptions > before
+        p.reported_kv_use, p.reported_preemptions = kv_use, preemptions
+        if p.ledger is not None:
+            p.ledger.engine_report(kv_use, preempted)
 
     @staticmethod
     def _cap(p: ProviderSlot, capacity: int | None) -> None:

@@ -197,6 +197,9 @@ class Pool:
                 p.reported,
                 p.report_reason,
                 p.reported_capacity,
+                ledger.budget if ledger is not None and spec.budget is not None else None,
+                p.reported_kv_use,
+                p.reported_preemptions,
             )
 
     def _listed(self, first: int, count: int | None) -> Iterator[ProviderSlot]:

@@ -342,6 +342,8 @@ class ProviderSlot:
         "reported",
         "report_reason",
         "reported_capacity",
+        "reported_kv_use",
+        "reported_preemptions",
     )
 
     def __init__(self, key: ProviderKey, node: NodeState, spec: ProviderSpec) -> None:
@@ -378,6 +380,8 @@ class ProviderSlot:
         self.reported = ""  # the node's last health report of this connection ([health-probe]), "" none
         self.report_reason = ""
         self.reported_capacity: int | None = None  # the backend's own parallelism, when below the spec's
+        self.reported_kv_use: float | None = None  # the engine's own KV-cache use (0..1), when it says
+        self.reported_preemptions: int | None = None  # the engine's count of preemptions, when it says
         self.configured = True
         self.eligible = False
         self.ledger: TokenLedger | None = None  # kept once made: its leases' reservations outlive a refresh
@@ -438,11 +442,8 @@ class ProviderSlot:
         self.reindex()
 
     def reindex(self) -> None:
-        """Re-enter the choice index of every group listing this provider.
-
-        Call after any change of its load, eligibility, health or spec: O(groups x log n).
-        A provider that is not admitting (ejected, probe out) is left out like a full one.
-        """
+        """Re-enter the choice index of every group listing this provider, after any change of its load,
+        eligibility, health or spec: O(groups x log n); one not admitting (ejected, probe out) is left out like a full one."""
         self.stamp = next(STAMPS)
         eligible = self.eligible
         long_eligible = eligible and self.long_capacity >= 1

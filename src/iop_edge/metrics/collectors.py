@@ -59,6 +59,22 @@ _PROVIDER_GAUGES: Final[tuple[tuple[str, str, Callable[[ProviderSnapshot], float
         lambda p: p.token_headroom,
     ),
     (
+        "effective_token_budget",
+        "Context-token budget admitted by now: token_budget less what the engine's own report cut; 0 if it admits by slots.",
+        lambda p: p.effective_token_budget or 0,
+    ),
+    (
+        "engine_kv_tokens",
+        "The engine's own KV-cache use as its node last reported it, in the budget's tokens "
+        "(kv_use times token_budget; beside iop_reserved_tokens); 0 without a budget or a report.",
+        lambda p: round((p.reported_kv_use or 0.0) * (p.token_budget or 0)),
+    ),
+    (
+        "engine_preemptions",
+        "Sequences the engine preempted since it started, as its node last reported (0: not reported).",
+        lambda p: p.reported_preemptions or 0,
+    ),
+    (
         "queued",
         "Candidate pressure: waiters for which this provider is an eligible candidate "
         "(a waiter counts at each of its candidates; see iop_queue_depth for the true queue length).",

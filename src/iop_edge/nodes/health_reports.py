@@ -7,6 +7,12 @@ input beside the failures of runs, so the ejection, probe and panic rules stay i
 one place (docs/admission.md, Health). A report is tied to the connection it came
 on: the core drops one whose node has reconnected since (its generation), and a
 report for a provider the node did not register is dropped with a warning.
+
+From wire v7 a ``ready`` report may carry the engine's own view (``engine``): its KV use
+and preemption count go to the core with the report (they may cut a budgeted provider's
+token budget: docs/admission.md, The engine's view). Such a report comes at most once a
+probe while the engine is busy: logged at DEBUG unless its state, reason or capacity
+changed.
 """
 
 from __future__ import annotations
@@ -34,9 +40,16 @@ def apply_report(link: NodeLink, report: ProviderHealth) -> None:
     reason = report.reason[:END_MESSAGE_LIMIT]
     detail = f": {reason!r}" if reason else ""  # quoted: the node's text, never a line of its own in the log
     told = f" (its backend's own capacity: {report.capacity})" if report.capacity is not None else ""
-    log = logger.info if report.state == "ready" else logger.warning
+    words = (report.state, reason, report.capacity)
+    if link.told.get(report.provider) == words:  # the engine's view alone changed
+        log = logger.debug
+    else:
+        log = logger.info if report.state == "ready" else logger.warning
+        link.told[report.provider] = words
     log("provider %s reported %s%s%s", key, report.state, detail, told)
     capacity = (
         report.capacity if report.capacity is None or report.capacity >= 1 else None
     )  # a report can only lower it
-    link.host.report_health(key, ProviderReport(report.state, reason, capacity, link.generation))
+    engine = report.engine
+    kv_use, preemptions = (None, None) if engine is None else (engine.kv_use, engine.preemptions)
+    link.host.report_health(key, ProviderReport(report.state, reason, capacity, link.generation, kv_use, preemptions))

@@ -45,6 +45,7 @@ from iop_wire import (
     TunnelRequest,
     decode,
     encode,
+    health_for,
     speaks,
     split_data,
 )
@@ -113,6 +114,7 @@ class NodeLink:
         self.ws = ws
         self.protocol = protocol
         self.providers: tuple[str, ...] = ()
+        self.told: dict[str, tuple[str, str, int | None]] = {}  # provider -> its last report's words (logged)
         self.last_seen = trio.current_time()
         self.cause: DisconnectCause = "error"
         # The frames for the writer (a deque and the writer parked on it, not a memory channel:
@@ -401,12 +403,16 @@ class NodeLink:
 
 
 def _for_the_host(link: NodeLink, message: object) -> bool:
-    """Hand a message for the Edge around the link to its host; whether it was one (a v5 node's
-    ``provider_health`` is not: that version has no such message)."""
+    """Hand a message for the Edge around the link to its host; whether it was one (a v6 node's
+    ``provider_health`` with an ``engine`` is not: that version has no such field)."""
     if isinstance(message, InFlight):
         link.host.fence.answered(link.node_id, message)
         return True
-    if isinstance(message, ProviderHealth) and speaks(link.protocol, ProviderHealth):
+    if (
+        isinstance(message, ProviderHealth)
+        and speaks(link.protocol, ProviderHealth)
+        and health_for(link.protocol, message) is message
+    ):
         apply_report(link, message)  # [health-probe]
         return True
     return False

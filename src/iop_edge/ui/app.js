@@ -50,6 +50,21 @@
     if (p.reported && p.reported !== "ready") text += " · " + p.reported.replace("_", " ");
     return [text, p.health, p.report_reason ? p.reported.replace("_", " ") + ": " + p.report_reason : true];
   }
+  // The capacity cell's tooltip: a token budget's reservations beside the engine's own view.
+  function tokens(p) {
+    if (p.token_budget === null && p.kv_use === null && p.preemptions === null) return true;
+    const parts = [];
+    if (p.token_budget !== null) {
+      parts.push("tokens reserved " + p.reserved_tokens + " of " + p.effective_token_budget +
+        (p.effective_token_budget < p.token_budget ? " (cut from " + p.token_budget + " by the engine)" : ""));
+    }
+    if (p.kv_use !== null) {
+      parts.push("engine KV " + (100 * p.kv_use).toFixed(1) + " %" +
+        (p.token_budget !== null ? " (" + Math.round(p.kv_use * p.token_budget) + " tokens)" : ""));
+    }
+    if (p.preemptions !== null) parts.push("preemptions " + p.preemptions);
+    return parts.join(" · ");
+  }
   function render(view) {
     const t = view.totals, h = t.health;
     const latest = history.length ? history[history.length - 1] : null;
@@ -82,7 +97,8 @@
       [p.node, "", true], [p.provider, "", true],
       health(p),
       [p.in_flight + " / " + p.capacity + (p.reported_capacity !== null && p.reported_capacity < p.capacity
-        ? " (backend " + p.reported_capacity + ")" : ""), "n", true], [p.long_in_flight + " / " + p.long_capacity, "n minor", true],
+        ? " (backend " + p.reported_capacity + ")" : "") + (p.effective_token_budget !== null &&
+        p.effective_token_budget < p.token_budget ? " · budget cut" : ""), "n", tokens(p)], [p.long_in_flight + " / " + p.long_capacity, "n minor", true],
       [p.pressure + " (" + p.long_pressure + ")", "n", true],
     ]);
     note("providers-note", view.providers, "providers");

@@ -77,6 +77,7 @@ from iop_wire import (
     decode,
     encode,
     end_code_for,
+    health_for,
     speaks,
 )
 
@@ -118,11 +119,24 @@ def _start_health_reports(session: EdgeSession, nursery: trio.Nursery) -> None:
     """[health-probe] Send the Edge what the node's health watcher finds (from wire v6)."""
     watcher = session.runtime.health
     if watcher is not None and speaks(session.protocol, ProviderHealth):
-        nursery.start_soon(watcher.report, functools.partial(_send_health, session._send))
+        said: dict[str, ProviderHealth] = {}  # this connection's last report of each provider
+        nursery.start_soon(watcher.report, functools.partial(_send_health, session._send, session.protocol, said))
 
 
-async def _send_health(send: Callable[[NodeMessage], Awaitable[None]], provider: str, report: HealthReport) -> None:
-    await send(ProviderHealth(provider, report.state, report.reason[:END_MESSAGE_LIMIT], report.capacity))
+async def _send_health(
+    send: Callable[[NodeMessage], Awaitable[None]],
+    protocol: int,
+    said: dict[str, ProviderHealth],
+    provider: str,
+    report: HealthReport,
+) -> None:
+    """One report, in the words of the connection's version (a v6 Edge's has no engine view), unless
+    those words are the ones the Edge last got (a v6 Edge is not told each change of a view it never sees)."""
+    reason = report.reason[:END_MESSAGE_LIMIT]
+    message = health_for(protocol, ProviderHealth(provider, report.state, reason, report.capacity, report.engine))
+    if said.get(provider, ProviderHealth(provider, "ready")) != message:  # the Edge assumes ready at first
+        said[provider] = message
+        await send(message)
 
 
 async def _heartbeat(session: EdgeSession, interval: float) -> None:

@@ -39,6 +39,7 @@ from iop_node.health.probe import ProbeClient, probe_urls
 from iop_node.health.prober import ProbeLoop, Target
 from iop_node.health.progress import Progress
 from iop_node.health.readiness import NOT_READY, READY, STALLED, ProbeResult, Readiness
+from iop_wire import EngineView
 
 logger = logging.getLogger("iop_node.health")
 
@@ -59,11 +60,14 @@ class HealthReport:
         reason: why (the probe's failure, the stall); "" when ready.
         capacity: the backend's own parallelism when it is below the provider's
             configured capacity (never above: config is the ceiling); None otherwise.
+        engine: the engine's own view of its KV cache and queue (wire v7), with ``ready``
+            when the last probe read one; None otherwise.
     """
 
     state: str = READY
     reason: str = ""
     capacity: int | None = None
+    engine: EngineView | None = None
 
 
 @final
@@ -88,7 +92,8 @@ class _Watched:
         if not self.readiness.ready:
             return HealthReport(NOT_READY, self.readiness.reason)
         capacity = self.readiness.capacity
-        return HealthReport(READY, "", capacity if capacity is not None and capacity < self.config.capacity else None)
+        capacity = capacity if capacity is not None and capacity < self.config.capacity else None
+        return HealthReport(READY, "", capacity, self.readiness.engine)
 
     def interval(self, now: float, rng: random.Random) -> float:
         """Seconds to the next probe: Envoy's interval, or its no-traffic interval, jittered."""
@@ -218,12 +223,18 @@ class HealthWatcher:
                 await watched.probe.aclose()
 
     def _update(self, name: str, watched: _Watched) -> None:
-        report = watched.current()
-        if report != watched.report:
+        report, before = watched.current(), watched.report
+        if report != before:
             detail = f" ({report.reason})" if report.reason else ""
             if report.capacity is not None:
                 detail += f", the backend's own capacity {report.capacity}"
-            logger.info("provider %s: %s%s", name, report.state, detail)
+            # The engine's view changes with its load, at most once a probe: not a line of the log.
+            engine_only = (report.state, report.reason, report.capacity) == (
+                before.state,
+                before.reason,
+                before.capacity,
+            )
+            (logger.debug if engine_only else logger.info)("provider %s: %s%s", name, report.state, detail)
             watched.report = report
             self._changed.set()
             self._changed = trio.Event()

@@ -1,0 +1,153 @@
+"""[token-ledger] The engine's own view against the ledger: :func:`engine_cut`'s rule, the core
+applying a node's report of KV use and preemptions to a provider's effective budget (and giving
+it back), and both layers doing the same. The random paths are the ledger core machine's
+(``test_ledger_core_machine.py``, rule ``engine_reports``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from iop_admission import (
+    Admission,
+    ModelGroup,
+    PoolConfig,
+    ProviderKey,
+    ProviderReport,
+    ProviderSpec,
+    QueuePolicy,
+)
+from iop_admission.aio import AsyncAdmission
+from iop_admission.core import AdmissionState, Granted, Lease, Waiter, engine_cut
+
+pytestmark = pytest.mark.req("token-ledger")
+
+A = ProviderKey("node-a", "gpu0")
+
+
+def _one_budget() -> PoolConfig:
+    spec = ProviderSpec(capacity=8, context_window_tokens=100, total_context_tokens=100, admit_by="tokens")
+    return PoolConfig(QueuePolicy(max_queue=8, queue_timeout=60.0), {A: spec}, {"m": ModelGroup((A,))})
+
+
+def _state() -> AdmissionState:
+    state = AdmissionState(_one_budget())
+    state.connect("node-a")
+    return state
+
+
+def _budget(state: AdmissionState) -> tuple[int | None, int | None, float | None, int | None]:
+    snap = state.provider_snapshots()[0]
+    return snap.token_budget, snap.effective_token_budget, snap.reported_kv_use, snap.reported_preemptions
+
+
+def test_the_cut_is_the_use_the_reservations_do_not_explain() -> None:
+    """100 configured, 30 reserved: 0.5 of the cache is 50 tokens held, 20 unexplained; a full
+    cache leaves only what is reserved; use within the reservations, or none said, cuts nothing;
+    a preemption leaves no room above what is reserved."""
+    assert engine_cut(100, 30, 0.5, False) == 20
+    assert engine_cut(100, 30, 1.0, False) == 70
+    assert engine_cut(100, 30, 0.3, False) == 0
+    assert engine_cut(100, 30, 0.001, False) == 0
+    assert engine_cut(100, 30, None, False) == 0
+    assert engine_cut(100, 30, 0.0, True) == 70
+    assert engine_cut(100, 130, 1.0, True) == 0  # a settle above the budget: nothing left to cut
+
+
+@given(
+    configured=st.integers(0, 10**6),
+    reserved=st.integers(0, 2 * 10**6),
+    kv_use=st.one_of(st.none(), st.floats(0.0, 1.0)),
+    preempted=st.booleans(),
+)
+def test_the_cut_never_raises_the_budget_nor_takes_it_below_the_reservations(
+    configured: int, reserved: int, kv_use: float | None, preempted: bool
+) -> None:
+    cut = engine_cut(configured, reserved, kv_use, preempted)
+    assert 0 <= cut <= max(0, configured - reserved)
+    assert min(configured, reserved) <= configured - cut <= configured
+
+
+def test_reported_use_cuts_the_budget_and_its_end_gives_it_back() -> None:
+    """A 30-token lease runs; the engine says half its cache is in use: 20 tokens nobody reserved
+    here, so a 60-token request (30 + 60 <= 100) waits on the 80 left; the engine's next report
+    (0.3: all of it ours) gives the budget back and that report's dispatch grants it."""
+    state = _state()
+    lease = state.request("m", False, 0.0, tokens=30)
+    assert isinstance(lease, Lease)
+    assert state.report_health(A, ProviderReport("ready", kv_use=0.5), 1.0) == []
+    assert _budget(state) == (100, 80, 0.5, None)
+    waiter = state.request("m", False, 1.0, tokens=60)
+    assert isinstance(waiter, Waiter)
+    [granted] = state.report_health(A, ProviderReport("ready", kv_use=0.3), 2.0)
+    assert isinstance(granted, Granted) and granted.waiter is waiter
+    assert _budget(state) == (100, 100, 0.3, None)
+
+
+def test_a_preemption_holds_the_budget_at_what_is_reserved_until_a_report_without_one() -> None:
+    """The first count is a baseline; a rise holds the budget at the 30 reserved (a 1-token request
+    waits); the same count again gives it back."""
+    state = _state()
+    assert isinstance(state.request("m", False, 0.0, tokens=30), Lease)
+    assert state.report_health(A, ProviderReport("ready", preemptions=3), 1.0) == []
+    assert _budget(state) == (100, 100, None, 3)
+    assert state.report_health(A, ProviderReport("ready", preemptions=4), 2.0) == []
+    assert _budget(state) == (100, 30, None, 4)
+    waiter = state.request("m", False, 2.0, tokens=1)
+    assert isinstance(waiter, Waiter)
+    [granted] = state.report_health(A, ProviderReport("ready", preemptions=4), 3.0)
+    assert isinstance(granted, Granted) and granted.waiter is waiter
+    assert _budget(state) == (100, 100, None, 4)
+
+
+def test_a_request_the_cut_keeps_out_waits_it_is_not_refused() -> None:
+    """The cut is passing pressure: a request above the cut budget but within the configured one
+    queues (a request above the configured budget is refused at once, as before)."""
+    state = _state()
+    assert state.report_health(A, ProviderReport("ready", kv_use=0.9), 0.0) == []
+    assert _budget(state)[1] == 10
+    assert isinstance(state.request("m", False, 0.0, tokens=50), Waiter)
+
+
+def test_a_reconnect_or_an_engine_that_says_nothing_forgets_the_cut() -> None:
+    """The node's reports start over on a new connection; a report without the engine's view
+    (its engine stopped saying) leaves no cut either."""
+    state = _state()
+    state.report_health(A, ProviderReport("ready", kv_use=0.9), 0.0)
+    assert _budget(state) == (100, 10, 0.9, None)
+    state.disconnect("node-a", state.generation("node-a"))
+    state.connect("node-a")
+    assert _budget(state) == (100, 100, None, None)
+    state.report_health(A, ProviderReport("ready", kv_use=0.9), 1.0)
+    state.report_health(A, ProviderReport("ready"), 2.0)
+    assert _budget(state) == (100, 100, None, None)
+
+
+def test_a_report_out_of_bounds_is_refused() -> None:
+    for bad in ({"kv_use": 1.5}, {"kv_use": -0.1}, {"kv_use": float("nan")}, {"preemptions": -1}):
+        with pytest.raises(ValueError):
+            ProviderReport("ready", **bad)  # type: ignore[arg-type]
+
+
+async def test_the_trio_layer_cuts_as_the_core_does() -> None:
+    admission = Admission(_one_budget())
+    admission.connect("node-a")
+    async with admission.lease("m", tokens=30):
+        admission.report_health(A, ProviderReport("ready", kv_use=0.5, preemptions=0))
+        snap = admission.snapshot().provider("node-a", "gpu0")
+        assert (snap.reserved_tokens, snap.effective_token_budget, snap.reported_kv_use) == (30, 80, 0.5)
+
+
+def test_the_asyncio_layer_cuts_as_the_core_does() -> None:
+    async def main() -> tuple[int, int | None, float | None]:
+        admission = AsyncAdmission(_one_budget())
+        admission.connect("node-a")
+        async with admission.lease("m", tokens=30):
+            admission.report_health(A, ProviderReport("ready", kv_use=0.5, preemptions=0))
+            snap = admission.snapshot().provider("node-a", "gpu0")
+            return snap.reserved_tokens, snap.effective_token_budget, snap.reported_kv_use
+
+    assert asyncio.run(main()) == (30, 80, 0.5)
