@@ -5,7 +5,8 @@ wait, the socket's registration in trio's epoll (one-shot, re-armed every
 time) and a wakeup of that task. Where one task serves many sockets that stay
 of interest across many reads (a listener's connections while their apps run,
 a Node's upstream bodies while they stream), they stay registered here
-(level-triggered) from :meth:`ReadySet.add` to :meth:`ReadySet.discard`, both
+(level-triggered, or edge-triggered for an owner that reads a socket until a read
+comes short) from :meth:`ReadySet.add` to :meth:`ReadySet.discard`, both
 synchronous; trio waits on this set's one descriptor, and one wakeup of the
 serving task finds every socket that has something to read.
 
@@ -30,11 +31,15 @@ T = TypeVar("T")
 class ReadySet(Generic[T]):
     """Descriptors watched for readability, each with the item its owner serves it for."""
 
-    __slots__ = ("_epoll", "_items")
+    __slots__ = ("_epoll", "_items", "_edge")
 
-    def __init__(self) -> None:
+    def __init__(self, *, edge: bool = False) -> None:
+        """``edge``: a descriptor is ready once per arrival (``EPOLLET``), not at every
+        :meth:`ready` while it has unread data: its owner reads it until a read comes short.
+        """
         self._epoll = select.epoll()
         self._items: dict[int, T] = {}
+        self._edge = select.EPOLLET if edge else 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -52,12 +57,12 @@ class ReadySet(Generic[T]):
         Raises:
             OSError, ValueError: ``fd`` cannot be watched (closed), or the set is closed.
         """
-        self._epoll.register(fd, select.EPOLLIN | select.EPOLLOUT if connecting else select.EPOLLIN)
+        self._epoll.register(fd, (select.EPOLLIN | select.EPOLLOUT if connecting else select.EPOLLIN) | self._edge)
         self._items[fd] = item
 
     def connected(self, fd: int) -> None:
         """``fd``'s connection is made: from now on it is ready only when readable."""
-        self._epoll.modify(fd, select.EPOLLIN)
+        self._epoll.modify(fd, select.EPOLLIN | self._edge)
 
     def discard(self, fd: int, item: T) -> bool:
         """Stop watching ``fd`` if it is watched for ``item``; whether it was."""

@@ -212,3 +212,19 @@ async def test_a_ready_set_finds_the_readable_sockets_of_many_in_one_wait() -> N
     for ours, theirs in pairs:
         ours.close()
         theirs.close()
+
+
+@pytest.mark.skipif(not CAN_POLL, reason="ReadySet needs epoll (Linux)")
+def test_an_edge_triggered_ready_set_reports_a_socket_once_per_arrival() -> None:
+    ours, theirs = socket.socketpair()
+    ready: ReadySet[str] = ReadySet(edge=True)
+    ready.add(ours.fileno(), "s")
+    theirs.send(b"a")
+    assert [item for _, item in ready.ready()] == ["s"]
+    assert ready.ready() == []  # unread, but reported once: its owner reads until a read comes short
+    theirs.send(b"b")
+    assert [item for _, item in ready.ready()] == ["s"]
+    assert ours.recv(16) == b"ab"
+    ready.close()
+    ours.close()
+    theirs.close()

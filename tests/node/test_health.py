@@ -8,6 +8,7 @@ tokens that stop mid-stream), with a fake Edge on a real WebSocket.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +25,7 @@ from iop_mock.faults import SLOT_CONTEXT
 from iop_node import EdgeSession, NodeRuntime
 from iop_node.config import HealthConfig, NodeConfig
 from iop_node.health.probe import ProbeClient, probe_urls
-from iop_node.health.prober import ProbeLoop, Target
+from iop_node.health.prober import TICK, ProbeLoop, Target, grid_time, round_of
 from iop_node.health.progress import Progress
 from iop_node.health.readiness import ProbeResult, Readiness, judge
 from iop_wire import PROTOCOL_VERSION, PROTOCOL_VERSIONS, EngineView, ProviderHealth, Run, RunEnd
@@ -199,8 +200,10 @@ async def test_progress_stalls_only_with_runs_and_no_byte() -> None:
     run ends it; a new run does not restart the clock; runs that come in during a stall are cut
     once they too went ``stall`` without a byte."""
     progress = Progress()
+    assert progress.idle  # the watchdog skips it
     assert progress.check(0.0, 1.0) is None  # no run: nothing to watch
     first = progress.begin()
+    assert not progress.idle
     assert progress.check(0.0, 1.0) is None
     assert progress.check(0.9, 1.0) is None
     second = progress.begin()  # a new run on a hung engine hangs too
@@ -217,8 +220,9 @@ async def test_progress_stalls_only_with_runs_and_no_byte() -> None:
     assert progress.check(2.1, 1.0) is False
     progress.end(second)
     progress.end(third)
+    assert not progress.idle  # no run left, but only a check sees that
     assert progress.check(2.2, 1.0) is None
-    assert progress.runs == 0
+    assert progress.runs == 0 and progress.idle
     assert progress.check(9.0, 0.0) is None  # stall 0: no watchdog
 
 
@@ -266,15 +270,21 @@ async def _probe_twice(loop: bool, kind: str, urls: tuple[httpx.URL, ...], limit
         return 0.0
 
     target.done = record
+    probes = await _loop_until(target, 0.0, done)
+    assert probes.probes >= 2
+    return results
+
+
+async def _loop_until(target: Target, delay: float, done: trio.Event) -> ProbeLoop:
+    """A :class:`ProbeLoop` probing ``target`` from ``delay`` seconds on, online, until ``done``."""
     probes, online = ProbeLoop(), trio.Event()
     online.set()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(probes.serve, lambda: online)
-        probes.schedule(target, 0.0)
+        probes.schedule(target, delay)
         await done.wait()
         nursery.cancel_scope.cancel()
-    assert probes.probes >= 2
-    return results
+    return probes
 
 
 @pytest.mark.parametrize("loop", [True, False], ids=["probe-loop", "probe-client"])
@@ -299,6 +309,30 @@ async def test_probe_kinds_against_the_mock(
     await served.fault(**faults)
     with trio.fail_after(10):
         assert await _probe_twice(loop, kind, _urls(kind, served.port), 5.0) == [expected, expected]
+
+
+async def test_the_probe_loop_sends_a_probe_at_its_time_never_before_and_without_drift(served: _Served) -> None:
+    """Rounds on the grid of :data:`TICK`: a probe goes in the first round at or after it is due,
+    never before; the next is due an interval after this one was due (no drift from the rounds)."""
+    assert grid_time(3 * TICK) == 3 * TICK and round_of(grid_time(0.31)) == round_of(0.31) + 1
+    seen: list[tuple[float, float]] = []
+    done = trio.Event()
+    target = Target("openai", _urls("openai", served.port), 5.0)
+
+    def record(result: ProbeResult, now: float) -> float:
+        assert result.ready
+        sent = target.deadline - target.limit  # the time of the round that sent it
+        assert sent >= target.due - 1e-9  # never before its time
+        seen.append((target.due, now))
+        if len(seen) == 5:
+            done.set()
+        return 0.25
+
+    target.done = record
+    with trio.fail_after(20):
+        await _loop_until(target, 0.03, done)
+    for (due, answered), (next_due, _) in itertools.pairwise(seen):
+        assert next_due == max(due + 0.25, answered + 0.25 - 2 * TICK)
 
 
 @pytest.mark.parametrize("loop", [True, False], ids=["probe-loop", "probe-client"])

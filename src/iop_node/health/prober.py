@@ -5,8 +5,9 @@ what it costs is the machinery around it. A task per provider that sleeps,
 wakes, takes a pooled connection, waits for its socket and sleeps again costs
 several times the probe itself, a thousand times a second at a thousand providers
 probed every second. Here the probes' sockets stay registered in one
-:class:`iop_io.ReadySet` (level-triggered, as the Node's
-:class:`~iop_node.upstream.poller.BodyPoller` keeps its bodies); the task wakes once per :data:`TICK`, reads every socket that has
+:class:`iop_io.ReadySet` (edge-triggered: a socket is reported once per arrival,
+not again at the next round once read, so each read is until a read comes
+short); the task wakes once per :data:`TICK`, reads every socket that has
 data, feeds it to the connection's parser (:class:`iop_http.StatusAnswers`,
 llhttp), and sends every probe that is due with one non-blocking ``send`` of the
 request bytes h11 wrote once per path. A probe therefore waits up to a tick to
@@ -50,7 +51,14 @@ behind the code); its length is also how late a probe may be sent, timed out or
 read. A probe's interval runs from its answer, as Envoy's, less the two
 rounds at most that the loop added (its send waited for a round, its answer's
 read for the next): a prompt answer's next probe is due an interval after this
-one was due, so the rounds add no drift to the probe rate."""
+one was due, so the rounds add no drift to the probe rate.
+
+Rounds fall on a grid, the multiples of :data:`TICK` on trio's clock (:func:`grid_time`):
+a probe waits in the bucket of the first grid time at or after it is due, and a
+round takes the buckets whose time has come (an append and a pop of a list, not a
+heap's walk of a thousand entries), so no probe goes before its time; other
+periodic work of the node's health (the stall watchdog) ticks on the same grid,
+so one wakeup of the process serves both."""
 
 RECEIVE_SIZE: Final = 64 * 1024
 ANSWER_BYTES: Final = 1024 * 1024
@@ -58,6 +66,20 @@ ANSWER_BYTES: Final = 1024 * 1024
 
 Done = Callable[[ProbeResult, float], float]
 """Called with a probe's result and the time of the loop's round; returns the seconds until that provider's next probe."""
+
+
+_SLACK: Final = 1e-9
+"""Of a round: a time a float's rounding put just off a grid time is on it."""
+
+
+def round_of(at: float) -> int:
+    """The round ``at`` falls in: the index of the last grid time (a multiple of :data:`TICK`) at or before it."""
+    return math.floor(at / TICK + _SLACK)
+
+
+def grid_time(at: float) -> float:
+    """The first grid time (a multiple of :data:`TICK` on trio's clock) at or after ``at``."""
+    return math.ceil(at / TICK - _SLACK) * TICK
 
 
 @final
@@ -78,6 +100,7 @@ class Target:
         "waiting",
         "answers",
         "due",
+        "scheduled",
         "deadline",
     )
 
@@ -99,6 +122,8 @@ class Target:
         self.answers: list[tuple[int, bytes]] = []
         self.due = 0.0
         """When the probe in flight (or the last one) was due: the next is due an interval later."""
+        self.scheduled = 0.0
+        """When the next probe is due (while it waits in the loop's buckets)."""
         self.deadline = math.inf
 
     def __repr__(self) -> str:
@@ -109,13 +134,15 @@ class Target:
 class ProbeLoop:
     """Sends and reads the probes of many :class:`Target` (see the module docstring)."""
 
-    __slots__ = ("_ready", "_due", "_in_flight", "_seq", "_wake", "_now", "probes")
+    __slots__ = ("_ready", "_buckets", "_rounds", "_in_flight", "_wake", "_now", "probes")
 
     def __init__(self) -> None:
-        self._ready: ReadySet[Target] = ReadySet()
-        self._due: list[tuple[float, int, Target]] = []
+        self._ready: ReadySet[Target] = ReadySet(edge=True)
+        self._buckets: dict[int, list[Target]] = {}
+        """The probes waiting, by the round (the grid time over :data:`TICK`) that sends them."""
+        self._rounds: list[int] = []
+        """The rounds that have a bucket, a heap (a few dozen: the intervals over :data:`TICK`)."""
         self._in_flight: set[Target] = set()
-        self._seq = 0
         self._wake = trio.Event()
         self._now = 0.0
         """The time of the round under way (the loop's times are good to a round)."""
@@ -123,13 +150,24 @@ class ProbeLoop:
         """Probes answered or failed so far."""
 
     def __repr__(self) -> str:
-        return f"<ProbeLoop {len(self._due)} scheduled, {len(self._in_flight)} in flight>"
+        scheduled = sum(map(len, self._buckets.values()))
+        return f"<ProbeLoop {scheduled} scheduled, {len(self._in_flight)} in flight>"
 
     def schedule(self, target: Target, delay: float) -> None:
         """Probe ``target`` in ``delay`` seconds (then as its ``done`` says)."""
-        self._seq += 1
-        heapq.heappush(self._due, (trio.current_time() + delay, self._seq, target))
+        self._push(target, trio.current_time() + delay)
         self._wake.set()
+
+    def _push(self, target: Target, when: float) -> None:
+        """Send ``target``'s next probe in the first round at or after ``when``."""
+        target.scheduled = when
+        key = math.ceil(when / TICK - _SLACK)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            self._buckets[key] = [target]
+            heapq.heappush(self._rounds, key)
+        else:
+            bucket.append(target)
 
     async def serve(self, online: Callable[[], trio.Event]) -> None:
         """Probe until cancelled, sending new probes only while ``online()`` is set. Checkpoints.
@@ -151,39 +189,41 @@ class ProbeLoop:
 
     async def _sleep(self, now: float, online: Callable[[], trio.Event]) -> None:
         """Until the next tick while probes are in flight, else until the next is due (or one is scheduled)."""
+        next_round = (round_of(now) + 1) * TICK
         if self._in_flight:
-            await trio.sleep_until(now + TICK)
+            await trio.sleep_until(next_round)
             return
         event = online()
         if not event.is_set():
             await event.wait()
             return
         self._wake = trio.Event()
-        due = self._due[0][0] if self._due else math.inf
-        with trio.move_on_at(max(due, now + TICK)):
+        due = self._rounds[0] * TICK if self._rounds else math.inf
+        with trio.move_on_at(max(due, next_round)):
             await self._wake.wait()
 
     async def _start_due(self, now: float) -> None:
         """Send every probe that is due: on its kept connection at once, else after opening one."""
-        due = self._due
-        in_flight = self._in_flight
-        while due and due[0][0] <= now:
-            when, _, target = heapq.heappop(due)
-            if when > -math.inf:  # not a retry on a fresh connection: a new probe, due then
-                target.due = when
-            target.deadline = now + target.limit
-            target.answers = []
-            in_flight.add(target)
-            if target.sock is not None:
-                target.reused = True
-                self._send(target, 0)
-                continue
-            try:
-                await self._connect(target)
-            except OSError as exc:
-                self._finish(
-                    target, ProbeResult(False, f"unreachable: cannot connect to {target.host}:{target.port}: {exc}")
-                )
+        rounds, buckets, in_flight = self._rounds, self._buckets, self._in_flight
+        this_round = round_of(now)  # the grid time the round is for (its wakeup may be a little late)
+        while rounds and rounds[0] <= this_round:
+            for target in buckets.pop(heapq.heappop(rounds)):
+                target.due = target.scheduled
+                target.deadline = now + target.limit
+                if target.answers:
+                    target.answers = []
+                in_flight.add(target)
+                if target.sock is not None:
+                    target.reused = True
+                    self._send(target, 0)
+                    continue
+                try:
+                    await self._connect(target)
+                except OSError as exc:
+                    self._finish(
+                        target,
+                        ProbeResult(False, f"unreachable: cannot connect to {target.host}:{target.port}: {exc}"),
+                    )
 
     async def _connect(self, target: Target) -> None:
         """Open ``target``'s connection without waiting for it (its first request goes when writable)."""
@@ -232,7 +272,8 @@ class ProbeLoop:
             if target.connecting:
                 self._connected(target)
             else:
-                self._receive(target)
+                while self._receive(target) == RECEIVE_SIZE:  # more may be left unread, and not reported again
+                    pass
 
     def _connected(self, target: Target) -> None:
         """Ready while connecting: no data comes before the connection is made, so it is made or failed."""
@@ -246,40 +287,47 @@ class ProbeLoop:
         self._ready.connected(sock.fileno())
         self._send(target, 0)
 
-    def _receive(self, target: Target) -> None:
+    def _receive(self, target: Target) -> int:
+        """Read what ``target``'s socket has; return the bytes read (0: none, or the connection ended).
+
+        A full read may leave more unread, which the edge-triggered set does not report
+        again: the caller reads again.
+        """
         sock = target.sock
-        assert sock is not None
+        if sock is None:  # closed by the read before
+            return 0
         error: OSError | None = None
         try:
             data = sock.recv(RECEIVE_SIZE)
         except BlockingIOError:
-            return
+            return 0
         except OSError as exc:
             data, error = b"", exc
         parser = target.parser
         if not target.waiting or parser is None:  # an idle kept connection: the server closed it (or sent unasked)
             self._close(target)
-            return
+            return 0
         if data:
             try:
                 parser.feed(data)
             except AnswerError as exc:
                 self._fail(target, f"unreachable: bad answer: {exc}")
-                return
+                return 0
             if parser.size > ANSWER_BYTES:
                 self._fail(target, f"the answer is over {ANSWER_BYTES} bytes")
-                return
+                return 0
         elif target.reused and not target.answers and not parser.head_done:
             self._retry_fresh(target)  # closed while idle, before our request reached it
-            return
+            return 0
         elif error is not None:
             self._fail(target, f"unreachable: the read failed: {error}")
-            return
+            return 0
         elif not parser.closed():
             self._fail(target, "unreachable: the server closed the connection without answering")
-            return
+            return 0
         if parser.complete:
             self._answered(target, parser)
+        return len(data)
 
     def _answered(self, target: Target, parser: StatusAnswers) -> None:
         target.waiting = False
@@ -300,11 +348,10 @@ class ProbeLoop:
         self._finish(target, judge(target.kind, tuple(target.answers)))
 
     def _retry_fresh(self, target: Target) -> None:
-        """The kept connection was closed by the server: the probe goes again on a new one (next round)."""
+        """The kept connection was closed by the server: the probe goes again on a new one (this round)."""
         self._close(target)
         self._in_flight.discard(target)
-        self._seq += 1
-        heapq.heappush(self._due, (-math.inf, self._seq, target))
+        self._push(target, target.due)  # due already: the round under way takes it again
 
     def _expire(self, now: float) -> None:
         for target in [t for t in self._in_flight if t.deadline <= now]:
@@ -319,11 +366,9 @@ class ProbeLoop:
         self._in_flight.discard(target)
         target.waiting = False
         self.probes += 1
-        self._seq += 1
         now = self._now
         interval = target.done(result, now)
-        due = max(target.due + interval, now + interval - 2 * TICK)
-        heapq.heappush(self._due, (due, self._seq, target))
+        self._push(target, max(target.due + interval, now + interval - 2 * TICK))
 
     def _close(self, target: Target) -> None:
         sock = target.sock

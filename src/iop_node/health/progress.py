@@ -40,13 +40,27 @@ class Progress:
         chunks: body chunks received so far, of every run.
     """
 
-    __slots__ = ("runs", "started", "chunks", "silence", "cut_runs", "_scopes", "_seen", "_quiet_since", "_stalled")
+    __slots__ = (
+        "runs",
+        "started",
+        "chunks",
+        "silence",
+        "cut_runs",
+        "idle",
+        "_scopes",
+        "_seen",
+        "_quiet_since",
+        "_stalled",
+    )
 
     def __init__(self) -> None:
         self.silence = 0.0
         """Seconds without a byte of the stall being cut (for the runs' error message)."""
         self.cut_runs = 0
         """Runs the last :meth:`check` cut."""
+        self.idle = True
+        """No run has begun since a :meth:`check` found none in flight and no stall: the next check
+        would change nothing, and the watchdog skips it (most providers, most of the time)."""
         self.runs = 0
         self.started = 0
         self.chunks = 0
@@ -65,6 +79,7 @@ class Progress:
         visible share of a short run.
         """
         scope = trio.CancelScope()
+        self.idle = False
         self.runs += 1
         self.started += 1
         self._scopes.add(scope)
@@ -93,6 +108,7 @@ class Progress:
         if self.runs == 0 or self.chunks != self._seen or stall <= 0:
             self._seen = self.chunks
             self._quiet_since = now if self.runs else None
+            self.idle = not self.runs
             return self._verdict(False)
         if self._quiet_since is None:
             self._quiet_since = now

@@ -13,7 +13,9 @@ each connection sends what changed (:meth:`HealthWatcher.report`).
   row make it ``not_ready``, ``healthy_threshold`` passes ``ready`` again
   (:class:`~iop_node.health.readiness.Readiness`).
 - Stall watchdog: one task for every provider, ticking at an eighth of the smallest
-  ``stall_ms``; a stalled provider's runs are cut and it is reported ``stalled`` until
+  ``stall_ms`` (on the probe rounds' grid when that is longer than a round, so one
+  wakeup of the process serves both; a provider with no run since the last tick costs
+  nothing); a stalled provider's runs are cut and it is reported ``stalled`` until
   a byte arrives or no run is left (:mod:`iop_node.health.progress`).
 - Idle canary (off unless ``canary_idle_ms``): after that long without a run, a
   one-token completion through the node's gate; its outcome counts as a probe result.
@@ -36,7 +38,7 @@ from iop_io import CAN_POLL
 from iop_node._errors import RunFailed
 from iop_node.config import NodeConfig, ProviderConfig
 from iop_node.health.probe import ProbeClient, probe_urls
-from iop_node.health.prober import ProbeLoop, Target
+from iop_node.health.prober import TICK, ProbeLoop, Target, grid_time
 from iop_node.health.progress import Progress
 from iop_node.health.readiness import NOT_READY, READY, STALLED, ProbeResult, Readiness
 from iop_wire import EngineView
@@ -83,6 +85,20 @@ class _Watched:
     report: HealthReport = HealthReport()
     traffic_seen: int = -1
     last_traffic: float = 0.0
+    changed: Callable[[], None] = lambda: None
+    """Called when a probe's result changed the readiness verdict (the watcher's update of the report)."""
+    rng: random.Random = attrs.field(factory=random.Random)
+    """The jitter's source (the watcher's)."""
+    _every: float = attrs.field(init=False)
+    """Seconds between two probes: ``interval_ms``; ``_idle_every`` once the provider has had no run that long."""
+    _idle_every: float = attrs.field(init=False)
+    _jitter: float = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        health = self.config.health
+        self._every = health.interval_ms / 1000
+        self._idle_every = health.no_traffic_interval_ms / 1000
+        self._jitter = health.jitter
 
     def current(self) -> HealthReport:
         if self.progress.stalled:
@@ -95,16 +111,20 @@ class _Watched:
         capacity = capacity if capacity is not None and capacity < self.config.capacity else None
         return HealthReport(READY, "", capacity, self.readiness.engine)
 
-    def interval(self, now: float, rng: random.Random) -> float:
-        """Seconds to the next probe: Envoy's interval, or its no-traffic interval, jittered."""
-        health = self.config.health
+    def probed(self, result: ProbeResult, now: float) -> float:
+        """Count one probe's result (at ``now``); return the seconds to the next probe.
+
+        That is Envoy's interval, or its no-traffic interval once the provider has had
+        no run for that long, jittered.
+        """
+        if self.readiness.observe(result):
+            self.changed()
         progress = self.progress
         if progress.runs or progress.started != self.traffic_seen:
             self.traffic_seen = progress.started
             self.last_traffic = now
-        idle = now - self.last_traffic >= health.no_traffic_interval_ms / 1000
-        base = (health.no_traffic_interval_ms if idle else health.interval_ms) / 1000
-        return base * (1 + health.jitter * (2 * rng.random() - 1))
+        base = self._idle_every if now - self.last_traffic >= self._idle_every else self._every
+        return base * (1 + self._jitter * (2 * self.rng.random() - 1))
 
 
 @final
@@ -126,8 +146,10 @@ class HealthWatcher:
         self._probes = 0
         self._loop: ProbeLoop | None = None
         for name, watched in self._watched.items():
+            watched.rng = self._rng
+            watched.changed = functools.partial(self._update, name, watched)
             if watched.target is not None:
-                watched.target.done = functools.partial(self._probed, name, watched)
+                watched.target.done = watched.probed
                 self._loop = self._loop or ProbeLoop()
 
     @classmethod
@@ -244,12 +266,15 @@ class HealthWatcher:
         if not stalls:
             return
         tick = max(MIN_TICK, min(stalls) / 8000)
+        watched = [(name, w, w.progress, w.config.health.stall_ms / 1000) for name, w in self._watched.items()]
         while True:
-            await trio.sleep(tick)
+            at = trio.current_time() + tick
+            await trio.sleep_until(grid_time(at) if tick >= TICK else at)  # with a probe round: one wakeup
             now = trio.current_time()
-            for name, watched in self._watched.items():
-                progress = watched.progress
-                verdict = progress.check(now, watched.config.health.stall_ms / 1000)
+            for name, one, progress, stall in watched:
+                if progress.idle:  # no run since the last check found none: nothing to watch
+                    continue
+                verdict = progress.check(now, stall)
                 if progress.cut_runs:
                     logger.warning(
                         "provider %s stalled: no byte for %.1f s, cutting its %d runs in flight",
@@ -258,13 +283,7 @@ class HealthWatcher:
                         progress.cut_runs,
                     )
                 if verdict is not None:
-                    self._update(name, watched)
-
-    def _probed(self, name: str, watched: _Watched, result: ProbeResult, now: float) -> float:
-        """Count one probe's result (at ``now``); return the seconds until the provider's next probe."""
-        if watched.readiness.observe(result):
-            self._update(name, watched)
-        return watched.interval(now, self._rng)
+                    self._update(name, one)
 
     async def _probe_loop(self, name: str, watched: _Watched, first: float) -> None:
         """One provider's probes, one at a time: an ``https://`` backend (or no epoll)."""
@@ -276,7 +295,7 @@ class HealthWatcher:
             await self._online.wait()
             result = await probe.check(timeout)
             self._probes += 1
-            await trio.sleep(self._probed(name, watched, result, trio.current_time()))
+            await trio.sleep(watched.probed(result, trio.current_time()))
 
     async def _canary_loop(self, name: str, watched: _Watched) -> None:
         assert self._canary is not None
