@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -12,6 +12,7 @@ import trio.testing
 from iop_edge.ha import Leadership
 from iop_edge.ha.election import run_election
 from iop_edge.ha.etcd import EtcdGateway, EtcdUnavailable, KeyHolder
+from iop_edge.ha.etcd_http import CallFailed, Headers
 
 pytestmark = pytest.mark.req("ha-step-down")
 
@@ -61,14 +62,13 @@ async def test_the_same_etcd_error_is_logged_once_per_interval_not_per_retry(
     """etcd down (or a wrong password) for 100 s: the standby retries every 0.2 s but logs the error
     at once, then again every 30 s, not five times a second."""
 
-    def unreachable(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+    def unreachable(url: str, body: bytes) -> tuple[int, bytes]:
+        raise CallFailed("http://etcd:2379: connection refused")
 
     lead = Leadership("edge-a", ttl=2.0, margin=0.5)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(unreachable)) as client:
-        gateway = EtcdGateway(client, ["http://etcd:2379"])
-        with caplog.at_level(logging.WARNING, logger="iop_edge.ha"), trio.move_on_after(100):
-            await run_election(gateway, lead, "/iop/election/x", poll_interval=0.1)
+    gateway = EtcdGateway(Answering(unreachable), ["http://etcd:2379"])
+    with caplog.at_level(logging.WARNING, logger="iop_edge.ha"), trio.move_on_after(100):
+        await run_election(gateway, lead, "/iop/election/x", poll_interval=0.1)
     logged = [r for r in caplog.records if r.getMessage().startswith("etcd: ")]
     assert len(logged) == 4, [r.getMessage() for r in logged]  # at 0, 30, 60 and 90 s
     assert lead.role == "standby" and lead.elections_won == 0
@@ -151,13 +151,23 @@ async def _down_then_back(store: Store, lead: Leadership) -> None:
 
 
 async def test_revoking_a_lease_etcd_no_longer_has_is_no_error() -> None:
-    def answer(request: httpx.Request) -> httpx.Response:
-        if b'"7"' in request.content:  # etcd's answer, as its gateway gives it
-            return httpx.Response(404, text='{"error":"etcdserver: requested lease not found","code":5}')
-        return httpx.Response(500, text="etcdserver: request timed out")
+    def answer(url: str, body: bytes) -> tuple[int, bytes]:
+        if b'"7"' in body:  # etcd's answer, as its gateway gives it
+            return 404, b'{"error":"etcdserver: requested lease not found","code":5}'
+        return 500, b"etcdserver: request timed out"
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        gateway = EtcdGateway(client, ["http://etcd:2379"])
-        await gateway.revoke(7)
-        with pytest.raises(EtcdUnavailable):
-            await gateway.revoke(8)
+    gateway = EtcdGateway(Answering(answer), ["http://etcd:2379"])
+    await gateway.revoke(7)
+    with pytest.raises(EtcdUnavailable):
+        await gateway.revoke(8)
+
+
+class Answering:
+    """An HTTP client whose every POST ``answer`` answers (or fails)."""
+
+    def __init__(self, answer: Callable[[str, bytes], tuple[int, bytes]]) -> None:
+        self.answer = answer
+
+    async def post(self, url: str, body: bytes, headers: Headers = ()) -> tuple[int, bytes]:
+        await trio.lowlevel.checkpoint()
+        return self.answer(url, body)

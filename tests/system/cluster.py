@@ -112,7 +112,8 @@ class Cluster:
 
     async def start_edge(self, name: str, ports: tuple[int, int] | None = None) -> EdgeProcess:
         path = write_config(self.stack.directory / f"{name}.yaml", self.edge_config(name, ports))
-        daemon = await self.stack.spawn(name, ["-m", "iop_edge", "--config", str(path)])
+        # debug: each lease renewal is logged (the step-down check reads them, tests/system/terms.py)
+        daemon = await self.stack.spawn(name, ["-m", "iop_edge", "--config", str(path), "--log-level", "debug"])
         match = await daemon.wait_for_line(EDGE_READY, timeout=30)
         return EdgeProcess(name, daemon, int(match[1]), int(match[2]))
 

@@ -4,7 +4,8 @@ A leader's lease lives in etcd for the TTL from the last renewal etcd answered; 
 cannot renew it (etcd killed or stopped, the leader stopped, cut off) must have stepped down by
 then, or a successor may lead beside it ([ha-step-down], docs/ha.md). The Edges' own logs say
 when (each line has the wall-clock time, to the millisecond): ``leading at epoch N`` opens a
-term, each answered ``/v3/lease/keepalive`` renews it, ``stepped down (epoch N)`` ends it.
+term, each ``renewed the lease of epoch N`` (a renewal etcd answered, logged at DEBUG: the
+cluster runs its Edges with ``--log-level debug``) renews it, ``stepped down (epoch N)`` ends it.
 
 :func:`terms_of` reads one Edge process's log into its :class:`Term` values;
 :func:`stepped_down_in_time` checks that no term ran longer than the TTL after a renewal
@@ -27,7 +28,7 @@ import attrs
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (\S+): (.*)$")
 _WON = re.compile(r"leading at epoch (\d+)$")
 _DOWN = re.compile(r"stepped down \(epoch (\d+)\)$")
-_RENEWED = re.compile(r'POST \S+/v3/lease/keepalive "HTTP/1\.1 200')
+_RENEWED = re.compile(r"renewed the lease of epoch \d+")
 
 
 @attrs.frozen
@@ -69,7 +70,7 @@ def terms_of(edge: str, log: str) -> list[Term]:
         elif epoch is not None and logger == "iop_edge.ha" and _DOWN.search(text):
             terms.append(Term(edge, epoch, tuple(alive), last, stepped_down=True))
             epoch = None
-        elif epoch is not None and logger == "httpx" and _RENEWED.search(text):
+        elif epoch is not None and logger == "iop_edge.ha" and _RENEWED.search(text):
             alive.append(last)
     if epoch is not None:
         terms.append(Term(edge, epoch, tuple(alive), last, stepped_down=False))

@@ -79,7 +79,7 @@ def _log(*lines: tuple[float, str]) -> str:
     return "\n".join(f"2026-12-07 12:00:{at:06.3f}".replace(".", ",") + f" {text}" for at, text in lines) + "\n"
 
 
-RENEWED = 'INFO httpx: HTTP Request: POST http://127.0.0.1:1/v3/lease/keepalive "HTTP/1.1 200 OK"'
+RENEWED = "DEBUG iop_edge.ha: renewed the lease of epoch 7 for 2 s"
 
 
 def test_a_leader_that_steps_down_within_its_ttl_of_its_last_renewal_passes() -> None:

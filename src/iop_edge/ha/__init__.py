@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from typing import final
 
 import attrs
-import httpx
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -23,6 +22,7 @@ from prometheus_client.registry import Collector
 from iop_edge.config import HaConfig
 from iop_edge.ha.election import ElectionStore, run_election
 from iop_edge.ha.etcd import EtcdGateway, EtcdUnavailable, KeyHolder
+from iop_edge.ha.etcd_http import EtcdHttp
 from iop_edge.ha.fencing import LeaderFence
 from iop_edge.ha.leadership import LeaderInfo, Leadership, Role
 from iop_edge.status import HaStatus
@@ -105,22 +105,24 @@ class EdgeHa:
                 scope.cancel()
         self.on_change(leadership)
 
-    def _client(self) -> httpx.AsyncClient:
-        verify: ssl.SSLContext | bool = True
+    def _client(self) -> EtcdHttp:
+        tls = None
         if self.config.ca_file or self.config.cert_file:
-            context = ssl.create_default_context(cafile=self.config.ca_file)
+            tls = ssl.create_default_context(cafile=self.config.ca_file)
             if self.config.cert_file and self.config.key_file:
-                context.load_cert_chain(self.config.cert_file, self.config.key_file)
-            verify = context
-        timeout = httpx.Timeout(self.config.ttl_s / 3)
-        return httpx.AsyncClient(verify=verify, timeout=timeout, trust_env=False)
+                tls.load_cert_chain(self.config.cert_file, self.config.key_file)
+        return EtcdHttp(self.config.ttl_s / 3, tls)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Campaign until cancelled (see :func:`iop_edge.ha.election.run_election`); steps down on cancel."""
-        async with self._client() as client:
+        client = self._client()
+        try:
             await self.campaign(
                 EtcdGateway(client, self.config.endpoints, self.config.credentials), task_status=task_status
             )
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
 
     async def campaign(
         self, store: ElectionStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -10,7 +10,9 @@ that creates the key is the term's epoch. A standby retries every
 (etcd looks for expired leases every 500 ms) or is revoked, so a failover takes
 at most the TTL, plus half a second, plus one poll.
 
-Leading: renew every ``ttl / 3``; stop leading when :meth:`Leadership.must_step_down`
+Leading: renew every ``ttl / 3`` (each renewal etcd answered is logged at DEBUG, the
+evidence the whole-system check reads; nothing at INFO: a line every third of the TTL
+for as long as an Edge leads is noise, and its cost is HA's steady cost); stop leading when :meth:`Leadership.must_step_down`
 says so (``margin`` before the lease can expire in etcd, counted from the last
 renewal *sent*), when etcd says the lease is gone, or on shutdown (then the
 lease is revoked, so a successor wins without waiting out the TTL). A leader
@@ -190,5 +192,6 @@ async def _lead(gateway: ElectionStore, leadership: Leadership, lease: int | Non
                 if granted == 0:
                     return None  # the lease expired in etcd: the key is gone with it
                 leadership.renewed(sent, granted)
+                log.debug("renewed the lease of epoch %d for %d s", leadership.epoch, granted)
         await trio.sleep_until(min(next_renew, leadership.deadline()))
     return lease  # cut off from etcd for too long: revoked as soon as etcd answers, so a successor need not wait

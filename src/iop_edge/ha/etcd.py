@@ -1,9 +1,11 @@
-"""A small etcd v3 client over etcd's JSON gateway (``/v3/...``), on httpx.
+"""A small etcd v3 client over etcd's JSON gateway (``/v3/...``).
 
-Chosen over a gRPC client library: httpx is already a dependency, the five
-calls the election needs (lease grant, keepalive, revoke, a create-if-absent
-transaction, a range read) are one POST each, and the gateway ships in every
-etcd 3.x server. Keys and values are base64 in the gateway's JSON; 64-bit
+Chosen over a gRPC client library: the five calls the election needs (lease
+grant, keepalive, revoke, a create-if-absent transaction, a range read) are
+one POST each, and the gateway ships in every etcd 3.x server. The POSTs go
+through :class:`~iop_edge.ha.etcd_http.EtcdHttp` (one kept connection per
+endpoint, the project's own HTTP/1.1): a leader makes one every third of its
+TTL for as long as it runs, so their cost is HA's steady cost. Keys and values are base64 in the gateway's JSON; 64-bit
 numbers are strings. With etcd's auth enabled, the gateway authenticates once
 (``/v3/auth/authenticate``) and sends the token etcd gave it in the
 ``Authorization`` header of every call, authenticating again when etcd
@@ -15,11 +17,13 @@ lost answer costs at most one lease TTL).
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Sequence
-from typing import Any, final
+from typing import Any, Protocol, final
 
 import attrs
-import httpx
+
+from iop_edge.ha.etcd_http import CallFailed, Headers
 
 LEASE_NOT_FOUND = "requested lease not found"
 """etcd's error for a lease it does not have (``rpctypes.ErrLeaseNotFound``), in its gateway's answer."""
@@ -37,6 +41,14 @@ def _unb64(text: str) -> str:
     return base64.b64decode(text).decode()
 
 
+class Poster(Protocol):
+    """What the gateway needs of an HTTP client: :class:`~iop_edge.ha.etcd_http.EtcdHttp`, or a stand-in."""
+
+    async def post(self, url: str, body: bytes, headers: Headers = ()) -> tuple[int, bytes]:
+        """The answer's status and body; raises :class:`~iop_edge.ha.etcd_http.CallFailed` when none came."""
+        ...
+
+
 @final
 @attrs.frozen
 class KeyHolder:
@@ -52,12 +64,12 @@ class EtcdGateway:
     """Calls to etcd's JSON gateway, trying ``endpoints`` in turn.
 
     Args:
-        client: an ``httpx.AsyncClient`` (TLS configured on it).
+        client: the HTTP client (:class:`~iop_edge.ha.etcd_http.EtcdHttp`, TLS configured on it).
         endpoints: base URLs, e.g. ``http://10.0.0.1:2379``.
         credentials: ``(user, password)`` when etcd's auth is enabled; None: no auth.
     """
 
-    client: httpx.AsyncClient
+    client: Poster
     endpoints: Sequence[str]
     credentials: tuple[str, str] | None = attrs.field(default=None, repr=False)
     _next: int = 0
@@ -65,40 +77,44 @@ class EtcdGateway:
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         last: Exception | None = None
+        data = json.dumps(body, separators=(",", ":")).encode()
         for i in range(len(self.endpoints)):
             endpoint = self.endpoints[(self._next + i) % len(self.endpoints)]
             try:
-                response = await self._call(endpoint.rstrip("/"), path, body)
-            except (httpx.HTTPError, EtcdUnavailable) as error:
+                status, text = await self._call(endpoint.rstrip("/"), path, data)
+                if status != 200:
+                    raise EtcdUnavailable(f"{endpoint}{path}: {status} {text[:200].decode(errors='replace')}")
+                answer = json.loads(text)
+                if not isinstance(answer, dict):
+                    raise EtcdUnavailable(f"{endpoint}{path}: not a JSON object: {text[:200]!r}")
+            except (CallFailed, EtcdUnavailable, ValueError) as error:
                 last = error
                 continue
-            if response.status_code != 200:
-                last = EtcdUnavailable(f"{endpoint}{path}: {response.status_code} {response.text[:200]}")
-                continue
             self._next = (self._next + i) % len(self.endpoints)
-            answer: dict[str, Any] = response.json()
             return answer
         raise EtcdUnavailable(str(last))
 
-    async def _call(self, endpoint: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def _call(self, endpoint: str, path: str, body: bytes) -> tuple[int, bytes]:
         """One POST, with the auth token when etcd's auth is on (a new one after a 401)."""
         if self.credentials is None:
-            return await self.client.post(endpoint + path, json=body)
+            return await self.client.post(endpoint + path, body)
         for attempt in range(2):
             if self._token is None or attempt:
                 self._token = await self._authenticate(endpoint, *self.credentials)
-            response = await self.client.post(endpoint + path, json=body, headers={"Authorization": self._token})
-            if response.status_code != 401:
+            status, text = await self.client.post(endpoint + path, body, [(b"authorization", self._token.encode())])
+            if status != 401:
                 break
-        return response
+        return status, text
 
     async def _authenticate(self, endpoint: str, user: str, password: str) -> str:
-        response = await self.client.post(endpoint + "/v3/auth/authenticate", json={"name": user, "password": password})
-        if response.status_code != 200:
+        status, text = await self.client.post(
+            endpoint + "/v3/auth/authenticate", json.dumps({"name": user, "password": password}).encode()
+        )
+        if status != 200:
             raise EtcdUnavailable(
-                f"{endpoint}: etcd refused user {user!r}: {response.status_code} {response.text[:200]}"
+                f"{endpoint}: etcd refused user {user!r}: {status} {text[:200].decode(errors='replace')}"
             )
-        token: str = response.json()["token"]
+        token: str = json.loads(text)["token"]
         return token
 
     async def grant(self, ttl: int) -> int:
