@@ -10,10 +10,13 @@ Two measurements, loopback only, every process started here and killed at the en
    first 200 served by the other Edge and the requests that failed in
    between, then start the killed Edge again (same ports: the Node dials it
    again) and wait until it stands by with the Node registered.
-2. **Steady-state cost of HA.** One Edge and one Node, ``--requests``
-   non-stream requests at ``--clients`` concurrency, without ``ha:`` and with
-   it (the Edge leads its own election), alternated ``--runs`` times in the
-   same run: requests/s and the Edge's CPU per request (``/proc``), medians.
+2. **Steady-state cost of HA.** One Edge and one Node, without ``ha:`` and
+   with it (the Edge leads its own election), alternated ``--runs`` times in
+   the same run: the Edge idle for ``--idle`` seconds (its loop's CPU per
+   second, ``/proc/<pid>/schedstat``: what leading costs by itself), then
+   ``--requests`` non-stream requests at ``--clients`` concurrency
+   (requests/s and the Edge's CPU per request, ``/proc/<pid>/stat``); medians.
+   ``--kills 0`` runs this part alone.
 
 Prints a table and writes ``benchmarks/results/ha-<time>.json``.
 """
@@ -65,6 +68,12 @@ def _cpu_seconds(pid: int) -> float:
     """User + system CPU of a child process so far, from ``/proc/<pid>/stat``."""
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _loop_cpu_seconds(pid: int) -> float:
+    """On-CPU time of a child's main thread (its trio loop) so far, from ``/proc/<pid>/schedstat``:
+    nanoseconds, where ``/proc/<pid>/stat`` counts clock ticks (too coarse for an idle Edge)."""
+    return int(pathlib.Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
 class Processes:
@@ -302,8 +311,9 @@ async def _served_by(served: list[tuple[float, str]], name: str, after: float) -
     return any(edge == name and t > after for t, edge in served)
 
 
-async def steady(requests: int, clients: int, with_ha: bool) -> dict[str, float]:
-    """``requests`` requests through one Edge (with or without ``ha:``): requests/s and Edge CPU per request."""
+async def steady(requests: int, clients: int, with_ha: bool, idle_s: float) -> dict[str, float]:
+    """One Edge (with or without ``ha:``) idle for ``idle_s`` seconds, then serving ``requests``
+    requests: its loop's CPU per second idle, then requests/s and its CPU per request."""
     async with _processes() as procs, httpx.AsyncClient(timeout=30.0) as http:
         ha = None
         if with_ha:
@@ -317,6 +327,9 @@ async def steady(requests: int, clients: int, with_ha: bool) -> dict[str, float]
         for _ in range(50):  # warm-up
             (await http.post(edge.url + "/v1/chat/completions", json=BODY)).raise_for_status()
         assert edge.process is not None
+        idle0, t0 = _loop_cpu_seconds(edge.process.pid), time.monotonic()
+        await trio.sleep(idle_s)
+        idle = (_loop_cpu_seconds(edge.process.pid) - idle0) / (time.monotonic() - t0)
         left = requests
         cpu0, t0 = _cpu_seconds(edge.process.pid), time.monotonic()
 
@@ -330,45 +343,55 @@ async def steady(requests: int, clients: int, with_ha: bool) -> dict[str, float]
             for _ in range(clients):
                 nursery.start_soon(client)
         elapsed, cpu = time.monotonic() - t0, _cpu_seconds(edge.process.pid) - cpu0
-        return {"rps": requests / elapsed, "cpu_us_per_request": cpu / requests * 1e6}
+        return {"idle_cpu_ms_per_s": idle * 1e3, "rps": requests / elapsed, "cpu_us_per_request": cpu / requests * 1e6}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    result: dict[str, Any] = {"failover": await failover(args.kills, args.ttl, args.clients)}
+    result: dict[str, Any] = {}
+    if args.kills:
+        result["failover"] = await failover(args.kills, args.ttl, args.clients)
     runs: dict[str, list[dict[str, float]]] = {"no_ha": [], "ha": []}
     for _ in range(args.runs):  # alternated, so drift of the box hits both alike
-        runs["no_ha"].append(await steady(args.requests, args.clients, with_ha=False))
-        runs["ha"].append(await steady(args.requests, args.clients, with_ha=True))
+        runs["no_ha"].append(await steady(args.requests, args.clients, with_ha=False, idle_s=args.idle))
+        runs["ha"].append(await steady(args.requests, args.clients, with_ha=True, idle_s=args.idle))
     for name, samples in runs.items():
-        result[name] = {
-            "rps": statistics.median(s["rps"] for s in samples),
-            "cpu_us_per_request": statistics.median(s["cpu_us_per_request"] for s in samples),
-        }
+        result[name] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+    result["runs"] = runs
     result["ha_vs_no_ha"] = {
         "rps_ratio": result["ha"]["rps"] / result["no_ha"]["rps"],
         "cpu_ratio": result["ha"]["cpu_us_per_request"] / result["no_ha"]["cpu_us_per_request"],
+        "idle_cpu_ms_per_s_added": result["ha"]["idle_cpu_ms_per_s"] - result["no_ha"]["idle_cpu_ms_per_s"],
     }
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ha", description=__doc__.split("\n")[0])
-    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument(
+        "--kills", type=int, default=10, help="leader kills of the failover part; 0: the cost part only"
+    )
     parser.add_argument("--ttl", type=int, default=2, help="ha.ttl_s, whole seconds >= 2")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--requests", type=int, default=2000, help="per steady-state run")
     parser.add_argument("--runs", type=int, default=3, help="steady-state runs of each kind (medians)")
+    parser.add_argument("--idle", type=float, default=10.0, help="seconds each steady-state Edge is timed idle first")
     args = parser.parse_args(argv)
     result = trio.run(main_async, args)
-    fo = result["failover"]
-    print(f"failover over {fo['kills']} leader kills, ttl {fo['ttl_s']} s, {fo['clients']} clients:")
-    print(f"  kill -> first 200 of the new leader: p50 {fo['failover_p50_s']:.2f} s, p99 {fo['failover_p99_s']:.2f} s")
-    print(f"  failed attempts per failover (clients retry every 50 ms): {fo['failed_per_failover']}")
-    print(f"  of which cut (in flight at the killed leader): {fo['cut_per_failover']}")
+    if fo := result.get("failover"):
+        print(f"failover over {fo['kills']} leader kills, ttl {fo['ttl_s']} s, {fo['clients']} clients:")
+        print(
+            f"  kill -> first 200 of the new leader: p50 {fo['failover_p50_s']:.2f} s, p99 {fo['failover_p99_s']:.2f} s"
+        )
+        print(f"  failed attempts per failover (clients retry every 50 ms): {fo['failed_per_failover']}")
+        print(f"  of which cut (in flight at the killed leader): {fo['cut_per_failover']}")
     for name in ("no_ha", "ha"):
-        print(f"  {name:6} {result[name]['rps']:8.1f} req/s  {result[name]['cpu_us_per_request']:8.1f} µs CPU/request")
+        each = " ".join(f"{s['cpu_us_per_request']:.0f}" for s in result["runs"][name])
+        print(
+            f"  {name:6} {result[name]['rps']:8.1f} req/s  {result[name]['cpu_us_per_request']:8.1f} µs CPU/request ({each})"
+        )
     ratio = result["ha_vs_no_ha"]
-    print(f"  ha / no_ha: req/s x{ratio['rps_ratio']:.3f}, CPU per request x{ratio['cpu_ratio']:.3f}")
+    print(f"  ha / no_ha: req/s x{ratio['rps_ratio']:.3f}, CPU per request x{ratio['cpu_ratio']:.3f}", end="")
+    print(f", idle CPU {ratio['idle_cpu_ms_per_s_added']:+.2f} ms/s")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"ha-{time.strftime('%Y%m%dT%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
