@@ -1,4 +1,6 @@
-"""[token-ledger] The ledger's edges: a refresh that moves a pinned waiter off a provider.
+"""[token-ledger] The ledger's edges that mutation testing (``make mutate`` over issue 40's code,
+docs/reliability.md) found untested: each test names the behaviour a surviving mutant broke; and
+the bug found while arguing them (a refresh that moves a pinned waiter off a provider).
 
 Sans-I/O, exact steps; patience 0 (``TokenLedger.PATIENCE``) where a pin is wanted at the first pass.
 """
@@ -11,7 +13,7 @@ from tests.admission.steps import as_waiter as _waiter
 from tests.admission.steps import connected, grants
 
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission.core import AdmissionState, TokenLedger
+from iop_admission.core import AdmissionState, TokenLedger, Waiter, reservation
 
 pytestmark = pytest.mark.req("token-ledger")
 
@@ -41,6 +43,86 @@ def _headroom(state: AdmissionState) -> list[int]:
     return [row.token_headroom for row in state.provider_snapshots()]
 
 
+def test_a_window_of_one_token_bounds_a_reservation() -> None:
+    """The smallest window still bounds: only 0 means unbounded."""
+    assert reservation(5, 5, 1) == 1
+    assert reservation(5, 5, 0) == 10
+
+
+def test_a_long_waiter_passed_over_by_tokens_is_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admitting by tokens alone, a long request needs no long slot: a long 60 that waits behind a
+    50 is kept off by its tokens only, so the 20 granted past it pins it (patience 0), and a 20
+    that arrives next waits beside the 60 held (50 + 20 + 20 + 60 > 100)."""
+    monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
+    state = _state(_tokens())
+    _lease(state.request("a", False, 0.0, tokens=50))
+    big = _waiter(state.request("a", True, 0.0, tokens=60))
+    _lease(state.request("a", False, 0.0, tokens=20))
+    assert _headroom(state) == [60]
+    _waiter(state.request("a", False, 0.0, tokens=20))
+    assert big.state.value == "queued"
+
+
+def test_a_waiter_that_arrived_after_the_grant_is_not_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 60 and then a 70 wait behind a 50. The 50 leaves: the 60 is granted; the 70 did not fit
+    either, but it arrived after the 60, so nothing passed it and nothing is held for it (patience
+    0 would pin it at once): a 10 still runs beside the 60."""
+    monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
+    state = _state(_tokens())
+    first = _lease(state.request("a", False, 0.0, tokens=50))
+    sixty = _waiter(state.request("a", False, 0.0, tokens=60))
+    seventy = _waiter(state.request("a", False, 0.0, tokens=70))
+    assert grants(state.release(first)) == [(sixty, A)]
+    assert _headroom(state) == [0] and seventy.state.value == "queued"
+    assert _lease(state.request("a", False, 0.0, tokens=10)).reserved_tokens == 10
+
+
+def test_a_long_waiter_without_figures_is_held_a_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long request that names no tokens reserves the window (60): behind a 50 it waits, and
+    the 20 granted past it pins it with its window held."""
+    monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
+    state = _state(_tokens(window=60))
+    _lease(state.request("a", False, 0.0, tokens=50))
+    _waiter(state.request("a", True, 0.0))
+    _lease(state.request("a", False, 0.0, tokens=20))
+    assert _headroom(state) == [60]
+
+
+def _pinned_on_both(state: AdmissionState) -> Waiter:
+    """A 50 of ``x`` that waits behind a 60 on A and on B (budgets of 100), pinned on both by a 10
+    granted past it on each (patience 0): 50 held on each."""
+    _lease(state.request("a", False, 0.0, tokens=60))
+    _lease(state.request("b", False, 0.0, tokens=60))
+    big = _waiter(state.request("x", False, 0.0, tokens=50))
+    _lease(state.request("a", False, 0.0, tokens=10))
+    _lease(state.request("b", False, 0.0, tokens=10))
+    assert _headroom(state) == [50, 50]
+    return big
+
+
+def test_a_waiter_pinned_on_two_providers_gives_both_back_when_it_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 50 of ``x`` waits behind a 60 on A and on B; a 10 on A, then one on B, pass it: pinned on
+    both, 50 held on each. Withdrawn, it gives back the room on both."""
+    monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
+    state = _state(_tokens(), _tokens())
+    big = _pinned_on_both(state)
+    assert state.withdraw(big)
+    assert state.drain_decisions() == []
+    assert _headroom(state) == [0, 0]
+
+
+def test_a_waiter_too_big_for_a_provider_holds_nothing_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 150 of ``x`` can run on B (budget 200, 100 taken) but never on A (budget 100): the 10s
+    granted on A do not pass it there, so A holds nothing for it and a second 10 runs."""
+    monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
+    state = _state(_tokens(), _tokens(200))
+    _lease(state.request("b", False, 0.0, tokens=100))
+    _waiter(state.request("x", False, 0.0, tokens=150))
+    _lease(state.request("a", False, 0.0, tokens=10))
+    assert _headroom(state) == [0, 0]
+    assert _lease(state.request("a", False, 0.0, tokens=10)).provider == A
+
+
 def test_a_refresh_that_takes_a_provider_off_a_pinned_waiter_gives_its_headroom_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -51,13 +133,29 @@ def test_a_refresh_that_takes_a_provider_off_a_pinned_waiter_gives_its_headroom_
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
     spec = _tokens()
     state = _state(spec, spec)
-    _lease(state.request("a", False, 0.0, tokens=60))
-    _lease(state.request("b", False, 0.0, tokens=60))
-    big = _waiter(state.request("x", False, 0.0, tokens=50))
-    _lease(state.request("a", False, 0.0, tokens=10))
-    _lease(state.request("b", False, 0.0, tokens=10))
-    assert _headroom(state) == [50, 50]
+    big = _pinned_on_both(state)
     small = _waiter(state.request("a", False, 0.0, tokens=20))
     assert grants(state.refresh(_config(spec, spec, x=(B,)))) == [(small, A)]
     assert big.state.value == "queued" and _headroom(state) == [0, 50]
     assert state.withdraw(big) and _headroom(state) == [0, 0]
+
+
+def test_a_new_ledger_bounds_nothing_holds_nothing_and_fills_to_its_budget() -> None:
+    """A ledger made alone (no provider sets its window) bounds no reservation, reserves nothing
+    for a request without figures, holds no headroom: its whole budget fits."""
+    ledger = TokenLedger(10)
+    assert (ledger.window, ledger.headroom, ledger.pinned) == (0, 0, None)
+    assert ledger.need(50, False) == 50 and ledger.need(None, True) == 0 and ledger.need(None, False) == 0
+    assert ledger.fits(10) and ledger.fits_request(10, False)
+    ledger.reserve(1, 10)
+    assert (ledger.reserved, ledger.free) == (10, 0)
+
+
+def test_a_negative_figure_is_refused_before_it_takes_an_arrival_or_a_lease() -> None:
+    """``tokens=-1`` is refused when the choice asks whether it fits, before the request takes an
+    arrival number or a lease id: the next request is the first."""
+    state = _state(_tokens())
+    with pytest.raises(ValueError, match="tokens must be >= 0"):
+        state.request("a", False, 0.0, tokens=-1)
+    first = _lease(state.request("a", False, 0.0, tokens=10))
+    assert (first.id, first.arrival) == (1, 1)
