@@ -12,6 +12,7 @@ from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 from tests.admission.steps import connected, grants
 
+import iop_admission as adm
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from iop_admission.core import AdmissionState, TokenLedger, Waiter, reservation
 
@@ -159,3 +160,118 @@ def test_a_negative_figure_is_refused_before_it_takes_an_arrival_or_a_lease() ->
         state.request("a", False, 0.0, tokens=-1)
     first = _lease(state.request("a", False, 0.0, tokens=10))
     assert (first.id, first.arrival) == (1, 1)
+
+
+def test_settling_tokens_on_a_provider_without_a_budget_changes_nothing() -> None:
+    """The Edge settles every run that reports usage: on a provider that admits by slots it is a no-op."""
+    state = _state(ProviderSpec(capacity=1))
+    running = _lease(state.request("a", False, 0.0, tokens=50))
+    assert state.settle_tokens(running, 5) == [] and running.reserved_tokens == 0
+
+
+def test_a_settle_that_frees_one_token_grants_the_waiter_it_lets_in() -> None:
+    state = _state(_tokens())
+    running = _lease(state.request("a", False, 0.0, tokens=80))
+    waiting = _waiter(state.request("a", False, 0.0, tokens=21))
+    assert grants(state.settle_tokens(running, 79)) == [(waiting, A)]
+
+
+def test_a_settle_that_frees_nothing_leaves_the_drain_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pinned 60 is withdrawn: the 20 it let in is granted by the drain that follows, not by a
+    settle in between that frees no token."""
+    monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
+    state = _state(_tokens())
+    running = _lease(state.request("a", False, 0.0, tokens=50))
+    big = _waiter(state.request("a", False, 0.0, tokens=60))
+    _lease(state.request("a", False, 0.0, tokens=20))
+    late = _waiter(state.request("a", False, 0.0, tokens=20))
+    assert state.withdraw(big)
+    assert state.settle_tokens(running, 50) == []
+    assert grants(state.drain_decisions()) == [(late, A)]
+
+
+@pytest.mark.parametrize("tenants", [(), (adm.TenantSpec("t"),)], ids=["untenanted", "tenants"])
+def test_a_long_waiter_in_panic_mode_is_granted_while_the_normal_kind_is_not_in_panic(
+    tenants: tuple[adm.TenantSpec, ...],
+) -> None:
+    """``x`` runs on A (tokens: any request may be long) and B (slots, no long slot, full). A long 50
+    waits behind A's 80; A's failure ejects it: long requests of ``x`` are in panic mode (A was
+    their only candidate), normal ones are not (B admits). A's 80 leaves: the long 50 is granted
+    on A in panic mode, though no slot is free for a normal request (with tenants too: the fair
+    dispatch's first test)."""
+    config = PoolConfig(
+        policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
+        providers={A: _tokens(), B: ProviderSpec(capacity=1)},
+        models={"x": ModelGroup((A, B)), "a": ModelGroup((A,)), "b": ModelGroup((B,))},
+        outlier=adm.OutlierPolicy(consecutive_failures=1, base_ejection=5.0, max_ejection=5.0),
+        tenants=tenants,
+    )
+    state = connected(config)
+    on_a = _lease(state.request("a", False, 0.0, tokens=80))
+    long = _waiter(state.request("x", True, 0.0, tokens=50))
+    _lease(state.request("b", False, 0.0))
+    assert len(state.report_failure(on_a, 0.0)) == 1  # ejected; the 50 does not fit beside the 80
+    assert grants(state.release(on_a)) == [(long, A)]
+
+
+def test_a_budget_of_one_token_is_a_budget() -> None:
+    assert ProviderSpec(capacity=1, total_context_tokens=1, admit_by="tokens").problems() == []
+
+
+def test_with_tenants_a_normal_waiter_is_granted_while_the_long_slot_is_taken() -> None:
+    """A admits by slots and tokens (one long slot, taken by a long 50); a normal 40 waits beside a
+    normal 30 (120 > 100). The 30 leaves: with tenants the fair dispatch grants the 40 (90), though
+    no long slot is free."""
+    both = ProviderSpec(
+        capacity=4, long_context_capacity=1, context_window_tokens=60, total_context_tokens=100, admit_by="both"
+    )
+    config = PoolConfig(
+        policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
+        providers={A: both},
+        models={"a": ModelGroup((A,))},
+        tenants=(adm.TenantSpec("t"),),
+    )
+    state = connected(config)
+    _lease(state.request("a", True, 0.0, tokens=50))
+    thirty = _lease(state.request("a", False, 0.0, tokens=30))
+    forty = _waiter(state.request("a", False, 0.0, tokens=40))
+    assert grants(state.release(thirty)) == [(forty, A)]
+
+
+def test_with_tenants_a_queued_retry_is_granted_by_its_own_tokens() -> None:
+    """A long request of ``x`` that reserves nothing (0 tokens, window 60) fails on A and is retried:
+    B, its one untried candidate, has no slot (a 60, a 40 and a 0 of ``b``) and no token left. The
+    0 of ``b`` leaves: a slot is free, and the retry's 0 tokens fit beside the 100 reserved, so the
+    fair dispatch grants it there (neither the window nor any other figure counts)."""
+    spec = ProviderSpec(capacity=3, context_window_tokens=60, total_context_tokens=100, admit_by="tokens")
+    config = PoolConfig(
+        policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
+        providers={A: spec, B: spec},
+        models={"x": ModelGroup((A, B)), "b": ModelGroup((B,))},
+        tenants=(adm.TenantSpec("t"),),
+    )
+    state = connected(config)
+    first = _lease(state.request("x", True, 0.0, tokens=0))
+    assert first.provider == A
+    _lease(state.request("b", False, 0.0, tokens=60))
+    _lease(state.request("b", False, 0.0, tokens=40))
+    nothing = _lease(state.request("b", False, 0.0, tokens=0))
+    retry = _waiter(state.retry(first, 0.0))
+    assert state.release(first) == []
+    assert grants(state.release(nothing)) == [(retry, B)]
+
+
+@pytest.mark.parametrize("admit_by", ["tokens", "both"])
+def test_a_long_request_larger_than_the_budget_is_refused_naming_the_budget(admit_by: str) -> None:
+    """A provider that runs long requests (by tokens alone, or with one long slot) refuses a long
+    one too big for its budget by the budget."""
+    state = _state(
+        ProviderSpec(
+            capacity=8, long_context_capacity=int(admit_by == "both"), total_context_tokens=100, admit_by=admit_by
+        )
+    )
+    with pytest.raises(adm.Unavailable) as refused:
+        state.request("a", True, 0.0, tokens=150)
+    assert refused.value.reasons == (
+        "node-a/gpu0: budget of 100 context tokens (total_context_tokens) < the 150 reserved",
+    )
