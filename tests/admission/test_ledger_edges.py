@@ -14,7 +14,7 @@ from tests.admission.steps import connected, grants
 
 import iop_admission as adm
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
-from iop_admission.core import AdmissionState, TokenLedger, Waiter, reservation
+from iop_admission.core import AdmissionState, Failed, TokenLedger, Waiter, reservation
 
 pytestmark = pytest.mark.req("token-ledger")
 
@@ -275,3 +275,54 @@ def test_a_long_request_larger_than_the_budget_is_refused_naming_the_budget(admi
     assert refused.value.reasons == (
         "node-a/gpu0: budget of 100 context tokens (total_context_tokens) < the 150 reserved",
     )
+
+
+def test_a_long_request_without_figures_is_refused_where_the_window_exceeds_the_budget() -> None:
+    """Without figures a long request reserves the window: 200 can never fit a budget of 100."""
+    state = _state(_tokens(window=200))
+    with pytest.raises(adm.Unavailable) as refused:
+        state.request("a", True, 0.0)
+    assert refused.value.reasons == (
+        "node-a/gpu0: budget of 100 context tokens (total_context_tokens) < the 200 reserved",
+    )
+
+
+def test_a_provider_that_stops_admitting_by_tokens_runs_any_figure_again() -> None:
+    """A admitted by a budget of 100 and now by slots (its ledger kept for the leases it holds): a
+    150 that no budget of ``x`` holds can still run on A, so it waits for A's slot."""
+    slots = ProviderSpec(capacity=1)
+    state = _state(ProviderSpec(capacity=1, total_context_tokens=100, admit_by="tokens"), _tokens())
+    state.refresh(_config(slots, _tokens()))
+    _lease(state.request("a", False, 0.0, tokens=10))
+    assert _waiter(state.request("x", False, 0.0, tokens=150)).tokens == 150
+
+
+def test_a_disconnect_fails_the_waiters_no_budget_left_can_hold() -> None:
+    """``x`` on A (budget 100) and B (200, full); a 150 (B alone could hold it) and a 50 behind A's
+    80 wait. B's node drops: the 150 fails at once, the 50 waits on for A."""
+    state = _state(_tokens(), _tokens(200))
+    _lease(state.request("a", False, 0.0, tokens=80))
+    _lease(state.request("b", False, 0.0, tokens=200))
+    big = _waiter(state.request("x", False, 0.0, tokens=150))
+    small = _waiter(state.request("x", False, 0.0, tokens=50))
+    ok, decisions = state.disconnect("node-b", state.generation("node-b"))
+    assert ok and [d.waiter for d in decisions if isinstance(d, Failed)] == [big]
+    assert isinstance(big.error, adm.Unavailable) and small.state.value == "queued"
+
+
+def test_a_disconnect_fails_a_long_waiter_that_only_a_provider_without_long_slots_could_hold() -> None:
+    """``x`` on A (one long slot, budget 100), B (slots, no long slot) and C (budget 200, full). A long
+    150 waits for C. C's node drops: A runs long requests but cannot hold 150, B holds any figure
+    but runs no long request: the 150 fails at once."""
+    c = ProviderKey("node-c", "gpu2")
+    both = ProviderSpec(capacity=4, long_context_capacity=1, total_context_tokens=100, admit_by="both")
+    config = PoolConfig(
+        policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
+        providers={A: both, B: ProviderSpec(capacity=1), c: _tokens(200)},
+        models={"x": ModelGroup((A, B, c)), "c": ModelGroup((c,))},
+    )
+    state = connected(config)
+    _lease(state.request("c", False, 0.0, tokens=200))
+    long = _waiter(state.request("x", True, 0.0, tokens=150))
+    ok, decisions = state.disconnect("node-c", state.generation("node-c"))
+    assert ok and [d.waiter for d in decisions if isinstance(d, Failed)] == [long]
