@@ -326,3 +326,22 @@ def test_a_disconnect_fails_a_long_waiter_that_only_a_provider_without_long_slot
     long = _waiter(state.request("x", True, 0.0, tokens=150))
     ok, decisions = state.disconnect("node-c", state.generation("node-c"))
     assert ok and [d.waiter for d in decisions if isinstance(d, Failed)] == [long]
+
+
+def test_a_disconnect_fails_a_queued_retry_no_budget_left_can_hold() -> None:
+    """A 150 of ``x`` runs on A (budget 200) and is retried: its untried candidates are B (budget
+    100: never) and C (200, full), so it waits for C. C's node drops: the retry fails at once."""
+    c = ProviderKey("node-c", "gpu2")
+    config = PoolConfig(
+        policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
+        providers={A: _tokens(200), B: _tokens(), c: _tokens(200)},
+        models={"x": ModelGroup((A, B, c)), "c": ModelGroup((c,))},
+    )
+    state = connected(config)
+    first = _lease(state.request("x", False, 0.0, tokens=150))
+    assert first.provider == A
+    _lease(state.request("c", False, 0.0, tokens=200))
+    retry = _waiter(state.retry(first, 0.0))
+    assert state.release(first) == []
+    ok, decisions = state.disconnect("node-c", state.generation("node-c"))
+    assert ok and [d.waiter for d in decisions if isinstance(d, Failed)] == [retry]
