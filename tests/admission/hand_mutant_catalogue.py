@@ -590,6 +590,14 @@ LEDGER_MUTMUT = (  # issue 40: the most telling of make mutate's survivors over 
         40,
     ),
     HandMutant(
+        "a granted waiter's pins are dropped as it leaves the queue, before it reserves (the pin moves first)",
+        SWAPPED_ORDER,
+        CORE + "_core/queue.py",
+        "        if waiter._passed is not None and state is not GRANTED:  # granted: forgotten once it reserved\n",
+        "        if waiter._passed is not None:\n",
+        40,
+    ),
+    HandMutant(
         "a refresh that moves a pinned waiter to a new group keeps its headroom on the provider it left",
         SKIPPED_CALL,
         CORE + "_core/queue.py",

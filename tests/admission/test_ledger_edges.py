@@ -345,3 +345,41 @@ def test_a_disconnect_fails_a_queued_retry_no_budget_left_can_hold() -> None:
     assert state.release(first) == []
     ok, decisions = state.disconnect("node-c", state.generation("node-c"))
     assert ok and [d.waiter for d in decisions if isinstance(d, Failed)] == [retry]
+
+
+def test_a_pinned_waiter_granted_beside_a_second_due_waiter_reserves_before_the_pin_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pin moves to the next waiter due only once the pinned one has reserved: its own grant
+    never has to fit beside the next one's headroom. Patience 0; A's budget 100.
+
+    t's 30 waits behind u's 80 and is pinned by u's 0 granted past it; t then reaches its cap (a
+    lease on C) and u's 80 leaves, so the 30 fits but waits for its tenant. u's 50 runs beside the
+    30 held. u's 40 of ``y`` (on B, full) arrived first; a refresh puts ``y`` on A too, where it
+    does not fit beside the 30 held; u's 10 passes it there: due too. t's lease on C ends: the 30
+    is granted on A (60 + 30), then the 40 is pinned."""
+    monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
+    c = ProviderKey("node-c", "gpu2")
+
+    def config(y: tuple[ProviderKey, ...]) -> PoolConfig:
+        return PoolConfig(
+            policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
+            providers={A: _tokens(), B: _tokens(), c: ProviderSpec(capacity=1)},
+            models={"a": ModelGroup((A,)), "y": ModelGroup(y), "c": ModelGroup((c,))},
+            tenants=(adm.TenantSpec("t", max_in_flight=1), adm.TenantSpec("u")),
+        )
+
+    state = connected(config((B,)))
+    _lease(state.request("y", False, 0.0, "u", tokens=100))
+    early = _waiter(state.request("y", False, 0.0, "u", tokens=40))
+    eighty = _lease(state.request("a", False, 0.0, "u", tokens=80))
+    thirty = _waiter(state.request("a", False, 0.0, "t", tokens=30))
+    _lease(state.request("a", False, 0.0, "u", tokens=0))
+    assert _headroom(state)[0] == 30
+    on_c = _lease(state.request("c", False, 0.0, "t"))
+    assert state.release(eighty) == []  # the 30 fits, its tenant is at its cap
+    _lease(state.request("a", False, 0.0, "u", tokens=50))
+    assert state.refresh(config((A, B))) == []
+    _lease(state.request("a", False, 0.0, "u", tokens=10))
+    assert grants(state.release(on_c)) == [(thirty, A)]
+    assert _headroom(state)[0] == 40 and early.state.value == "queued"
