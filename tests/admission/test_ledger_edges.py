@@ -383,3 +383,14 @@ def test_a_pinned_waiter_granted_beside_a_second_due_waiter_reserves_before_the_
     _lease(state.request("a", False, 0.0, "u", tokens=10))
     assert grants(state.release(on_c)) == [(thirty, A)]
     assert _headroom(state)[0] == 40 and early.state.value == "queued"
+
+
+def test_a_refresh_to_a_token_budget_keeps_the_capacity_the_backend_reported() -> None:
+    """A reports it runs 2 at once (its spec says 8); a refresh that gives it a bigger budget keeps
+    the reported bound: the third request waits."""
+    state = _state(_tokens())
+    assert state.report_health(A, adm.ProviderReport("ready", capacity=2), 0.0) == []
+    state.refresh(_config(_tokens(200)))
+    _lease(state.request("a", False, 0.0, tokens=10))
+    _lease(state.request("a", False, 0.0, tokens=10))
+    _waiter(state.request("a", False, 0.0, tokens=10))
