@@ -394,3 +394,14 @@ def test_a_refresh_to_a_token_budget_keeps_the_capacity_the_backend_reported() -
     _lease(state.request("a", False, 0.0, tokens=10))
     _lease(state.request("a", False, 0.0, tokens=10))
     _waiter(state.request("a", False, 0.0, tokens=10))
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["refresh", "prepared"])
+def test_a_refresh_that_gives_a_second_candidate_a_budget_keeps_the_group_fitting_tokens(prepared: bool) -> None:
+    """``x`` on A (budget 100) and B (slots); a refresh (direct, or prepared: the groups kept) gives
+    B a budget of 100 too. Two 90s run, one on each; a 50 fits neither and waits."""
+    state = _state(_tokens(), ProviderSpec(capacity=8))
+    config = _config(_tokens(), _tokens())
+    state.refresh(state.prepare_refresh(config) if prepared else config)
+    assert {_lease(state.request("x", False, 0.0, tokens=90)).provider for _ in range(2)} == {A, B}
+    assert _waiter(state.request("x", False, 0.0, tokens=50)).tokens == 50
