@@ -405,3 +405,12 @@ def test_a_refresh_that_gives_a_second_candidate_a_budget_keeps_the_group_fittin
     state.refresh(state.prepare_refresh(config) if prepared else config)
     assert {_lease(state.request("x", False, 0.0, tokens=90)).provider for _ in range(2)} == {A, B}
     assert _waiter(state.request("x", False, 0.0, tokens=50)).tokens == 50
+
+
+def test_a_prepared_refresh_that_takes_one_budget_away_keeps_the_group_fitting_the_other() -> None:
+    """``x`` on A and B (budgets of 100); a prepared refresh (the groups kept) puts B on slots (one
+    slot). A 90 runs on A, a 90 on B (its slot); a 50 does not fit A and waits."""
+    state = _state(_tokens(), _tokens())
+    state.refresh(state.prepare_refresh(_config(_tokens(), ProviderSpec(capacity=1))))
+    assert [_lease(state.request("x", False, 0.0, tokens=90)).provider for _ in range(2)] == [A, B]
+    assert _waiter(state.request("x", False, 0.0, tokens=50)).tokens == 50
