@@ -106,7 +106,8 @@ MUTATE_HEALTH = $(foreach f,next_ejection_end reportable failure success eject r
 	$(foreach f,best in_panic,'iop_admission._core.slots.xǁModelGroupǁ$(f)__mutmut_*') \
 	$(foreach f,choose panic best_of could_run untried,'iop_admission._core.choice.x_$(f)__mutmut_*')
 # `make mutate-ledger`: the mutants of the token ledger of issue 40 (docs/reliability.md): the ledger,
-# the budgets part, and the core's functions that reserve, return, settle, fit and refuse by tokens.
+# the budgets part, the core's functions that reserve, return, settle, fit and refuse by tokens, and
+# the engine's cut of a budget (Health._engine; engine_cut and engine_report are the ledger's).
 MUTATE_LEDGER = 'iop_admission._ledger.*' 'iop_admission._core.budgets.*' \
 	$(foreach f,check_take could_take first_fitting slot_free top,'iop_admission._core.slots.xǁModelGroupǁ$(f)__mutmut_*') \
 	$(foreach f,set_spec need fits could_fit,'iop_admission._core.slots.xǁProviderSlotǁ$(f)__mutmut_*') \
@@ -116,7 +117,8 @@ MUTATE_LEDGER = 'iop_admission._ledger.*' 'iop_admission._core.budgets.*' \
 	$(foreach f,reasons could_run,'iop_admission._core.choice.x_$(f)__mutmut_*') \
 	'iop_admission._config.xǁProviderSpecǁ_budget_problems__mutmut_*' \
 	$(foreach f,settle_tokens drain_decisions,'iop_admission._core.state.xǁAdmissionStateǁ$(f)__mutmut_*') \
-	'iop_admission._layers.trio.xǁAdmissionǁsettle_tokens__mutmut_*' 'iop_admission.aio.xǁAsyncAdmissionǁsettle_tokens__mutmut_*'
+	'iop_admission._layers.trio.xǁAdmissionǁsettle_tokens__mutmut_*' 'iop_admission.aio.xǁAsyncAdmissionǁsettle_tokens__mutmut_*' \
+	'iop_admission._core.health.xǁHealthǁ_engine__mutmut_*'
 MUTANTS ?= $(MUTATE_HEALTH)
 .PHONY: mutate mutate-ledger mutate-all mutate-hand
 mutate: $(STAMP)
