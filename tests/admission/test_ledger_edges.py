@@ -414,3 +414,12 @@ def test_a_prepared_refresh_that_takes_one_budget_away_keeps_the_group_fitting_t
     state.refresh(state.prepare_refresh(_config(_tokens(), ProviderSpec(capacity=1))))
     assert [_lease(state.request("x", False, 0.0, tokens=90)).provider for _ in range(2)] == [A, B]
     assert _waiter(state.request("x", False, 0.0, tokens=50)).tokens == 50
+
+
+def test_an_engine_report_says_whether_the_budget_rose() -> None:
+    """A cut of 50 (half the cache in use, nothing reserved) lowers the budget; the same report again
+    changes nothing; a report without the view gives the budget back: it rose."""
+    ledger = TokenLedger(100)
+    assert ledger.engine_report(0.5, False) is False and ledger.budget == 50
+    assert ledger.engine_report(0.5, False) is False
+    assert ledger.engine_report(None, False) is True and ledger.budget == 100
