@@ -423,3 +423,10 @@ def test_an_engine_report_says_whether_the_budget_rose() -> None:
     assert ledger.engine_report(0.5, False) is False and ledger.budget == 50
     assert ledger.engine_report(0.5, False) is False
     assert ledger.engine_report(None, False) is True and ledger.budget == 100
+
+
+def test_a_budget_may_be_set_to_zero() -> None:
+    """0 is a budget (nothing fits); only a negative one is refused."""
+    ledger = TokenLedger(10)
+    ledger.set_budget(0)
+    assert (ledger.budget, ledger.configured) == (0, 0) and not ledger.fits(1)
