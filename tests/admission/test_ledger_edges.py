@@ -430,3 +430,11 @@ def test_a_budget_may_be_set_to_zero() -> None:
     ledger = TokenLedger(10)
     ledger.set_budget(0)
     assert (ledger.budget, ledger.configured) == (0, 0) and not ledger.fits(1)
+
+
+def test_a_new_configured_budget_keeps_the_engines_cut() -> None:
+    """A cut of 30 (30 % of the cache in use, nothing reserved); a refresh to 80 keeps it: 50."""
+    ledger = TokenLedger(100)
+    ledger.engine_report(0.3, False)
+    ledger.set_budget(80)
+    assert (ledger.configured, ledger.cut, ledger.budget) == (80, 30, 50)
