@@ -105,11 +105,28 @@ MUTATE_HEALTH = $(foreach f,next_ejection_end reportable failure success eject r
 	'iop_admission._core.pool.xǁPoolǁpanic_models__mutmut_*' \
 	$(foreach f,best in_panic,'iop_admission._core.slots.xǁModelGroupǁ$(f)__mutmut_*') \
 	$(foreach f,choose panic best_of could_run untried,'iop_admission._core.choice.x_$(f)__mutmut_*')
+# `make mutate-ledger`: the mutants of the token ledger of issue 40 (docs/reliability.md): the ledger,
+# the budgets part, the core's functions that reserve, return, settle, fit and refuse by tokens, and
+# the engine's cut of a budget (Health._engine; engine_cut and engine_report are the ledger's).
+MUTATE_LEDGER = 'iop_admission._ledger.*' 'iop_admission._core.budgets.*' \
+	$(foreach f,check_take could_take first_fitting slot_free top,'iop_admission._core.slots.xǁModelGroupǁ$(f)__mutmut_*') \
+	$(foreach f,set_spec need fits could_fit,'iop_admission._core.slots.xǁProviderSlotǁ$(f)__mutmut_*') \
+	$(foreach f,take give_back,'iop_admission._core.pool.xǁPoolǁ$(f)__mutmut_*') \
+	$(foreach f,settle_tokens with_unpinned _any_dispatchable,'iop_admission._core.dispatch.xǁDispatcherǁ$(f)__mutmut_*') \
+	$(foreach f,remove fail_stranded,'iop_admission._core.queue.xǁQueueǁ$(f)__mutmut_*') \
+	$(foreach f,reasons could_run,'iop_admission._core.choice.x_$(f)__mutmut_*') \
+	'iop_admission._config.xǁProviderSpecǁ_budget_problems__mutmut_*' \
+	$(foreach f,settle_tokens drain_decisions,'iop_admission._core.state.xǁAdmissionStateǁ$(f)__mutmut_*') \
+	'iop_admission._layers.trio.xǁAdmissionǁsettle_tokens__mutmut_*' 'iop_admission.aio.xǁAsyncAdmissionǁsettle_tokens__mutmut_*' \
+	'iop_admission._core.health.xǁHealthǁ_engine__mutmut_*'
 MUTANTS ?= $(MUTATE_HEALTH)
-.PHONY: mutate mutate-all mutate-hand
+.PHONY: mutate mutate-ledger mutate-all mutate-hand
 mutate: $(STAMP)
 	HYPOTHESIS_PROFILE=mutate nice -n 19 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 	$(BIN)/mutmut results
+
+mutate-ledger: $(STAMP)
+	$(MAKE) mutate MUTANTS="$(MUTATE_LEDGER)"
 
 mutate-hand: $(STAMP)
 	nice -n 10 $(BIN)/python -m tests.admission.hand_mutants $(HAND)

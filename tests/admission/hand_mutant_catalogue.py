@@ -555,4 +555,57 @@ LEDGER = (  # issue 40's token ledger: _ledger.py, _core/budgets.py and its hook
     ),
 )
 
-MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS + FAST_PATHS + DRAINS + LEDGER
+LEDGER_MUTMUT = (  # issue 40: the most telling of make mutate's survivors over the ledger, as a person writes them
+    HandMutant(
+        "a waiter passed over on a second provider is not recorded there (its pin there outlives it)",
+        ONE_OF_MANY,
+        CORE + "_core/budgets.py",
+        "        if earliest._passed is None:\n            earliest._passed = [p]\n"
+        "        elif p not in earliest._passed:\n            earliest._passed.append(p)\n",
+        "        if earliest._passed is None:\n            earliest._passed = [p]\n",
+        40,
+    ),
+    HandMutant(
+        "long waiters are never counted as passed over by tokens",
+        ONE_OF_MANY,
+        CORE + "_core/budgets.py",
+        "        for long in (False, True):\n",
+        "        for long in (False,):\n",
+        40,
+    ),
+    HandMutant(
+        "a waiter that arrived after the grant is counted as passed over by it",
+        SIBLING_GUARD,
+        CORE + "_core/budgets.py",
+        "if w is not None and w.seq < seq and (earliest is None or w.seq < earliest.seq):",
+        "if w is not None and (earliest is None or w.seq < earliest.seq):",
+        40,
+    ),
+    HandMutant(
+        "a waiter that can never fit on a provider is pinned there (its headroom above the budget)",
+        SIBLING_GUARD,
+        CORE + "_core/budgets.py",
+        "if not ledger.could_fit(need) or ledger.fits(need, earliest.seq):",
+        "if ledger.fits(need, earliest.seq):",
+        40,
+    ),
+    HandMutant(
+        "a granted waiter's pins are dropped as it leaves the queue, before it reserves (the pin moves first)",
+        SWAPPED_ORDER,
+        CORE + "_core/queue.py",
+        "        if waiter._passed is not None and state is not GRANTED:  # granted: forgotten once it reserved\n",
+        "        if waiter._passed is not None:\n",
+        40,
+    ),
+    HandMutant(
+        "a refresh that moves a pinned waiter to a new group keeps its headroom on the provider it left",
+        SKIPPED_CALL,
+        CORE + "_core/queue.py",
+        "            if w._passed is not None:  # no headroom held where it can no longer run\n"
+        "                self._budgets.moved(w, group.providers)\n",
+        "",
+        40,
+    ),
+)
+
+MUTANTS = ISSUE_32 + HEALTH + QUEUE + TENANTS + MORE + WAKE_UPS + FAST_PATHS + DRAINS + LEDGER + LEDGER_MUTMUT

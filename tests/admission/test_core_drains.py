@@ -17,6 +17,8 @@ from __future__ import annotations
 import pytest
 from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
+from tests.admission.steps import connected as _connected
+from tests.admission.steps import grants as _grants
 
 from iop_admission import (
     ModelGroup,
@@ -28,22 +30,10 @@ from iop_admission import (
     TenantLimitExceeded,
     TenantSpec,
 )
-from iop_admission.core import AdmissionState, Decision, Ejected, Failed, Granted, TokenLedger, Waiter, WaiterState
+from iop_admission.core import AdmissionState, Ejected, Failed, Granted, TokenLedger, Waiter, WaiterState
 
 A = ProviderKey("node-a", "gpu0")
 B = ProviderKey("node-b", "gpu1")
-
-
-def _connected(config: PoolConfig) -> AdmissionState:
-    state = AdmissionState(config)
-    for node in state.nodes():
-        state.connect(node)
-    return state
-
-
-def _grants(decisions: list[Decision]) -> list[tuple[Waiter, ProviderKey]]:
-    assert all(type(d) is Granted for d in decisions), decisions
-    return [(d.waiter, d.lease.provider) for d in decisions if isinstance(d, Granted)]
 
 
 # ------------------------------------------------------------------ probe start

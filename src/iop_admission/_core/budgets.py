@@ -10,7 +10,8 @@ release). :class:`Budgets` keeps the side of the ledger that reads the queue ([t
   pinned, its tokens held as headroom (the ledger's rule);
 * a waiter that leaves unserved (withdrawn, timed out, failed) is forgotten by those
   ledgers; where its tokens were held, the room is given back, and the providers are
-  listed for the dispatcher (:meth:`Budgets.take_unpinned`).
+  listed for the dispatcher (:meth:`Budgets.take_unpinned`); so is a waiter that a refresh
+  takes off a provider, by that provider's ledger (:meth:`Budgets.moved`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ class Budgets:
             if p.ledger is not None and p.ledger.forget(waiter.seq):
                 self.unpinned.append(p)
         waiter._passed = None
+
+    def moved(self, waiter: Waiter, candidates: tuple[ProviderSlot, ...]) -> None:
+        """``waiter``'s candidates are now ``candidates`` (a refresh): the ledgers of the providers it
+        can no longer run on forget it, as :meth:`forget` does; its counts on the others stay."""
+        kept: list[ProviderSlot] = []
+        for p in waiter._passed or ():
+            if p in candidates:
+                kept.append(p)
+            elif p.ledger is not None and p.ledger.forget(waiter.seq):
+                self.unpinned.append(p)
+        waiter._passed = kept or None
 
     def take_unpinned(self) -> list[ProviderSlot]:
         """The providers whose headroom a departure gave back since the last call (to dispatch)."""

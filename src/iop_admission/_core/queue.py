@@ -149,6 +149,8 @@ class Queue:
                 continue
             w._group = None
             w._candidates = group.providers
+            if w._passed is not None:  # no headroom held where it can no longer run
+                self._budgets.moved(w, group.providers)
             if group.could_take(w.long, w.tokens):
                 group.enqueue(w)
             else:
