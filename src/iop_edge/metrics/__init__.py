@@ -19,7 +19,9 @@ Every :class:`EdgeMetrics` has its own :class:`~prometheus_client.CollectorRegis
 one process.
 
 :mod:`.labels` holds the closed label sets, :mod:`.collectors` the scrape-time collectors,
-:mod:`.edge_metrics` the :class:`EdgeMetrics` object.
+:mod:`.request_metrics` the requests' counters (:class:`RequestMetrics`), :mod:`.node_metrics` the
+node socket's (:class:`NodeMetrics`), :mod:`.edge_metrics` the :class:`EdgeMetrics` object that
+composes them with the registry and the scrape.
 """
 
 from iop_edge.api.failover import RETRY_REASONS
@@ -33,6 +35,8 @@ from iop_edge.metrics.labels import (
     REJECTION_REASONS,
     DisconnectCause,
 )
+from iop_edge.metrics.node_metrics import NodeMetrics
+from iop_edge.metrics.request_metrics import RequestMetrics
 
 __all__ = [
     "ADDRESS_CLASSES",
@@ -44,4 +48,6 @@ __all__ = [
     "RETRY_REASONS",
     "DisconnectCause",
     "EdgeMetrics",
+    "NodeMetrics",
+    "RequestMetrics",
 ]

@@ -1,91 +1,30 @@
-"""The Edge's metrics object: :class:`EdgeMetrics`, its registry, event counters and hook counters."""
+"""The Edge's metrics object: :class:`EdgeMetrics`, its registry and scrape, composed of one part a family."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Generic, TypeVar, final
+from typing import final
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from iop_admission import Admission, AdmissionEvent
+from iop_admission import Admission
 from iop_edge._off_loop import run_off_loop, snapshot_in_slices
-from iop_edge.api.failover import RETRY_REASONS
-from iop_edge.api.rejections import ERROR_CLASSES
 from iop_edge.metrics.collectors import READING, FrontDoorCollector, Level, Reading, SnapshotCollector
-from iop_edge.metrics.labels import (
-    ADDRESS_CLASSES,
-    DISCONNECT_CAUSES,
-    LEASE_OUTCOMES,
-    PENDING_CLOSE_REASONS,
-    REASON_CODES,
-    REFRESH_RESULTS,
-    REJECTION_REASONS,
-    DisconnectCause,
-    check_label,
-)
+from iop_edge.metrics.labels import REFRESH_RESULTS, DisconnectCause, check_label
+from iop_edge.metrics.node_metrics import NodeMetrics
+from iop_edge.metrics.request_metrics import RequestMetrics
 from iop_edge.status import OverloadStatus
-
-#: The queue timeout defaults to 30 s; waits beyond a minute are off the scale anyway.
-_QUEUE_WAIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-#: LLM requests run from well under a second to many minutes (long streamed generations).
-_REQUEST_DURATION_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-
-
-_Metric = TypeVar("_Metric", Counter, Histogram)
-
-
-UNKNOWN_MODEL = "unknown_model"
-"""The ``model`` label of a refusal for a name that is no configured model key."""
-
-
-@final
-class _Series(Generic[_Metric]):
-    """The children of one labelled metric, each looked up through ``labels()`` once.
-
-    ``labels()`` converts and checks the label values and takes the metric's
-    lock on every call, several times on every admitted request's path. A child never changes once made (nothing here removes
-    one), so each is kept by its label values.
-    """
-
-    __slots__ = ("_labels", "_children")
-
-    def __init__(self, metric: _Metric) -> None:
-        self._labels: Callable[..., _Metric] = metric.labels
-        self._children: dict[tuple[str, ...], _Metric] = {}
-
-    def __call__(self, *values: str) -> _Metric:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self._labels(*values)
-        return child
-
-
-@final
-class _Failures:
-    """``iop_request_failures_total`` ([error-classes]), and the same counts kept for ``/status``."""
-
-    __slots__ = ("_counter", "by_model")
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._counter = Counter(
-            "iop_request_failures",
-            "Requests that failed, by model and error class (docs/openai-api.md, Error classes).",
-            ("model", "class"),
-            registry=registry,
-        )
-        self.by_model: dict[str, dict[str, int]] = {}
-
-    def count(self, model: str, error_class: str) -> None:
-        check_label(error_class, ERROR_CLASSES, "error class")
-        self._counter.labels(model, error_class).inc()
-        by_class = self.by_model.setdefault(model, {})
-        by_class[error_class] = by_class.get(error_class, 0) + 1
 
 
 @final
 class EdgeMetrics:
     """The Edge's Prometheus metrics: scrape-time gauges, event counters and hook counters.
+
+    The requests' counters are :attr:`requests` (:class:`RequestMetrics`), the
+    node socket's :attr:`nodes` (:class:`NodeMetrics`); this object keeps the
+    registry, the readings taken at scrape time and the config refreshes, and
+    offers every hook under its own name.
 
     Args:
         admission: the Edge's admission; read by snapshot at scrape time and
@@ -104,260 +43,88 @@ class EdgeMetrics:
         self._admission = admission
         self.registry = CollectorRegistry()
         level: Level = "edge" if not per_node else "provider" if per_provider else "node"
-        self._gauges = SnapshotCollector(admission, level)
+        self.registry.register(SnapshotCollector(admission, level))
         self._front_door: Callable[[], OverloadStatus] | None = None
-        self.registry.register(self._gauges)
-        self._failures = _Failures(self.registry)
-        self._declare_request_metrics(self.registry)
-        self._declare_node_metrics(self.registry)
-        self._tenant_rejected = Counter(
-            "iop_tenant_rejected",
-            "Requests refused by their tenant's quota or band (tenant_max_queue, tenant_shed) or a full queue.",
-            ("tenant", "code"),
+        self.requests = RequestMetrics(admission, self.registry, level)
+        self.nodes = NodeMetrics(self.registry, per_node=per_node)
+        self._answer_bytes_held = Gauge(
+            "iop_answer_bytes_held",
+            "Bytes of non-stream answers the Edge holds until they are written to their clients (bounded by answer_budget_bytes).",
             registry=self.registry,
-        )
-        # Closed label sets start at 0, so rate() and absence alerts work from the first scrape.
-        for outcome in LEASE_OUTCOMES:
-            self._lease_endings.labels(outcome)
-        for result in REFRESH_RESULTS:
-            self._refreshes.labels(result)
-        for reason in PENDING_CLOSE_REASONS:
-            self._node_pending_closed.labels(reason)
-
-    def _declare_request_metrics(self, registry: CollectorRegistry) -> None:
-        self._admitted = Counter(
-            "iop_admitted",
-            "Leases granted (from admission events).",
-            ("model", "node", "provider"),
-            registry=registry,
-        )
-        self._rejected = Counter(
-            "iop_rejected",
-            "Requests refused: admission errors (from events) and provider_busy (from the Edge).",
-            ("model", "reason"),
-            registry=registry,
-        )
-        self._lease_endings = Counter(
-            "iop_lease_endings",
-            "Admitted requests that ended, by outcome.",
-            ("outcome",),
-            registry=registry,
-        )
-        self._retries = Counter(
-            "iop_retries",
-            "Attempts retried on another candidate before the first byte, by the failure that caused it.",
-            ("model", "reason"),
-            registry=registry,
         )
         self._refreshes = Counter(
             "iop_config_refreshes",
             "Live config refreshes, by result.",
             ("result",),
-            registry=registry,
+            registry=self.registry,
         )
-        self._queue_wait = Histogram(
-            "iop_queue_wait_seconds",
-            "Time granted requests spent queued (0 when admitted at once).",
-            ("model",),
-            buckets=_QUEUE_WAIT_BUCKETS,
-            registry=registry,
-        )
-        self._request_duration = Histogram(
-            "iop_request_duration_seconds",
-            "Duration of admitted requests, lease grant to lease end.",
-            ("model",),
-            buckets=_REQUEST_DURATION_BUCKETS,
-            registry=registry,
-        )
-        # The series every admitted request touches.
-        self._admitted_by = _Series(self._admitted)
-        self._queue_wait_by = _Series(self._queue_wait)
-        self._lease_endings_by = _Series(self._lease_endings)
-        self._request_duration_by = _Series(self._request_duration)
-
-    def _declare_node_metrics(self, registry: CollectorRegistry) -> None:
-        self._node_connects = Counter(
-            "iop_node_connects",
-            "Accepted node registrations.",
-            ("node",),
-            registry=registry,
-        )
-        self._node_disconnects = Counter(
-            "iop_node_disconnects",
-            "Authoritative node disconnects, by cause.",
-            ("node", "cause"),
-            registry=registry,
-        )
-        self._node_pending = Gauge(
-            "iop_node_pending_connections",
-            "Connections to the node socket between accept and registration.",
-            registry=registry,
-        )
-        self._answer_bytes_held = Gauge(
-            "iop_answer_bytes_held",
-            "Bytes of non-stream answers the Edge holds until they are written to their clients (bounded by answer_budget_bytes).",
-            registry=registry,
-        )
-        self._node_pending_closed = Counter(
-            "iop_node_pending_closed",
-            "Unregistered node-socket connections the Edge closed, by reason "
-            "(a pending cap was reached at accept, or the handshake deadline passed).",
-            ("reason",),
-            registry=registry,
-        )
-        self._node_registration_failures = Counter(
-            "iop_node_registration_failures",
-            "Rejected node registrations, by reject code and class of source address.",
-            ("reason", "address_class"),
-            registry=registry,
-        )
+        # A closed label set starts at 0, so rate() and absence alerts work from the first scrape.
+        for result in REFRESH_RESULTS:
+            self._refreshes.labels(result)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Follow admission events and count them, until cancelled.
-
-        Subscribes with a 4096-event buffer, calls ``task_status.started()``
-        once subscribed (use ``await nursery.start(metrics.run)``), then
-        consumes events: every event waiting at each wake-up (a grant per
-        admitted request: one scheduling round of this task each was about a
-        thirtieth of the Edge's CPU per request at concurrency 64). Checkpoints
-        while waiting for events; cancellation ends it and closes the
-        subscription, losing nothing but future events.
-        """
-        async with self._admission.subscribe(buffer=4096) as events:
-            task_status.started()
-            async for event in events:
-                self._observe(event)
-                while True:
-                    try:
-                        event = events.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    self._observe(event)
-
-    def _observe(self, event: AdmissionEvent) -> None:
-        kind = event.kind
-        if kind == "granted":
-            assert event.model is not None and event.provider is not None
-            node, provider = self._node_label(event.provider.node_id), event.provider.provider_id
-            self._admitted_by(event.model, node, provider if self._gauges.level == "provider" else "").inc()
-            self._queue_wait_by(event.model).observe(event.waited or 0.0)
-        elif kind == "rejected":
-            reason = event.reason or "unknown"
-            self._rejected.labels(self._model_label(event.model), REASON_CODES.get(reason, reason)).inc()
-        elif kind == "timed_out":
-            self._rejected.labels(self._model_label(event.model), "queue_timeout").inc()
-
-    def _model_label(self, model: str | None) -> str:
-        """A configured model key as itself; any other name a client sent as ``unknown_model``, so
-        the series stay as many as the config's keys whatever clients invent [metrics]."""
-        if not model:
-            return ""
-        return model if model in self._admission.config.models else UNKNOWN_MODEL
-
-    def _node_label(self, node_id: str) -> str:
-        """``node_id``, or ``""`` where series are Edge-wide (``per_node`` False)."""
-        return "" if self._gauges.level == "edge" else node_id
+        """:meth:`RequestMetrics.run`: follow admission events and count them, until cancelled."""
+        await self.requests.run(task_status=task_status)
 
     # ------------------------------------------------------------------ hooks
 
     def request_rejected(self, model: str, reason: str) -> None:
-        """Count a refusal that admission events do not show, e.g. ``provider_busy``.
-
-        Raises:
-            ValueError: ``reason`` is not one of :data:`REJECTION_REASONS`.
-        """
-        check_label(reason, REJECTION_REASONS, "rejection reason")
-        self._rejected.labels(model, reason).inc()
+        """:meth:`RequestMetrics.request_rejected`."""
+        self.requests.request_rejected(model, reason)
 
     def rejection_counter(self, model: str, reason: str) -> Callable[[], None]:
-        """What :meth:`request_rejected` does for ``model`` and ``reason``, looked up once (a hot path's).
-
-        Raises:
-            ValueError: ``reason`` is not one of :data:`REJECTION_REASONS`.
-        """
-        check_label(reason, REJECTION_REASONS, "rejection reason")
-        return self._rejected.labels(model, reason).inc
+        """:meth:`RequestMetrics.rejection_counter`."""
+        return self.requests.rejection_counter(model, reason)
 
     def tenant_rejected(self, tenant: str, code: str) -> None:
-        """Count a tenant's refusal ([tenant-edge]); ``tenant`` is one admission resolved (configured or
-        ``default``), so the label set is bounded by the config."""
-        self._tenant_rejected.labels(tenant, code).inc()
+        """:meth:`RequestMetrics.tenant_rejected`."""
+        self.requests.tenant_rejected(tenant, code)
 
     def lease_ended(self, model: str, outcome: str, duration: float) -> None:
-        """Count an admitted request that ended, and observe its duration in seconds.
-
-        Raises:
-            ValueError: ``outcome`` is not one of :data:`LEASE_OUTCOMES`.
-        """
-        check_label(outcome, LEASE_OUTCOMES, "lease outcome")
-        self._lease_endings_by(outcome).inc()
-        self._request_duration_by(model).observe(duration)
+        """:meth:`RequestMetrics.lease_ended`."""
+        self.requests.lease_ended(model, outcome, duration)
 
     def request_failed(self, model: str, error_class: str) -> None:
-        """Count a request that failed with ``error_class`` ([error-classes]); also in :attr:`failures`.
-
-        Raises:
-            ValueError: ``error_class`` is not one of :data:`ERROR_CLASSES`.
-        """
-        self._failures.count(self._model_label(model), error_class)
+        """:meth:`RequestMetrics.request_failed`."""
+        self.requests.request_failed(model, error_class)
 
     @property
     def failures(self) -> dict[str, dict[str, int]]:
-        """Failed requests by model and error class since start (``/status``'s ``failures``)."""
-        return self._failures.by_model
+        """:attr:`RequestMetrics.failures`: failed requests by model and error class (``/status``'s ``failures``)."""
+        return self.requests.failures
 
     def retried(self, model: str, reason: str) -> None:
-        """Count an attempt retried on another candidate ([failover-before-first-byte]).
-
-        Raises:
-            ValueError: ``reason`` is not one of :data:`RETRY_REASONS`.
-        """
-        check_label(reason, RETRY_REASONS, "retry reason")
-        self._retries.labels(model, reason).inc()
+        """:meth:`RequestMetrics.retried`."""
+        self.requests.retried(model, reason)
 
     def node_connected(self, node_id: str) -> None:
-        """Count an accepted registration of ``node_id``."""
-        self._node_connects.labels(self._node_label(node_id)).inc()
+        """:meth:`NodeMetrics.node_connected`."""
+        self.nodes.node_connected(node_id)
 
     def node_disconnected(self, node_id: str, cause: DisconnectCause) -> None:
-        """Count an authoritative disconnect of ``node_id`` (not a stale or rejected one).
+        """:meth:`NodeMetrics.node_disconnected`."""
+        self.nodes.node_disconnected(node_id, cause)
 
-        Raises:
-            ValueError: ``cause`` is not one of :data:`DISCONNECT_CAUSES`.
-        """
-        check_label(cause, DISCONNECT_CAUSES, "disconnect cause")
-        self._node_disconnects.labels(self._node_label(node_id), cause).inc()
+    def node_pending_closed(self, reason: str) -> None:
+        """:meth:`NodeMetrics.node_pending_closed`."""
+        self.nodes.node_pending_closed(reason)
+
+    def node_registration_rejected(self, code: str, address_class: str) -> None:
+        """:meth:`NodeMetrics.node_registration_rejected`."""
+        self.nodes.node_registration_rejected(code, address_class)
+
+    def follow_node_socket(self, pending: Callable[[], int]) -> None:
+        """:meth:`NodeMetrics.follow_node_socket`."""
+        self.nodes.follow_node_socket(pending)
 
     def follow_front_door(self, read: Callable[[], OverloadStatus]) -> None:
         """Read the overload gauges from ``read()`` (``FrontDoor.status``) at every scrape."""
         self._front_door = read
         self.registry.register(FrontDoorCollector(read))
 
-    def follow_node_socket(self, pending: Callable[[], int]) -> None:
-        """Read ``iop_node_pending_connections`` from ``pending()`` at every scrape."""
-        self._node_pending.set_function(pending)
-
     def follow_answers(self, held: Callable[[], int]) -> None:
         """Read ``iop_answer_bytes_held`` from ``held()`` at every scrape."""
         self._answer_bytes_held.set_function(held)
-
-    def node_pending_closed(self, reason: str) -> None:
-        """Count an unregistered node-socket connection the Edge closed.
-
-        Raises:
-            ValueError: ``reason`` is not one of :data:`PENDING_CLOSE_REASONS`.
-        """
-        check_label(reason, PENDING_CLOSE_REASONS, "pending close reason")
-        self._node_pending_closed.labels(reason).inc()
-
-    def node_registration_rejected(self, code: str, address_class: str) -> None:
-        """Count a rejected registration (``bad_token``, ``unknown_node``, ...) from a class of address.
-
-        Raises:
-            ValueError: ``address_class`` is not one of :data:`ADDRESS_CLASSES`.
-        """
-        check_label(address_class, ADDRESS_CLASSES, "address class")
-        self._node_registration_failures.labels(code, address_class).inc()
 
     def refresh_result(self, result: str) -> None:
         """Count a config refresh: ``ok`` (applied) or ``rejected`` (old config kept).
