@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import trio
 
-from iop_http import END_OF_MESSAGE, NEED_DATA, Refusal, RequestHead, encode_head
+from iop_http import END_OF_MESSAGE, NEED_DATA, Refusal, RequestHead, RequestReader, encode_head
 from iop_io import PeerGone
 
 if TYPE_CHECKING:
@@ -28,6 +28,20 @@ DRAIN_LIMIT = 64 * 1024
 """Unread request body bytes the listener reads and drops to keep a connection alive."""
 
 _CONTINUE: Final = encode_head(100, [])
+
+
+def skip_buffered(reader: RequestReader) -> bool:
+    """Skip the request body bytes ``reader`` has, without reading more; whether the body's end was among them.
+
+    A refusal keeps its connection only then (:meth:`RequestBody.keeps_unread`, the head desk's
+    refusals): where a body still to come ends is the client's word only.
+    """
+    while True:
+        event = reader.next_event()
+        if event is END_OF_MESSAGE:
+            return True
+        if type(event) is not bytes:
+            return False
 
 
 class Malformed(Exception):
@@ -114,19 +128,9 @@ class RequestBody:
         if request.expect_continue and not self._continued:
             return False
         if status >= 400:
-            return self._skip_buffered()
+            self.done = skip_buffered(self._conn.reader)
+            return self.done
         return 0 <= request.length <= DRAIN_LIMIT
-
-    def _skip_buffered(self) -> bool:
-        """Skip the body bytes the reader has without reading more; whether the body's end was among them."""
-        reader = self._conn.reader
-        while True:
-            event = reader.next_event()
-            if event is END_OF_MESSAGE:
-                self.done = True
-                return True
-            if type(event) is not bytes:
-                return False
 
     async def drain(self) -> bool:
         """Read and drop what is left of the body, :data:`DRAIN_LIMIT` bytes at most; whether its end came."""

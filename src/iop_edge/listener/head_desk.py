@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Protocol, final
 
 import trio
 
+from iop_edge.listener.body import skip_buffered
 from iop_edge.listener.pacing import PACING_QUANTUM, RECHECKS, TOLD_GRACE, Headers, Pacer, step_after
-from iop_http import END_OF_MESSAGE, RequestHead, RequestReader
+from iop_http import RequestHead, RequestReader
 from iop_io import PeerGone, SocketTransport, Transport
 
 if TYPE_CHECKING:
@@ -203,19 +204,10 @@ class HeadDesk:
         remembers its head by them.
         """
         reader = self.conn.reader
-        whole = request.length == 0
-        while not whole:
-            event = reader.next_event()
-            if event is END_OF_MESSAGE:
-                whole = True
-            elif type(event) is not bytes:
-                break
-        if not whole:  # the body is not read (or malformed): the connection cannot go on
+        if not skip_buffered(reader):  # the body is not read (or malformed): the connection cannot go on
             self.conn.lingers = True
             await self.conn.send_bytes(response.closing)
             return None
-        if request.length == 0 and reader.next_event() is not END_OF_MESSAGE:
-            return None  # never: a request without a body ends with its head
         keep_alive = request.keep_alive  # not: HTTP/1.0, or connection: close
         await self.conn.send_bytes(response.keep_alive if keep_alive else response.closing)
         if not keep_alive or self.conn.gone:
