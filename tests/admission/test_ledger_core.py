@@ -11,15 +11,14 @@ from collections.abc import Sequence
 import pytest
 import trio
 import trio.testing
+from tests.admission.steps import connected
+from tests.admission.token_pools import A, B, token_pool, tokens_spec
 
 from iop_admission import (
     Admission,
     ConfigError,
-    ModelGroup,
     PoolConfig,
-    ProviderKey,
     ProviderSpec,
-    QueuePolicy,
     Unavailable,
 )
 from iop_admission.aio import AsyncAdmission
@@ -27,27 +26,11 @@ from iop_admission.core import AdmissionState, Decision, Failed, Granted, Lease,
 
 pytestmark = pytest.mark.req("token-ledger")
 
-A = ProviderKey("node-a", "gpu0")
-B = ProviderKey("node-b", "gpu1")
 M = "m"
 
 
-def pool(*specs: ProviderSpec, max_queue: int = 64) -> PoolConfig:
-    keys = (A, B)[: len(specs)]
-    return PoolConfig(
-        QueuePolicy(max_queue=max_queue, queue_timeout=60.0), dict(zip(keys, specs, strict=True)), {M: ModelGroup(keys)}
-    )
-
-
-def tokens_spec(budget: int = 100, window: int = 0, capacity: int = 16) -> ProviderSpec:
-    return ProviderSpec(capacity=capacity, context_window_tokens=window, total_context_tokens=budget, admit_by="tokens")
-
-
 def state(*specs: ProviderSpec) -> AdmissionState:
-    core = AdmissionState(pool(*specs))
-    for key in (A, B)[: len(specs)]:
-        core.connect(key.node_id)
-    return core
+    return connected(token_pool(*specs))
 
 
 def lease(core: AdmissionState, tokens: int | None, long: bool = False) -> Lease:
@@ -183,7 +166,7 @@ def test_a_lower_budget_fails_the_waiters_it_can_no_longer_hold() -> None:
     lease(core, 50)
     big = waiter(core, 90)
     small = waiter(core, 60)
-    decisions = core.refresh(pool(tokens_spec(70)))
+    decisions = core.refresh(token_pool(tokens_spec(70)))
     (failed,) = decisions
     assert isinstance(failed, Failed) and failed.waiter is big and isinstance(big.error, Unavailable)
     assert small.state.value == "queued"
@@ -240,13 +223,13 @@ def test_todays_configs_decide_as_before(seed: int) -> None:
         capacity=3, long_context_capacity=1, context_window_tokens=32768, total_context_tokens=32768, admit_by="both"
     )
     trace = _trace(seed)
-    before = _replay(pool(slots, slots, max_queue=8), trace, with_tokens=False)
-    assert _replay(pool(slots, slots, max_queue=8), trace, with_tokens=True) == before
-    assert _replay(pool(both, both, max_queue=8), trace, with_tokens=False) == before
+    before = _replay(token_pool(slots, slots), trace, with_tokens=False)
+    assert _replay(token_pool(slots, slots), trace, with_tokens=True) == before
+    assert _replay(token_pool(both, both), trace, with_tokens=False) == before
 
 
 async def test_the_trio_layer_reserves_settles_and_returns(autojump_clock: trio.testing.MockClock) -> None:
-    admission = Admission(pool(tokens_spec(100)))
+    admission = Admission(token_pool(tokens_spec(100)))
     admission.connect("node-a")
     order: list[str] = []
 
@@ -276,7 +259,7 @@ async def test_the_trio_layer_reserves_settles_and_returns(autojump_clock: trio.
 
 def test_the_asyncio_layer_reserves_settles_and_returns() -> None:
     async def main() -> list[str]:
-        admission = AsyncAdmission(pool(tokens_spec(100)))
+        admission = AsyncAdmission(token_pool(tokens_spec(100)))
         admission.connect("node-a")
         order: list[str] = []
         release = asyncio.Event()

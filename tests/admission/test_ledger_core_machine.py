@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -46,15 +47,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from tests.admission.state_coverage import Coverage
+from tests.admission.token_pools import A, B, token_pool, tokens_spec
 
 from iop_admission import (
     AdmissionError,
-    ModelGroup,
     PoolConfig,
     ProviderKey,
     ProviderReport,
-    ProviderSpec,
-    QueuePolicy,
 )
 from iop_admission.core import (
     AdmissionState,
@@ -70,28 +69,14 @@ from iop_admission.core import (
 
 pytestmark = pytest.mark.req("token-ledger")
 
-A = ProviderKey("node-a", "gpu0")
-B = ProviderKey("node-b", "gpu1")
 WINDOW = 60
 
 
 def config(budget_a: int, budget_b: int, capacity_a: int = 4) -> PoolConfig:
-    return PoolConfig(
-        QueuePolicy(max_queue=12, queue_timeout=100.0),
-        {
-            A: ProviderSpec(
-                capacity=capacity_a, context_window_tokens=WINDOW, total_context_tokens=budget_a, admit_by="tokens"
-            ),
-            B: ProviderSpec(
-                capacity=3,
-                long_context_capacity=1,
-                context_window_tokens=WINDOW,
-                total_context_tokens=budget_b,
-                admit_by="both",
-            ),
-        },
-        {"x": ModelGroup((A, B)), "y": ModelGroup((B,))},
-    )
+    """A admits by tokens alone, B by tokens and one long slot; ``x`` runs on both, ``y`` on B."""
+    both = attrs.evolve(tokens_spec(budget_b, WINDOW, capacity=3), long_context_capacity=1, admit_by="both")
+    a = tokens_spec(budget_a, WINDOW, capacity_a)
+    return token_pool(a, both, models={"x": (A, B), "y": (B,)}, max_queue=12, queue_timeout=100.0)
 
 
 TOKENS = st.one_of(st.none(), st.integers(0, 90))

@@ -11,6 +11,7 @@ import pytest
 from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 from tests.admission.steps import connected, grants
+from tests.admission.token_pools import A, B, token_pool, tokens_spec
 
 import iop_admission as adm
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
@@ -18,22 +19,11 @@ from iop_admission.core import AdmissionState, Failed, TokenLedger, Waiter, rese
 
 pytestmark = pytest.mark.req("token-ledger")
 
-A = ProviderKey("node-a", "gpu0")
-B = ProviderKey("node-b", "gpu1")
-
-
-def _tokens(budget: int = 100, window: int = 0) -> ProviderSpec:
-    return ProviderSpec(capacity=8, context_window_tokens=window, total_context_tokens=budget, admit_by="tokens")
-
 
 def _config(*specs: ProviderSpec, x: tuple[ProviderKey, ...] = (A, B)) -> PoolConfig:
     """Model ``x`` on the providers ``x`` names (of those given), ``a`` on A alone, ``b`` on B alone."""
     keys = (A, B)[: len(specs)]
-    return PoolConfig(
-        policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
-        providers=dict(zip(keys, specs, strict=True)),
-        models={"x": ModelGroup(x[: len(keys)]), **{key.node_id[-1]: ModelGroup((key,)) for key in keys}},
-    )
+    return token_pool(*specs, models={"x": x[: len(keys)], **{key.node_id[-1]: (key,) for key in keys}})
 
 
 def _state(*specs: ProviderSpec) -> AdmissionState:
@@ -55,7 +45,7 @@ def test_a_long_waiter_passed_over_by_tokens_is_pinned(monkeypatch: pytest.Monke
     50 is kept off by its tokens only, so the 20 granted past it pins it (patience 0), and a 20
     that arrives next waits beside the 60 held (50 + 20 + 20 + 60 > 100)."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    state = _state(_tokens())
+    state = _state(tokens_spec())
     _lease(state.request("a", False, 0.0, tokens=50))
     big = _waiter(state.request("a", True, 0.0, tokens=60))
     _lease(state.request("a", False, 0.0, tokens=20))
@@ -69,7 +59,7 @@ def test_a_waiter_that_arrived_after_the_grant_is_not_passed_over(monkeypatch: p
     either, but it arrived after the 60, so nothing passed it and nothing is held for it (patience
     0 would pin it at once): a 10 still runs beside the 60."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    state = _state(_tokens())
+    state = _state(tokens_spec())
     first = _lease(state.request("a", False, 0.0, tokens=50))
     sixty = _waiter(state.request("a", False, 0.0, tokens=60))
     seventy = _waiter(state.request("a", False, 0.0, tokens=70))
@@ -82,7 +72,7 @@ def test_a_long_waiter_without_figures_is_held_a_window(monkeypatch: pytest.Monk
     """A long request that names no tokens reserves the window (60): behind a 50 it waits, and
     the 20 granted past it pins it with its window held."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    state = _state(_tokens(window=60))
+    state = _state(tokens_spec(window=60))
     _lease(state.request("a", False, 0.0, tokens=50))
     _waiter(state.request("a", True, 0.0))
     _lease(state.request("a", False, 0.0, tokens=20))
@@ -105,7 +95,7 @@ def test_a_waiter_pinned_on_two_providers_gives_both_back_when_it_leaves(monkeyp
     """A 50 of ``x`` waits behind a 60 on A and on B; a 10 on A, then one on B, pass it: pinned on
     both, 50 held on each. Withdrawn, it gives back the room on both."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    state = _state(_tokens(), _tokens())
+    state = _state(tokens_spec(), tokens_spec())
     big = _pinned_on_both(state)
     assert state.withdraw(big)
     assert state.drain_decisions() == []
@@ -116,7 +106,7 @@ def test_a_waiter_too_big_for_a_provider_holds_nothing_there(monkeypatch: pytest
     """A 150 of ``x`` can run on B (budget 200, 100 taken) but never on A (budget 100): the 10s
     granted on A do not pass it there, so A holds nothing for it and a second 10 runs."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    state = _state(_tokens(), _tokens(200))
+    state = _state(tokens_spec(), tokens_spec(200))
     _lease(state.request("b", False, 0.0, tokens=100))
     _waiter(state.request("x", False, 0.0, tokens=150))
     _lease(state.request("a", False, 0.0, tokens=10))
@@ -132,7 +122,7 @@ def test_a_refresh_that_takes_a_provider_off_a_pinned_waiter_gives_its_headroom_
     waits on, but it can no longer run on A, so A holds nothing for it and the refresh grants the
     20 (60 + 10 + 20). B still holds its 50, until it leaves."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    spec = _tokens()
+    spec = tokens_spec()
     state = _state(spec, spec)
     big = _pinned_on_both(state)
     small = _waiter(state.request("a", False, 0.0, tokens=20))
@@ -155,7 +145,7 @@ def test_a_new_ledger_bounds_nothing_holds_nothing_and_fills_to_its_budget() -> 
 def test_a_negative_figure_is_refused_before_it_takes_an_arrival_or_a_lease() -> None:
     """``tokens=-1`` is refused when the choice asks whether it fits, before the request takes an
     arrival number or a lease id: the next request is the first."""
-    state = _state(_tokens())
+    state = _state(tokens_spec())
     with pytest.raises(ValueError, match="tokens must be >= 0"):
         state.request("a", False, 0.0, tokens=-1)
     first = _lease(state.request("a", False, 0.0, tokens=10))
@@ -170,7 +160,7 @@ def test_settling_tokens_on_a_provider_without_a_budget_changes_nothing() -> Non
 
 
 def test_a_settle_that_frees_one_token_grants_the_waiter_it_lets_in() -> None:
-    state = _state(_tokens())
+    state = _state(tokens_spec())
     running = _lease(state.request("a", False, 0.0, tokens=80))
     waiting = _waiter(state.request("a", False, 0.0, tokens=21))
     assert grants(state.settle_tokens(running, 79)) == [(waiting, A)]
@@ -180,7 +170,7 @@ def test_a_settle_that_frees_nothing_leaves_the_drain_its_own(monkeypatch: pytes
     """A pinned 60 is withdrawn: the 20 it let in is granted by the drain that follows, not by a
     settle in between that frees no token."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    state = _state(_tokens())
+    state = _state(tokens_spec())
     running = _lease(state.request("a", False, 0.0, tokens=50))
     big = _waiter(state.request("a", False, 0.0, tokens=60))
     _lease(state.request("a", False, 0.0, tokens=20))
@@ -201,7 +191,7 @@ def test_a_long_waiter_in_panic_mode_is_granted_while_the_normal_kind_is_not_in_
     dispatch's first test)."""
     config = PoolConfig(
         policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
-        providers={A: _tokens(), B: ProviderSpec(capacity=1)},
+        providers={A: tokens_spec(), B: ProviderSpec(capacity=1)},
         models={"x": ModelGroup((A, B)), "a": ModelGroup((A,)), "b": ModelGroup((B,))},
         outlier=adm.OutlierPolicy(consecutive_failures=1, base_ejection=5.0, max_ejection=5.0),
         tenants=tenants,
@@ -279,7 +269,7 @@ def test_a_long_request_larger_than_the_budget_is_refused_naming_the_budget(admi
 
 def test_a_long_request_without_figures_is_refused_where_the_window_exceeds_the_budget() -> None:
     """Without figures a long request reserves the window: 200 can never fit a budget of 100."""
-    state = _state(_tokens(window=200))
+    state = _state(tokens_spec(window=200))
     with pytest.raises(adm.Unavailable) as refused:
         state.request("a", True, 0.0)
     assert refused.value.reasons == (
@@ -291,8 +281,8 @@ def test_a_provider_that_stops_admitting_by_tokens_runs_any_figure_again() -> No
     """A admitted by a budget of 100 and now by slots (its ledger kept for the leases it holds): a
     150 that no budget of ``x`` holds can still run on A, so it waits for A's slot."""
     slots = ProviderSpec(capacity=1)
-    state = _state(ProviderSpec(capacity=1, total_context_tokens=100, admit_by="tokens"), _tokens())
-    state.refresh(_config(slots, _tokens()))
+    state = _state(ProviderSpec(capacity=1, total_context_tokens=100, admit_by="tokens"), tokens_spec())
+    state.refresh(_config(slots, tokens_spec()))
     _lease(state.request("a", False, 0.0, tokens=10))
     assert _waiter(state.request("x", False, 0.0, tokens=150)).tokens == 150
 
@@ -300,7 +290,7 @@ def test_a_provider_that_stops_admitting_by_tokens_runs_any_figure_again() -> No
 def test_a_disconnect_fails_the_waiters_no_budget_left_can_hold() -> None:
     """``x`` on A (budget 100) and B (200, full); a 150 (B alone could hold it) and a 50 behind A's
     80 wait. B's node drops: the 150 fails at once, the 50 waits on for A."""
-    state = _state(_tokens(), _tokens(200))
+    state = _state(tokens_spec(), tokens_spec(200))
     _lease(state.request("a", False, 0.0, tokens=80))
     _lease(state.request("b", False, 0.0, tokens=200))
     big = _waiter(state.request("x", False, 0.0, tokens=150))
@@ -318,7 +308,7 @@ def test_a_disconnect_fails_a_long_waiter_that_only_a_provider_without_long_slot
     both = ProviderSpec(capacity=4, long_context_capacity=1, total_context_tokens=100, admit_by="both")
     config = PoolConfig(
         policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
-        providers={A: both, B: ProviderSpec(capacity=1), c: _tokens(200)},
+        providers={A: both, B: ProviderSpec(capacity=1), c: tokens_spec(200)},
         models={"x": ModelGroup((A, B, c)), "c": ModelGroup((c,))},
     )
     state = connected(config)
@@ -334,7 +324,7 @@ def test_a_disconnect_fails_a_queued_retry_no_budget_left_can_hold() -> None:
     c = ProviderKey("node-c", "gpu2")
     config = PoolConfig(
         policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
-        providers={A: _tokens(200), B: _tokens(), c: _tokens(200)},
+        providers={A: tokens_spec(200), B: tokens_spec(), c: tokens_spec(200)},
         models={"x": ModelGroup((A, B, c)), "c": ModelGroup((c,))},
     )
     state = connected(config)
@@ -364,7 +354,7 @@ def test_a_pinned_waiter_granted_beside_a_second_due_waiter_reserves_before_the_
     def config(y: tuple[ProviderKey, ...]) -> PoolConfig:
         return PoolConfig(
             policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
-            providers={A: _tokens(), B: _tokens(), c: ProviderSpec(capacity=1)},
+            providers={A: tokens_spec(), B: tokens_spec(), c: ProviderSpec(capacity=1)},
             models={"a": ModelGroup((A,)), "y": ModelGroup(y), "c": ModelGroup((c,))},
             tenants=(adm.TenantSpec("t", max_in_flight=1), adm.TenantSpec("u")),
         )
@@ -388,9 +378,9 @@ def test_a_pinned_waiter_granted_beside_a_second_due_waiter_reserves_before_the_
 def test_a_refresh_to_a_token_budget_keeps_the_capacity_the_backend_reported() -> None:
     """A reports it runs 2 at once (its spec says 8); a refresh that gives it a bigger budget keeps
     the reported bound: the third request waits."""
-    state = _state(_tokens())
+    state = _state(tokens_spec())
     assert state.report_health(A, adm.ProviderReport("ready", capacity=2), 0.0) == []
-    state.refresh(_config(_tokens(200)))
+    state.refresh(_config(tokens_spec(200)))
     _lease(state.request("a", False, 0.0, tokens=10))
     _lease(state.request("a", False, 0.0, tokens=10))
     _waiter(state.request("a", False, 0.0, tokens=10))
@@ -400,8 +390,8 @@ def test_a_refresh_to_a_token_budget_keeps_the_capacity_the_backend_reported() -
 def test_a_refresh_that_gives_a_second_candidate_a_budget_keeps_the_group_fitting_tokens(prepared: bool) -> None:
     """``x`` on A (budget 100) and B (slots); a refresh (direct, or prepared: the groups kept) gives
     B a budget of 100 too. Two 90s run, one on each; a 50 fits neither and waits."""
-    state = _state(_tokens(), ProviderSpec(capacity=8))
-    config = _config(_tokens(), _tokens())
+    state = _state(tokens_spec(), ProviderSpec(capacity=8))
+    config = _config(tokens_spec(), tokens_spec())
     state.refresh(state.prepare_refresh(config) if prepared else config)
     assert {_lease(state.request("x", False, 0.0, tokens=90)).provider for _ in range(2)} == {A, B}
     assert _waiter(state.request("x", False, 0.0, tokens=50)).tokens == 50
@@ -410,8 +400,8 @@ def test_a_refresh_that_gives_a_second_candidate_a_budget_keeps_the_group_fittin
 def test_a_prepared_refresh_that_takes_one_budget_away_keeps_the_group_fitting_the_other() -> None:
     """``x`` on A and B (budgets of 100); a prepared refresh (the groups kept) puts B on slots (one
     slot). A 90 runs on A, a 90 on B (its slot); a 50 does not fit A and waits."""
-    state = _state(_tokens(), _tokens())
-    state.refresh(state.prepare_refresh(_config(_tokens(), ProviderSpec(capacity=1))))
+    state = _state(tokens_spec(), tokens_spec())
+    state.refresh(state.prepare_refresh(_config(tokens_spec(), ProviderSpec(capacity=1))))
     assert [_lease(state.request("x", False, 0.0, tokens=90)).provider for _ in range(2)] == [A, B]
     assert _waiter(state.request("x", False, 0.0, tokens=50)).tokens == 50
 

@@ -10,33 +10,22 @@ import asyncio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.admission.steps import connected
+from tests.admission.token_pools import A, token_pool, tokens_spec
 
-from iop_admission import (
-    Admission,
-    ModelGroup,
-    PoolConfig,
-    ProviderKey,
-    ProviderReport,
-    ProviderSpec,
-    QueuePolicy,
-)
+from iop_admission import Admission, PoolConfig, ProviderReport
 from iop_admission.aio import AsyncAdmission
 from iop_admission.core import AdmissionState, Granted, Lease, Waiter, engine_cut
 
 pytestmark = pytest.mark.req("token-ledger")
 
-A = ProviderKey("node-a", "gpu0")
-
 
 def _one_budget() -> PoolConfig:
-    spec = ProviderSpec(capacity=8, context_window_tokens=100, total_context_tokens=100, admit_by="tokens")
-    return PoolConfig(QueuePolicy(max_queue=8, queue_timeout=60.0), {A: spec}, {"m": ModelGroup((A,))})
+    return token_pool(tokens_spec(100, window=100))
 
 
 def _state() -> AdmissionState:
-    state = AdmissionState(_one_budget())
-    state.connect("node-a")
-    return state
+    return connected(_one_budget())
 
 
 def _budget(state: AdmissionState) -> tuple[int | None, int | None, float | None, int | None]:

@@ -10,39 +10,18 @@ from __future__ import annotations
 import pytest
 from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
+from tests.admission.steps import connected, grants
+from tests.admission.token_pools import A, B, token_pool, tokens_spec
 
 from iop_admission import ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy, TenantSpec
-from iop_admission.core import AdmissionState, Decision, Granted, TokenLedger, Waiter
+from iop_admission.core import AdmissionState, TokenLedger
 
 pytestmark = pytest.mark.req("token-ledger")
-
-A = ProviderKey("node-a", "gpu0")
-B = ProviderKey("node-b", "gpu1")
-
-
-def _tokens(budget: int = 100) -> ProviderSpec:
-    return ProviderSpec(capacity=8, total_context_tokens=budget, admit_by="tokens")
-
-
-def _state(config: PoolConfig) -> AdmissionState:
-    state = AdmissionState(config)
-    for node in state.nodes():
-        state.connect(node)
-    return state
 
 
 def _two(a: ProviderSpec | None = None, b: ProviderSpec | None = None) -> PoolConfig:
     """``x`` on A and B, ``a`` on A alone, ``b`` on B alone; budgets of 100 tokens by default."""
-    return PoolConfig(
-        policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
-        providers={A: a or _tokens(), B: b or _tokens()},
-        models={"x": ModelGroup((A, B)), "a": ModelGroup((A,)), "b": ModelGroup((B,))},
-    )
-
-
-def _grants(decisions: list[Decision]) -> list[tuple[Waiter, ProviderKey]]:
-    assert all(type(d) is Granted for d in decisions), decisions
-    return [(d.waiter, d.lease.provider) for d in decisions if isinstance(d, Granted)]
+    return token_pool(a or tokens_spec(), b or tokens_spec(), models={"x": (A, B), "a": (A,), "b": (B,)})
 
 
 def _headroom(state: AdmissionState) -> dict[ProviderKey, int]:
@@ -56,14 +35,14 @@ def test_a_waiter_pinned_on_one_provider_and_granted_on_another_frees_its_headro
     and pins it: 50 held on B, so a 10 of ``b`` waits (90 + 10 + 50). A's 60 leaves: the 50 is
     granted on A, and the same release grants the 10 in the room B no longer holds."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    state = _state(_two())
+    state = connected(_two())
     on_a = _lease(state.request("a", False, 0.0, tokens=60))
     _lease(state.request("b", False, 0.0, tokens=60))
     big = _waiter(state.request("x", False, 0.0, tokens=50))
     _lease(state.request("b", False, 0.0, tokens=30))
     assert _headroom(state) == {A: 0, B: 50}
     small = _waiter(state.request("b", False, 0.0, tokens=10))
-    assert _grants(state.release(on_a)) == [(big, A), (small, B)]
+    assert grants(state.release(on_a)) == [(big, A), (small, B)]
     assert _headroom(state) == {A: 0, B: 0}
     assert state.drain_decisions() == [] and state.queue_depth == 0
 
@@ -72,13 +51,13 @@ def test_a_waiter_pinned_on_one_provider_and_granted_on_another_frees_its_headro
 def test_a_revoked_lease_returns_its_reservation_when_its_body_leaves() -> None:
     """A 60 runs on A when its node drops: revoked, its body still runs, its tokens still held
     after the node is back, so a 50 waits. The body leaves: its 60 come back and the 50 runs."""
-    state = _state(_two())
+    state = connected(_two())
     running = _lease(state.request("a", False, 0.0, tokens=60))
     ok, _ = state.disconnect("node-a", state.generation("node-a"))
     assert ok and running.revoked and running.reserved_tokens == 60
     state.connect("node-a")
     waiting = _waiter(state.request("a", False, 0.0, tokens=50))
-    assert _grants(state.release(running)) == [(waiting, A)]
+    assert grants(state.release(running)) == [(waiting, A)]
     assert running.reserved_tokens == 0
     assert state.provider_snapshots()[0].reserved_tokens == 50
 
@@ -90,14 +69,14 @@ def test_a_long_waiter_kept_off_by_the_long_slot_holds_no_tokens_back() -> None:
     both = ProviderSpec(
         capacity=8, long_context_capacity=1, context_window_tokens=60, total_context_tokens=100, admit_by="both"
     )
-    state = _state(_two(b=both))
+    state = connected(_two(b=both))
     first_long = _lease(state.request("b", True, 0.0, tokens=30))
     long_waiter = _waiter(state.request("b", True, 0.0, tokens=40))
     _lease(state.request("b", False, 0.0, tokens=50))
     assert _headroom(state)[B] == 0
     twenty = _lease(state.request("b", False, 0.0, tokens=20))
     assert state.release(twenty) == []  # the long slot is still taken
-    assert _grants(state.release(first_long)) == [(long_waiter, B)]
+    assert grants(state.release(first_long)) == [(long_waiter, B)]
 
 
 def test_a_waiter_held_back_by_its_tenants_cap_holds_no_tokens_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,11 +86,11 @@ def test_a_waiter_held_back_by_its_tenants_cap_holds_no_tokens_back(monkeypatch:
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
     config = PoolConfig(
         policy=QueuePolicy(max_queue=8, queue_timeout=60.0),
-        providers={A: _tokens()},
+        providers={A: tokens_spec()},
         models={"a": ModelGroup((A,))},
         tenants=(TenantSpec("t", max_in_flight=1), TenantSpec("u")),
     )
-    state = _state(config)
+    state = connected(config)
     _lease(state.request("a", False, 0.0, "t", tokens=50))
     _waiter(state.request("a", False, 0.0, "t", tokens=60))
     _lease(state.request("a", False, 0.0, "u", tokens=40))
@@ -125,13 +104,13 @@ def test_a_lower_budget_forgets_a_pin_it_can_no_longer_hold(monkeypatch: pytest.
     there (80 held), then leaves. A's budget goes down to 70: the 80 can never run on A (it still can
     on B, so it waits), and A no longer holds 80 for it: a 10 runs there (60 of 70)."""
     monkeypatch.setattr(TokenLedger, "PATIENCE", 0)
-    state = _state(_two())
+    state = connected(_two())
     _lease(state.request("a", False, 0.0, tokens=50))
     _lease(state.request("b", False, 0.0, tokens=50))
     big = _waiter(state.request("x", False, 0.0, tokens=80))
     passing = _lease(state.request("a", False, 0.0, tokens=30))
     assert _headroom(state) == {A: 80, B: 0}
     assert state.release(passing) == []
-    assert state.refresh(_two(a=_tokens(70))) == []
+    assert state.refresh(_two(a=tokens_spec(70))) == []
     assert big.state.value == "queued" and _headroom(state) == {A: 0, B: 0}
     assert _lease(state.request("a", False, 0.0, tokens=10)).provider == A
