@@ -15,6 +15,10 @@ watcher task turning ``http.disconnect`` into cancellation): a queued
 request leaves the queue, a running one releases its lease and cancels its run
 on the node. This module decides nothing about admission; it maps the
 library's outcomes to HTTP.
+
+:class:`EdgeAPI` routes each request: a completion to :class:`Completions` (the request's
+walk), every other route to :class:`ServiceRoutes` (the Edge's own answers); request bodies
+are read by :class:`~iop_edge.api.request_body.BodyReader`.
 """
 
 from __future__ import annotations
@@ -31,20 +35,19 @@ from iop_admission import (
     Admission,
     AdmissionError,
     Lease,
-    LeaseRevoked,
 )
 from iop_edge._off_loop import run_off_loop
-from iop_edge.api.attempts import attempt_failure, count_cancelled, count_failure, within_deadline
+from iop_edge.api.attempts import attempt_failure, count_cancelled, counted_failure, within_deadline
 from iop_edge.api.deadline import RequestDeadline, request_deadline
-from iop_edge.api.not_leader import lost_unled, not_leader_on_head, ran_earlier, standby_refusal
+from iop_edge.api.not_leader import not_leader_on_head, ran_earlier, standby_refusal
 from iop_edge.api.rejections import JSON as _JSON
 from iop_edge.api.rejections import RequestRejected, node_disconnected
 from iop_edge.api.rejections import bearer as _bearer
 from iop_edge.api.rejections import dumps as _dumps
 from iop_edge.api.relay import AnswerBudget, first_message, relay_stream, relay_whole
-from iop_edge.api.request_body import ClientBody, checked_stream, context_tokens, estimate_tokens, read_body
+from iop_edge.api.request_body import BodyReader, ClientBody, ClientGone, checked_stream, estimate_tokens
 from iop_edge.api.responder import Responder, header_pairs
-from iop_edge.api.tenant_charge import Charge, charge_of, refusal_of
+from iop_edge.api.tenant_charge import Charge, charge_of
 from iop_edge.config import EdgeConfig
 from iop_edge.config.edge import admits_by_tokens
 from iop_edge.front_door.head_refusal import HeadRefusal
@@ -61,7 +64,6 @@ from iop_edge.metrics import EdgeMetrics
 from iop_edge.nodes.registry import NodeRegistry
 from iop_edge.nodes.runs import NodeGone, RunChannel, RunNotSent
 from iop_edge.status import StatusRows, status_json_rows
-from iop_edge.token_count import tokenizer_count
 from iop_edge.ui.page import PATHS as QUEUE_PAGE_PATHS
 from iop_edge.ui.page import QueuePage
 from iop_io import answer_lifespan
@@ -122,27 +124,30 @@ def _hooks(scope: Scope) -> ConnectionHooks | None:
 
 @final
 class EdgeAPI:
-    """The ASGI application of one Edge (its :class:`EdgeParts`)."""
+    """The ASGI application of one Edge (its :class:`EdgeParts`): each request to its route, the
+    completion walk's (:class:`Completions`) or the Edge's own answers' (:class:`ServiceRoutes`), or
+    to the live queue page."""
 
     def __init__(self, service: EdgeParts) -> None:
         self.service = service
-        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Responder], Awaitable[None]]] = {
-            ("POST", "/v1/chat/completions"): self._chat,
-            ("POST", "/v1/completions"): self._completions,
-            ("POST", "/v1/embeddings"): self._embeddings,
-            ("GET", "/v1/models"): self._models,
-            ("GET", "/status"): self._status,
-            ("GET", "/healthz"): self._healthz,
-            ("GET", "/readyz"): self._readyz,
-            ("GET", "/metrics"): self._metrics,
-            ("POST", "/admin/reload"): self._reload,
-        }
-        self._paths = {path for _, path in self._routes}
         self.head_refusal = HeadRefusal(service)
         self.queue_page = QueuePage(service)
-        self._body_readers = trio.CapacityLimiter(1)  # large bodies read, prompts counted one at a time, off the loop
         self.answers = AnswerBudget()  # the non-stream answers held ([upstream-bounds])
         service.metrics.follow_answers(lambda: self.answers.held)
+        walk = Completions(service, self.head_refusal, BodyReader(OFF_LOOP_BODY_BYTES), self.answers)
+        own = ServiceRoutes(service, self.head_refusal)
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Responder], Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): walk.chat,
+            ("POST", "/v1/completions"): walk.completions,
+            ("POST", "/v1/embeddings"): walk.embeddings,
+            ("GET", "/v1/models"): own.models,
+            ("GET", "/status"): own.status,
+            ("GET", "/healthz"): own.healthz,
+            ("GET", "/readyz"): own.readyz,
+            ("GET", "/metrics"): own.metrics,
+            ("POST", "/admin/reload"): own.reload,
+        }
+        self._paths = {path for _, path in self._routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -168,20 +173,41 @@ class EdgeAPI:
                     raise RequestRejected(405, "method_not_allowed", f"{scope['method']} is not allowed here")
                 raise RequestRejected(404, "not_found", f"no route for {scope['path']}")
             await handler(scope, receive, responder)
-        except _ClientGone:
+        except ClientGone:
             return
         except RequestRejected as rejection:
             await responder.reject(rejection)
 
-    # ------------------------------------------------------------ completions
+    def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
+        """The listener's ``refuse_head``: ``not_leader_on_head`` [ha-step-down], then :meth:`HeadRefusal.refuse`."""
+        return not_leader_on_head(self.service.ha, method, target) or self.head_refusal.refuse(method, target, headers)
 
-    async def _chat(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+
+@final
+class Completions:
+    """The walk of one completion or embeddings request: refused on its head or read, admitted,
+    run on a node and relayed, within its deadline and while this Edge leads.
+
+    Args:
+        service: the Edge.
+        head_refusal: the Edge's refusals before a lease (overload, tenants, authorization).
+        body: reads the request bodies and counts their context tokens.
+        answers: the non-stream answers held ([upstream-bounds]).
+    """
+
+    def __init__(self, service: EdgeParts, head_refusal: HeadRefusal, body: BodyReader, answers: AnswerBudget) -> None:
+        self.service = service
+        self.head_refusal = head_refusal
+        self._body = body
+        self.answers = answers
+
+    async def chat(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await self._completion(scope, receive, responder, "chat/completions")
 
-    async def _completions(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+    async def completions(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await self._completion(scope, receive, responder, "completions")
 
-    async def _embeddings(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+    async def embeddings(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await self._completion(scope, receive, responder, "embeddings")
 
     async def _completion(self, scope: Scope, receive: Receive, responder: Responder, endpoint: str) -> None:
@@ -196,7 +222,7 @@ class EdgeAPI:
             await responder.canned(response)
             return
         try:
-            body = await self._read_json(scope, receive)
+            body = await self._body.read(scope["headers"], receive, service.config.max_body_bytes)
             fields = body.fields
             model = fields.get("model")
             if not isinstance(model, str) or not model:
@@ -207,7 +233,8 @@ class EdgeAPI:
             charge = charge_of(service.config, scope["headers"], lambda: estimate_tokens(endpoint, fields))
             deadline = request_deadline(scope["headers"], service.config.model_entry(model), stream)
             if admits_by_tokens(service.config):
-                charge.context = await self._context_tokens(endpoint, fields, service.config.tokenizer(model))
+                tokenizer = service.config.tokenizer(model)
+                charge.context = await self._body.context_tokens(endpoint, fields, tokenizer)
         except BaseException:
             self.head_refusal.gave_up(scope)  # let through on its head, it will not ask for a lease
             raise
@@ -235,10 +262,6 @@ class EdgeAPI:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             await self._admit_and_run(*request, responder)
             nursery.cancel_scope.cancel()
-
-    def refuse_head(self, method: bytes, target: bytes, headers: Headers) -> tuple[CannedResponse, float] | None:
-        """The listener's ``refuse_head``: ``not_leader_on_head`` [ha-step-down], then :meth:`HeadRefusal.refuse`."""
-        return not_leader_on_head(self.service.ha, method, target) or self.head_refusal.refuse(method, target, headers)
 
     async def _admit_and_run(
         self,
@@ -278,7 +301,7 @@ class EdgeAPI:
         except (AdmissionError, RequestRejected) as failure:
             if isinstance(failure, AdmissionError):
                 visit.stop_asking()
-            rejection, outcome = _counted_failure(service, self.head_refusal, model, failure)
+            rejection, outcome = counted_failure(service, self.head_refusal, model, failure)
             await responder.reject(rejection)
         except trio.Cancelled:
             outcome = "cancelled"
@@ -340,14 +363,22 @@ class EdgeAPI:
                 raise
         return "ok"
 
-    # ------------------------------------------------------------ other routes
 
-    async def _models(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+@final
+class ServiceRoutes:
+    """The routes the Edge answers from its own state, no node involved: models, status, health,
+    readiness, metrics and the admin reload."""
+
+    def __init__(self, service: EdgeParts, head_refusal: HeadRefusal) -> None:
+        self.service = service
+        self.head_refusal = head_refusal
+
+    async def models(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         self.head_refusal.authorize(scope["headers"])
         data = [{"id": m.id, "object": "model", "created": 0, "owned_by": "iop"} for m in self.service.config.models]
         await responder.whole(200, [_JSON], _dumps({"object": "list", "data": data}))
 
-    async def _status(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+    async def status(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         """``GET /status[?node=ID][&model=ID]``: the state is read on the loop a slice at a time;
         turning 10,000 providers into JSON runs in a worker thread, so streams keep flowing meanwhile."""
         query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
@@ -355,10 +386,10 @@ class EdgeAPI:
         body = await run_off_loop(lambda: status_json_rows(rows))
         await responder.whole(200, [_JSON], body)
 
-    async def _healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+    async def healthz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         await responder.whole(200, [_JSON], b'{"status":"ok"}')
 
-    async def _readyz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+    async def readyz(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         """200 when this Edge admits (it leads, or runs without ``ha:``); 503 ``not leader`` else."""
         ha = self.service.ha
         if ha is None or ha.admits():
@@ -367,11 +398,11 @@ class EdgeAPI:
         body = {"status": "not leader", "leader": ha.leadership.leader, "epoch": ha.leadership.epoch}
         await responder.whole(503, [_JSON, *header_pairs(ha.refusal_headers())], _dumps(body))
 
-    async def _metrics(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+    async def metrics(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         body, content_type = await self.service.metrics.render_off_loop()
         await responder.whole(200, [(b"content-type", content_type.encode())], body)
 
-    async def _reload(self, scope: Scope, receive: Receive, responder: Responder) -> None:
+    async def reload(self, scope: Scope, receive: Receive, responder: Responder) -> None:
         config = self.service.config
         if not config.admin_token:
             raise RequestRejected(404, "not_found", "no route for /admin/reload")
@@ -390,48 +421,6 @@ class EdgeAPI:
             await responder.whole(400, [_JSON, (b"x-iop-reject-reason", b"config_rejected")], _dumps(body))
             return
         await responder.whole(200, [_JSON], b'{"status":"reloaded"}')
-
-    # ------------------------------------------------------------------ input
-
-    async def _context_tokens(self, endpoint: str, fields: dict[str, Any], tokenizer: str | None) -> int:
-        """What the request reserves on a token budget ([token-ledger], :func:`context_tokens`): with
-        the model's tokenizer, counted in a worker thread, one at a time (a count costs many body
-        reads, docs/benchmarks.md); else the UTF-8 bound, here. Checkpoints with a tokenizer."""
-        if tokenizer is None:
-            return context_tokens(endpoint, fields)
-        async with self._body_readers:
-            return await run_off_loop(lambda: context_tokens(endpoint, fields, tokenizer_count(tokenizer)))
-
-    async def _read_json(self, scope: Scope, receive: Receive) -> ClientBody:
-        """The request body, read by :func:`read_body` (off the event loop past
-        :data:`OFF_LOOP_BODY_BYTES`). Checkpoints."""
-        limit = self.service.config.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    raise RequestRejected(400, "bad_request", "invalid content-length") from None
-                if declared > limit:
-                    raise _too_large(limit)
-        chunks = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        raw = b"".join(chunks)
-        if len(raw) > OFF_LOOP_BODY_BYTES:  # one worker at a time: the loop competes with one thread
-            async with self._body_readers:
-                return await run_off_loop(lambda: read_body(raw, off_loop=True))
-        return read_body(raw)
 
 
 OFF_LOOP_BODY_BYTES = 64 * 1024
@@ -468,32 +457,3 @@ def _open_run(
     except NotLeading:  # [ha-step-down] granted, or retried, by an Edge that cannot prove it leads: not sent
         assert service.ha is not None  # only an Edge with ha: refuses to stamp
         raise standby_refusal(service.ha) from None
-
-
-class _ClientGone(RequestRejected):
-    """The client disconnected before its request body arrived; nothing to answer."""
-
-    def __init__(self) -> None:
-        super().__init__(499, "client_closed", "client closed the connection")
-
-
-def _too_large(limit: int) -> RequestRejected:
-    return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
-
-
-def _counted_failure(
-    service: EdgeParts, head_refusal: HeadRefusal, model: str, failure: AdmissionError | RequestRejected
-) -> tuple[RequestRejected, str]:
-    """The client's answer to a request admission refused or its attempts lost, counted in the
-    metrics; and the outcome its lease ends with (``revoked``, ``client_error`` or ``error``)."""
-    metrics = service.metrics
-    if isinstance(failure, AdmissionError):
-        refusal = lost_unled(refusal_of(failure, service, head_refusal), service.ha)
-        return count_failure(metrics, model, refusal), "revoked" if isinstance(failure, LeaseRevoked) else "error"
-    rejection = lost_unled(failure, service.ha)
-    outcome = "error"
-    if rejection.code == "provider_busy":
-        metrics.request_rejected(model, "provider_busy")
-    elif rejection.reason == "upstream_client_error":
-        outcome = "client_error"
-    return count_failure(metrics, model, rejection), outcome

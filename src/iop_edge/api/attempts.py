@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from iop_admission import Admission, Lease
+from iop_admission import Admission, AdmissionError, Lease, LeaseRevoked
 from iop_edge.api.deadline import RequestDeadline
 from iop_edge.api.failover import AttemptFailed, serve_with_failover
-from iop_edge.api.not_leader import standby_refusal
+from iop_edge.api.not_leader import lost_unled, standby_refusal
 from iop_edge.api.rejections import RequestRejected
 from iop_edge.api.responder import Responder
-from iop_edge.api.tenant_charge import Charge
+from iop_edge.api.tenant_charge import Charge, refusal_of
 from iop_edge.config import EdgeModel
 from iop_edge.ha import EdgeHa
 from iop_edge.metrics import EdgeMetrics
+
+if TYPE_CHECKING:
+    from iop_edge.api.app import EdgeParts
+    from iop_edge.front_door.head_refusal import HeadRefusal
 
 logger = logging.getLogger("iop_edge.http")
 
@@ -125,3 +130,21 @@ def attempt_failure(rejection: RequestRejected, lease: Lease, started: bool) -> 
     if rejection.retry is None or started:
         return rejection
     return AttemptFailed(rejection, rejection.retry, provider_failure=rejection.provider_failure)
+
+
+def counted_failure(
+    service: EdgeParts, head_refusal: HeadRefusal, model: str, failure: AdmissionError | RequestRejected
+) -> tuple[RequestRejected, str]:
+    """The client's answer to a request admission refused or its attempts lost, counted in the
+    metrics; and the outcome its lease ends with (``revoked``, ``client_error`` or ``error``)."""
+    metrics = service.metrics
+    if isinstance(failure, AdmissionError):
+        refusal = lost_unled(refusal_of(failure, service, head_refusal), service.ha)
+        return count_failure(metrics, model, refusal), "revoked" if isinstance(failure, LeaseRevoked) else "error"
+    rejection = lost_unled(failure, service.ha)
+    outcome = "error"
+    if rejection.code == "provider_busy":
+        metrics.request_rejected(model, "provider_busy")
+    elif rejection.reason == "upstream_client_error":
+        outcome = "client_error"
+    return count_failure(metrics, model, rejection), outcome

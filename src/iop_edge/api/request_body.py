@@ -9,6 +9,9 @@ This is the one place where a client's JSON is read, strictly (:func:`read_body`
 escape), no duplicate key, no ``NaN``/``Infinity``, no number out of a float's range, nesting at
 most :data:`MAX_DEPTH` deep, an object at the top. Each refusal is a 400 ``bad_request`` naming
 the rule: a body the Edge accepts can always be carried to a node and to a backend.
+
+:class:`BodyReader` takes the body off the ASGI ``receive`` within ``max_body_bytes`` and runs
+the costly reads (a large body, a count by a tokenizer) in a worker thread.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ import codecs
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, final
 
 import attrs
+import trio
 
-from iop_edge._off_loop import yield_to_loop
+from iop_edge._off_loop import run_off_loop, yield_to_loop
 from iop_edge.api.rejections import RequestRejected
-from iop_edge.token_count import Count, prompt_tokens, utf8_bound
+from iop_edge.token_count import Count, prompt_tokens, tokenizer_count, utf8_bound
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted in a request body (the top object is 1).
@@ -317,3 +323,74 @@ def _too_deep() -> RequestRejected:
 
 def _bad(message: str) -> RequestRejected:
     return RequestRejected(400, "bad_request", message)
+
+
+class ClientGone(RequestRejected):
+    """The client disconnected before its request body arrived; nothing to answer."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client_closed", "client closed the connection")
+
+
+def _too_large(limit: int) -> RequestRejected:
+    return RequestRejected(413, "request_too_large", f"request body exceeds {limit} bytes")
+
+
+@final
+class BodyReader:
+    """The request bodies of one Edge, read off the ASGI ``receive`` by :func:`read_body`, and the
+    context tokens each reserves; the costly ones in a worker thread, one at a time.
+
+    Args:
+        off_loop_bytes: bodies larger than this are read in a worker thread
+            (:func:`run_off_loop`), so a flood of large bodies leaves the loop free for everything else.
+    """
+
+    def __init__(self, off_loop_bytes: int) -> None:
+        self._off_loop_bytes = off_loop_bytes
+        self._workers = trio.CapacityLimiter(1)  # large bodies read, prompts counted one at a time, off the loop
+
+    async def context_tokens(self, endpoint: str, fields: dict[str, Any], tokenizer: str | None) -> int:
+        """What the request reserves on a token budget ([token-ledger], :func:`context_tokens`): with
+        the model's tokenizer, counted in a worker thread, one at a time (a count costs many body
+        reads, docs/benchmarks.md); else the UTF-8 bound, here. Checkpoints with a tokenizer."""
+        if tokenizer is None:
+            return context_tokens(endpoint, fields)
+        async with self._workers:
+            return await run_off_loop(lambda: context_tokens(endpoint, fields, tokenizer_count(tokenizer)))
+
+    async def read(self, headers: Iterable[tuple[bytes, bytes]], receive: Receive, limit: int) -> ClientBody:
+        """The request body of ``limit`` bytes at most (its ``headers``' ``content-length`` is checked
+        first), read by :func:`read_body`: in a worker thread past ``off_loop_bytes``. Checkpoints.
+
+        Raises:
+            ClientGone: the client left before its body arrived.
+            RequestRejected: 413 ``request_too_large``, or 400 (a bad ``content-length``, or
+                the rule the body breaks).
+        """
+        for name, value in headers:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    raise RequestRejected(400, "bad_request", "invalid content-length") from None
+                if declared > limit:
+                    raise _too_large(limit)
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        raw = b"".join(chunks)
+        if len(raw) > self._off_loop_bytes:  # one worker at a time: the loop competes with one thread
+            async with self._workers:
+                return await run_off_loop(lambda: read_body(raw, off_loop=True))
+        return read_body(raw)
