@@ -6,12 +6,12 @@ from collections.abc import Callable
 from typing import final
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from iop_admission import Admission
 from iop_edge._off_loop import run_off_loop, snapshot_in_slices
 from iop_edge.metrics.collectors import READING, FrontDoorCollector, Level, Reading, SnapshotCollector
-from iop_edge.metrics.labels import REFRESH_RESULTS, DisconnectCause, check_label
+from iop_edge.metrics.labels import REFRESH_RESULTS, ClosedCounter, DisconnectCause
 from iop_edge.metrics.node_metrics import NodeMetrics
 from iop_edge.metrics.request_metrics import RequestMetrics
 from iop_edge.status import OverloadStatus
@@ -52,15 +52,13 @@ class EdgeMetrics:
             "Bytes of non-stream answers the Edge holds until they are written to their clients (bounded by answer_budget_bytes).",
             registry=self.registry,
         )
-        self._refreshes = Counter(
+        self._refreshes = ClosedCounter(
+            self.registry,
             "iop_config_refreshes",
             "Live config refreshes, by result.",
-            ("result",),
-            registry=self.registry,
+            ("result", REFRESH_RESULTS),
+            "refresh result",
         )
-        # A closed label set starts at 0, so rate() and absence alerts work from the first scrape.
-        for result in REFRESH_RESULTS:
-            self._refreshes.labels(result)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """:meth:`RequestMetrics.run`: follow admission events and count them, until cancelled."""
@@ -132,8 +130,7 @@ class EdgeMetrics:
         Raises:
             ValueError: ``result`` is not one of :data:`REFRESH_RESULTS`.
         """
-        check_label(result, REFRESH_RESULTS, "refresh result")
-        self._refreshes.labels(result).inc()
+        self._refreshes.count(result)
 
     # ---------------------------------------------------------------- scrape
 

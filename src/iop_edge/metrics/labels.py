@@ -1,9 +1,12 @@
-"""The closed label sets of the Edge's metrics (``docs/metrics.md``), and the check of a value against one."""
+"""The closed label sets of the Edge's metrics (``docs/metrics.md``), the check of a value against one, and
+:class:`ClosedCounter`, a counter by one such label."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, Literal, get_args
+from typing import Final, Literal, final, get_args
+
+from prometheus_client import CollectorRegistry, Counter
 
 #: ``reason`` label values of ``iop_rejected_total``.
 REJECTION_REASONS: Final = frozenset(
@@ -35,3 +38,34 @@ REASON_CODES: Final = {
 def check_label(value: str, allowed: Iterable[str], what: str) -> None:
     if value not in allowed:
         raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(sorted(allowed))}")
+
+
+@final
+class ClosedCounter:
+    """A counter by one label of a closed set: every series made at 0 from the start, so rate() and
+    absence alerts work from the first scrape, and each kept (``labels()`` is looked up once).
+
+    Args:
+        registry: the Edge's registry the counter is registered in.
+        name, documentation: the counter's.
+        label: the label's name and its values.
+        what: the label's meaning, for :func:`check_label`'s message.
+    """
+
+    __slots__ = ("_children", "_what")
+
+    def __init__(
+        self, registry: CollectorRegistry, name: str, documentation: str, label: tuple[str, Iterable[str]], what: str
+    ) -> None:
+        counter = Counter(name, documentation, (label[0],), registry=registry)
+        self._children = {value: counter.labels(value) for value in label[1]}
+        self._what = what
+
+    def count(self, value: str) -> None:
+        """Count one ``value``.
+
+        Raises:
+            ValueError: ``value`` is not one of the label's values.
+        """
+        check_label(value, self._children, self._what)
+        self._children[value].inc()

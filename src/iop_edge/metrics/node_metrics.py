@@ -11,6 +11,7 @@ from iop_edge.metrics.labels import (
     ADDRESS_CLASSES,
     DISCONNECT_CAUSES,
     PENDING_CLOSE_REASONS,
+    ClosedCounter,
     DisconnectCause,
     check_label,
 )
@@ -41,12 +42,13 @@ class NodeMetrics:
             "Connections to the node socket between accept and registration.",
             registry=registry,
         )
-        self._pending_closed = Counter(
+        self._pending_closed = ClosedCounter(
+            registry,
             "iop_node_pending_closed",
             "Unregistered node-socket connections the Edge closed, by reason "
             "(a pending cap was reached at accept, or the handshake deadline passed).",
-            ("reason",),
-            registry=registry,
+            ("reason", PENDING_CLOSE_REASONS),
+            "pending close reason",
         )
         self._registration_failures = Counter(
             "iop_node_registration_failures",
@@ -54,9 +56,6 @@ class NodeMetrics:
             ("reason", "address_class"),
             registry=registry,
         )
-        # A closed label set starts at 0, so rate() and absence alerts work from the first scrape.
-        for reason in PENDING_CLOSE_REASONS:
-            self._pending_closed.labels(reason)
 
     def _node_label(self, node_id: str) -> str:
         """``node_id``, or ``""`` where series are Edge-wide (``per_node`` False)."""
@@ -85,8 +84,7 @@ class NodeMetrics:
         Raises:
             ValueError: ``reason`` is not one of :data:`PENDING_CLOSE_REASONS`.
         """
-        check_label(reason, PENDING_CLOSE_REASONS, "pending close reason")
-        self._pending_closed.labels(reason).inc()
+        self._pending_closed.count(reason)
 
     def node_registration_rejected(self, code: str, address_class: str) -> None:
         """Count a rejected registration (``bad_token``, ``unknown_node``, ...) from a class of address.

@@ -12,7 +12,7 @@ from iop_admission import Admission, AdmissionEvent
 from iop_edge.api.failover import RETRY_REASONS
 from iop_edge.api.rejections import ERROR_CLASSES
 from iop_edge.metrics.collectors import Level
-from iop_edge.metrics.labels import LEASE_OUTCOMES, REASON_CODES, REJECTION_REASONS, check_label
+from iop_edge.metrics.labels import LEASE_OUTCOMES, REASON_CODES, REJECTION_REASONS, ClosedCounter, check_label
 
 #: The queue timeout defaults to 30 s; waits beyond a minute are off the scale anyway.
 _QUEUE_WAIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -109,11 +109,12 @@ class RequestMetrics:
             ("model", "reason"),
             registry=registry,
         )
-        lease_endings = Counter(
+        self._lease_endings = ClosedCounter(
+            registry,
             "iop_lease_endings",
             "Admitted requests that ended, by outcome.",
-            ("outcome",),
-            registry=registry,
+            ("outcome", LEASE_OUTCOMES),
+            "lease outcome",
         )
         self._retries = Counter(
             "iop_retries",
@@ -134,16 +135,12 @@ class RequestMetrics:
             "Time granted requests spent queued (0 when admitted at once).",
             _QUEUE_WAIT_BUCKETS,
         )
-        self._lease_endings_by = _Series(lease_endings)
         self._request_duration_by = _by_model(
             registry,
             "iop_request_duration_seconds",
             "Duration of admitted requests, lease grant to lease end.",
             _REQUEST_DURATION_BUCKETS,
         )
-        # A closed label set starts at 0, so rate() and absence alerts work from the first scrape.
-        for outcome in LEASE_OUTCOMES:
-            self._lease_endings_by(outcome)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow admission events and count them, until cancelled.
@@ -216,8 +213,7 @@ class RequestMetrics:
         Raises:
             ValueError: ``outcome`` is not one of :data:`LEASE_OUTCOMES`.
         """
-        check_label(outcome, LEASE_OUTCOMES, "lease outcome")
-        self._lease_endings_by(outcome).inc()
+        self._lease_endings.count(outcome)
         self._request_duration_by(model).observe(duration)
 
     def request_failed(self, model: str, error_class: str) -> None:
