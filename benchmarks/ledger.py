@@ -23,12 +23,16 @@ decide what each engine gets:
   sent since the last scrape counts as waiting), the least used engine first.
 
 Beside them, for information, ``both``: the ledger with one long slot per engine
-(``admit_by="both"``, capacity 64). Every arm queues at most 64 requests for at most 30 s
-(the Edge's defaults); a request is *good* when it finished (no error) with a time to first
-token within the objective (5 s).
+(``admit_by="both"``, capacity 64). Every arm queues at most 64 requests (the Edge's default)
+for at most the objective (``--queue-timeout``, 5 s: a request that waited longer cannot be
+good); a request is *good* when it finished (no error) with a time to first token within the
+objective (5 s). ``--long-share`` and ``--chats history`` change the trace's shape (the
+chats then carry their history and hold a larger share of the cache).
+
 Reported per arm: preemptions, context errors, good requests per second (goodput), requests
 finished and refused, long requests good and finished, tokens served a second (prompt and
-output of the requests finished), TTFT p50/p99, the cache's peak use. Then (unless
+output of the requests finished), TTFT p50/p99, the cache's peak use; per run the ceiling,
+the ratio the ledger would reach if every request of the trace were good. Then (unless
 ``--no-cost``) the decision cost: the trio lease cycle with a token budget against the same
 cycle without one, interleaved CPU-time rounds.
 """
@@ -63,11 +67,12 @@ KV_TOTAL = 65_536
 N_CTX = 32_768
 PREFILL_PER_STEP = 2_048  # chunked prefill: a step's token budget (vLLM's max_num_batched_tokens)
 MAX_QUEUE = 64
-QUEUE_TIMEOUT = 30.0
 TTFT_OBJECTIVE = 5.0
+QUEUE_TIMEOUT = TTFT_OBJECTIVE  # a request that waited past the objective cannot be good
 LONG_ABOVE = 8_192
 OVERLOAD = 1.5
 SCRAPE = 0.05
+CHATS = ("short", "history")
 KEYS = (ProviderKey("node-a", "gpu0"), ProviderKey("node-b", "gpu1"))
 MODEL = "m"
 
@@ -91,17 +96,28 @@ class Request:
         return self.prompt + self.max_tokens
 
 
-def trace(count: int, seed: int) -> list[Request]:
-    """The mixed trace at 1.5x saturation (see the module docstring)."""
+def trace(count: int, seed: int, long_share: float = 0.15, chats: str = "short") -> list[Request]:
+    """The mixed trace at 1.5x saturation (see the module docstring).
+
+    ``long_share``: the share of long requests. ``chats``: ``"short"`` (prompts of 100-2,000
+    tokens, ``max_tokens`` 128-1,024) or ``"history"`` (chats carrying their history: prompts
+    log-normal around 1,000 tokens within 50-7,000, ``max_tokens`` 256-2,048), where the chats
+    hold a larger share of the cache.
+    """
+    if chats not in CHATS:
+        raise ValueError(f"chats must be one of {sorted(CHATS)}, got {chats!r}")
     rng = random.Random(seed)
     shapes = []
     for _ in range(count):
-        if rng.random() < 0.15:
+        if rng.random() < long_share:
             prompt = rng.randint(16_000, 28_000)
             max_tokens = min(rng.choice((256, 1024, 2048, 4096)), N_CTX - prompt)
-        else:
+        elif chats == "short":
             prompt = rng.randint(100, 2_000)
             max_tokens = rng.choice((128, 256, 512, 1024))
+        else:
+            prompt = min(7_000, max(50, round(rng.lognormvariate(math.log(1_000), 0.8))))
+            max_tokens = rng.choice((256, 512, 1024, 2048))
         shapes.append((prompt, max_tokens, max(1, round(max_tokens * rng.uniform(0.2, 1.0)))))
     # Saturation: the fleet's cache divided by the cache-seconds a request holds on average
     # (its prompt while prefilled, then prompt and output while it decodes at the nominal step).
@@ -117,8 +133,8 @@ def trace(count: int, seed: int) -> list[Request]:
 class CoreArm:
     """The admission core decides: a grant goes to its provider's engine at once."""
 
-    def __init__(self, specs: dict[ProviderKey, ProviderSpec], tokens: bool) -> None:
-        policy = QueuePolicy(max_queue=MAX_QUEUE, queue_timeout=QUEUE_TIMEOUT)
+    def __init__(self, specs: dict[ProviderKey, ProviderSpec], tokens: bool, queue_timeout: float) -> None:
+        policy = QueuePolicy(max_queue=MAX_QUEUE, queue_timeout=queue_timeout)
         self.state = AdmissionState(PoolConfig(policy, specs, {MODEL: ModelGroup(KEYS)}))
         for key in KEYS:
             self.state.connect(key.node_id)
@@ -158,8 +174,8 @@ class CoreArm:
 class ReactiveArm:
     """Queue at the gateway; send while an engine's scraped queue < 5 and KV use < 0.8."""
 
-    def __init__(self, engines: list[KvEngine]) -> None:
-        self.engines = engines
+    def __init__(self, engines: list[KvEngine], queue_timeout: float) -> None:
+        self.engines, self.queue_timeout = engines, queue_timeout
         self.queue: list[Request] = []
         self.scraped: list[tuple[int, float]] = [(0, 0.0)] * len(engines)
         self.sent_since: list[int] = [0] * len(engines)
@@ -178,7 +194,7 @@ class ReactiveArm:
             self.scraped = [(e.waiting, e.usage) for e in self.engines]
             self.sent_since = [0] * len(self.engines)
             self.next_scrape = now + SCRAPE
-        while self.queue and self.queue[0].arrival + QUEUE_TIMEOUT <= now:
+        while self.queue and self.queue[0].arrival + self.queue_timeout <= now:
             self.queue.pop(0).refused = True
         self._dispatch()
 
@@ -202,11 +218,15 @@ class ReactiveArm:
 Arm = CoreArm | ReactiveArm
 
 
-def simulate(arm_of: Callable[[list[KvEngine]], Arm], requests: list[Request], mode: str) -> dict[str, Any]:
+ArmOf = Callable[[list[KvEngine], float], Arm]
+"""An arm for the engines and a queue timeout."""
+
+
+def simulate(arm_of: ArmOf, requests: list[Request], mode: str, queue_timeout: float = QUEUE_TIMEOUT) -> dict[str, Any]:
     """Replay ``requests`` (copied) through one arm against fresh engines; the figures of the run."""
     requests = [Request(r.id, r.arrival, r.prompt, r.max_tokens, r.output) for r in requests]
     engines = [KvEngine(KV_TOTAL, N_CTX, mode=mode, prefill_per_step=PREFILL_PER_STEP, cost=ENGINE_COST) for _ in KEYS]
-    arm = arm_of(engines)
+    arm = arm_of(engines, queue_timeout)
     by_id = {r.id: r for r in requests}
     active: set[int] = set()
 
@@ -276,20 +296,20 @@ def _queued(arm: Arm) -> bool:
     return bool(arm.waiting if isinstance(arm, CoreArm) else arm.queue)
 
 
-def _ledger(engines: list[KvEngine]) -> Arm:
+def ledger_arm(engines: list[KvEngine], queue_timeout: float) -> Arm:
     spec = ProviderSpec(capacity=256, context_window_tokens=N_CTX, total_context_tokens=KV_TOTAL, admit_by="tokens")
-    return CoreArm(dict.fromkeys(KEYS, spec), tokens=True)
+    return CoreArm(dict.fromkeys(KEYS, spec), True, queue_timeout)
 
 
-def _slots(capacity: int, long_slots: int) -> Callable[[list[KvEngine]], Arm]:
-    def make(engines: list[KvEngine]) -> Arm:
+def slots_arm(capacity: int, long_slots: int) -> ArmOf:
+    def make(engines: list[KvEngine], queue_timeout: float) -> Arm:
         spec = ProviderSpec(capacity=capacity, long_context_capacity=long_slots, context_window_tokens=N_CTX)
-        return CoreArm(dict.fromkeys(KEYS, spec), tokens=False)
+        return CoreArm(dict.fromkeys(KEYS, spec), False, queue_timeout)
 
     return make
 
 
-def _both(engines: list[KvEngine]) -> Arm:
+def both_arm(engines: list[KvEngine], queue_timeout: float) -> Arm:
     spec = ProviderSpec(
         capacity=64,
         long_context_capacity=1,
@@ -297,26 +317,43 @@ def _both(engines: list[KvEngine]) -> Arm:
         total_context_tokens=KV_TOTAL,
         admit_by="both",
     )
-    return CoreArm(dict.fromkeys(KEYS, spec), tokens=True)
+    return CoreArm(dict.fromkeys(KEYS, spec), True, queue_timeout)
 
 
-SLOT_GRID = [(c, long) for c in range(1, 33) for long in (1, 2, 3) if long <= c]
+SLOT_GRID = [(c, long) for c in (*range(1, 33), 40, 48, 64) for long in (1, 2, 3) if long <= c]
 
 
-def replay(count: int, seed: int, mode: str) -> dict[str, Any]:
-    """The three arms on one trace in one engine mode; slots tuned over :data:`SLOT_GRID`."""
-    requests = trace(count, seed)
-    ledger = simulate(_ledger, requests, mode)
-    grid = {f"{c}x{long}": simulate(_slots(c, long), requests, mode) for c, long in SLOT_GRID}
+def replay(
+    count: int,
+    seed: int,
+    mode: str,
+    long_share: float = 0.15,
+    chats: str = "short",
+    queue_timeout: float = QUEUE_TIMEOUT,
+) -> dict[str, Any]:
+    """The three arms on one trace in one engine mode; slots tuned over :data:`SLOT_GRID`.
+
+    ``slots_harmless``: the best slots among those with no preemption and no context error.
+    ``ceiling``: the ledger's goodput over the best other's if every request of the trace were
+    good -- the most any admission could reach against them on this trace.
+    """
+    requests = trace(count, seed, long_share, chats)
+    ledger = simulate(ledger_arm, requests, mode, queue_timeout)
+    grid = {f"{c}x{long}": simulate(slots_arm(c, long), requests, mode, queue_timeout) for c, long in SLOT_GRID}
     best = max(grid, key=lambda name: grid[name]["goodput"])
-    reactive = simulate(ReactiveArm, requests, mode)
+    harmless = [name for name, r in grid.items() if not r["preemptions"] and not r["context_errors"]]
+    safe = max(harmless, key=lambda name: grid[name]["goodput"], default=None)
+    reactive = simulate(ReactiveArm, requests, mode, queue_timeout)
     return {
         "mode": mode,
         "requests": count,
+        "trace": {"long_share": long_share, "chats": chats, "queue_timeout": queue_timeout},
+        "ceiling": count / max(grid[best]["good"], reactive["good"], 1),
         "ledger": ledger,
         "slots": {"best": best, **grid[best]},
+        "slots_harmless": None if safe is None else {"best": safe, **grid[safe]},
         "reactive": reactive,
-        "both": simulate(_both, requests, mode),
+        "both": simulate(both_arm, requests, mode, queue_timeout),
         "slots_grid": {name: round(r["goodput"], 3) for name, r in grid.items()},
     }
 
@@ -396,24 +433,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--no-cost", action="store_true", help="the replay only, not the decision cost")
+    parser.add_argument("--long-share", type=float, default=0.15, help="the share of long requests (0.15)")
+    parser.add_argument("--chats", choices=CHATS, default="short", help="the chats' shape (short)")
+    parser.add_argument(
+        "--queue-timeout", type=float, default=QUEUE_TIMEOUT, help="every arm's queue timeout, s (the TTFT objective)"
+    )
     args = parser.parse_args(argv)
     count = 5_000 if args.full else 1_500
-    results: dict[str, Any] = {"runs": [replay(count, args.seed, mode) for mode in ("preempt", "fail")]}
+    results: dict[str, Any] = {
+        "runs": [
+            replay(count, args.seed, mode, args.long_share, args.chats, args.queue_timeout)
+            for mode in ("preempt", "fail")
+        ]
+    }
     results["decision_cost"] = {} if args.no_cost else decision_cost()
     header = (
         "| arm | preemptions | context errors | goodput (good/s) | finished | refused | long good / finished "
         "| tokens served/s | TTFT p50 s | TTFT p99 s | KV peak |"
     )
     for run in results["runs"]:
-        print(f"\nmode {run['mode']}, {run['requests']} requests, slots tuned: {run['slots']['best']}")
+        shape = f"long share {args.long_share}, chats {args.chats}, queue timeout {args.queue_timeout:g} s"
+        print(f"\nmode {run['mode']}, {run['requests']} requests ({shape}), slots tuned: {run['slots']['best']}")
         print(header)
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         print(_row("ledger", run["ledger"]))
         print(_row(f"slots {run['slots']['best']}", run["slots"]))
+        if (harmless := run["slots_harmless"]) is not None and harmless["best"] != run["slots"]["best"]:
+            print(_row(f"slots {harmless['best']} (best with no preemption, no context error)", harmless))
         print(_row("reactive", run["reactive"]))
         print(_row("both (ledger + 1 long slot)", run["both"]))
         best_other = max(run["slots"]["goodput"], run["reactive"]["goodput"])
         print(f"ledger goodput / best other: {run['ledger']['goodput'] / best_other:.2f}")
+        print(f"ceiling (every request good) / best other: {run['ceiling']:.2f}")
         print(f"both goodput / best other: {run['both']['goodput'] / best_other:.2f}")
     for name, ratio in results["decision_cost"].items():
         print(f"decision cost, trio lease cycle {name}: {ratio:.3f}")
