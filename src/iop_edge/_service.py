@@ -111,24 +111,15 @@ class EdgeService:
             path = self.config_path
             times = _ReloadTimes(time.perf_counter())
             try:
-                output = await run_reader(path)
-                times.mark("read")
-                read = await rebuild(output)
-                times.mark("rebuild")
-                times.reader_cpu = read.reader_cpu
-                if any(model.tokenizer is not None for model in read.config.models):
-                    await run_off_loop(lambda: _load_tokenizers(read.config, path))
-                    times.mark("tokenizers")
-                prepared, tls = await run_in_turns(lambda: _prepare_config(read.config, path, self.admission, times))
-                _refuse_tls_switch(self.config, read.config, path)
+                config, prepared, tls = await self._read_and_prepare(path, times)
                 self.admission.refresh(prepared)
                 times.mark("refresh")
             except (ConfigFileError, ConfigError) as exc:
                 errors = error_lines(path, exc)
             else:
                 old: list[object] = [self.config]
-                self._apply(read.config, tls)
-                del read, prepared  # the old pool too: only `old` holds the old config now
+                self._apply(config, tls)
+                del config, prepared  # the old pool too: only `old` holds the old config now
                 times.mark("swap")
                 await release_in_slices(old)
                 times.mark("release")
@@ -138,6 +129,25 @@ class EdgeService:
             for error in errors:
                 logger.error("config reload rejected: %s", error)
             return errors
+
+    async def _read_and_prepare(
+        self, path: str | os.PathLike[str], times: _ReloadTimes
+    ) -> tuple[EdgeConfig, PreparedRefresh, _TlsContexts]:
+        """The file read and validated off the loop, its tokenizers loaded, the pool's refresh
+        prepared in turns (see :meth:`reload`); raises the config's errors, changes nothing."""
+        output = await run_reader(path)
+        times.mark("read")
+        read = await rebuild(output)
+        times.mark("rebuild")
+        times.reader_cpu = read.reader_cpu
+        config = read.config
+        del read, output  # the reader's output: only the config is kept
+        if any(model.tokenizer is not None for model in config.models):
+            await run_off_loop(lambda: _load_tokenizers(config, path))
+            times.mark("tokenizers")
+        prepared, tls = await run_in_turns(lambda: _prepare_config(config, path, self.admission, times))
+        _refuse_tls_switch(self.config, config, path)
+        return config, prepared, tls
 
     def _apply(self, config: EdgeConfig, tls: _TlsContexts) -> None:
         """Put a validated config in force (the pool is already refreshed)."""

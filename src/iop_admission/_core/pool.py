@@ -159,22 +159,11 @@ class Pool:
             connected = p.node.connected
             eligible = p.eligible
             ledger = p.ledger
-            if not p.configured:
-                status = "removed"
-            elif not spec.enabled:
-                status = "disabled"
-            else:
-                status = "available" if connected else "unavailable"
-            if not connected:
-                health = "offline"
-            else:
-                health = "online" if p.health is HEALTHY else "ejected"
             yield (
                 p.key.node_id,
                 p.key.provider_id,
                 connected,
-                status,
-                health,
+                *_words(p),
                 p.node.generation,
                 spec.capacity,
                 spec.long_context_capacity,
@@ -218,3 +207,17 @@ class Pool:
         cap = sum(p.capacity for p in self.configured if p.eligible)
         running = f" ({revoked} revoked still running)" if revoked else ""
         return f"{busy}/{cap} in flight{running}"
+
+
+def _words(p: ProviderSlot) -> tuple[str, str]:
+    """A provider's snapshot ``status`` and ``health``."""
+    connected = p.node.connected
+    if not p.configured:
+        status = "removed"
+    elif not p.spec.enabled:
+        status = "disabled"
+    else:
+        status = "available" if connected else "unavailable"
+    if not connected:
+        return status, "offline"
+    return status, "online" if p.health is HEALTHY else "ejected"
