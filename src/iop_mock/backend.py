@@ -77,6 +77,7 @@ from iop_mock.request_body import (
 from . import completion as mock_completion
 from . import faults as mock_faults
 from ._pacing import Pacer
+from .kv_driver import KvDriver
 
 __all__ = ["MockBackend"]
 
@@ -105,6 +106,8 @@ class MockBackend:
             checks that nothing ran twice. Off by default: it keeps a digest per distinct body.
         slots: the parallelism ``/slots`` (llama.cpp's) reports.
         faults: the hangs and the "loading" ``POST /fault`` set (:class:`iop_mock.faults.Faults`).
+        kv: the KV budget its generations run in (:mod:`iop_mock.kv_driver`); None (the default):
+            generations are only timed, and hold no cache.
     """
 
     latency: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
@@ -115,6 +118,7 @@ class MockBackend:
     track_repeats: bool = False
     slots: int = 4
     faults: mock_faults.Faults = attrs.field(factory=mock_faults.Faults)
+    kv: KvDriver | None = None
     _seen: set[bytes] = attrs.field(factory=set, init=False)
     _repeated: int = attrs.field(default=0, init=False)
     _in_flight: int = attrs.field(default=0, init=False)
@@ -147,6 +151,10 @@ class MockBackend:
         }
         if self.track_repeats:
             stats["repeated"] = self._repeated
+        if self.kv is not None:
+            engine = self.kv.engine
+            stats |= {"kv_used": engine.used, "kv_peak": engine.peak, "kv_total": engine.total}
+            stats |= {"preemptions": engine.preemptions, "context_errors": engine.context_errors}
         return stats
 
     def reset(self) -> None:
@@ -212,9 +220,14 @@ class MockBackend:
         ollama: bool,
         respond: Callable[[Send, Generation], Awaitable[None]],
     ) -> None:
-        parse = functools.partial(
-            parse_generation, default_model=self.models[0], ollama=ollama, chars_per_token=self.prompt_chars_per_token
-        )
+        def parse(body: bytes) -> Generation:
+            generation = parse_generation(
+                body, default_model=self.models[0], ollama=ollama, chars_per_token=self.prompt_chars_per_token
+            )
+            if self.kv is not None:
+                self.kv.check(generation.prompt_tokens, generation.n_tokens)
+            return generation
+
         await self._serve(receive, send, parse, respond)
 
     async def _serve(
@@ -299,54 +312,55 @@ class MockBackend:
         if generation.stream:
             usage = generation.include_usage
             chunks = mock_completion.chat_chunks(model, n_tokens, include_usage=usage, prompt_tokens=prompt, **identity)
-            await self._stream(send, SSE_HEADERS, frames(chunks, sse_frame), n_tokens, head=1)
+            await self._stream(send, SSE_HEADERS, frames(chunks, sse_frame), generation, head=1)
         else:
             response = mock_completion.chat_response(model, n_tokens, prompt_tokens=prompt, **identity)
-            await self._respond_whole(send, n_tokens, response)
+            await self._respond_whole(send, generation, response)
 
     async def _respond_completion(self, send: Send, generation: Generation) -> None:
         model, n_tokens = generation.model, generation.n_tokens
         identity = self._openai_identity("cmpl")
         if generation.stream:
             chunks = mock_completion.completion_chunks(model, n_tokens, **identity)
-            await self._stream(send, SSE_HEADERS, frames(chunks, sse_frame), n_tokens)
+            await self._stream(send, SSE_HEADERS, frames(chunks, sse_frame), generation)
         else:
             response = mock_completion.completion_response(
                 model, n_tokens, prompt_tokens=generation.prompt_tokens, **identity
             )
-            await self._respond_whole(send, n_tokens, response)
+            await self._respond_whole(send, generation, response)
 
     async def _respond_ollama_chat(self, send: Send, generation: Generation) -> None:
         model, n_tokens, prompt = generation.model, generation.n_tokens, generation.prompt_tokens
         if generation.stream:
             lines = mock_completion.ollama_chat_lines(model, n_tokens, created_at=_created_at(), prompt_tokens=prompt)
             frames_out = frames(lines, ndjson_frame)
-            await self._stream(send, NDJSON_HEADERS, frames_out, n_tokens, trailer=b"")
+            await self._stream(send, NDJSON_HEADERS, frames_out, generation, trailer=b"")
         else:
             response = mock_completion.ollama_chat_response(
                 model, n_tokens, created_at=_created_at(), prompt_tokens=prompt
             )
-            await self._respond_whole(send, n_tokens, response)
+            await self._respond_whole(send, generation, response)
 
-    async def _respond_whole(self, send: Send, n_tokens: int, response: dict[str, Any]) -> None:
-        """Wait the whole generation (latency + ``n_tokens / tokens_per_second``), then reply."""
+    async def _respond_whole(self, send: Send, generation: Generation, response: dict[str, Any]) -> None:
+        """Wait the whole generation (latency + ``n_tokens / tokens_per_second``, or the KV engine's run), then reply."""
         tps = self.tokens_per_second
-        delay = self.latency + (n_tokens / tps if tps else 0.0)
+        delay = self.latency + (generation.n_tokens / tps if tps and self.kv is None else 0.0)
         if delay:
             await trio.sleep(delay)
-        await send_json(send, 200, encode_json(response).encode())
+        if self.kv is None or await self.kv.run_whole(send, generation):
+            await send_json(send, 200, encode_json(response).encode())
 
     async def _stream(
         self,
         send: Send,
         headers: list[tuple[bytes, bytes]],
         frames: Iterator[bytes],
-        n_tokens: int,
+        generation: Generation,
         *,
         head: int = 0,
         trailer: bytes = SSE_DONE,
     ) -> None:
-        """Send a streamed response paced like a real generation.
+        """Send a streamed response paced like a real generation (or run by the KV engine: :meth:`_stream_kv`).
 
         After the latency: the headers and the ``head`` frames (the role chunk); then the
         ``n_tokens`` token frames, token ``k`` at ``k / tokens_per_second`` after the head (a
@@ -358,6 +372,11 @@ class MockBackend:
         """
         if self.latency:
             await trio.sleep(self.latency)
+        if self.kv is not None:
+            hang_after = self.faults.tokens_before_hang()
+            await self.kv.stream(send, headers, frames, generation, head=head, trailer=trailer, hang_after=hang_after)
+            return
+        n_tokens = generation.n_tokens
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         tps = self.tokens_per_second
         hang_after = self.faults.tokens_before_hang()

@@ -12,6 +12,7 @@ import trio
 
 from ._server import serve_asgi
 from .backend import MockBackend
+from .kv_driver import KvDriver
 
 
 async def serve_mock_backend(
@@ -42,6 +43,29 @@ async def serve_mock_backend(
     async with trio.open_nursery() as nursery:
         bound_port = await nursery.start(functools.partial(serve_asgi, backend.app, host, port))
         task_status.started(bound_port)
+
+
+def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
+    """The KV budget's options (docs/mock.md)."""
+    parser.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=0,
+        help="run generations in a KV cache of this many tokens (preempting or failing when full); 0 = off (default)",
+    )
+    parser.add_argument("--n-ctx", type=int, default=None, help="tokens one sequence may hold (default: --kv-tokens)")
+    parser.add_argument(
+        "--kv-mode",
+        choices=("preempt", "fail"),
+        default="preempt",
+        help="a full cache evicts the newest sequence to recompute it (vLLM) or fails it (llama.cpp)",
+    )
+    parser.add_argument(
+        "--prefill-tokens-per-second",
+        type=float,
+        default=0.0,
+        help="with --kv-tokens: prompt tokens prefilled per second, 0 = prefill costs only its step (default 0)",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,6 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="count requests whose body repeats one served before (repeated in /stats; for tests)",
     )
+    _add_kv_arguments(parser)
     args = parser.parse_args(argv)
     if args.fail_status is not None and not 400 <= args.fail_status <= 599:
         parser.error("--fail-status must be an HTTP error status (400-599)")
@@ -88,7 +113,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--latency-ms and --tokens-per-second must be >= 0")
     if args.prompt_chars_per_token <= 0:
         parser.error("--prompt-chars-per-token must be > 0")
+    if args.kv_tokens < 0 or (args.n_ctx is not None and args.n_ctx < 1) or args.prefill_tokens_per_second < 0:
+        parser.error("--kv-tokens and --prefill-tokens-per-second must be >= 0, --n-ctx >= 1")
+    if args.kv_tokens == 0 and args.n_ctx is not None:
+        parser.error("--n-ctx needs --kv-tokens")
     return args
+
+
+def kv_of(args: argparse.Namespace) -> KvDriver | None:
+    """The KV budget the command line asks for; None without ``--kv-tokens``."""
+    if not args.kv_tokens:
+        return None
+    return KvDriver.build(
+        args.kv_tokens,
+        args.n_ctx or args.kv_tokens,
+        args.kv_mode,
+        tokens_per_second=args.tokens_per_second,
+        prefill_tokens_per_second=args.prefill_tokens_per_second,
+    )
 
 
 async def run_backend(backend: MockBackend, host: str, port: int) -> None:
@@ -118,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         models=models,
         fail_status=args.fail_status,
         track_repeats=args.track_repeats,
+        kv=kv_of(args),
     )
     trio.run(run_backend, backend, args.host, args.port)
 

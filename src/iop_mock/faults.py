@@ -17,7 +17,9 @@ A hung request stays counted in flight until its client goes away (the Node's wa
 cutting it shows in ``/stats``). Health endpoints: llama.cpp's ``GET /health`` and ``GET
 /slots`` (each slot's ``n_ctx``), vLLM's ``GET /metrics`` (running and waiting requests, KV-cache
 use, preemptions), Ollama's
-``GET /api/ps``; OpenAI's ``GET /v1/models`` is the backend's own.
+``GET /api/ps``; OpenAI's ``GET /v1/models`` is the backend's own. With a KV budget
+(``--kv-tokens``), ``/metrics`` and ``/slots`` report the pool's real figures, and the ``kv_use``
+and ``preemptions`` faults are not read.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from iop_mock.request_body import read_body
 
 if TYPE_CHECKING:
     from iop_mock.backend import MockBackend
+    from iop_mock.kv import KvEngine
 
 HANGS: Final = ("none", "no_answer", "head_only", "mid_stream")
 """The values of ``POST /fault``'s ``hang``."""
@@ -149,10 +152,13 @@ SLOT_CONTEXT: Final = 4096
 
 async def slots(backend: MockBackend, receive: Receive, send: Send) -> None:
     """llama.cpp's ``GET /slots``: one entry per slot (``backend.slots``) with its ``n_ctx``, busy ones
-    processing; with a ``kv_use`` fault, every slot processing with that share of its context held."""
+    processing; with a ``kv_use`` fault, every slot processing with that share of its context held;
+    with a KV budget, the pool's own (:func:`_pool_slots`)."""
     kv_use = backend.faults.kv_use
     entries: list[dict[str, Any]]
-    if kv_use is None:
+    if backend.kv is not None:
+        entries = _pool_slots(backend.kv.engine, backend.slots)
+    elif kv_use is None:
         busy = backend.stats()["in_flight"]
         entries = [{"id": i, "n_ctx": SLOT_CONTEXT, "is_processing": i < busy} for i in range(backend.slots)]
     else:
@@ -170,20 +176,44 @@ async def slots(backend: MockBackend, receive: Receive, send: Send) -> None:
     await send_json(send, 200, encode_json(entries).encode())
 
 
+def _pool_slots(engine: KvEngine, parallel: int) -> list[dict[str, Any]]:
+    """The KV pool as llama.cpp's slots: ``parallel`` of them (more when more sequences run), their
+    ``n_ctx`` summing to the pool; each running sequence on a slot of its own, processing with its
+    prompt and its tokens so far held (their sum: the cache in use)."""
+    running = engine.started()
+    count = max(parallel, len(running))
+    share, extra = divmod(engine.total, count)
+    entries: list[dict[str, Any]] = [
+        {"id": i, "n_ctx": share + (i < extra), "is_processing": False} for i in range(count)
+    ]
+    for entry, seq in zip(entries, running, strict=False):
+        entry.update(
+            is_processing=True,
+            n_prompt_tokens=seq.prompt,
+            next_token=[{"has_next_token": True, "n_decoded": seq.generated}],
+        )
+    return entries
+
+
 async def metrics(backend: MockBackend, receive: Receive, send: Send) -> None:
     """vLLM's ``GET /metrics`` (Prometheus text): requests running and waiting, KV-cache use (the
-    ``kv_use`` fault's, else the slots in use), preemptions (the fault's count)."""
-    running = backend.stats()["in_flight"]
+    ``kv_use`` fault's, else the slots in use), preemptions (the fault's count); with a KV budget,
+    the pool's own figures."""
+    running, waiting = backend.stats()["in_flight"], 0
     kv_use = min(1.0, running / backend.slots) if backend.faults.kv_use is None else backend.faults.kv_use
+    preemptions = backend.faults.preemptions
+    if backend.kv is not None:
+        engine = backend.kv.engine
+        running, waiting, kv_use, preemptions = engine.running, engine.waiting, engine.usage, engine.preemptions
     text = (
         "# TYPE vllm:num_requests_running gauge\n"
         f'vllm:num_requests_running{{model_name="{backend.models[0]}"}} {running}\n'
         "# TYPE vllm:num_requests_waiting gauge\n"
-        f'vllm:num_requests_waiting{{model_name="{backend.models[0]}"}} 0\n'
+        f'vllm:num_requests_waiting{{model_name="{backend.models[0]}"}} {waiting}\n'
         "# TYPE vllm:kv_cache_usage_perc gauge\n"
         f'vllm:kv_cache_usage_perc{{model_name="{backend.models[0]}"}} {kv_use:g}\n'
         "# TYPE vllm:num_preemptions_total counter\n"
-        f'vllm:num_preemptions_total{{model_name="{backend.models[0]}"}} {backend.faults.preemptions}\n'
+        f'vllm:num_preemptions_total{{model_name="{backend.models[0]}"}} {preemptions}\n'
     ).encode()
     headers = [(b"content-type", b"text/plain; version=0.0.4"), (b"content-length", b"%d" % len(text))]
     await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -119,12 +119,16 @@ class KvEngine:
         ``output``: the tokens it will really generate before its end of sequence (at most
         ``max_tokens``, the default).
         """
-        if prompt + max_tokens > self.n_ctx or prompt + max_tokens > self.total:
+        if not self.fits(prompt, max_tokens):
             self.context_errors += 1
             return False
         out = max_tokens if output is None else max(1, min(output, max_tokens))
         self._waiting.append(Sequence(sid, prompt, out))
         return True
+
+    def fits(self, prompt: int, max_tokens: int) -> bool:
+        """Whether a request can run at all: ``prompt + max_tokens`` within ``n_ctx`` and the cache."""
+        return prompt + max_tokens <= min(self.n_ctx, self.total)
 
     def cancel(self, sid: int) -> None:
         """The client went away: drop the sequence and free its cache."""
@@ -142,6 +146,10 @@ class KvEngine:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    def started(self) -> list[Sequence]:
+        """The sequences holding cache (prefilling or generating), oldest start first."""
+        return list(self._started.values())
 
     @property
     def usage(self) -> float:

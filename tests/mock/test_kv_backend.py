@@ -1,0 +1,141 @@
+"""[token-ledger] The HTTP mock with a KV budget (``--kv-tokens``): overcommitted directly, over real
+sockets, it preempts and slows down (mode ``preempt``) or fails (mode ``fail``), refuses a request past
+its ``n_ctx`` at once, and its ``/metrics``, ``/slots`` and ``/stats`` report the pool's real figures.
+
+The overcommit: a pool of 600 tokens; A (prompt 10 tokens, 290 to generate: 300 at its end) runs
+first, B (prompt 280, 290 to generate: 570) comes once A's first token has. Each fits alone, and B
+starts beside A whenever it comes (A holds 10 + g, B needs 280); together they grow by two a step
+and run out before A ends as long as B comes before A's 270th token (2.7 s at 100 tokens/s): the
+newest, B, is evicted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+import trio
+
+from iop_mock import MockBackend, serve_mock_backend
+from iop_mock.cli import kv_of, parse_args
+from iop_mock.kv_driver import KV_CACHE_FULL, KvDriver
+
+pytestmark = pytest.mark.req("token-ledger")
+
+TIMEOUT = 30.0
+POOL = 600
+A = {"messages": [{"role": "user", "content": "a" * 40}], "max_tokens": 290}
+B = {"messages": [{"role": "user", "content": "b" * 1120}], "max_tokens": 290}
+
+
+async def served(nursery: trio.Nursery, mode: str, *, n_ctx: int = POOL) -> AsyncIterator[httpx.AsyncClient]:
+    backend = MockBackend(kv=KvDriver.build(POOL, n_ctx, mode, tokens_per_second=100, prefill_tokens_per_second=0))
+    port = await nursery.start(serve_mock_backend, backend)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+        yield client
+
+
+@pytest.fixture
+async def preempting(nursery: trio.Nursery) -> AsyncIterator[httpx.AsyncClient]:
+    async for client in served(nursery, "preempt"):
+        yield client
+
+
+@pytest.fixture
+async def failing(nursery: trio.Nursery) -> AsyncIterator[httpx.AsyncClient]:
+    async for client in served(nursery, "fail", n_ctx=580):
+        yield client
+
+
+def tokens_in(text: str) -> int:
+    return sum(json.loads(line[6:])["choices"][0]["delta"].get("content") == "tok " for line in _data(text))
+
+
+def _data(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("data: {")]
+
+
+async def until(client: httpx.AsyncClient, path: str, done: Callable[[str], bool]) -> str:
+    """GET ``path`` until ``done(body)``; bounded by the caller's ``fail_after``."""
+    while not done(text := (await client.get(path)).text):
+        await trio.sleep(0.005)
+    return text
+
+
+async def overcommit(client: httpx.AsyncClient, b_stream: bool) -> tuple[str, httpx.Response]:
+    """Stream A; once its first token came (and the pool is seen holding it), send B; both answers."""
+    answers: list[httpx.Response] = []
+    async with client.stream("POST", "/v1/chat/completions", json=A | {"stream": True}) as a:
+        lines = a.aiter_lines()
+        head = [line async for line in _until_token(lines)]
+        slots = json.loads(await until(client, "/slots", lambda t: '"is_processing":true' in t))
+        assert [(s["n_prompt_tokens"], s["n_ctx"]) for s in slots if s["is_processing"]] == [(10, POOL // 4)]
+        metrics = await client.get("/metrics")
+        assert 'vllm:num_requests_running{model_name="mock"} 1' in metrics.text
+        async with trio.open_nursery() as nursery:
+
+            async def ask_b() -> None:
+                answers.append(await client.post("/v1/chat/completions", json=B | {"stream": b_stream}))
+
+            nursery.start_soon(ask_b)
+            rest = [line async for line in lines]
+    return "\n".join(head + rest), answers[0]
+
+
+async def _until_token(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    async for line in lines:
+        yield line
+        if '"content"' in line:
+            return
+
+
+async def test_an_overcommitted_pool_preempts_the_newest_and_it_recomputes_and_finishes(
+    preempting: httpx.AsyncClient,
+) -> None:
+    client = preempting
+    with trio.fail_after(TIMEOUT):
+        a_text, b = await overcommit(client, b_stream=True)
+        stats = (await client.get("/stats")).json()
+    assert b.status_code == 200
+    assert (tokens_in(a_text), tokens_in(b.text)) == (290, 290)  # B paused, recomputed, then went on
+    assert b.text.endswith("data: [DONE]\n\n")
+    assert stats["preemptions"] >= 1 and stats["context_errors"] == 0
+    assert (stats["kv_used"], stats["kv_total"]) == (0, POOL) and 570 < stats["kv_peak"] <= POOL
+    metrics = (await client.get("/metrics")).text
+    assert f'vllm:num_preemptions_total{{model_name="mock"}} {stats["preemptions"]}' in metrics
+    assert 'vllm:kv_cache_usage_perc{model_name="mock"} 0\n' in metrics
+
+
+async def test_past_n_ctx_is_refused_at_once_and_an_evicted_sequence_fails(failing: httpx.AsyncClient) -> None:
+    """Mode ``fail``, ``n_ctx`` 580: B asking 400 tokens (680) is a context error at once (400, not
+    counted in flight); B (570) starts beside A and is evicted: a 500 (its answer whole, not begun),
+    A finishes."""
+    client = failing
+    with trio.fail_after(TIMEOUT):
+        refused = await client.post("/v1/chat/completions", json=B | {"max_tokens": 400})
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert (error["code"], error["type"]) == ("context_length_exceeded", "invalid_request_error")
+        assert "maximum context length is 580 tokens" in error["message"] and "680 tokens" in error["message"]
+        a_text, b = await overcommit(client, b_stream=False)
+        stats = (await client.get("/stats")).json()
+    assert b.status_code == 500 and b.json()["error"]["code"] == "kv_cache_full"
+    assert b.json()["error"]["message"] == KV_CACHE_FULL
+    assert tokens_in(a_text) == 290
+    assert (stats["context_errors"], stats["preemptions"], stats["kv_used"], stats["total"]) == (2, 0, 0, 2)
+
+
+def test_the_command_line_turns_the_budget_on_and_off() -> None:
+    assert kv_of(parse_args([])) is None
+    driver = kv_of(parse_args(["--kv-tokens", "4096", "--kv-mode", "fail", "--tokens-per-second", "50"]))
+    assert driver is not None
+    engine = driver.engine
+    assert (engine.total, engine.n_ctx, engine.mode, engine.step_seconds) == (4096, 4096, "fail", 0.02)
+    driver = kv_of(parse_args(["--kv-tokens", "8192", "--n-ctx", "2048", "--prefill-tokens-per-second", "1000"]))
+    assert driver is not None
+    assert (driver.engine.n_ctx, driver.engine.mode, driver.engine.prefill_seconds) == (2048, "preempt", 0.001)
+    for bad in (["--n-ctx", "10"], ["--kv-tokens", "-1"], ["--kv-tokens", "10", "--kv-mode", "swap"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
