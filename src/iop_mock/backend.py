@@ -141,7 +141,9 @@ class MockBackend:
         Returns:
             ``{"in_flight", "peak_in_flight", "total", "aborted"}``; ``total`` counts the generation requests
             started since the last :meth:`reset`, ``aborted`` those left by their client. With ``track_repeats``,
-            also ``"repeated"``: those of them whose body was served before since the reset.
+            also ``"repeated"``: those of them whose body was served before since the reset. With a KV
+            budget, also the pool's ``"kv_used"``, ``"kv_peak"``, ``"kv_total"``, ``"preemptions"`` and
+            ``"context_errors"``.
         """
         stats = {
             "in_flight": self._in_flight,
@@ -158,7 +160,7 @@ class MockBackend:
         return stats
 
     def reset(self) -> None:
-        """Start a new measurement: ``total``, ``aborted`` and ``peak_in_flight`` restart, ``in_flight`` stays.
+        """Start a new measurement: ``total``, ``aborted``, ``peak_in_flight`` (and ``kv_peak``) restart, ``in_flight`` stays.
 
         ``peak_in_flight`` restarts at the current ``in_flight`` rather than at 0, so that it stays a true
         maximum of ``in_flight`` since the reset; the two are the same (0) when the backend is idle.
@@ -168,6 +170,8 @@ class MockBackend:
         self._peak_in_flight = self._in_flight
         self._seen.clear()
         self._repeated = 0
+        if self.kv is not None:  # as peak_in_flight: the most held since the reset
+            self.kv.engine.peak = self.kv.engine.used
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI 3 application (``http`` and ``lifespan`` scopes).

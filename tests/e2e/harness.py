@@ -289,12 +289,18 @@ class Stack:
         return daemon
 
     async def start_backend(
-        self, *, latency_ms: float = 200, tokens_per_second: float = 0, track_repeats: bool = False
+        self,
+        *,
+        latency_ms: float = 200,
+        tokens_per_second: float = 0,
+        track_repeats: bool = False,
+        options: Sequence[str] = (),
     ) -> Daemon:
         """Start ``iop_mock`` (the mock backend) on port 0 and wait for its ready line; ``track_repeats``:
-        its ``/stats`` counts requests whose body repeats one served before (``repeated``)."""
+        its ``/stats`` counts requests whose body repeats one served before (``repeated``); ``options``:
+        further command-line options (``--kv-tokens``, ...)."""
         argv = ["-m", "iop_mock", "--port", "0", "--latency-ms", str(latency_ms)]
-        argv += ["--tokens-per-second", str(tokens_per_second)]
+        argv += ["--tokens-per-second", str(tokens_per_second), *options]
         daemon = await self.spawn("backend", [*argv, "--track-repeats"] if track_repeats else argv)
         self.backend = daemon
         self.backend_port = int((await daemon.wait_for_line(BACKEND_READY))[1])
