@@ -139,3 +139,31 @@ def test_the_command_line_turns_the_budget_on_and_off() -> None:
     for bad in (["--n-ctx", "10"], ["--kv-tokens", "-1"], ["--kv-tokens", "10", "--kv-mode", "swap"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+async def test_every_route_runs_in_the_pool_and_a_client_leaving_frees_its_cache(
+    preempting: httpx.AsyncClient,
+) -> None:
+    client = preempting
+    prompt = {"messages": [{"role": "user", "content": "x" * 40}], "max_tokens": 3}
+    with trio.fail_after(TIMEOUT):
+        ollama = await client.post("/api/chat", json=prompt)
+        lines = [json.loads(line) for line in ollama.text.splitlines()]
+        assert [line["message"]["content"] for line in lines] == ["tok "] * 3 + [""]
+        assert (lines[-1]["done"], lines[-1]["prompt_eval_count"]) == (True, 10)
+        whole = await client.post("/v1/completions", json={"prompt": "x" * 40, "max_tokens": 3})
+        assert whole.json()["choices"][0]["text"] == "tok " * 3
+        nothing = await client.post("/api/chat", json={"messages": prompt["messages"], "options": {"num_predict": -1}})
+        assert [json.loads(line)["done"] for line in nothing.text.splitlines()] == [True]  # no token, one step
+        payload = json.dumps(A | {"stream": True}).encode()
+        async with await trio.open_tcp_stream("127.0.0.1", client.base_url.port or 0) as left:
+            await left.send_all(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: mock\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+            )
+            received = b""
+            while b'"content":"tok "' not in received:  # the first token: its sequence holds the pool
+                received += await left.receive_some()
+            assert (await client.get("/stats")).json()["kv_used"] >= 11
+        stats = json.loads(await until(client, "/stats", lambda t: json.loads(t)["in_flight"] == 0))
+    assert (stats["kv_used"], stats["aborted"], stats["preemptions"], stats["total"]) == (0, 1, 0, 4)
