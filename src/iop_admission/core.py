@@ -23,7 +23,9 @@ The contract a layer must keep:
   with ``error``), :class:`Revoked` (cancel the lease's body; its capacity
   stays counted, as ``revoked_in_flight``, until the layer releases the lease
   when the body has exited), :class:`Ejected` and :class:`Restored` (health news; call
-  ``advance(now)`` at ``next_ejection_end()`` to end an ejection on time).
+  ``advance(now)`` at ``next_ejection_end()`` to end an ejection on time), and
+  :class:`BudgetChanged` (``report_health`` or ``connect``: the engine's report moved a
+  provider's effective token budget; news only, nothing to carry out).
 * **Waiting.** A queued waiter leaves the queue exactly once: granted, failed,
   ``withdraw(waiter)`` (its task was cancelled; False when a grant or failure
   came first -- then a granted lease must be released by the layer), or
@@ -55,7 +57,18 @@ release notes. Attributes not documented on these classes are private.
 
 from __future__ import annotations
 
-from ._core.records import Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter, WaiterState
+from ._core.records import (
+    BudgetChanged,
+    Decision,
+    Ejected,
+    Failed,
+    Granted,
+    Lease,
+    Restored,
+    Revoked,
+    Waiter,
+    WaiterState,
+)
 from ._core.refresh import PreparedRefresh, prepare_refresh
 from ._core.state import AdmissionState
 from ._core.tenants import RECENT_GRANTS, Tenancy
@@ -68,6 +81,7 @@ __all__ = [
     "DEFAULT_TENANT",
     "RECENT_GRANTS",
     "AdmissionState",
+    "BudgetChanged",
     "Decision",
     "Ejected",
     "Failed",

@@ -57,6 +57,7 @@ from iop_admission import (
 )
 from iop_admission.core import (
     AdmissionState,
+    BudgetChanged,
     Decision,
     Failed,
     Granted,
@@ -125,7 +126,7 @@ class LedgerCoreMachine(RuleBasedStateMachine):
             elif isinstance(d, Failed):
                 self.queued.remove(d.waiter)
             else:
-                assert isinstance(d, Revoked)
+                assert isinstance(d, Revoked | BudgetChanged)
 
     def slot(self, key: ProviderKey):  # type: ignore[no-untyped-def]
         return self.core._pool.providers[key]
@@ -199,7 +200,12 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         assert ok and decisions == []
         self.forget_pin(B)
         quiet = ProviderReport("ready", preemptions=self.slot(A).reported_preemptions)  # no pressure: no cut
-        assert self.core.report_health(A, quiet, self.now) == []
+        ledger = self.slot(A).ledger
+        raised = [(ledger.budget, ledger.configured)] if ledger.budget != ledger.configured else []
+        moves = self.core.report_health(A, quiet, self.now)  # nothing to grant: nothing queued
+        assert [(d.before, d.budget) for d in moves if isinstance(d, BudgetChanged)] == raised and len(moves) == len(
+            raised
+        )
         budget = self.slot(A).ledger.budget
         size = min(WINDOW, budget // 2 + 1)
         r0 = budget - size + 1
@@ -270,8 +276,11 @@ class LedgerCoreMachine(RuleBasedStateMachine):
         ledger = p.ledger
         before = p.reported_preemptions
         count = (before or 0) + preempted
-        reserved = ledger.reserved
-        self.take(self.core.report_health(key, ProviderReport("ready", kv_use=kv_use, preemptions=count), self.now))
+        reserved, budget = ledger.reserved, ledger.budget
+        decisions = self.core.report_health(key, ProviderReport("ready", kv_use=kv_use, preemptions=count), self.now)
+        self.take(decisions)
+        moved = [(d.provider, d.before, d.budget) for d in decisions if isinstance(d, BudgetChanged)]
+        assert moved == ([] if ledger.budget == budget else [(key, budget, ledger.budget)])  # news of every move
         configured = p.spec.budget
         assert ledger.configured == configured
         expected = self.CUT(configured, reserved, kv_use, before is not None and preempted > 0)

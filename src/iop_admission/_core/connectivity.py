@@ -36,8 +36,7 @@ class Connectivity:
         node.generation += 1
         node.connected = True
         for p in node.providers:
-            if (restored := self._health.new_connection(p)) is not None:
-                decisions.append(restored)
+            decisions.extend(self._health.new_connection(p))
             p.update_eligibility()
         # Fenced leases freed their tenants' slots: with tenants, any group may run now.
         groups = self._pool.groups.values() if self._tenants.tenancy else groups_of(node.providers)

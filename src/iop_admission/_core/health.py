@@ -24,7 +24,7 @@ from typing import Final, final
 
 from iop_admission._config import OutlierPolicy, ProviderKey, ProviderReport
 
-from .records import Decision, Ejected, Lease, Restored
+from .records import BudgetChanged, Decision, Ejected, Lease, Restored
 from .slots import EJECTED, HEALTHY, PROBE, PROBING, ProviderHealth, ProviderSlot
 
 
@@ -180,7 +180,7 @@ class Health:
     def forget(self, p: ProviderSlot) -> None:
         """A provider left the config: it starts healthy if it comes back; its reports are stale."""
         p.reported, p.report_reason, p.reported_capacity = "", "", None
-        self._engine(p, None, None)
+        self._engine(p, None, None, [])  # no news: the provider is gone
         move(p, FORGET)
         p.failures = p.streak = p.probe_lease = 0
         p.epoch += 1
@@ -197,13 +197,19 @@ class Health:
         into one. ``ready`` ends such an ejection (``Restored``); it does not end one for
         failures or a stall, whose probe decides (a hung engine may answer its probe ready).
         A ``ready`` report's ``capacity`` lowers the provider's (never above the config's), and
-        its engine view (``kv_use``, ``preemptions``) sets the cut of its token budget
+        its engine view (``kv_use``, ``preemptions``) sets the cut of its token budget (a
+        ``BudgetChanged`` after the health news when the effective budget moved)
         ([token-ledger]: :func:`~iop_admission._ledger.engine_cut`).
         """
         if p is None or not p.configured or not p.node.connected or report.generation not in (None, p.node.generation):
             return None
-        news = self._reported(p, report, now)
-        return [] if news is None else [news]
+        news: list[Decision] = []
+        if report.state == "ready":
+            seen = (report.kv_use, report.preemptions)
+            if seen != (None, None) or (p.reported_kv_use, p.reported_preemptions) != (None, None):
+                self._engine(p, *seen, news)
+        told = self._reported(p, report, now)
+        return news if told is None else [told, *news]
 
     def _reported(self, p: ProviderSlot, report: ProviderReport, now: float) -> Ejected | Restored | None:
         p.reported, p.report_reason = report.state, report.reason
@@ -211,9 +217,6 @@ class Health:
             if p.reported_capacity != report.capacity:
                 self._cap(p, report.capacity)
                 p.reindex()
-            seen = (report.kv_use, report.preemptions)
-            if seen != (None, None) or (p.reported_kv_use, p.reported_preemptions) != (None, None):
-                self._engine(p, *seen)
             if p.health is EJECTED and p.ejected_until == math.inf:
                 return self.restore(p)
             return None
@@ -225,27 +228,34 @@ class Health:
             return self.eject(p, now)
         return self._take_out(p, math.inf, now)
 
-    def new_connection(self, p: ProviderSlot) -> Restored | None:
-        """``p``'s node connected again: its reports start over (the node sends them again);
-        an ejection until ``ready`` ends with them, an ejection for failures or a stall does not."""
+    def new_connection(self, p: ProviderSlot) -> list[Decision]:
+        """``p``'s node connected again: its reports start over (the node sends them again), and the
+        engine's cut with them (``BudgetChanged`` if that raises its budget); an ejection until
+        ``ready`` ends with them (``Restored``), an ejection for failures or a stall does not."""
         p.reported, p.report_reason = "", ""
         if p.reported_capacity is not None:
             self._cap(p, None)
-        self._engine(p, None, None)
+        news: list[Decision] = []
+        self._engine(p, None, None, news)
         if p.health is EJECTED and p.ejected_until == math.inf:
-            return self.restore(p)
-        return None
+            news.append(self.restore(p))
+        return news
 
     @staticmethod
-    def _engine(p: ProviderSlot, kv_use: float | None, preemptions: int | None) -> None:
+    def _engine(p: ProviderSlot, kv_use: float | None, preemptions: int | None, news: list[Decision]) -> None:
         """The engine's own view of ``p`` (None, None: forgotten): kept for the snapshot; with a
-        token budget it sets the budget's cut. A preemption is a rise of the engine's count since
-        its last report on this connection (a lower count: the engine restarted, none new)."""
+        token budget it sets the budget's cut, and a ``BudgetChanged`` goes to ``news`` when the
+        effective budget moved. A preemption is a rise of the engine's count since its last report
+        on this connection (a lower count: the engine restarted, none new)."""
         before = p.reported_preemptions
         preempted = preemptions is not None and before is not None and preemptions > before
         p.reported_kv_use, p.reported_preemptions = kv_use, preemptions
-        if p.ledger is not None:
-            p.ledger.engine_report(kv_use, preempted)
+        ledger = p.ledger
+        if ledger is not None:
+            budget = ledger.budget
+            ledger.engine_report(kv_use, preempted)
+            if ledger.budget != budget:
+                news.append(BudgetChanged(p.key, budget, ledger.budget))
 
     @staticmethod
     def _cap(p: ProviderSlot, capacity: int | None) -> None:

@@ -292,4 +292,20 @@ class Restored:
         return f"Restored({self.provider})"
 
 
-Decision = Granted | Failed | Revoked | Ejected | Restored
+@final
+class BudgetChanged:
+    """Decision: the engine's report moved ``provider``'s effective token budget from ``before`` to
+    ``budget`` tokens: lowered by a cut, or raised as the cut shrank or ended ([token-ledger])."""
+
+    __slots__ = ("provider", "before", "budget")
+
+    def __init__(self, provider: ProviderKey, before: int, budget: int) -> None:
+        self.provider = provider
+        self.before = before
+        self.budget = budget
+
+    def __repr__(self) -> str:
+        return f"BudgetChanged({self.provider}, {self.before} -> {self.budget} tokens)"
+
+
+Decision = Granted | Failed | Revoked | Ejected | Restored | BudgetChanged

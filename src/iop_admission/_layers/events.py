@@ -11,9 +11,13 @@ from typing import final
 import attrs
 
 from iop_admission._config import ProviderKey
-from iop_admission.core import Ejected, Lease, Restored
+from iop_admission.core import BudgetChanged, Ejected, Lease, Restored
 
-__all__ = ["AdmissionEvent", "health_event", "lease_event", "rejected_event"]
+__all__ = ["AdmissionEvent", "HealthNews", "health_event", "lease_event", "rejected_event"]
+
+HealthNews = Ejected | Restored | BudgetChanged
+"""The decisions a layer tells as provider news (events), and has nothing else to carry out for but
+an ejection's timer."""
 
 
 @final
@@ -24,7 +28,8 @@ class AdmissionEvent:
     Attributes:
         kind: ``granted``, ``queued``, ``released``, ``revoked``, ``timed_out``,
             ``rejected``, ``connected``,
-            ``disconnected``, ``refreshed``, ``ejected``, ``restored`` or ``retried``.
+            ``disconnected``, ``refreshed``, ``ejected``, ``restored``, ``retried`` or
+            ``budget_changed``.
         time: the layer's clock when emitted: ``trio.current_time()``, or the
             asyncio loop's ``loop.time()`` for :class:`~iop_admission.aio.AsyncAdmission`.
         model, provider, lease_id, generation, node_id, long: what it concerns
@@ -39,6 +44,9 @@ class AdmissionEvent:
         tenant: for lease events and ``queued``, the tenant the request is
             charged to, and for a ``rejected`` ``TenantLimitExceeded`` the tenant
             refused, when tenants are configured ([tenant-fair-share]); None otherwise.
+        token_budget: for ``budget_changed``, the provider's effective token budget now (the
+            engine's report lowered it below, or raised it back toward, ``total_context_tokens``;
+            ``reason`` says ``lowered`` or ``raised``) [token-ledger].
     """
 
     kind: str
@@ -55,6 +63,7 @@ class AdmissionEvent:
     duration: float | None = None
     failures: int | None = None
     tenant: str | None = None
+    token_budget: int | None = None
 
 
 def lease_event(
@@ -89,9 +98,14 @@ def rejected_event(time: float | None, model: str, long: bool, exc: BaseExceptio
     return AdmissionEvent("rejected", time, model=model, long=long, reason=type(exc).__name__, tenant=tenant)
 
 
-def health_event(time: float | None, decision: Ejected | Restored) -> AdmissionEvent:
-    """The ``ejected`` or ``restored`` event of a provider's health decision."""
+def health_event(time: float | None, decision: HealthNews) -> AdmissionEvent:
+    """The ``ejected``, ``restored`` or ``budget_changed`` event of a provider's health decision."""
     key = decision.provider
+    if type(decision) is BudgetChanged:
+        reason = "lowered" if decision.budget < decision.before else "raised"
+        return AdmissionEvent(
+            "budget_changed", time, provider=key, node_id=key.node_id, reason=reason, token_budget=decision.budget
+        )
     if type(decision) is Ejected:
         return AdmissionEvent(
             "ejected", time, provider=key, node_id=key.node_id, duration=decision.duration, failures=decision.failures

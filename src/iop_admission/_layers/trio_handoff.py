@@ -17,9 +17,9 @@ import outcome
 import trio
 
 from iop_admission._errors import LeaseRevoked, QueueTimeout
-from iop_admission.core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Restored, Revoked, Waiter
+from iop_admission.core import AdmissionState, Decision, Ejected, Failed, Granted, Lease, Revoked, Waiter
 
-from .events import AdmissionEvent, health_event
+from .events import AdmissionEvent, HealthNews, health_event
 from .trio_events import EventFanout, now_or_none
 
 __all__ = ["Handoff"]
@@ -56,7 +56,7 @@ class Handoff:
             else:
                 self._health_event(d)
 
-    def _health_event(self, d: Ejected | Restored) -> None:
+    def _health_event(self, d: HealthNews) -> None:
         if type(d) is Ejected and self.ejection_wakeup is not None:
             self.ejection_wakeup.set()  # a new end time for watch_ejections
         if self.events.subscribers:
