@@ -1,13 +1,15 @@
 """[token-ledger] Real processes: a mock backend whose KV pool really runs out (``--kv-tokens``), once
 overcommitted directly and once behind an Edge whose provider's token budget is that pool.
 
-The pool holds 2,048 tokens. Six streams at once, each a prompt of 400 characters (100 tokens to the
-mock) and ``max_tokens`` 300, need 2,400 at their end: sent straight to the mock they all start (600)
-and run out at their 242nd step, so the mock preempts (mode ``preempt``) or fails (mode ``fail``).
-The same six through the Edge (``admit_by: tokens``, ``total_context_tokens`` 2,048) each reserve
-715 (the prompt's 400 bytes and the message's overhead, plus 300): two run at once, the others wait
-in the ledger, and the mock neither preempts nor fails. Meanwhile the Edge's ``/status`` shows the
-engine's reported KV use (the Node's probe of ``/metrics`` or ``/slots``) beside the reservations.
+The pool holds 2,048 tokens. Ten streams at once, each a prompt of 400 characters (100 tokens to the
+mock) and ``max_tokens`` 300, need 4,000 at their end: sent straight to the mock they all start
+(1,000) and run out at their 105th step, so the mock preempts (mode ``preempt``) or fails (mode
+``fail``); they would not only if their arrivals spread over more than 216 steps (a second at 200
+tokens/s). The same ten through the Edge (``admit_by: tokens``, ``total_context_tokens`` 2,048) each
+reserve 715 (the prompt's 400 bytes and the message's overhead, plus 300): two run at once, the
+others wait in the ledger, and the mock neither preempts nor fails. Meanwhile the Edge's ``/status``
+shows the engine's reported KV use (the Node's probe of ``/metrics`` or ``/slots``) beside the
+reservations.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from e2e.harness import FAST, Stack, drained, edge_config, node_config, open_sta
 pytestmark = pytest.mark.req("token-ledger")
 
 POOL = 2_048
-STREAMS = 6
+STREAMS = 10
 MAX_TOKENS = 300
 CONTENT = "k" * 400
 HEALTH = {"interval_ms": 100, "timeout_ms": 1000, "no_traffic_interval_ms": 100}
@@ -95,6 +97,15 @@ async def test_a_burst_that_overcommits_the_mock_runs_whole_through_the_ledger(
             else:
                 assert sum(whole for _, _, whole in direct) < STREAMS  # some failed
 
+            # The engine's view after the direct burst: an idle pool, and no cut left (a preemption's
+            # cut lasts until a report without a new one).
+            idle = await stack.wait_status(
+                lambda s: (
+                    provider(s, "gpu0")["reported_kv_use"] == 0.0
+                    and provider(s, "gpu0")["effective_token_budget"] == POOL
+                )
+            )
+            assert provider(idle, "gpu0")["reported_preemptions"] == (harm if probe == "vllm" else None)
             seen: list[dict[str, Any]] = []
             async with trio.open_nursery() as nursery:
 
