@@ -31,7 +31,7 @@ from typing import Final, final
 import trio
 
 from .framing import NDJSON_HEADERS, Send, error_body, send_json
-from .kv import KvEngine
+from .kv import KvEngine, Step
 from .request_body import BadRequest, Generation
 
 __all__ = ["KV_CACHE_FULL", "KvCacheFull", "KvDriver", "TokenFlow"]
@@ -219,9 +219,10 @@ class KvDriver:
             trio.lowlevel.spawn_system_task(self._steps, name="iop_mock kv engine")
 
     async def _steps(self) -> None:
-        """Step the engine while it has sequences, each step lasting what the engine says it costs;
-        a step more than a step late starts the schedule again from now rather than catching up."""
-        engine, flows = self.engine, self._flows
+        """Step the engine while it has sequences: each step lasts what the engine says it costs, and
+        its tokens (its failures) reach their streams at its end; a step more than a step late starts
+        the schedule again from now rather than catching up."""
+        engine = self.engine
         due = trio.current_time()
         while True:
             if not (engine.running or engine.waiting):
@@ -229,17 +230,24 @@ class KvDriver:
                 await self._idle.wait()
                 due = trio.current_time()
             step = engine.step()
-            for sid in step.tokens:
-                flows[sid].produced += 1
-            for sid in step.failed:
-                flows[sid].failed = True
-            for sid in itertools.chain(step.finished, step.failed):
-                flows[sid].ended = True
-            for sid in {*step.tokens, *step.failed}:
-                flows[sid].wake()
             due += step.seconds
             await trio.sleep_until(due)
             due = max(due, trio.current_time() - step.seconds)
+            self._deliver(step)
+
+    def _deliver(self, step: Step) -> None:
+        """Hand ``step``'s tokens and ends to their streams (a stream whose client left meanwhile has none)."""
+        flows = self._flows
+        for sid in step.tokens:
+            if (flow := flows.get(sid)) is not None:
+                flow.produced += 1
+        for sid in itertools.chain(step.finished, step.failed):
+            if (flow := flows.get(sid)) is not None:
+                flow.ended = True
+                flow.failed = sid in step.failed
+        for sid in {*step.tokens, *step.failed}:
+            if (flow := flows.get(sid)) is not None:
+                flow.wake()
 
 
 def _generated(max_tokens: int) -> int:

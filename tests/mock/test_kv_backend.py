@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 import trio
+import trio.testing
+from tests.mock.test_backend import FakeASGIClient, http_scope
 
 from iop_mock import MockBackend, serve_mock_backend
 from iop_mock.cli import kv_of, parse_args
@@ -167,3 +169,30 @@ async def test_every_route_runs_in_the_pool_and_a_client_leaving_frees_its_cache
             assert (await client.get("/stats")).json()["kv_used"] >= 11
         stats = json.loads(await until(client, "/stats", lambda t: json.loads(t)["in_flight"] == 0))
     assert (stats["kv_used"], stats["aborted"], stats["preemptions"], stats["total"]) == (0, 1, 0, 4)
+
+
+async def test_a_preempted_stream_pauses_and_pays_its_prefill_again_on_virtual_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A pool of 12; a step 0.1 s plus 0.1 s a prompt token prefilled; two streams of prompt 4 and 6
+    tokens. Both start (8) and prefill: the first step lasts 0.9 s; their second tokens fill the pool;
+    the third step evicts the newer, which waits until the older ends (1.4 s), then prefills its prompt
+    and its 2 tokens again (0.7 s) and goes on: its tokens at 0.9, 1.0, then 2.1 to 2.4, where the
+    older's come every 0.1 s from 0.9 to 1.4."""
+    backend = MockBackend(kv=KvDriver.build(12, 12, "preempt", tokens_per_second=10, prefill_tokens_per_second=10))
+    body = json.dumps({"messages": [{"content": "x" * 16}], "max_tokens": 6, "stream": True}).encode()
+    fakes = FakeASGIClient(body), FakeASGIClient(body)
+    async with trio.open_nursery() as nursery:  # which enters first is the scheduler's choice
+        for fake in fakes:
+            nursery.start_soon(backend.app, http_scope("POST", "/v1/chat/completions"), fake.receive, fake.send)
+    older, newer = sorted(_token_times(fake) for fake in fakes)
+    assert older == [0.9, 1.0, 1.1, 1.2, 1.3, 1.4]
+    assert newer == [0.9, 1.0, 2.1, 2.2, 2.3, 2.4]
+    stats = backend.stats()
+    assert (stats["in_flight"], stats["aborted"], stats["total"]) == (0, 0, 2)
+    assert (stats["preemptions"], stats["context_errors"], stats["kv_used"], stats["kv_peak"]) == (1, 0, 0, 12)
+
+
+def _token_times(fake: FakeASGIClient) -> list[float]:
+    """When each token left, one entry per token (a message may carry several)."""
+    return [round(t, 6) for t, message in fake.sent for _ in range(message.get("body", b"").count(b'"content":"tok "'))]
