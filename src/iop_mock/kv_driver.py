@@ -30,7 +30,7 @@ from typing import Final, final
 
 import trio
 
-from .framing import NDJSON_HEADERS, Send, error_body, send_json
+from .framing import NDJSON_HEADERS, Send, encode_json, error_body, send_json
 from .kv import KvEngine, Step
 from .request_body import BadRequest, Generation
 
@@ -202,8 +202,10 @@ class KvDriver:
                     body = b""
                     produced = await flow.more(produced)
             except KvCacheFull as full:
-                error = error_body(str(full), "kv_cache_full", "server_error")
-                ending = error + b"\n" if headers is NDJSON_HEADERS else b"data: " + error + b"\n\n"
+                if headers is NDJSON_HEADERS:  # Ollama's stream ends with {"error": message}
+                    ending = encode_json({"error": str(full)}).encode() + b"\n"
+                else:
+                    ending = b"data: " + error_body(str(full), "kv_cache_full", "server_error") + b"\n\n"
                 await send({"type": "http.response.body", "body": body + ending})
                 return
         if sent < n_tokens:

@@ -196,3 +196,28 @@ async def test_a_preempted_stream_pauses_and_pays_its_prefill_again_on_virtual_t
 def _token_times(fake: FakeASGIClient) -> list[float]:
     """When each token left, one entry per token (a message may carry several)."""
     return [round(t, 6) for t, message in fake.sent for _ in range(message.get("body", b"").count(b'"content":"tok "'))]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+async def test_a_stream_evicted_for_good_ends_with_an_error_frame(
+    autojump_clock: trio.testing.MockClock, path: str
+) -> None:
+    """Mode ``fail``, the pool of the test above: the newer stream's third step does not fit; its two
+    tokens went out, then an error ends it (an OpenAI error object as SSE data, Ollama's
+    ``{"error": ...}`` line), with no ``[DONE]`` or ``done`` line; the older finishes."""
+    backend = MockBackend(kv=KvDriver.build(12, 12, "fail", tokens_per_second=10, prefill_tokens_per_second=10))
+    body = json.dumps({"messages": [{"content": "x" * 16}], "max_tokens": 6, "stream": True}).encode()
+    fakes = FakeASGIClient(body), FakeASGIClient(body)
+    async with trio.open_nursery() as nursery:
+        for fake in fakes:
+            nursery.start_soon(backend.app, http_scope("POST", path), fake.receive, fake.send)
+    texts = (b"".join(m.get("body", b"") for _, m in fake.sent).decode() for fake in fakes)
+    whole, cut = sorted(texts, key=len, reverse=True)
+    assert whole.count("tok ") == 6 and cut.count("tok ") == 2
+    last = cut.strip().splitlines()[-1]
+    if path == "/api/chat":
+        assert json.loads(last) == {"error": KV_CACHE_FULL} and '"done":true' not in cut
+    else:
+        assert json.loads(last.removeprefix("data: "))["error"]["code"] == "kv_cache_full" and "[DONE]" not in cut
+    stats = backend.stats()
+    assert (stats["context_errors"], stats["preemptions"], stats["kv_used"], stats["in_flight"]) == (1, 0, 0, 0)
