@@ -9,7 +9,7 @@ from tests.admission.steps import as_lease as _lease
 from tests.admission.steps import as_waiter as _waiter
 
 from iop_admission import OutlierPolicy, PoolConfig, ProviderKey, QueueTimeout, RetryPolicy
-from iop_admission.core import AdmissionState, Ejected, Failed, Granted, Restored, Revoked, WaiterState
+from iop_admission.core import AdmissionState, BudgetChanged, Ejected, Failed, Granted, Restored, Revoked, WaiterState
 
 BIG = "ornith:35b"
 FAST = "ornith-fast"
@@ -81,7 +81,8 @@ def test_waiter_repr_names_seq_model_kind_attempt_and_state(pool):
 
 def test_decision_reprs(pool):
     """Granted shows both records, Failed the waiter and the error's type, Revoked the lease,
-    Ejected the provider, the duration and the failures, Restored the provider."""
+    Ejected the provider, the duration and the failures, Restored the provider, BudgetChanged the
+    provider and the budget's move."""
     core = _core(pool.shared())
     lease = _lease(core.request(BIG, False, 0.0))
     waiter = _waiter(core.request(BIG, False, 0.0))
@@ -105,6 +106,9 @@ def test_decision_reprs(pool):
     restored = Restored(key)
     assert restored.provider is key
     assert repr(restored) == "Restored(node-a/gpu0)"
+    moved = BudgetChanged(key, 100, 80)
+    assert (moved.provider, moved.before, moved.budget) == (key, 100, 80)
+    assert repr(moved) == "BudgetChanged(node-a/gpu0, 100 -> 80 tokens)"
 
 
 def test_fresh_lease_and_waiter_fields(pool):
