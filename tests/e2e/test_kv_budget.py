@@ -5,7 +5,7 @@ The pool holds 2,048 tokens. Ten streams at once, each a prompt of 400 character
 mock) and ``max_tokens`` 300, need 4,000 at their end: sent straight to the mock they all start
 (1,000) and run out at their 105th step, so the mock preempts (mode ``preempt``) or fails (mode
 ``fail``); they would not only if their arrivals spread over more than 216 steps (a second at 200
-tokens/s). The same ten through the Edge (``admit_by: tokens``, ``total_context_tokens`` 2,048) each
+tokens/s): on a box that busy the direct burst is sent again, up to five times. The same ten through the Edge (``admit_by: tokens``, ``total_context_tokens`` 2,048) each
 reserve 715 (the prompt's 400 bytes and the message's overhead, plus 300): two run at once, the
 others wait in the ledger, and the mock neither preempts nor fails. Meanwhile the Edge's ``/status``
 shows the engine's reported KV use (the Node's probe of ``/metrics`` or ``/slots``) beside the
@@ -28,6 +28,7 @@ pytestmark = pytest.mark.req("token-ledger")
 
 POOL = 2_048
 STREAMS = 10
+DIRECT_BURSTS = 5
 MAX_TOKENS = 300
 CONTENT = "k" * 400
 HEALTH = {"interval_ms": 100, "timeout_ms": 1000, "no_traffic_interval_ms": 100}
@@ -85,16 +86,19 @@ async def start(stack: Stack, mode: str, probe: str) -> str:
 async def test_a_burst_that_overcommits_the_mock_runs_whole_through_the_ledger(
     tmp_path: Path, mode: str, probe: str
 ) -> None:
-    with trio.fail_after(90):
+    with trio.fail_after(240):  # generous: a busy box
         async with open_stack(tmp_path) as stack:
             backend = await start(stack, mode, probe)
-            direct = await burst(stack.http, f"{backend}/v1/chat/completions")
-            before = (await stack.http.post(f"{backend}/stats/reset")).json()
-            harm = before["preemptions"] if mode == "preempt" else before["context_errors"]
+            for _ in range(DIRECT_BURSTS):  # a box too busy to start ten streams within a second: again
+                direct = await burst(stack.http, f"{backend}/v1/chat/completions")
+                before = (await stack.http.post(f"{backend}/stats/reset")).json()
+                harm = before["preemptions"] if mode == "preempt" else before["context_errors"]
+                if mode == "preempt":
+                    assert direct == [(200, MAX_TOKENS, True)] * STREAMS  # slowed down, recomputed, whole
+                if harm:
+                    break
             assert harm > 0, before
-            if mode == "preempt":
-                assert direct == [(200, MAX_TOKENS, True)] * STREAMS  # slowed down, recomputed, whole
-            else:
+            if mode == "fail":
                 assert sum(whole for _, _, whole in direct) < STREAMS  # some failed
 
             # The engine's view after the direct burst: an idle pool, and no cut left (a preemption's
