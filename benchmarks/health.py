@@ -61,7 +61,7 @@ from iop_config import tune_collector
 from iop_node.__main__ import YOUNG_THRESHOLD
 from iop_node.config import HealthConfig, NodeConfig, ProviderConfig
 from iop_node.health import HealthWatcher, Progress
-from iop_wire import Heartbeat, ProviderHealth, decode, encode
+from iop_wire import EngineView, Heartbeat, ProviderHealth, decode, encode
 
 WARM_UP_S = 3.0
 
@@ -156,21 +156,32 @@ async def probe_cost(args: argparse.Namespace, workdir: Any) -> dict[str, Any]:
     }
 
 
-def _edge_reports(providers: int, rounds: int) -> dict[str, float]:
-    """CPU per provider_health frame decoded and applied, and per heartbeat frame decoded (reference)."""
+def _edge_reports(providers: int, rounds: int, engine: bool = False) -> dict[str, float]:
+    """CPU per provider_health frame decoded and applied, and per heartbeat frame decoded (reference).
+
+    ``engine``: every provider admits by a token budget and every report is ``ready`` with the
+    engine's view, its KV use alternately 0.25 and 0.5 (a busy engine: a report each probe).
+    """
     keys = [ProviderKey("bench-node", f"p{i}") for i in range(providers)]
+    spec = ProviderSpec(capacity=4)
+    if engine:
+        spec = ProviderSpec(capacity=64, context_window_tokens=32_768, total_context_tokens=65_536, admit_by="tokens")
     config = PoolConfig(
         policy=QueuePolicy(max_queue=16, queue_timeout=60.0),
-        providers={k: ProviderSpec(capacity=4) for k in keys},
+        providers=dict.fromkeys(keys, spec),
         models={"m": ModelGroup(tuple(keys))},
     )
-    frames = [
-        [
-            encode(ProviderHealth(k.provider_id, state, "loading (Loading model)" if state == "not_ready" else ""))
-            for k in keys
+    if engine:
+        views = [EngineView(kv_use=use, kv_tokens=None, preemptions=7, running=3, waiting=0) for use in (0.25, 0.5)]
+        frames = [[encode(ProviderHealth(k.provider_id, "ready", engine=view)) for k in keys] for view in views]
+    else:
+        frames = [
+            [
+                encode(ProviderHealth(k.provider_id, state, "loading (Loading model)" if state == "not_ready" else ""))
+                for k in keys
+            ]
+            for state in ("not_ready", "ready")
         ]
-        for state in ("not_ready", "ready")
-    ]
     beats = [encode(Heartbeat(i)) for i in range(providers)]
 
     async def measure() -> dict[str, float]:
@@ -182,8 +193,11 @@ def _edge_reports(providers: int, rounds: int) -> dict[str, float]:
                 message = decode(frame)
                 assert isinstance(message, ProviderHealth)
                 key = ProviderKey("bench-node", message.provider)
+                view = message.engine
+                kv_use, preemptions = (None, None) if view is None else (view.kv_use, view.preemptions)
                 admission.report_health(
-                    key, ProviderReport(message.state, message.reason, message.capacity, generation)
+                    key,
+                    ProviderReport(message.state, message.reason, message.capacity, generation, kv_use, preemptions),
                 )
         reports = time.process_time() - started
         started = time.process_time()
@@ -433,17 +447,25 @@ def main(argv: list[str] | None = None) -> int:
         result["probes"] = run_suite("health-", probe_cost, args, with_peers=False)
         _print_probes(args, result["probes"])
     if args.part in ("edge", "all"):
-        runs = [_edge_reports(args.providers, 10) for _ in range(args.runs)]
+        runs = [
+            (_edge_reports(args.providers, 10), _edge_reports(args.providers, 10, engine=True))
+            for _ in range(args.runs)
+        ]
         result["edge"] = {
-            name: statistics.median(run[name] for run in runs) for name in ("us_per_report", "us_per_heartbeat")
+            name: statistics.median(run[name] for run, _ in runs) for name in ("us_per_report", "us_per_heartbeat")
         }
-        per_report = result["edge"]["us_per_report"]
+        result["edge"]["us_per_engine_report"] = statistics.median(run["us_per_report"] for _, run in runs)
+        per_report, engine = result["edge"]["us_per_report"], result["edge"]["us_per_engine_report"]
         beat = result["edge"]["us_per_heartbeat"]
         print(
             f"the Edge: {per_report:.1f} us of CPU per report decoded and applied (a heartbeat decoded: {beat:.1f} us)"
         )
         print(
             f"  all {args.providers} providers reported every second: {per_report * args.providers / 1e6:.2%} of a core"
+        )
+        print(
+            f"  a ready report with the engine's view to a token budget: {engine:.1f} us; every provider every second: "
+            f"{engine * args.providers / 1e6:.2%} of a core"
         )
     if args.part in ("ejection", "all"):
         result["ejection"] = run_suite("health-", time_to_ejection, args, with_peers=args.peers)
