@@ -10,13 +10,19 @@ Two measurements, loopback only, every process started here and killed at the en
    first 200 served by the other Edge and the requests that failed in
    between, then start the killed Edge again (same ports: the Node dials it
    again) and wait until it stands by with the Node registered.
-2. **Steady-state cost of HA.** One Edge and one Node, without ``ha:`` and
-   with it (the Edge leads its own election), alternated ``--runs`` times in
-   the same run: the Edge idle for ``--idle`` seconds (its loop's CPU per
-   second, ``/proc/<pid>/schedstat``: what leading costs by itself), then
-   ``--requests`` non-stream requests at ``--clients`` concurrency
-   (requests/s and the Edge's CPU per request, ``/proc/<pid>/stat``); medians.
-   ``--kills 0`` runs this part alone.
+2. **Steady-state cost of HA.** An Edge and a Node without ``ha:`` and with it
+   (the Edge leads its own election), ``--runs`` times. By default both pairs run
+   at once on the box, beside one etcd and one mock backend, so whatever else
+   the box does (etcd's own work, other programs) weighs on both alike; the pair
+   started first alternates. Each Edge idle for ``--idle`` seconds (its loop's
+   CPU per second, ``/proc/<pid>/schedstat``: what leading costs by itself),
+   then ``--requests`` non-stream requests at ``--clients`` concurrency to each
+   (requests/s and the Edge's CPU per request, summed over its threads'
+   ``/proc/<pid>/task/*/schedstat``, nanoseconds); medians, and the median of
+   each run's ratio. ``--one-after-another`` runs the arms in turn, each with
+   only its own processes (``--arms no_ha,no_ha+etcd,ha``: the Edge without
+   ``ha:`` beside an idle etcd too); ``--arms no_ha,no_ha``: the method's own
+   noise. ``--kills 0`` runs this part alone.
 
 Prints a table and writes ``benchmarks/results/ha-<time>.json``.
 """
@@ -200,7 +206,7 @@ class Edge:
         self.process.send_signal(signal.SIGKILL)
 
 
-async def _start_node(procs: Processes, backend_port: int, *edges: Edge) -> None:
+async def _start_node(procs: Processes, backend_port: int, *edges: Edge, name: str = "node") -> None:
     config = {
         "node_id": "node-a",
         "token": "bench-token",
@@ -212,9 +218,9 @@ async def _start_node(procs: Processes, backend_port: int, *edges: Edge) -> None
             {"id": "gpu0", "adapter": "openai", "capacity": CAPACITY, "base_url": f"http://127.0.0.1:{backend_port}/v1"}
         ],
     }
-    path = procs.directory / "node.yaml"
+    path = procs.directory / f"{name}.yaml"
     path.write_text(json.dumps(config))
-    await procs.spawn("node", sys.executable, "-m", "iop_node", "--config", str(path))
+    await procs.spawn(name, sys.executable, "-m", "iop_node", "--config", str(path))
 
 
 async def _until(condition: Any, bound: float = START_BOUND_S) -> None:
@@ -311,56 +317,119 @@ async def _served_by(served: list[tuple[float, str]], name: str, after: float) -
     return any(edge == name and t > after for t, edge in served)
 
 
-async def steady(requests: int, clients: int, with_ha: bool, idle_s: float) -> dict[str, float]:
-    """One Edge (with or without ``ha:``) idle for ``idle_s`` seconds, then serving ``requests``
-    requests: its loop's CPU per second idle, then requests/s and its CPU per request."""
-    async with _processes() as procs, httpx.AsyncClient(timeout=30.0) as http:
-        ha = None
-        if with_ha:
-            ha = {"endpoints": [await _start_etcd(procs)], "ttl_s": 2, "poll_interval_ms": 100}
-        backend_port = await _start_backend(procs)
-        edge = Edge(procs, "edge", ha)
-        await edge.start(http)
-        await _until(lambda: _is(edge.readyz(http), 200))
-        await _start_node(procs, backend_port, edge)
-        await _until(lambda: edge.node_connected(http))
-        for _ in range(50):  # warm-up
-            (await http.post(edge.url + "/v1/chat/completions", json=BODY)).raise_for_status()
-        assert edge.process is not None
-        idle0, t0 = _loop_cpu_seconds(edge.process.pid), time.monotonic()
-        await trio.sleep(idle_s)
-        idle = (_loop_cpu_seconds(edge.process.pid) - idle0) / (time.monotonic() - t0)
-        left = requests
-        cpu0, t0 = _cpu_seconds(edge.process.pid), time.monotonic()
+ARMS = ("no_ha", "no_ha+etcd", "ha")
+"""The steady-state arms: an Edge without ``ha:``, the same beside an idle etcd, and with ``ha:`` (it
+leads its own election). At once (the default) every arm runs beside the one etcd, so ``no_ha`` there
+is ``no_ha+etcd``."""
 
-        async def client() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                (await http.post(edge.url + "/v1/chat/completions", json=BODY)).raise_for_status()
+
+def _task_cpu_seconds(pid: int) -> float:
+    """On-CPU time of every thread of a child so far, from ``/proc/<pid>/task/*/schedstat`` (nanoseconds)."""
+    total = 0
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+async def _edge_with_node(
+    procs: Processes, http: httpx.AsyncClient, backend_port: int, name: str, ha: dict[str, Any] | None
+) -> tuple[Edge, int]:
+    """An Edge (leading, with ``ha``), its Node connected and 50 requests served; the Edge and its pid."""
+    edge = Edge(procs, name, ha)
+    await edge.start(http)
+    await _until(lambda: _is(edge.readyz(http), 200))
+    await _start_node(procs, backend_port, edge, name=f"node-{name}")
+    await _until(lambda: edge.node_connected(http))
+    for _ in range(50):  # warm-up
+        (await http.post(edge.url + "/v1/chat/completions", json=BODY)).raise_for_status()
+    assert edge.process is not None
+    return edge, edge.process.pid
+
+
+async def _idle(pids: list[int], idle_s: float) -> list[float]:
+    """Each pid's loop CPU per second (ms/s) over ``idle_s`` seconds of no requests."""
+    before, t0 = [_loop_cpu_seconds(pid) for pid in pids], time.monotonic()
+    await trio.sleep(idle_s)
+    elapsed = time.monotonic() - t0
+    return [(_loop_cpu_seconds(pid) - cpu0) / elapsed * 1e3 for pid, cpu0 in zip(pids, before, strict=True)]
+
+
+async def _serve(http: httpx.AsyncClient, edge: Edge, pid: int, requests: int, clients: int) -> dict[str, float]:
+    """``requests`` requests to ``edge`` from ``clients`` clients without pause: requests/s, its CPU per request."""
+    left = requests
+
+    async def client() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            (await http.post(edge.url + "/v1/chat/completions", json=BODY)).raise_for_status()
+
+    stat0, cpu0, t0 = _cpu_seconds(pid), _task_cpu_seconds(pid), time.monotonic()
+    async with trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(client)
+    elapsed, cpu, stat = time.monotonic() - t0, _task_cpu_seconds(pid) - cpu0, _cpu_seconds(pid) - stat0
+    return {
+        "rps": requests / elapsed,
+        "cpu_us_per_request": cpu / requests * 1e6,
+        "stat_cpu_us_per_request": stat / requests * 1e6,
+    }
+
+
+async def steady(requests: int, clients: int, arms: list[str], idle_s: float, at_once: bool) -> list[dict[str, float]]:
+    """One sample of each of ``arms`` (:data:`ARMS`): each Edge idle ``idle_s`` seconds, then serving
+    ``requests`` requests. ``at_once``: every arm's Edge and Node on the box together beside one etcd
+    (one mock backend), loaded at the same time, so what else runs on the box weighs on them alike;
+    else one arm after another, each its own processes."""
+    if not at_once:
+        return [(await steady(requests, clients, [arm], idle_s, at_once=True))[0] for arm in arms]
+    limits = httpx.Limits(max_connections=None)
+    async with _processes() as procs, httpx.AsyncClient(timeout=30.0, limits=limits) as http:
+        etcd = await _start_etcd(procs) if arms != ["no_ha"] else ""
+        ha = {"endpoints": [etcd], "ttl_s": 2, "poll_interval_ms": 100}
+        backend_port = await _start_backend(procs)
+        edges = [
+            await _edge_with_node(procs, http, backend_port, f"edge-{index}", ha if arm == "ha" else None)
+            for index, arm in enumerate(arms)
+        ]
+        idle = await _idle([pid for _, pid in edges], idle_s)
+        samples: list[dict[str, float]] = [{} for _ in edges]
+
+        async def serve(index: int) -> None:
+            samples[index] = {"idle_cpu_ms_per_s": idle[index]}
+            samples[index] |= await _serve(http, *edges[index], requests, clients)
 
         async with trio.open_nursery() as nursery:
-            for _ in range(clients):
-                nursery.start_soon(client)
-        elapsed, cpu = time.monotonic() - t0, _cpu_seconds(edge.process.pid) - cpu0
-        return {"idle_cpu_ms_per_s": idle * 1e3, "rps": requests / elapsed, "cpu_us_per_request": cpu / requests * 1e6}
+            for index in range(len(edges)):
+                nursery.start_soon(serve, index)
+        return samples
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if args.kills:
         result["failover"] = await failover(args.kills, args.ttl, args.clients)
-    runs: dict[str, list[dict[str, float]]] = {"no_ha": [], "ha": []}
-    for _ in range(args.runs):  # alternated, so drift of the box hits both alike
-        runs["no_ha"].append(await steady(args.requests, args.clients, with_ha=False, idle_s=args.idle))
-        runs["ha"].append(await steady(args.requests, args.clients, with_ha=True, idle_s=args.idle))
-    for name, samples in runs.items():
-        result[name] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
-    result["runs"] = runs
-    result["ha_vs_no_ha"] = {
-        "rps_ratio": result["ha"]["rps"] / result["no_ha"]["rps"],
-        "cpu_ratio": result["ha"]["cpu_us_per_request"] / result["no_ha"]["cpu_us_per_request"],
-        "idle_cpu_ms_per_s_added": result["ha"]["idle_cpu_ms_per_s"] - result["no_ha"]["idle_cpu_ms_per_s"],
+    arms = args.arms.split(",")
+    names = [f"{index}:{arm}" for index, arm in enumerate(arms)]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for run in range(args.runs):  # alternated, so drift of the box hits every arm alike
+        order = names[run % len(names) :] + names[: run % len(names)]  # started in turn first
+        samples = await steady(args.requests, args.clients, [n.split(":")[1] for n in order], args.idle, args.at_once)
+        for name, sample in zip(order, samples, strict=True):
+            runs[name].append(sample)
+    if not args.runs:
+        return result
+    medians = {name: {key: statistics.median(s[key] for s in each) for key in each[0]} for name, each in runs.items()}
+    reference, measured = runs[names[0]], runs[names[-1]]
+    per_run = [b["cpu_us_per_request"] / a["cpu_us_per_request"] for a, b in zip(reference, measured, strict=True)]
+    result["arms"], result["runs"] = medians, runs
+    result["last_vs_first"] = {
+        "rps_ratio": medians[names[-1]]["rps"] / medians[names[0]]["rps"],
+        "cpu_ratio": medians[names[-1]]["cpu_us_per_request"] / medians[names[0]]["cpu_us_per_request"],
+        "cpu_ratio_per_run": per_run,
+        "cpu_ratio_median_of_runs": statistics.median(per_run),
+        "idle_cpu_ms_per_s_added": medians[names[-1]]["idle_cpu_ms_per_s"] - medians[names[0]]["idle_cpu_ms_per_s"],
     }
     return result
 
@@ -373,9 +442,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttl", type=int, default=2, help="ha.ttl_s, whole seconds >= 2")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--requests", type=int, default=2000, help="per steady-state run")
-    parser.add_argument("--runs", type=int, default=3, help="steady-state runs of each kind (medians)")
+    parser.add_argument("--runs", type=int, default=3, help="steady-state runs of each arm (medians)")
+    parser.add_argument(
+        "--arms",
+        default="no_ha,ha",
+        help=f"steady-state arms, alternated, the last compared to the first; of {', '.join(ARMS)}",
+    )
     parser.add_argument("--idle", type=float, default=10.0, help="seconds each steady-state Edge is timed idle first")
+    parser.add_argument(
+        "--one-after-another",
+        dest="at_once",
+        action="store_false",
+        help="the arms one after another, each its own processes (default: at once, on one box beside one etcd)",
+    )
     args = parser.parse_args(argv)
+    if unknown := set(args.arms.split(",")) - set(ARMS):
+        parser.error(f"--arms: unknown {', '.join(sorted(unknown))}")
     result = trio.run(main_async, args)
     if fo := result.get("failover"):
         print(f"failover over {fo['kills']} leader kills, ttl {fo['ttl_s']} s, {fo['clients']} clients:")
@@ -384,14 +466,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  failed attempts per failover (clients retry every 50 ms): {fo['failed_per_failover']}")
         print(f"  of which cut (in flight at the killed leader): {fo['cut_per_failover']}")
-    for name in ("no_ha", "ha"):
-        each = " ".join(f"{s['cpu_us_per_request']:.0f}" for s in result["runs"][name])
+    for name, samples in result.get("runs", {}).items():
+        median = result["arms"][name]
+        each = " ".join(f"{s['cpu_us_per_request']:.0f}" for s in samples)
         print(
-            f"  {name:6} {result[name]['rps']:8.1f} req/s  {result[name]['cpu_us_per_request']:8.1f} µs CPU/request ({each})"
+            f"  {name:12} {median['rps']:7.1f} req/s  {median['cpu_us_per_request']:6.1f} µs CPU/request ({each})",
+            end="",
         )
-    ratio = result["ha_vs_no_ha"]
-    print(f"  ha / no_ha: req/s x{ratio['rps_ratio']:.3f}, CPU per request x{ratio['cpu_ratio']:.3f}", end="")
-    print(f", idle CPU {ratio['idle_cpu_ms_per_s_added']:+.2f} ms/s")
+        print(f"  idle {median['idle_cpu_ms_per_s']:.2f} ms/s")
+    if ratio := result.get("last_vs_first"):
+        each = " ".join(f"{r:.3f}" for r in ratio["cpu_ratio_per_run"])
+        print(f"  last / first: req/s x{ratio['rps_ratio']:.3f}, CPU per request x{ratio['cpu_ratio']:.3f} (medians)")
+        print(f"    each run's: {each}; their median x{ratio['cpu_ratio_median_of_runs']:.3f}", end="")
+        print(f"; idle CPU {ratio['idle_cpu_ms_per_s_added']:+.2f} ms/s")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"ha-{time.strftime('%Y%m%dT%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
