@@ -364,43 +364,24 @@ class MockBackend:
         head: int = 0,
         trailer: bytes = SSE_DONE,
     ) -> None:
-        """Send a streamed response paced like a real generation (or run by the KV engine: :meth:`_stream_kv`).
-
-        After the latency: the headers and the ``head`` frames (the role chunk); then the
-        ``n_tokens`` token frames, token ``k`` at ``k / tokens_per_second`` after the head (a
-        schedule anchored on the head, so time spent sending does not slow the rate down; a
-        stream more than one interval late starts its schedule again from now rather than
-        sending a burst; every stream of the backend waits on one :class:`Pacer`, which may
-        send a token up to 1 ms early to share a wake-up with another stream's); then the remaining frames (finish chunk, usage chunk) with ``trailer``
-        in one message. With ``tokens_per_second == 0`` the whole body is one message.
-        """
+        """Send a streamed response: after the latency, paced like a real generation
+        (:meth:`Pacer.stream`), or run by the KV engine (:meth:`KvDriver.stream`) with a budget."""
         if self.latency:
             await trio.sleep(self.latency)
+        hang_after = self.faults.tokens_before_hang()
         if self.kv is not None:
-            hang_after = self.faults.tokens_before_hang()
             await self.kv.stream(send, headers, frames, generation, head=head, trailer=trailer, hang_after=hang_after)
             return
-        n_tokens = generation.n_tokens
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        tps = self.tokens_per_second
-        hang_after = self.faults.tokens_before_hang()
-        if not tps and hang_after is None:
-            await send({"type": "http.response.body", "body": b"".join(frames) + trailer})
-            return
-        first = b"".join(itertools.islice(frames, head))
-        await send({"type": "http.response.body", "body": first, "more_body": True})
-        interval = 1.0 / tps if tps else 0.0
-        due = trio.current_time()
-        for sent, frame in enumerate(itertools.islice(frames, n_tokens)):
-            if sent == hang_after:
-                await trio.sleep_forever()  # POST /fault {"hang": "mid_stream"}
-            if interval:
-                due += interval
-                await self._pacer.wait_until(due)
-                if (late := trio.current_time() - due) > interval:
-                    due += late
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
-        await send({"type": "http.response.body", "body": b"".join(frames) + trailer})
+        await self._pacer.stream(
+            send,
+            headers,
+            frames,
+            generation.n_tokens,
+            head=head,
+            trailer=trailer,
+            tokens_per_second=self.tokens_per_second,
+            hang_after=hang_after,
+        )
 
 
 def _created_at() -> str:

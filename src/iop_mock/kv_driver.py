@@ -157,7 +157,7 @@ class KvDriver:
                 while not flow.ended:
                     await flow.more(flow.produced)
             except KvCacheFull as full:
-                await send_json(send, 500, error_body(str(full), "kv_cache_full", "server_error"))
+                await send_json(send, 500, _full_body(full))
                 return False
         return True
 
@@ -187,7 +187,7 @@ class KvDriver:
             try:
                 produced = await flow.more(0)
             except KvCacheFull as full:
-                await send_json(send, 500, error_body(str(full), "kv_cache_full", "server_error"))
+                await send_json(send, 500, _full_body(full))
                 return
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             sent, body = 0, b"".join(itertools.islice(frames, head))
@@ -205,7 +205,7 @@ class KvDriver:
                 if headers is NDJSON_HEADERS:  # Ollama's stream ends with {"error": message}
                     ending = encode_json({"error": str(full)}).encode() + b"\n"
                 else:
-                    ending = b"data: " + error_body(str(full), "kv_cache_full", "server_error") + b"\n\n"
+                    ending = b"data: " + _full_body(full) + b"\n\n"
                 await send({"type": "http.response.body", "body": body + ending})
                 return
         if sent < n_tokens:
@@ -256,3 +256,8 @@ def _generated(max_tokens: int) -> int:
     """What a sequence generates in the engine: ``max_tokens``, and one token for a request of none
     (the engine ends a sequence at a generated token; the stream sends none of it)."""
     return max(1, max_tokens)
+
+
+def _full_body(full: KvCacheFull) -> bytes:
+    """The OpenAI error object of a sequence evicted for good (a 500's body, or a stream's last event)."""
+    return error_body(str(full), "kv_cache_full", "server_error")
