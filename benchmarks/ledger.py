@@ -4,10 +4,12 @@ A replay in virtual time (issue 40). One mixed trace -- mostly short chats, some
 16k-28k-token prompts, ``max_tokens`` varied, each request stopping at its own end of
 sequence at or before ``max_tokens`` -- arrives (Poisson) at 1.5x the fleet's saturation
 (its cache over the cache-seconds a request holds, prefill included, at the 20 ms step)
-at two engines of the mock's KV model (:class:`iop_mock.kv.KvEngine`, mode ``preempt``
-and again in mode ``fail``: 65,536 tokens of cache each, ``n_ctx`` 32,768, chunked prefill
-of 2,048 tokens a step; a step costs 20 ms, plus 0.1 ms a prompt token prefilled in it,
-plus 80 ns a cache entry read -- each engine steps on its own clock). Three admissions
+at two engines of the mock's KV model (:class:`iop_mock.kv.KvEngine`) in each of its
+modes: ``preempt`` as vLLM, ``fail`` as llama.cpp's server (a full cache fails every
+sequence in progress) and ``fail-newest`` (an engine that fails only the newest). Each
+engine holds 65,536 tokens of cache, ``n_ctx`` 32,768, and prefills in chunks of 2,048
+tokens a step; a step costs 20 ms, plus 0.1 ms a prompt token prefilled in it, plus 80 ns
+a cache entry read (each engine steps on its own clock). Three admissions
 decide what each engine gets:
 
 - ``ledger``: the admission core (:class:`~iop_admission.core.AdmissionState`) with
@@ -54,7 +56,7 @@ import trio
 
 from iop_admission import Admission, AdmissionError, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from iop_admission.core import AdmissionState, Failed, Granted, Lease, Waiter
-from iop_mock.kv import KvEngine, Step
+from iop_mock.kv import MODES, KvEngine, Step
 
 from .harness import percentile
 
@@ -434,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--no-cost", action="store_true", help="the replay only, not the decision cost")
     parser.add_argument("--long-share", type=float, default=0.15, help="the share of long requests (0.15)")
+    parser.add_argument(
+        "--modes",
+        type=lambda v: v.split(","),
+        default=list(MODES),
+        help=f"the engines' modes, comma-separated ({','.join(MODES)})",
+    )
     parser.add_argument("--chats", choices=CHATS, default="short", help="the chats' shape (short)")
     parser.add_argument(
         "--queue-timeout", type=float, default=QUEUE_TIMEOUT, help="every arm's queue timeout, s (the TTFT objective)"
@@ -441,10 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     count = 5_000 if args.full else 1_500
     results: dict[str, Any] = {
-        "runs": [
-            replay(count, args.seed, mode, args.long_share, args.chats, args.queue_timeout)
-            for mode in ("preempt", "fail")
-        ]
+        "runs": [replay(count, args.seed, mode, args.long_share, args.chats, args.queue_timeout) for mode in args.modes]
     }
     results["decision_cost"] = {} if args.no_cost else decision_cost()
     header = (

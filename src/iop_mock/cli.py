@@ -12,6 +12,7 @@ import trio
 
 from ._server import serve_asgi
 from .backend import MockBackend
+from .kv import MODES
 from .kv_driver import KvDriver
 
 
@@ -56,9 +57,12 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-ctx", type=int, default=None, help="tokens one sequence may hold (default: --kv-tokens)")
     parser.add_argument(
         "--kv-mode",
-        choices=("preempt", "fail"),
+        choices=MODES,
         default="preempt",
-        help="a full cache evicts the newest sequence to recompute it (vLLM) or fails it (llama.cpp)",
+        help=(
+            "a full cache evicts the newest sequence to recompute it (preempt: vLLM), fails every sequence"
+            " in progress (fail: llama.cpp), or fails the newest only (fail-newest)"
+        ),
     )
     parser.add_argument(
         "--prefill-tokens-per-second",

@@ -12,14 +12,21 @@ caller calls :meth:`KvEngine.step` once per decode step and times the steps.
   tokens generated before a preemption) fits in the free cache; a step prefills up to
   ``prefill_per_step`` tokens, in order, and a sequence whose prefill completes gives
   its first token in that step.
-* Each step adds one token to every running sequence. When the cache cannot hold the
-  step, the most recently started sequence goes: in mode ``"preempt"`` (vLLM's
-  recompute) its cache is freed and it waits again at the front, to prefill its prompt
-  and its tokens so far once more; in mode ``"fail"`` (llama.cpp with one unified
-  cache: "failed to find free space in the KV cache") it fails with a context error.
+* Each step adds one token to every running sequence. What happens when the cache cannot
+  hold a step is the engine's mode:
 
-Overcommit therefore costs what it costs on a GPU: recomputed prefill and stalled
-streams, or failed requests.
+  - ``"preempt"`` (vLLM's recompute): a sequence starts when its prompt fits the free cache;
+    when a step does not fit, the most recently started sequence is evicted: its cache is
+    freed and it waits again at the front, to prefill its prompt and its tokens so far once
+    more.
+  - ``"fail"`` (llama.cpp's server with one unified cache): a request is given a slot at once
+    (whatever admits in front of the engine bounds how many), its prompt takes cache chunk
+    by chunk as it is prefilled, and when a step finds no room for its tokens the server
+    ends *every* sequence in progress with a context error ("Context size has been
+    exceeded.") and clears their cache -- llama.cpp's ``update_slots`` does so after halving
+    the batch down to one token; dropping only the largest sequence is a TODO there.
+  - ``"fail-newest"``: an engine kinder than llama.cpp: a sequence starts when its prompt
+    fits, and a step that does not fit fails only the most recently started sequence.
 
 What a step costs (:attr:`Step.seconds`, for a caller that times steps by the engine):
 a GPU decode step reads the model's weights (``step_seconds``) and every cache entry
@@ -35,7 +42,10 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import final
+from typing import Final, final
+
+MODES: Final = ("preempt", "fail", "fail-newest")
+"""What an engine does when its cache cannot hold a step (see the module docstring)."""
 
 
 @final
@@ -59,10 +69,11 @@ class Sequence:
     to_prefill: int = 0  # tokens still to prefill before the next token
     started: int = 0  # start order (the newest is preempted first)
     preempted: int = 0
+    held: int = 0  # cache entries it holds now
 
     @property
     def kv(self) -> int:
-        """Cache entries it holds while started: prompt and generated tokens."""
+        """Cache entries it needs to run on: its prompt and the tokens generated so far."""
         return self.prompt + self.generated
 
 
@@ -73,7 +84,7 @@ class Step:
     first: list[int] = field(default_factory=list)  # sequences that gave their first token
     tokens: list[int] = field(default_factory=list)  # sequences that gave a token (first ones too)
     finished: list[int] = field(default_factory=list)
-    failed: list[int] = field(default_factory=list)  # context errors past the cache (mode "fail")
+    failed: list[int] = field(default_factory=list)  # context errors past the cache (modes "fail*")
     preempted: list[int] = field(default_factory=list)
     seconds: float = 0.0  # what the step took (see the module docstring)
 
@@ -86,7 +97,8 @@ class KvEngine:
         used: cache entries held by started sequences.
         peak: the most ever held.
         preemptions: sequences evicted to be recomputed (mode ``"preempt"``).
-        context_errors: requests failed past ``n_ctx`` or past the cache (mode ``"fail"``).
+        context_errors: requests failed past ``n_ctx``, or sequences failed past the cache
+            (modes ``"fail"`` and ``"fail-newest"``).
     """
 
     def __init__(
@@ -100,8 +112,8 @@ class KvEngine:
     ) -> None:
         """``cost``: ``(step_seconds, prefill_seconds, read_seconds)``, what a step costs (see the
         module docstring; all 0: the caller times the steps itself)."""
-        if mode not in ("preempt", "fail"):
-            raise ValueError(f"mode must be preempt or fail, got {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if total < 1 or n_ctx < 1 or prefill_per_step < 1:
             raise ValueError("total, n_ctx and prefill_per_step must be >= 1")
         if min(cost) < 0:
@@ -134,7 +146,7 @@ class KvEngine:
         """The client went away: drop the sequence and free its cache."""
         seq = self._started.pop(sid, None)
         if seq is not None:
-            self.used -= seq.kv
+            self.used -= seq.held
             return
         self._waiting = deque(s for s in self._waiting if s.id != sid)
 
@@ -166,11 +178,18 @@ class KvEngine:
                 take = min(budget, seq.to_prefill)
                 seq.to_prefill -= take
                 budget -= take
+                if self.mode == "fail":  # the prompt takes its cache as it is computed
+                    seq.held += take
+                    self.used += take
                 if not seq.to_prefill:
                     seq.phase = Phase.RUNNING
         prefilled = self.prefill_per_step - budget
         read = self.used
         growing = [s for s in self._started.values() if s.phase is Phase.RUNNING]
+        if self.mode == "fail" and self.used + len(growing) > self.total:
+            for seq in list(self._started.values()):
+                self._evict(seq, out)
+            growing = []
         while growing and self.used + len(growing) > self.total:
             victim = next(reversed(self._started.values()))
             self._evict(victim, out)
@@ -178,6 +197,7 @@ class KvEngine:
                 growing.remove(victim)
         for seq in growing:
             seq.generated += 1
+            seq.held += 1
             self.used += 1
             out.tokens.append(seq.id)
             if seq.generated == 1:
@@ -185,26 +205,32 @@ class KvEngine:
             if seq.generated >= seq.max_tokens:
                 seq.phase = Phase.DONE
                 del self._started[seq.id]
-                self.used -= seq.kv
+                self.used -= seq.held
                 out.finished.append(seq.id)
         self.peak = max(self.peak, self.used)
         out.seconds = self.step_seconds + prefilled * self.prefill_seconds + read * self.read_seconds
         return out
 
     def _start(self) -> None:
-        while self._waiting and self.used + self._waiting[0].kv <= self.total:
+        """Start the waiting sequences that may start: in mode ``"fail"`` all of them, holding
+        nothing until prefilled; otherwise in order while each one's cache fits, taken at once."""
+        at_once = self.mode != "fail"
+        while self._waiting and (not at_once or self.used + self._waiting[0].kv <= self.total):
             seq = self._waiting.popleft()
             seq.phase, seq.to_prefill = Phase.PREFILL, seq.kv
             self._starts += 1
             seq.started = self._starts
             self._started[seq.id] = seq
-            self.used += seq.kv
+            if at_once:
+                seq.held = seq.kv
+                self.used += seq.kv
         self.peak = max(self.peak, self.used)
 
     def _evict(self, seq: Sequence, out: Step) -> None:
         del self._started[seq.id]
-        self.used -= seq.kv
-        if self.mode == "fail":
+        self.used -= seq.held
+        seq.held = 0
+        if self.mode != "preempt":
             seq.phase = Phase.FAILED
             self.context_errors += 1
             out.failed.append(seq.id)

@@ -14,8 +14,10 @@ clock and hands each step's tokens to the streams.
   sequence gets a token a step), plus the time its prompt tokens take to prefill.
 - Mode ``preempt``: when the pool is full the newest sequence is evicted; its stream pauses
   until it is started again and has prefilled its prompt and its tokens so far once more.
-- Mode ``fail``: the evicted sequence fails (:class:`KvCacheFull`): a 500 if its answer had
-  not started, else an error frame that ends the stream.
+- Mode ``fail`` (llama.cpp): a request starts at once and its prompt takes cache as it is
+  prefilled; a step that finds no room fails every sequence in progress (:class:`KvCacheFull`):
+  a 500 for an answer not started, else an error frame that ends the stream. Mode
+  ``fail-newest`` fails only the newest one.
 
 One system task per ``trio.run`` steps the engine while it holds or awaits sequences and
 sleeps otherwise (started by the first sequence, as :class:`iop_mock.Pacer`'s runner is).
@@ -36,13 +38,13 @@ from .request_body import BadRequest, Generation
 
 __all__ = ["KV_CACHE_FULL", "KvCacheFull", "KvDriver", "TokenFlow"]
 
-KV_CACHE_FULL: Final = "failed to find free space in the KV cache: the sequence was dropped"
-"""The message of a sequence evicted in mode ``fail`` (llama.cpp's words for a full unified cache)."""
+KV_CACHE_FULL: Final = "Context size has been exceeded."
+"""The message of a sequence failed past the cache (llama.cpp's words for a full unified cache)."""
 
 
 @final
 class KvCacheFull(Exception):
-    """The engine evicted the sequence and does not run it again (mode ``fail``)."""
+    """The engine failed the sequence past its cache and does not run it again (modes ``fail*``)."""
 
 
 @final
@@ -52,7 +54,7 @@ class TokenFlow:
     Attributes:
         produced: tokens generated so far (those before a preemption stay generated).
         ended: the sequence finished or failed.
-        failed: it was evicted for good (mode ``fail``).
+        failed: it failed past the cache (modes ``fail*``).
     """
 
     __slots__ = ("produced", "ended", "failed", "_lot")
@@ -100,7 +102,7 @@ class KvDriver:
         each prompt token prefilled costing ``1 / prefill_tokens_per_second`` more (0: nothing more).
 
         Raises:
-            ValueError: a figure out of range, or a mode other than ``preempt`` or ``fail``.
+            ValueError: a figure out of range, or a mode not in :data:`iop_mock.kv.MODES`.
         """
         if tokens_per_second < 0 or prefill_tokens_per_second < 0:
             raise ValueError("tokens_per_second and prefill_tokens_per_second must be >= 0")

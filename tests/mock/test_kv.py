@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iop_mock.kv import KvEngine
+from iop_mock.kv import MODES, KvEngine
 
 REQUESTS = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 20)), min_size=1, max_size=12)
 
@@ -38,7 +38,7 @@ def _run(engine: KvEngine, requests: list[tuple[int, int]], reserve: bool) -> tu
 
 
 @settings(max_examples=200, deadline=None)
-@given(REQUESTS, st.integers(40, 120), st.sampled_from(["preempt", "fail"]))
+@given(REQUESTS, st.integers(40, 120), st.sampled_from(MODES))
 def test_reservations_that_fit_never_preempt_nor_fail(requests: list[tuple[int, int]], total: int, mode: str) -> None:
     """Admitted while prompt + max_tokens of all fit the cache: every request finishes, none evicted."""
     engine = KvEngine(total, n_ctx=60, mode=mode, prefill_per_step=16)
@@ -51,27 +51,51 @@ def test_reservations_that_fit_never_preempt_nor_fail(requests: list[tuple[int, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(REQUESTS, st.integers(40, 120))
-def test_overcommit_is_recomputed_and_every_request_still_finishes(requests: list[tuple[int, int]], total: int) -> None:
-    engine = KvEngine(total, n_ctx=60, prefill_per_step=16)
+@given(REQUESTS, st.integers(40, 120), st.sampled_from(MODES))
+def test_overcommit_ends_every_request_and_frees_the_cache(
+    requests: list[tuple[int, int]], total: int, mode: str
+) -> None:
+    """Everything at once: each request finishes or fails, exactly once, the cache never over its size;
+    in mode ``preempt`` only the requests past ``n_ctx`` fail (the rest are recomputed)."""
+    engine = KvEngine(total, n_ctx=60, mode=mode, prefill_per_step=16)
     finished, failed = _run(engine, requests, reserve=False)
-    assert finished | failed == set(range(len(requests)))
+    assert finished | failed == set(range(len(requests))) and not finished & failed
     assert engine.used == 0 and engine.peak <= total
+    if mode == "preempt":
+        assert failed == {sid for sid, (p, o) in enumerate(requests) if p + o > min(60, total)}
 
 
-def test_an_overcommitted_cache_preempts_the_newest_or_fails_it() -> None:
+@pytest.mark.parametrize(
+    ("mode", "preempted", "failed"), [("preempt", [2], []), ("fail-newest", [], [2]), ("fail", [], [1, 2])]
+)
+def test_an_overcommitted_cache_preempts_the_newest_or_fails(
+    mode: str, preempted: list[int], failed: list[int]
+) -> None:
     """Two sequences of prompt 4 and 6 tokens to generate in a cache of 12: they start together
-    (8 of 12), and the step that needs 2 more than the 12 evicts the one started last."""
-    for mode in ("preempt", "fail"):
-        engine = KvEngine(12, n_ctx=12, mode=mode, prefill_per_step=100)
-        assert engine.submit(1, 4, 6) and engine.submit(2, 4, 6)
-        steps = [engine.step()]
-        assert steps[0].first == [1, 2] and engine.used == 10
-        steps += [engine.step(), engine.step()]
-        assert engine.used == 7  # the one left: 4 + 3
-        assert steps[2].tokens == [1]
-        assert (steps[2].preempted, steps[2].failed) == (([2], []) if mode == "preempt" else ([], [2]))
-        assert (engine.preemptions, engine.context_errors) == ((1, 0) if mode == "preempt" else (0, 1))
+    (8 of 12), and the step that needs 2 more than the 12 evicts the one started last (``preempt``,
+    ``fail-newest``) or fails both (``fail``: llama.cpp's server ends every sequence in progress)."""
+    engine = KvEngine(12, n_ctx=12, mode=mode, prefill_per_step=100)
+    assert engine.submit(1, 4, 6) and engine.submit(2, 4, 6)
+    steps = [engine.step()]
+    assert steps[0].first == [1, 2] and engine.used == 10
+    steps += [engine.step(), engine.step()]
+    assert (steps[2].preempted, steps[2].failed) == (preempted, failed)
+    assert steps[2].tokens == ([] if mode == "fail" else [1])
+    assert engine.used == (0 if mode == "fail" else 7)  # the one left: 4 + 3
+    assert (engine.preemptions, engine.context_errors) == (len(preempted), len(failed))
+
+
+def test_in_mode_fail_a_prompt_takes_the_cache_as_it_is_prefilled() -> None:
+    """llama.cpp gives a request a slot at once: its prompt's entries are taken chunk by chunk, so
+    a second request starts beside a first whose cache would not leave it room, and the step that
+    finds none fails both."""
+    engine = KvEngine(10, n_ctx=10, mode="fail", prefill_per_step=3)
+    assert engine.submit(1, 6, 2) and engine.submit(2, 6, 2)
+    assert engine.step().tokens == [] and (engine.running, engine.waiting, engine.used) == (2, 0, 3)
+    step = engine.step()  # the rest of 1's prompt (6), then its first token
+    assert (step.first, engine.used) == ([1], 7)
+    step = engine.step()  # 3 of 2's prompt (10) and 1's second token: no room
+    assert (step.failed, step.finished, engine.used, engine.context_errors) == ([1, 2], [], 0, 2)
 
 
 def test_a_sequence_ends_at_its_own_end_of_sequence_within_max_tokens() -> None:

@@ -1,12 +1,13 @@
 """[token-ledger] The HTTP mock with a KV budget (``--kv-tokens``): overcommitted directly, over real
-sockets, it preempts and slows down (mode ``preempt``) or fails (mode ``fail``), refuses a request past
+sockets, it preempts and slows down (mode ``preempt``) or fails (modes ``fail``: every sequence in
+progress, as llama.cpp's server; ``fail-newest``: the newest), refuses a request past
 its ``n_ctx`` at once, and its ``/metrics``, ``/slots`` and ``/stats`` report the pool's real figures.
 
 The overcommit: a pool of 600 tokens; A (prompt 10 tokens, 290 to generate: 300 at its end) runs
 first, B (prompt 280, 290 to generate: 570) comes once A's first token has. Each fits alone, and B
 starts beside A whenever it comes (A holds 10 + g, B needs 280); together they grow by two a step
 and run out before A ends as long as B comes before A's 270th token (2.7 s at 100 tokens/s): the
-newest, B, is evicted.
+newest, B, is evicted (``preempt``); in mode ``fail`` both fail.
 """
 
 from __future__ import annotations
@@ -110,10 +111,13 @@ async def test_an_overcommitted_pool_preempts_the_newest_and_it_recomputes_and_f
     assert 'vllm:kv_cache_usage_perc{model_name="mock"} 0\n' in metrics
 
 
-async def test_past_n_ctx_is_refused_at_once_and_an_evicted_sequence_fails(failing: httpx.AsyncClient) -> None:
+async def test_past_n_ctx_is_refused_at_once_and_a_full_pool_fails_every_sequence(
+    failing: httpx.AsyncClient,
+) -> None:
     """Mode ``fail``, ``n_ctx`` 580: B asking 400 tokens (680) is a context error at once (400, not
-    counted in flight); B (570) starts beside A and is evicted: a 500 (its answer whole, not begun),
-    A finishes."""
+    counted in flight); B (570) starts beside A and the pool runs out: both fail, as in llama.cpp's
+    server: B with a 500 (its answer whole, not begun), A's stream with an error frame after the
+    tokens it had."""
     client = failing
     with trio.fail_after(TIMEOUT):
         refused = await client.post("/v1/chat/completions", json=B | {"max_tokens": 400})
@@ -125,8 +129,10 @@ async def test_past_n_ctx_is_refused_at_once_and_an_evicted_sequence_fails(faili
         stats = (await client.get("/stats")).json()
     assert b.status_code == 500 and b.json()["error"]["code"] == "kv_cache_full"
     assert b.json()["error"]["message"] == KV_CACHE_FULL
-    assert tokens_in(a_text) == 290
-    assert (stats["context_errors"], stats["preemptions"], stats["kv_used"], stats["total"]) == (2, 0, 0, 2)
+    *tokens, last = _data(a_text)
+    assert json.loads(last.removeprefix("data: "))["error"]["code"] == "kv_cache_full" and "[DONE]" not in a_text
+    assert 0 < tokens_in("\n".join(tokens)) < 290
+    assert (stats["context_errors"], stats["preemptions"], stats["kv_used"], stats["total"]) == (3, 0, 0, 2)
 
 
 def test_the_command_line_turns_the_budget_on_and_off() -> None:
@@ -199,25 +205,30 @@ def _token_times(fake: FakeASGIClient) -> list[float]:
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
-async def test_a_stream_evicted_for_good_ends_with_an_error_frame(
-    autojump_clock: trio.testing.MockClock, path: str
+@pytest.mark.parametrize("mode", ["fail", "fail-newest"])
+async def test_a_stream_failed_past_the_pool_ends_with_an_error_frame(
+    autojump_clock: trio.testing.MockClock, path: str, mode: str
 ) -> None:
-    """Mode ``fail``, the pool of the test above: the newer stream's third step does not fit; its two
+    """The pool of the test above: the third step does not fit. Mode ``fail-newest``: the newer
+    stream fails, the older finishes; mode ``fail`` (llama.cpp): both fail. A failed stream's two
     tokens went out, then an error ends it (an OpenAI error object as SSE data, Ollama's
-    ``{"error": ...}`` line), with no ``[DONE]`` or ``done`` line; the older finishes."""
-    backend = MockBackend(kv=KvDriver.build(12, 12, "fail", tokens_per_second=10, prefill_tokens_per_second=10))
+    ``{"error": ...}`` line), with no ``[DONE]`` or ``done`` line."""
+    backend = MockBackend(kv=KvDriver.build(12, 12, mode, tokens_per_second=10, prefill_tokens_per_second=10))
     body = json.dumps({"messages": [{"content": "x" * 16}], "max_tokens": 6, "stream": True}).encode()
     fakes = FakeASGIClient(body), FakeASGIClient(body)
     async with trio.open_nursery() as nursery:
         for fake in fakes:
             nursery.start_soon(backend.app, http_scope("POST", path), fake.receive, fake.send)
-    texts = (b"".join(m.get("body", b"") for _, m in fake.sent).decode() for fake in fakes)
-    whole, cut = sorted(texts, key=len, reverse=True)
-    assert whole.count("tok ") == 6 and cut.count("tok ") == 2
-    last = cut.strip().splitlines()[-1]
-    if path == "/api/chat":
-        assert json.loads(last) == {"error": KV_CACHE_FULL} and '"done":true' not in cut
-    else:
-        assert json.loads(last.removeprefix("data: "))["error"]["code"] == "kv_cache_full" and "[DONE]" not in cut
+    texts = sorted((b"".join(m.get("body", b"") for _, m in fake.sent).decode() for fake in fakes), key=len)
+    cut = texts if mode == "fail" else texts[:1]
+    if mode == "fail-newest":
+        assert texts[1].count("tok ") == 6
+    for text in cut:
+        assert text.count("tok ") == 2
+        last = text.strip().splitlines()[-1]
+        if path == "/api/chat":
+            assert json.loads(last) == {"error": KV_CACHE_FULL} and '"done":true' not in text
+        else:
+            assert json.loads(last.removeprefix("data: "))["error"]["code"] == "kv_cache_full" and "[DONE]" not in text
     stats = backend.stats()
-    assert (stats["context_errors"], stats["preemptions"], stats["kv_used"], stats["in_flight"]) == (1, 0, 0, 0)
+    assert (stats["context_errors"], stats["preemptions"], stats["kv_used"], stats["in_flight"]) == (len(cut), 0, 0, 0)
