@@ -21,6 +21,7 @@ import trio
 from iop_admission import Admission, ConfigError, PreparedRefresh, ProviderKey
 from iop_config import ConfigFileError, TlsFileError
 from iop_edge._off_loop import NODE_SLICE, release_in_slices, rows_in_slices, run_in_turns, run_off_loop, yield_to_loop
+from iop_edge.admission_feed import feed
 from iop_edge.api.app import EdgeAPI
 from iop_edge.config import EdgeConfig, load_edge_config
 from iop_edge.config.reader import error_lines, rebuild, run_reader
@@ -28,6 +29,7 @@ from iop_edge.front_door.overload import FrontDoor, watch_loop_lag
 from iop_edge.ha import EdgeHa, Leadership
 from iop_edge.listener.server import HttpLimits, serve_http
 from iop_edge.metrics import EdgeMetrics
+from iop_edge.nodes.health_log import HealthLog
 from iop_edge.nodes.registry import NodeRegistry
 from iop_edge.status import EdgeStatus, NodeRow, StatusRows, status_document
 from iop_edge.token_count import TokenizerError, load_tokenizer
@@ -229,7 +231,8 @@ class EdgeService:
         """
         config = self.config
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.metrics.run)
+            health_log = HealthLog(lambda: self.admission.config)
+            await nursery.start(feed, self.admission, (self.metrics.requests.observe, health_log.observe))
             if self.ha is not None:  # campaigns from the start; nodes register with a standby too
                 await nursery.start(self.ha.run)
             nursery.start_soon(self.admission.watch_ejections)  # ejections end on time [outlier-ejection]

@@ -8,6 +8,7 @@ A real Edge on 127.0.0.1 with a :class:`~edge.harness.FakeNode` holding gpu0 (ca
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import trio
 from rich.console import Console
 
 from edge.harness import FAST, EdgeLayout, RunEnd, chat_chunk, eventually, fake_node, running_edge, start_chat
+from iop_admission import ProviderKey
 from iop_edge import status_cli
 from iop_edge.api.request_body import UNBOUNDED_OUTPUT, context_tokens
 from iop_edge.status import parse_status
@@ -24,6 +26,8 @@ from iop_edge.ui.view import build_view
 from iop_wire import EngineView, ProviderHealth
 
 pytestmark = pytest.mark.req("token-ledger")
+
+GPU0 = ProviderKey("node-a", "gpu0")
 
 
 def test_the_reservation_is_the_prompt_bound_plus_max_tokens() -> None:
@@ -84,12 +88,15 @@ async def test_the_usage_an_answer_reports_settles_the_reservation_before_the_ru
             assert edge.provider("node-a", "gpu0")["reserved_tokens"] == 0
 
 
-async def test_the_engines_view_shows_beside_the_reservations_and_cuts_the_budget(tmp_path: Path) -> None:
+async def test_the_engines_view_shows_beside_the_reservations_and_cuts_the_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A v7 node's ready report with its engine's view: /status, the metrics, the page's rows and
     `iop status` show the engine's KV use and preemptions beside the reservations; the use the
     reservations do not explain (0.5 of 8,192 = 4,096 tokens held, none reserved) cuts the budget to
-    4,096, so a request of the whole window waits; the engine's next report (0.0) gives it back and
-    the request runs."""
+    4,096 (a WARNING line in the Edge's log), so a request of the whole window waits; the engine's
+    next report (0.0) gives it back (an INFO line) and the request runs."""
+    caplog.set_level(logging.INFO, "iop_edge.nodes")
     layout = EdgeLayout(gpu0_capacity=2, gpu0_admit_by="both")
     with trio.fail_after(20):
         async with running_edge(tmp_path, layout) as edge, fake_node(edge) as node:
@@ -113,6 +120,15 @@ async def test_the_engines_view_shows_beside_the_reservations_and_cuts_the_budge
             assert [r.status_code for r in results.values()] == [200]
             assert edge.provider("node-a", "gpu0")["effective_token_budget"] == 8192
             await edge.assert_drained()
+    budget_lines = [(r.levelname, r.getMessage()) for r in caplog.records if "token budget" in r.getMessage()]
+    assert budget_lines == [
+        (
+            "WARNING",
+            f"provider {GPU0}: token budget cut to 4096 of 8192 tokens by the engine's report "
+            "(its cache holds more than was reserved, or it preempted)",
+        ),
+        ("INFO", f"provider {GPU0}: token budget back to 8192 tokens (the engine reports no pressure)"),
+    ]
 
 
 def _rendered(document: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from iop_admission import Admission, AdmissionEvent
+from iop_edge.admission_feed import feed
 from iop_edge.api.failover import RETRY_REASONS
 from iop_edge.api.rejections import ERROR_CLASSES
 from iop_edge.metrics.collectors import Level
@@ -143,28 +144,12 @@ class RequestMetrics:
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Follow admission events and count them, until cancelled.
+        """Follow admission events and count them, until cancelled: :func:`iop_edge.admission_feed.feed`
+        with :meth:`observe` alone (the Edge feeds :meth:`observe` beside its other observers)."""
+        await feed(self._admission, (self.observe,), task_status=task_status)
 
-        Subscribes with a 4096-event buffer, calls ``task_status.started()``
-        once subscribed (use ``await nursery.start(metrics.run)``), then
-        consumes events: every event waiting at each wake-up (a grant per
-        admitted request: one scheduling round of this task each was about a
-        thirtieth of the Edge's CPU per request at concurrency 64). Checkpoints
-        while waiting for events; cancellation ends it and closes the
-        subscription, losing nothing but future events.
-        """
-        async with self._admission.subscribe(buffer=4096) as events:
-            task_status.started()
-            async for event in events:
-                self._observe(event)
-                while True:
-                    try:
-                        event = events.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    self._observe(event)
-
-    def _observe(self, event: AdmissionEvent) -> None:
+    def observe(self, event: AdmissionEvent) -> None:
+        """Count one admission event."""
         kind = event.kind
         if kind == "granted":
             assert event.model is not None and event.provider is not None
