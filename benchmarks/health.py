@@ -56,8 +56,9 @@ from benchmarks.harness import (
     run_suite,
     start_edge_and_node,
 )
-from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderReport, ProviderSpec, QueuePolicy
+from iop_admission import Admission, ModelGroup, PoolConfig, ProviderKey, ProviderSpec, QueuePolicy
 from iop_config import tune_collector
+from iop_edge.nodes.health_reports import provider_report
 from iop_node.__main__ import YOUNG_THRESHOLD
 from iop_node.config import HealthConfig, NodeConfig, ProviderConfig
 from iop_node.health import HealthWatcher, Progress
@@ -192,12 +193,8 @@ def _edge_reports(providers: int, rounds: int, engine: bool = False) -> dict[str
             for frame in frames[round_ % 2]:
                 message = decode(frame)
                 assert isinstance(message, ProviderHealth)
-                key = ProviderKey("bench-node", message.provider)
-                view = message.engine
-                kv_use, preemptions = (None, None) if view is None else (view.kv_use, view.preemptions)
                 admission.report_health(
-                    key,
-                    ProviderReport(message.state, message.reason, message.capacity, generation, kv_use, preemptions),
+                    ProviderKey("bench-node", message.provider), provider_report(message, generation)
                 )
         reports = time.process_time() - started
         started = time.process_time()

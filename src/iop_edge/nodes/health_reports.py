@@ -47,9 +47,14 @@ def apply_report(link: NodeLink, report: ProviderHealth) -> None:
         log = logger.info if report.state == "ready" else logger.warning
         link.told[report.provider] = words
     log("provider %s reported %s%s%s", key, report.state, detail, told)
-    capacity = (
-        report.capacity if report.capacity is None or report.capacity >= 1 else None
-    )  # a report can only lower it
+    link.host.report_health(key, provider_report(report, link.generation))
+
+
+def provider_report(report: ProviderHealth, generation: int) -> ProviderReport:
+    """What the core is told of a node's ``provider_health`` on connection ``generation``: its state,
+    reason (cut to :data:`END_MESSAGE_LIMIT`), its backend's capacity when at least 1 (a report can
+    only lower the configured one), and its engine's KV use and preemptions when it sent the view."""
+    capacity = report.capacity if report.capacity is None or report.capacity >= 1 else None
     engine = report.engine
     kv_use, preemptions = (None, None) if engine is None else (engine.kv_use, engine.preemptions)
-    link.host.report_health(key, ProviderReport(report.state, reason, capacity, link.generation, kv_use, preemptions))
+    return ProviderReport(report.state, report.reason[:END_MESSAGE_LIMIT], capacity, generation, kv_use, preemptions)
