@@ -2,7 +2,7 @@
 
 The figures in docs/benchmarks.md come from this replay, so its trace and its
 bound are checked here: the trace has the shape the docs state, the ledger never
-overcommits the mock's KV engine in either mode, and the ceiling is what no arm
+overcommits the mock's KV engine in any of its modes, and the ceiling is what no arm
 can pass (every request of the trace good).
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 from benchmarks import ledger
+
+from iop_mock.kv import MODES
 
 
 def test_the_short_trace_has_the_documented_shape() -> None:
@@ -36,7 +38,7 @@ def test_an_unknown_chat_shape_is_refused() -> None:
         ledger.trace(10, seed=1, chats="long")
 
 
-@pytest.mark.parametrize("mode", ["preempt", "fail"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("chats", ["short", "history"])
 def test_the_ledger_never_overcommits_the_engine(mode: str, chats: str) -> None:
     requests = ledger.trace(300, seed=5, long_share=0.15, chats=chats)
@@ -54,3 +56,13 @@ def test_the_ceiling_bounds_every_arm() -> None:
     assert run["ledger"]["good"] / best_other <= run["ceiling"]
     harmless = run["slots_harmless"]
     assert harmless is None or (harmless["preemptions"] == 0 and harmless["context_errors"] == 0)
+
+
+def test_in_mode_fail_an_overcommit_fails_every_sequence_in_progress() -> None:
+    """The same trace and slots in modes ``fail`` (llama.cpp's server) and ``fail-newest``: a count that
+    overcommits loses more requests when a full cache ends every sequence in progress."""
+    requests = ledger.trace(300, seed=5, long_share=0.15, chats="history")
+    every, newest = (ledger.simulate(ledger.slots_arm(32, 3), requests, mode) for mode in ("fail", "fail-newest"))
+    assert newest["context_errors"] > 0
+    assert every["context_errors"] > newest["context_errors"]
+    assert every["finished"] + every["context_errors"] + every["refused"] == len(requests)
