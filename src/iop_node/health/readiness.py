@@ -47,6 +47,9 @@ _VLLM_GAUGES: Final = {
     "vllm:num_preemptions": "preemptions",  # the counter ``vllm:num_preemptions_total``
     "vllm:num_preemptions_total": "preemptions",  # the same without its ``# TYPE`` line
 }
+VLLM_NAMES: Final = tuple(_VLLM_GAUGES)
+"""The metric names of vLLM's page that the engine's view reads (:func:`vllm_lines` keeps their lines)."""
+_KEPT: Final = (*VLLM_NAMES, "#")  # a line kept starts with a name read, or is a comment naming one
 
 
 @final
@@ -191,7 +194,7 @@ def _vllm_load(answer: tuple[int, bytes]) -> tuple[str, EngineView | None]:
         return "", None
     seen: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
+        for family in text_string_to_metric_families(vllm_lines(body.decode("utf-8", "replace"))):
             name = _VLLM_GAUGES.get(family.name)
             if name is not None:
                 samples = (s.value for s in family.samples if not s.name.endswith("_created"))
@@ -209,6 +212,32 @@ def _vllm_load(answer: tuple[int, bytes]) -> tuple[str, EngineView | None]:
         waiting=_count(seen.get("waiting")),
     )
     return reason, (None if view == _NO_VIEW else view)
+
+
+def vllm_lines(text: str) -> str:
+    """The lines of ``text`` the view reads, for the library to parse: the samples of
+    :data:`_VLLM_GAUGES`' families (a line that starts with one of their names) and the comments
+    that name one, whole and in order.
+
+    The rest of a vLLM page -- dozens of histograms of latencies and sizes, most of its lines --
+    is never parsed: the parser's cost is per line, and a probe comes every second. The lines are
+    found where the names occur (``str.find``), not by reading every line. The families read are
+    the ones a parse of the whole page gives (``tests/node/test_vllm_view.py`` compares the two).
+    """
+    spans: set[tuple[int, int]] = set()
+    for name in VLLM_NAMES:
+        at = text.find(name)
+        while at != -1:
+            end = text.find("\n", at)
+            end = len(text) if end == -1 else end
+            spans.add((text.rfind("\n", 0, at) + 1, end))
+            at = text.find(name, end)
+    keep = []
+    for start, end in sorted(spans):
+        line = text[start:end].lstrip()
+        if line.startswith(_KEPT):
+            keep.append(line)
+    return "\n".join(keep)
 
 
 _NO_VIEW: Final = EngineView()
