@@ -229,7 +229,7 @@ class MockBackend:
                 body, default_model=self.models[0], ollama=ollama, chars_per_token=self.prompt_chars_per_token
             )
             if self.kv is not None:
-                self.kv.check(generation.prompt_tokens, generation.n_tokens)
+                self.kv.check(generation.prompt_tokens, generation.max_tokens)
             return generation
 
         await self._serve(receive, send, parse, respond)
@@ -312,7 +312,7 @@ class MockBackend:
 
     async def _respond_chat(self, send: Send, generation: Generation) -> None:
         model, n_tokens, prompt = generation.model, generation.n_tokens, generation.prompt_tokens
-        identity = self._openai_identity("chatcmpl")
+        identity = self._openai_identity("chatcmpl") | {"finish": generation.finish}
         if generation.stream:
             usage = generation.include_usage
             chunks = mock_completion.chat_chunks(model, n_tokens, include_usage=usage, prompt_tokens=prompt, **identity)
@@ -323,7 +323,7 @@ class MockBackend:
 
     async def _respond_completion(self, send: Send, generation: Generation) -> None:
         model, n_tokens = generation.model, generation.n_tokens
-        identity = self._openai_identity("cmpl")
+        identity = self._openai_identity("cmpl") | {"finish": generation.finish}
         if generation.stream:
             chunks = mock_completion.completion_chunks(model, n_tokens, **identity)
             await self._stream(send, SSE_HEADERS, frames(chunks, sse_frame), generation)
@@ -336,12 +336,14 @@ class MockBackend:
     async def _respond_ollama_chat(self, send: Send, generation: Generation) -> None:
         model, n_tokens, prompt = generation.model, generation.n_tokens, generation.prompt_tokens
         if generation.stream:
-            lines = mock_completion.ollama_chat_lines(model, n_tokens, created_at=_created_at(), prompt_tokens=prompt)
+            lines = mock_completion.ollama_chat_lines(
+                model, n_tokens, created_at=_created_at(), prompt_tokens=prompt, finish=generation.finish
+            )
             frames_out = frames(lines, ndjson_frame)
             await self._stream(send, NDJSON_HEADERS, frames_out, generation, trailer=b"")
         else:
             response = mock_completion.ollama_chat_response(
-                model, n_tokens, created_at=_created_at(), prompt_tokens=prompt
+                model, n_tokens, created_at=_created_at(), prompt_tokens=prompt, finish=generation.finish
             )
             await self._respond_whole(send, generation, response)
 

@@ -11,7 +11,8 @@ clock and hands each step's tokens to the streams.
   when its body is read: 400, OpenAI's ``context_length_exceeded`` error (:meth:`KvDriver.check`).
 - Otherwise it waits ``latency`` (the mock's transport delay), then enters the engine and gets
   its tokens as the steps produce them: one step every ``1 / tokens_per_second`` (each running
-  sequence gets a token a step), plus the time its prompt tokens take to prefill.
+  sequence gets a token a step), plus the time its prompt tokens take to prefill. It ends at its
+  end of sequence: ``max_tokens``, or sooner when the request's ``mock_output_tokens`` says so.
 - Mode ``preempt``: when the pool is full the newest sequence is evicted; its stream pauses
   until it is started again and has prefilled its prompt and its tokens so far once more.
 - Mode ``fail`` (llama.cpp): a request starts at once and its prompt takes cache as it is
@@ -129,9 +130,10 @@ class KvDriver:
         )
 
     @asynccontextmanager
-    async def sequence(self, prompt: int, max_tokens: int) -> AsyncIterator[TokenFlow]:
+    async def sequence(self, prompt: int, max_tokens: int, output: int | None = None) -> AsyncIterator[TokenFlow]:
         """Run a sequence (already :meth:`check`-ed) in the engine while the block runs; leaving the
-        block early (the client gone) frees its cache.
+        block early (the client gone) frees its cache. ``output``: the tokens it generates before its
+        end of sequence (at most ``max_tokens``, the default).
 
         Raises:
             BadRequest: it cannot fit the engine's context.
@@ -139,7 +141,7 @@ class KvDriver:
         self.check(prompt, max_tokens)
         self._ensure_runner()
         sid = next(self._ids)
-        self.engine.submit(sid, prompt, _generated(max_tokens))
+        self.engine.submit(sid, prompt, _generated(max_tokens), None if output is None else _generated(output))
         flow = self._flows[sid] = TokenFlow()
         self._idle.set()
         try:
@@ -154,7 +156,7 @@ class KvDriver:
 
         Checkpoints; cancellation frees its cache.
         """
-        async with self.sequence(generation.prompt_tokens, generation.n_tokens) as flow:
+        async with self.sequence(generation.prompt_tokens, generation.max_tokens, generation.n_tokens) as flow:
             try:
                 while not flow.ended:
                     await flow.more(flow.produced)
@@ -185,7 +187,7 @@ class KvDriver:
         """
         n_tokens = generation.n_tokens
         limit = n_tokens if hang_after is None else min(n_tokens, hang_after)
-        async with self.sequence(generation.prompt_tokens, n_tokens) as flow:
+        async with self.sequence(generation.prompt_tokens, generation.max_tokens, n_tokens) as flow:
             try:
                 produced = await flow.more(0)
             except KvCacheFull as full:

@@ -17,13 +17,23 @@ from . import embedding as mock_embedding
 
 @attrs.frozen
 class Generation:
-    """One parsed generation request: what to produce and how to frame it."""
+    """One parsed generation request: what to produce and how to frame it.
+
+    ``n_tokens`` are generated, then the end of sequence; ``max_tokens`` is the request's token
+    limit (``n_tokens`` is below it when the ``mock_output_tokens`` hint ends the answer sooner).
+    """
 
     model: str
     n_tokens: int
     stream: bool
     include_usage: bool
     prompt_tokens: int
+    max_tokens: int
+
+    @property
+    def finish(self) -> str:
+        """Its ``finish_reason``: ``"stop"`` before the limit, ``"length"`` at it."""
+        return mock_completion.finish_reason_of(self.n_tokens, self.max_tokens)
 
 
 class BadRequest(Exception):
@@ -55,7 +65,8 @@ def request_of(body: bytes, default_model: str) -> tuple[dict[str, Any], str]:
 def parse_generation(body: bytes, *, default_model: str, ollama: bool, chars_per_token: float = 4.0) -> Generation:
     request, model = request_of(body, default_model)
     try:
-        n_tokens = mock_completion.token_count(request)
+        max_tokens = mock_completion.token_count(request)
+        n_tokens = mock_completion.output_token_count(request, max_tokens)
     except ValueError as error:
         raise BadRequest(str(error), "invalid_value") from None
     stream_options = request.get("stream_options")
@@ -63,7 +74,7 @@ def parse_generation(body: bytes, *, default_model: str, ollama: bool, chars_per
     # Ollama streams unless told "stream": false; OpenAI streams only when told "stream": true.
     stream = request.get("stream") is not False if ollama else bool(request.get("stream"))
     prompt_tokens = mock_completion.prompt_token_count(request, chars_per_token)
-    return Generation(model, n_tokens, stream, include_usage, prompt_tokens)
+    return Generation(model, n_tokens, stream, include_usage, prompt_tokens, max_tokens)
 
 
 def parse_embedding(body: bytes, *, default_model: str, ollama: bool) -> dict[str, Any]:
