@@ -3,9 +3,10 @@
 :mod:`benchmarks.ledger` replays its trace in virtual time against the mock's KV model. Here the
 first ``--requests`` of the same trace (``ledger.trace``) run in real time through an Edge, a Node
 with two providers and two ``iop-mock-backend --kv-tokens`` processes (the same engine, stepped on
-the clock: a step every 20 ms, ``--tokens-per-second 50``, and 0.1 ms a prompt token prefilled,
-``--prefill-tokens-per-second 10000``; 65,536 tokens of cache each, ``n_ctx`` 32,768, the mode
-asked). Each request is a streamed chat whose message is its prompt's tokens as the text
+the clock, at the virtual replay's costs: a step every 20 ms, ``--tokens-per-second 50``, 0.1 ms
+a prompt token prefilled, ``--prefill-tokens-per-second 10000``, at most 2,048 a step,
+``--prefill-chunk-tokens``, and 80 ns a cache entry in use, ``--kv-read-ns``; 65,536 tokens of
+cache each, ``n_ctx`` 32,768, the mode asked). Each request is a streamed chat whose message is its prompt's tokens as the text
 ``"tok " * prompt`` (the mock counts 4 characters a token), with ``max_tokens`` and the mock's
 end-of-sequence hint ``mock_output_tokens`` (its output in the trace). The Edge counts the prompt
 with a word-level ``tokenizer.json`` written for the run (``models[].tokenizer``: one token a
@@ -67,6 +68,8 @@ class Engine:
     n_ctx: int = ledger.N_CTX
     tokens_per_second: float = TOKENS_PER_SECOND
     prefill_tokens_per_second: float = PREFILL_TOKENS_PER_SECOND
+    prefill_chunk: int = ledger.PREFILL_PER_STEP
+    read_ns: float = ledger.READ_SECONDS * 1e9
 
     def argv(self) -> list[str]:
         return [
@@ -74,6 +77,7 @@ class Engine:
             *("--kv-tokens", str(self.kv_tokens), "--n-ctx", str(self.n_ctx)),
             *("--tokens-per-second", str(self.tokens_per_second)),
             *("--prefill-tokens-per-second", str(self.prefill_tokens_per_second)),
+            *("--prefill-chunk-tokens", str(self.prefill_chunk), "--kv-read-ns", str(self.read_ns)),
         ]
 
 

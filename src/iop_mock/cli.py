@@ -70,6 +70,18 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="with --kv-tokens: prompt tokens prefilled per second, 0 = prefill costs only its step (default 0)",
     )
+    parser.add_argument(
+        "--prefill-chunk-tokens",
+        type=int,
+        default=8192,
+        help="with --kv-tokens: the most prompt tokens one step prefills (chunked prefill; default 8192)",
+    )
+    parser.add_argument(
+        "--kv-read-ns",
+        type=float,
+        default=0.0,
+        help="with --kv-tokens: nanoseconds a step costs per cache entry in use (default 0)",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -111,6 +123,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     _add_kv_arguments(parser)
     args = parser.parse_args(argv)
+    _check(parser, args)
+    return args
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit with the usage when a figure is out of range."""
     if args.fail_status is not None and not 400 <= args.fail_status <= 599:
         parser.error("--fail-status must be an HTTP error status (400-599)")
     if args.latency_ms < 0 or args.tokens_per_second < 0:
@@ -119,9 +137,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--prompt-chars-per-token must be > 0")
     if args.kv_tokens < 0 or (args.n_ctx is not None and args.n_ctx < 1) or args.prefill_tokens_per_second < 0:
         parser.error("--kv-tokens and --prefill-tokens-per-second must be >= 0, --n-ctx >= 1")
+    if args.prefill_chunk_tokens < 1 or args.kv_read_ns < 0:
+        parser.error("--prefill-chunk-tokens must be >= 1, --kv-read-ns >= 0")
     if args.kv_tokens == 0 and args.n_ctx is not None:
         parser.error("--n-ctx needs --kv-tokens")
-    return args
 
 
 def kv_of(args: argparse.Namespace) -> KvDriver | None:
@@ -134,6 +153,8 @@ def kv_of(args: argparse.Namespace) -> KvDriver | None:
         args.kv_mode,
         tokens_per_second=args.tokens_per_second,
         prefill_tokens_per_second=args.prefill_tokens_per_second,
+        prefill_per_step=args.prefill_chunk_tokens,
+        read_seconds=args.kv_read_ns * 1e-9,
     )
 
 

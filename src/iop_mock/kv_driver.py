@@ -97,10 +97,19 @@ class KvDriver:
 
     @classmethod
     def build(
-        cls, tokens: int, n_ctx: int, mode: str, *, tokens_per_second: float, prefill_tokens_per_second: float
+        cls,
+        tokens: int,
+        n_ctx: int,
+        mode: str,
+        *,
+        tokens_per_second: float,
+        prefill_tokens_per_second: float,
+        prefill_per_step: int = 8192,
+        read_seconds: float = 0.0,
     ) -> KvDriver:
         """A driver for a cache of ``tokens``: a step every ``1 / tokens_per_second`` (0: steps back to back),
-        each prompt token prefilled costing ``1 / prefill_tokens_per_second`` more (0: nothing more).
+        each prompt token prefilled costing ``1 / prefill_tokens_per_second`` more (0: nothing more), at
+        most ``prefill_per_step`` of them a step, and each cache entry in use ``read_seconds`` more.
 
         Raises:
             ValueError: a figure out of range, or a mode not in :data:`iop_mock.kv.MODES`.
@@ -109,7 +118,8 @@ class KvDriver:
             raise ValueError("tokens_per_second and prefill_tokens_per_second must be >= 0")
         step = 1.0 / tokens_per_second if tokens_per_second else 0.0
         prefill = 1.0 / prefill_tokens_per_second if prefill_tokens_per_second else 0.0
-        return cls(KvEngine(tokens, n_ctx, mode=mode, cost=(step, prefill, 0.0)))
+        cost = (step, prefill, read_seconds)
+        return cls(KvEngine(tokens, n_ctx, mode=mode, prefill_per_step=prefill_per_step, cost=cost))
 
     def check(self, prompt: int, max_tokens: int) -> None:
         """Refuse a request that cannot fit the engine's context, as vLLM and OpenAI do.

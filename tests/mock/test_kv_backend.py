@@ -144,7 +144,17 @@ def test_the_command_line_turns_the_budget_on_and_off() -> None:
     driver = kv_of(parse_args(["--kv-tokens", "8192", "--n-ctx", "2048", "--prefill-tokens-per-second", "1000"]))
     assert driver is not None
     assert (driver.engine.n_ctx, driver.engine.mode, driver.engine.prefill_seconds) == (2048, "preempt", 0.001)
-    for bad in (["--n-ctx", "10"], ["--kv-tokens", "-1"], ["--kv-tokens", "10", "--kv-mode", "swap"]):
+    assert (driver.engine.prefill_per_step, driver.engine.read_seconds) == (8192, 0.0)
+    driver = kv_of(parse_args(["--kv-tokens", "8192", "--prefill-chunk-tokens", "2048", "--kv-read-ns", "80"]))
+    assert driver is not None
+    assert (driver.engine.prefill_per_step, driver.engine.read_seconds) == (2048, pytest.approx(8e-8))
+    for bad in (
+        ["--n-ctx", "10"],
+        ["--kv-tokens", "-1"],
+        ["--kv-tokens", "10", "--kv-mode", "swap"],
+        ["--kv-tokens", "10", "--prefill-chunk-tokens", "0"],
+        ["--kv-tokens", "10", "--kv-read-ns", "-1"],
+    ):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
