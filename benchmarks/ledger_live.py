@@ -2,16 +2,18 @@
 
 :mod:`benchmarks.ledger` replays its trace in virtual time against the mock's KV model. Here the
 first ``--requests`` of the same trace (``ledger.trace``) run in real time through an Edge, a Node
-with two providers and two ``iop-mock-backend --kv-tokens`` processes (the same engine, stepped on
-the clock, at the virtual replay's costs: a step every 20 ms, ``--tokens-per-second 50``, 0.1 ms
-a prompt token prefilled, ``--prefill-tokens-per-second 10000``, at most 2,048 a step,
-``--prefill-chunk-tokens``, and 80 ns a cache entry in use, ``--kv-read-ns``; 65,536 tokens of
-cache each, ``n_ctx`` 32,768, the mode asked). Each request is a streamed chat whose message is its prompt's tokens as the text
-``"tok " * prompt`` (the mock counts 4 characters a token), with ``max_tokens`` and the mock's
-end-of-sequence hint ``mock_output_tokens`` (its output in the trace). The Edge counts the prompt
-with a word-level ``tokenizer.json`` written for the run (``models[].tokenizer``: one token a
-``tok``, and the chat template's 10), so a reservation is the prompt and ``max_tokens`` plus 10:
-exact, as the virtual replay's ``/tokenize``.
+with two providers and two ``iop-mock-backend --kv-tokens`` processes: the same engine, stepped on
+the clock at the virtual replay's costs (a step every 20 ms, ``--tokens-per-second 50``; 0.1 ms a
+prompt token prefilled, ``--prefill-tokens-per-second 10000``, at most 2,048 a step,
+``--prefill-chunk-tokens``; 80 ns a cache entry in use, ``--kv-read-ns``), 65,536 tokens of cache
+each, ``n_ctx`` 32,768, in the mode asked, reporting 256 slots (``--parallel``: the Node's
+``llama_cpp`` probe, in the modes ``fail*``, caps a provider at the slots llama.cpp reports). Each request is a streamed chat whose message is its
+prompt's tokens as the text ``"tok " * prompt`` (the mock counts 4 characters a token), with
+``max_tokens`` and the mock's end-of-sequence hint ``mock_output_tokens`` (its output in the
+trace). The Edge counts the prompt with a word-level ``tokenizer.json`` written for the run
+(``models[].tokenizer``: one token a ``tok``, and the chat template's 10), so a reservation is the
+prompt as the mock counts it and ``max_tokens``, plus the template's 10 the mock's count leaves out:
+exact but for those, as the virtual replay's.
 
 One client task per request, started at its arrival; its time to first token is taken at the
 first content chunk, and the rest of the stream is drained, counting its tokens by a byte search
@@ -21,9 +23,12 @@ first content chunk, and the rest of the stream is drained, counting its tokens 
 virtual replay tunes best on the same requests). Both queue at most 64 requests for at most 5 s
 (the TTFT objective). Reported per arm, live beside the virtual replay of the same requests
 (``ledger.simulate``): the mocks' preemptions and context errors (their ``/stats``), good requests
-(finished, first token within 5 s), finished, refused by status, TTFT p50/p99 and goodput (good per
-second of the trace's arrivals). Every wait is bounded: a request that is not over within
-:data:`REQUEST_BOUND` seconds of its arrival is cut and counted as such.
+(finished, first token within 5 s), finished, refused by status and error code, TTFT p50/p99 and
+goodput (good per second of the trace's arrivals); and, live only, the errors that ended streams,
+the most the Edge had reserved on each provider (its ``/status``, looked at every 50 ms), the
+streams that carried the tokens their request asked, and a stream's pace after its first token
+(the engine's real step, against the 20 ms it is meant to cost). Every wait is bounded: a request
+that is not over within :data:`REQUEST_BOUND` seconds of its arrival is cut and counted as such.
 """
 
 from __future__ import annotations
@@ -55,6 +60,11 @@ REQUEST_BOUND = 900.0
 """Seconds a request may take from its arrival to its answer's end before it is cut."""
 STATUS_EVERY = 0.05
 """Seconds between two looks at the Edge's ``/status`` (the reservations)."""
+PARALLEL = 256
+"""The slots a mock's ``/slots`` reports (llama.cpp's ``-np``): the Node's ``llama_cpp`` probe caps a
+provider at it, so it is the most either arm runs on one."""
+HEAD = 4096
+"""Bytes of an answer's body kept (a refusal's error object)."""
 STARTED = 1.0
 """Seconds between the stack's readiness and the trace's first instant (the bodies are built before)."""
 
@@ -78,6 +88,7 @@ class Engine:
             *("--tokens-per-second", str(self.tokens_per_second)),
             *("--prefill-tokens-per-second", str(self.prefill_tokens_per_second)),
             *("--prefill-chunk-tokens", str(self.prefill_chunk), "--kv-read-ns", str(self.read_ns)),
+            *("--parallel", str(PARALLEL)),
         ]
 
 
@@ -177,12 +188,33 @@ class Outcome:
     status: int = 0  # 0: no answer (the connection failed, or the request was cut)
     ttft: float | None = None
     tokens: int = 0
-    error: bool = False  # an error event in a stream that began
+    error: bool = False  # an error in the answer: its body, or a stream's last event
     cut: bool = False
+    end: float | None = None  # when its last byte came (since its arrival)
+    head: bytes = b""  # the body's first bytes (a refusal's error object)
 
     @property
     def done(self) -> bool:
         return self.status == 200 and not self.error and not self.cut
+
+    @property
+    def refusal(self) -> str | None:
+        """``"STATUS code"`` of an answer that is not a stream (``"0 no answer"``: none came, the
+        connection failed); None for a stream or a request cut."""
+        if self.status == 200 or self.cut:
+            return None
+        try:
+            code = json.loads(self.head)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code = "?"
+        return f"{self.status} {code}" if self.status else "0 no answer"
+
+    @property
+    def seconds_a_token(self) -> float | None:
+        """The stream's pace after its first token: seconds per further token."""
+        if self.ttft is None or self.end is None or self.tokens < 2:
+            return None
+        return (self.end - self.ttft) / (self.tokens - 1)
 
 
 class _Sink:
@@ -201,6 +233,9 @@ class _Sink:
             self.outcome.ttft = trio.current_time() - self.arrival
         self.outcome.tokens += found
         self.outcome.error = self.outcome.error or self.ERROR in data
+        self.outcome.end = trio.current_time() - self.arrival
+        if len(self.outcome.head) < HEAD:
+            self.outcome.head += piece[: HEAD - len(self.outcome.head)]
         self.carry = data[-(len(self.TOKEN) - 1) :]
 
 
@@ -294,7 +329,8 @@ def figures(
     done = [o for o in outcomes if o.done]
     good = sum(1 for o in done if o.ttft is not None and o.ttft <= objective)
     ttfts = sorted(o.ttft for o in done if o.ttft is not None)
-    refused = Counter(o.status for o in outcomes if o.status != 200)
+    refused = Counter(o.refusal for o in outcomes if o.refusal is not None)
+    paces = sorted(pace for o in done if (pace := o.seconds_a_token) is not None)
     return {
         "preemptions": sum(s["preemptions"] for s in stats),
         "context_errors": sum(s["context_errors"] for s in stats),
@@ -302,11 +338,12 @@ def figures(
         "goodput": good / requests[-1].arrival,
         "finished": len(done),
         "refused": dict(sorted(refused.items())),
-        "errors": sum(1 for o in outcomes if o.error),
+        "errors": sum(1 for o in outcomes if o.status == 200 and o.error),
         "cut": sum(1 for o in outcomes if o.cut),
         "ttft_p50": percentile(ttfts, 0.5),
         "ttft_p99": percentile(ttfts, 0.99),
         "kv_peak": max(s["kv_peak"] for s in stats) / stats[0]["kv_total"],
+        "ms_a_token": {"p50": 1000 * percentile(paces, 0.5), "p99": 1000 * percentile(paces, 0.99)},
         "tokens_as_asked": sum(1 for o, r in zip(outcomes, requests, strict=True) if o.done and o.tokens == r.output),
     }
 
@@ -325,7 +362,7 @@ def virtual(arm: Arm, requests: list[ledger.Request], mode: str) -> dict[str, An
 
 def _row(name: str, r: dict[str, Any]) -> str:
     refused = r["refused"]
-    by_status = ", ".join(f"{n} x {status}" for status, n in refused.items()) if isinstance(refused, dict) else refused
+    by_status = ", ".join(f"{n} x {why}" for why, n in refused.items()) if isinstance(refused, dict) else refused
     return (
         f"| {name} | {r['preemptions']} | {r['context_errors']} | {r['good']} | {r['finished']} | {by_status or 0} "
         f"| {r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['goodput']:.3f} |"
@@ -346,8 +383,10 @@ def report(results: dict[str, Any], out: Callable[[str], object] = print) -> Non
         out(_row(f"{arm['name']}, virtual", arm["virtual"]))
     for arm in results["arms"]:
         live = arm["live"]
+        pace = live["ms_a_token"]
         extra = f"errors in streams {live['errors']}, cut {live['cut']}, cache peak {live['kv_peak']:.2f}"
         out(f"{arm['name']}: {extra}, reserved peak {live['reserved_peak']}, tokens as asked {live['tokens_as_asked']}")
+        out(f"{arm['name']}: a stream's ms a token after its first, p50 {pace['p50']:.1f}, p99 {pace['p99']:.1f}")
 
 
 def parse_slots(text: str) -> tuple[int, int]:

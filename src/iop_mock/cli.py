@@ -117,6 +117,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="answer every generation request with this HTTP status (400-599); POST /fault changes it",
     )
     parser.add_argument(
+        "--parallel",
+        type=int,
+        default=4,
+        help="the slots /slots reports, llama.cpp's --parallel: the Node's llama_cpp probe caps the provider at it (default 4)",
+    )
+    parser.add_argument(
         "--track-repeats",
         action="store_true",
         help="count requests whose body repeats one served before (repeated in /stats; for tests)",
@@ -135,6 +141,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--latency-ms and --tokens-per-second must be >= 0")
     if args.prompt_chars_per_token <= 0:
         parser.error("--prompt-chars-per-token must be > 0")
+    if args.parallel < 1:
+        parser.error("--parallel must be >= 1")
     if args.kv_tokens < 0 or (args.n_ctx is not None and args.n_ctx < 1) or args.prefill_tokens_per_second < 0:
         parser.error("--kv-tokens and --prefill-tokens-per-second must be >= 0, --n-ctx >= 1")
     if args.prefill_chunk_tokens < 1 or args.kv_read_ns < 0:
@@ -186,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         fail_status=args.fail_status,
         track_repeats=args.track_repeats,
         kv=kv_of(args),
+        slots=args.parallel,
     )
     trio.run(run_backend, backend, args.host, args.port)
 

@@ -148,12 +148,14 @@ def test_the_command_line_turns_the_budget_on_and_off() -> None:
     driver = kv_of(parse_args(["--kv-tokens", "8192", "--prefill-chunk-tokens", "2048", "--kv-read-ns", "80"]))
     assert driver is not None
     assert (driver.engine.prefill_per_step, driver.engine.read_seconds) == (2048, pytest.approx(8e-8))
+    assert (parse_args([]).parallel, parse_args(["--parallel", "256"]).parallel) == (4, 256)
     for bad in (
         ["--n-ctx", "10"],
         ["--kv-tokens", "-1"],
         ["--kv-tokens", "10", "--kv-mode", "swap"],
         ["--kv-tokens", "10", "--prefill-chunk-tokens", "0"],
         ["--kv-tokens", "10", "--kv-read-ns", "-1"],
+        ["--parallel", "0"],
     ):
         with pytest.raises(SystemExit):
             parse_args(bad)
