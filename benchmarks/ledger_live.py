@@ -29,6 +29,10 @@ the most the Edge had reserved on each provider (its ``/status``, looked at ever
 streams that carried the tokens their request asked, and a stream's pace after its first token
 (the engine's real step, against the 20 ms it is meant to cost). Every wait is bounded: a request
 that is not over within :data:`REQUEST_BOUND` seconds of its arrival is cut and counted as such.
+
+``--spread DRAWS`` starts no process: it runs the virtual replay of both arms on ``DRAWS`` copies of
+the requests, each arrival delayed by a uniform 0-20 ms, and prints the range of each figure -- how
+far the replay itself moves when arrivals move by less than a step, as they do live.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import random
 import sys
 import tempfile
 from collections import Counter
@@ -360,6 +365,26 @@ def virtual(arm: Arm, requests: list[ledger.Request], mode: str) -> dict[str, An
     return ledger.simulate(of, requests, mode, arm.queue_timeout)
 
 
+def spread(arm: Arm, requests: list[ledger.Request], mode: str, draws: int) -> list[dict[str, Any]]:
+    """The virtual replay of ``arm`` on ``draws`` copies of ``requests``, each arrival delayed by a
+    uniform 0-20 ms (less than a step; seeded 1..draws): how much the replay itself moves when the
+    arrivals move as little as they do live."""
+    out = []
+    for draw in range(1, draws + 1):
+        rng = random.Random(draw)
+        run = virtual(arm, delayed(requests, rng), mode)
+        out.append({k: run[k] for k in ("good", "finished", "preemptions", "context_errors", "ttft_p50")})
+    return out
+
+
+def delayed(requests: list[ledger.Request], rng: random.Random) -> list[ledger.Request]:
+    moved = [
+        ledger.Request(r.id, r.arrival + rng.uniform(0, ledger.STEP), r.prompt, r.max_tokens, r.output)
+        for r in requests
+    ]
+    return sorted(moved, key=lambda r: r.arrival)
+
+
 def _row(name: str, r: dict[str, Any]) -> str:
     refused = r["refused"]
     by_status = ", ".join(f"{n} x {why}" for why, n in refused.items()) if isinstance(refused, dict) else refused
@@ -402,10 +427,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chats", choices=ledger.CHATS, default="short", help="the chats' shape (short)")
     parser.add_argument("--long-share", type=float, default=0.15, help="the share of long requests (0.15)")
     parser.add_argument("--slots", type=parse_slots, help="CxL: the slots arm (default: the virtual replay's best)")
+    parser.add_argument(
+        "--spread",
+        type=int,
+        default=0,
+        metavar="DRAWS",
+        help="instead of the live run: the virtual replay of both arms with the arrivals delayed 0-20 ms, DRAWS times",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     requests = ledger.trace(args.requests, args.seed, args.long_share, args.chats)
     slots = args.slots or tuned_slots(requests, args.mode)
+    if args.spread:
+        for arm in (Arm(), Arm(slots)):
+            runs = spread(arm, requests, args.mode, args.spread)
+            ranges = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
+            text = ", ".join(f"{k} {round(lo, 2):g}-{round(hi, 2):g}" for k, (lo, hi) in ranges.items())
+            print(f"mode {args.mode}, {arm.name}, {args.spread} draws: {text}")
+        return 0
     engine = Engine(args.mode)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ledger-live-"))
     arms = []

@@ -14,6 +14,7 @@ mocks neither preempt nor fail.
 from __future__ import annotations
 
 import pathlib
+import random
 
 import pytest
 from benchmarks import ledger, ledger_live
@@ -31,6 +32,17 @@ def tiny_trace() -> list[ledger.Request]:
 
 def engine(mode: str) -> ledger_live.Engine:
     return ledger_live.Engine(mode, kv_tokens=2_048, n_ctx=1_024, tokens_per_second=200, prefill_tokens_per_second=0)
+
+
+def test_the_spread_delays_each_arrival_by_less_than_a_step() -> None:
+    """``--spread``: the virtual replay on copies of the trace whose arrivals move within a step."""
+    requests = ledger.trace(60, seed=2, long_share=0.08, chats="history")
+    moved = ledger_live.delayed(requests, random.Random(1))
+    by_id = {r.id: r for r in moved}
+    assert [r.arrival for r in moved] == sorted(r.arrival for r in moved)
+    assert all(0 <= by_id[r.id].arrival - r.arrival < ledger.STEP for r in requests)
+    runs = ledger_live.spread(ledger_live.Arm(), requests, "preempt", 3)
+    assert len(runs) == 3 and all(r["preemptions"] == r["context_errors"] == 0 for r in runs)
 
 
 @pytest.mark.parametrize("mode", ["preempt", "fail"])
