@@ -95,6 +95,7 @@ class ActiveHealthMachine(HealthMachine):
         super().start(data, vias)
         self.not_ready_then(data, A, "ready", True)  # panic grants on A while not ready
         self.not_ready_then(data, B, "reconnect", False)
+        self.not_ready_then(data, A, "ready", False)  # A online again: not ready ejects it until ready
         self.stalled_then_probed(A, False, True)
         self.stalled_then_probed(B, False, False)
         self.stalled_then_probed(A, False, False)
@@ -129,7 +130,7 @@ class ActiveHealthMachine(HealthMachine):
     def stalled_then_probed(self, key: ProviderKey, probe_ok: bool, restarted: bool) -> None:
         """[health-probe] [outlier-ejection] ``key`` stalled (a stale report of it first, which changes
         nothing), then reported ready (the hung engine's probe answers: the ejection stays), its
-        ejection time over, its probe granted, and either a second stall report while the probe runs
+        ejection time over, its probe granted (its leases released first while it is full), and either a second stall report while the probe runs
         (ejected again, for longer) or the probe's own report. ``restarted``: instead, the hung
         engine is restarted: not ready while its model loads (the ejection now waits for ready), then
         ready."""
@@ -144,6 +145,12 @@ class ActiveHealthMachine(HealthMachine):
         if h.state == EJECTED and h.until != math.inf:
             self.advance_time(h.until - self.now)
         if h.state == PROBE:
+            self.step_grants = []
+            self.request_one(ON_A if key == A else ON_B, False)
+        while h.state == PROBE and (held := next((x for x in self.held if x.provider == key and not x.revoked), None)):
+            self.step_grants = []
+            self.release_lease(held)  # it was full: a release gives the probe to a waiter
+        if h.state == PROBE:  # no waiter took it: a request does
             self.step_grants = []
             self.request_one(ON_A if key == A else ON_B, False)
         probe = next((x for x in self.held if x.id == h.probe), None) if h.state == PROBING else None
