@@ -73,8 +73,7 @@ def token_count(body: dict[str, Any]) -> int:
     options = body.get("options")
     num_predict = options.get("num_predict") if isinstance(options, dict) else None
     value = body.get("max_tokens") or body.get("max_completion_tokens") or num_predict or DEFAULT_MAX_TOKENS
-    if isinstance(value, bool) or not isinstance(value, int | float) or not _is_integral(value):
-        raise ValueError(f"token limit must be an integer, got {value!r}")
+    _need_integer(value, "token limit")
     if value > MAX_TOKENS_LIMIT:
         raise ValueError(f"token limit is above the mock's maximum of {MAX_TOKENS_LIMIT}")
     return max(0, int(value))
@@ -92,8 +91,7 @@ def output_token_count(body: dict[str, Any], limit: int) -> int:
     value = body.get(OUTPUT_HINT)
     if value is None:
         return limit
-    if isinstance(value, bool) or not isinstance(value, int | float) or not _is_integral(value):
-        raise ValueError(f"'{OUTPUT_HINT}' must be an integer, got {value!r}")
+    _need_integer(value, f"'{OUTPUT_HINT}'")
     if not 0 <= value <= MAX_TOKENS_LIMIT:
         raise ValueError(f"'{OUTPUT_HINT}' must be between 0 and {MAX_TOKENS_LIMIT}, got {int(value)}")
     return min(int(value), limit)
@@ -102,6 +100,13 @@ def output_token_count(body: dict[str, Any], limit: int) -> int:
 def finish_reason_of(n_tokens: int, limit: int) -> str:
     """``"stop"`` for a generation that ended before its token limit, else ``"length"``."""
     return "stop" if n_tokens < limit else _FINISH_REASON
+
+
+def _need_integer(value: object, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` unless ``value`` is a whole number (not a bool, not a
+    float with a fraction, infinity or NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _is_integral(value):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
 
 
 def _is_integral(value: int | float) -> bool:

@@ -37,7 +37,8 @@ def apply_report(link: NodeLink, report: ProviderHealth) -> None:
         )
         return
     key = ProviderKey(link.node_id, report.provider)
-    reason = report.reason[:END_MESSAGE_LIMIT]
+    told_core = provider_report(report, link.generation)
+    reason = told_core.reason
     detail = f": {reason!r}" if reason else ""  # quoted: the node's text, never a line of its own in the log
     told = f" (its backend's own capacity: {report.capacity})" if report.capacity is not None else ""
     words = (report.state, reason, report.capacity)
@@ -47,7 +48,7 @@ def apply_report(link: NodeLink, report: ProviderHealth) -> None:
         log = logger.info if report.state == "ready" else logger.warning
         link.told[report.provider] = words
     log("provider %s reported %s%s%s", key, report.state, detail, told)
-    link.host.report_health(key, provider_report(report, link.generation))
+    link.host.report_health(key, told_core)
 
 
 def provider_report(report: ProviderHealth, generation: int) -> ProviderReport:
